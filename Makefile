@@ -1,0 +1,43 @@
+# rolloutrun — every target prints what it does; `make test` is exactly what CI runs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SOURCES := operator/rolloutrun_operator runtime/rolloutrun_runtime
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml constraints.txt
+	@echo "==> creating $(VENV) and installing rolloutrun[operator,runtime,test] (CPU torch)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[operator,runtime,test]'
+	@touch $(STAMP)
+
+venv: $(STAMP) ## create or refresh .venv
+
+lint: $(STAMP) ## ruff, mypy on both packages
+	@echo "==> ruff"
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	@echo "==> mypy"
+	$(BIN)/mypy $(SOURCES)
+
+test: lint ## lint, then the whole default test suite (no cluster, no GPU needed)
+	@echo "==> pytest"
+	$(BIN)/python -m pytest
+
+manifests: $(STAMP) ## regenerate the CRD in crds/ (and the chart's copy) from the pydantic models
+	$(BIN)/rolloutrun crd > crds/rolloutruns.rolloutrun.dev.yaml
+	@if [ -d charts/rolloutrun-operator/crds ]; then cp crds/rolloutruns.rolloutrun.dev.yaml charts/rolloutrun-operator/crds/; fi
+	@echo "==> wrote crds/rolloutruns.rolloutrun.dev.yaml"
+
+format: $(STAMP) ## apply ruff's formatter and autofixes
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+.PHONY: help venv lint test manifests format

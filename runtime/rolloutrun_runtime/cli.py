@@ -1,0 +1,75 @@
+"""The ``rolloutrun`` command: a thin dispatcher over plug-in subcommands.
+
+Why plug-ins: the operator image installs no torch and the runtime image must never import
+kopf, yet one console script serves both. Each subcommand is an entry point in the group
+``rolloutrun.commands`` whose value is a ``register(parser)`` function; the dispatcher loads
+them by name, so the heavy imports happen only inside the chosen command's handler.
+
+A ``register`` function fills in its ``argparse`` parser (the first line of its docstring
+is the one-line help) and sets ``parser.set_defaults(handler=callable)``; the handler takes
+the parsed namespace and returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+
+from rolloutrun_runtime import __version__
+
+COMMAND_GROUP = "rolloutrun.commands"
+
+Register = Callable[[argparse.ArgumentParser], None]
+
+
+def _load_commands() -> dict[str, Register]:
+    commands: dict[str, Register] = {}
+    for entry in entry_points(group=COMMAND_GROUP):
+        commands[entry.name] = entry.load()
+    return dict(sorted(commands.items()))
+
+
+def build_parser(commands: dict[str, Register] | None = None) -> argparse.ArgumentParser:
+    commands = _load_commands() if commands is None else commands
+    parser = argparse.ArgumentParser(
+        prog="rolloutrun",
+        description=(
+            "Preemption-proof async RL post-training: run it locally, on the local cluster, "
+            "or as a Kubernetes operator."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"rolloutrun {__version__}")
+    parser.add_argument(
+        "--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING, ERROR)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, register in commands.items():
+        summary = (register.__doc__ or "").strip().splitlines()
+        help_line = summary[0] if summary else ""
+        command_parser = sub.add_parser(name, help=help_line, description=help_line)
+        register(command_parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,462 @@
+"""RunConfig: the pod contract between the operator and the runtime.
+
+One pydantic model describes a whole run: the policy, the task and its dataset, GRPO,
+rollout dispatch, checkpointing and the Gym replicas. The operator embeds it verbatim in the
+RolloutRun CRD (``spec.run``), renders it into a ConfigMap, and the trainer and Gym pods read
+it back; ``rolloutrun train`` reads the same model from an example's ``spec.run``. Keeping it
+one model means one source of truth for field names, defaults, bounds and documentation: the
+CRD schema is generated from it (see ``rolloutrun_operator.api.crdgen``).
+
+Rules for fields: every field has a description and bounds (``ge``/``le`` for numbers,
+``max_length`` or a pattern for strings, ``max_length`` for lists), a camelCase alias for
+YAML, and no float where a count is meant. Unknown fields are rejected (``extra="forbid"``)
+so a typo in a RolloutRun fails loudly instead of being ignored.
+
+This module imports only pydantic and the standard library: the operator image has no torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+#: Storage URIs the runtime can write checkpoints to (see ``rolloutrun_runtime.storage``).
+STORAGE_URI_PATTERN = r"^(file://(/[^\s]*)?|gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?|/[^\s]*)$"
+
+
+class _Model(BaseModel):
+    """Base for every config section: camelCase aliases, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+        frozen=False,
+    )
+
+
+class TaskName(str, enum.Enum):
+    """The environment tasks the Gym servers implement."""
+
+    ARITHMETIC = "arithmetic"
+    """Single turn: answer ``a+b=`` with the sum."""
+    REACH_TARGET = "reach_target"
+    """Multi turn: move a counter to a target with ``add(k)`` tool calls, one per turn."""
+
+
+class TargetLevel(str, enum.Enum):
+    """How much in-flight work a rollout snapshot keeps (rollout recovery granularity)."""
+
+    NONE = "none"
+    """No rollout recovery: restart from trainer checkpoints only."""
+    PROMPT_GROUP = "prompt_group"
+    """Finished groups survive; an unfinished group restarts all its siblings."""
+    SIBLING = "sibling"
+    """Finished siblings survive; unfinished siblings restart from turn 0."""
+    TURN = "turn"
+    """Unfinished multi-turn episodes resume at their last committed turn."""
+
+
+class WorkerBackend(str, enum.Enum):
+    """Where the policy workers run."""
+
+    RAY = "ray"
+    """Ray actors: ``ray.init`` locally, or join ``workers.rayAddress``."""
+    INPROCESS = "inprocess"
+    """In the trainer process itself: no Ray, used by fast tests and tiny runs."""
+
+
+class Device(str, enum.Enum):
+    """Where the policy's tensors live."""
+
+    AUTO = "auto"
+    """CUDA when present, else CPU."""
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class PolicyConfig(_Model):
+    """The policy: a small causal transformer over the task's character vocabulary."""
+
+    d_model: int = Field(64, ge=8, le=4096, description="Transformer hidden size.")
+    n_layers: int = Field(2, ge=1, le=64, description="Number of transformer blocks.")
+    n_heads: int = Field(4, ge=1, le=64, description="Attention heads per block.")
+    max_seq_len: int = Field(
+        128, ge=16, le=8192, description="Longest token sequence (prompt plus all turns)."
+    )
+    temperature: float = Field(
+        1.0, gt=0.0, le=10.0, description="Sampling temperature for rollouts."
+    )
+    device: Device = Field(Device.AUTO, description="Device for the policy's tensors.")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> PolicyConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"policy.dModel ({self.d_model}) must be divisible by policy.nHeads ({self.n_heads})"
+            )
+        return self
+
+
+class TaskConfig(_Model):
+    """The task the Gym servers run and the dataset of prompts the trainer draws from."""
+
+    name: TaskName = Field(TaskName.ARITHMETIC, description="Environment task.")
+    dataset_size: int = Field(
+        512, ge=1, le=10_000_000, description="Number of prompts in one epoch of the dataset."
+    )
+    max_operand: int = Field(
+        9, ge=1, le=1_000_000, description="Largest operand (arithmetic) or target (reach_target)."
+    )
+    max_turns: int = Field(
+        4, ge=1, le=256, description="Most model turns in one episode (multi-turn tasks)."
+    )
+    max_new_tokens: int = Field(
+        8, ge=1, le=4096, description="Most tokens the model may generate in one turn."
+    )
+    turn_delay_ms: int = Field(
+        0,
+        ge=0,
+        le=600_000,
+        description=(
+            "Simulated tool latency per turn, in milliseconds (makes rollouts long enough to "
+            "be caught in flight by a snapshot or a kill)."
+        ),
+    )
+
+
+class GRPOConfig(_Model):
+    """Group-relative policy optimization with a PPO-clip loss."""
+
+    group_size: int = Field(
+        8, ge=2, le=1024, description="Generations per prompt (siblings in one prompt group)."
+    )
+    prompts_per_step: int = Field(
+        8, ge=1, le=65_536, description="Prompt groups consumed by one optimizer step."
+    )
+    max_steps: int = Field(20, ge=1, le=10_000_000, description="Optimizer steps in the run.")
+    learning_rate: float = Field(3e-3, gt=0.0, le=1.0, description="Adam learning rate.")
+    clip_epsilon: float = Field(
+        0.2, gt=0.0, le=1.0, description="PPO clip range for the importance ratio."
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        le=1024,
+        description=(
+            "Most policy versions a group's generation may lag the step that trains it; "
+            "0 makes the run synchronous."
+        ),
+    )
+    drop_zero_variance_groups: bool = Field(
+        True,
+        description=(
+            "Drop groups whose rewards are all equal (no learning signal) and replace them "
+            "from the spare-prompt pool."
+        ),
+    )
+    min_step_batch_fraction: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "Smallest share of promptsPerStep a step may close with after shortfall "
+            "(groups given up)."
+        ),
+    )
+
+
+class RolloutConfig(_Model):
+    """Rollout dispatch: concurrency, the recovery ledger and the spare-prompt pool."""
+
+    max_in_flight_groups: int = Field(
+        16, ge=1, le=65_536, description="Most prompt groups generating at once."
+    )
+    replay_capacity: int = Field(
+        64,
+        ge=1,
+        le=1_000_000,
+        description="Most finished groups the replay buffer holds (one capacity permit each).",
+    )
+    ledger_dispatch: bool = Field(
+        True,
+        description=(
+            "Record every prompt group in the recovery ledger (needed for rollout recovery; "
+            "forced on when checkpointing.targetLevel is not none)."
+        ),
+    )
+    spare_low_water: int = Field(
+        2,
+        ge=0,
+        le=65_536,
+        description="Refill the spare-prompt pool when it holds fewer prompts than this.",
+    )
+    rollout_timeout_seconds: int = Field(
+        120, ge=1, le=86_400, description="Give up an attempt that runs longer than this."
+    )
+    max_attempts: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="Attempts per sibling before its group is given up (counted as shortfall).",
+    )
+
+
+class CheckpointingConfig(_Model):
+    """Trainer checkpoints, rollout snapshots and their storage."""
+
+    storage_uri: str | None = Field(
+        None,
+        max_length=1024,
+        pattern=STORAGE_URI_PATTERN,
+        description=(
+            "Where checkpoints and snapshots go: file:///path or gs://bucket/prefix. "
+            "Default: <logDir>/checkpoints."
+        ),
+    )
+    save_period: int = Field(
+        5, ge=1, le=1_000_000, description="Save a trainer checkpoint every this many steps."
+    )
+    snapshot_interval_seconds: int = Field(
+        10,
+        ge=0,
+        le=86_400,
+        description=(
+            "Attempt a rollout snapshot this often, independent of savePeriod; 0 turns "
+            "periodic snapshots off."
+        ),
+    )
+    keep_latest: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Snapshots and trainer checkpoints kept; the newest valid one is always kept.",
+    )
+    target_level: TargetLevel = Field(
+        TargetLevel.SIBLING, description="How much in-flight work a snapshot keeps."
+    )
+    trace: bool = Field(True, description="Append rollout events to <logDir>/rollout_trace.jsonl.")
+    deterministic: bool = Field(
+        False,
+        description=(
+            "Seed sampling per (seed, prompt, generation, turn), pin each rollout to the "
+            "weight version its target step fixes and order groups deterministically, so a "
+            "resumed run ends bit-identical to an uninterrupted one."
+        ),
+    )
+    preemption_grace_seconds: int = Field(
+        25,
+        ge=1,
+        le=3600,
+        description="On SIGTERM, the forced snapshot must publish within this many seconds.",
+    )
+    defer_finalize: bool = Field(
+        False,
+        description="Finalize (publish) a trainer checkpoint at the next step boundary.",
+    )
+    resume_from: str | None = Field(
+        None,
+        max_length=2048,
+        description=(
+            "Manifest URI to resume from; the runtime verifies it and falls back to the "
+            "newest valid snapshot. Default: the latest published one."
+        ),
+    )
+
+
+class GymConfig(_Model):
+    """The Gym environment servers."""
+
+    replicas: int = Field(2, ge=1, le=1024, description="Gym server replicas.")
+    endpoints: list[str] = Field(
+        default_factory=list,
+        max_length=1024,
+        description=(
+            "Base URLs of the Gym replicas (rendered by the operator once pods have "
+            "addresses); empty in local mode, where the launcher starts them."
+        ),
+    )
+    request_max_bytes: int = Field(
+        1_048_576,
+        ge=1024,
+        le=1_073_741_824,
+        description="Largest request body a Gym server accepts.",
+    )
+    checkpoint_lease_grace_seconds: int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description=(
+            "If the trainer stops renewing a checkpoint phase for deadline plus this, the "
+            "Gym resumes on its own."
+        ),
+    )
+
+
+class WorkersConfig(_Model):
+    """Where the policy workers (generation and training) run."""
+
+    backend: WorkerBackend = Field(WorkerBackend.RAY, description="Worker backend.")
+    ray_address: str | None = Field(
+        None,
+        max_length=512,
+        description="Ray cluster address to join; default: start a local Ray on 127.0.0.1.",
+    )
+    generation_workers: int = Field(
+        1, ge=1, le=256, description="Generation server workers behind the policy endpoint."
+    )
+
+
+class RunConfig(_Model):
+    """One RL post-training run: everything the trainer and Gym pods need to know."""
+
+    name: str = Field(
+        "run",
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Run name (a DNS label); tags logs, traces and snapshot manifests.",
+    )
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for every random choice.")
+    log_dir: str = Field(
+        "runs/run",
+        min_length=1,
+        max_length=1024,
+        description="Directory for metrics, traces and (by default) checkpoints.",
+    )
+    policy: PolicyConfig = Field(
+        default_factory=PolicyConfig, description="The policy model."
+    )
+    task: TaskConfig = Field(default_factory=TaskConfig, description="Task and dataset.")
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO settings.")
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig, description="Rollout dispatch settings."
+    )
+    checkpointing: CheckpointingConfig = Field(
+        default_factory=CheckpointingConfig, description="Checkpoints and rollout snapshots."
+    )
+    gym: GymConfig = Field(default_factory=GymConfig, description="Gym environment servers.")
+    workers: WorkersConfig = Field(
+        default_factory=WorkersConfig, description="Policy worker placement."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        if self.checkpointing.target_level is TargetLevel.TURN and self.task.name is not (
+            TaskName.REACH_TARGET
+        ):
+            raise ValueError(
+                "checkpointing.targetLevel 'turn' needs a multi-turn task "
+                f"(task.name: reach_target), not {self.task.name.value!r}"
+            )
+        if self.gym.endpoints and len(self.gym.endpoints) != self.gym.replicas:
+            raise ValueError(
+                f"gym.endpoints lists {len(self.gym.endpoints)} URLs but gym.replicas is "
+                f"{self.gym.replicas}"
+            )
+        return self
+
+    # ----------------------------------------------------------------- derived values
+    @property
+    def uses_ledger(self) -> bool:
+        """Whether dispatch records prompt groups in the recovery ledger."""
+        return self.rollout.ledger_dispatch or self.checkpointing.target_level is not (
+            TargetLevel.NONE
+        )
+
+    def resolved_storage_uri(self) -> str:
+        """The checkpoint storage URI, defaulting to ``file://<logDir>/checkpoints``."""
+        uri = self.checkpointing.storage_uri
+        if uri is None:
+            return "file://" + str((Path(self.log_dir) / "checkpoints").resolve())
+        if uri.startswith("/"):
+            return "file://" + uri
+        return uri
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """The config as the camelCase mapping a RolloutRun's ``spec.run`` holds."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def fingerprint(self, exclude: frozenset[str] = frozenset()) -> str:
+        """sha256 over the canonical JSON of the config, minus the dotted keys in ``exclude``."""
+        return hashlib.sha256(
+            json.dumps(flatten(self.to_yaml_dict(), exclude), sort_keys=True).encode()
+        ).hexdigest()
+
+
+def flatten(mapping: dict[str, Any], exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Flatten nested mappings into ``{"a.b.c": value}``, dropping keys listed in ``exclude``."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if prefix in exclude:
+            return
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, inner)
+        else:
+            flat[prefix] = value
+
+    walk("", mapping)
+    return flat
+
+
+class ConfigError(ValueError):
+    """A run config (or the RolloutRun around it) is invalid; the message names the field."""
+
+
+def _format_validation_error(source: str, error: Exception) -> str:
+    from pydantic import ValidationError
+
+    if not isinstance(error, ValidationError):
+        return f"{source}: {error}"
+    lines = [f"{source}: invalid run config ({error.error_count()} problem(s))"]
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(root)"
+        lines.append(f"  {where}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def parse_run_config(data: dict[str, Any], source: str = "config") -> RunConfig:
+    """Validate a ``spec.run`` mapping (or a bare RunConfig mapping) into a RunConfig."""
+    from pydantic import ValidationError
+
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_validation_error(source, error)) from error
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Load a RunConfig from a YAML file: a RolloutRun (its ``spec.run``) or a bare RunConfig.
+
+    A RolloutRun's ``metadata.name`` becomes the run name unless ``spec.run.name`` is set.
+    """
+    import yaml
+
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except FileNotFoundError as error:
+        raise ConfigError(f"{path}: no such file") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from error
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    if document.get("kind") == "RolloutRun":
+        spec = document.get("spec")
+        if not isinstance(spec, dict) or not isinstance(spec.get("run", {}), dict):
+            raise ConfigError(f"{path}: a RolloutRun needs a mapping at spec.run")
+        run = dict(spec.get("run") or {})
+        name = (document.get("metadata") or {}).get("name")
+        if name and "name" not in run:
+            run["name"] = name
+        return parse_run_config(run, source=f"{path}: spec.run")
+    return parse_run_config(document, source=str(path))
