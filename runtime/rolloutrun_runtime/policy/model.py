@@ -156,6 +156,7 @@ class TinyCausalLM(nn.Module):
         mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [n,1,S,span]
         x = self.tok_emb(input_ids) + self.pos_emb(positions)
         for layer, block in enumerate(self.blocks):
+            assert isinstance(block, _Block)
             x = block.forward_cached(x, cache[layer, 0], cache[layer, 1], rows, positions, mask)
         return self.head(self.ln_f(x))
 
