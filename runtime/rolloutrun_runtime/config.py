@@ -21,13 +21,21 @@ import enum
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
 #: Storage URIs the runtime can write checkpoints to (see ``rolloutrun_runtime.storage``).
-STORAGE_URI_PATTERN = r"^(file://(/[^\s]*)?|gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?|/[^\s]*)$"
+STORAGE_URI_PATTERN = (
+    r"^(file://(/[^\s]*)?|gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?|/[^\s]*)$"
+)
+
+
+#: A base URL such as ``http://127.0.0.5:8000``.
+EndpointUrl = Annotated[
+    str, StringConstraints(max_length=512, pattern=r"^https?://[^\s/]+(:[0-9]+)?(/[^\s]*)?$")
+]
 
 
 class _Model(BaseModel):
@@ -42,7 +50,7 @@ class _Model(BaseModel):
     )
 
 
-class TaskName(str, enum.Enum):
+class TaskName(enum.StrEnum):
     """The environment tasks the Gym servers implement."""
 
     ARITHMETIC = "arithmetic"
@@ -51,7 +59,7 @@ class TaskName(str, enum.Enum):
     """Multi turn: move a counter to a target with ``add(k)`` tool calls, one per turn."""
 
 
-class TargetLevel(str, enum.Enum):
+class TargetLevel(enum.StrEnum):
     """How much in-flight work a rollout snapshot keeps (rollout recovery granularity)."""
 
     NONE = "none"
@@ -64,7 +72,7 @@ class TargetLevel(str, enum.Enum):
     """Unfinished multi-turn episodes resume at their last committed turn."""
 
 
-class WorkerBackend(str, enum.Enum):
+class WorkerBackend(enum.StrEnum):
     """Where the policy workers run."""
 
     RAY = "ray"
@@ -73,7 +81,7 @@ class WorkerBackend(str, enum.Enum):
     """In the trainer process itself: no Ray, used by fast tests and tiny runs."""
 
 
-class Device(str, enum.Enum):
+class Device(enum.StrEnum):
     """Where the policy's tensors live."""
 
     AUTO = "auto"
@@ -100,7 +108,8 @@ class PolicyConfig(_Model):
     def _heads_divide_width(self) -> PolicyConfig:
         if self.d_model % self.n_heads:
             raise ValueError(
-                f"policy.dModel ({self.d_model}) must be divisible by policy.nHeads ({self.n_heads})"
+                f"policy.dModel ({self.d_model}) must be divisible by "
+                f"policy.nHeads ({self.n_heads})"
             )
         return self
 
@@ -275,7 +284,7 @@ class GymConfig(_Model):
     """The Gym environment servers."""
 
     replicas: int = Field(2, ge=1, le=1024, description="Gym server replicas.")
-    endpoints: list[str] = Field(
+    endpoints: list[EndpointUrl] = Field(
         default_factory=list,
         max_length=1024,
         description=(
@@ -331,9 +340,7 @@ class RunConfig(_Model):
         max_length=1024,
         description="Directory for metrics, traces and (by default) checkpoints.",
     )
-    policy: PolicyConfig = Field(
-        default_factory=PolicyConfig, description="The policy model."
-    )
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="The policy model.")
     task: TaskConfig = Field(default_factory=TaskConfig, description="Task and dataset.")
     grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO settings.")
     rollout: RolloutConfig = Field(

@@ -1,0 +1,398 @@
+"""The RolloutRun v1alpha1 API: spec and status as pydantic models.
+
+These models are the single source of truth for the API. The CRD in ``crds/`` (and the Helm
+chart's copy) is generated from them by :mod:`rolloutrun_operator.api.crdgen`, and a test fails
+when the checked-in YAML drifts. The embedded ``spec.run`` is the runtime's own
+:class:`~rolloutrun_runtime.config.RunConfig`, so the pod contract is defined once.
+
+Every field carries a description (it becomes the CRD's documentation, shown by
+``kubectl explain``) and bounds; counts are integers, never floats.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonDict
+
+from rolloutrun_runtime.config import STORAGE_URI_PATTERN, RunConfig
+
+GROUP = "rolloutrun.dev"
+VERSION = "v1alpha1"
+KIND = "RolloutRun"
+PLURAL = "rolloutruns"
+SINGULAR = "rolloutrun"
+SHORT_NAMES = ["rr"]
+
+#: Kubernetes resource quantities ("500m", "2", "4Gi").
+QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[numkMGTPE]i?|Ki)?$"
+#: Label/selector keys and values, and other Kubernetes names.
+LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+
+_QUANTITY_VALUE: JsonDict = {"type": "string", "maxLength": 64, "pattern": QUANTITY_PATTERN}
+_LABEL_VALUE: JsonDict = {"type": "string", "maxLength": 63}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
+    )
+
+
+class ResourceRequirements(_Model):
+    """Compute resources of a container, as in a Pod spec."""
+
+    requests: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=16,
+        description='Minimum resources, e.g. {"cpu": "2", "memory": "8Gi"}.',
+        json_schema_extra={"additionalProperties": _QUANTITY_VALUE},
+    )
+    limits: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=16,
+        description='Maximum resources, e.g. {"nvidia.com/gpu": "1"}.',
+        json_schema_extra={"additionalProperties": _QUANTITY_VALUE},
+    )
+
+
+class TolerationOperator(enum.StrEnum):
+    """How a toleration matches a taint's value."""
+
+    EXISTS = "Exists"
+    EQUAL = "Equal"
+
+
+class TaintEffect(enum.StrEnum):
+    """The taint effect a toleration matches (empty: all)."""
+
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class Toleration(_Model):
+    """A Pod toleration, e.g. for spot or GPU node taints."""
+
+    key: str | None = Field(None, max_length=317, description="Taint key; empty matches all.")
+    operator: TolerationOperator = Field(TolerationOperator.EQUAL, description="Exists or Equal.")
+    value: str | None = Field(None, max_length=63, description="Taint value for Equal.")
+    effect: TaintEffect | None = Field(None, description="Effect to match; empty matches all.")
+    toleration_seconds: int | None = Field(
+        None,
+        ge=0,
+        le=86_400,
+        description="For NoExecute: how long the pod stays bound after the taint appears.",
+    )
+
+
+class KeySelector(_Model):
+    """A key of a named Secret or ConfigMap."""
+
+    name: str = Field(
+        ..., min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Its name."
+    )
+    key: str = Field(..., min_length=1, max_length=253, description="The key within it.")
+
+
+class EnvVarSource(_Model):
+    """Where an environment variable's value comes from."""
+
+    secret_key_ref: KeySelector | None = Field(None, description="A Secret's key.")
+    config_map_key_ref: KeySelector | None = Field(None, description="A ConfigMap's key.")
+
+
+class EnvVar(_Model):
+    """An environment variable for a container."""
+
+    name: str = Field(
+        ..., min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name."
+    )
+    value: str | None = Field(None, max_length=32_768, description="A literal value.")
+    value_from: EnvVarSource | None = Field(None, description="A Secret or ConfigMap key.")
+
+
+class PodSettings(_Model):
+    """Scheduling and container settings for one kind of member pod."""
+
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements, description="Container resources."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Node labels the pod must land on.",
+        json_schema_extra={"additionalProperties": _LABEL_VALUE},
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Taints the pod tolerates."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, description="Extra environment variables."
+    )
+    termination_grace_period_seconds: int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description=(
+            "Time between SIGTERM and SIGKILL; the trainer's forced snapshot must publish "
+            "within it."
+        ),
+    )
+
+
+class GymPodSettings(PodSettings):
+    """Gym environment server pods."""
+
+    replicas: int = Field(
+        2, ge=1, le=1024, description="Gym server replicas (overrides spec.run.gym.replicas)."
+    )
+    port: int = Field(8000, ge=1024, le=65_535, description="Port the Gym servers listen on.")
+
+
+class TrainerPodSettings(PodSettings):
+    """The trainer pod (single controller, policy workers)."""
+
+    generation_port: int = Field(
+        8100, ge=1024, le=65_535, description="Port of the trainer's generation endpoint."
+    )
+
+
+class Images(_Model):
+    """Container images of the member pods."""
+
+    trainer: str = Field(
+        "ghcr.io/rolloutrun/runtime:0.1.0",
+        min_length=1,
+        max_length=512,
+        description="Image of the trainer pod.",
+    )
+    gym: str = Field(
+        "ghcr.io/rolloutrun/runtime:0.1.0",
+        min_length=1,
+        max_length=512,
+        description="Image of the Gym server pods.",
+    )
+    pull_policy: str = Field(
+        "IfNotPresent",
+        pattern=r"^(Always|IfNotPresent|Never)$",
+        max_length=16,
+        description="Image pull policy: Always, IfNotPresent or Never.",
+    )
+
+
+class SecretReference(_Model):
+    """A Secret in the run's namespace."""
+
+    name: str = Field(
+        ...,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Secret name.",
+    )
+
+
+class StorageSpec(_Model):
+    """Where checkpoints and rollout snapshots are kept."""
+
+    uri: str = Field(
+        ...,
+        min_length=1,
+        max_length=1024,
+        pattern=STORAGE_URI_PATTERN,
+        description="file:///path (a volume shared across incarnations) or gs://bucket/prefix.",
+    )
+    credentials_secret: SecretReference | None = Field(
+        None,
+        description=(
+            "Secret with a key 'credentials.json' (a GCP service-account key), mounted for "
+            "gs:// storage; omit to use workload identity."
+        ),
+    )
+
+
+class RecoveryPolicy(_Model):
+    """How the operator restarts a run after it loses a member."""
+
+    max_restarts: int = Field(
+        10,
+        ge=0,
+        le=10_000,
+        description="Restarts after failures before the run is Failed (preemptions do not count).",
+    )
+    backoff_seconds: int = Field(
+        5, ge=0, le=3600, description="First delay before the next incarnation starts."
+    )
+    max_backoff_seconds: int = Field(
+        300, ge=0, le=86_400, description="Cap of the exponential backoff."
+    )
+    stable_period_seconds: int = Field(
+        600,
+        ge=0,
+        le=86_400,
+        description="An incarnation running this long resets the backoff.",
+    )
+    node_loss_timeout_seconds: int = Field(
+        40,
+        ge=1,
+        le=3600,
+        description="A member on a NotReady node for this long counts as lost.",
+    )
+    lease_duration_seconds: int = Field(
+        15,
+        ge=2,
+        le=3600,
+        description="Trainer lease duration; an unrenewed lease past it means a lost trainer.",
+    )
+
+
+class RolloutRunSpec(_Model):
+    """The desired state of a RolloutRun."""
+
+    images: Images = Field(default_factory=Images, description="Member pod images.")
+    trainer: TrainerPodSettings = Field(
+        default_factory=TrainerPodSettings, description="Trainer pod settings."
+    )
+    gym: GymPodSettings = Field(
+        default_factory=GymPodSettings, description="Gym server pod settings."
+    )
+    service_account_name: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description=(
+            "ServiceAccount of the member pods; default: one the operator creates with "
+            "access to this run's Leases only."
+        ),
+    )
+    storage: StorageSpec = Field(..., description="Checkpoint and snapshot storage.")
+    run: RunConfig = Field(
+        default_factory=RunConfig,
+        description="The runtime's RunConfig (policy, task, GRPO, rollout, checkpointing).",
+    )
+    recovery: RecoveryPolicy = Field(
+        default_factory=RecoveryPolicy, description="Restart policy after member loss."
+    )
+    suspend: bool = Field(
+        False,
+        description="Stop the run with a forced snapshot; set false again to resume from it.",
+    )
+
+
+class ConditionStatus(enum.StrEnum):
+    """Kubernetes condition status."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(_Model):
+    """One observation of the run's state (Ready, Progressing, Restarting, ...)."""
+
+    type: str = Field(..., min_length=1, max_length=64, description="Condition type.")
+    status: ConditionStatus = Field(..., description="True, False or Unknown.")
+    reason: str = Field(
+        "",
+        max_length=128,
+        pattern=r"^([A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?)?$",
+        description="CamelCase reason for the last transition.",
+    )
+    message: str = Field("", max_length=32_768, description="Human-readable details.")
+    last_transition_time: str | None = Field(
+        None, max_length=64, description="When the status last changed (RFC 3339)."
+    )
+    observed_generation: int | None = Field(
+        None, ge=0, le=2**53, description="The spec generation this condition describes."
+    )
+
+
+class FailureRecord(_Model):
+    """The last member loss the operator acted on."""
+
+    reason: str = Field("", max_length=128, description="Why the incarnation ended.")
+    pod: str = Field("", max_length=253, description="The member pod that was lost.")
+    time: str | None = Field(None, max_length=64, description="When (RFC 3339).")
+    message: str = Field("", max_length=4096, description="Details.")
+
+
+class RolloutRunStatus(_Model):
+    """The observed state of a RolloutRun, written by the operator once per pass."""
+
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16, description="Current conditions."
+    )
+    observed_generation: int | None = Field(
+        None, ge=0, le=2**53, description="The spec generation the operator last acted on."
+    )
+    incarnation: int = Field(
+        0, ge=0, le=2**31, description="Current incarnation; bumped on every restart."
+    )
+    restarts: int = Field(0, ge=0, le=2**31, description="Restarts caused by failures.")
+    preemptions: int = Field(
+        0, ge=0, le=2**31, description="Restarts caused by preemption or node loss."
+    )
+    last_failure: FailureRecord | None = Field(None, description="The last member loss.")
+    train_step: int = Field(0, ge=0, le=2**53, description="Latest trainer step.")
+    anchor_step: int | None = Field(
+        None, ge=0, le=2**53, description="Trainer checkpoint step of the latest snapshot."
+    )
+    latest_manifest_uri: str | None = Field(
+        None, max_length=2048, description="The latest published snapshot manifest."
+    )
+    latest_manifest_time: str | None = Field(
+        None, max_length=64, description="When it was published (RFC 3339)."
+    )
+    next_start_time: str | None = Field(
+        None, max_length=64, description="When the next incarnation may start (backoff)."
+    )
+
+
+class RolloutRun(_Model):
+    """A preemption-proof RL post-training run."""
+
+    api_version: str = Field(
+        f"{GROUP}/{VERSION}", max_length=64, description="API version.", alias="apiVersion"
+    )
+    kind: str = Field(KIND, max_length=64, description="Kind.")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Object metadata.")
+    spec: RolloutRunSpec = Field(..., description="Desired state.")
+    status: RolloutRunStatus | None = Field(None, description="Observed state.")
+
+
+#: Printer columns for ``kubectl get rr``.
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {
+        "name": "Step",
+        "type": "integer",
+        "jsonPath": ".status.trainStep",
+        "description": "Latest trainer step.",
+    },
+    {
+        "name": "Restarts",
+        "type": "integer",
+        "jsonPath": ".status.restarts",
+        "description": "Restarts caused by failures.",
+    },
+    {
+        "name": "Snapshot-Age",
+        "type": "date",
+        "jsonPath": ".status.latestManifestTime",
+        "description": "Age of the latest published snapshot.",
+    },
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+        "description": "Whether all member pods run.",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]

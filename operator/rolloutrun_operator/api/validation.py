@@ -1,0 +1,133 @@
+"""Validate RolloutRun documents the way the API server and the operator will.
+
+Two layers, because neither alone is enough: the CRD's structural schema (what
+``kubectl apply`` against a real API server enforces, with strict field validation rejecting
+unknown fields) and the pydantic models (which also check what a schema cannot express, such
+as ``dModel`` divisible by ``nHeads``). ``rolloutrun validate FILE`` runs both offline, so a
+user finds a typo before the cluster does; errors name the field path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from rolloutrun_operator.api import crdgen
+from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, RolloutRun
+
+
+class RolloutRunInvalid(ValueError):
+    """A RolloutRun document is invalid; ``problems`` lists ``path: message`` lines."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid RolloutRun\n  " + "\n  ".join(problems))
+
+
+def strict_json_schema(node: Any) -> Any:
+    """The CRD schema as plain JSON Schema: ``nullable`` as a null type, unknown fields denied."""
+    if isinstance(node, list):
+        return [strict_json_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {
+        key: strict_json_schema(value)
+        for key, value in node.items()
+        if not key.startswith("x-kubernetes-") and key != "nullable"
+    }
+    for key in ("properties",):
+        if key in node:
+            out[key] = {name: strict_json_schema(child) for name, child in node[key].items()}
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+        if "enum" in out:
+            out["enum"] = [*out["enum"], None]
+    if node.get("type") == "object" and "properties" in node and "additionalProperties" not in node:
+        out["additionalProperties"] = False
+    if node.get("exclusiveMinimum") is True:
+        out["exclusiveMinimum"] = out.pop("minimum")
+    if node.get("exclusiveMaximum") is True:
+        out["exclusiveMaximum"] = out.pop("maximum")
+    return out
+
+
+@functools.cache
+def _validator() -> Any:
+    import jsonschema
+
+    crd = crdgen.build_crd()
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return jsonschema.Draft7Validator(strict_json_schema(copy.deepcopy(schema)))
+
+
+def schema_problems(document: dict[str, Any]) -> list[str]:
+    """What the CRD schema rejects in ``document``, as ``path: message`` lines."""
+    problems = []
+    for error in sorted(_validator().iter_errors(document), key=lambda e: list(e.path)):
+        path = ".".join(str(part) for part in error.absolute_path) or "(root)"
+        problems.append(f"{path}: {error.message}")
+    return problems
+
+
+def parse_rolloutrun(document: Any, source: str = "RolloutRun") -> RolloutRun:
+    """Validate a RolloutRun mapping against the CRD schema and the models."""
+    if not isinstance(document, dict):
+        raise RolloutRunInvalid(source, ["(root): expected a mapping"])
+    expected = f"{GROUP}/{VERSION}"
+    header = []
+    if document.get("apiVersion") != expected:
+        header.append(f"apiVersion: expected {expected!r}, got {document.get('apiVersion')!r}")
+    if document.get("kind") != KIND:
+        header.append(f"kind: expected {KIND!r}, got {document.get('kind')!r}")
+    problems = header + schema_problems(document)
+    if problems:
+        raise RolloutRunInvalid(source, problems)
+    try:
+        return RolloutRun.model_validate(document)
+    except ValidationError as error:
+        raise RolloutRunInvalid(
+            source,
+            [
+                f"{'.'.join(str(p) for p in item['loc']) or '(root)'}: {item['msg']}"
+                for item in error.errors()
+            ],
+        ) from error
+
+
+def load_rolloutruns(path: Path) -> list[RolloutRun]:
+    """Every RolloutRun document in a YAML file, validated."""
+    try:
+        documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+    except yaml.YAMLError as error:
+        raise RolloutRunInvalid(str(path), [f"(root): not valid YAML: {error}"]) from error
+    return [
+        parse_rolloutrun(doc, f"{path}[{index}]" if len(documents) > 1 else str(path))
+        for index, doc in enumerate(documents)
+    ]
+
+
+def _run_validate(args: argparse.Namespace) -> int:
+    failed = 0
+    for name in args.files:
+        try:
+            runs = load_rolloutruns(Path(name))
+        except (OSError, RolloutRunInvalid) as error:
+            failed += 1
+            print(error)
+            continue
+        for run in runs:
+            print(f"{name}: RolloutRun {run.metadata.get('name', '?')!r} is valid")
+    return 1 if failed else 0
+
+
+def register_cli(parser: argparse.ArgumentParser) -> None:
+    """Validate RolloutRun YAML files offline (CRD schema and model checks)."""
+    parser.add_argument("files", nargs="+", help="RolloutRun YAML files")
+    parser.set_defaults(handler=_run_validate)
