@@ -1,0 +1,135 @@
+"""The publication primitive: files first, one small create-only marker last.
+
+A checkpoint entry (a snapshot, a trainer checkpoint) is a set of files under one prefix. It
+counts as published only once its marker exists, and the marker is written after every file
+with a create-only write, so:
+
+* a reader that trusts only marked entries (:func:`list_committed`) never sees an entry whose
+  files are incomplete, whatever instant the writer was killed at;
+* of two publishers of the same entry exactly one commits; the other gets
+  :class:`ObjectExistsError`. A publisher that finds the marker already present fails
+  before touching any file, so nothing already published changes. (Two publishers racing on
+  the same *uncommitted* entry may interleave their file writes; the trainer lease fences
+  that case off, see ARCHITECTURE.md.)
+* deletion removes the marker first, so a half-deleted entry is no longer committed.
+
+On file:// every file and directory is fsynced before the marker's link, on gs:// the
+marker's ``ifGenerationMatch=0`` upload is the commit point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .base import CheckpointStorage
+from .errors import InvalidKeyError, ObjectExistsError, StorageError
+from .keys import join_key, key_problem, normalize_prefix, validate_key
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MARKER = "COMMITTED"
+
+
+def _marker_key(storage: CheckpointStorage, entry_prefix: str, marker_name: str) -> str:
+    entry = validate_key(entry_prefix.rstrip("/"), base_uri=storage.base_uri)
+    if "/" in marker_name or key_problem(marker_name) is not None:
+        raise InvalidKeyError(
+            f"{storage.base_uri}/{entry}",
+            f"marker name {marker_name!r} must be one plain path part",
+        )
+    return join_key(entry, marker_name)
+
+
+def publish_entry(
+    storage: CheckpointStorage,
+    entry_prefix: str,
+    files: Mapping[str, bytes | Path],
+    *,
+    marker_name: str = DEFAULT_MARKER,
+    marker_payload: bytes = b"",
+) -> str:
+    """Write ``files`` under ``entry_prefix/``, then commit with the marker; return its URI.
+
+    ``files`` maps relative names (keys, may contain '/') to bytes or a local file to upload.
+    Raises :class:`ObjectExistsError` if the entry is already committed (nothing is written)
+    or if a concurrent publisher committed it first.
+    """
+    marker = _marker_key(storage, entry_prefix, marker_name)
+    entry = marker.rsplit("/", 1)[0]
+    keys: dict[str, bytes | Path] = {}
+    for name, content in files.items():
+        validate_key(name, base_uri=f"{storage.base_uri}/{entry}")
+        if name == marker_name:
+            raise InvalidKeyError(storage.uri_for(marker), "a file may not use the marker's name")
+        if not isinstance(content, bytes | bytearray | memoryview | Path):
+            raise TypeError(
+                f"{storage.uri_for(join_key(entry, name))}: content must be bytes or a Path, "
+                f"not {type(content).__name__}"
+            )
+        keys[join_key(entry, name)] = content
+    if storage.exists(marker):
+        raise ObjectExistsError(storage.uri_for(marker), "entry is already committed")
+    for key in sorted(keys):
+        content = keys[key]
+        if isinstance(content, Path):
+            storage.upload_file(key, content)
+        else:
+            storage.write_bytes(key, bytes(content))
+    storage.write_bytes_if_absent(marker, marker_payload)
+    uri = storage.uri_for(marker)
+    log.info("published %d files and committed %s", len(keys), uri)
+    return uri
+
+
+def list_committed(
+    storage: CheckpointStorage, prefix: str, marker_name: str = DEFAULT_MARKER
+) -> list[str]:
+    """Entry prefixes (keys) strictly under ``prefix`` whose marker exists, sorted."""
+    prefix = normalize_prefix(prefix, base_uri=storage.base_uri)
+    suffix = "/" + marker_name
+    entries = [
+        key[: -len(suffix)]
+        for key in storage.list(prefix)
+        if key.endswith(suffix) and key[: -len(suffix)] != prefix
+    ]
+    return sorted(entries)
+
+
+def is_committed(
+    storage: CheckpointStorage, entry_prefix: str, marker_name: str = DEFAULT_MARKER
+) -> bool:
+    """Whether ``entry_prefix`` has its marker."""
+    return storage.exists(_marker_key(storage, entry_prefix, marker_name))
+
+
+def delete_entry(
+    storage: CheckpointStorage, entry_prefix: str, marker_name: str = DEFAULT_MARKER
+) -> int:
+    """Uncommit ``entry_prefix`` (marker first), then delete its files; return files deleted."""
+    marker = _marker_key(storage, entry_prefix, marker_name)
+    storage.delete(marker)
+    deleted = storage.delete_prefix(marker.rsplit("/", 1)[0])
+    log.info("deleted entry %s (%d files)", storage.uri_for(marker.rsplit("/", 1)[0]), deleted)
+    return deleted
+
+
+def write_json(storage: CheckpointStorage, key: str, obj: Any, *, if_absent: bool = False) -> None:
+    """Write ``obj`` as UTF-8 JSON (sorted keys); create-only when ``if_absent``."""
+    data = json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=False).encode("utf-8")
+    if if_absent:
+        storage.write_bytes_if_absent(key, data)
+    else:
+        storage.write_bytes(key, data)
+
+
+def read_json(storage: CheckpointStorage, key: str) -> Any:
+    """Read and decode a JSON object written by :func:`write_json`."""
+    data = storage.read_bytes(key)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StorageError(storage.uri_for(key), f"not valid JSON: {exc}") from exc
