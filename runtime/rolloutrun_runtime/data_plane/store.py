@@ -1,0 +1,220 @@
+"""A partitioned, in-memory row store with checkpoint files: the seed's TQ stand-in.
+
+Why a store at all: the rollout pump and the train pump never hand tensors to each other
+directly. Finished rollouts land in ``staging`` (keyed by the episode's capture key) and a
+sealed group's canonical training rows in ``train`` (keyed ``<group_id>_g<i>``); the train
+pump reads them by key and clears them once its optimizer step is committed. Because every
+row lives here, a checkpoint can save exactly the rows that the recovery ledger and the
+replay metadata reference, and a restore can check the two against each other.
+
+Rows are flat mappings of field name to a numpy array or a scalar (int, float, str, bool).
+Saved checkpoints are one ``rows.npz`` (no pickle) plus ``metadata.json``; both are plain
+bytes so the caller can publish them through any ``CheckpointStorage``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+#: The partitions every data plane has: canonical training rows and staged rollout results.
+PARTITIONS = ("train", "staging")
+
+#: Format version of ``save_checkpoint``'s files; bump it when they change.
+DATA_PLANE_FORMAT = 1
+
+ROWS_FILE = "rows.npz"
+METADATA_FILE = "metadata.json"
+
+RowValue = np.ndarray | int | float | str | bool
+Row = Mapping[str, RowValue]
+
+_SCALAR_KINDS: dict[type, str] = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+class DataPlaneError(RuntimeError):
+    """The data plane was used wrongly, or a checkpoint of it cannot be read."""
+
+
+class RowNotFoundError(DataPlaneError, KeyError):
+    """A row key is not in the partition."""
+
+
+def _check_partition(partition: str) -> None:
+    if partition not in PARTITIONS:
+        raise DataPlaneError(f"unknown partition {partition!r}; the data plane has {PARTITIONS}")
+
+
+def _value_kind(key: str, field: str, value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise DataPlaneError(f"row {key!r} field {field!r}: object arrays cannot be stored")
+        return "array"
+    kind = _SCALAR_KINDS.get(type(value))
+    if kind is None:
+        raise DataPlaneError(
+            f"row {key!r} field {field!r}: {type(value).__name__} is not storable "
+            "(use a numpy array, int, float, str or bool)"
+        )
+    return kind
+
+
+class DataPlane:
+    """Rows by partition and key; ``put``/``get``/``clear``/``list``, ``save``/``load``."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, dict[str, dict[str, RowValue]]] = {p: {} for p in PARTITIONS}
+
+    # ------------------------------------------------------------------ row access
+    def put(self, partition: str, key: str, row: Row) -> None:
+        """Store ``row`` under ``key`` (replacing any row with that key)."""
+        _check_partition(partition)
+        for field, value in row.items():
+            _value_kind(key, field, value)
+        self._rows[partition][key] = dict(row)
+
+    def get(self, partition: str, key: str) -> dict[str, RowValue]:
+        """The row under ``key``; raises ``RowNotFoundError`` if there is none."""
+        _check_partition(partition)
+        try:
+            return self._rows[partition][key]
+        except KeyError:
+            raise RowNotFoundError(f"no row {key!r} in partition {partition!r}") from None
+
+    def get_many(self, partition: str, keys: Iterable[str]) -> list[dict[str, RowValue]]:
+        """The rows under ``keys``, in order; any missing key raises ``RowNotFoundError``."""
+        return [self.get(partition, key) for key in keys]
+
+    def contains(self, partition: str, key: str) -> bool:
+        _check_partition(partition)
+        return key in self._rows[partition]
+
+    def clear(self, partition: str, keys: Iterable[str]) -> int:
+        """Remove the rows under ``keys`` (missing keys are ignored); returns how many went."""
+        _check_partition(partition)
+        rows = self._rows[partition]
+        removed = 0
+        for key in keys:
+            if rows.pop(key, None) is not None:
+                removed += 1
+        return removed
+
+    def list(self, partition: str) -> list[str]:
+        """The keys in ``partition``, sorted."""
+        _check_partition(partition)
+        return sorted(self._rows[partition])
+
+    def __len__(self) -> int:
+        return sum(len(rows) for rows in self._rows.values())
+
+    def copy(self) -> DataPlane:
+        """A shallow copy (rows are replaced, never mutated, so sharing values is safe)."""
+        clone = DataPlane()
+        for partition, rows in self._rows.items():
+            clone._rows[partition] = {key: dict(row) for key, row in rows.items()}
+        return clone
+
+    # ------------------------------------------------------------------ checkpoints
+    def to_files(self, metadata: Mapping[str, Any]) -> dict[str, bytes]:
+        """The checkpoint as ``{file name: bytes}``: ``rows.npz`` and ``metadata.json``.
+
+        ``metadata`` is the caller's (JSON-serializable); the rows' sha256, format version
+        and per-partition keys are added so ``from_files`` can check what it reads.
+        """
+        arrays: dict[str, np.ndarray] = {}
+        index: dict[str, dict[str, dict[str, str]]] = {}
+        for partition, rows in self._rows.items():
+            index[partition] = {}
+            for key in sorted(rows):
+                kinds: dict[str, str] = {}
+                for field, value in rows[key].items():
+                    kind = _value_kind(key, field, value)
+                    kinds[field] = kind
+                    name = f"{len(arrays)}"
+                    arrays[name] = np.asarray(value)
+                    kinds[field] = f"{kind}:{name}"
+                index[partition][key] = kinds
+        buffer = io.BytesIO()
+        np.savez(buffer, allow_pickle=False, **arrays)
+        rows_bytes = buffer.getvalue()
+        full_metadata = {
+            "user": dict(metadata),
+            "format": DATA_PLANE_FORMAT,
+            "rows_sha256": hashlib.sha256(rows_bytes).hexdigest(),
+            "index": index,
+        }
+        try:
+            meta_bytes = json.dumps(full_metadata, sort_keys=True).encode()
+        except TypeError as error:
+            raise DataPlaneError(f"checkpoint metadata is not JSON: {error}") from error
+        return {ROWS_FILE: rows_bytes, METADATA_FILE: meta_bytes}
+
+    @classmethod
+    def from_files(cls, files: Mapping[str, bytes]) -> tuple[DataPlane, dict[str, Any]]:
+        """Rebuild a data plane from ``to_files`` output; returns it and the user metadata."""
+        try:
+            rows_bytes, meta_bytes = files[ROWS_FILE], files[METADATA_FILE]
+        except KeyError as error:
+            raise DataPlaneError(f"data-plane checkpoint lacks {error.args[0]}") from None
+        try:
+            meta = json.loads(meta_bytes)
+        except ValueError as error:
+            raise DataPlaneError(f"data-plane metadata is not valid JSON: {error}") from error
+        if meta.get("format") != DATA_PLANE_FORMAT:
+            raise DataPlaneError(
+                f"data-plane checkpoint format {meta.get('format')!r} is not supported "
+                f"(this runtime reads format {DATA_PLANE_FORMAT})"
+            )
+        if hashlib.sha256(rows_bytes).hexdigest() != meta.get("rows_sha256"):
+            raise DataPlaneError("data-plane rows do not match the sha256 in their metadata")
+        plane = cls()
+        with np.load(io.BytesIO(rows_bytes), allow_pickle=False) as arrays:
+            for partition, rows in meta["index"].items():
+                _check_partition(partition)
+                for key, kinds in rows.items():
+                    row: dict[str, RowValue] = {}
+                    for field, spec in kinds.items():
+                        kind, name = spec.split(":", 1)
+                        array = arrays[name]
+                        row[field] = array if kind == "array" else _scalar(kind, array)
+                    plane._rows[partition][key] = row
+        return plane, dict(meta["user"])
+
+    def save_checkpoint(self, directory: str | Path, metadata: Mapping[str, Any]) -> None:
+        """Write ``rows.npz`` and ``metadata.json`` into ``directory`` (created if needed)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, data in self.to_files(metadata).items():
+            (directory / name).write_bytes(data)
+
+    def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+        """Replace this store's rows with the checkpoint in ``directory``; returns its metadata."""
+        directory = Path(directory)
+        try:
+            files = {name: (directory / name).read_bytes() for name in (ROWS_FILE, METADATA_FILE)}
+        except FileNotFoundError as error:
+            raise DataPlaneError(f"no data-plane checkpoint in {directory}: {error}") from error
+        loaded, metadata = self.from_files(files)
+        self._rows = loaded._rows
+        logger.info("loaded data plane from %s: %d rows", directory, len(self))
+        return metadata
+
+
+def _scalar(kind: str, array: np.ndarray) -> RowValue:
+    value = array.item()
+    if kind == "bool":
+        return bool(value)
+    if kind == "int":
+        return int(value)
+    if kind == "float":
+        return float(value)
+    return str(value)

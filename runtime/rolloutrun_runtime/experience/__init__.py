@@ -1,0 +1,1 @@
+"""Experience bookkeeping that outlives a process: the rollout recovery ledger."""

@@ -1,0 +1,856 @@
+"""The recovery ledger: every admitted prompt group, its siblings and their attempts.
+
+Why: a preempted run must neither lose a prompt nor train one twice. The dataloader cursor
+alone cannot say which drawn prompts were finished, so every group the rollout pump admits
+is recorded here before its prompts leave the dataloader (in the same mutation slot), and
+each state change of a rollout is a checked transition:
+
+    group    generating -> ready_to_finalize -> finalizing -> finalized -> claimed -> (removed)
+                                               \\-> finalization_unknown
+    attempt  reserved -> dispatched -> sealed | failed | abandoned
+
+An illegal transition raises ``LedgerTransitionError`` and changes nothing. Every mutator
+takes the caller's barrier cut and checks ``require_live()``, so ledger bytes written under
+the exclusive checkpoint cut always describe the same rows as the data plane.
+
+Names follow the environment's episode keys: an attempt's physical rollout id is
+``<group_id>_g<i>_a<uuidhex>``; its capture (row) key is that id at ``gym_attempt`` 0 and
+``<rollout_id>-a<gym_attempt>`` after a turn-level restore continued it. The on-disk field
+names ``gym_instance_id`` and ``gym_attempt`` are kept so older sidecars read.
+
+The sidecar is deterministic JSON; schema 5 adds the spare-prompt pool (always present,
+possibly empty) to schema 4's batch shortfall and sampler stamping flag.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import logging
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+LEDGER_SCHEMA_VERSION = 5
+READABLE_SCHEMA_VERSIONS = (4, 5)
+SIDECAR_NAME = "rollout_recovery.json"
+
+_ATTEMPT_SUFFIX = re.compile(r"-a\d+$")
+
+
+class LedgerError(RuntimeError):
+    """Base of the recovery ledger's errors."""
+
+
+class LedgerTransitionError(LedgerError):
+    """A state change that the ledger's transition rules forbid (nothing was changed)."""
+
+
+class LedgerSidecarError(LedgerError):
+    """A sidecar cannot be trusted: bad checksum, unknown schema or field, wrong count."""
+
+
+class LedgerRestartError(LedgerError):
+    """Restart normalization refused the ledger (e.g. a finalization with unknown outcome)."""
+
+
+class LiveCut(Protocol):
+    """A barrier cut (mutation slot or exclusive cut) that can prove it is held."""
+
+    def require_live(self) -> None: ...
+
+
+class AttemptStatus(enum.StrEnum):
+    RESERVED = "reserved"
+    DISPATCHED = "dispatched"
+    SEALED = "sealed"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+
+
+class GroupStatus(enum.StrEnum):
+    GENERATING = "generating"
+    READY_TO_FINALIZE = "ready_to_finalize"
+    FINALIZING = "finalizing"
+    FINALIZATION_UNKNOWN = "finalization_unknown"
+    FINALIZED = "finalized"
+    CLAIMED = "claimed"
+
+
+class GroupPhase(enum.StrEnum):
+    RESERVED = "reserved"
+    ADMITTED = "admitted"
+
+
+class Granularity(enum.StrEnum):
+    """What a restart keeps of an unfinished group."""
+
+    SIBLING = "sibling"
+    PROMPT_GROUP = "prompt_group"
+
+
+class RestoreLevel(enum.StrEnum):
+    TURN = "turn"
+    SIBLING = "sibling"
+    PROMPT_GROUP = "prompt_group"
+
+
+_ATTEMPT_MOVES: dict[AttemptStatus, frozenset[AttemptStatus]] = {
+    AttemptStatus.RESERVED: frozenset(
+        {AttemptStatus.DISPATCHED, AttemptStatus.FAILED, AttemptStatus.ABANDONED}
+    ),
+    AttemptStatus.DISPATCHED: frozenset(
+        {AttemptStatus.SEALED, AttemptStatus.FAILED, AttemptStatus.ABANDONED}
+    ),
+    AttemptStatus.SEALED: frozenset(),
+    AttemptStatus.FAILED: frozenset(),
+    AttemptStatus.ABANDONED: frozenset(),
+}
+
+_GROUP_MOVES: dict[GroupStatus, frozenset[GroupStatus]] = {
+    GroupStatus.GENERATING: frozenset({GroupStatus.READY_TO_FINALIZE}),
+    GroupStatus.READY_TO_FINALIZE: frozenset({GroupStatus.FINALIZING}),
+    GroupStatus.FINALIZING: frozenset(
+        {GroupStatus.FINALIZED, GroupStatus.FINALIZATION_UNKNOWN, GroupStatus.READY_TO_FINALIZE}
+    ),
+    GroupStatus.FINALIZATION_UNKNOWN: frozenset(),
+    GroupStatus.FINALIZED: frozenset({GroupStatus.CLAIMED}),
+    GroupStatus.CLAIMED: frozenset({GroupStatus.FINALIZED}),
+}
+
+
+# ---------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class PromptRef:
+    """A dataset locator: the prompt itself is never stored, the Gym rebuilds it."""
+
+    prompt_id: int
+    epoch: int = 0
+    index: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {"prompt_id": self.prompt_id, "epoch": self.epoch, "index": self.index}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> PromptRef:
+        fields = _strict(data, where, {"prompt_id", "epoch", "index"})
+        return cls(
+            prompt_id=_int(fields, "prompt_id", where),
+            epoch=_int(fields, "epoch", where),
+            index=_int(fields, "index", where),
+        )
+
+
+@dataclass(frozen=True)
+class EnvironmentEpisode:
+    """A backend-neutral episode name: the rollout id and the environment attempt."""
+
+    rollout_id: str
+    attempt: int = 0
+
+    @property
+    def capture_key(self) -> str:
+        """The row key: the bare rollout id at attempt 0, ``<rollout_id>-a<attempt>`` after."""
+        return self.rollout_id if self.attempt == 0 else f"{self.rollout_id}-a{self.attempt}"
+
+
+@dataclass
+class RolloutAttempt:
+    """One try at generating a sibling; append-only within its sibling."""
+
+    attempt_uuid: str
+    rollout_id: str
+    status: AttemptStatus = AttemptStatus.RESERVED
+    gym_instance_id: str | None = None
+    gym_attempt: int = 0
+    reward: float | None = None
+    row_key: str | None = None
+    failure: str | None = None
+
+    @property
+    def episode(self) -> EnvironmentEpisode:
+        return EnvironmentEpisode(self.rollout_id, self.gym_attempt)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt_uuid": self.attempt_uuid,
+            "rollout_id": self.rollout_id,
+            "status": self.status.value,
+            "gym_instance_id": self.gym_instance_id,
+            "gym_attempt": self.gym_attempt,
+            "reward": self.reward,
+            "row_key": self.row_key,
+            "failure": self.failure,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> RolloutAttempt:
+        keys = {"attempt_uuid", "rollout_id", "status", "gym_instance_id", "gym_attempt"}
+        keys |= {"reward", "row_key", "failure"}
+        fields = _strict(data, where, keys)
+        reward = fields["reward"]
+        return cls(
+            attempt_uuid=str(fields["attempt_uuid"]),
+            rollout_id=str(fields["rollout_id"]),
+            status=_enum(AttemptStatus, fields["status"], where),
+            gym_instance_id=_opt_str(fields["gym_instance_id"]),
+            gym_attempt=_int(fields, "gym_attempt", where),
+            reward=None if reward is None else float(reward),
+            row_key=_opt_str(fields["row_key"]),
+            failure=_opt_str(fields["failure"]),
+        )
+
+
+@dataclass
+class SiblingRecord:
+    """One GRPO generation slot ``<group_id>_g<i>`` and its attempts."""
+
+    sibling_id: str
+    index: int
+    attempts: list[RolloutAttempt] = field(default_factory=list)
+
+    @property
+    def current(self) -> RolloutAttempt:
+        return self.attempts[-1]
+
+    @property
+    def failed_attempts(self) -> int:
+        return sum(a.status is AttemptStatus.FAILED for a in self.attempts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sibling_id": self.sibling_id,
+            "index": self.index,
+            "attempts": [a.to_json() for a in self.attempts],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> SiblingRecord:
+        fields = _strict(data, where, {"sibling_id", "index", "attempts"})
+        attempts = fields["attempts"]
+        if not isinstance(attempts, list) or not attempts:
+            raise LedgerSidecarError(f"{where}: attempts must be a non-empty list")
+        return cls(
+            sibling_id=str(fields["sibling_id"]),
+            index=_int(fields, "index", where),
+            attempts=[
+                RolloutAttempt.from_json(a, f"{where}.attempts[{i}]")
+                for i, a in enumerate(attempts)
+            ],
+        )
+
+
+@dataclass
+class PromptGroupRecord:
+    """One admitted prompt group: where its prompt is, which step it is for, its siblings."""
+
+    group_id: str
+    admission_id: str
+    prompt: PromptRef
+    target_step: int | None
+    start_weight_version: int
+    granularity: Granularity = Granularity.SIBLING
+    restore_level: RestoreLevel = RestoreLevel.SIBLING
+    phase: GroupPhase = GroupPhase.RESERVED
+    status: GroupStatus = GroupStatus.GENERATING
+    claimed_step: int | None = None
+    siblings: list[SiblingRecord] = field(default_factory=list)
+
+    def sealed(self) -> bool:
+        return all(s.current.status is AttemptStatus.SEALED for s in self.siblings)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "admission_id": self.admission_id,
+            "prompt_ref": self.prompt.to_json(),
+            "target_step": self.target_step,
+            "start_weight_version": self.start_weight_version,
+            "recovery_granularity": self.granularity.value,
+            "restore_level": self.restore_level.value,
+            "phase": self.phase.value,
+            "status": self.status.value,
+            "claimed_step": self.claimed_step,
+            "siblings": [s.to_json() for s in self.siblings],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> PromptGroupRecord:
+        keys = {"group_id", "admission_id", "prompt_ref", "target_step", "start_weight_version"}
+        keys |= {"recovery_granularity", "restore_level", "phase", "status", "claimed_step"}
+        keys |= {"siblings"}
+        fields = _strict(data, where, keys)
+        siblings = fields["siblings"]
+        if not isinstance(siblings, list) or not siblings:
+            raise LedgerSidecarError(f"{where}: siblings must be a non-empty list")
+        target = fields["target_step"]
+        claimed = fields["claimed_step"]
+        return cls(
+            group_id=str(fields["group_id"]),
+            admission_id=str(fields["admission_id"]),
+            prompt=PromptRef.from_json(fields["prompt_ref"], f"{where}.prompt_ref"),
+            target_step=None if target is None else int(target),
+            start_weight_version=_int(fields, "start_weight_version", where),
+            granularity=_enum(Granularity, fields["recovery_granularity"], where),
+            restore_level=_enum(RestoreLevel, fields["restore_level"], where),
+            phase=_enum(GroupPhase, fields["phase"], where),
+            status=_enum(GroupStatus, fields["status"], where),
+            claimed_step=None if claimed is None else int(claimed),
+            siblings=[
+                SiblingRecord.from_json(s, f"{where}.siblings[{i}]") for i, s in enumerate(siblings)
+            ],
+        )
+
+
+@dataclass(frozen=True)
+class LedgerSidecar:
+    """Serialized ledger bytes and the facts the data-plane metadata repeats."""
+
+    data: bytes
+    sha256: str
+    schema_version: int
+    group_count: int
+
+    def metadata(self) -> dict[str, Any]:
+        """What the data-plane checkpoint metadata records about this sidecar."""
+        return {
+            "rollout_recovery_schema": self.schema_version,
+            "rollout_recovery_sha256": self.sha256,
+            "rollout_recovery_groups": self.group_count,
+        }
+
+
+@dataclass
+class RecoveredLedger:
+    """What a sidecar holds: the ledger and the rollout state saved beside it."""
+
+    ledger: RecoveryLedger
+    schema_version: int
+    spare_prompts: list[PromptRef] | None
+    batch_shortfall: dict[int, int]
+    sampler_stamps_target_steps: bool
+
+
+@dataclass
+class RestartReport:
+    """What ``prepare_for_restart`` changed."""
+
+    abandoned: list[EnvironmentEpisode] = field(default_factory=list)
+    resumed: list[EnvironmentEpisode] = field(default_factory=list)
+    minted: list[str] = field(default_factory=list)
+    unclaimed_groups: list[str] = field(default_factory=list)
+    stale_row_keys: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------- the ledger
+def sibling_id_for(group_id: str, index: int) -> str:
+    return f"{group_id}_g{index}"
+
+
+def new_attempt(sibling_id: str, attempt_uuid: str | None = None) -> RolloutAttempt:
+    """A fresh reserved attempt with a physical rollout id ``<sibling_id>_a<uuidhex>``."""
+    attempt_uuid = attempt_uuid or uuid.uuid4().hex
+    rollout_id = f"{sibling_id}_a{attempt_uuid}"
+    if _ATTEMPT_SUFFIX.search(rollout_id):
+        raise LedgerError(f"rollout id {rollout_id!r} may not end in '-a<N>'")
+    return RolloutAttempt(attempt_uuid=attempt_uuid, rollout_id=rollout_id)
+
+
+class RecoveryLedger:
+    """Prompt groups -> siblings -> attempts, with checked transitions."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, PromptGroupRecord] = {}
+        self._siblings: dict[str, tuple[str, int]] = {}
+
+    # ------------------------------------------------------------------ queries
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __contains__(self, group_id: object) -> bool:
+        return group_id in self._groups
+
+    def groups(self) -> list[PromptGroupRecord]:
+        return list(self._groups.values())
+
+    def group(self, group_id: str) -> PromptGroupRecord:
+        try:
+            return self._groups[group_id]
+        except KeyError:
+            raise LedgerTransitionError(f"no prompt group {group_id!r} in the ledger") from None
+
+    def sibling(self, sibling_id: str) -> SiblingRecord:
+        try:
+            group_id, index = self._siblings[sibling_id]
+        except KeyError:
+            raise LedgerTransitionError(f"no sibling {sibling_id!r} in the ledger") from None
+        return self._groups[group_id].siblings[index]
+
+    def group_of(self, sibling_id: str) -> PromptGroupRecord:
+        self.sibling(sibling_id)
+        return self._groups[self._siblings[sibling_id][0]]
+
+    def with_status(self, *statuses: GroupStatus) -> list[PromptGroupRecord]:
+        return [g for g in self._groups.values() if g.status in statuses]
+
+    def referenced_row_keys(self) -> set[str]:
+        """Staging keys that sealed attempts of unfinalized groups still reference."""
+        keys: set[str] = set()
+        for group in self._groups.values():
+            if group.status in (GroupStatus.FINALIZED, GroupStatus.CLAIMED):
+                continue
+            for sibling in group.siblings:
+                for attempt in sibling.attempts:
+                    if attempt.status is AttemptStatus.SEALED and attempt.row_key:
+                        keys.add(attempt.row_key)
+        return keys
+
+    # ------------------------------------------------------------------ admission
+    def reserve_group(
+        self,
+        cut: LiveCut,
+        *,
+        group_id: str,
+        admission_id: str,
+        prompt: PromptRef,
+        target_step: int | None,
+        start_weight_version: int,
+        group_size: int,
+        granularity: Granularity = Granularity.SIBLING,
+        restore_level: RestoreLevel = RestoreLevel.SIBLING,
+    ) -> PromptGroupRecord:
+        """Record a new group with one reserved attempt per sibling."""
+        cut.require_live()
+        if group_id in self._groups:
+            raise LedgerTransitionError(f"prompt group {group_id!r} is already in the ledger")
+        if group_size < 1:
+            raise LedgerTransitionError(f"group {group_id!r}: group_size must be >= 1")
+        siblings = []
+        for index in range(group_size):
+            sid = sibling_id_for(group_id, index)
+            siblings.append(SiblingRecord(sid, index, [new_attempt(sid)]))
+        record = PromptGroupRecord(
+            group_id=group_id,
+            admission_id=admission_id,
+            prompt=prompt,
+            target_step=target_step,
+            start_weight_version=start_weight_version,
+            granularity=granularity,
+            restore_level=restore_level,
+            siblings=siblings,
+        )
+        self._groups[group_id] = record
+        for sibling in siblings:
+            self._siblings[sibling.sibling_id] = (group_id, sibling.index)
+        return record
+
+    def admit(self, cut: LiveCut, group_id: str) -> None:
+        """Mark a reserved group admitted (its admission was committed)."""
+        cut.require_live()
+        group = self.group(group_id)
+        if group.phase is not GroupPhase.RESERVED:
+            raise LedgerTransitionError(f"group {group_id!r} is already admitted")
+        group.phase = GroupPhase.ADMITTED
+
+    # ------------------------------------------------------------------ attempts
+    def _attempt(self, sibling_id: str, attempt_uuid: str) -> tuple[SiblingRecord, RolloutAttempt]:
+        sibling = self.sibling(sibling_id)
+        if sibling.current.attempt_uuid != attempt_uuid:
+            raise LedgerTransitionError(
+                f"attempt {attempt_uuid!r} is not the current attempt of {sibling_id!r} "
+                f"(current: {sibling.current.attempt_uuid!r})"
+            )
+        return sibling, sibling.current
+
+    def _move(self, attempt: RolloutAttempt, to: AttemptStatus, where: str) -> None:
+        if to not in _ATTEMPT_MOVES[attempt.status]:
+            raise LedgerTransitionError(
+                f"{where}: attempt {attempt.rollout_id!r} cannot go {attempt.status.value} -> "
+                f"{to.value}"
+            )
+        attempt.status = to
+
+    def _require_generating(self, group: PromptGroupRecord, what: str) -> None:
+        if group.status is not GroupStatus.GENERATING:
+            raise LedgerTransitionError(
+                f"cannot {what} in group {group.group_id!r}: it is {group.status.value}"
+            )
+
+    def dispatch(
+        self, cut: LiveCut, sibling_id: str, attempt_uuid: str, gym_instance_id: str
+    ) -> RolloutAttempt:
+        """A reserved attempt was sent to the Gym replica ``gym_instance_id``."""
+        cut.require_live()
+        group = self.group_of(sibling_id)
+        self._require_generating(group, "dispatch")
+        _, attempt = self._attempt(sibling_id, attempt_uuid)
+        if (
+            attempt.gym_attempt > 0
+            and attempt.gym_instance_id is not None
+            and attempt.gym_instance_id != gym_instance_id
+        ):
+            raise LedgerTransitionError(
+                f"attempt {attempt.rollout_id!r} resumes turn state owned by "
+                f"{attempt.gym_instance_id!r}; it cannot go to {gym_instance_id!r}"
+            )
+        self._move(attempt, AttemptStatus.DISPATCHED, "dispatch")
+        attempt.gym_instance_id = gym_instance_id
+        return attempt
+
+    def seal(
+        self,
+        cut: LiveCut,
+        sibling_id: str,
+        attempt_uuid: str,
+        *,
+        reward: float,
+        row_key: str,
+    ) -> PromptGroupRecord:
+        """A dispatched attempt finished; its result is staged under ``row_key``."""
+        cut.require_live()
+        group = self.group_of(sibling_id)
+        self._require_generating(group, "seal")
+        _, attempt = self._attempt(sibling_id, attempt_uuid)
+        self._move(attempt, AttemptStatus.SEALED, "seal")
+        attempt.reward = float(reward)
+        attempt.row_key = row_key
+        if group.sealed():
+            group.status = GroupStatus.READY_TO_FINALIZE
+        return group
+
+    def fail(self, cut: LiveCut, sibling_id: str, attempt_uuid: str, reason: str) -> RolloutAttempt:
+        """A reserved or dispatched attempt failed (timeout, Gym error)."""
+        cut.require_live()
+        group = self.group_of(sibling_id)
+        self._require_generating(group, "fail an attempt")
+        _, attempt = self._attempt(sibling_id, attempt_uuid)
+        self._move(attempt, AttemptStatus.FAILED, "fail")
+        attempt.failure = reason
+        return attempt
+
+    def abandon(self, cut: LiveCut, sibling_id: str, attempt_uuid: str, reason: str) -> None:
+        """Give up a reserved or dispatched attempt without counting it as a failure."""
+        cut.require_live()
+        _, attempt = self._attempt(sibling_id, attempt_uuid)
+        self._move(attempt, AttemptStatus.ABANDONED, "abandon")
+        attempt.failure = reason
+
+    def retry(self, cut: LiveCut, sibling_id: str) -> RolloutAttempt:
+        """Append a fresh reserved attempt after a failed or abandoned one."""
+        cut.require_live()
+        group = self.group_of(sibling_id)
+        self._require_generating(group, "retry a sibling")
+        sibling = self.sibling(sibling_id)
+        if sibling.current.status not in (AttemptStatus.FAILED, AttemptStatus.ABANDONED):
+            raise LedgerTransitionError(
+                f"sibling {sibling_id!r} cannot retry: its current attempt is "
+                f"{sibling.current.status.value}"
+            )
+        attempt = new_attempt(sibling_id)
+        sibling.attempts.append(attempt)
+        return attempt
+
+    # ------------------------------------------------------------------ groups
+    def _move_group(self, group: PromptGroupRecord, to: GroupStatus) -> None:
+        if to not in _GROUP_MOVES[group.status]:
+            raise LedgerTransitionError(
+                f"group {group.group_id!r} cannot go {group.status.value} -> {to.value}"
+            )
+        group.status = to
+
+    def begin_finalize(self, cut: LiveCut, group_id: str) -> PromptGroupRecord:
+        cut.require_live()
+        group = self.group(group_id)
+        self._move_group(group, GroupStatus.FINALIZING)
+        return group
+
+    def finish_finalize(self, cut: LiveCut, group_id: str) -> PromptGroupRecord:
+        cut.require_live()
+        group = self.group(group_id)
+        self._move_group(group, GroupStatus.FINALIZED)
+        return group
+
+    def finalization_unknown(self, cut: LiveCut, group_id: str) -> None:
+        """The finalization's outcome is unknown: checkpoints must refuse from now on."""
+        cut.require_live()
+        self._move_group(self.group(group_id), GroupStatus.FINALIZATION_UNKNOWN)
+
+    def claim(self, cut: LiveCut, group_ids: Iterable[str], step: int) -> None:
+        """The train pump selected finalized groups for ``step``."""
+        cut.require_live()
+        groups = [self.group(g) for g in group_ids]
+        for group in groups:
+            if group.status is not GroupStatus.FINALIZED:
+                raise LedgerTransitionError(
+                    f"group {group.group_id!r} cannot be claimed: it is {group.status.value}"
+                )
+        for group in groups:
+            group.status = GroupStatus.CLAIMED
+            group.claimed_step = step
+
+    def unclaim(self, cut: LiveCut, group_ids: Iterable[str]) -> None:
+        """Return claimed groups to finalized (their step did not commit)."""
+        cut.require_live()
+        groups = [self.group(g) for g in group_ids]
+        for group in groups:
+            if group.status is not GroupStatus.CLAIMED:
+                raise LedgerTransitionError(
+                    f"group {group.group_id!r} cannot be unclaimed: it is {group.status.value}"
+                )
+        for group in groups:
+            group.status = GroupStatus.FINALIZED
+            group.claimed_step = None
+
+    def remove_trained(self, cut: LiveCut, group_ids: Iterable[str], step: int) -> None:
+        """Drop groups whose step committed (they were trained exactly once)."""
+        cut.require_live()
+        groups = [self.group(g) for g in group_ids]
+        for group in groups:
+            if group.status is not GroupStatus.CLAIMED or group.claimed_step != step:
+                raise LedgerTransitionError(
+                    f"group {group.group_id!r} was not claimed by step {step} "
+                    f"(status {group.status.value}, claimed by {group.claimed_step})"
+                )
+        for group in groups:
+            self._drop(group)
+
+    def discard(self, cut: LiveCut, group_id: str, reason: str) -> PromptGroupRecord:
+        """Give a group up (dropped, exhausted, stale); refused while finalizing or claimed."""
+        cut.require_live()
+        group = self.group(group_id)
+        if group.status in (
+            GroupStatus.FINALIZING,
+            GroupStatus.FINALIZATION_UNKNOWN,
+            GroupStatus.CLAIMED,
+        ):
+            raise LedgerTransitionError(
+                f"group {group_id!r} cannot be discarded ({reason}): it is {group.status.value}"
+            )
+        self._drop(group)
+        logger.debug("discarded group %s: %s", group_id, reason)
+        return group
+
+    def _drop(self, group: PromptGroupRecord) -> None:
+        del self._groups[group.group_id]
+        for sibling in group.siblings:
+            self._siblings.pop(sibling.sibling_id, None)
+
+    # ------------------------------------------------------------------ restart
+    def prepare_for_restart(
+        self, cut: LiveCut, restored_episodes: Mapping[str, str] | None = None
+    ) -> RestartReport:
+        """Normalize a loaded ledger before the pumps start.
+
+        ``restored_episodes`` maps rollout ids the environment restored (turn level) to the
+        instance that holds them. Such an attempt keeps its uuid, gets ``gym_attempt + 1``
+        and goes back to reserved, bound to that instance; other dispatched attempts are
+        abandoned and their siblings get fresh attempts. Claimed groups return to finalized.
+        """
+        cut.require_live()
+        restored = dict(restored_episodes or {})
+        blocked = self.with_status(GroupStatus.FINALIZING, GroupStatus.FINALIZATION_UNKNOWN)
+        if blocked:
+            raise LedgerRestartError(
+                "cannot restart: groups "
+                + ", ".join(f"{g.group_id} ({g.status.value})" for g in blocked)
+                + " have a finalization whose outcome is unknown"
+            )
+        known = {
+            a.rollout_id for g in self._groups.values() for s in g.siblings for a in s.attempts
+        }
+        unclaimed = [r for r in restored if r not in known]
+        if unclaimed:
+            raise LedgerRestartError(
+                f"the environment restored episodes no ledger attempt claims: {sorted(unclaimed)}"
+            )
+        report = RestartReport()
+        for group in self._groups.values():
+            if group.status is GroupStatus.CLAIMED:
+                group.status = GroupStatus.FINALIZED
+                group.claimed_step = None
+                report.unclaimed_groups.append(group.group_id)
+            if group.status is not GroupStatus.GENERATING:
+                continue
+            for sibling in group.siblings:
+                self._normalize_sibling(group, sibling, restored, report)
+        return report
+
+    def _normalize_sibling(
+        self,
+        group: PromptGroupRecord,
+        sibling: SiblingRecord,
+        restored: Mapping[str, str],
+        report: RestartReport,
+    ) -> None:
+        attempt = sibling.current
+        if attempt.status is AttemptStatus.SEALED:
+            if group.granularity is Granularity.SIBLING:
+                return
+            if attempt.row_key:
+                report.stale_row_keys.append(attempt.row_key)
+            attempt.status = AttemptStatus.ABANDONED
+            attempt.failure = "restart: prompt-group granularity"
+            report.abandoned.append(attempt.episode)
+        elif attempt.status is AttemptStatus.DISPATCHED:
+            owner = restored.get(attempt.rollout_id)
+            if (
+                owner is not None
+                and group.restore_level is RestoreLevel.TURN
+                and group.granularity is Granularity.SIBLING
+            ):
+                if attempt.gym_instance_id not in (None, owner):
+                    raise LedgerRestartError(
+                        f"episode {attempt.rollout_id!r} was dispatched to "
+                        f"{attempt.gym_instance_id!r} but restored on {owner!r}"
+                    )
+                attempt.gym_attempt += 1
+                attempt.gym_instance_id = owner
+                attempt.status = AttemptStatus.RESERVED
+                report.resumed.append(attempt.episode)
+                return
+            attempt.status = AttemptStatus.ABANDONED
+            attempt.failure = "restart"
+            report.abandoned.append(attempt.episode)
+        elif attempt.status is AttemptStatus.RESERVED:
+            return
+        fresh = new_attempt(sibling.sibling_id)
+        sibling.attempts.append(fresh)
+        report.minted.append(fresh.rollout_id)
+
+    # ------------------------------------------------------------------ sidecar
+    def to_sidecar(
+        self,
+        *,
+        spare_prompts: Iterable[PromptRef],
+        batch_shortfall: Mapping[int, int],
+        sampler_stamps_target_steps: bool,
+    ) -> LedgerSidecar:
+        """Deterministic schema-5 bytes, with their sha256 and group count."""
+        document = {
+            "schema_version": LEDGER_SCHEMA_VERSION,
+            "groups": [g.to_json() for g in self._groups.values()],
+            "batch_shortfall": {str(k): int(v) for k, v in sorted(batch_shortfall.items())},
+            "sampler_stamps_target_steps": bool(sampler_stamps_target_steps),
+            "spare_prompts": [p.to_json() for p in spare_prompts],
+        }
+        data = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+        return LedgerSidecar(
+            data=data,
+            sha256=hashlib.sha256(data).hexdigest(),
+            schema_version=LEDGER_SCHEMA_VERSION,
+            group_count=len(self._groups),
+        )
+
+    @classmethod
+    def _from_groups(cls, groups: list[PromptGroupRecord]) -> RecoveryLedger:
+        ledger = cls()
+        for group in groups:
+            if group.group_id in ledger._groups:
+                raise LedgerSidecarError(f"sidecar lists group {group.group_id!r} twice")
+            ledger._groups[group.group_id] = group
+            for sibling in group.siblings:
+                if sibling.sibling_id in ledger._siblings:
+                    raise LedgerSidecarError(f"sidecar lists sibling {sibling.sibling_id!r} twice")
+                ledger._siblings[sibling.sibling_id] = (group.group_id, sibling.index)
+            if [s.index for s in group.siblings] != list(range(len(group.siblings))):
+                raise LedgerSidecarError(f"group {group.group_id!r} has out-of-order siblings")
+        return ledger
+
+
+def read_recovery_sidecar(
+    data: bytes,
+    *,
+    expected_sha256: str | None = None,
+    expected_schema: int | None = None,
+    expected_group_count: int | None = None,
+) -> RecoveredLedger:
+    """Parse sidecar bytes (schema 4 or 5), checking them against the data-plane metadata."""
+    digest = hashlib.sha256(data).hexdigest()
+    if expected_sha256 is not None and digest != expected_sha256:
+        raise LedgerSidecarError(
+            f"recovery sidecar sha256 {digest} does not match the checkpoint's {expected_sha256}"
+        )
+    try:
+        document = json.loads(data)
+    except ValueError as error:
+        raise LedgerSidecarError(f"recovery sidecar is not valid JSON: {error}") from error
+    if not isinstance(document, dict):
+        raise LedgerSidecarError("recovery sidecar must be a JSON object")
+    version = document.get("schema_version")
+    if version not in READABLE_SCHEMA_VERSIONS:
+        raise LedgerSidecarError(
+            f"recovery sidecar schema {version!r} is not readable "
+            f"(this runtime reads {READABLE_SCHEMA_VERSIONS})"
+        )
+    if expected_schema is not None and version != expected_schema:
+        raise LedgerSidecarError(
+            f"recovery sidecar schema {version} does not match the checkpoint's {expected_schema}"
+        )
+    keys = {"schema_version", "groups", "batch_shortfall", "sampler_stamps_target_steps"}
+    if version >= 5:
+        keys.add("spare_prompts")
+    fields = _strict(document, "sidecar", keys)
+    groups_json = fields["groups"]
+    if not isinstance(groups_json, list):
+        raise LedgerSidecarError("sidecar.groups must be a list")
+    groups = [PromptGroupRecord.from_json(g, f"groups[{i}]") for i, g in enumerate(groups_json)]
+    if expected_group_count is not None and len(groups) != expected_group_count:
+        raise LedgerSidecarError(
+            f"recovery sidecar holds {len(groups)} groups; the checkpoint says "
+            f"{expected_group_count}"
+        )
+    shortfall_json = fields["batch_shortfall"]
+    if not isinstance(shortfall_json, dict):
+        raise LedgerSidecarError("sidecar.batch_shortfall must be an object")
+    spare: list[PromptRef] | None = None
+    if version >= 5:
+        spare_json = fields["spare_prompts"]
+        if not isinstance(spare_json, list):
+            raise LedgerSidecarError("sidecar.spare_prompts must be a list")
+        spare = [PromptRef.from_json(p, f"spare_prompts[{i}]") for i, p in enumerate(spare_json)]
+    return RecoveredLedger(
+        ledger=RecoveryLedger._from_groups(groups),
+        schema_version=int(version),
+        spare_prompts=spare,
+        batch_shortfall={int(k): int(v) for k, v in shortfall_json.items()},
+        sampler_stamps_target_steps=bool(fields["sampler_stamps_target_steps"]),
+    )
+
+
+# ---------------------------------------------------------------------- parsing helpers
+def _strict(data: Any, where: str, keys: set[str]) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise LedgerSidecarError(f"{where}: expected an object, got {type(data).__name__}")
+    unknown = set(data) - keys
+    if unknown:
+        raise LedgerSidecarError(f"{where}: unknown field(s) {sorted(unknown)}")
+    missing = keys - set(data)
+    if missing:
+        raise LedgerSidecarError(f"{where}: missing field(s) {sorted(missing)}")
+    return data
+
+
+def _int(fields: Mapping[str, Any], key: str, where: str) -> int:
+    value = fields[key]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise LedgerSidecarError(f"{where}.{key}: expected an integer, got {value!r}")
+    return value
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _enum(kind: type[enum.Enum], value: Any, where: str) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        raise LedgerSidecarError(
+            f"{where}: {value!r} is not a valid {kind.__name__} "
+            f"({', '.join(str(m.value) for m in kind)})"
+        ) from None
