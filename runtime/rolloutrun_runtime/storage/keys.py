@@ -63,3 +63,21 @@ def join_key(*parts: str) -> str:
 def under_prefix(key: str, prefix: str) -> bool:
     """Whether ``key`` lies strictly under the (normalized) listing ``prefix``."""
     return prefix == "" or key.startswith(prefix + "/")
+
+
+MAX_CREATE_ONLY_BYTES = 8 * 1024 * 1024
+"""Create-only writes are commit markers and manifests: small, single-request uploads.
+
+GCS (and fake-gcs-server, which honours preconditions only there) sends objects up to 8 MiB
+in one multipart request; both backends enforce the same bound so code tested on file://
+does not fail on gs://.
+"""
+
+
+def check_create_only_size(uri: str, size: int) -> None:
+    """Raise ``ValueError`` naming ``uri`` if a create-only payload is too large."""
+    if size > MAX_CREATE_ONLY_BYTES:
+        raise ValueError(
+            f"{uri}: create-only payload of {size} bytes exceeds {MAX_CREATE_ONLY_BYTES} bytes; "
+            "commit markers and manifests must be small (write data files with write_bytes)"
+        )

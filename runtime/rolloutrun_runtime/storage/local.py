@@ -26,7 +26,7 @@ from .errors import (
     StorageError,
     StoragePermissionError,
 )
-from .keys import TMP_PREFIX, normalize_prefix, validate_key
+from .keys import TMP_PREFIX, check_create_only_size, normalize_prefix, validate_key
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class LocalStorage:
         self._write_atomic(key, lambda f: f.write(data), exclusive=False)
 
     def write_bytes_if_absent(self, key: str, data: bytes) -> None:
+        check_create_only_size(self.uri_for(key), len(data))
         self._write_atomic(key, lambda f: f.write(data), exclusive=True)
 
     def upload_file(self, key: str, local_path: Path) -> None:

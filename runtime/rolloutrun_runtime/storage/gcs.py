@@ -1,0 +1,366 @@
+"""gs:// backend on google-cloud-storage, with our own retries and a create-only commit.
+
+Why the pieces:
+
+* ``google.cloud.storage`` is imported only here and only when a gs:// storage is used, so
+  the file:// path and the operator image need no Google libraries.
+* The client comes from the environment: Application Default Credentials in production
+  (``GOOGLE_APPLICATION_CREDENTIALS`` pointing at a mounted Secret, or workload identity);
+  with ``STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT`` set, google-cloud-storage talks to
+  that emulator with anonymous credentials. No project is needed for object operations.
+* The library's own retries are switched off (``retry=None``) and one
+  :class:`~.retry.RetryPolicy` retries 429/5xx/connection errors for every call, so retries
+  are bounded, jittered and visible in one place.
+* Objects over 8 MiB go through a chunked resumable upload; smaller ones are one multipart
+  request. Create-only writes (``ifGenerationMatch=0``) are always the latter: the marker or
+  manifest written that way is the commit point, and it is atomic on GCS and the emulator.
+* A create-only write that hit a transient error may have committed before the error
+  reached us; its retry then sees 412. Each create-only write carries a random writer token
+  in its metadata, so the retry can tell "I already won" from "someone else won".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .errors import (
+    BucketNotFoundError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    StorageError,
+    StoragePermissionError,
+    TransientStorageError,
+)
+from .keys import TMP_PREFIX, check_create_only_size, normalize_prefix, validate_key
+from .retry import RetryPolicy, call_with_retry
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+UPLOAD_CHUNK_BYTES = 8 * 1024 * 1024
+"""Resumable upload chunk (a multiple of 256 KiB); objects above 8 MiB use resumable."""
+
+WRITER_TOKEN_KEY = "rolloutrun-writer"
+"""Custom metadata key holding a create-only write's random writer token."""
+
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def status_error(status: int, uri: str, detail: str) -> StorageError:
+    """The storage error for an HTTP ``status`` on ``uri`` (a pure mapping)."""
+    detail = " ".join(detail.split())[:300]
+    if status == 404:
+        return ObjectNotFoundError(uri, "no such object")
+    if status in (401, 403):
+        return StoragePermissionError(uri, f"permission denied, HTTP {status} ({detail})")
+    if status == 412:
+        return ObjectExistsError(uri, "object already exists (create-only precondition failed)")
+    if status in TRANSIENT_STATUS:
+        return TransientStorageError(uri, f"transient HTTP {status} ({detail})")
+    return StorageError(uri, f"HTTP {status} ({detail})")
+
+
+def translate_gcs_error(exc: BaseException, uri: str) -> StorageError | None:
+    """Map a google-cloud-storage / transport exception to the storage hierarchy.
+
+    Returns ``None`` for exceptions that are not storage failures (programming errors),
+    which the caller re-raises unchanged.
+    """
+    import google.auth.exceptions as auth_exc
+    import requests
+    from google.api_core import exceptions as api_exc
+    from google.cloud.storage import exceptions as media_exc
+
+    if isinstance(exc, api_exc.GoogleAPICallError) and exc.code is not None:
+        return status_error(int(exc.code), uri, exc.message or str(exc))
+    if isinstance(exc, media_exc.InvalidResponse):
+        response = getattr(exc, "response", None)
+        status = getattr(response, "status_code", None)
+        if status is not None:
+            return status_error(int(status), uri, getattr(response, "text", "") or str(exc))
+    if isinstance(exc, media_exc.DataCorruption):
+        return TransientStorageError(uri, f"checksum mismatch in transfer ({exc})")
+    if isinstance(exc, auth_exc.DefaultCredentialsError):
+        return StoragePermissionError(
+            uri,
+            f"no Google credentials found ({exc}); set GOOGLE_APPLICATION_CREDENTIALS or, for an "
+            "emulator, STORAGE_EMULATOR_HOST",
+        )
+    if isinstance(exc, auth_exc.RefreshError):
+        return StoragePermissionError(uri, f"cannot refresh credentials ({exc})")
+    if isinstance(
+        exc,
+        requests.exceptions.ConnectionError
+        | requests.exceptions.Timeout
+        | requests.exceptions.ChunkedEncodingError
+        | auth_exc.TransportError
+        | ConnectionError
+        | TimeoutError,
+    ):
+        return TransientStorageError(uri, f"connection failed ({type(exc).__name__}: {exc})")
+    return None
+
+
+class GcsStorage:
+    """:class:`~.base.CheckpointStorage` over ``gs://bucket/prefix``."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        client: Any = None,
+        retry: RetryPolicy | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        self.bucket_name = bucket
+        self.prefix = prefix.strip("/")
+        self.base_uri = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
+        self.retry = retry or RetryPolicy()
+        self.timeout = timeout
+        self._client = client
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"GcsStorage({self.base_uri!r})"
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        """The ``google.cloud.storage.Client``, built from the environment on first use."""
+        with self._lock:
+            if self._client is None:
+                from google.cloud import storage as gcs
+
+                with _translated(self.base_uri):
+                    self._client = gcs.Client(project=None)
+            return self._client
+
+    def _object_name(self, key: str) -> str:
+        validate_key(key, base_uri=self.base_uri)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def uri_for(self, key: str) -> str:
+        return f"gs://{self.bucket_name}/{self._object_name(key)}"
+
+    def _blob(self, key: str) -> Any:
+        blob = self.client.bucket(self.bucket_name).blob(self._object_name(key))
+        blob.chunk_size = UPLOAD_CHUNK_BYTES
+        return blob
+
+    def _call(self, uri: str, what: str, op: Callable[[], T]) -> T:
+        """Run ``op`` with errors translated and transient ones retried."""
+
+        def attempt() -> T:
+            with _translated(uri):
+                return op()
+
+        return call_with_retry(attempt, policy=self.retry, what=f"{what} {uri}")
+
+    def _bucket_missing(self) -> bool:
+        """Whether the bucket is known not to exist (False when we may not ask)."""
+        try:
+            return not self._call(
+                self.base_uri,
+                "checking bucket",
+                lambda: self.client.bucket(self.bucket_name).exists(
+                    retry=None, timeout=self.timeout
+                ),
+            )
+        except StorageError:
+            return False
+
+    def _not_found(self, exc: ObjectNotFoundError) -> StorageError:
+        if self._bucket_missing():
+            return BucketNotFoundError(exc.uri, f"bucket {self.bucket_name!r} does not exist")
+        return exc
+
+    def _write_failed(self, exc: StorageError) -> StorageError:
+        # An upload never 404s on the object itself: a 404 means the bucket is missing.
+        if isinstance(exc, ObjectNotFoundError):
+            return BucketNotFoundError(exc.uri, f"bucket {self.bucket_name!r} does not exist")
+        return exc
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        uri = self.uri_for(key)
+        try:
+            self._call(
+                uri,
+                "writing",
+                lambda: self._blob(key).upload_from_string(
+                    bytes(data),
+                    content_type="application/octet-stream",
+                    retry=None,
+                    timeout=self.timeout,
+                ),
+            )
+        except StorageError as exc:
+            raise self._write_failed(exc) from exc
+
+    def write_bytes_if_absent(self, key: str, data: bytes) -> None:
+        uri = self.uri_for(key)
+        check_create_only_size(uri, len(data))
+        token = uuid.uuid4().hex
+        tries = 0
+
+        def op() -> None:
+            nonlocal tries
+            tries += 1
+            blob = self._blob(key)
+            blob.metadata = {WRITER_TOKEN_KEY: token}
+            blob.upload_from_string(
+                bytes(data),
+                content_type="application/octet-stream",
+                if_generation_match=0,
+                retry=None,
+                timeout=self.timeout,
+            )
+
+        try:
+            self._call(uri, "creating", op)
+        except ObjectExistsError:
+            if tries > 1 and self._written_by(key, token):
+                log.info("create-only write of %s had succeeded before a retry", uri)
+                return
+            raise
+        except StorageError as exc:
+            raise self._write_failed(exc) from exc
+
+    def _written_by(self, key: str, token: str) -> bool:
+        uri = self.uri_for(key)
+        blob = self._call(
+            uri,
+            "checking writer of",
+            lambda: self.client.bucket(self.bucket_name).get_blob(
+                self._object_name(key), retry=None, timeout=self.timeout
+            ),
+        )
+        return blob is not None and (blob.metadata or {}).get(WRITER_TOKEN_KEY) == token
+
+    def upload_file(self, key: str, local_path: Path) -> None:
+        uri = self.uri_for(key)
+        local_path = Path(local_path)
+        if not local_path.is_file():
+            raise StorageError(str(local_path), "source file does not exist or is not a file")
+        try:
+            self._call(
+                uri,
+                "uploading",
+                lambda: self._blob(key).upload_from_filename(
+                    str(local_path),
+                    content_type="application/octet-stream",
+                    retry=None,
+                    timeout=self.timeout,
+                ),
+            )
+        except StorageError as exc:
+            raise self._write_failed(exc) from exc
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def read_bytes(self, key: str) -> bytes:
+        uri = self.uri_for(key)
+        try:
+            data: bytes = self._call(
+                uri,
+                "reading",
+                lambda: self._blob(key).download_as_bytes(retry=None, timeout=self.timeout),
+            )
+        except ObjectNotFoundError as exc:
+            raise self._not_found(exc) from exc
+        return data
+
+    def download_file(self, key: str, local_path: Path) -> None:
+        uri = self.uri_for(key)
+        local_path = Path(local_path)
+        tmp = local_path.parent / f"{TMP_PREFIX}{local_path.name}.{uuid.uuid4().hex}"
+        try:
+            self._call(
+                uri,
+                "downloading",
+                lambda: self._blob(key).download_to_filename(
+                    str(tmp), retry=None, timeout=self.timeout
+                ),
+            )
+            os.replace(tmp, local_path)
+        except ObjectNotFoundError as exc:
+            raise self._not_found(exc) from exc
+        except OSError as exc:
+            raise StorageError(str(local_path), f"cannot write local file: {exc}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    def exists(self, key: str) -> bool:
+        uri = self.uri_for(key)
+        found: bool = self._call(
+            uri,
+            "checking",
+            lambda: self._blob(key).exists(retry=None, timeout=self.timeout),
+        )
+        return found
+
+    def list(self, prefix: str = "") -> list[str]:
+        prefix = normalize_prefix(prefix, base_uri=self.base_uri)
+        full = "/".join(p for p in (self.prefix, prefix) if p)
+        list_prefix = full + "/" if full else ""
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        uri = f"gs://{self.bucket_name}/{list_prefix}"
+
+        def op() -> list[str]:
+            blobs = self.client.list_blobs(
+                self.bucket_name, prefix=list_prefix, retry=None, timeout=self.timeout
+            )
+            return [blob.name[strip:] for blob in blobs]
+
+        try:
+            names = self._call(uri, "listing", op)
+        except ObjectNotFoundError as exc:
+            raise BucketNotFoundError(uri, f"bucket {self.bucket_name!r} does not exist") from exc
+        return sorted(names)
+
+    # -- deletes ----------------------------------------------------------------------------
+
+    def delete(self, key: str) -> None:
+        uri = self.uri_for(key)
+        try:
+            self._call(
+                uri,
+                "deleting",
+                lambda: self._blob(key).delete(retry=None, timeout=self.timeout),
+            )
+        except ObjectNotFoundError as exc:
+            err = self._not_found(exc)
+            if isinstance(err, BucketNotFoundError):
+                raise err from exc
+
+    def delete_prefix(self, prefix: str) -> int:
+        keys = self.list(prefix)
+        for key in keys:
+            self.delete(key)
+        log.debug("deleted %d objects under %s/%s", len(keys), self.base_uri, prefix)
+        return len(keys)
+
+
+@contextlib.contextmanager
+def _translated(uri: str) -> Iterator[None]:
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as exc:
+        translated = translate_gcs_error(exc, uri)
+        if translated is None:
+            raise
+        raise translated from exc
