@@ -1,0 +1,136 @@
+"""The data plane's rows and checkpoints, and the barrier's slots and exclusive cut."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from rolloutrun_runtime.data_plane import (
+    BarrierError,
+    DataPlane,
+    DataPlaneBarrier,
+    DataPlaneError,
+    RowNotFoundError,
+)
+
+
+def _row(n: int) -> dict:
+    return {"input_ids": np.arange(n, dtype=np.int64), "reward": 0.5, "group_id": "g", "ok": True}
+
+
+def test_put_get_clear_list() -> None:
+    plane = DataPlane()
+    plane.put("train", "grp_g1", _row(3))
+    plane.put("train", "grp_g0", _row(2))
+    plane.put("staging", "grp_g0_aabc", _row(1))
+    assert plane.list("train") == ["grp_g0", "grp_g1"]
+    assert plane.get("train", "grp_g1")["reward"] == 0.5
+    assert plane.clear("train", ["grp_g0", "missing"]) == 1
+    assert plane.list("train") == ["grp_g1"]
+    with pytest.raises(RowNotFoundError, match="grp_g0"):
+        plane.get("train", "grp_g0")
+    with pytest.raises(DataPlaneError, match="unknown partition"):
+        plane.put("other", "k", _row(1))
+    with pytest.raises(DataPlaneError, match="not storable"):
+        plane.put("train", "k", {"x": [1, 2]})
+
+
+def test_checkpoint_roundtrip_keeps_values_and_types(tmp_path) -> None:
+    plane = DataPlane()
+    plane.put("train", "a_g0", _row(4))
+    plane.put("staging", "a_g1_a1-a1", {"logprobs": np.array([-0.5, -1.0], dtype=np.float32)})
+    plane.save_checkpoint(tmp_path / "dp", {"step": 3})
+    restored = DataPlane()
+    restored.put("train", "stale", _row(1))
+    assert restored.load_checkpoint(tmp_path / "dp") == {"step": 3}
+    assert restored.list("train") == ["a_g0"]
+    row = restored.get("train", "a_g0")
+    assert np.array_equal(row["input_ids"], np.arange(4))
+    assert row["reward"] == 0.5 and isinstance(row["reward"], float)
+    assert row["group_id"] == "g" and row["ok"] is True
+    staged = restored.get("staging", "a_g1_a1-a1")["logprobs"]
+    assert isinstance(staged, np.ndarray) and staged.dtype == np.float32
+
+
+def test_checkpoint_with_corrupt_rows_fails_closed() -> None:
+    plane = DataPlane()
+    plane.put("train", "a_g0", _row(4))
+    files = plane.to_files({})
+    files["rows.npz"] = files["rows.npz"][:-1] + bytes([files["rows.npz"][-1] ^ 1])
+    with pytest.raises(DataPlaneError, match="sha256"):
+        DataPlane.from_files(files)
+
+
+async def test_checkpoint_cut_drains_mutations_and_blocks_new_ones() -> None:
+    barrier = DataPlaneBarrier()
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def long_mutation() -> None:
+        async with barrier.mutation("group_commits"):
+            order.append("mutation-start")
+            await release.wait()
+            order.append("mutation-end")
+
+    async def cutter() -> None:
+        async with barrier.checkpoint() as cut:
+            order.append(f"cut@{cut.mutation_version}")
+            await asyncio.sleep(0)
+            order.append("cut-end")
+
+    async def late_mutation() -> None:
+        async with barrier.mutation("prompt_reservations"):
+            order.append("late")
+
+    first = asyncio.create_task(long_mutation())
+    await asyncio.sleep(0)
+    cut_task = asyncio.create_task(cutter())
+    await asyncio.sleep(0)
+    assert barrier.checkpoint_in_progress
+    late = asyncio.create_task(late_mutation())
+    await asyncio.sleep(0)
+    assert order == ["mutation-start"]
+    assert barrier.active_mutations() == {"group_commits": 1}
+    release.set()
+    await asyncio.gather(first, cut_task, late)
+    assert order == ["mutation-start", "mutation-end", "cut@1", "cut-end", "late"]
+    assert barrier.mutation_version == 2
+    telemetry = barrier.wait_telemetry()
+    assert set(telemetry) == {"checkpoint", "group_commits", "prompt_reservations"}
+    assert telemetry["prompt_reservations"]["count"] == 1
+
+
+async def test_cut_proofs_expire_and_nesting_is_refused() -> None:
+    barrier = DataPlaneBarrier()
+    async with barrier.mutation("x") as cut:
+        cut.require_live()
+        with pytest.raises(BarrierError, match="deadlock"):
+            async with barrier.checkpoint():
+                pass
+    with pytest.raises(BarrierError, match="released"):
+        cut.require_live()
+    async with barrier.checkpoint() as exclusive:
+        exclusive.require_live()
+    with pytest.raises(BarrierError):
+        exclusive.require_live()
+
+
+async def test_cancelled_holder_releases_its_slot() -> None:
+    barrier = DataPlaneBarrier()
+    entered = asyncio.Event()
+
+    async def holder() -> None:
+        async with barrier.mutation("sample_clears"):
+            entered.set()
+            await asyncio.sleep(3600)
+
+    task = asyncio.create_task(holder())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert barrier.active_mutations() == {}
+    async with barrier.checkpoint() as cut:
+        assert cut.mutation_version == 1
