@@ -49,6 +49,12 @@ def _ledger(
     return ledger
 
 
+def _digest(ledger: RecoveryLedger) -> str:
+    return ledger.to_sidecar(
+        spare_prompts=[], batch_shortfall={}, sampler_stamps_target_steps=True
+    ).sha256
+
+
 def _run(ledger: RecoveryLedger, sibling_id: str, reward: float = 1.0, instance: str = "gym-0"):
     attempt = ledger.sibling(sibling_id).current
     ledger.dispatch(_cut(), sibling_id, attempt.attempt_uuid, instance)
@@ -123,9 +129,7 @@ def test_illegal_transitions_raise_and_change_nothing(action: str) -> None:
             ledger.seal(_cut(), "grp_g0", attempt.attempt_uuid, reward=1.0, row_key="k")
         elif action == "dispatch_twice":
             ledger.dispatch(_cut(), "grp_g0", attempt.attempt_uuid, "gym-0")
-            before = ledger.to_sidecar(
-                spare_prompts=[], batch_shortfall={}, sampler_stamps_target_steps=True
-            )
+            before = _digest(ledger)
             ledger.dispatch(_cut(), "grp_g0", attempt.attempt_uuid, "gym-0")
         elif action == "retry_live":
             ledger.retry(_cut(), "grp_g0")
@@ -156,7 +160,7 @@ def test_illegal_transitions_raise_and_change_nothing(action: str) -> None:
     after = ledger.to_sidecar(
         spare_prompts=[], batch_shortfall={}, sampler_stamps_target_steps=True
     )
-    assert after.sha256 == before.sha256
+    assert after == before
 
 
 def test_mutators_require_a_live_cut() -> None:
@@ -244,7 +248,7 @@ def test_sidecar_roundtrip_is_deterministic_and_checked() -> None:
     assert again.data == sidecar.data
     with pytest.raises(LedgerSidecarError, match="sha256"):
         read_recovery_sidecar(sidecar.data + b" ", expected_sha256=sidecar.sha256)
-    with pytest.raises(LedgerSidecarError, match="2 groups|holds 1 groups"):
+    with pytest.raises(LedgerSidecarError, match="holds 1 groups"):
         read_recovery_sidecar(sidecar.data, expected_group_count=2)
 
 
