@@ -121,9 +121,7 @@ def test_illegal_transitions_raise_and_change_nothing(action: str) -> None:
         ledger.begin_finalize(_cut(), "grp")
         if action == "seal_after_finalize":
             ledger.finish_finalize(_cut(), "grp")
-    before = ledger.to_sidecar(
-        spare_prompts=[], batch_shortfall={}, sampler_stamps_target_steps=True
-    )
+    before = _digest(ledger)
     with pytest.raises(LedgerTransitionError):
         if action == "seal_reserved":
             ledger.seal(_cut(), "grp_g0", attempt.attempt_uuid, reward=1.0, row_key="k")
@@ -157,9 +155,7 @@ def test_illegal_transitions_raise_and_change_nothing(action: str) -> None:
             ledger.admit(_cut(), "grp")
         elif action == "seal_after_finalize":
             ledger.seal(_cut(), "grp_g0", attempt.attempt_uuid, reward=1.0, row_key="k")
-    after = ledger.to_sidecar(
-        spare_prompts=[], batch_shortfall={}, sampler_stamps_target_steps=True
-    )
+    after = _digest(ledger)
     assert after == before
 
 
