@@ -1,0 +1,546 @@
+"""Snapshot manifests: anchors, fingerprints, atomic publication, selection and retention.
+
+A rollout snapshot is a set of files (replay view, ledger sidecar, runtime state, the
+environment's episode records) plus one manifest. The manifest is written last, with a
+create-only write, through :func:`rolloutrun_runtime.storage.publish_entry`: it *is* the
+commit marker, so a reader that trusts only manifests never sees a half-written snapshot, on
+POSIX (fsync + link) and on GCS (``ifGenerationMatch=0``) alike. The manifest records the
+sha256 of every file, so a snapshot corrupted after publication is detected and skipped.
+
+A snapshot is only as good as its **anchor**: the trainer checkpoint whose weights it
+continues from. Before the first optimizer step that is the bootstrap anchor (step 0, with a
+fingerprint of the rollout-relevant config); afterwards the newest durable ``step_<N>``. The
+snapshot cadence is independent of the trainer-checkpoint cadence: a snapshot taken at step
+``N + k`` anchors to ``step_<N>`` and carries the groups trained since N for replay.
+
+Resume selection is read-only and fails closed: newest first, a candidate is skipped (with
+the reason logged) when its manifest is unreadable, of an unknown schema, of another run,
+missing a file, failing a checksum, or anchored to a trainer checkpoint that is not durable.
+A config whose fingerprint differs refuses the restore outright, naming the differing keys,
+because every older snapshot of the run would differ the same way.
+
+Retention keeps the newest ``keep_latest`` committed snapshots and never deletes the newest
+valid one; a failed delete is logged and retried at the next publication.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rolloutrun_runtime.config import RunConfig, flatten
+from rolloutrun_runtime.storage import (
+    CheckpointStorage,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    StorageError,
+    delete_entry,
+    join_key,
+    publish_entry,
+)
+
+log = logging.getLogger(__name__)
+
+MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_NAME = "MANIFEST.json"
+SNAPSHOTS_PREFIX = "rollout_snapshots"
+BOOTSTRAP_KEY = "bootstrap/ANCHOR.json"
+LATEST_KEY = "rollout_snapshots/LATEST"
+_SNAPSHOT_DIR = re.compile(r"^snapshot_(\d{6,})$")
+
+#: Config keys that may change between incarnations without invalidating a snapshot. All
+#: other keys count (fail closed): a new key added to RunConfig is part of the fingerprint
+#: until someone argues it is operational and lists it here.
+OPERATIONAL_KEYS: frozenset[str] = frozenset(
+    {
+        "name",
+        "logDir",
+        "gym.endpoints",
+        "gym.requestMaxBytes",
+        "gym.checkpointLeaseGraceSeconds",
+        "workers",
+        "policy.device",
+        "grpo.maxSteps",
+        "rollout.rolloutTimeoutSeconds",
+        "checkpointing.storageUri",
+        "checkpointing.resumeFrom",
+        "checkpointing.snapshotIntervalSeconds",
+        "checkpointing.keepLatest",
+        "checkpointing.trace",
+        "checkpointing.preemptionGraceSeconds",
+        "checkpointing.deferFinalize",
+        "checkpointing.savePeriod",
+    }
+)
+
+
+class ManifestError(RuntimeError):
+    """A snapshot manifest cannot be used; the message says which and why."""
+
+
+class FingerprintMismatchError(ManifestError):
+    """The run's rollout-relevant config differs from the one the snapshots were taken with."""
+
+    def __init__(self, source: str, differing: list[str]) -> None:
+        self.differing = differing
+        super().__init__(
+            f"{source}: the run config differs from the one its snapshots were taken with in "
+            f"{', '.join(differing)}; refusing to restore (start a new run, or restore the "
+            "previous values)"
+        )
+
+
+class PublicationFencedError(ManifestError):
+    """Another publisher committed this snapshot id first (a newer incarnation)."""
+
+
+# --------------------------------------------------------------------------- fingerprints
+def rollout_config_view(config: RunConfig) -> dict[str, Any]:
+    """The flattened rollout-relevant config: every key except the operational ones."""
+    return flatten(config.to_yaml_dict(), OPERATIONAL_KEYS)
+
+
+def fingerprint_of(view: Mapping[str, Any]) -> str:
+    """sha256 of a flattened config view, in canonical JSON."""
+    return hashlib.sha256(json.dumps(dict(view), sort_keys=True).encode()).hexdigest()
+
+
+def differing_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Keys whose values differ, with both values, sorted by key."""
+    keys = sorted(set(saved) | set(current))
+    return [
+        f"{key} (was {saved.get(key, '<unset>')!r}, now {current.get(key, '<unset>')!r})"
+        for key in keys
+        if saved.get(key, ...) != current.get(key, ...)
+    ]
+
+
+# --------------------------------------------------------------------------- the manifest
+@dataclasses.dataclass(frozen=True)
+class Anchor:
+    """The trainer checkpoint a snapshot continues from."""
+
+    kind: str  # "bootstrap" or "step"
+    step: int
+    weight_version: int
+
+    @property
+    def name(self) -> str:
+        return "bootstrap" if self.kind == "bootstrap" else f"step_{self.step}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "step": self.step, "weight_version": self.weight_version}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Anchor:
+        kind = data["kind"]
+        if kind not in {"bootstrap", "step"}:
+            raise ValueError(f"unknown anchor kind {kind!r}")
+        return cls(kind=kind, step=int(data["step"]), weight_version=int(data["weight_version"]))
+
+
+BOOTSTRAP_ANCHOR = Anchor(kind="bootstrap", step=0, weight_version=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotManifest:
+    """What a committed snapshot holds and what it needs to be restored."""
+
+    run_name: str
+    snapshot_id: int
+    anchor: Anchor
+    fingerprint: str
+    config_view: dict[str, Any]
+    train_step: int
+    mutation_version: int
+    files: dict[str, dict[str, Any]]  # name -> {"sha256": hex, "bytes": n}
+    created_at: float
+    cut_time: float
+    incarnation: int = 0
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+
+    def to_bytes(self) -> bytes:
+        data = dataclasses.asdict(self)
+        data["anchor"] = self.anchor.to_json()
+        return json.dumps(data, sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, source: str) -> SnapshotManifest:
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ManifestError(f"{source}: manifest is not valid JSON ({error})") from error
+        if not isinstance(data, dict):
+            raise ManifestError(f"{source}: manifest is not a JSON object")
+        version = data.get("schema_version")
+        if version != MANIFEST_SCHEMA_VERSION:
+            raise ManifestError(
+                f"{source}: unknown manifest schema version {version!r} "
+                f"(this runtime reads {MANIFEST_SCHEMA_VERSION})"
+            )
+        names = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        missing = sorted(
+            field.name
+            for field in dataclasses.fields(cls)
+            if field.name not in data
+            and field.default is dataclasses.MISSING
+            and field.default_factory is dataclasses.MISSING
+        )
+        if unknown or missing:
+            raise ManifestError(
+                f"{source}: malformed manifest (unknown fields: {unknown or 'none'}, "
+                f"missing fields: {missing or 'none'})"
+            )
+        try:
+            data["anchor"] = Anchor.from_json(data["anchor"])
+            return cls(**data)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ManifestError(f"{source}: malformed manifest ({error})") from error
+
+
+def sha256_of(content: bytes | Path) -> tuple[str, int]:
+    """sha256 hex digest and size of bytes or a local file (streamed)."""
+    digest = hashlib.sha256()
+    if isinstance(content, Path):
+        size = 0
+        with content.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+                size += len(block)
+        return digest.hexdigest(), size
+    digest.update(content)
+    return digest.hexdigest(), len(content)
+
+
+def snapshot_dir(snapshot_id: int) -> str:
+    return f"{SNAPSHOTS_PREFIX}/snapshot_{snapshot_id:06d}"
+
+
+def parse_snapshot_id(entry: str) -> int | None:
+    match = _SNAPSHOT_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A committed snapshot that passed every check, ready to restore."""
+
+    manifest: SnapshotManifest
+    entry: str
+    manifest_uri: str
+
+
+@dataclasses.dataclass
+class SelectionReport:
+    """Why each newer snapshot was passed over (for logs and the trace)."""
+
+    chosen: Candidate | None = None
+    skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- the store
+class ManifestStore:
+    """Publishes, lists, selects and retires the rollout snapshots of one run."""
+
+    def __init__(self, storage: CheckpointStorage, run_name: str) -> None:
+        self.storage = storage
+        self.run_name = run_name
+
+    # ---------------------------------------------------------------- bootstrap anchor
+    def ensure_bootstrap_anchor(self, config: RunConfig) -> None:
+        """Record the bootstrap anchor once; refuse a run whose config differs from it."""
+        view = rollout_config_view(config)
+        record = {
+            "run_name": self.run_name,
+            "fingerprint": fingerprint_of(view),
+            "config_view": view,
+            "anchor": BOOTSTRAP_ANCHOR.to_json(),
+            "created_at": time.time(),
+        }
+        try:
+            self.storage.write_bytes_if_absent(
+                BOOTSTRAP_KEY, json.dumps(record, sort_keys=True, indent=1).encode()
+            )
+            return
+        except ObjectExistsError:
+            pass
+        existing = self._read_json(BOOTSTRAP_KEY)
+        if existing.get("run_name") != self.run_name:
+            raise ManifestError(
+                f"{self.storage.uri_for(BOOTSTRAP_KEY)}: storage belongs to run "
+                f"{existing.get('run_name')!r}, not {self.run_name!r}"
+            )
+        if existing.get("fingerprint") != record["fingerprint"]:
+            raise FingerprintMismatchError(
+                self.storage.uri_for(BOOTSTRAP_KEY),
+                differing_keys(existing.get("config_view", {}), view),
+            )
+
+    def _read_json(self, key: str) -> dict[str, Any]:
+        raw = self.storage.read_bytes(key)
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ManifestError(f"{self.storage.uri_for(key)}: not valid JSON ({error})") from error
+        if not isinstance(data, dict):
+            raise ManifestError(f"{self.storage.uri_for(key)}: not a JSON object")
+        return data
+
+    # ---------------------------------------------------------------- publication
+    def snapshot_ids(self) -> list[int]:
+        """Every snapshot id with any file in storage (committed or not), ascending."""
+        ids = set()
+        for key in self.storage.list(SNAPSHOTS_PREFIX):
+            parts = key.split("/")
+            if len(parts) >= 3:
+                parsed = parse_snapshot_id(parts[1])
+                if parsed is not None:
+                    ids.add(parsed)
+        return sorted(ids)
+
+    def committed_ids(self) -> list[int]:
+        """Ids of snapshots whose manifest exists, ascending."""
+        return [
+            sid
+            for sid in self.snapshot_ids()
+            if self.storage.exists(join_key(snapshot_dir(sid), MANIFEST_NAME))
+        ]
+
+    def next_snapshot_id(self) -> int:
+        ids = self.snapshot_ids()
+        return (ids[-1] + 1) if ids else 1
+
+    def publish(
+        self,
+        *,
+        config: RunConfig,
+        anchor: Anchor,
+        files: Mapping[str, bytes | Path],
+        train_step: int,
+        mutation_version: int,
+        cut_time: float,
+        incarnation: int = 0,
+        extra: Mapping[str, Any] | None = None,
+        fence: Callable[[], None] | None = None,
+        keep_latest: int | None = None,
+    ) -> Candidate:
+        """Publish one snapshot: files first, the manifest last; then LATEST and retention.
+
+        ``fence`` runs right before the manifest is written (the trainer's lease check): if
+        it raises, nothing is committed. A lost create-only race raises
+        :class:`PublicationFencedError`.
+        """
+        snapshot_id = self.next_snapshot_id()
+        entry = snapshot_dir(snapshot_id)
+        checksums = {}
+        for name, content in files.items():
+            digest, size = sha256_of(content)
+            checksums[name] = {"sha256": digest, "bytes": size}
+        view = rollout_config_view(config)
+        manifest = SnapshotManifest(
+            run_name=self.run_name,
+            snapshot_id=snapshot_id,
+            anchor=anchor,
+            fingerprint=fingerprint_of(view),
+            config_view=view,
+            train_step=train_step,
+            mutation_version=mutation_version,
+            files=checksums,
+            created_at=time.time(),
+            cut_time=cut_time,
+            incarnation=incarnation,
+            extra=dict(extra or {}),
+        )
+        if fence is not None:
+            fence()
+        try:
+            publish_entry(
+                self.storage,
+                entry,
+                files,
+                marker_name=MANIFEST_NAME,
+                marker_payload=manifest.to_bytes(),
+            )
+        except ObjectExistsError as error:
+            raise PublicationFencedError(
+                f"{self.storage.uri_for(entry)}: another publisher committed this snapshot "
+                "first; this trainer is stale and must stop"
+            ) from error
+        manifest_uri = self.storage.uri_for(join_key(entry, MANIFEST_NAME))
+        self._write_latest(entry, manifest_uri)
+        if keep_latest is not None:
+            self.apply_retention(keep_latest)
+        return Candidate(manifest=manifest, entry=entry, manifest_uri=manifest_uri)
+
+    def _write_latest(self, entry: str, manifest_uri: str) -> None:
+        """LATEST is a hint for people and tools; readers verify and never trust it alone."""
+        pointer = {"entry": entry, "manifest_uri": manifest_uri, "written_at": time.time()}
+        try:
+            self.storage.write_bytes(LATEST_KEY, json.dumps(pointer, sort_keys=True).encode())
+        except StorageError as error:
+            log.warning("could not update %s: %s", self.storage.uri_for(LATEST_KEY), error)
+
+    # ---------------------------------------------------------------- reading
+    def load_manifest(self, snapshot_id: int) -> SnapshotManifest:
+        key = join_key(snapshot_dir(snapshot_id), MANIFEST_NAME)
+        uri = self.storage.uri_for(key)
+        try:
+            raw = self.storage.read_bytes(key)
+        except ObjectNotFoundError as error:
+            raise ManifestError(f"{uri}: no manifest (the snapshot is not committed)") from error
+        return SnapshotManifest.from_bytes(raw, uri)
+
+    def read_file(self, candidate: Candidate, name: str) -> bytes:
+        """A snapshot file's bytes, verified against the manifest's checksum."""
+        expected = candidate.manifest.files.get(name)
+        key = join_key(candidate.entry, name)
+        if expected is None:
+            raise ManifestError(f"{self.storage.uri_for(key)}: not listed in the manifest")
+        data = self.storage.read_bytes(key)
+        digest, size = sha256_of(data)
+        if digest != expected["sha256"] or size != expected["bytes"]:
+            raise ManifestError(
+                f"{self.storage.uri_for(key)}: checksum mismatch (expected sha256 "
+                f"{expected['sha256'][:12]}… of {expected['bytes']} bytes, found "
+                f"{digest[:12]}… of {size} bytes)"
+            )
+        return data
+
+    def verify(
+        self,
+        snapshot_id: int,
+        *,
+        config: RunConfig,
+        anchor_is_durable: Callable[[Anchor], bool],
+        check_files: bool = True,
+    ) -> Candidate:
+        """Every check a candidate must pass, or a ManifestError saying which failed."""
+        manifest = self.load_manifest(snapshot_id)
+        entry = snapshot_dir(snapshot_id)
+        uri = self.storage.uri_for(join_key(entry, MANIFEST_NAME))
+        if manifest.run_name != self.run_name:
+            raise ManifestError(
+                f"{uri}: manifest of another run ({manifest.run_name!r}, not {self.run_name!r})"
+            )
+        if manifest.snapshot_id != snapshot_id:
+            raise ManifestError(
+                f"{uri}: manifest claims snapshot {manifest.snapshot_id}, stored as {snapshot_id}"
+            )
+        view = rollout_config_view(config)
+        if manifest.fingerprint != fingerprint_of(view):
+            raise FingerprintMismatchError(uri, differing_keys(manifest.config_view, view))
+        if not anchor_is_durable(manifest.anchor):
+            raise ManifestError(f"{uri}: its anchor {manifest.anchor.name} is not durable")
+        candidate = Candidate(manifest=manifest, entry=entry, manifest_uri=uri)
+        if check_files:
+            for name in sorted(manifest.files):
+                try:
+                    self.read_file(candidate, name)
+                except ObjectNotFoundError as error:
+                    raise ManifestError(f"{uri}: file {name} is missing") from error
+        return candidate
+
+    def select(
+        self,
+        *,
+        config: RunConfig,
+        anchor_is_durable: Callable[[Anchor], bool],
+        preferred_uri: str | None = None,
+    ) -> SelectionReport:
+        """The newest valid snapshot (``preferred_uri`` first when given), or none.
+
+        Raises :class:`FingerprintMismatchError` when the newest committed snapshot was taken
+        with a different rollout-relevant config: falling back would not help.
+        """
+        report = SelectionReport()
+        ids = sorted(self.committed_ids(), reverse=True)
+        if preferred_uri:
+            preferred = next(
+                (
+                    sid
+                    for sid in ids
+                    if self.storage.uri_for(join_key(snapshot_dir(sid), MANIFEST_NAME))
+                    == preferred_uri
+                ),
+                None,
+            )
+            if preferred is None:
+                report.skipped.append((preferred_uri, "not a committed snapshot of this storage"))
+            else:
+                ids.remove(preferred)
+                ids.insert(0, preferred)
+        for snapshot_id in ids:
+            try:
+                report.chosen = self.verify(
+                    snapshot_id, config=config, anchor_is_durable=anchor_is_durable
+                )
+                break
+            except FingerprintMismatchError:
+                raise
+            except (ManifestError, StorageError) as error:
+                report.skipped.append((snapshot_dir(snapshot_id), str(error)))
+        for where, why in report.skipped:
+            log.warning("passing over snapshot %s: %s", where, why)
+        if report.chosen:
+            log.info(
+                "resuming from snapshot %d (anchor %s, train step %d)",
+                report.chosen.manifest.snapshot_id,
+                report.chosen.manifest.anchor.name,
+                report.chosen.manifest.train_step,
+            )
+        return report
+
+    # ---------------------------------------------------------------- retention
+    def apply_retention(
+        self, keep_latest: int, *, is_valid: Callable[[int], bool] | None = None
+    ) -> list[int]:
+        """Delete committed snapshots beyond the newest ``keep_latest`` and stale leftovers.
+
+        Never deletes the newest valid snapshot (``is_valid`` decides validity; by default a
+        snapshot whose manifest parses). Uncommitted leftovers older than the newest committed
+        snapshot are removed too (a killed publisher's partial files). Failed deletes are
+        logged and left for the next pass. Returns the ids deleted.
+        """
+        if keep_latest < 1:
+            raise ValueError("keep_latest must be at least 1")
+        all_ids = self.snapshot_ids()
+        committed = [sid for sid in all_ids if self._has_manifest(sid)]
+        valid = is_valid or self._manifest_parses
+        newest_valid = next((sid for sid in reversed(committed) if valid(sid)), None)
+        keep = set(committed[-keep_latest:])
+        if newest_valid is not None:
+            keep.add(newest_valid)
+        newest_committed = committed[-1] if committed else None
+        doomed = [
+            sid
+            for sid in all_ids
+            if sid not in keep
+            and (sid in committed or (newest_committed is not None and sid < newest_committed))
+        ]
+        deleted = []
+        for sid in doomed:
+            try:
+                delete_entry(self.storage, snapshot_dir(sid), marker_name=MANIFEST_NAME)
+                deleted.append(sid)
+            except StorageError as error:
+                log.warning("retention could not delete snapshot %d (will retry): %s", sid, error)
+        return deleted
+
+    def _has_manifest(self, snapshot_id: int) -> bool:
+        return self.storage.exists(join_key(snapshot_dir(snapshot_id), MANIFEST_NAME))
+
+    def _manifest_parses(self, snapshot_id: int) -> bool:
+        try:
+            self.load_manifest(snapshot_id)
+        except (ManifestError, StorageError):
+            return False
+        return True

@@ -1,0 +1,205 @@
+"""Snapshot manifests: anchors, fingerprints, publication, selection and retention."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
+    BOOTSTRAP_ANCHOR,
+    LATEST_KEY,
+    Anchor,
+    FingerprintMismatchError,
+    ManifestError,
+    ManifestStore,
+    PublicationFencedError,
+    snapshot_dir,
+)
+from rolloutrun_runtime.config import RunConfig, parse_run_config
+from rolloutrun_runtime.storage import join_key, open_storage
+
+
+@pytest.fixture
+def storage(tmp_path):
+    return open_storage(f"file://{tmp_path}/ckpt")
+
+
+@pytest.fixture
+def config():
+    return parse_run_config({"name": "alpha", "seed": 3})
+
+
+def always(_anchor):
+    return True
+
+
+def publish(store: ManifestStore, config: RunConfig, step: int = 0, **files):
+    return store.publish(
+        config=config,
+        anchor=BOOTSTRAP_ANCHOR if step == 0 else Anchor("step", step, step),
+        files={name: data.encode() for name, data in (files or {"ledger.json": "{}"}).items()},
+        train_step=step,
+        mutation_version=step,
+        cut_time=1.0,
+    )
+
+
+def test_publish_then_select_round_trips(storage, config):
+    store = ManifestStore(storage, "alpha")
+    published = publish(store, config, 0, **{"ledger.json": '{"a": 1}', "state.json": "[]"})
+    report = store.select(config=config, anchor_is_durable=always)
+    assert report.chosen is not None and report.skipped == []
+    assert report.chosen.manifest == published.manifest
+    assert store.read_file(report.chosen, "ledger.json") == b'{"a": 1}'
+    latest = json.loads(storage.read_bytes(LATEST_KEY))
+    assert latest["manifest_uri"] == published.manifest_uri
+
+
+def test_newest_first_and_ids_increase(storage, config):
+    store = ManifestStore(storage, "alpha")
+    ids = [publish(store, config, step).manifest.snapshot_id for step in (0, 5, 5)]
+    assert ids == [1, 2, 3]
+    assert store.select(config=config, anchor_is_durable=always).chosen.manifest.snapshot_id == 3
+
+
+def test_corrupt_file_falls_back_to_the_previous_snapshot(storage, config):
+    store = ManifestStore(storage, "alpha")
+    publish(store, config, 0)
+    newest = publish(store, config, 5)
+    storage.write_bytes(join_key(newest.entry, "ledger.json"), b'{"tampered": true}')
+    report = store.select(config=config, anchor_is_durable=always)
+    assert report.chosen.manifest.snapshot_id == 1
+    assert "checksum mismatch" in report.skipped[0][1]
+
+
+def test_uncommitted_snapshot_is_never_read(storage, config):
+    store = ManifestStore(storage, "alpha")
+    publish(store, config, 0)
+    storage.write_bytes(join_key(snapshot_dir(2), "ledger.json"), b"partial")
+    report = store.select(config=config, anchor_is_durable=always)
+    assert report.chosen.manifest.snapshot_id == 1 and report.skipped == []
+    assert store.next_snapshot_id() == 3
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda m: {**m, "schema_version": 99}, "unknown manifest schema version 99"),
+        (lambda m: {**m, "run_name": "beta"}, "manifest of another run"),
+        (lambda m: {**m, "surprise": 1}, "unknown fields: ['surprise']"),
+        (lambda m: {k: v for k, v in m.items() if k != "anchor"}, "missing fields: ['anchor']"),
+    ],
+)
+def test_bad_manifests_are_passed_over_with_the_reason(storage, config, mutate, reason):
+    store = ManifestStore(storage, "alpha")
+    publish(store, config, 0)
+    bad = publish(store, config, 5)
+    key = join_key(bad.entry, "MANIFEST.json")
+    storage.write_bytes(key, json.dumps(mutate(json.loads(storage.read_bytes(key)))).encode())
+    report = store.select(config=config, anchor_is_durable=always)
+    assert report.chosen.manifest.snapshot_id == 1
+    assert reason in report.skipped[0][1]
+
+
+def test_truncated_manifest_is_passed_over(storage, config):
+    store = ManifestStore(storage, "alpha")
+    publish(store, config, 0)
+    bad = publish(store, config, 5)
+    key = join_key(bad.entry, "MANIFEST.json")
+    storage.write_bytes(key, storage.read_bytes(key)[:20])
+    report = store.select(config=config, anchor_is_durable=always)
+    assert report.chosen.manifest.snapshot_id == 1
+    assert "not valid JSON" in report.skipped[0][1]
+
+
+def test_snapshot_with_a_missing_anchor_is_passed_over(storage, config):
+    store = ManifestStore(storage, "alpha")
+    publish(store, config, 0)
+    publish(store, config, 5)
+    report = store.select(config=config, anchor_is_durable=lambda a: a.kind == "bootstrap")
+    assert report.chosen.manifest.snapshot_id == 1
+    assert "anchor step_5 is not durable" in report.skipped[0][1]
+
+
+def test_changed_fingerprint_refuses_naming_the_keys(storage, config):
+    store = ManifestStore(storage, "alpha")
+    publish(store, config, 0)
+    changed = parse_run_config({"name": "alpha", "seed": 3, "grpo": {"groupSize": 4}})
+    with pytest.raises(FingerprintMismatchError) as caught:
+        store.select(config=changed, anchor_is_durable=always)
+    assert "grpo.groupSize (was 8, now 4)" in str(caught.value)
+
+
+def test_operational_keys_do_not_change_the_fingerprint(storage, config):
+    store = ManifestStore(storage, "alpha")
+    publish(store, config, 0)
+    moved = parse_run_config(
+        {"name": "alpha", "seed": 3, "logDir": "elsewhere", "grpo": {"maxSteps": 500}}
+    )
+    assert store.select(config=moved, anchor_is_durable=always).chosen is not None
+
+
+def test_preferred_uri_wins_when_valid(storage, config):
+    store = ManifestStore(storage, "alpha")
+    first = publish(store, config, 0)
+    publish(store, config, 5)
+    report = store.select(config=config, anchor_is_durable=always, preferred_uri=first.manifest_uri)
+    assert report.chosen.manifest.snapshot_id == 1
+
+
+def test_fence_failure_commits_nothing(storage, config):
+    store = ManifestStore(storage, "alpha")
+
+    def fenced():
+        raise RuntimeError("lease held by incarnation 4")
+
+    with pytest.raises(RuntimeError, match="incarnation 4"):
+        store.publish(
+            config=config,
+            anchor=BOOTSTRAP_ANCHOR,
+            files={"a": b"1"},
+            train_step=0,
+            mutation_version=0,
+            cut_time=0.0,
+            fence=fenced,
+        )
+    assert store.committed_ids() == []
+
+
+def test_losing_the_create_only_race_is_a_fencing_error(storage, config):
+    store = ManifestStore(storage, "alpha")
+    stale = ManifestStore(storage, "alpha")
+    stale.next_snapshot_id = lambda: 1  # a stale trainer that listed before the winner
+    publish(store, config, 0)
+    with pytest.raises(PublicationFencedError, match="another publisher"):
+        publish(stale, config, 0)
+    assert store.load_manifest(1).train_step == 0
+
+
+def test_retention_keeps_latest_and_never_the_only_valid(storage, config):
+    store = ManifestStore(storage, "alpha")
+    for step in range(5):
+        publish(store, config, step)
+    # The two newest are corrupt: the window keeps them, and the newest valid (3) survives too.
+    deleted = store.apply_retention(2, is_valid=lambda sid: sid < 4)
+    assert deleted == [1, 2]
+    assert store.committed_ids() == [3, 4, 5]
+
+
+def test_retention_removes_leftovers_of_killed_publishers(storage, config):
+    store = ManifestStore(storage, "alpha")
+    storage.write_bytes(join_key(snapshot_dir(1), "ledger.json"), b"partial")
+    publish(store, config, 0)
+    assert store.apply_retention(3) == [1]
+    assert store.snapshot_ids() == [2]
+
+
+def test_bootstrap_anchor_is_written_once_and_checked(storage, config):
+    store = ManifestStore(storage, "alpha")
+    store.ensure_bootstrap_anchor(config)
+    store.ensure_bootstrap_anchor(config)
+    with pytest.raises(FingerprintMismatchError, match="seed"):
+        store.ensure_bootstrap_anchor(parse_run_config({"name": "alpha", "seed": 4}))
+    with pytest.raises(ManifestError, match="belongs to run 'alpha'"):
+        ManifestStore(storage, "beta").ensure_bootstrap_anchor(config)
