@@ -217,6 +217,15 @@ class StorageSpec(_Model):
             "gs:// storage; omit to use workload identity."
         ),
     )
+    volume_claim_name: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description=(
+            "PersistentVolumeClaim (ReadWriteMany) mounted at the file:// path in every member "
+            "pod, so incarnations share checkpoints; omit for gs:// or a path the nodes share."
+        ),
+    )
 
 
 class RecoveryPolicy(_Model):
@@ -353,6 +362,17 @@ class RolloutRunStatus(_Model):
     )
     next_start_time: str | None = Field(
         None, max_length=64, description="When the next incarnation may start (backoff)."
+    )
+    incarnation_start_time: str | None = Field(
+        None,
+        max_length=64,
+        description="When the current incarnation's trainer was started; unset while starting.",
+    )
+    consecutive_losses: int = Field(
+        0,
+        ge=0,
+        le=2**31,
+        description="Incarnations lost since the last stable one; the backoff's exponent.",
     )
 
 
