@@ -12,10 +12,12 @@ Note: fake-gcs-server honours ``ifGenerationMatch`` only on single-request uploa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -133,9 +135,10 @@ class FakeGcs:
         """A google-cloud-storage client with anonymous credentials talking to ``endpoint``
         (default: this server; pass a proxy's URL to put it in between)."""
         from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
 
-        return storage.Client(
+        from rolloutrun_runtime.storage.gcs import import_gcs
+
+        return import_gcs().Client(
             project="test",
             credentials=AnonymousCredentials(),
             client_options={"api_endpoint": endpoint or self.url},
@@ -156,6 +159,118 @@ class FakeGcs:
         except urllib.error.HTTPError as exc:
             if exc.code != 409:
                 raise
+
+
+class FaultProxy:
+    """A real HTTP proxy in front of the emulator that injects failures, for retry tests.
+
+    It runs an aiohttp server on 127.0.0.1 in a background thread and forwards every request
+    to ``upstream``, rewriting upload ``Location`` headers so resumable chunks come back
+    through it too. Queue faults with :meth:`fail_next` (answer with ``status`` without
+    forwarding), :meth:`fail_after_forward` (forward, then answer ``status``: the request
+    took effect but the client sees an error) and :meth:`deny` (answer every request with
+    ``status``). ``requests`` records ``(method, path_qs, status)`` of each request.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.port = free_port()
+        self.requests: list[tuple[str, str, int]] = []
+        self._faults: list[tuple[str, int]] = []
+        self._deny: int | None = None
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: Any = None
+        self._session: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def fail_next(self, count: int, status: int = 503) -> None:
+        with self._lock:
+            self._faults.extend([("before", status)] * count)
+
+    def fail_after_forward(self, count: int, status: int = 503) -> None:
+        with self._lock:
+            self._faults.extend([("after", status)] * count)
+
+    def deny(self, status: int | None = 403) -> None:
+        with self._lock:
+            self._deny = status
+
+    def _next_fault(self) -> tuple[str, int] | None:
+        with self._lock:
+            if self._deny is not None:
+                return ("before", self._deny)
+            return self._faults.pop(0) if self._faults else None
+
+    async def _handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        fault = self._next_fault()
+        if fault is not None and fault[0] == "before":
+            return self._fault_response(request, fault[1])
+        body = await request.read()
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in ("host", "content-length", "transfer-encoding", "connection")
+        }
+        async with self._session.request(
+            request.method,
+            self.upstream + request.path_qs,
+            headers=headers,
+            data=body,
+            allow_redirects=False,
+        ) as upstream:
+            content = await upstream.read()
+            out_headers = {
+                k: v.replace(self.upstream, self.url) if k.lower() == "location" else v
+                for k, v in upstream.headers.items()
+                if k.lower() not in ("content-length", "transfer-encoding", "connection", "date")
+            }
+            status = upstream.status
+        if fault is not None:
+            return self._fault_response(request, fault[1])
+        with self._lock:
+            self.requests.append((request.method, request.path_qs, status))
+        return web.Response(status=status, body=content, headers=out_headers)
+
+    def _fault_response(self, request: Any, status: int) -> Any:
+        from aiohttp import web
+
+        with self._lock:
+            self.requests.append((request.method, request.path_qs, status))
+        error = {"error": {"code": status, "message": f"injected HTTP {status}"}}
+        return web.json_response(error, status=status)
+
+    async def _start(self) -> None:
+        import aiohttp
+        from aiohttp import web
+
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def _stop(self) -> None:
+        await self._runner.cleanup()
+        await self._session.close()
+
+    def __enter__(self) -> FaultProxy:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._loop.close()
 
 
 if __name__ == "__main__":  # manual use: python tests/gcs_emulator.py

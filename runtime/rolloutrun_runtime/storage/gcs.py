@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,6 +55,20 @@ WRITER_TOKEN_KEY = "rolloutrun-writer"
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
+def import_gcs() -> Any:
+    """Import ``google.cloud.storage`` (lazily, on first gs:// use).
+
+    google-api-core warns at import time when grpcio is installed without grpcio-status
+    (ray pulls in grpcio); we use only the HTTP API, so that warning is noise and, under
+    ``-W error``, fatal.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*grpcio-status.*", category=ImportWarning)
+        from google.cloud import storage
+
+    return storage
+
+
 def status_error(status: int, uri: str, detail: str) -> StorageError:
     """The storage error for an HTTP ``status`` on ``uri`` (a pure mapping)."""
     detail = " ".join(detail.split())[:300]
@@ -74,6 +89,7 @@ def translate_gcs_error(exc: BaseException, uri: str) -> StorageError | None:
     Returns ``None`` for exceptions that are not storage failures (programming errors),
     which the caller re-raises unchanged.
     """
+    import_gcs()
     import google.auth.exceptions as auth_exc
     import requests
     from google.api_core import exceptions as api_exc
@@ -139,8 +155,7 @@ class GcsStorage:
         """The ``google.cloud.storage.Client``, built from the environment on first use."""
         with self._lock:
             if self._client is None:
-                from google.cloud import storage as gcs
-
+                gcs = import_gcs()
                 with _translated(self.base_uri):
                     self._client = gcs.Client(project=None)
             return self._client
@@ -152,9 +167,11 @@ class GcsStorage:
     def uri_for(self, key: str) -> str:
         return f"gs://{self.bucket_name}/{self._object_name(key)}"
 
-    def _blob(self, key: str) -> Any:
+    def _blob(self, key: str, *, upload: bool = False) -> Any:
         blob = self.client.bucket(self.bucket_name).blob(self._object_name(key))
-        blob.chunk_size = UPLOAD_CHUNK_BYTES
+        if upload:
+            # Only for uploads: on a download, chunk_size would switch to ranged requests.
+            blob.chunk_size = UPLOAD_CHUNK_BYTES
         return blob
 
     def _call(self, uri: str, what: str, op: Callable[[], T]) -> T:
@@ -198,7 +215,7 @@ class GcsStorage:
             self._call(
                 uri,
                 "writing",
-                lambda: self._blob(key).upload_from_string(
+                lambda: self._blob(key, upload=True).upload_from_string(
                     bytes(data),
                     content_type="application/octet-stream",
                     retry=None,
@@ -217,7 +234,7 @@ class GcsStorage:
         def op() -> None:
             nonlocal tries
             tries += 1
-            blob = self._blob(key)
+            blob = self._blob(key, upload=True)
             blob.metadata = {WRITER_TOKEN_KEY: token}
             blob.upload_from_string(
                 bytes(data),
@@ -257,7 +274,7 @@ class GcsStorage:
             self._call(
                 uri,
                 "uploading",
-                lambda: self._blob(key).upload_from_filename(
+                lambda: self._blob(key, upload=True).upload_from_filename(
                     str(local_path),
                     content_type="application/octet-stream",
                     retry=None,

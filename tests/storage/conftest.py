@@ -1,0 +1,48 @@
+"""Fixtures: one real fake-gcs-server per session; a fresh storage per test on each backend."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.gcs_emulator import FakeGcs
+
+from rolloutrun_runtime.storage import CheckpointStorage, RetryPolicy, open_storage
+
+BUCKET = "rolloutrun-test"
+FAST_RETRY = RetryPolicy(attempts=4, initial_delay=0.01, max_delay=0.05)
+"""Real backoff, tiny delays: retry tests stay fast."""
+
+
+@pytest.fixture(scope="session")
+def fake_gcs() -> Iterator[FakeGcs]:
+    with FakeGcs() as gcs:
+        gcs.create_bucket(BUCKET)
+        yield gcs
+
+
+@pytest.fixture(scope="session")
+def gcs_client(fake_gcs: FakeGcs) -> Any:
+    return fake_gcs.client()
+
+
+@pytest.fixture
+def gs_storage(fake_gcs: FakeGcs, gcs_client: Any) -> CheckpointStorage:
+    """A gs:// storage under a prefix unique to the test."""
+    return open_storage(f"gs://{BUCKET}/t-{uuid.uuid4().hex[:12]}", client=gcs_client)
+
+
+@pytest.fixture
+def file_storage(tmp_path: Path) -> CheckpointStorage:
+    return open_storage(f"file://{tmp_path}/store")
+
+
+@pytest.fixture(params=["file", "gs"])
+def storage(request: pytest.FixtureRequest) -> CheckpointStorage:
+    """The contract suite runs once per backend."""
+    fixture = "file_storage" if request.param == "file" else "gs_storage"
+    result: CheckpointStorage = request.getfixturevalue(fixture)
+    return result
