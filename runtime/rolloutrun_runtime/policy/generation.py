@@ -1,0 +1,202 @@
+"""The generation service: the engine behind an OpenAI-completions-like HTTP subset.
+
+Why HTTP: the Gym servers (other processes, other pods) call the policy once per turn, as
+NeMo Gym calls vLLM's OpenAI server. Requests and responses carry token ids, not text, so
+the training sequence is exactly what the policy saw and produced (no re-tokenization
+drift), plus the behaviour logprob and the weight version of every token.
+
+Routes:
+
+- ``POST /v1/completions``: one model call (see ``CompletionBody``), answered with
+  ``token_ids``, ``logprobs``, ``weight_versions`` and ``finish_reason``;
+- ``GET /v1/weight_version``: the newest installed version (and the versions kept);
+- ``GET /token-capture/rollouts/{rollout_id}`` / ``DELETE`` the same: a rollout's captured
+  calls, and their release;
+- ``GET /healthz``.
+
+Bad input gets a 4xx whose ``error.message`` names the problem; a pinned version the engine
+does not hold gets 409.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rolloutrun_runtime.policy.engine import (
+    EngineClosedError,
+    GenerationEngine,
+    GenerationError,
+    GenerationRequest,
+    GenerationResult,
+    InvalidRequestError,
+    RefitError,
+    TokenCapture,
+    UnknownVersionError,
+)
+
+__all__ = [
+    "ENGINE_KEY",
+    "CompletionBody",
+    "GenerationEngine",
+    "GenerationError",
+    "GenerationRequest",
+    "GenerationResult",
+    "InvalidRequestError",
+    "RefitError",
+    "TokenCapture",
+    "UnknownVersionError",
+    "build_generation_app",
+    "json_error",
+    "serve_app",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Largest completion request body accepted (a prompt of max_seq_len ids is far smaller).
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+
+ENGINE_KEY = web.AppKey("engine", GenerationEngine)
+
+
+class CompletionBody(BaseModel):
+    """The JSON body of ``POST /v1/completions``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    prompt_token_ids: list[int] = Field(min_length=1, max_length=65_536)
+    max_tokens: int = Field(ge=1, le=65_536)
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    weight_version: int | None = Field(None, ge=0)
+    rollout_id: str | None = Field(None, min_length=1, max_length=512)
+    call_index: int | None = Field(None, ge=0)
+    model: str | None = Field(None, max_length=256, description="Ignored (OpenAI clients).")
+
+    def to_request(self) -> GenerationRequest:
+        return GenerationRequest(
+            prompt_token_ids=tuple(self.prompt_token_ids),
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seed=self.seed,
+            weight_version=self.weight_version,
+            rollout_id=self.rollout_id,
+            call_index=self.call_index,
+        )
+
+
+def json_error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
+    """An OpenAI-style error body: ``{"error": {"message", "type", "code"}}``."""
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "code": status}}, status=status
+    )
+
+
+def validation_message(error: ValidationError, what: str) -> str:
+    """One line per problem, naming the field: ``max_tokens: Input should be ...``."""
+    problems = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(body)"
+        problems.append(f"{where}: {item['msg']}")
+    return f"invalid {what}: " + "; ".join(problems)
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any] | web.Response:
+    """The body as a JSON object, or the 4xx response that says why it is not one."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return json_error(
+            413, f"request body is larger than the {request.app._client_max_size}-byte limit"
+        )
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return json_error(400, f"request body is not valid JSON: {error}")
+    if not isinstance(body, dict):
+        return json_error(400, f"request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+async def _completions(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await read_json_object(request)
+    if isinstance(body, web.Response):
+        return body
+    try:
+        parsed = CompletionBody.model_validate(body)
+    except ValidationError as error:
+        return json_error(400, validation_message(error, "completion request"))
+    try:
+        result = await engine.generate(parsed.to_request())
+    except InvalidRequestError as error:
+        return json_error(400, str(error))
+    except UnknownVersionError as error:
+        return json_error(409, str(error), "unknown_weight_version")
+    except EngineClosedError as error:
+        return json_error(503, str(error), "unavailable")
+    return web.json_response(result.to_json())
+
+
+async def _weight_version(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    return web.json_response({"version": engine.version, "versions": engine.versions})
+
+
+async def _capture_get(request: web.Request) -> web.Response:
+    rollout_id = request.match_info["rollout_id"]
+    calls = request.app[ENGINE_KEY].capture.get(rollout_id)
+    if calls is None:
+        return json_error(404, f"no token capture for rollout {rollout_id!r}", "not_found")
+    return web.json_response({"rollout_id": rollout_id, "calls": calls})
+
+
+async def _capture_delete(request: web.Request) -> web.Response:
+    rollout_id = request.match_info["rollout_id"]
+    released = request.app[ENGINE_KEY].capture.release(rollout_id)
+    return web.json_response({"rollout_id": rollout_id, "released": released})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    return web.json_response({"status": "ok", "version": engine.version})
+
+
+def build_generation_app(engine: GenerationEngine, stop_engine: bool = True) -> web.Application:
+    """The aiohttp app serving ``engine``; with ``stop_engine`` its cleanup stops the engine."""
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+    app[ENGINE_KEY] = engine
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/v1/weight_version", _weight_version)
+    app.router.add_get("/token-capture/rollouts/{rollout_id}", _capture_get)
+    app.router.add_delete("/token-capture/rollouts/{rollout_id}", _capture_delete)
+    app.router.add_get("/healthz", _healthz)
+    if stop_engine:
+
+        async def _stop(_: web.Application) -> None:
+            await engine.stop()
+
+        app.on_cleanup.append(_stop)
+    return app
+
+
+async def serve_app(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, str]:
+    """Start ``app`` on ``host:port`` (0 picks a free port); return its runner and base URL."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    if not sockets:
+        await runner.cleanup()
+        raise OSError(f"server on {host}:{port} has no listening socket")
+    bound_port = sockets[0].getsockname()[1]
+    url_host = f"[{host}]" if ":" in host else host
+    return runner, f"http://{url_host}:{bound_port}"
