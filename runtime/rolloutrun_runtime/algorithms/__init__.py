@@ -1,0 +1,1 @@
+"""RL algorithms: the single controller (rollout and train pumps), GRPO math, samplers."""

@@ -1,0 +1,97 @@
+"""GRPO math: group-normalized advantages, the PPO-clip loss and batch age.
+
+Kept as pure functions over tensors so they are tested alone and the controller's train
+step is a few batched calls: one padded batch, one forward pass, one loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+ADVANTAGE_EPS = 1e-6
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS) -> torch.Tensor:
+    """``(r - mean) / (std + eps)`` within one group (population std)."""
+    rewards = rewards.float()
+    return (rewards - rewards.mean()) / (rewards.std(unbiased=False) + eps)
+
+
+def zero_variance(rewards: Sequence[float]) -> bool:
+    """Whether every reward in the group is the same (no learning signal)."""
+    return len(rewards) > 0 and max(rewards) == min(rewards)
+
+
+@dataclass(frozen=True)
+class LossStats:
+    loss: float
+    clip_fraction: float
+    ratio_mean: float
+    approx_kl: float
+    tokens: int
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_epsilon: float,
+) -> tuple[torch.Tensor, LossStats]:
+    """Token-mean PPO-clip surrogate over ``mask``ed tokens.
+
+    Shapes: ``logprobs``, ``behaviour_logprobs`` and ``mask`` are [B, T]; ``advantages`` is
+    [B] (one per sequence, broadcast over its tokens).
+    """
+    mask = mask.float()
+    tokens = mask.sum().clamp(min=1.0)
+    log_ratio = (logprobs - behaviour_logprobs) * mask
+    ratio = torch.exp(log_ratio)
+    adv = advantages.float()[:, None]
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_epsilon, 1.0 + clip_epsilon) * adv
+    loss = -(torch.minimum(unclipped, clipped) * mask).sum() / tokens
+    with torch.no_grad():
+        was_clipped = ((ratio - 1.0).abs() > clip_epsilon).float() * mask
+        stats = LossStats(
+            loss=float(loss.detach()),
+            clip_fraction=float(was_clipped.sum() / tokens),
+            ratio_mean=float((ratio * mask).sum() / tokens),
+            approx_kl=float(((ratio - 1.0 - log_ratio) * mask).sum() / tokens),
+            tokens=int(mask.sum()),
+        )
+    return loss, stats
+
+
+def batch_age(tokens_by_version: Mapping[int, int], trained_from_version: int) -> float:
+    """Token-weighted policy updates between generating each token and training on it.
+
+    A token generated with weights ``w`` and trained by the step that starts from version
+    ``trained_from_version`` waited ``trained_from_version - w`` updates.
+    """
+    total = sum(tokens_by_version.values())
+    if total == 0:
+        return 0.0
+    weighted = sum((trained_from_version - v) * n for v, n in tokens_by_version.items())
+    return weighted / total
+
+
+def count_versions(weight_versions: np.ndarray, mask: np.ndarray) -> dict[int, int]:
+    """Per weight version, how many masked (model) tokens carry it."""
+    versions, counts = np.unique(weight_versions[mask.astype(bool)], return_counts=True)
+    return {int(v): int(c) for v, c in zip(versions, counts, strict=True)}
+
+
+def pad_batch(
+    sequences: Sequence[np.ndarray], pad_value: float | int, dtype: torch.dtype
+) -> torch.Tensor:
+    """Right-pad 1-D arrays into one [B, T] tensor."""
+    length = max(len(s) for s in sequences)
+    out = np.full((len(sequences), length), pad_value, dtype=np.asarray(sequences[0]).dtype)
+    for row, seq in enumerate(sequences):
+        out[row, : len(seq)] = seq
+    return torch.as_tensor(out, dtype=dtype)

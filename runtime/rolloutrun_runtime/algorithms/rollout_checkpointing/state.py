@@ -1,0 +1,159 @@
+"""Shared rollout state: what the pumps change and every checkpoint saves.
+
+Why one place: trainer checkpoints and rollout snapshots must save the same rollout state
+under the same exclusive cut, and a restore must fill it before the pumps start. Keeping it
+in one ``RolloutRuntimeState`` that the controller owns (and nothing else copies) means a
+new piece of rollout state is saved by every checkpoint kind as soon as it is added here.
+
+``RolloutParts`` is the bundle of controller parts both checkpoint halves read; of those,
+only ``runtime_state`` changes. The halves read live training counters through
+``read_progress`` and never touch controller fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rolloutrun_runtime.experience.rollout_recovery import PromptRef
+
+if TYPE_CHECKING:
+    from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer
+    from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader
+    from rolloutrun_runtime.config import RunConfig
+    from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
+    from rolloutrun_runtime.experience.rollout_recovery import RecoveryLedger
+
+#: Schema of ``RolloutRuntimeState.to_json``; bump it when the saved fields change.
+RUNTIME_STATE_SCHEMA = 1
+
+
+@dataclass
+class FinalizerResult:
+    """What finalizing a group produced, kept until the group is trained (for metrics)."""
+
+    group_id: str
+    target_step: int | None
+    rewards: list[float]
+    model_tokens: int
+    tokens_by_version: dict[int, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "target_step": self.target_step,
+            "rewards": list(self.rewards),
+            "model_tokens": self.model_tokens,
+            "tokens_by_version": {str(k): v for k, v in sorted(self.tokens_by_version.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FinalizerResult:
+        return cls(
+            group_id=str(data["group_id"]),
+            target_step=None if data["target_step"] is None else int(data["target_step"]),
+            rewards=[float(r) for r in data["rewards"]],
+            model_tokens=int(data["model_tokens"]),
+            tokens_by_version={int(k): int(v) for k, v in data["tokens_by_version"].items()},
+        )
+
+
+@dataclass
+class RolloutRuntimeState:
+    """Rollout state the pumps change and every checkpoint saves (one instance per run)."""
+
+    spare_prompts: list[PromptRef] = field(default_factory=list)
+    """Prompts drawn from the dataloader but not admitted; they replace dropped groups."""
+    batch_shortfall: dict[int, int] = field(default_factory=dict)
+    """Per stamped step, how many groups were given up (the step closes short)."""
+    replacements: dict[int, int] = field(default_factory=dict)
+    """Per stamped step, how many dropped groups were replaced from the spare pool."""
+    sampler_stamps_target_steps: bool = True
+    """Whether admitted groups carry a target step (the in-order sampler)."""
+    finalizer_results: dict[str, FinalizerResult] = field(default_factory=dict)
+    """Finalized groups' results, kept until the group is trained."""
+
+    def shortfall(self, step: int) -> int:
+        return self.batch_shortfall.get(step, 0)
+
+    def forget_step(self, step: int) -> None:
+        """Drop per-step bookkeeping of a committed step."""
+        self.batch_shortfall.pop(step, None)
+        self.replacements.pop(step, None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": RUNTIME_STATE_SCHEMA,
+            "spare_prompts": [p.to_json() for p in self.spare_prompts],
+            "batch_shortfall": {str(k): v for k, v in sorted(self.batch_shortfall.items())},
+            "replacements": {str(k): v for k, v in sorted(self.replacements.items())},
+            "sampler_stamps_target_steps": self.sampler_stamps_target_steps,
+            "finalizer_results": [r.to_json() for r in self.finalizer_results.values()],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RolloutRuntimeState:
+        if data.get("schema") != RUNTIME_STATE_SCHEMA:
+            raise ValueError(
+                f"rollout runtime state schema {data.get('schema')!r} is not readable "
+                f"(this runtime reads {RUNTIME_STATE_SCHEMA})"
+            )
+        results = [FinalizerResult.from_json(r) for r in data["finalizer_results"]]
+        return cls(
+            spare_prompts=[
+                PromptRef.from_json(p, f"spare_prompts[{i}]")
+                for i, p in enumerate(data["spare_prompts"])
+            ],
+            batch_shortfall={int(k): int(v) for k, v in data["batch_shortfall"].items()},
+            replacements={int(k): int(v) for k, v in data["replacements"].items()},
+            sampler_stamps_target_steps=bool(data["sampler_stamps_target_steps"]),
+            finalizer_results={r.group_id: r for r in results},
+        )
+
+
+@dataclass(frozen=True)
+class TrainingProgress:
+    """The controller's live training counters, as ``read_progress`` returns them."""
+
+    trainer_version: int
+    """Optimizer steps applied (the weight version the trainer holds)."""
+    optimizer_commit_in_progress: bool
+    """True between applying a step and clearing its rows: no snapshot may cut here."""
+    durable_step: int | None
+    """The newest trainer checkpoint step that is published, if any."""
+    max_steps: int
+
+
+@dataclass(frozen=True)
+class ResumeSource:
+    """What setup restored from; the defaults describe a fresh run."""
+
+    path: str | None = None
+    is_rollout_snapshot: bool = False
+    step: int = 0
+    data_plane_metadata: Mapping[str, Any] = field(default_factory=dict)
+    load_timings: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def fresh(self) -> bool:
+        return self.path is None
+
+
+@dataclass(frozen=True)
+class RolloutParts:
+    """The controller parts both checkpoint halves read (only ``runtime_state`` changes)."""
+
+    config: RunConfig
+    data_plane: DataPlane
+    barrier: DataPlaneBarrier
+    buffer: ReplayBuffer
+    dataloader: PromptDataloader
+    sampler: InOrderSampler
+    ledger: RecoveryLedger | None
+    runtime_state: RolloutRuntimeState
+    save_lock: asyncio.Lock
+    read_progress: Callable[[], TrainingProgress]
+    log_metrics: Callable[[Mapping[str, float]], None]
+    environment_checkpoint: object | None = None
