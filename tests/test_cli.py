@@ -37,3 +37,11 @@ def test_commands_dispatch_to_their_handler():
     args = parser.parse_args(["echo", "hi"])
     assert args.handler(args) == 7 and seen == {"word": "hi"}
     assert "Echo a word." in parser.format_help()
+
+
+def test_a_command_that_cannot_import_explains_itself(capsys):
+    register = cli._unavailable("gym", ImportError("No module named 'torch'"))
+    parser = cli.build_parser({"gym": register})
+    args = parser.parse_args(["gym"])
+    assert args.handler(args) == 3
+    assert "unavailable in this installation: No module named 'torch'" in capsys.readouterr().err

@@ -25,10 +25,31 @@ COMMAND_GROUP = "rolloutrun.commands"
 Register = Callable[[argparse.ArgumentParser], None]
 
 
+def _unavailable(name: str, error: Exception) -> Register:
+    """A stand-in command that explains why the real one cannot load (e.g. the operator
+    image has no torch), so one broken plug-in does not take every command down."""
+
+    def register(parser: argparse.ArgumentParser) -> None:
+        def fail(_args: argparse.Namespace) -> int:
+            print(
+                f"rolloutrun {name}: unavailable in this installation: {error}",
+                file=sys.stderr,
+            )
+            return 3
+
+        parser.set_defaults(handler=fail)
+
+    register.__doc__ = f"(unavailable: {type(error).__name__})"
+    return register
+
+
 def _load_commands() -> dict[str, Register]:
     commands: dict[str, Register] = {}
     for entry in entry_points(group=COMMAND_GROUP):
-        commands[entry.name] = entry.load()
+        try:
+            commands[entry.name] = entry.load()
+        except ImportError as error:
+            commands[entry.name] = _unavailable(entry.name, error)
     return dict(sorted(commands.items()))
 
 
