@@ -1,0 +1,296 @@
+"""The agent loop: an explicit per-turn state machine over an episode.
+
+Why a state machine instead of one coroutine with a ``for`` loop: turn-level recovery must
+stop an episode *between* turns, export it, and continue it elsewhere. Each call to
+``AgentLoop.step`` makes one transition (``AWAIT_MODEL`` → call the policy → ``AWAIT_TOOL``
+→ apply the tool call → ``AWAIT_MODEL`` or ``FINISHED``), and boundary hooks run before each
+model call and after each tool round, the two points where an episode holds no half-done
+work. The checkpoint control plane parks episodes in those hooks.
+
+Side effects go through the ``SideEffectLog``: each applied effect bumps the episode's
+``revision`` and is keyed ``(rollout_id, revision)``; the log refuses a key it has already
+seen, so an effect can never be applied twice, and with an audit file it proves that from
+disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+import aiohttp
+
+from rolloutrun_runtime.config import TaskConfig
+from rolloutrun_runtime.environments.gym.episode import (
+    LIVE_PHASES,
+    Episode,
+    EpisodeId,
+    Phase,
+    Sampling,
+    Segment,
+)
+from rolloutrun_runtime.environments.gym.tasks import make_env
+from rolloutrun_runtime.policy.engine import GenerationRequest, GenerationResult
+from rolloutrun_runtime.policy.tokenizer import TOKENIZER, CharTokenizer
+from rolloutrun_runtime.tasks import make_problem
+
+logger = logging.getLogger(__name__)
+
+#: Boundary names passed to hooks.
+BEFORE_MODEL = "before_model"
+AFTER_TOOL = "after_tool"
+
+BoundaryHook = Callable[[Episode, str], Awaitable[None]]
+
+
+class PolicyCallError(Exception):
+    """The policy endpoint failed or refused a model call."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class SideEffectReplayError(Exception):
+    """A side effect whose ``(rollout_id, revision)`` was already applied: refused."""
+
+
+class PolicyClient(Protocol):
+    """Calls the policy's generation service for one model turn."""
+
+    async def complete(self, policy_url: str, request: GenerationRequest) -> GenerationResult: ...
+
+
+class HttpPolicyClient:
+    """``POST {policy_url}/v1/completions`` over a shared aiohttp session."""
+
+    def __init__(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
+        self.session = session
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def complete(self, policy_url: str, request: GenerationRequest) -> GenerationResult:
+        body = {
+            "prompt_token_ids": list(request.prompt_token_ids),
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "seed": request.seed,
+            "weight_version": request.weight_version,
+            "rollout_id": request.rollout_id,
+            "call_index": request.call_index,
+        }
+        url = policy_url.rstrip("/") + "/v1/completions"
+        try:
+            async with self.session.post(url, json=body, timeout=self.timeout) as response:
+                payload = await response.json(content_type=None)
+                if response.status != 200:
+                    message = (payload.get("error") or {}).get("message", payload)
+                    raise PolicyCallError(
+                        f"policy {url} answered {response.status}: {message}", response.status
+                    )
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as error:
+            raise PolicyCallError(f"policy {url} failed: {error!r}") from error
+        try:
+            return GenerationResult(
+                token_ids=[int(t) for t in payload["token_ids"]],
+                logprobs=[float(x) for x in payload["logprobs"]],
+                weight_versions=[int(v) for v in payload["weight_versions"]],
+                finish_reason=str(payload["finish_reason"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise PolicyCallError(f"policy {url} sent a malformed completion: {error}") from error
+
+
+class SideEffectLog:
+    """Applied side effects by ``(rollout_id, revision)``, optionally appended to a file.
+
+    Each line of the audit file is one applied effect: ``{"t", "instance_id", "rollout_id",
+    "attempt", "turn", "revision", "effect"}``, flushed as written. Reopening the file
+    reloads the highest revision per rollout, so a restarted server still refuses replays.
+    """
+
+    def __init__(self, instance_id: str, path: Path | None = None) -> None:
+        self.instance_id = instance_id
+        self.path = path
+        self._revisions: dict[str, int] = {}
+        self._file: IO[str] | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists():
+                self._load(path)
+            self._file = path.open("a", encoding="utf-8")
+
+    def _load(self, path: Path) -> None:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                logger.warning("audit file %s: skipping unreadable line %d", path, number)
+                continue
+            rollout_id, revision = entry["rollout_id"], int(entry["revision"])
+            self._revisions[rollout_id] = max(self._revisions.get(rollout_id, 0), revision)
+
+    def applied_revision(self, rollout_id: str) -> int:
+        return self._revisions.get(rollout_id, 0)
+
+    def record(self, episode: Episode, effect: dict[str, Any]) -> dict[str, Any]:
+        """Claim the episode's next revision for ``effect``; refuse one already applied."""
+        rollout_id = episode.episode_id.rollout_id
+        revision = episode.revision + 1
+        if revision <= self.applied_revision(rollout_id):
+            raise SideEffectReplayError(
+                f"side effect {rollout_id!r} revision {revision} was already applied "
+                f"(applied up to {self.applied_revision(rollout_id)}); refusing to repeat it"
+            )
+        entry = {
+            "t": time.time(),
+            "instance_id": self.instance_id,
+            "rollout_id": rollout_id,
+            "attempt": episode.episode_id.attempt,
+            "turn": episode.turn,
+            "revision": revision,
+            "effect": effect,
+        }
+        if self._file is not None:
+            self._file.write(json.dumps(entry, sort_keys=True) + "\n")
+            self._file.flush()
+        self._revisions[rollout_id] = revision
+        return entry
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The sampling seed of one turn, derived from the episode's seed."""
+    digest = hashlib.sha256(f"{seed}:turn:{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & (2**63 - 1)
+
+
+class AgentLoop:
+    """Runs episodes of one task against a policy; see the module doc."""
+
+    def __init__(
+        self,
+        task: TaskConfig,
+        seed: int,
+        max_seq_len: int,
+        policy: PolicyClient,
+        effects: SideEffectLog,
+        hooks: list[BoundaryHook] | None = None,
+        tokenizer: CharTokenizer = TOKENIZER,
+    ) -> None:
+        self.task = task
+        self.seed = seed
+        self.max_seq_len = max_seq_len
+        self.policy = policy
+        self.effects = effects
+        self.hooks = hooks if hooks is not None else []
+        self.tokenizer = tokenizer
+        self.env = make_env(task)
+
+    def new_episode(
+        self, episode_id: EpisodeId, prompt_id: int, policy_url: str, sampling: Sampling
+    ) -> Episode:
+        """A fresh episode at turn 0: the problem's prompt is its first segment."""
+        problem = make_problem(self.task, self.seed, prompt_id)
+        prompt = [self.tokenizer.bos_id, *self.tokenizer.encode(problem.prompt_text)]
+        return Episode(
+            episode_id=episode_id,
+            prompt_id=prompt_id,
+            policy_url=policy_url,
+            sampling=sampling,
+            state=self.env.start(problem),
+            segments=[Segment("prompt", prompt)],
+        )
+
+    async def run(self, episode: Episode) -> Episode:
+        """Step ``episode`` until it finishes or fails (a failure is raised after marking)."""
+        while episode.phase in LIVE_PHASES:
+            await self.step(episode)
+        return episode
+
+    async def step(self, episode: Episode) -> None:
+        """One transition of the state machine."""
+        if episode.phase is Phase.AWAIT_MODEL:
+            await self._boundary(episode, BEFORE_MODEL)
+            await self._call_model(episode)
+        elif episode.phase is Phase.AWAIT_TOOL:
+            if await self._tool_round(episode):
+                await self._boundary(episode, AFTER_TOOL)
+        else:
+            raise ValueError(f"episode {episode.episode_id} is {episode.phase.value}")
+
+    async def _boundary(self, episode: Episode, where: str) -> None:
+        for hook in self.hooks:
+            await hook(episode, where)
+
+    async def _call_model(self, episode: Episode) -> None:
+        room = self.max_seq_len - episode.sequence_length()
+        if room < 1:
+            self._finish(episode, "length")
+            return
+        sampling = episode.sampling
+        request = GenerationRequest(
+            prompt_token_ids=tuple(episode.token_ids()),
+            max_tokens=min(sampling.max_new_tokens, room),
+            temperature=sampling.temperature,
+            seed=None if sampling.seed is None else turn_seed(sampling.seed, episode.turn),
+            weight_version=sampling.weight_version,
+            rollout_id=episode.episode_id.row_key,
+            call_index=episode.turn,
+        )
+        try:
+            result = await self.policy.complete(episode.policy_url, request)
+        except PolicyCallError as error:
+            episode.phase, episode.error = Phase.FAILED, str(error)
+            raise
+        episode.segments.append(
+            Segment("model", result.token_ids, result.logprobs, result.weight_versions)
+        )
+        text_ids, stopped = self.tokenizer.strip_eos(result.token_ids)
+        episode.pending = {"text": self.tokenizer.decode(text_ids), "stopped": stopped}
+        episode.phase = Phase.AWAIT_TOOL
+
+    async def _tool_round(self, episode: Episode) -> bool:
+        """Apply the pending tool call; return whether the episode goes on."""
+        assert episode.pending is not None
+        effect = self.env.interpret(
+            episode.state, episode.pending["text"], episode.pending["stopped"]
+        )
+        if self.task.turn_delay_ms:
+            await asyncio.sleep(self.task.turn_delay_ms / 1000)
+        if effect is not None:
+            try:
+                entry = self.effects.record(episode, effect)
+            except SideEffectReplayError as error:
+                episode.phase, episode.error = Phase.FAILED, str(error)
+                raise
+            # No await between claiming the revision and changing the state.
+            episode.revision = entry["revision"]
+            episode.audit.append(entry)
+        outcome = self.env.apply(episode.state, effect)
+        episode.turn += 1
+        episode.pending = None
+        if outcome.done:
+            self._finish(episode, "done")
+            return False
+        reply = self.tokenizer.encode(outcome.observation)
+        if episode.sequence_length() + len(reply) >= self.max_seq_len:
+            self._finish(episode, "length")
+            return False
+        episode.segments.append(Segment("env", reply))
+        episode.phase = Phase.AWAIT_MODEL
+        return True
+
+    def _finish(self, episode: Episode, reason: str) -> None:
+        episode.reward = self.env.score(episode.state)
+        episode.finish_reason = reason
+        episode.phase = Phase.FINISHED

@@ -1,0 +1,209 @@
+"""Episodes: identity, per-turn phase, state, segments, and the side-effect audit.
+
+Why records: turn-level recovery (the next issue's checkpoint control plane) parks episodes
+at turn boundaries, exports them (``Episode.to_record``) and installs them elsewhere under
+``attempt + 1`` (``Episode.from_record``). Everything an episode needs to continue is here
+as JSON: the task state, the training segments so far, the phase and turn, and the
+``revision`` that counts applied side effects. The revision makes side effects idempotent:
+an effect is keyed ``(rollout_id, revision)``, the same key across attempts, so a restored
+attempt can never apply a revision its predecessor already applied.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Format version of ``Episode.to_record``; ``from_record`` refuses others.
+RECORD_VERSION = 1
+
+_ATTEMPT_SUFFIX = re.compile(r"-a\d+$")
+
+
+class EpisodeRecordError(ValueError):
+    """An episode record that cannot be installed (version, fields)."""
+
+
+@dataclass(frozen=True, order=True)
+class EpisodeId:
+    """A rollout's episode at one attempt; attempt N+1 continues attempt N after a restore."""
+
+    rollout_id: str
+    attempt: int = 0
+
+    @property
+    def row_key(self) -> str:
+        """``<rollout_id>`` at attempt 0, ``<rollout_id>-a<attempt>`` after (the ledger's key)."""
+        return self.rollout_id if self.attempt == 0 else f"{self.rollout_id}-a{self.attempt}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rollout_id": self.rollout_id, "attempt": self.attempt}
+
+    @staticmethod
+    def valid_rollout_id(rollout_id: str) -> bool:
+        """Rollout ids may not end in ``-a<N>``, so row keys map back one to one."""
+        return _ATTEMPT_SUFFIX.search(rollout_id) is None
+
+
+class Phase(enum.StrEnum):
+    """Where an episode's agent loop stands."""
+
+    AWAIT_MODEL = "await_model"
+    """At a turn boundary: the next step calls the policy."""
+    AWAIT_TOOL = "await_tool"
+    """The model answered; the next step applies its tool call."""
+    FINISHED = "finished"
+    """Scored; the result is final."""
+    FAILED = "failed"
+    """Stopped by an error (e.g. the policy endpoint failed)."""
+    ABANDONED = "abandoned"
+    """The caller went away mid-episode; the state is kept for inspection."""
+
+
+#: Phases from which the agent loop can continue.
+LIVE_PHASES = frozenset({Phase.AWAIT_MODEL, Phase.AWAIT_TOOL})
+
+
+@dataclass
+class Segment:
+    """A run of tokens in the training sequence: prompt, model output, or env reply."""
+
+    kind: str  # "prompt" | "model" | "env"
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    weight_versions: list[int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "token_ids": list(self.token_ids)}
+        if self.kind == "model":
+            out["logprobs"] = list(self.logprobs or [])
+            out["weight_versions"] = list(self.weight_versions or [])
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Segment:
+        return cls(
+            kind=data["kind"],
+            token_ids=list(data["token_ids"]),
+            logprobs=data.get("logprobs"),
+            weight_versions=data.get("weight_versions"),
+        )
+
+
+@dataclass
+class Sampling:
+    """How the policy samples this episode's turns."""
+
+    temperature: float
+    max_new_tokens: int
+    seed: int | None = None
+    weight_version: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "max_new_tokens": self.max_new_tokens,
+            "seed": self.seed,
+            "weight_version": self.weight_version,
+        }
+
+
+@dataclass
+class Episode:
+    """One episode's full state between turns (see the module doc)."""
+
+    episode_id: EpisodeId
+    prompt_id: int
+    policy_url: str
+    sampling: Sampling
+    state: dict[str, Any]
+    segments: list[Segment]
+    phase: Phase = Phase.AWAIT_MODEL
+    turn: int = 0
+    revision: int = 0
+    audit: list[dict[str, Any]] = field(default_factory=list)
+    pending: dict[str, Any] | None = None  # the model's answer awaiting its tool round
+    reward: float | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def side_effects(self) -> int:
+        return len(self.audit)
+
+    def sequence_length(self) -> int:
+        return sum(len(segment.token_ids) for segment in self.segments)
+
+    def token_ids(self) -> list[int]:
+        return [token for segment in self.segments for token in segment.token_ids]
+
+    def result(self, instance_id: str) -> dict[str, Any]:
+        """The ``/run`` response body of a finished episode."""
+        return {
+            "episode_id": self.episode_id.to_json(),
+            "instance_id": instance_id,
+            "reward": self.reward,
+            "segments": [segment.to_json() for segment in self.segments],
+            "turns": self.turn,
+            "side_effects": self.side_effects,
+            "finish_reason": self.finish_reason,
+        }
+
+    def to_record(self) -> dict[str, Any]:
+        """Everything needed to continue (or inspect) this episode, as JSON."""
+        return {
+            "version": RECORD_VERSION,
+            "episode_id": self.episode_id.to_json(),
+            "prompt_id": self.prompt_id,
+            "policy_url": self.policy_url,
+            "sampling": self.sampling.to_json(),
+            "state": self.state,
+            "segments": [segment.to_json() for segment in self.segments],
+            "phase": self.phase.value,
+            "turn": self.turn,
+            "revision": self.revision,
+            "audit": list(self.audit),
+            "pending": self.pending,
+            "reward": self.reward,
+            "finish_reason": self.finish_reason,
+            "error": self.error,
+            "started_at": self.started_at,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any], attempt: int | None = None) -> Episode:
+        """Rebuild an episode; ``attempt`` re-keys it (a restore installs attempt + 1)."""
+        if record.get("version") != RECORD_VERSION:
+            raise EpisodeRecordError(
+                f"episode record version {record.get('version')!r} is not {RECORD_VERSION}"
+            )
+        try:
+            ident = record["episode_id"]
+            episode_id = EpisodeId(
+                ident["rollout_id"], ident["attempt"] if attempt is None else attempt
+            )
+            return cls(
+                episode_id=episode_id,
+                prompt_id=int(record["prompt_id"]),
+                policy_url=str(record["policy_url"]),
+                sampling=Sampling(**record["sampling"]),
+                state=dict(record["state"]),
+                segments=[Segment.from_json(s) for s in record["segments"]],
+                phase=Phase(record["phase"]),
+                turn=int(record["turn"]),
+                revision=int(record["revision"]),
+                audit=list(record["audit"]),
+                pending=record["pending"],
+                reward=record["reward"],
+                finish_reason=record["finish_reason"],
+                error=record["error"],
+                started_at=float(record["started_at"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise EpisodeRecordError(
+                f"episode record is incomplete or malformed: {error}"
+            ) from error

@@ -1,0 +1,281 @@
+"""The Gym HTTP server: one replica with a stable instance id, running episodes on ``/run``.
+
+Why state in the server: multi-turn tasks keep per-episode state between turns (the
+counter of ``reach_target``), as NeMo Gym's resources servers do; the trainer only sees
+finished episodes. Every episode is keyed by ``EpisodeId(rollout_id, attempt)``; the server
+refuses a second live run of the same id (409), answers a repeated request for a finished
+episode with its stored result (a lost response can be fetched again without re-running
+anything), and refuses an attempt older than one it has seen (attempt N may not change
+N+1). A bad request gets a 4xx that names the problem and touches no other episode.
+
+Routes: ``POST /run``, ``GET /episodes/{rollout_id}``, ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.environments.gym.agent import (
+    AgentLoop,
+    BoundaryHook,
+    HttpPolicyClient,
+    PolicyCallError,
+    PolicyClient,
+    SideEffectLog,
+    SideEffectReplayError,
+)
+from rolloutrun_runtime.environments.gym.episode import (
+    LIVE_PHASES,
+    Episode,
+    EpisodeId,
+    Phase,
+    Sampling,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Finished episodes kept in memory for repeated requests and inspection.
+MAX_FINISHED_EPISODES = 50_000
+
+
+class _EpisodeIdBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    rollout_id: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:~-]+$")
+    attempt: int = Field(ge=0, le=1_000_000)
+
+
+class _SamplingBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    temperature: float | None = Field(None, ge=0.0, le=10.0)
+    max_new_tokens: int | None = Field(None, ge=1, le=65_536)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    weight_version: int | None = Field(None, ge=0)
+
+
+class RunBody(BaseModel):
+    """The JSON body of ``POST /run``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    episode_id: _EpisodeIdBody
+    prompt_id: int = Field(ge=0)
+    policy_url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://\S+$")
+    sampling: _SamplingBody = Field(default_factory=_SamplingBody)
+    task: str | None = Field(None, max_length=64, description="If given, must be this server's.")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+
+
+def _validation_message(error: ValidationError) -> str:
+    problems = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(body)"
+        problems.append(f"{where}: {item['msg']}")
+    return "invalid /run request: " + "; ".join(problems)
+
+
+class GymServer:
+    """One Gym replica: build it, then serve ``self.app`` (see the module doc)."""
+
+    def __init__(
+        self,
+        instance_id: str,
+        run_cfg: RunConfig,
+        audit_path: Path | None = None,
+        *,
+        policy: PolicyClient | None = None,
+        hooks: list[BoundaryHook] | None = None,
+    ) -> None:
+        self.instance_id = instance_id
+        self.cfg = run_cfg
+        self.effects = SideEffectLog(instance_id, audit_path)
+        self.hooks: list[BoundaryHook] = hooks if hooks is not None else []
+        self._policy = policy
+        self._session: aiohttp.ClientSession | None = None
+        self.loop: AgentLoop | None = None
+        self.episodes: OrderedDict[EpisodeId, Episode] = OrderedDict()
+        self.app = web.Application(client_max_size=run_cfg.gym.request_max_bytes)
+        self.app.router.add_post("/run", self._run)
+        self.app.router.add_get("/episodes/{rollout_id}", self._episodes)
+        self.app.router.add_get("/healthz", self._healthz)
+        self.app.on_startup.append(self._startup)
+        self.app.on_cleanup.append(self._cleanup)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def _startup(self, _: web.Application) -> None:
+        policy = self._policy
+        if policy is None:
+            self._session = aiohttp.ClientSession()
+            policy = HttpPolicyClient(self._session, self.cfg.rollout.rollout_timeout_seconds)
+        self.loop = AgentLoop(
+            task=self.cfg.task,
+            seed=self.cfg.seed,
+            max_seq_len=self.cfg.policy.max_seq_len,
+            policy=policy,
+            effects=self.effects,
+            hooks=self.hooks,
+        )
+        logger.info("gym %s serving task %s", self.instance_id, self.cfg.task.name.value)
+
+    async def _cleanup(self, _: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+        self.effects.close()
+
+    # ------------------------------------------------------------------ routes
+    async def _healthz(self, _: web.Request) -> web.Response:
+        live = sum(1 for e in self.episodes.values() if e.phase in LIVE_PHASES)
+        return web.json_response(
+            {
+                "status": "ok",
+                "instance_id": self.instance_id,
+                "task": self.cfg.task.name.value,
+                "live_episodes": live,
+            }
+        )
+
+    async def _episodes(self, request: web.Request) -> web.Response:
+        rollout_id = request.match_info["rollout_id"]
+        found = [e for key, e in self.episodes.items() if key.rollout_id == rollout_id]
+        if not found:
+            return _error(404, f"no episode for rollout {rollout_id!r} on {self.instance_id}")
+        found.sort(key=lambda e: e.episode_id.attempt)
+        return web.json_response(
+            {
+                "rollout_id": rollout_id,
+                "instance_id": self.instance_id,
+                "applied_revision": self.effects.applied_revision(rollout_id),
+                "episodes": [e.to_record() for e in found],
+            }
+        )
+
+    async def _parse(self, request: web.Request) -> RunBody | web.Response:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _error(
+                413,
+                f"request body is larger than gym.requestMaxBytes "
+                f"({self.cfg.gym.request_max_bytes} bytes)",
+            )
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            return _error(400, f"request body is not valid JSON: {error}")
+        if not isinstance(body, dict):
+            return _error(400, f"request body must be a JSON object, not {type(body).__name__}")
+        try:
+            parsed = RunBody.model_validate(body)
+        except ValidationError as error:
+            return _error(400, _validation_message(error))
+        task = self.cfg.task
+        if parsed.task is not None and parsed.task != task.name.value:
+            return _error(
+                400, f"unknown task {parsed.task!r}: this server runs {task.name.value!r}"
+            )
+        if not EpisodeId.valid_rollout_id(parsed.episode_id.rollout_id):
+            return _error(400, "episode_id.rollout_id may not end in '-a<N>' (the attempt suffix)")
+        if parsed.prompt_id >= task.dataset_size:
+            return _error(
+                400,
+                f"prompt_id {parsed.prompt_id} is outside the dataset (0..{task.dataset_size - 1})",
+            )
+        max_new = parsed.sampling.max_new_tokens
+        if max_new is not None and max_new >= self.cfg.policy.max_seq_len:
+            return _error(
+                400,
+                f"sampling.max_new_tokens {max_new} does not fit policy.maxSeqLen "
+                f"{self.cfg.policy.max_seq_len}",
+            )
+        return parsed
+
+    def _conflict(self, episode_id: EpisodeId) -> web.Response | None:
+        """A 409 (or the stored result) when ``episode_id`` may not start now."""
+        existing = self.episodes.get(episode_id)
+        if existing is not None:
+            if existing.phase is Phase.FINISHED:
+                self.episodes.move_to_end(episode_id)
+                return web.json_response(existing.result(self.instance_id))
+            if existing.phase in LIVE_PHASES:
+                return _error(409, f"episode {episode_id.row_key} is already running")
+            return _error(
+                409,
+                f"episode {episode_id.row_key} ended {existing.phase.value} "
+                f"({existing.error}); run it under a new attempt",
+            )
+        newer = [
+            key.attempt
+            for key in self.episodes
+            if key.rollout_id == episode_id.rollout_id and key.attempt > episode_id.attempt
+        ]
+        if newer:
+            return _error(
+                409,
+                f"episode {episode_id.row_key} is superseded by attempt {max(newer)} "
+                f"of rollout {episode_id.rollout_id!r}",
+            )
+        return None
+
+    async def _run(self, request: web.Request) -> web.Response:
+        parsed = await self._parse(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        assert self.loop is not None, "server not started"
+        episode_id = EpisodeId(parsed.episode_id.rollout_id, parsed.episode_id.attempt)
+        conflict = self._conflict(episode_id)
+        if conflict is not None:
+            return conflict
+        sampling = Sampling(
+            temperature=(
+                parsed.sampling.temperature
+                if parsed.sampling.temperature is not None
+                else self.cfg.policy.temperature
+            ),
+            max_new_tokens=parsed.sampling.max_new_tokens or self.cfg.task.max_new_tokens,
+            seed=parsed.sampling.seed,
+            weight_version=parsed.sampling.weight_version,
+        )
+        episode = self.loop.new_episode(episode_id, parsed.prompt_id, parsed.policy_url, sampling)
+        self.episodes[episode_id] = episode
+        self._trim()
+        try:
+            await self.loop.run(episode)
+        except PolicyCallError as error:
+            logger.warning("episode %s failed: %s", episode_id.row_key, error)
+            return _error(502, f"episode {episode_id.row_key} failed: {error}")
+        except SideEffectReplayError as error:
+            logger.error("episode %s refused: %s", episode_id.row_key, error)
+            return _error(409, f"episode {episode_id.row_key} failed: {error}")
+        except asyncio.CancelledError:
+            if episode.phase in LIVE_PHASES:
+                episode.phase, episode.error = Phase.ABANDONED, "request cancelled"
+            raise
+        return web.json_response(episode.result(self.instance_id))
+
+    def _trim(self) -> None:
+        excess = len(self.episodes) - MAX_FINISHED_EPISODES
+        if excess <= 0:
+            return
+        for key in [k for k, e in self.episodes.items() if e.phase not in LIVE_PHASES][:excess]:
+            del self.episodes[key]
+
+    def live_episodes(self) -> list[Episode]:
+        return [e for e in self.episodes.values() if e.phase in LIVE_PHASES]
+
+    def episode_summary(self) -> dict[str, Any]:
+        """Counts by phase (for logs and tests)."""
+        counts: dict[str, int] = {}
+        for episode in self.episodes.values():
+            counts[episode.phase.value] = counts.get(episode.phase.value, 0) + 1
+        return counts

@@ -1,0 +1,88 @@
+"""``rolloutrun gym``: the Gym pod's entry point (one environment server replica).
+
+Why a READY line: the local launcher and the tests start replicas as subprocesses on port 0
+and need the bound URL; printing ``READY <url>`` once the socket listens is the cheapest
+handshake that works the same on a laptop and in a pod. SIGTERM (pod deletion, preemption)
+stops the server cleanly: the audit file is flushed line by line, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from rolloutrun_runtime.config import RunConfig
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Serve one Gym environment replica; prints READY <url> when listening."""
+    parser.add_argument("--config", required=True, help="RolloutRun or bare RunConfig YAML")
+    parser.add_argument("--port", type=int, required=True, help="port (0 picks a free one)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument(
+        "--instance-id",
+        default=None,
+        help="stable replica id (default: $POD_NAME, else <hostname>-<port>)",
+    )
+    parser.add_argument(
+        "--audit-file", default=None, help="append every applied side effect here (JSON lines)"
+    )
+    parser.set_defaults(handler=run)
+
+
+def default_instance_id(port: int) -> str:
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{port}"
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    from pathlib import Path
+
+    from rolloutrun_runtime.config import ConfigError, load_run_config
+
+    try:
+        cfg = load_run_config(args.config)
+    except ConfigError as error:
+        print(f"rolloutrun gym: {error}", file=sys.stderr)
+        return 2
+    audit = Path(args.audit_file) if args.audit_file else None
+    try:
+        return asyncio.run(_serve(cfg, args.host, args.port, args.instance_id, audit))
+    except OSError as error:
+        logging.getLogger(__name__).error("gym server failed: %s", error)
+        print(f"rolloutrun gym: {error}", file=sys.stderr)
+        return 1
+
+
+async def _serve(
+    cfg: RunConfig, host: str, port: int, instance_id: str | None, audit: Path | None
+) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from rolloutrun_runtime.environments.gym import GymServer
+    from rolloutrun_runtime.policy.generation import serve_app
+
+    logger = logging.getLogger(__name__)
+    server = GymServer(instance_id or default_instance_id(port), cfg, audit)
+    runner, url = await serve_app(server.app, host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    print(f"READY {url}", flush=True)
+    logger.info("gym %s listening on %s", server.instance_id, url)
+    try:
+        await stop.wait()
+    finally:
+        logger.info("gym %s stopping", server.instance_id)
+        await runner.cleanup()
+    return 0
