@@ -52,6 +52,8 @@ UPLOAD_CHUNK_BYTES = 8 * 1024 * 1024
 WRITER_TOKEN_KEY = "rolloutrun-writer"
 """Custom metadata key holding a create-only write's random writer token."""
 
+DISABLE_BUCKET_METADATA_ENV = "DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA"
+
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
@@ -61,7 +63,12 @@ def import_gcs() -> Any:
     google-api-core warns at import time when grpcio is installed without grpcio-status
     (ray pulls in grpcio); we use only the HTTP API, so that warning is noise and, under
     ``-W error``, fatal.
+
+    We also switch off (unless the user set it) the library's telemetry-only background
+    fetch of bucket metadata: it sends extra ``buckets.get`` requests from daemon threads,
+    which object-only service accounts may not be allowed, and which race with our calls.
     """
+    os.environ.setdefault(DISABLE_BUCKET_METADATA_ENV, "true")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*grpcio-status.*", category=ImportWarning)
         from google.cloud import storage
