@@ -69,7 +69,7 @@ async def _serve(
     import signal
 
     from rolloutrun_runtime.environments.gym import GymServer
-    from rolloutrun_runtime.policy.generation import serve_app
+    from rolloutrun_runtime.policy.http import serve_app
 
     logger = logging.getLogger(__name__)
     server = GymServer(instance_id or default_instance_id(port), cfg, audit)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rolloutrun_runtime.config import PolicyConfig
+from rolloutrun_runtime.policy.http import GenerationRequest, GenerationResult
 from rolloutrun_runtime.policy.model import TinyCausalLM, build_model, resolve_device
 
 logger = logging.getLogger(__name__)
@@ -63,42 +64,6 @@ class RefitError(GenerationError):
 
 class EngineClosedError(GenerationError):
     """The engine was stopped while the call waited or ran."""
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One model call: continue ``prompt_token_ids`` by up to ``max_tokens`` tokens.
-
-    ``temperature`` 0 means greedy. With a ``seed`` the sampled tokens depend only on the
-    seed and the logits. ``weight_version`` pins the weights; ``None`` follows refits.
-    ``rollout_id``/``call_index`` key the call's token capture.
-    """
-
-    prompt_token_ids: tuple[int, ...]
-    max_tokens: int
-    temperature: float = 1.0
-    seed: int | None = None
-    weight_version: int | None = None
-    rollout_id: str | None = None
-    call_index: int | None = None
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """Generated tokens, their behaviour logprobs and the weight version of each token."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    weight_versions: list[int]
-    finish_reason: str  # "stop" (eos) or "length"
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "token_ids": self.token_ids,
-            "logprobs": self.logprobs,
-            "weight_versions": self.weight_versions,
-            "finish_reason": self.finish_reason,
-        }
 
 
 @dataclass(eq=False)

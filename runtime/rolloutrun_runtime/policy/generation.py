@@ -31,12 +31,16 @@ from rolloutrun_runtime.policy.engine import (
     EngineClosedError,
     GenerationEngine,
     GenerationError,
-    GenerationRequest,
-    GenerationResult,
     InvalidRequestError,
     RefitError,
     TokenCapture,
     UnknownVersionError,
+)
+from rolloutrun_runtime.policy.http import (
+    GenerationRequest,
+    GenerationResult,
+    json_error,
+    serve_app,
 )
 
 __all__ = [
@@ -87,13 +91,6 @@ class CompletionBody(BaseModel):
             rollout_id=self.rollout_id,
             call_index=self.call_index,
         )
-
-
-def json_error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
-    """An OpenAI-style error body: ``{"error": {"message", "type", "code"}}``."""
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "code": status}}, status=status
-    )
 
 
 def validation_message(error: ValidationError, what: str) -> str:
@@ -182,21 +179,3 @@ def build_generation_app(engine: GenerationEngine, stop_engine: bool = True) -> 
 
         app.on_cleanup.append(_stop)
     return app
-
-
-async def serve_app(
-    app: web.Application, host: str = "127.0.0.1", port: int = 0
-) -> tuple[web.AppRunner, str]:
-    """Start ``app`` on ``host:port`` (0 picks a free port); return its runner and base URL."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    server = site._server
-    sockets = getattr(server, "sockets", None) or []
-    if not sockets:
-        await runner.cleanup()
-        raise OSError(f"server on {host}:{port} has no listening socket")
-    bound_port = sockets[0].getsockname()[1]
-    url_host = f"[{host}]" if ":" in host else host
-    return runner, f"http://{url_host}:{bound_port}"

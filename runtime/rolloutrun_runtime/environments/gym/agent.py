@@ -36,7 +36,7 @@ from rolloutrun_runtime.environments.gym.episode import (
     Segment,
 )
 from rolloutrun_runtime.environments.gym.tasks import make_env
-from rolloutrun_runtime.policy.engine import GenerationRequest, GenerationResult
+from rolloutrun_runtime.policy.http import GenerationRequest, GenerationResult
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER, CharTokenizer
 from rolloutrun_runtime.tasks import make_problem
 

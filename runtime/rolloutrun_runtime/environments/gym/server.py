@@ -41,6 +41,7 @@ from rolloutrun_runtime.environments.gym.episode import (
     Phase,
     Sampling,
 )
+from rolloutrun_runtime.policy.http import json_error
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,8 @@ class RunBody(BaseModel):
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+    kinds = {404: "not_found", 409: "conflict", 413: "too_large", 502: "policy_error"}
+    return json_error(status, message, kinds.get(status, "invalid_request_error"))
 
 
 def _validation_message(error: ValidationError) -> str:
