@@ -1,0 +1,415 @@
+"""Pure builders of a run's children: plain Kubernetes manifests (dicts) from the RolloutRun.
+
+Why pure: the reconcile decides *which* child to create, these functions decide *what* it
+looks like, and neither talks to the API, so both are tested as tables and the same manifests
+run on a real cluster and on the local cluster. Every child carries the run label and an
+owner reference to the run (deleting the run garbage-collects them); member pods run as
+non-root with a read-only root filesystem, no privilege escalation and no capabilities.
+
+Endpoints without cluster DNS: the Gym pods start first; once their pod IPs are known the
+trainer's RunConfig is rendered with ``gym.endpoints`` filled in, and the trainer tells each
+Gym its own generation URL (``POD_IP`` + ``ROLLOUTRUN_GENERATION_PORT``) in every ``/run``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from rolloutrun_operator import naming
+from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, PodSettings, RolloutRun
+from rolloutrun_runtime.config import RunConfig, parse_run_config
+
+Manifest = dict[str, Any]
+
+RUN_AS_USER = 10001
+
+
+def run_name(run: RolloutRun) -> str:
+    return str(run.metadata["name"])
+
+
+def run_namespace(run: RolloutRun) -> str:
+    return str(run.metadata.get("namespace") or "default")
+
+
+def owner_reference(run: RolloutRun) -> Manifest:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": run_name(run),
+        "uid": str(run.metadata.get("uid", "")),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(run: RolloutRun, name: str, **labels: str) -> Manifest:
+    return {
+        "name": name,
+        "namespace": run_namespace(run),
+        "labels": {
+            naming.LABEL_RUN: run_name(run),
+            naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
+            **labels,
+        },
+        "ownerReferences": [owner_reference(run)],
+    }
+
+
+# ----------------------------------------------------------- identity and coordination
+def member_service_account(run: RolloutRun) -> Manifest:
+    name = naming.member_account_name(run_name(run))
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(run, name)}
+
+
+def member_role(run: RolloutRun) -> Manifest:
+    """The trainer may read and renew its own run's Lease, nothing else.
+
+    No ``create``: RBAC cannot restrict ``create`` by ``resourceNames``, so the operator
+    creates the Lease (unheld) with the run and the trainer only ever updates it.
+    """
+    name = naming.member_account_name(run_name(run))
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": metadata(run, name),
+        "rules": [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [naming.lease_name(run_name(run))],
+                "verbs": ["get", "update", "patch"],
+            }
+        ],
+    }
+
+
+def member_role_binding(run: RolloutRun) -> Manifest:
+    name = naming.member_account_name(run_name(run))
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": metadata(run, name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": run_namespace(run)}],
+    }
+
+
+def trainer_lease(run: RolloutRun) -> Manifest:
+    """The trainer Lease, created unheld; the trainer of each incarnation acquires it."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": metadata(run, naming.lease_name(run_name(run))),
+        "spec": {"leaseDurationSeconds": run.spec.recovery.lease_duration_seconds},
+    }
+
+
+def gym_token_secret(run: RolloutRun, token: str) -> Manifest:
+    """The Gym control-plane token: the trainer sends it, the Gym servers require it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(run, naming.gym_token_secret_name(run_name(run))),
+        "type": "Opaque",
+        "stringData": {naming.GYM_TOKEN_KEY: token},
+    }
+
+
+def referenced_secrets(run: RolloutRun) -> list[str]:
+    """Secrets the user's spec names: they must exist before member pods can start."""
+    names: list[str] = []
+    if run.spec.storage.credentials_secret is not None:
+        names.append(run.spec.storage.credentials_secret.name)
+    for settings in (run.spec.trainer, run.spec.gym):
+        for var in settings.env:
+            if var.value_from is not None and var.value_from.secret_key_ref is not None:
+                names.append(var.value_from.secret_key_ref.name)
+    return sorted(set(names))
+
+
+# -------------------------------------------------------------------------- services
+def trainer_service(run: RolloutRun) -> Manifest:
+    port = run.spec.trainer.generation_port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(run, naming.trainer_service_name(run_name(run))),
+        "spec": {
+            "selector": {naming.LABEL_RUN: run_name(run), naming.LABEL_ROLE: naming.Role.TRAINER},
+            "ports": [{"name": "generation", "port": port, "targetPort": port}],
+        },
+    }
+
+
+def gym_service(run: RolloutRun) -> Manifest:
+    """Headless: lists the Gym pods for humans and tools; the trainer uses rendered IPs."""
+    port = run.spec.gym.port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(run, naming.gym_service_name(run_name(run))),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {naming.LABEL_RUN: run_name(run), naming.LABEL_ROLE: naming.Role.GYM},
+            "ports": [{"name": "gym", "port": port, "targetPort": port}],
+        },
+    }
+
+
+# ------------------------------------------------------------------------ run config
+def render_run_config(
+    run: RolloutRun, endpoints: list[str] | None = None, resume_from: str | None = None
+) -> RunConfig:
+    """``spec.run`` with what the operator owns filled in: name, replicas, storage, endpoints."""
+    data = run.spec.run.to_yaml_dict()
+    if "name" not in run.spec.run.model_fields_set:
+        data["name"] = run_name(run)
+    data.setdefault("gym", {})["replicas"] = run.spec.gym.replicas
+    data["gym"]["endpoints"] = list(endpoints or [])
+    checkpointing = data.setdefault("checkpointing", {})
+    checkpointing["storageUri"] = run.spec.storage.uri
+    if resume_from:
+        checkpointing["resumeFrom"] = resume_from
+    else:
+        checkpointing.pop("resumeFrom", None)
+    return parse_run_config(data, source=f"RolloutRun {run_name(run)}: spec.run")
+
+
+def gym_endpoint(pod_ip: str, port: int) -> str:
+    host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+    return f"http://{host}:{port}"
+
+
+def config_data(
+    run: RolloutRun, endpoints: list[str] | None, resume_from: str | None
+) -> dict[str, str]:
+    """The ConfigMap's data: the trainer's ``run.yaml`` and the Gym's ``gym.yaml``."""
+
+    def dump(config: RunConfig) -> str:
+        return yaml.safe_dump(config.to_yaml_dict(), sort_keys=True)
+
+    data = {naming.GYM_CONFIG_KEY: dump(render_run_config(run, None, resume_from))}
+    if endpoints is not None:
+        data[naming.CONFIG_KEY] = dump(render_run_config(run, endpoints, resume_from))
+    return data
+
+
+def config_map(run: RolloutRun, data: dict[str, str], incarnation: int) -> Manifest:
+    manifest: Manifest = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(run, naming.config_map_name(run_name(run))),
+        "data": data,
+    }
+    manifest["metadata"]["annotations"] = {naming.ANNOTATION_CONFIG_INCARNATION: str(incarnation)}
+    return manifest
+
+
+# ------------------------------------------------------------------------------ pods
+def _field_env(name: str, path: str) -> Manifest:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _common_env(run: RolloutRun, incarnation: int) -> list[Manifest]:
+    return [
+        {"name": naming.ENV_RUN_NAME, "value": run_name(run)},
+        {"name": naming.ENV_INCARNATION, "value": str(incarnation)},
+        _field_env(naming.ENV_POD_NAME, "metadata.name"),
+        _field_env(naming.ENV_POD_NAMESPACE, "metadata.namespace"),
+        _field_env(naming.ENV_POD_IP, "status.podIP"),
+        {
+            "name": naming.ENV_GYM_TOKEN,
+            "valueFrom": {
+                "secretKeyRef": {
+                    "name": naming.gym_token_secret_name(run_name(run)),
+                    "key": naming.GYM_TOKEN_KEY,
+                }
+            },
+        },
+    ]
+
+
+def _resources(settings: PodSettings) -> Manifest:
+    out: Manifest = {}
+    if settings.resources.requests:
+        out["requests"] = dict(settings.resources.requests)
+    if settings.resources.limits:
+        out["limits"] = dict(settings.resources.limits)
+    return out
+
+
+CONTAINER_SECURITY: Manifest = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS_USER,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+POD_SECURITY: Manifest = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS_USER,
+    "runAsGroup": RUN_AS_USER,
+    "fsGroup": RUN_AS_USER,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _pod(
+    run: RolloutRun,
+    name: str,
+    role: naming.Role,
+    incarnation: int,
+    settings: PodSettings,
+    container: Manifest,
+    config_key: str,
+    extra_labels: dict[str, str],
+) -> Manifest:
+    mounts = [
+        {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
+        {"name": "work", "mountPath": naming.WORK_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[Manifest] = [
+        {
+            "name": "config",
+            "configMap": {
+                "name": naming.config_map_name(run_name(run)),
+                "items": [{"key": config_key, "path": naming.CONFIG_KEY}],
+            },
+        },
+        {"name": "work", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    env = _common_env(run, incarnation)
+    storage = run.spec.storage
+    if role is naming.Role.TRAINER and storage.credentials_secret is not None:
+        mounts.append({"name": "gcs", "mountPath": naming.GCS_CREDENTIALS_DIR, "readOnly": True})
+        volumes.append({"name": "gcs", "secret": {"secretName": storage.credentials_secret.name}})
+        env.append(
+            {
+                "name": naming.ENV_GOOGLE_CREDENTIALS,
+                "value": f"{naming.GCS_CREDENTIALS_DIR}/{naming.GCS_CREDENTIALS_KEY}",
+            }
+        )
+    if role is naming.Role.TRAINER and storage.volume_claim_name is not None:
+        mounts.append({"name": "storage", "mountPath": storage_path(storage.uri)})
+        volumes.append(
+            {"name": "storage", "persistentVolumeClaim": {"claimName": storage.volume_claim_name}}
+        )
+    env.extend(
+        var.model_dump(mode="json", by_alias=True, exclude_none=True) for var in settings.env
+    )
+    container = {
+        **container,
+        "image": run.spec.images.trainer if role is naming.Role.TRAINER else run.spec.images.gym,
+        "imagePullPolicy": run.spec.images.pull_policy,
+        "workingDir": naming.WORK_DIR,
+        "env": env,
+        "resources": _resources(settings),
+        "volumeMounts": mounts,
+        "securityContext": CONTAINER_SECURITY,
+    }
+    spec: Manifest = {
+        "restartPolicy": "Never",
+        "serviceAccountName": run.spec.service_account_name
+        or naming.member_account_name(run_name(run)),
+        "automountServiceAccountToken": role is naming.Role.TRAINER,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
+        "securityContext": POD_SECURITY,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if settings.node_selector:
+        spec["nodeSelector"] = dict(settings.node_selector)
+    if settings.tolerations:
+        spec["tolerations"] = [
+            t.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for t in settings.tolerations
+        ]
+    labels = {naming.LABEL_ROLE: str(role), naming.LABEL_INCARNATION: str(incarnation)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata(run, name, **labels, **extra_labels),
+        "spec": spec,
+    }
+
+
+def _dump(model: BaseModel) -> Manifest:
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def storage_path(uri: str) -> str:
+    """The local path of a ``file://`` (or bare path) storage URI."""
+    return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:
+    """The trainer: single controller plus policy workers; holds the run's Lease."""
+    name = run_name(run)
+    port = run.spec.trainer.generation_port
+    container = {
+        "name": "trainer",
+        "command": ["rolloutrun", "trainer", "--config", naming.CONFIG_PATH],
+        "ports": [{"name": "generation", "containerPort": port}],
+    }
+    pod = _pod(
+        run,
+        naming.trainer_pod_name(name, incarnation),
+        naming.Role.TRAINER,
+        incarnation,
+        run.spec.trainer,
+        container,
+        naming.CONFIG_KEY,
+        {},
+    )
+    pod["spec"]["containers"][0]["env"][0:0] = [
+        {"name": naming.ENV_LEASE_NAME, "value": naming.lease_name(name)},
+        {
+            "name": naming.ENV_LEASE_DURATION,
+            "value": str(run.spec.recovery.lease_duration_seconds),
+        },
+        {"name": naming.ENV_GENERATION_PORT, "value": str(port)},
+    ]
+    return pod
+
+
+def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
+    """Gym replica ``index``: the same stable instance id in every incarnation."""
+    name = run_name(run)
+    port = run.spec.gym.port
+    instance = naming.gym_instance_id(name, index)
+    container = {
+        "name": "gym",
+        "command": [
+            "rolloutrun",
+            "gym",
+            "--config",
+            naming.CONFIG_PATH,
+            "--port",
+            str(port),
+            "--instance-id",
+            instance,
+        ],
+        "ports": [{"name": "gym", "containerPort": port}],
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+    }
+    pod = _pod(
+        run,
+        naming.gym_pod_name(name, incarnation, index),
+        naming.Role.GYM,
+        incarnation,
+        run.spec.gym,
+        container,
+        naming.GYM_CONFIG_KEY,
+        {naming.LABEL_GYM_INDEX: str(index)},
+    )
+    pod["spec"]["containers"][0]["env"].insert(
+        0, {"name": naming.ENV_GYM_INSTANCE_ID, "value": instance}
+    )
+    return pod

@@ -1,0 +1,84 @@
+"""The run's conditions: one desired value per type per pass, merged into the previous list.
+
+Why its own module: Kubernetes conditions carry a ``lastTransitionTime`` that must change only
+when the status flips, and every pass should state all six types (so ``kubectl get rr`` and
+``kubectl wait --for=condition=...`` always find them). The reconcile says what each condition
+is now; :func:`merge` keeps the transition times honest.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rolloutrun_operator.api.v1alpha1 import Condition, ConditionStatus
+from rolloutrun_operator.observe import format_time
+
+
+class ConditionType(enum.StrEnum):
+    """The conditions a RolloutRun reports."""
+
+    READY = "Ready"
+    """Every member pod of the current incarnation runs."""
+    PROGRESSING = "Progressing"
+    """The run is starting or training (False once it stops for good or is suspended)."""
+    RESTARTING = "Restarting"
+    """An incarnation ended; the next one starts after the backoff."""
+    SUSPENDED = "Suspended"
+    """``spec.suspend`` stopped the run (its pods are gone once the reason is Suspended)."""
+    SUCCEEDED = "Succeeded"
+    """The trainer finished ``maxSteps`` and exited 0."""
+    FAILED = "Failed"
+    """Restarts after failures went past ``maxRestarts``."""
+
+
+TERMINAL = (ConditionType.SUCCEEDED, ConditionType.FAILED)
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What one condition should say in this pass."""
+
+    status: bool
+    reason: str
+    message: str = ""
+
+
+def is_true(conditions: Sequence[Condition], kind: ConditionType) -> bool:
+    return any(c.type == kind and c.status is ConditionStatus.TRUE for c in conditions)
+
+
+def find(conditions: Sequence[Condition], kind: ConditionType) -> Condition | None:
+    return next((c for c in conditions if c.type == kind), None)
+
+
+def merge(
+    previous: Sequence[Condition],
+    desired: Mapping[ConditionType, Desired],
+    now: dt.datetime,
+    generation: int | None,
+) -> list[Condition]:
+    """All condition types in a fixed order; a transition time moves only when status flips."""
+    merged = []
+    for kind in ConditionType:
+        old = find(previous, kind)
+        want = desired.get(kind)
+        if want is None:
+            if old is not None:
+                merged.append(old)
+            continue
+        status = ConditionStatus.TRUE if want.status else ConditionStatus.FALSE
+        since = old.last_transition_time if old is not None and old.status is status else None
+        merged.append(
+            Condition(
+                type=str(kind),
+                status=status,
+                reason=want.reason,
+                message=want.message,
+                last_transition_time=since or format_time(now),
+                observed_generation=generation,
+            )
+        )
+    return merged

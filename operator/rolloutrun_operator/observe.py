@@ -1,0 +1,215 @@
+"""What the operator sees of a run's children, as small frozen values built from API JSON.
+
+Why a separate layer: the reconcile must be a pure function a table test can drive, so it
+takes these values rather than API objects. Parsing pod status (exit codes, eviction reasons,
+the ``DisruptionTarget`` condition), Lease times and node readiness happens here, once, and is
+tested on literal JSON of the shape the API server returns.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rolloutrun_operator import naming
+
+
+def parse_time(value: Any) -> dt.datetime | None:
+    """An RFC 3339 timestamp (``...Z`` or with microseconds) as an aware datetime."""
+    if not value:
+        return None
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    text = str(value).replace("Z", "+00:00")
+    try:
+        parsed = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def format_time(value: dt.datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``, whole seconds (what Kubernetes writes)."""
+    return value.astimezone(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _int(value: Any) -> int | None:
+    try:
+        number = int(str(value))
+    except (TypeError, ValueError):
+        return None
+    return number if number >= 0 else None
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One member pod, reduced to what recovery decisions need."""
+
+    name: str
+    role: str
+    incarnation: int | None
+    gym_index: int | None = None
+    phase: str = "Pending"
+    pod_ip: str | None = None
+    node_name: str | None = None
+    deletion_time: dt.datetime | None = None
+    disruption: str | None = None
+    """Reason of a ``DisruptionTarget=True`` condition (preemption, eviction, taint, ...)."""
+    status_reason: str | None = None
+    """``status.reason``, e.g. ``Evicted`` or ``NodeLost``."""
+    exit_code: int | None = None
+    terminated_reason: str | None = None
+    ready: bool = False
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = pod.get("status") or {}
+    disruption = None
+    ready = False
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            disruption = condition.get("reason") or "DisruptionTarget"
+        if condition.get("type") == "Ready" and condition.get("status") == "True":
+            ready = True
+    exit_code = terminated_reason = None
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated:
+            exit_code = _int(terminated.get("exitCode"))
+            terminated_reason = terminated.get("reason")
+            if exit_code:
+                break
+    return PodView(
+        name=str(meta.get("name", "")),
+        role=str(labels.get(naming.LABEL_ROLE, "")),
+        incarnation=_int(labels.get(naming.LABEL_INCARNATION)),
+        gym_index=_int(labels.get(naming.LABEL_GYM_INDEX)),
+        phase=str(status.get("phase") or "Pending"),
+        pod_ip=status.get("podIP") or None,
+        node_name=(pod.get("spec") or {}).get("nodeName") or None,
+        deletion_time=parse_time(meta.get("deletionTimestamp")),
+        disruption=disruption,
+        status_reason=status.get("reason") or None,
+        exit_code=exit_code,
+        terminated_reason=terminated_reason,
+        ready=ready,
+    )
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """The trainer Lease: who holds it, when it was renewed, and what the trainer reported."""
+
+    holder: str | None = None
+    renew_time: dt.datetime | None = None
+    duration_seconds: int | None = None
+    train_step: int | None = None
+    anchor_step: int | None = None
+    latest_manifest: str | None = None
+    latest_manifest_time: str | None = None
+
+    @property
+    def holder_incarnation(self) -> int | None:
+        return naming.holder_incarnation(self.holder)
+
+    def expired(self, now: dt.datetime) -> bool:
+        if self.renew_time is None or self.duration_seconds is None:
+            return False
+        return now >= self.renew_time + dt.timedelta(seconds=self.duration_seconds)
+
+    def expiry(self) -> dt.datetime | None:
+        if self.renew_time is None or self.duration_seconds is None:
+            return None
+        return self.renew_time + dt.timedelta(seconds=self.duration_seconds)
+
+
+def lease_view(lease: Mapping[str, Any]) -> LeaseView:
+    spec = lease.get("spec") or {}
+    notes = (lease.get("metadata") or {}).get("annotations") or {}
+    return LeaseView(
+        holder=spec.get("holderIdentity") or None,
+        renew_time=parse_time(spec.get("renewTime") or spec.get("acquireTime")),
+        duration_seconds=_int(spec.get("leaseDurationSeconds")),
+        train_step=_int(notes.get(naming.ANNOTATION_TRAIN_STEP)),
+        anchor_step=_int(notes.get(naming.ANNOTATION_ANCHOR_STEP)),
+        latest_manifest=notes.get(naming.ANNOTATION_LATEST_MANIFEST) or None,
+        latest_manifest_time=notes.get(naming.ANNOTATION_LATEST_MANIFEST_TIME) or None,
+    )
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node a member pod runs on: Ready or not, and since when."""
+
+    name: str
+    ready: bool
+    since: dt.datetime | None = None
+
+
+def node_view(node: Mapping[str, Any]) -> NodeView:
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return NodeView(
+                name=str((node.get("metadata") or {}).get("name", "")),
+                ready=condition.get("status") == "True",
+                since=parse_time(condition.get("lastTransitionTime")),
+            )
+    return NodeView(name=str((node.get("metadata") or {}).get("name", "")), ready=True)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one reconcile pass knows about a run's children."""
+
+    pods: tuple[PodView, ...] = ()
+    lease: LeaseView | None = None
+    config: dict[str, str] | None = None
+    """The ConfigMap's data, or None when it does not exist."""
+    config_incarnation: int | None = None
+    present: frozenset[str] = frozenset()
+    """``Kind/name`` of the static children that exist (Secret, Services, Lease, RBAC)."""
+    secrets: frozenset[str] = frozenset()
+    """User Secrets (named in the spec) that exist."""
+    nodes: Mapping[str, NodeView] = field(default_factory=dict)
+    new_token: str = ""
+    """A fresh random token, used only if the Gym token Secret must be created."""
+
+    def members(self, incarnation: int) -> list[PodView]:
+        return [pod for pod in self.pods if pod.incarnation == incarnation]
+
+
+def observed_from(
+    pods: Iterable[Mapping[str, Any]],
+    lease: Mapping[str, Any] | None,
+    config_map: Mapping[str, Any] | None,
+    present: Iterable[str],
+    secrets: Iterable[str],
+    nodes: Iterable[Mapping[str, Any]],
+    new_token: str,
+) -> Observed:
+    """Build an :class:`Observed` from the JSON the API server returned."""
+    config = None
+    config_incarnation = None
+    if config_map is not None:
+        config = dict(config_map.get("data") or {})
+        notes = (config_map.get("metadata") or {}).get("annotations") or {}
+        config_incarnation = _int(notes.get(naming.ANNOTATION_CONFIG_INCARNATION))
+    node_views = {view.name: view for view in (node_view(node) for node in nodes)}
+    return Observed(
+        pods=tuple(sorted((pod_view(pod) for pod in pods), key=lambda p: p.name)),
+        lease=lease_view(lease) if lease is not None else None,
+        config=config,
+        config_incarnation=config_incarnation,
+        present=frozenset(present),
+        secrets=frozenset(secrets),
+        nodes=node_views,
+        new_token=new_token,
+    )

@@ -1,0 +1,425 @@
+"""The operator's only decisions: ``reconcile(run, observed, now) -> Result``.
+
+Pure on purpose: given the RolloutRun (spec and last status), what exists of its children
+(:class:`~rolloutrun_operator.observe.Observed`) and the time, it returns the actions to take,
+the complete new status (written once per pass), the Events to emit after the write, and when
+to look again. Tests drive it as tables; the Kopf handlers only fetch, apply and write.
+
+The life of a run, as the conditions tell it:
+
+- **starting** incarnation N: static children (token Secret, RBAC, Lease, Services, the
+  ConfigMap), then the Gym pods; once every Gym pod has an IP the trainer's config is
+  rendered with their endpoints and the manifest to resume from, and the trainer pod starts.
+- **running**: any member lost (deleted, failed, evicted, preempted, on a node NotReady past
+  ``nodeLossTimeoutSeconds``, or the trainer's Lease expired) ends the incarnation: its pods
+  are deleted, ``Restarting`` turns True and the next incarnation waits out an exponential
+  backoff (reset after ``stablePeriodSeconds`` of stable running). Preemptions do not count
+  against ``maxRestarts``; failures do, and past it the run is ``Failed``.
+- the trainer exiting 0 means ``maxSteps`` were trained: ``Succeeded``, Gym pods removed.
+- ``suspend``: pods deleted (SIGTERM: the forced snapshot), ``Suspended``; unsuspending starts
+  the next incarnation from the latest manifest.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from rolloutrun_operator import builders, naming
+from rolloutrun_operator.api.v1alpha1 import FailureRecord, RolloutRun, RolloutRunStatus
+from rolloutrun_operator.conditions import ConditionType as C
+from rolloutrun_operator.conditions import Desired, find, is_true, merge
+from rolloutrun_operator.observe import Observed, PodView, format_time, parse_time
+from rolloutrun_operator.plan import Action, Event, Loss, LossKind, Verb, backoff_seconds
+from rolloutrun_operator.problems import spec_problems
+
+#: A pod still present this long after its deletion deadline is force-deleted.
+STUCK_TERMINATING_SECONDS = 30
+#: How long a healthy run waits before looking again without any event.
+IDLE_REQUEUE_SECONDS = 30.0
+#: Reasons (pod ``status.reason`` or ``DisruptionTarget``) that are preemption, not failure.
+PREEMPTION_REASONS = frozenset(
+    {
+        "Evicted",
+        "Preempting",
+        "NodeLost",
+        "NodeShutdown",
+        "Shutdown",
+        "Terminated",
+        "PreemptionByScheduler",
+        "PreemptionByKubeScheduler",
+        "EvictionByEvictionAPI",
+        "DeletionByTaintManager",
+        "DeletionByPodGC",
+        "TerminationByKubelet",
+    }
+)
+
+
+@dataclass
+class Result:
+    """What one pass decided."""
+
+    actions: list[Action]
+    status: RolloutRunStatus
+    events: list[Event]
+    requeue_after: float | None
+
+
+@dataclass
+class _Pass:
+    run: RolloutRun
+    observed: Observed
+    now: dt.datetime
+    status: RolloutRunStatus
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    desired: dict[C, Desired] = field(default_factory=dict)
+    requeue: float | None = None
+
+    @property
+    def name(self) -> str:
+        return builders.run_name(self.run)
+
+    def look_again(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+    def look_again_at(self, when: dt.datetime) -> None:
+        self.look_again((when - self.now).total_seconds())
+
+    def say(self, **conditions: Desired) -> None:
+        for key, value in conditions.items():
+            self.desired[C[key.upper()]] = value
+
+    def create(self, manifest: builders.Manifest) -> None:
+        meta = manifest["metadata"]
+        self.actions.append(Action(Verb.CREATE, manifest["kind"], meta["name"], manifest))
+
+    def delete_pods(self, pods: list[PodView]) -> bool:
+        """Delete pods (force the stuck ones); True when some still exist."""
+        for pod in pods:
+            node = self.observed.nodes.get(pod.node_name or "")
+            node_lost = node is not None and not node.ready
+            if pod.deletion_time is None:
+                self.actions.append(
+                    Action(Verb.DELETE, "Pod", pod.name, grace_seconds=0 if node_lost else None)
+                )
+            else:
+                deadline = pod.deletion_time + dt.timedelta(seconds=STUCK_TERMINATING_SECONDS)
+                if self.now >= deadline or node_lost:
+                    self.actions.append(Action(Verb.DELETE, "Pod", pod.name, grace_seconds=0))
+                else:
+                    self.look_again_at(deadline)
+        if pods:
+            self.look_again(5.0)
+        return bool(pods)
+
+
+def reconcile(run: RolloutRun, observed: Observed, now: dt.datetime) -> Result:
+    """Decide the actions, the new status and the Events for one pass over ``run``."""
+    status = (run.status or RolloutRunStatus()).model_copy(deep=True)
+    p = _Pass(run, observed, now, status)
+    generation = run.metadata.get("generation")
+    _mirror_lease(p)
+    _decide(p)
+    status.observed_generation = generation
+    status.conditions = merge(status.conditions, p.desired, now, generation)
+    return Result(p.actions, status, p.events, p.requeue)
+
+
+def _mirror_lease(p: _Pass) -> None:
+    lease = p.observed.lease
+    if lease is None:
+        return
+    if lease.train_step is not None:
+        p.status.train_step = lease.train_step
+    if lease.anchor_step is not None:
+        p.status.anchor_step = lease.anchor_step
+    if lease.latest_manifest:
+        p.status.latest_manifest_uri = lease.latest_manifest
+        p.status.latest_manifest_time = lease.latest_manifest_time
+
+
+def _stopped(reason: str, message: str = "") -> dict[str, Desired]:
+    return {
+        "ready": Desired(False, reason, message),
+        "progressing": Desired(False, reason, message),
+        "restarting": Desired(False, reason),
+    }
+
+
+def _decide(p: _Pass) -> None:
+    conditions = p.status.conditions
+    if is_true(conditions, C.SUCCEEDED):
+        p.delete_pods([pod for pod in p.observed.pods if pod.role == naming.Role.GYM])
+        return
+    if is_true(conditions, C.FAILED):
+        p.delete_pods(list(p.observed.pods))
+        return
+    p.say(succeeded=Desired(False, "Running"), failed=Desired(False, "Running"))
+    if p.run.spec.suspend:
+        _suspend(p)
+        return
+    resuming = is_true(conditions, C.SUSPENDED)
+    p.say(suspended=Desired(False, "Resumed" if resuming else "NotSuspended"))
+    if resuming or p.status.incarnation == 0:
+        _start_next(p, after="Resumed" if resuming else "Created")
+        return
+    if is_true(conditions, C.RESTARTING):
+        _wait_for_backoff(p)
+        return
+    _run_incarnation(p)
+
+
+def _suspend(p: _Pass) -> None:
+    pods = [pod for pod in p.observed.pods if not pod.terminated]
+    gone = [pod for pod in p.observed.pods if pod.terminated]
+    remaining = p.delete_pods(pods) | p.delete_pods(gone)
+    reason = "Suspending" if remaining else "Suspended"
+    before = find(p.status.conditions, C.SUSPENDED)
+    if not remaining and (before is None or before.reason != "Suspended"):
+        p.events.append(Event("Normal", "Suspended", "member pods stopped; resume from manifest"))
+    p.status.incarnation_start_time = None
+    p.status.next_start_time = None
+    p.say(suspended=Desired(True, reason, "spec.suspend is true"), **_stopped("Suspended"))
+
+
+def _wait_for_backoff(p: _Pass) -> None:
+    remaining = p.delete_pods(list(p.observed.pods))
+    start = parse_time(p.status.next_start_time)
+    loss = p.status.last_failure
+    reason = loss.reason if loss and loss.reason else "MemberLost"
+    waiting = Desired(True, reason, f"next incarnation at {p.status.next_start_time}")
+    if remaining or (start is not None and p.now < start):
+        if start is not None and p.now < start:
+            p.look_again_at(start)
+        p.say(restarting=waiting, ready=Desired(False, reason), progressing=Desired(True, reason))
+        return
+    _start_next(p, after=reason)
+
+
+def _start_next(p: _Pass, after: str) -> None:
+    problems = spec_problems(p.run, p.observed)
+    if problems:
+        reason, message = problems[0]
+        p.say(**_stopped(reason, message))
+        p.look_again(IDLE_REQUEUE_SECONDS)
+        return
+    if p.delete_pods(list(p.observed.pods)):
+        p.say(ready=Desired(False, after), progressing=Desired(True, "StoppingPrevious"))
+        return
+    p.status.incarnation += 1
+    p.status.incarnation_start_time = None
+    p.status.next_start_time = None
+    p.events.append(
+        Event("Normal", "IncarnationStarting", f"incarnation {p.status.incarnation} ({after})")
+    )
+    p.say(restarting=Desired(False, "Started"))
+    _run_incarnation(p)
+
+
+def _ensure_static_children(p: _Pass) -> None:
+    run, present = p.run, p.observed.present
+    wanted = [
+        builders.gym_token_secret(run, p.observed.new_token),
+        builders.trainer_lease(run),
+        builders.trainer_service(run),
+        builders.gym_service(run),
+    ]
+    if run.spec.service_account_name is None:
+        wanted[:0] = [
+            builders.member_service_account(run),
+            builders.member_role(run),
+            builders.member_role_binding(run),
+        ]
+    for manifest in wanted:
+        if f"{manifest['kind']}/{manifest['metadata']['name']}" not in present:
+            p.create(manifest)
+
+
+def _put_config(p: _Pass, endpoints: list[str] | None) -> None:
+    data = builders.config_data(p.run, endpoints, p.status.latest_manifest_uri)
+    if endpoints is None and p.observed.config is not None:
+        trainer = p.observed.config.get(naming.CONFIG_KEY)
+        if trainer is not None and p.observed.config_incarnation == p.status.incarnation:
+            data[naming.CONFIG_KEY] = trainer
+    if p.observed.config == data and p.observed.config_incarnation == p.status.incarnation:
+        return
+    manifest = builders.config_map(p.run, data, p.status.incarnation)
+    verb = Verb.CREATE if p.observed.config is None else Verb.REPLACE
+    p.actions.append(Action(verb, "ConfigMap", manifest["metadata"]["name"], manifest))
+
+
+def _run_incarnation(p: _Pass) -> None:
+    n = p.status.incarnation
+    stale = [pod for pod in p.observed.pods if pod.incarnation != n]
+    p.delete_pods(stale)
+    members = p.observed.members(n)
+    trainer = next((pod for pod in members if pod.role == naming.Role.TRAINER), None)
+    gyms = {pod.gym_index: pod for pod in members if pod.role == naming.Role.GYM}
+    launched = p.status.incarnation_start_time is not None or trainer is not None
+    replicas = p.run.spec.gym.replicas
+
+    if trainer is not None and trainer.phase == "Succeeded" and trainer.disruption is None:
+        _succeed(p, members)
+        return
+    loss = _find_loss(p, trainer, gyms, launched)
+    if loss is not None:
+        _end_incarnation(p, members, loss)
+        return
+    if not launched:
+        problems = spec_problems(p.run, p.observed)
+        if problems:
+            reason, message = problems[0]
+            p.say(**_stopped(reason, message))
+            p.look_again(IDLE_REQUEUE_SECONDS)
+            return
+        _ensure_static_children(p)
+        up = [gyms.get(i) for i in range(replicas)]
+        port = p.run.spec.gym.port
+        addresses = [pod.pod_ip for pod in up if pod and pod.pod_ip and pod.phase == "Running"]
+        all_up = len(addresses) == replicas
+        _put_config(p, [builders.gym_endpoint(ip, port) for ip in addresses] if all_up else None)
+        for index in range(replicas):
+            if index not in gyms:
+                p.create(builders.gym_pod(p.run, n, index))
+        if not all_up:
+            ready = sum(1 for pod in up if pod is not None and pod.phase == "Running")
+            message = f"{ready}/{replicas} Gym pods running"
+            p.say(ready=Desired(False, "StartingGyms", message))
+            p.say(progressing=Desired(True, "StartingGyms", message))
+            p.look_again(5.0)
+            return
+        p.create(builders.trainer_pod(p.run, n))
+        p.status.incarnation_start_time = format_time(p.now)
+        p.say(ready=Desired(False, "StartingTrainer"), progressing=Desired(True, "StartingTrainer"))
+        p.look_again(5.0)
+        return
+    if p.status.incarnation_start_time is None:
+        p.status.incarnation_start_time = format_time(p.now)
+    started = parse_time(p.status.incarnation_start_time) or p.now
+    stable_at = started + dt.timedelta(seconds=p.run.spec.recovery.stable_period_seconds)
+    if p.now >= stable_at:
+        p.status.consecutive_losses = 0
+    all_running = all(pod.phase == "Running" for pod in members) and len(members) == replicas + 1
+    step = f"step {p.status.train_step} of {p.run.spec.run.grpo.max_steps}"
+    if all_running:
+        p.say(ready=Desired(True, "Running", f"incarnation {n}"))
+    else:
+        p.say(ready=Desired(False, "StartingTrainer", f"incarnation {n}"))
+    p.say(progressing=Desired(True, "Training", step), restarting=Desired(False, "Running"))
+    lease = p.observed.lease
+    expiry = lease.expiry() if lease is not None and lease.holder_incarnation == n else None
+    if expiry is not None:
+        p.look_again_at(expiry + dt.timedelta(seconds=1))
+    p.look_again(IDLE_REQUEUE_SECONDS)
+
+
+def _pod_loss(p: _Pass, pod: PodView) -> Loss | None:
+    role = "Trainer" if pod.role == naming.Role.TRAINER else "Gym"
+    preempted = pod.disruption or (
+        pod.status_reason if pod.status_reason in PREEMPTION_REASONS else None
+    )
+    if pod.deletion_time is not None:
+        reason = preempted or "PodDeleted"
+        return Loss(reason, pod.name, LossKind.PREEMPTION, f"{pod.name} is being deleted")
+    if pod.phase == "Failed":
+        detail = f"exit code {pod.exit_code}" if pod.exit_code is not None else "failed"
+        if pod.terminated_reason:
+            detail += f" ({pod.terminated_reason})"
+        if preempted:
+            return Loss(preempted, pod.name, LossKind.PREEMPTION, f"{pod.name}: {detail}")
+        return Loss(f"{role}Failed", pod.name, LossKind.FAILURE, f"{pod.name}: {detail}")
+    if pod.phase == "Succeeded":
+        if preempted:
+            return Loss(preempted, pod.name, LossKind.PREEMPTION, f"{pod.name} was stopped")
+        return Loss(f"{role}Exited", pod.name, LossKind.FAILURE, f"{pod.name} exited early")
+    node = p.observed.nodes.get(pod.node_name or "")
+    if node is not None and not node.ready:
+        timeout = dt.timedelta(seconds=p.run.spec.recovery.node_loss_timeout_seconds)
+        since = node.since or p.now
+        if p.now >= since + timeout:
+            message = f"node {node.name} NotReady since {format_time(since)}"
+            return Loss("NodeLost", pod.name, LossKind.PREEMPTION, message)
+        p.look_again_at(since + timeout)
+    return None
+
+
+def _find_loss(
+    p: _Pass, trainer: PodView | None, gyms: dict[int | None, PodView], launched: bool
+) -> Loss | None:
+    if launched and trainer is None:
+        name = naming.trainer_pod_name(p.name, p.status.incarnation)
+        return Loss("PodDeleted", name, LossKind.PREEMPTION, f"{name} disappeared")
+    if trainer is not None:
+        loss = _pod_loss(p, trainer)
+        if loss is not None:
+            return loss
+        lease = p.observed.lease
+        if (
+            lease is not None
+            and lease.holder_incarnation == p.status.incarnation
+            and lease.expired(p.now)
+        ):
+            expiry = lease.expiry()
+            message = f"lease {lease.holder} not renewed since {lease.renew_time} ({expiry})"
+            return Loss("LeaseExpired", trainer.name, LossKind.FAILURE, message)
+    for index in range(p.run.spec.gym.replicas):
+        pod = gyms.get(index)
+        if pod is None:
+            if launched:
+                name = naming.gym_pod_name(p.name, p.status.incarnation, index)
+                return Loss("PodDeleted", name, LossKind.PREEMPTION, f"{name} disappeared")
+            continue
+        loss = _pod_loss(p, pod)
+        if loss is not None:
+            return loss
+    return None
+
+
+def _succeed(p: _Pass, members: list[PodView]) -> None:
+    p.delete_pods([pod for pod in members if pod.role == naming.Role.GYM])
+    p.status.next_start_time = None
+    message = f"trained {p.run.spec.run.grpo.max_steps} steps"
+    p.say(succeeded=Desired(True, "MaxStepsReached", message), **_stopped("Succeeded"))
+    p.events.append(Event("Normal", "Succeeded", message))
+
+
+def _end_incarnation(p: _Pass, members: list[PodView], loss: Loss) -> None:
+    policy = p.run.spec.recovery
+    status = p.status
+    p.delete_pods(members)
+    started = parse_time(status.incarnation_start_time)
+    if started is not None and p.now - started >= dt.timedelta(
+        seconds=policy.stable_period_seconds
+    ):
+        status.consecutive_losses = 0
+    status.last_failure = FailureRecord(
+        reason=loss.reason, pod=loss.pod, time=format_time(p.now), message=loss.message[:4096]
+    )
+    status.incarnation_start_time = None
+    if loss.kind is LossKind.FAILURE and status.restarts >= policy.max_restarts:
+        message = (
+            f"{status.restarts} restarts after failures (maxRestarts {policy.max_restarts}); "
+            f"last: {loss.reason}: {loss.message}"
+        )
+        p.say(failed=Desired(True, "RestartLimitExceeded", message), **_stopped("Failed"))
+        p.events.append(Event("Warning", "RestartLimitExceeded", message))
+        return
+    if loss.kind is LossKind.FAILURE:
+        status.restarts += 1
+    else:
+        status.preemptions += 1
+    status.consecutive_losses += 1
+    delay = backoff_seconds(policy, status.consecutive_losses)
+    start = p.now + dt.timedelta(seconds=delay)
+    status.next_start_time = format_time(start)
+    p.look_again(delay)
+    message = f"incarnation {status.incarnation} ended: {loss.message}; next in {delay}s"
+    p.say(
+        restarting=Desired(True, loss.reason, message),
+        ready=Desired(False, loss.reason, message),
+        progressing=Desired(True, "Restarting", message),
+    )
+    p.events.append(Event("Warning", loss.reason, message))

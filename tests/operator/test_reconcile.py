@@ -1,0 +1,429 @@
+"""The pure reconcile as tables: spec + observed children + time -> actions, status, Events."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import pytest
+import yaml
+from rr_fixtures import (
+    RUN,
+    STATIC,
+    T0,
+    gym,
+    lease,
+    make_run,
+    members,
+    observed,
+    running_status,
+    trainer,
+)
+
+from rolloutrun_operator import naming
+from rolloutrun_operator.api.v1alpha1 import RecoveryPolicy
+from rolloutrun_operator.observe import NodeView
+from rolloutrun_operator.plan import Verb, backoff_seconds
+from rolloutrun_operator.reconcile import reconcile
+
+NOW = T0 + dt.timedelta(seconds=60)
+
+
+def cond(result, kind):
+    found = [c for c in result.status.conditions if c.type == kind]
+    assert len(found) == 1, kind
+    return found[0].status.value, found[0].reason
+
+
+def verbs(result):
+    return sorted(str(action) for action in result.actions)
+
+
+def test_a_new_run_creates_its_static_children_config_and_gym_pods_first():
+    result = reconcile(make_run(), observed(present=frozenset(), config=None), NOW)
+    assert result.status.incarnation == 1
+    assert verbs(result) == sorted(
+        [
+            "create ServiceAccount/demo-member",
+            "create Role/demo-member",
+            "create RoleBinding/demo-member",
+            "create Secret/demo-gym-token",
+            "create Lease/demo-trainer",
+            "create Service/demo-trainer",
+            "create Service/demo-gym",
+            "create ConfigMap/demo-config",
+            "create Pod/demo-i1-gym-0",
+            "create Pod/demo-i1-gym-1",
+        ]
+    )
+    # the ConfigMap precedes the pods that mount it
+    kinds = [action.kind for action in result.actions]
+    assert kinds.index("ConfigMap") < kinds.index("Pod")
+    config = next(a for a in result.actions if a.kind == "ConfigMap").manifest
+    assert set(config["data"]) == {naming.GYM_CONFIG_KEY}
+    assert cond(result, "Ready") == ("False", "StartingGyms")
+    assert cond(result, "Progressing") == ("True", "StartingGyms")
+    assert [e.reason for e in result.events] == ["IncarnationStarting"]
+    assert result.status.observed_generation == 1
+    assert {c.type for c in result.status.conditions} == {
+        "Ready",
+        "Progressing",
+        "Restarting",
+        "Suspended",
+        "Succeeded",
+        "Failed",
+    }
+
+
+def test_a_user_service_account_replaces_the_member_rbac():
+    result = reconcile(
+        make_run(serviceAccountName="mine"), observed(present=frozenset(), config=None), NOW
+    )
+    assert not [a for a in result.actions if a.kind in {"ServiceAccount", "Role", "RoleBinding"}]
+
+
+def test_the_trainer_starts_only_when_every_gym_pod_has_an_address():
+    status = {"incarnation": 1, "conditions": []}
+    waiting = reconcile(
+        make_run(status),
+        observed((gym(1, 0), gym(1, 1, pod_ip=None, phase="Pending"))),
+        NOW,
+    )
+    assert not [a for a in waiting.actions if a.name.endswith("trainer")]
+    assert waiting.requeue_after is not None
+    started = reconcile(make_run(status), observed((gym(1, 0), gym(1, 1))), NOW)
+    config = next(a for a in started.actions if a.kind == "ConfigMap")
+    assert config.verb is Verb.REPLACE
+    trainer_config = yaml.safe_load(config.manifest["data"][naming.CONFIG_KEY])
+    assert trainer_config["gym"]["endpoints"] == [
+        "http://127.0.0.10:8000",
+        "http://127.0.0.11:8000",
+    ]
+    assert config.manifest["metadata"]["annotations"][naming.ANNOTATION_CONFIG_INCARNATION] == "1"
+    assert [str(a) for a in started.actions][-1] == "create Pod/demo-i1-trainer"
+    assert started.status.incarnation_start_time == "2026-01-01T12:01:00Z"
+    assert cond(started, "Progressing") == ("True", "StartingTrainer")
+
+
+def test_a_running_incarnation_is_ready_and_needs_nothing():
+    result = reconcile(make_run(running_status()), observed(members(1)), NOW)
+    assert result.actions == []
+    assert cond(result, "Ready") == ("True", "Running")
+    assert cond(result, "Progressing") == ("True", "Training")
+    assert result.events == []
+    assert result.requeue_after is not None
+
+
+def test_lease_annotations_are_mirrored_into_status():
+    view = lease(
+        1,
+        NOW,
+        train_step=12,
+        anchor_step=10,
+        latest_manifest="file:///data/demo/snapshots/s7/manifest.json",
+        latest_manifest_time="2026-01-01T12:00:50Z",
+    )
+    result = reconcile(make_run(running_status()), observed(members(1), lease=view), NOW)
+    status = result.status
+    assert (status.train_step, status.anchor_step) == (12, 10)
+    assert status.latest_manifest_uri == "file:///data/demo/snapshots/s7/manifest.json"
+    assert status.latest_manifest_time == "2026-01-01T12:00:50Z"
+    # the next lease expiry is when to look again
+    assert result.requeue_after == pytest.approx(16.0)
+
+
+LOSSES = [
+    # (what happened, pods, extra observed fields, reason, counts as failure)
+    ("trainer failed", (trainer(1, phase="Failed", exit_code=1),), {}, "TrainerFailed", True),
+    ("gym pod deleted", (trainer(1), gym(1, 0)), {}, "PodDeleted", False),
+    ("trainer deleted", (gym(1, 0), gym(1, 1)), {}, "PodDeleted", False),
+    (
+        "trainer preempted",
+        (trainer(1, phase="Failed", exit_code=143, disruption="PreemptionByScheduler"),),
+        {},
+        "PreemptionByScheduler",
+        False,
+    ),
+    (
+        "gym evicted",
+        (trainer(1), gym(1, 0, phase="Failed", status_reason="Evicted"), gym(1, 1)),
+        {},
+        "Evicted",
+        False,
+    ),
+    (
+        "gym terminating",
+        (trainer(1), gym(1, 0, deletion_time=NOW), gym(1, 1)),
+        {},
+        "PodDeleted",
+        False,
+    ),
+    (
+        "gym exited",
+        (trainer(1), gym(1, 0, phase="Succeeded", exit_code=0), gym(1, 1)),
+        {},
+        "GymExited",
+        True,
+    ),
+    (
+        "lease expired",
+        members(1),
+        {"lease": lease(1, NOW - dt.timedelta(seconds=20))},
+        "LeaseExpired",
+        True,
+    ),
+    (
+        "node lost",
+        members(1),
+        {"nodes": {"node-a": NodeView("node-a", False, NOW - dt.timedelta(seconds=41))}},
+        "NodeLost",
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("pods", "extra", "reason", "failure"),
+    [row[1:] for row in LOSSES],
+    ids=[row[0] for row in LOSSES],
+)
+def test_any_lost_member_ends_the_incarnation(pods, extra, reason, failure):
+    result = reconcile(make_run(running_status()), observed(pods, **extra), NOW)
+    status = result.status
+    assert cond(result, "Restarting") == ("True", reason)
+    assert cond(result, "Ready")[0] == "False"
+    assert (status.restarts, status.preemptions) == ((1, 0) if failure else (0, 1))
+    assert status.last_failure is not None and status.last_failure.reason == reason
+    assert status.last_failure.time == "2026-01-01T12:01:00Z"
+    assert status.incarnation == 1 and status.incarnation_start_time is None
+    assert status.next_start_time == "2026-01-01T12:01:05Z"  # backoffSeconds: 5
+    assert status.consecutive_losses == 1
+    deleted = {a.name for a in result.actions if a.verb is Verb.DELETE}
+    assert deleted == {pod.name for pod in pods if pod.deletion_time is None}
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", reason)]
+    assert result.requeue_after == 5
+
+
+def test_pods_on_a_lost_node_are_force_deleted():
+    nodes = {"node-a": NodeView("node-a", False, NOW - dt.timedelta(seconds=100))}
+    result = reconcile(make_run(running_status()), observed(members(1), nodes=nodes), NOW)
+    assert {a.grace_seconds for a in result.actions} == {0}
+
+
+def test_a_node_not_ready_within_the_timeout_is_waited_for():
+    nodes = {"node-a": NodeView("node-a", False, NOW - dt.timedelta(seconds=10))}
+    result = reconcile(make_run(running_status()), observed(members(1), nodes=nodes), NOW)
+    assert result.actions == [] and result.status.restarts == 0
+    assert result.requeue_after == pytest.approx(30.0)
+
+
+def test_an_expired_lease_of_an_older_incarnation_is_not_a_loss():
+    stale = lease(1, NOW - dt.timedelta(seconds=100))
+    result = reconcile(make_run(running_status(2)), observed(members(2), lease=stale), NOW)
+    assert result.actions == [] and cond(result, "Ready") == ("True", "Running")
+
+
+def test_failures_past_max_restarts_fail_the_run_but_preemptions_never_do():
+    failed = (trainer(1, phase="Failed", exit_code=1), gym(1, 0), gym(1, 1))
+    result = reconcile(make_run(running_status(restarts=2, preemptions=7)), observed(failed), NOW)
+    assert cond(result, "Failed") == ("True", "RestartLimitExceeded")
+    assert "TrainerFailed" in next(
+        c.message for c in result.status.conditions if c.type == "Failed"
+    )
+    assert cond(result, "Progressing") == ("False", "Failed")
+    assert cond(result, "Restarting") == ("False", "Failed")
+    assert result.status.restarts == 2
+    assert {a.name for a in result.actions} == {p.name for p in failed}
+    assert result.events[-1].reason == "RestartLimitExceeded"
+
+    preempted = (
+        trainer(1, phase="Failed", disruption="DeletionByTaintManager"),
+        gym(1, 0),
+        gym(1, 1),
+    )
+    result = reconcile(make_run(running_status(restarts=2)), observed(preempted), NOW)
+    assert cond(result, "Failed")[0] == "False"
+    assert result.status.preemptions == 1 and result.status.restarts == 2
+
+
+def test_a_failed_run_stays_failed_and_removes_leftover_pods():
+    status = running_status(conditions=[{"type": "Failed", "status": "True", "reason": "X"}])
+    result = reconcile(make_run(status), observed(members(1)), NOW)
+    assert verbs(result) == sorted(f"delete Pod/{p.name}" for p in members(1))
+    assert result.status.incarnation == 1
+
+
+def restarting(next_start: str, **fields):
+    return running_status(
+        incarnationStartTime=None,
+        nextStartTime=next_start,
+        lastFailure={"reason": "TrainerFailed", "pod": "demo-i1-trainer"},
+        latestManifestUri="file:///data/demo/snapshots/s3/manifest.json",
+        conditions=[{"type": "Restarting", "status": "True", "reason": "TrainerFailed"}],
+        **fields,
+    )
+
+
+def test_the_next_incarnation_waits_for_the_backoff_and_the_old_pods():
+    early = reconcile(make_run(restarting("2026-01-01T12:01:30Z")), observed(), NOW)
+    assert early.actions == [] and early.status.incarnation == 1
+    assert early.requeue_after == pytest.approx(30.0)
+    assert cond(early, "Restarting") == ("True", "TrainerFailed")
+
+    terminating = (gym(1, 0, deletion_time=NOW),)
+    held = reconcile(make_run(restarting("2026-01-01T12:00:30Z")), observed(terminating), NOW)
+    assert held.actions == [] and held.status.incarnation == 1
+
+    stuck = (gym(1, 0, deletion_time=NOW - dt.timedelta(seconds=31)),)
+    forced = reconcile(make_run(restarting("2026-01-01T12:00:30Z")), observed(stuck), NOW)
+    assert [str(a) for a in forced.actions] == ["delete Pod/demo-i1-gym-0 (grace 0s)"]
+
+
+def test_the_next_incarnation_resumes_from_the_latest_manifest():
+    result = reconcile(make_run(restarting("2026-01-01T12:00:30Z")), observed(), NOW)
+    assert result.status.incarnation == 2
+    assert cond(result, "Restarting") == ("False", "Started")
+    config = next(a for a in result.actions if a.kind == "ConfigMap").manifest
+    gym_config = yaml.safe_load(config["data"][naming.GYM_CONFIG_KEY])
+    assert gym_config["checkpointing"]["resumeFrom"].endswith("s3/manifest.json")
+    assert config["metadata"]["annotations"][naming.ANNOTATION_CONFIG_INCARNATION] == "2"
+    assert {a.name for a in result.actions if a.kind == "Pod"} == {"demo-i2-gym-0", "demo-i2-gym-1"}
+
+
+def test_pods_of_older_incarnations_are_deleted():
+    pods = (*members(2), gym(1, 0))
+    result = reconcile(make_run(running_status(2)), observed(pods), NOW)
+    assert verbs(result) == ["delete Pod/demo-i1-gym-0"]
+    assert cond(result, "Ready") == ("True", "Running")
+
+
+@pytest.mark.parametrize(
+    ("losses", "expected"), [(0, 0), (1, 5), (2, 10), (3, 20), (4, 40), (5, 60), (40, 60)]
+)
+def test_backoff_is_exponential_and_capped(losses, expected):
+    policy = RecoveryPolicy(backoff_seconds=5, max_backoff_seconds=60)
+    assert backoff_seconds(policy, losses) == expected
+
+
+def test_a_stable_period_resets_the_backoff():
+    failed = (trainer(1, phase="Failed", exit_code=1), gym(1, 0), gym(1, 1))
+    long_after = T0 + dt.timedelta(seconds=601)
+    run = make_run(running_status(consecutiveLosses=4))
+    assert reconcile(run, observed(failed), long_after).status.next_start_time == (
+        "2026-01-01T12:10:06Z"
+    )
+    soon = reconcile(run, observed(failed), NOW).status
+    assert soon.consecutive_losses == 5 and soon.next_start_time == "2026-01-01T12:02:00Z"
+
+
+def test_trainer_exit_zero_succeeds_and_removes_the_gym_pods():
+    pods = (trainer(1, phase="Succeeded", exit_code=0), gym(1, 0), gym(1, 1))
+    result = reconcile(make_run(running_status()), observed(pods), NOW)
+    assert cond(result, "Succeeded") == ("True", "MaxStepsReached")
+    assert cond(result, "Progressing") == ("False", "Succeeded")
+    assert verbs(result) == ["delete Pod/demo-i1-gym-0", "delete Pod/demo-i1-gym-1"]
+    assert result.events[-1].reason == "Succeeded"
+    again = reconcile(make_run(result.status.model_dump(by_alias=True)), observed(pods[:1]), NOW)
+    assert again.actions == [] and cond(again, "Succeeded")[0] == "True"
+
+
+def test_suspend_stops_the_pods_then_reports_suspended_and_resume_starts_anew():
+    run = make_run(running_status(), suspend=True)
+    stopping = reconcile(run, observed(members(1)), NOW)
+    assert {a.verb for a in stopping.actions} == {Verb.DELETE} and len(stopping.actions) == 3
+    assert all(a.grace_seconds is None for a in stopping.actions)  # SIGTERM: forced snapshot
+    assert cond(stopping, "Suspended") == ("True", "Suspending")
+    stopped = reconcile(
+        make_run(stopping.status.model_dump(by_alias=True), suspend=True), observed(), NOW
+    )
+    assert stopped.actions == [] and cond(stopped, "Suspended") == ("True", "Suspended")
+    assert cond(stopped, "Ready")[0] == "False" and cond(stopped, "Progressing")[0] == "False"
+    assert [e.reason for e in stopped.events] == ["Suspended"]
+    resumed = reconcile(make_run(stopped.status.model_dump(by_alias=True)), observed(), NOW)
+    assert resumed.status.incarnation == 2 and resumed.status.restarts == 0
+    assert cond(resumed, "Suspended") == ("False", "Resumed")
+    assert "create Pod/demo-i2-gym-0" in verbs(resumed)
+
+
+PROBLEMS = [
+    (
+        "missing credentials secret",
+        {"storage": {"uri": "gs://bucket-x/runs", "credentialsSecret": {"name": "gcs-key"}}},
+        "SecretNotFound",
+    ),
+    (
+        "missing env secret",
+        {
+            "trainer": {
+                "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+            }
+        },
+        "SecretNotFound",
+    ),
+    ("storage without a directory", {"storage": {"uri": "file://"}}, "StorageUnusable"),
+    (
+        "claim with gs storage",
+        {"storage": {"uri": "gs://bucket-x/p", "volumeClaimName": "pvc"}},
+        "StorageUnusable",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"), [row[1:] for row in PROBLEMS], ids=[row[0] for row in PROBLEMS]
+)
+def test_what_the_schema_cannot_reject_becomes_a_condition(spec, reason):
+    result = reconcile(make_run(**spec), observed(), NOW)
+    assert result.actions == []
+    assert result.status.incarnation == 0
+    assert cond(result, "Ready") == ("False", reason)
+    assert cond(result, "Progressing") == ("False", reason)
+    assert result.requeue_after is not None
+
+
+def test_a_secret_created_later_lets_the_run_start():
+    run = make_run(storage={"uri": "gs://bucket-x/runs", "credentialsSecret": {"name": "gcs-key"}})
+    result = reconcile(run, observed(secrets=frozenset({"gcs-key"})), NOW)
+    assert result.status.incarnation == 1
+    assert "create Pod/demo-i1-gym-0" in verbs(result)
+
+
+def test_a_long_run_name_is_a_condition_not_a_crash():
+    run = make_run()
+    run.metadata["name"] = "x" * (naming.MAX_RUN_NAME + 1)
+    result = reconcile(run, observed(), NOW)
+    assert cond(result, "Ready") == ("False", "NameTooLong") and result.actions == []
+
+
+def test_transition_times_move_only_when_a_condition_flips():
+    first = reconcile(make_run(running_status()), observed(members(1)), NOW)
+    later = NOW + dt.timedelta(minutes=5)
+    second = reconcile(
+        make_run(first.status.model_dump(by_alias=True)), observed(members(1)), later
+    )
+    times = {c.type: c.last_transition_time for c in second.status.conditions}
+    assert times["Ready"] == "2026-01-01T12:01:00Z"
+    failed = (trainer(1, phase="Failed", exit_code=2), gym(1, 0), gym(1, 1))
+    third = reconcile(make_run(second.status.model_dump(by_alias=True)), observed(failed), later)
+    times = {c.type: c.last_transition_time for c in third.status.conditions}
+    assert times["Ready"] == "2026-01-01T12:06:00Z"
+    assert times["Failed"] == "2026-01-01T12:01:00Z"
+
+
+def test_the_status_written_is_valid_against_the_crd():
+    from rolloutrun_operator.api.validation import schema_problems
+
+    result = reconcile(make_run(running_status()), observed((trainer(1, phase="Failed"),)), NOW)
+    document = make_run().model_dump(mode="json", by_alias=True, exclude_none=True)
+    document["status"] = result.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert schema_problems(document) == []
+
+
+def test_reconcile_never_mutates_its_inputs():
+    run = make_run(running_status())
+    before = run.model_dump()
+    seen = observed(members(1))
+    reconcile(run, seen, NOW)
+    assert run.model_dump() == before
+    assert dataclasses.replace(seen) == seen
+    assert seen.present >= STATIC and RUN == "demo"
