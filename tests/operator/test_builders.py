@@ -1,0 +1,187 @@
+"""The child builders: valid Kubernetes manifests, owned by the run, carrying the pod contract."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+import yaml
+from rr_fixtures import make_run
+
+from rolloutrun_operator import builders, naming
+from rolloutrun_runtime.config import RunConfig
+
+K8S_VERSION = "1.33.0"
+
+
+def everything(run):
+    data = builders.config_data(run, ["http://127.0.0.10:8000", "http://127.0.0.11:8000"], None)
+    return [
+        builders.member_service_account(run),
+        builders.member_role(run),
+        builders.member_role_binding(run),
+        builders.trainer_lease(run),
+        builders.gym_token_secret(run, "secret-token"),
+        builders.trainer_service(run),
+        builders.gym_service(run),
+        builders.config_map(run, data, 3),
+        builders.trainer_pod(run, 3),
+        builders.gym_pod(run, 3, 0),
+        builders.gym_pod(run, 3, 1),
+    ]
+
+
+GCS = {
+    "storage": {"uri": "gs://bucket-x/runs", "credentialsSecret": {"name": "gcs-key"}},
+    "trainer": {
+        "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "2"}},
+        "nodeSelector": {"pool": "spot"},
+        "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+        "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "spec", [{}, GCS, {"storage": {"uri": "file:///data/x", "volumeClaimName": "ckpt"}}]
+)
+def test_every_child_is_a_valid_kubernetes_object_owned_by_the_run(spec):
+    run = make_run(**spec)
+    for manifest in everything(run):
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+        meta = manifest["metadata"]
+        assert meta["namespace"] == "ns"
+        assert meta["labels"][naming.LABEL_RUN] == "demo"
+        (owner,) = meta["ownerReferences"]
+        assert owner == {
+            "apiVersion": "rolloutrun.dev/v1alpha1",
+            "kind": "RolloutRun",
+            "name": "demo",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def env_of(pod):
+    return {var["name"]: var for var in pod["spec"]["containers"][0]["env"]}
+
+
+def test_the_trainer_pod_carries_the_contract():
+    pod = builders.trainer_pod(make_run(**GCS), 3)
+    assert pod["metadata"]["name"] == "demo-i3-trainer"
+    labels = pod["metadata"]["labels"]
+    assert labels[naming.LABEL_ROLE] == "trainer" and labels[naming.LABEL_INCARNATION] == "3"
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["rolloutrun", "trainer", "--config", "/etc/rolloutrun/run.yaml"]
+    env = env_of(pod)
+    assert env["ROLLOUTRUN_INCARNATION"]["value"] == "3"
+    assert env["ROLLOUTRUN_LEASE_NAME"]["value"] == "demo-trainer"
+    assert env["ROLLOUTRUN_LEASE_DURATION_SECONDS"]["value"] == "15"
+    assert env["ROLLOUTRUN_GENERATION_PORT"]["value"] == "8100"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["ROLLOUTRUN_GYM_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "demo-gym-token",
+        "key": "token",
+    }
+    assert env["GOOGLE_APPLICATION_CREDENTIALS"]["value"].endswith("/credentials.json")
+    assert env["K"]["valueFrom"]["secretKeyRef"]["name"] == "s"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["items"] == [{"key": "run.yaml", "path": "run.yaml"}]
+    assert volumes["gcs"]["secret"]["secretName"] == "gcs-key"
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["serviceAccountName"] == "demo-member"
+    assert spec["automountServiceAccountToken"] is True
+    assert spec["nodeSelector"] == {"pool": "spot"}
+    assert spec["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "2"}}
+
+
+@pytest.mark.parametrize(
+    "maker", [lambda r: builders.trainer_pod(r, 1), lambda r: builders.gym_pod(r, 1, 0)]
+)
+def test_member_pods_run_non_root_read_only_without_privileges(maker):
+    pod = maker(make_run())
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    security = pod["spec"]["containers"][0]["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] > 0
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    mounts = {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert {"/tmp", naming.WORK_DIR} <= mounts
+
+
+def test_gym_pods_keep_a_stable_instance_id_across_incarnations():
+    run = make_run()
+    first, later = builders.gym_pod(run, 1, 1), builders.gym_pod(run, 7, 1)
+    assert (
+        first["metadata"]["name"] == "demo-i1-gym-1"
+        and later["metadata"]["name"] == "demo-i7-gym-1"
+    )
+    for pod in (first, later):
+        command = pod["spec"]["containers"][0]["command"]
+        assert command == [
+            "rolloutrun",
+            "gym",
+            "--config",
+            "/etc/rolloutrun/run.yaml",
+            "--port",
+            "8000",
+            "--instance-id",
+            "demo-gym-1",
+        ]
+        assert env_of(pod)["ROLLOUTRUN_GYM_INSTANCE_ID"]["value"] == "demo-gym-1"
+        assert pod["metadata"]["labels"][naming.LABEL_GYM_INDEX] == "1"
+        assert pod["spec"]["automountServiceAccountToken"] is False
+    volumes = {v["name"]: v for v in first["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["items"] == [{"key": "gym.yaml", "path": "run.yaml"}]
+
+
+def test_the_member_role_reaches_only_the_runs_own_lease():
+    (rule,) = builders.member_role(make_run())["rules"]
+    assert rule == {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": ["demo-trainer"],
+        "verbs": ["get", "update", "patch"],
+    }
+
+
+def test_the_rendered_config_is_a_bare_run_config_with_what_the_operator_owns():
+    run = make_run(gym={"replicas": 2}, storage={"uri": "file:///data/demo"})
+    data = builders.config_data(
+        run, ["http://127.0.0.10:8000", "http://127.0.0.11:8000"], "file:///data/demo/m.json"
+    )
+    trainer = RunConfig.model_validate(yaml.safe_load(data["run.yaml"]))
+    gym = RunConfig.model_validate(yaml.safe_load(data["gym.yaml"]))
+    assert trainer.name == "demo"
+    assert trainer.gym.endpoints == ["http://127.0.0.10:8000", "http://127.0.0.11:8000"]
+    assert trainer.gym.replicas == 2
+    assert trainer.checkpointing.storage_uri == "file:///data/demo"
+    assert trainer.checkpointing.resume_from == "file:///data/demo/m.json"
+    assert trainer.grpo.max_steps == 30
+    assert gym.gym.endpoints == [] and gym.checkpointing.resume_from == "file:///data/demo/m.json"
+    fresh = builders.config_data(run, None, None)
+    assert set(fresh) == {"gym.yaml"}
+    assert "resumeFrom" not in yaml.safe_load(fresh["gym.yaml"])["checkpointing"]
+
+
+def test_an_explicit_run_name_wins_and_ipv6_endpoints_are_bracketed():
+    run = make_run(run={"name": "custom"})
+    assert builders.render_run_config(run).name == "custom"
+    assert builders.gym_endpoint("fd00::5", 8000) == "http://[fd00::5]:8000"
+
+
+def test_a_volume_claim_is_mounted_at_the_storage_path_of_the_trainer():
+    run = make_run(storage={"uri": "file:///data/x", "volumeClaimName": "ckpt"})
+    pod = builders.trainer_pod(run, 1)
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["storage"] == "/data/x"
+    assert "storage" not in {v["name"] for v in builders.gym_pod(run, 1, 0)["spec"]["volumes"]}
+
+
+def test_referenced_secrets_are_listed_once():
+    assert builders.referenced_secrets(make_run(**GCS)) == ["gcs-key", "s"]
+    assert builders.referenced_secrets(make_run()) == []

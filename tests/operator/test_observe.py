@@ -1,0 +1,107 @@
+"""Observation views parsed from API JSON of the shape the API server returns."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from rolloutrun_operator import naming
+from rolloutrun_operator.observe import (
+    format_time,
+    lease_view,
+    node_view,
+    observed_from,
+    parse_time,
+    pod_view,
+)
+
+PREEMPTED = {
+    "metadata": {
+        "name": "demo-i2-trainer",
+        "labels": {naming.LABEL_ROLE: "trainer", naming.LABEL_INCARNATION: "2"},
+        "deletionTimestamp": "2026-01-01T12:00:30Z",
+    },
+    "spec": {"nodeName": "spot-1"},
+    "status": {
+        "phase": "Failed",
+        "podIP": "10.0.0.7",
+        "reason": "Terminated",
+        "conditions": [
+            {"type": "Ready", "status": "False"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"},
+        ],
+        "containerStatuses": [
+            {"name": "trainer", "state": {"terminated": {"exitCode": 143, "reason": "Error"}}}
+        ],
+    },
+}
+
+
+def test_a_preempted_pod_is_read_with_its_reasons():
+    view = pod_view(PREEMPTED)
+    assert view.role == "trainer" and view.incarnation == 2 and view.gym_index is None
+    assert view.phase == "Failed" and view.terminated
+    assert view.disruption == "PreemptionByScheduler" and view.status_reason == "Terminated"
+    assert view.exit_code == 143 and view.terminated_reason == "Error"
+    assert view.deletion_time == dt.datetime(2026, 1, 1, 12, 0, 30, tzinfo=dt.UTC)
+    assert view.node_name == "spot-1" and view.pod_ip == "10.0.0.7" and not view.ready
+
+
+def test_a_bare_pod_reads_as_pending_and_bad_labels_as_unknown():
+    view = pod_view({"metadata": {"name": "x", "labels": {naming.LABEL_INCARNATION: "abc"}}})
+    assert view.phase == "Pending" and view.incarnation is None and view.exit_code is None
+
+
+def test_lease_annotations_and_expiry():
+    lease = {
+        "metadata": {
+            "annotations": {
+                naming.ANNOTATION_TRAIN_STEP: "12",
+                naming.ANNOTATION_ANCHOR_STEP: "10",
+                naming.ANNOTATION_LATEST_MANIFEST: "gs://b/p/m.json",
+                naming.ANNOTATION_LATEST_MANIFEST_TIME: "2026-01-01T12:00:00Z",
+            }
+        },
+        "spec": {
+            "holderIdentity": "demo-i4-trainer/4",
+            "leaseDurationSeconds": 15,
+            "renewTime": "2026-01-01T12:00:00.123456Z",
+        },
+    }
+    view = lease_view(lease)
+    assert view.holder_incarnation == 4
+    assert (view.train_step, view.anchor_step) == (12, 10)
+    assert view.latest_manifest == "gs://b/p/m.json"
+    renewed = dt.datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=dt.UTC)
+    assert not view.expired(renewed + dt.timedelta(seconds=14))
+    assert view.expired(renewed + dt.timedelta(seconds=15))
+    unheld = lease_view({"spec": {"leaseDurationSeconds": 15}})
+    assert unheld.holder is None and unheld.holder_incarnation is None
+    assert not unheld.expired(renewed) and unheld.expiry() is None
+    garbage = lease_view({"metadata": {"annotations": {naming.ANNOTATION_TRAIN_STEP: "-3"}}})
+    assert garbage.train_step is None
+
+
+def test_node_readiness_and_observed_assembly():
+    node = {
+        "metadata": {"name": "n1"},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "Unknown", "lastTransitionTime": "2026-01-01T12:00:00Z"}
+            ]
+        },
+    }
+    assert node_view(node).ready is False and node_view({"metadata": {"name": "n2"}}).ready
+    config = {
+        "data": {"run.yaml": "x"},
+        "metadata": {"annotations": {naming.ANNOTATION_CONFIG_INCARNATION: "3"}},
+    }
+    seen = observed_from([PREEMPTED], None, config, ["Lease/demo-trainer"], ["s"], [node], "t")
+    assert seen.config == {"run.yaml": "x"} and seen.config_incarnation == 3
+    assert seen.nodes["n1"].ready is False and seen.members(2)[0].name == "demo-i2-trainer"
+    assert seen.lease is None and seen.new_token == "t"
+
+
+def test_times_round_trip_in_kubernetes_format():
+    moment = parse_time("2026-01-01T12:00:00Z")
+    assert moment is not None and format_time(moment) == "2026-01-01T12:00:00Z"
+    assert parse_time("not a time") is None and parse_time(None) is None
