@@ -125,6 +125,18 @@ def test_temp_files_are_invisible(tmp_path: Path) -> None:
     assert storage.delete_prefix("d") == 1
 
 
+def test_remove_stale_temp_files(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    storage.write_bytes("d/x", b"1")
+    old = tmp_path / "d" / ".rr-tmp-x.old"
+    fresh = tmp_path / "d" / ".rr-tmp-x.fresh"
+    old.write_bytes(b"left by a killed writer")
+    fresh.write_bytes(b"a live writer's")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert storage.remove_stale_temp_files(older_than_s=3600) == 1
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [".rr-tmp-x.fresh", "x"]
+
+
 def test_base_under_a_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "plain").write_bytes(b"")
     storage = open_storage(f"file://{tmp_path}/plain/store")

@@ -15,6 +15,7 @@ import errno
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -175,6 +176,27 @@ class LocalStorage:
         _prune_empty_dirs(top, keep=self.root)
         log.debug("deleted %d objects under %s/%s", len(keys), self.base_uri, prefix)
         return len(keys)
+
+    def remove_stale_temp_files(self, older_than_s: float = 3600.0) -> int:
+        """Delete temporary files left by killed writers, if older than ``older_than_s``.
+
+        A SIGKILLed writer leaves its ``.rr-tmp-*`` file behind (never visible as a key, but
+        it holds disk space). Files younger than the threshold may belong to a live writer
+        and are kept. Returns how many were removed.
+        """
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for dirpath, _dirnames, filenames in os.walk(self.root):
+            for name in filenames:
+                if not name.startswith(TMP_PREFIX):
+                    continue
+                path = Path(dirpath) / name
+                with contextlib.suppress(FileNotFoundError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
+                        removed += 1
+                        log.info("removed stale temporary file %s", path)
+        return removed
 
 
 # -- helpers ----------------------------------------------------------------------------------
