@@ -1,0 +1,257 @@
+"""``LocalCluster``: the API server emulator, its controllers and the process kubelet.
+
+One object, one directory, one asyncio loop. Use it from async code (``await
+cluster.astart()`` / ``astop()`` or ``async with``) or from sync code (``start()`` /
+``stop()`` or ``with``), where it runs its loop in a background thread. Stopping it kills
+every pod process. The directory holds ``kubeconfig`` and ``pods/<ns>/<name>-<uid>/``
+(logs, working directory, volumes, the pod's kubeconfig and service-account token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import logging
+import secrets
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from . import kubeconfig
+from .controllers import Controllers
+from .kubelet import Kubelet
+from .processes import pod_tag, tagged_pids
+from .resources import Registry
+from .server import ApiServer
+from .store import Store
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
+class LocalCluster:
+    """A one-node Kubernetes cluster whose pods are local processes."""
+
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        extra_env: dict[str, str] | None = None,
+        bookmark_interval: float = 5.0,
+        history: int = 50_000,
+        restart_backoff: tuple[float, float] = (1.0, 30.0),
+    ) -> None:
+        self.directory = Path(directory).resolve()
+        self.host = host
+        self.port = port
+        self.token = token or secrets.token_urlsafe(24)
+        self.registry = Registry()
+        self.store = Store(self.registry, history=history)
+        self._extra_env = extra_env
+        self._bookmark_interval = bookmark_interval
+        self._backoff = restart_backoff
+        self.controllers: Controllers | None = None
+        self.kubelet: Kubelet | None = None
+        self.server: ApiServer | None = None
+        self._runner: web.AppRunner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping: asyncio.Event | None = None
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.directory / "kubeconfig"
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    # ------------------------------------------------------------------ async API
+    async def astart(self) -> LocalCluster:
+        """Start serving on this loop; return once the API answers and the node is Ready."""
+        self._loop = asyncio.get_running_loop()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.controllers = Controllers(self.store, self.registry)
+        self.kubelet = Kubelet(
+            self.store,
+            self.registry,
+            self.directory,
+            token=self.token,
+            kubeconfig_for=lambda namespace: kubeconfig.render(self.api_url, self.token, namespace),
+            api_port=lambda: self.port,
+            extra_env=self._extra_env,
+            backoff=self._backoff,
+        )
+        self.server = ApiServer(self.store, self.registry, self.token, logs=self.kubelet)
+        self.server.watches.bookmark_interval = self._bookmark_interval
+        namespaces = self.registry.get("", "v1", "namespaces")
+        assert namespaces is not None
+        for name in SYSTEM_NAMESPACES:
+            if self.store.find(namespaces, "", name) is None:
+                self.store.create(namespaces, "", {"metadata": {"name": name}})
+        self._runner = web.AppRunner(
+            self.server.app, handle_signals=False, access_log=None, shutdown_timeout=1.0
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        sockets = self._runner.addresses
+        self.port = int(sockets[0][1])
+        self.server.address = f"{self.host}:{self.port}"
+        kubeconfig.write(self.kubeconfig_path, self.api_url, self.token)
+        self.controllers.start()
+        self.kubelet.start()
+        logger.info(
+            "local cluster serving at %s (kubeconfig %s)", self.api_url, self.kubeconfig_path
+        )
+        return self
+
+    async def astop(self) -> None:
+        """Stop: end watches, kill every pod process, stop the controllers and the server."""
+        if self._runner is None:
+            return
+        assert self.server is not None and self.kubelet is not None and self.controllers is not None
+        self.server.watches.drop_all()
+        await self.kubelet.stop()
+        await self.controllers.stop()
+        self.server.watches.drop_all()
+        await self._runner.cleanup()
+        self._runner = None
+        logger.info("local cluster at %s stopped", self.api_url)
+
+    async def __aenter__(self) -> LocalCluster:
+        return await self.astart()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.astop()
+
+    # ------------------------------------------------------------------ sync API
+    def start(self, timeout: float = 30.0) -> LocalCluster:
+        """Start in a background thread with its own loop (for sync code and tests)."""
+        started: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def main() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            self._stopping = asyncio.Event()
+            try:
+                loop.run_until_complete(self.astart())
+            except BaseException as error:
+                started.set_exception(error)
+                loop.close()
+                return
+            started.set_result(None)
+            try:
+                loop.run_until_complete(self._stopping.wait())
+                loop.run_until_complete(self.astop())
+            finally:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        self._thread = threading.Thread(target=main, name="localcluster", daemon=True)
+        self._thread.start()
+        started.result(timeout)
+        atexit.register(self.stop)
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop the background cluster (idempotent); every pod process is killed."""
+        thread, loop, stopping = self._thread, self._loop, self._stopping
+        if thread is None or loop is None or stopping is None:
+            return
+        self._thread = None
+        atexit.unregister(self.stop)
+        if thread.is_alive():
+            loop.call_soon_threadsafe(stopping.set)
+            thread.join(timeout)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the cluster's loop (directly when already on it)."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("the local cluster is not running")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            return fn(*args)
+
+        async def run() -> T:
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(30)
+
+    # ------------------------------------------------------------------ test levers
+    def lose_node(self, mode: str = "freeze") -> None:
+        """Play a node loss: the node turns NotReady, its pods unready and unreported, their
+        processes frozen (``freeze``, SIGSTOP) or killed (``kill``, as a crashed machine)."""
+        assert self.kubelet is not None
+        self.call(self.kubelet.lose_node, mode)
+
+    def restore_node(self) -> None:
+        """The lost node comes back: processes resume (or report their deaths)."""
+        assert self.kubelet is not None
+        self.call(self.kubelet.restore_node)
+
+    def drop_watches(self) -> int:
+        """End every open watch stream, as an API server restart does; clients must re-watch."""
+        assert self.server is not None
+        return self.call(self.server.watches.drop_all)
+
+    def compact(self) -> None:
+        """Forget the watch history (etcd compaction): older resourceVersions get 410 Gone."""
+        self.call(self.store.compact)
+
+    def pod_dir(self, namespace: str, name: str) -> Path | None:
+        """The directory of a running pod (logs, work dir, volumes), if it has a worker."""
+        assert self.kubelet is not None
+
+        def find() -> Path | None:
+            assert self.kubelet is not None
+            for worker in self.kubelet.workers.values():
+                if (worker.namespace, worker.name) == (namespace, name):
+                    return worker.dir
+            return None
+
+        return self.call(find)
+
+    def pod_pids(self, namespace: str, name: str) -> set[int]:
+        """Every live process the named pod started (its containers and their children)."""
+        assert self.kubelet is not None
+
+        def find() -> set[int]:
+            assert self.kubelet is not None
+            for worker in self.kubelet.workers.values():
+                if (worker.namespace, worker.name) == (namespace, name):
+                    return tagged_pids(pod_tag(worker.uid), worker.sessions)
+            return set()
+
+        return self.call(find)

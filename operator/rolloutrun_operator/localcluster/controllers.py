@@ -1,0 +1,186 @@
+"""The control-plane loops the API server alone does not do: garbage collection, namespace
+termination, CRD registration, Services' Endpoints and each namespace's default
+ServiceAccount. They react to store events (debounced) and apply the pure plans of
+:mod:`.gc` through the same store calls a client would make.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from . import errors, gc
+from .resources import Registry, ResourceType
+from .store import Event, Store
+
+logger = logging.getLogger(__name__)
+
+_GC_RELEVANT = ("DELETED",)
+
+
+class Controllers:
+    """Runs on the cluster's loop; ``start`` it once, ``stop`` it on shutdown."""
+
+    def __init__(self, store: Store, registry: Registry, debounce: float = 0.02) -> None:
+        self.store = store
+        self.registry = registry
+        self.debounce = debounce
+        self._gc_due = asyncio.Event()
+        self._endpoints_due = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        store.subscribe(self._on_event)
+
+    def _type(self, group: str, plural: str) -> ResourceType:
+        for rtype in self.registry.all():
+            if rtype.group == group and rtype.plural == plural:
+                return rtype
+        raise KeyError(plural)
+
+    def _on_event(self, event: Event) -> None:
+        obj = event.obj
+        meta = obj["metadata"]
+        if event.storage_key == "customresourcedefinitions.apiextensions.k8s.io":
+            self._on_crd(event)
+        if event.type == "ADDED" and event.storage_key == "namespaces":
+            self._default_service_account(meta["name"])
+        if event.type == "DELETED" or meta.get("deletionTimestamp") or meta.get("ownerReferences"):
+            self._gc_due.set()
+        if event.storage_key in ("pods", "services"):
+            self._endpoints_due.set()
+
+    def _on_crd(self, event: Event) -> None:
+        name = event.obj["metadata"]["name"]
+        if event.type == "DELETED":
+            for rtype in self.registry.remove_crd(name)[:1]:
+                for obj in list(self.store.objects(rtype.storage_key)):
+                    meta = obj["metadata"]
+                    self.store.remove_now(rtype, meta.get("namespace", ""), meta["name"])
+        elif not event.obj["metadata"].get("deletionTimestamp"):
+            self.registry.put_crd(event.obj)
+
+    def _default_service_account(self, namespace: str) -> None:
+        rtype = self._type("", "serviceaccounts")
+        if self.store.find(rtype, namespace, "default") is None:
+            with contextlib.suppress(errors.ApiError):
+                self.store.create(rtype, namespace, {"metadata": {"name": "default"}})
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(
+                self._loop(self._gc_due, self.collect_garbage), name="localcluster-gc"
+            ),
+            asyncio.create_task(
+                self._loop(self._endpoints_due, self.sync_endpoints), name="localcluster-endpoints"
+            ),
+        ]
+        self._gc_due.set()
+        self._endpoints_due.set()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def _loop(self, due: asyncio.Event, work: Any) -> None:
+        while True:
+            await due.wait()
+            await asyncio.sleep(self.debounce)
+            due.clear()
+            try:
+                work()
+            except Exception:
+                logger.exception("local cluster controller pass failed")
+
+    # ------------------------------------------------------------ garbage collection
+    def _all_objects(self) -> list[tuple[str, dict[str, Any]]]:
+        keys = {rtype.storage_key for rtype in self.registry.all()}
+        return [(key, obj) for key in sorted(keys) for obj in self.store.objects(key)]
+
+    def collect_garbage(self) -> int:
+        """Apply one GC plan; return the number of actions taken."""
+        actions = gc.plan(self._all_objects())
+        for action in actions:
+            try:
+                self._apply(action)
+            except errors.ApiError as error:
+                if error.code not in (404, 409):
+                    logger.warning(
+                        "garbage collection %s of %s failed: %s", action.verb, action.target, error
+                    )
+        if actions:
+            self._gc_due.set()  # dependents of what was just deleted may be due now
+        return len(actions)
+
+    def _apply(self, action: gc.Action) -> None:
+        target = action.target
+        types = self.registry.by_storage_key(target.storage_key)
+        if not types:
+            return
+        rtype = types[0]
+        current = self.store.find(rtype, target.namespace, target.name)
+        if current is None or current["metadata"]["uid"] != target.uid:
+            return
+        meta = current["metadata"]
+        if action.verb == "delete":
+            options = {"propagationPolicy": action.policy, "preconditions": {"uid": target.uid}}
+            logger.debug(
+                "garbage collecting %s %s/%s", target.storage_key, target.namespace, target.name
+            )
+            self.store.delete(rtype, target.namespace, target.name, options)
+        elif action.verb == "unown":
+            references = [
+                r for r in meta.get("ownerReferences") or [] if r.get("uid") != action.owner_uid
+            ]
+            body = {**current, "metadata": {**meta, "ownerReferences": references}}
+            if not references:
+                body["metadata"].pop("ownerReferences")
+            self.store.update(
+                rtype, target.namespace, target.name, body, precondition_rv=meta["resourceVersion"]
+            )
+        elif action.verb == "finalize":
+            finalizers = [f for f in meta.get("finalizers") or [] if f != action.finalizer]
+            body = {**current, "metadata": {**meta, "finalizers": finalizers}}
+            self.store.update(
+                rtype, target.namespace, target.name, body, precondition_rv=meta["resourceVersion"]
+            )
+        elif action.verb == "finalize-namespace":
+            spec = {**(current.get("spec") or {}), "finalizers": []}
+            self.store.update(rtype, "", target.name, {**current, "spec": spec})
+
+    # ------------------------------------------------------------ endpoints
+    def sync_endpoints(self) -> None:
+        services = self._type("", "services")
+        endpoints = self._type("", "endpoints")
+        pods = list(self.store.objects("pods"))
+        wanted: dict[tuple[str, str], dict[str, Any]] = {}
+        for service in self.store.objects("services"):
+            if service["metadata"].get("deletionTimestamp"):
+                continue
+            body = gc.endpoints_for(service, pods)
+            if body is not None:
+                wanted[(service["metadata"]["namespace"], service["metadata"]["name"])] = body
+        for (namespace, name), body in wanted.items():
+            current = self.store.find(endpoints, namespace, name)
+            try:
+                if current is None:
+                    self.store.create(endpoints, namespace, body)
+                elif current.get("subsets") != body["subsets"]:
+                    self.store.update(
+                        endpoints, namespace, name, {**current, "subsets": body["subsets"]}
+                    )
+            except errors.ApiError as error:
+                logger.debug("endpoints %s/%s not synced: %s", namespace, name, error)
+        for current in list(self.store.objects("endpoints")):
+            meta = current["metadata"]
+            key = (meta["namespace"], meta["name"])
+            had_service = self.store.find(services, *key)
+            managed = (meta.get("labels") or {}).get(gc.MANAGED_BY) == "endpoint-controller"
+            gone = had_service is None or had_service["metadata"].get("deletionTimestamp")
+            if key not in wanted and managed and gone:
+                with contextlib.suppress(errors.ApiError):
+                    self.store.delete(endpoints, *key)

@@ -1,0 +1,34 @@
+"""Kubeconfig files for the local cluster: one for users and tools, one per pod."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+CONTEXT = "rolloutrun-local"
+
+
+def render(server: str, token: str, namespace: str = "default") -> str:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": CONTEXT, "cluster": {"server": server}}],
+        "users": [{"name": CONTEXT, "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": CONTEXT,
+                "context": {"cluster": CONTEXT, "user": CONTEXT, "namespace": namespace},
+            }
+        ],
+        "current-context": CONTEXT,
+        "preferences": {},
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def write(path: Path, server: str, token: str, namespace: str = "default") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(server, token, namespace))
+    path.chmod(0o600)
+    return path

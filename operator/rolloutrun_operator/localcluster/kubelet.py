@@ -1,0 +1,475 @@
+"""The process kubelet of node ``local``: binds pods, runs them as processes, plays node loss.
+
+It is also the scheduler (every pod without a node is bound to ``local`` while the node is
+Ready) and the node lifecycle controller (a lost node turns ``Ready=Unknown``, its pods
+``Ready=False``). It reads the store directly on the cluster's loop; what it writes goes
+through the same store calls an API client's writes do, so watches see every change.
+
+Each pod gets its own loopback address ``127.0.0.N`` as its pod IP (the whole 127/8 is
+local on Linux), so pods reach each other by pod IP like on a flat pod network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from . import errors
+from .podworker import PodWorker
+from .processes import POD_TAG
+from .resources import Registry, ResourceType
+from .store import Event, Store, now_iso
+from .volumes import Volumes
+
+logger = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+# What pods inherit from the cluster's own environment (everything else is the pod spec's).
+INHERITED_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "VIRTUAL_ENV",
+    "PYTHONPATH",
+    "USER",
+)
+
+
+class IpPool:
+    """Loopback pod IPs ``127.0.0.2`` ... ``127.0.255.254``, not reused until they wrap."""
+
+    def __init__(self) -> None:
+        self._next = int(ipaddress.IPv4Address("127.0.0.2"))
+        self._last = int(ipaddress.IPv4Address("127.0.255.254"))
+        self._used: set[str] = set()
+
+    def take(self) -> str:
+        for _ in range(self._last - int(ipaddress.IPv4Address("127.0.0.2")) + 1):
+            candidate = str(ipaddress.IPv4Address(self._next))
+            self._next = (
+                self._next + 1
+                if self._next < self._last
+                else int(ipaddress.IPv4Address("127.0.0.2"))
+            )
+            if candidate.endswith((".0", ".255")) or candidate in self._used:
+                continue
+            self._used.add(candidate)
+            return candidate
+        raise RuntimeError("no pod IPs left")
+
+    def give_back(self, ip: str) -> None:
+        self._used.discard(ip)
+
+
+class Kubelet:
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        root: Path,
+        *,
+        token: str,
+        kubeconfig_for: Callable[[str], str],
+        api_port: Callable[[], int],
+        node_name: str = "local",
+        extra_env: dict[str, str] | None = None,
+        backoff: tuple[float, float] = (1.0, 30.0),
+        min_probe_period: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.root = root
+        self.token = token
+        self.kubeconfig_for = kubeconfig_for
+        self.api_port = api_port
+        self.node_name = node_name
+        self.host_ip = "127.0.0.1"
+        self.extra_env = dict(extra_env or {})
+        self.backoff = backoff
+        self.min_probe_period = min_probe_period
+        self.volumes = Volumes(self)
+        self.workers: dict[str, PodWorker] = {}
+        self.lost: str | None = None
+        self._ips = IpPool()
+        self._node_up = asyncio.Event()
+        self._node_up.set()
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._terminations: dict[str, asyncio.Task[None]] = {}
+        store.subscribe(self._on_event)
+
+    # ------------------------------------------------------------------ helpers
+    def _type(self, plural: str) -> ResourceType:
+        rtype = self.registry.get("", "v1", plural)
+        assert rtype is not None
+        return rtype
+
+    def pod(self, uid: str) -> Obj | None:
+        return self.store.by_uid(uid)
+
+    def lookup(self, plural: str) -> Callable[[str, str], Obj | None]:
+        rtype = self._type(plural)
+        return lambda namespace, name: self.store.find(rtype, namespace, name)
+
+    def base_env(self, worker: PodWorker, container: Obj) -> dict[str, str]:
+        env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        env.update(self.extra_env)
+        port = str(self.api_port())
+        env.update(
+            {
+                "HOSTNAME": worker.name,
+                "POD_IP": worker.ip,
+                "KUBERNETES_SERVICE_HOST": self.host_ip,
+                "KUBERNETES_SERVICE_PORT": port,
+                "KUBERNETES_PORT": f"tcp://{self.host_ip}:{port}",
+                "KUBECONFIG": str(worker.dir / "kubeconfig"),
+                "ROLLOUTRUN_LOCALCLUSTER_POD_DIR": str(worker.dir),
+                POD_TAG: worker.uid,
+            }
+        )
+        return env
+
+    async def node_up(self) -> None:
+        """Wait while the node is lost (a lost node's kubelet reports nothing)."""
+        await self._node_up.wait()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._write_node()
+        self._dirty.update(p["metadata"]["uid"] for p in self.store.objects("pods"))
+        self._wake.set()
+        self._task = asyncio.create_task(self._loop(), name="localcluster-kubelet")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._node_up.set()
+        for worker in self.workers.values():
+            worker.freeze(False)
+            worker.kill()
+        for task in list(self._terminations.values()):
+            task.cancel()
+        tasks = [w.task for w in self.workers.values() if w.task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks + list(self._terminations.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for worker in self.workers.values():
+            worker.kill()
+
+    def _on_event(self, event: Event) -> None:
+        if event.storage_key == "pods":
+            self._dirty.add(event.obj["metadata"]["uid"])
+            self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self.lost:
+                continue
+            dirty, self._dirty = self._dirty, set()
+            for uid in sorted(dirty):
+                try:
+                    self._sync(uid)
+                except Exception:
+                    logger.exception("kubelet failed to sync pod %s", uid)
+
+    def _sync(self, uid: str) -> None:
+        pod = self.store.by_uid(uid)
+        worker = self.workers.get(uid)
+        if pod is None:
+            if worker is not None:
+                worker.kill()  # removed from the API (force deletion): nothing waits for it
+                self._forget(worker)
+            return
+        spec, meta = pod.get("spec") or {}, pod["metadata"]
+        deleting = bool(meta.get("deletionTimestamp"))
+        node = spec.get("nodeName")
+        if not node:
+            if not deleting:
+                self._bind(pod)
+            return
+        if node != self.node_name:
+            return
+        terminal = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        if worker is None and not deleting and not terminal:
+            worker = PodWorker(self, pod, self._ips.take())
+            self.workers[uid] = worker
+            logger.info("starting pod %s/%s at %s", worker.namespace, worker.name, worker.ip)
+            worker.start()
+        if deleting and uid not in self._terminations:
+            grace = float(meta.get("deletionGracePeriodSeconds") or 0)
+            self._terminations[uid] = asyncio.create_task(self._terminate(pod, worker, grace))
+
+    def _bind(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        spec = {**pod["spec"], "nodeName": self.node_name}
+        status = {**(pod.get("status") or {})}
+        status["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": now_iso(),
+            }
+        ]
+        with contextlib.suppress(errors.ApiError):
+            bound = self.store.update(
+                self._type("pods"), meta["namespace"], meta["name"], {**pod, "spec": spec}
+            )
+            self.store.update(
+                self._type("pods"),
+                meta["namespace"],
+                meta["name"],
+                {**bound, "status": status},
+                subresource="status",
+            )
+
+    async def _terminate(self, pod: Obj, worker: PodWorker | None, grace: float) -> None:
+        meta = pod["metadata"]
+        try:
+            if worker is not None:
+                logger.info(
+                    "stopping pod %s/%s (grace %ss)", meta["namespace"], meta["name"], grace
+                )
+                await worker.terminate(grace)
+            await self.node_up()
+            options = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
+            with contextlib.suppress(errors.ApiError):
+                self.store.delete(self._type("pods"), meta["namespace"], meta["name"], options)
+        finally:
+            self._terminations.pop(meta["uid"], None)
+
+    def _forget(self, worker: PodWorker) -> None:
+        self.workers.pop(worker.uid, None)
+        self._ips.give_back(worker.ip)
+        task = self._terminations.pop(worker.uid, None)
+        if task is not None:
+            task.cancel()
+
+    def report(self, worker: PodWorker) -> None:
+        """Write a worker's pod status (a lost node reports nothing)."""
+        if self.lost:
+            return
+        pod = self.store.by_uid(worker.uid)
+        if pod is None:
+            return
+        status = worker.status(pod.get("status") or {})
+        meta = pod["metadata"]
+        with contextlib.suppress(errors.ApiError):
+            self.store.update(
+                self._type("pods"),
+                meta["namespace"],
+                meta["name"],
+                {**pod, "status": status},
+                subresource="status",
+            )
+
+    # ------------------------------------------------------------------ node
+    def _write_node(self, ready: bool = True) -> None:
+        nodes = self._type("nodes")
+        now = now_iso()
+        condition = (
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "kubelet is posting ready status",
+            }
+            if ready
+            else {
+                "type": "Ready",
+                "status": "Unknown",
+                "reason": "NodeStatusUnknown",
+                "message": "Kubelet stopped posting node status.",
+            }
+        )
+        condition.update({"lastHeartbeatTime": now, "lastTransitionTime": now})
+        taints = (
+            []
+            if ready
+            else [
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": now},
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": now},
+            ]
+        )
+        body: Obj = {
+            "metadata": {
+                "name": self.node_name,
+                "labels": {"kubernetes.io/hostname": self.node_name, "kubernetes.io/os": "linux"},
+            },
+            "spec": {"taints": taints} if taints else {},
+            "status": {
+                "conditions": [condition],
+                "addresses": [
+                    {"type": "InternalIP", "address": self.host_ip},
+                    {"type": "Hostname", "address": self.node_name},
+                ],
+                "capacity": {"cpu": str(os.cpu_count() or 1), "pods": "250"},
+                "allocatable": {"cpu": str(os.cpu_count() or 1), "pods": "250"},
+                "nodeInfo": {
+                    "kubeletVersion": "v1.32.0-rolloutrun-localcluster",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                },
+            },
+        }
+        current = self.store.find(nodes, "", self.node_name)
+        if current is None:
+            created = self.store.create(nodes, "", body)
+            self.store.update(
+                nodes,
+                "",
+                self.node_name,
+                {**created, "status": body["status"]},
+                subresource="status",
+            )
+        else:
+            updated = self.store.update(
+                nodes, "", self.node_name, {**current, "spec": body["spec"]}
+            )
+            self.store.update(
+                nodes,
+                "",
+                self.node_name,
+                {**updated, "status": body["status"]},
+                subresource="status",
+            )
+
+    def lose_node(self, mode: str = "freeze") -> None:
+        """The node stops answering: processes frozen (``freeze``) or gone (``kill``)."""
+        if mode not in ("freeze", "kill"):
+            raise ValueError(f"mode must be 'freeze' or 'kill', not {mode!r}")
+        self._write_node(ready=False)
+        self._mark_pods_not_ready()
+        self.lost = mode
+        self._node_up.clear()
+        for worker in self.workers.values():
+            worker.freeze(True) if mode == "freeze" else worker.kill_processes_only()
+        logger.info("node %s lost (%s)", self.node_name, mode)
+
+    def _mark_pods_not_ready(self) -> None:
+        pods = self._type("pods")
+        for pod in self.store.objects("pods"):
+            if (pod.get("spec") or {}).get("nodeName") != self.node_name:
+                continue
+            status = dict(pod.get("status") or {})
+            conditions = []
+            for condition in status.get("conditions") or []:
+                if condition.get("type") == "Ready" and condition.get("status") == "True":
+                    condition = {
+                        **condition,
+                        "status": "False",
+                        "reason": "NodeNotReady",
+                        "lastTransitionTime": now_iso(),
+                    }
+                conditions.append(condition)
+            status["conditions"] = conditions
+            status["containerStatuses"] = [
+                {**c, "ready": False} for c in status.get("containerStatuses") or []
+            ]
+            meta = pod["metadata"]
+            with contextlib.suppress(errors.ApiError):
+                self.store.update(
+                    pods,
+                    meta["namespace"],
+                    meta["name"],
+                    {**pod, "status": status},
+                    subresource="status",
+                )
+
+    def restore_node(self) -> None:
+        """The node is back: frozen processes resume, the kubelet reports and acts again."""
+        mode, self.lost = self.lost, None
+        if mode == "freeze":
+            for worker in self.workers.values():
+                worker.freeze(False)
+        self._write_node(ready=True)
+        self._node_up.set()
+        for worker in list(self.workers.values()):
+            self.report(worker)
+        self._dirty.update(p["metadata"]["uid"] for p in self.store.objects("pods"))
+        self._dirty.update(self.workers)
+        self._wake.set()
+        logger.info("node %s restored", self.node_name)
+
+    # ------------------------------------------------------------------ logs
+    def _worker_for_log(
+        self, namespace: str, name: str, container: str | None
+    ) -> tuple[PodWorker, str]:
+        pod = self.store.find(self._type("pods"), namespace, name)
+        worker = self.workers.get(pod["metadata"]["uid"]) if pod else None
+        if pod is None or worker is None:
+            raise errors.bad_request(
+                f'container in pod "{name}" is waiting to start: ContainerCreating'
+            )
+        names = [r.name for r in worker.init + worker.main]
+        if container is None:
+            if len(worker.main) != 1:
+                choices = " ".join(r.name for r in worker.main)
+                raise errors.bad_request(
+                    f"a container name must be specified for pod {name}, choose one of: [{choices}]"
+                )
+            container = worker.main[0].name
+        if container not in names:
+            raise errors.bad_request(f"container {container} is not valid for pod {name}")
+        return worker, container
+
+    async def read_log(
+        self, namespace: str, name: str, container: str | None, query: dict[str, str]
+    ) -> bytes:
+        worker, container = self._worker_for_log(namespace, name, container)
+        path = worker.log_path(container, previous=query.get("previous") == "true")
+        if not path.exists():
+            if query.get("previous") == "true":
+                raise errors.bad_request(
+                    f'previous terminated container "{container}" in pod "{name}" not found'
+                )
+            return b""
+        data = path.read_bytes()
+        if query.get("tailLines"):
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[-int(query["tailLines"]) :]) if int(query["tailLines"]) else b""
+        if query.get("limitBytes"):
+            data = data[: int(query["limitBytes"])]
+        return data
+
+    async def follow_log(
+        self,
+        namespace: str,
+        name: str,
+        container: str | None,
+        query: dict[str, str],
+        write: Callable[[bytes], Awaitable[None]],
+    ) -> None:
+        worker, container = self._worker_for_log(namespace, name, container)
+        data = await self.read_log(namespace, name, container, query)
+        await write(data)
+        path = worker.log_path(container)
+        offset = path.stat().st_size if path.exists() else 0
+        while True:
+            record = next(r for r in worker.init + worker.main if r.name == container)
+            running = record.state == "running" and not worker.finished.is_set()
+            if path.exists() and path.stat().st_size > offset:
+                with open(path, "rb") as handle:
+                    handle.seek(offset)
+                    chunk = handle.read()
+                offset += len(chunk)
+                await write(chunk)
+            elif not running:
+                return
+            await asyncio.sleep(0.2)

@@ -1,0 +1,303 @@
+"""One pod's life on the process kubelet: its directory, containers, restarts and status.
+
+A worker runs the init containers one after another, then every container at once, each
+as a process in its own session with the pod's environment. It restarts containers per
+``restartPolicy`` with an exponential back-off, runs readiness probes, reports phase,
+conditions and ``containerStatuses`` through the pod's status subresource, and on deletion
+sends SIGTERM to each container's main process (as a runtime signals a container's PID 1),
+waits up to the grace period, then SIGKILLs everything the pod started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import podspec, probes, processes
+from .podspec import ConfigError, ContainerRecord
+from .store import now_iso
+
+if TYPE_CHECKING:
+    from .kubelet import Kubelet
+
+logger = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+class PodWorker:
+    def __init__(self, kubelet: Kubelet, pod: Obj, ip: str) -> None:
+        meta = pod["metadata"]
+        self.kubelet = kubelet
+        self.uid: str = meta["uid"]
+        self.namespace: str = meta["namespace"]
+        self.name: str = meta["name"]
+        self.ip = ip
+        self.dir = kubelet.root / "pods" / self.namespace / f"{self.name}-{self.uid[:8]}"
+        spec = pod.get("spec") or {}
+        self.policy: str = spec.get("restartPolicy", "Always")
+        self.init_specs: list[Obj] = list(spec.get("initContainers") or [])
+        self.main_specs: list[Obj] = list(spec.get("containers") or [])
+        self.init = [ContainerRecord(c["name"], c.get("image", "")) for c in self.init_specs]
+        self.main = [ContainerRecord(c["name"], c.get("image", "")) for c in self.main_specs]
+        self.processes: dict[str, asyncio.subprocess.Process] = {}
+        self.sessions: set[int] = set()
+        self.initialized = not self.init_specs
+        self.started_at = now_iso()
+        self.terminating = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ paths
+    def log_path(self, container: str, previous: bool = False) -> Path:
+        return self.dir / "logs" / (f"{container}.previous.log" if previous else f"{container}.log")
+
+    @property
+    def tag(self) -> str:
+        return processes.pod_tag(self.uid)
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name=f"pod-{self.namespace}-{self.name}")
+
+    # ------------------------------------------------------------------ lifecycle
+    async def _run(self) -> None:
+        try:
+            self._prepare()
+            self.report()
+            for spec, record in zip(self.init_specs, self.init, strict=True):
+                if not await self._run_init(spec, record):
+                    return
+            self.initialized = True
+            self.report()
+            await asyncio.gather(
+                *(
+                    self._supervise(spec, record)
+                    for spec, record in zip(self.main_specs, self.main, strict=True)
+                )
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("pod %s/%s worker failed", self.namespace, self.name)
+        finally:
+            processes.kill_tagged(self.tag, self.sessions)
+            self.finished.set()
+            self.report()
+
+    def _prepare(self) -> None:
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.dir / "work").mkdir(exist_ok=True)
+        account = self.dir / "serviceaccount"
+        account.mkdir(exist_ok=True)
+        (account / "token").write_text(self.kubelet.token)
+        (account / "namespace").write_text(self.namespace)
+        (self.dir / "kubeconfig").write_text(self.kubelet.kubeconfig_for(self.namespace))
+        self.kubelet.volumes.materialize(self)
+
+    async def _run_init(self, spec: Obj, record: ContainerRecord) -> bool:
+        while True:
+            code = await self._run_container(spec, record)
+            if code is None or self.terminating.is_set():
+                return False
+            if code == 0:
+                record.will_restart = False
+                return True
+            record.will_restart = self.policy != "Never"
+            self.report()
+            if not record.will_restart:
+                return False
+            await self._back_off(record)
+
+    async def _supervise(self, spec: Obj, record: ContainerRecord) -> None:
+        while True:
+            code = await self._run_container(spec, record)
+            if code is None or self.terminating.is_set():
+                record.will_restart = False
+                self.report()
+                return
+            record.will_restart = podspec.should_restart(self.policy, code)
+            self.report()
+            if not record.will_restart:
+                return
+            await self._back_off(record)
+
+    async def _back_off(self, record: ContainerRecord) -> None:
+        base, cap = self.kubelet.backoff
+        delay = min(cap, base * (2 ** min(record.restart_count, 10)))
+        record.last_state = {"terminated": record.status()["state"]["terminated"]}
+        record.state, record.reason, record.message = (
+            "waiting",
+            "CrashLoopBackOff",
+            f"back-off {delay:g}s restarting failed container={record.name} pod={self.name}",
+        )
+        self.report()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.terminating.wait(), delay)
+        record.restart_count += 1
+        log = self.log_path(record.name)
+        if log.exists():
+            log.replace(self.log_path(record.name, previous=True))
+
+    def _env_for(self, spec: Obj) -> dict[str, str]:
+        pod = self.kubelet.pod(self.uid)
+        if pod is None:
+            raise ConfigError("the pod is gone")
+        status = {**(pod.get("status") or {}), "podIP": self.ip, "hostIP": self.kubelet.host_ip}
+        pod = {**pod, "status": status}
+        base = self.kubelet.base_env(self, spec)
+        return podspec.container_env(
+            pod, spec, self.kubelet.lookup("configmaps"), self.kubelet.lookup("secrets"), base
+        )
+
+    def _workdir(self, spec: Obj) -> Path:
+        wanted = spec.get("workingDir")
+        if not wanted:
+            return self.dir / "work"
+        if os.path.isdir(wanted):
+            return Path(wanted)
+        path = self.dir / "root" / wanted.lstrip("/")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    async def _run_container(self, spec: Obj, record: ContainerRecord) -> int | None:
+        """Run the container once; its exit code, or ``None`` if the pod is going away."""
+        while True:
+            if self.terminating.is_set():
+                return None
+            try:
+                env = self._env_for(spec)
+                break
+            except ConfigError as error:
+                record.state, record.reason, record.message = (
+                    "waiting",
+                    "CreateContainerConfigError",
+                    str(error),
+                )
+                self.report()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.terminating.wait(), 1.0)
+        argv = podspec.container_argv(spec, env)
+        env[processes.CONTAINER_TAG] = f"{self.uid}/{record.name}"
+        executable = None
+        if argv:
+            executable = (
+                argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH", ""))
+            )
+        if executable is None:
+            why = (
+                f'exec: "{argv[0]}": executable file not found in $PATH'
+                if argv
+                else "no command specified: the local cluster runs command/args, images have no entrypoint"
+            )
+            return self._terminated(record, 128, "StartError", why)
+        try:
+            process = await processes.spawn(
+                [executable, *argv[1:]], self._workdir(spec), env, self.log_path(record.name)
+            )
+        except OSError as error:
+            return self._terminated(record, 128, "StartError", str(error))
+        self.processes[record.name] = process
+        self.sessions.add(process.pid)
+        record.state, record.reason, record.message = "running", "", ""
+        record.pid, record.started_at, record.exit_code = process.pid, now_iso(), 0
+        record.ready = "readinessProbe" not in spec
+        probe_task = None
+        if "readinessProbe" in spec:
+            probe_task = asyncio.create_task(self._probe(spec, record, env))
+        self.report()
+        returncode = await process.wait()
+        if probe_task is not None:
+            probe_task.cancel()
+        await self.kubelet.node_up()
+        processes.kill_tagged(processes.container_tag(self.uid, record.name), [process.pid])
+        self.processes.pop(record.name, None)
+        code = podspec.exit_code_of(returncode)
+        return self._terminated(record, code, "Completed" if code == 0 else "Error", "")
+
+    def _terminated(self, record: ContainerRecord, code: int, reason: str, message: str) -> int:
+        record.state, record.exit_code, record.reason, record.message = (
+            "terminated",
+            code,
+            reason,
+            message,
+        )
+        record.finished_at, record.ready = now_iso(), False
+        if not record.started_at:
+            record.started_at = record.finished_at
+        return code
+
+    async def _probe(self, spec: Obj, record: ContainerRecord, env: dict[str, str]) -> None:
+        probe = spec["readinessProbe"]
+        tracker = probes.ReadinessTracker(probe)
+        await asyncio.sleep(float(probe.get("initialDelaySeconds", 0)))
+        period = max(float(probe.get("periodSeconds", 10)), self.kubelet.min_probe_period)
+        while True:
+            await self.kubelet.node_up()
+            ok = await probes.probe_once(probe, spec, self.ip, env, self._workdir(spec))
+            if tracker.record(ok):
+                record.ready = tracker.ready
+                self.report()
+            await asyncio.sleep(period)
+
+    # ------------------------------------------------------------------ termination
+    async def terminate(self, grace: float) -> None:
+        """SIGTERM each container's main process; SIGKILL all after ``grace`` seconds."""
+        if not self.terminating.is_set():
+            self.terminating.set()
+            for process in list(self.processes.values()):
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.finished.wait(), grace)
+        self.kill()
+        await self.finished.wait()
+
+    def kill(self) -> None:
+        """SIGKILL everything the pod started, now."""
+        self.terminating.set()
+        processes.kill_tagged(self.tag, self.sessions)
+
+    def kill_processes_only(self) -> None:
+        """SIGKILL the pod's processes without ending the pod (a node that crashed)."""
+        processes.kill_tagged(self.tag, self.sessions)
+
+    def freeze(self, frozen: bool) -> None:
+        processes.freeze_tagged(self.tag, self.sessions, frozen)
+
+    # ------------------------------------------------------------------ status
+    def status(self, old: Obj) -> Obj:
+        records = self.init + self.main
+        phase = podspec.pod_phase(self.init, self.main, self.policy)
+        ready = phase == "Running" and all(r.state == "running" and r.ready for r in self.main)
+        now = now_iso()
+        status: Obj = {
+            "phase": phase,
+            "conditions": podspec.conditions(
+                old.get("conditions") or [],
+                scheduled=True,
+                initialized=self.initialized,
+                ready=ready,
+                now=now,
+            ),
+            "hostIP": self.kubelet.host_ip,
+            "hostIPs": [{"ip": self.kubelet.host_ip}],
+            "podIP": self.ip,
+            "podIPs": [{"ip": self.ip}],
+            "startTime": self.started_at,
+            "qosClass": old.get("qosClass", "BestEffort"),
+            "containerStatuses": [r.status() for r in self.main],
+        }
+        if self.init:
+            status["initContainerStatuses"] = [r.status() for r in self.init]
+        if not records:
+            status["phase"] = "Pending"
+        return status
+
+    def report(self) -> None:
+        self.kubelet.report(self)

@@ -1,0 +1,114 @@
+"""Process handling for pods: sessions, signals, and finding every process a pod started.
+
+A container's processes die with it: each container's main process starts in a new session
+(its own process group), and every process a pod starts carries the environment variable
+``ROLLOUTRUN_LOCALCLUSTER_POD_UID``. Killing a pod signals its groups and then sweeps
+``/proc`` for any process still carrying the tag or still in one of the pod's sessions, so a
+daemon that double-forks into a new session (Ray's raylet, GCS and workers do) still dies
+with the pod, as it would when a container's PID namespace goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Iterable
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+POD_TAG = "ROLLOUTRUN_LOCALCLUSTER_POD_UID"
+CONTAINER_TAG = "ROLLOUTRUN_LOCALCLUSTER_CONTAINER"
+
+
+async def spawn(
+    argv: list[str], cwd: Path, env: dict[str, str], log_path: Path
+) -> asyncio.subprocess.Process:
+    """Start ``argv`` in a new session with stdout and stderr appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=str(cwd),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return b""
+
+
+def tagged_pids(tag: str, sessions: Iterable[int] = ()) -> set[int]:
+    """Live processes carrying the environment entry ``tag`` or in one of ``sessions``."""
+    wanted = tag.encode()
+    wanted_sessions = set(sessions)
+    found: set[int] = set()
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        stat = _read(f"/proc/{pid}/stat")
+        if not stat:
+            continue
+        fields = stat.rsplit(b")", 1)[-1].split()
+        if len(fields) < 4 or fields[0] == b"Z":
+            continue
+        if int(fields[3]) in wanted_sessions or wanted in _read(f"/proc/{pid}/environ").split(
+            b"\0"
+        ):
+            found.add(pid)
+    return found
+
+
+def pod_tag(uid: str) -> str:
+    return f"{POD_TAG}={uid}"
+
+
+def container_tag(uid: str, name: str) -> str:
+    return f"{CONTAINER_TAG}={uid}/{name}"
+
+
+def signal_pids(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def kill_tagged(tag: str, sessions: Iterable[int]) -> int:
+    """SIGKILL everything tagged ``tag`` or in ``sessions``; return how many were signalled."""
+    sessions = list(sessions)
+    for pgid in sessions:
+        signal_group(pgid, signal.SIGKILL)
+    pids = tagged_pids(tag, sessions)
+    signal_pids(pids, signal.SIGKILL)
+    if pids:
+        logger.debug("killed %d processes tagged %s", len(pids), tag)
+    return len(pids)
+
+
+def freeze_tagged(tag: str, sessions: Iterable[int], frozen: bool) -> int:
+    """SIGSTOP (or SIGCONT) every process tagged ``tag``: a node that stops answering."""
+    sig = signal.SIGSTOP if frozen else signal.SIGCONT
+    sessions = list(sessions)
+    for pgid in sessions:
+        signal_group(pgid, sig)
+    pids = tagged_pids(tag, sessions)
+    signal_pids(pids, sig)
+    return len(pids)
