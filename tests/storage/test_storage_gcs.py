@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from tests.gcs_emulator import FakeGcs, FaultProxy, free_port
-from tests.storage.conftest import BUCKET, FAST_RETRY
+from tests.storage.storage_params import BUCKET, FAST_RETRY
 
 from rolloutrun_runtime.storage import (
     BucketNotFoundError,
