@@ -41,20 +41,23 @@ def ppo_clip_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     clip_epsilon: float,
+    token_normalizer: float | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Token-mean PPO-clip surrogate over ``mask``ed tokens.
 
     Shapes: ``logprobs``, ``behaviour_logprobs`` and ``mask`` are [B, T]; ``advantages`` is
-    [B] (one per sequence, broadcast over its tokens).
+    [B] (one per sequence, broadcast over its tokens). ``token_normalizer`` replaces this
+    batch's token count when a step is split into micro-batches (pass the step's total).
     """
     mask = mask.float()
     tokens = mask.sum().clamp(min=1.0)
+    normalizer = tokens if token_normalizer is None else max(token_normalizer, 1.0)
     log_ratio = (logprobs - behaviour_logprobs) * mask
     ratio = torch.exp(log_ratio)
     adv = advantages.float()[:, None]
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_epsilon, 1.0 + clip_epsilon) * adv
-    loss = -(torch.minimum(unclipped, clipped) * mask).sum() / tokens
+    loss = -(torch.minimum(unclipped, clipped) * mask).sum() / normalizer
     with torch.no_grad():
         was_clipped = ((ratio - 1.0).abs() > clip_epsilon).float() * mask
         stats = LossStats(

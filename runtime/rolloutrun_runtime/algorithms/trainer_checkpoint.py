@@ -159,12 +159,15 @@ class TrainerCheckpointer:
 
     def publish(self, capture: TrainerCapture) -> str:
         """Serialize and publish ``capture`` (blocking; run it off the event loop)."""
-        files = capture.to_files()
+        return self.publish_files(capture.step, capture.to_files())
+
+    def publish_files(self, step: int, files: Mapping[str, bytes]) -> str:
+        """Publish serialized files as ``step_<step>`` (marker last), then apply retention."""
         uri = publish_entry(
             self.storage,
-            step_entry(capture.step),
+            step_entry(step),
             files,
-            marker_payload=json.dumps({"step": capture.step}).encode(),
+            marker_payload=json.dumps({"step": step}).encode(),
         )
         logger.info("published trainer checkpoint %s", uri)
         self.apply_retention()

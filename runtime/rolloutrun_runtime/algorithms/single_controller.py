@@ -1,0 +1,1018 @@
+"""The single controller: a rollout pump and a train pump running GRPO side by side.
+
+Why two pumps: rollouts (multi-turn, through Gym servers) and optimizer steps take very
+different times, so the controller runs them concurrently and lets them meet only through
+shared state: the replay buffer (sealed groups, one capacity permit each), the sampler's
+target-step stamps (bounded staleness), the data plane (rows) and the recovery ledger. The
+pumps never call each other.
+
+Rollout pump: wait until the sampler admits the next step and a permit per prompt is free;
+in one ``prompt_reservations`` mutation advance the dataloader, stamp the target step and
+reserve one ledger group per prompt; each group then dispatches its siblings to Gym
+replicas, stages every result in the data plane, and is finalized into ``train`` rows and
+the replay buffer under one ``group_commits`` cut. A group with no learning signal (or one
+that ran out of attempts) is replaced from the spare-prompt pool, or counted as shortfall.
+
+Train pump: wait for the groups stamped with its step (or the step's shortfall), compute
+group-normalized advantages and the PPO-clip loss in one batched pass, then apply the
+optimizer step and clear the rows inside one ``sample_clears`` mutation (the
+optimizer-commit window), refit the generation workers and save a trainer checkpoint every
+``savePeriod`` steps.
+
+Checkpoint seams for the rollout-checkpointing package: ``RolloutParts`` (built once by
+``rollout_parts``), the save lock shared by trainer checkpoints and snapshots, the
+``optimizer_commit_in_progress`` flag read through ``read_progress``, and capture under
+``barrier.checkpoint()`` (``capture_trainer_state``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+import torch
+
+from rolloutrun_runtime.algorithms.grpo import (
+    batch_age,
+    count_versions,
+    group_advantages,
+    pad_batch,
+    ppo_clip_loss,
+    zero_variance,
+)
+from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer, ReplayGroup
+from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
+    FinalizerResult,
+    ResumeSource,
+    RolloutParts,
+    RolloutRuntimeState,
+    TrainingProgress,
+)
+from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader
+from rolloutrun_runtime.algorithms.trainer_checkpoint import (
+    LoadedTrainerCheckpoint,
+    TrainerCapture,
+    TrainerCheckpointer,
+    restore_rng,
+)
+from rolloutrun_runtime.config import RunConfig, TargetLevel
+from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
+from rolloutrun_runtime.experience.rollout_recovery import (
+    AttemptStatus,
+    EnvironmentEpisode,
+    Granularity,
+    GroupStatus,
+    LiveCut,
+    PromptRef,
+    RecoveryLedger,
+    RestoreLevel,
+    new_attempt,
+    read_recovery_sidecar,
+)
+from rolloutrun_runtime.metrics import OverheadClock
+from rolloutrun_runtime.policy.model import token_logprobs
+from rolloutrun_runtime.workers import PolicyWorkers
+
+logger = logging.getLogger(__name__)
+
+#: RunConfig has no ``checkpointing.saveDataPlane`` yet: trainer checkpoints always carry the
+#: data plane, the replay view and the ledger, so a resume loses no admitted prompt.
+SAVE_DATA_PLANE = True
+#: Most dropped groups of one step that are replaced from the spare pool, per prompt.
+REPLACEMENTS_PER_PROMPT = 1
+#: Rows per forward pass in a train step (larger steps are split, the loss normalized once).
+MICRO_BATCH_ROWS = 512
+#: Gradient-norm clip for the optimizer step.
+MAX_GRAD_NORM = 1.0
+
+LEDGER_FILE = "rollout/rollout_recovery.json"
+RUNTIME_STATE_FILE = "rollout/runtime_state.json"
+DATA_PLANE_PREFIX = "data_plane/"
+
+
+class ControllerError(RuntimeError):
+    """The controller cannot continue (a pump failed, a restore does not fit)."""
+
+
+class GymCallError(ControllerError):
+    """A Gym ``/run`` call failed or returned something unusable."""
+
+
+class _GroupGivenUp(Exception):
+    """A sibling ran out of attempts; the whole group is given up."""
+
+
+class DropAction(enum.StrEnum):
+    REPLACE = "replace"
+    SHORTFALL = "shortfall"
+    KEEP = "keep"
+
+
+def decide_drop(
+    *,
+    failed: bool,
+    replacements: int,
+    shortfall: int,
+    prompts_per_step: int,
+    min_step_batch_fraction: float,
+) -> DropAction:
+    """What to do with a group that has no learning signal (or failed) for its step.
+
+    Replace it from the spare pool while the step's replacement budget lasts; then give it
+    up as shortfall while the step stays above ``minStepBatchFraction``; a group with zero
+    variance past that is kept (it trains with zero advantage), a failed one is given up.
+    """
+    if replacements < REPLACEMENTS_PER_PROMPT * prompts_per_step:
+        return DropAction.REPLACE
+    max_shortfall = int(prompts_per_step * (1.0 - min_step_batch_fraction))
+    if failed or shortfall < max_shortfall:
+        return DropAction.SHORTFALL
+    return DropAction.KEEP
+
+
+def rollout_seed(seed: int, prompt: PromptRef, generation_index: int) -> int:
+    """A sampling seed that depends only on the run seed, the prompt and the sibling."""
+    digest = hashlib.sha256(
+        f"{seed}:{prompt.epoch}:{prompt.prompt_id}:{generation_index}".encode()
+    ).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+@dataclass
+class GymReplica:
+    url: str
+    instance_id: str
+
+
+@dataclass
+class _GroupRun:
+    """A group being generated (the in-memory side of a ledger group)."""
+
+    group_id: str
+    prompt: PromptRef
+    target_step: int
+    start_version: int
+    staged: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class _StepCounters:
+    """Per stamped step: every finished rollout's reward and model tokens."""
+
+    rewards: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Selected:
+    step: int
+    groups: list[ReplayGroup]
+    rows: list[dict[str, Any]]
+
+
+@contextlib.asynccontextmanager
+async def _no_cut() -> AsyncIterator[None]:
+    yield None
+
+
+def segments_to_row(result: Mapping[str, Any], max_seq_len: int) -> dict[str, Any]:
+    """A Gym ``/run`` result as a training row of aligned numpy arrays.
+
+    Only ``model`` segments are trained; their logprobs are the behaviour logprobs and their
+    weight versions feed ``batch_age``. Raises ``GymCallError`` on a malformed result.
+    """
+    ids: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    mask: list[int] = []
+    try:
+        for segment in result["segments"]:
+            tokens = segment["token_ids"]
+            count = len(tokens)
+            ids.extend(tokens)
+            if segment["kind"] == "model":
+                if len(segment["logprobs"]) != count or len(segment["weight_versions"]) != count:
+                    raise GymCallError(
+                        "a model segment's logprobs/versions do not match its tokens"
+                    )
+                logprobs.extend(segment["logprobs"])
+                versions.extend(segment["weight_versions"])
+                mask.extend([1] * count)
+            else:
+                logprobs.extend([0.0] * count)
+                versions.extend([-1] * count)
+                mask.extend([0] * count)
+        reward = float(result["reward"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise GymCallError(f"malformed /run result: {error!r}") from error
+    if len(ids) < 2:
+        raise GymCallError("a /run result needs at least two tokens")
+    if len(ids) > max_seq_len:
+        raise GymCallError(f"a /run result has {len(ids)} tokens, over maxSeqLen {max_seq_len}")
+    mask_array = np.asarray(mask, dtype=np.int8)
+    mask_array[0] = 0
+    return {
+        "input_ids": np.asarray(ids, dtype=np.int64),
+        "behaviour_logprobs": np.asarray(logprobs, dtype=np.float32),
+        "weight_versions": np.asarray(versions, dtype=np.int64),
+        "loss_mask": mask_array,
+        "reward": reward,
+        "model_tokens": int(mask_array.sum()),
+        "instance_id": str(result.get("instance_id", "")),
+    }
+
+
+class SingleController:
+    """Runs GRPO to ``maxSteps``: one rollout pump, one train pump, shared state."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        workers: PolicyWorkers,
+        gym_endpoints: list[str],
+        checkpointer: TrainerCheckpointer | None = None,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        pad_id: int = 0,
+    ) -> None:
+        if not gym_endpoints:
+            raise ControllerError("no Gym endpoints: set gym.endpoints or start Gym replicas")
+        if cfg.rollout.replay_capacity < cfg.grpo.prompts_per_step:
+            raise ControllerError(
+                f"rollout.replayCapacity ({cfg.rollout.replay_capacity}) must be at least "
+                f"grpo.promptsPerStep ({cfg.grpo.prompts_per_step}): a step could never fill"
+            )
+        self.cfg = cfg
+        self.model = model
+        self.optimizer = optimizer
+        self.workers = workers
+        self.checkpointer = checkpointer
+        self.on_step = on_step
+        self.pad_id = pad_id
+        self.device = next(model.parameters()).device
+        self.replicas = [
+            GymReplica(url.rstrip("/"), f"gym-{i}") for i, url in enumerate(gym_endpoints)
+        ]
+
+        grpo = cfg.grpo
+        self.data_plane = DataPlane()
+        self.barrier = DataPlaneBarrier()
+        self.buffer = ReplayBuffer(cfg.rollout.replay_capacity)
+        self.dataloader = PromptDataloader(cfg.task.dataset_size, cfg.seed)
+        self.sampler = InOrderSampler(grpo.prompts_per_step, grpo.max_staleness, grpo.max_steps)
+        self.ledger: RecoveryLedger | None = RecoveryLedger() if cfg.uses_ledger else None
+        self._rollout_runtime = RolloutRuntimeState()
+        self._save_lock = asyncio.Lock()
+        self.resume = ResumeSource()
+
+        level = cfg.checkpointing.target_level
+        self._granularity = (
+            Granularity.PROMPT_GROUP if level is TargetLevel.PROMPT_GROUP else Granularity.SIBLING
+        )
+        self._restore_level = {
+            TargetLevel.TURN: RestoreLevel.TURN,
+            TargetLevel.PROMPT_GROUP: RestoreLevel.PROMPT_GROUP,
+        }.get(level, RestoreLevel.SIBLING)
+
+        self.trainer_version = 0
+        self._optimizer_commit_in_progress = False
+        self._durable_step: int | None = None
+        self._progress_changed = asyncio.Event()
+        self._in_flight = asyncio.Semaphore(cfg.rollout.max_in_flight_groups)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._fatal: BaseException | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._next_replica = 0
+        self._next_policy = 0
+        self._deferred: tuple[int, asyncio.Task[dict[str, bytes]]] | None = None
+
+        self.overhead = OverheadClock()
+        self._step_counters: dict[int, _StepCounters] = defaultdict(_StepCounters)
+        self._generated_tokens = 0
+        self._env_seconds = 0.0
+        self.groups_trained: list[str] = []
+        self.trained_prompt_ids: list[int] = []
+        self.history: list[dict[str, Any]] = []
+        self.max_observed_age = 0
+
+    # ================================================================== shared parts
+    def read_progress(self) -> TrainingProgress:
+        """The live training counters (the checkpoint halves' only view of the trainer)."""
+        return TrainingProgress(
+            trainer_version=self.trainer_version,
+            optimizer_commit_in_progress=self._optimizer_commit_in_progress,
+            durable_step=self._durable_step,
+            max_steps=self.cfg.grpo.max_steps,
+        )
+
+    def rollout_parts(self) -> RolloutParts:
+        """The parts both rollout-checkpointing halves read."""
+        return RolloutParts(
+            config=self.cfg,
+            data_plane=self.data_plane,
+            barrier=self.barrier,
+            buffer=self.buffer,
+            dataloader=self.dataloader,
+            sampler=self.sampler,
+            ledger=self.ledger,
+            runtime_state=self._rollout_runtime,
+            save_lock=self._save_lock,
+            read_progress=self.read_progress,
+            log_metrics=lambda metrics: logger.debug("rollout metrics %s", dict(metrics)),
+        )
+
+    @property
+    def runtime_state(self) -> RolloutRuntimeState:
+        return self._rollout_runtime
+
+    # ================================================================== run
+    async def run(self) -> list[dict[str, Any]]:
+        """Run both pumps until ``maxSteps`` steps are trained; returns the step records."""
+        timeout = aiohttp.ClientTimeout(total=self.cfg.rollout.rollout_timeout_seconds)
+        connector = aiohttp.TCPConnector(limit=0)
+        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
+        try:
+            await self._identify_replicas()
+            await self._relaunch_restored()
+            rollout = asyncio.create_task(self._rollout_pump(), name="rollout-pump")
+            train = asyncio.create_task(self._train_pump(), name="train-pump")
+            try:
+                done, _ = await asyncio.wait({rollout, train}, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    task.result()
+                await train
+            finally:
+                for task in (rollout, train, *self._tasks):
+                    task.cancel()
+                await asyncio.gather(rollout, train, *self._tasks, return_exceptions=True)
+            await self.finalize_deferred_checkpoint()
+        finally:
+            await self._session.close()
+            self._session = None
+        return self.history
+
+    async def _identify_replicas(self) -> None:
+        """Learn each Gym replica's instance id from ``/healthz`` (the ledger records it)."""
+        assert self._session is not None
+        for replica in self.replicas:
+            try:
+                async with self._session.get(f"{replica.url}/healthz") as response:
+                    body = await response.json(content_type=None)
+                if isinstance(body, dict) and body.get("instance_id"):
+                    replica.instance_id = str(body["instance_id"])
+            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                raise ControllerError(
+                    f"Gym replica {replica.url} is not healthy: {error}"
+                ) from error
+
+    def _launch(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None and self._fatal is None:
+            logger.error("rollout task %s failed", task.get_name(), exc_info=error)
+            self._fatal = error
+            self._progress_changed.set()
+
+    def _signal(self) -> None:
+        self._progress_changed.set()
+
+    async def _wait_for(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            if self._fatal is not None:
+                raise ControllerError("a rollout task failed") from self._fatal
+            self._progress_changed.clear()
+            if ready():
+                return
+            await self._progress_changed.wait()
+
+    # ================================================================== the four dispatch methods
+    def _dispatch_reservation(self, kind: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A mutation slot counted as ``kind`` with ledger dispatch; nothing without it."""
+        if self.ledger is not None:
+            return self.barrier.mutation(kind)
+        return _no_cut()
+
+    def _reserve_prompt_group(self, cut: LiveCut | None, prompt: PromptRef, step: int) -> _GroupRun:
+        group_id = f"pg{uuid.uuid4().hex[:12]}"
+        if self.ledger is not None:
+            assert cut is not None
+            self.ledger.reserve_group(
+                cut,
+                group_id=group_id,
+                admission_id=f"step{step}",
+                prompt=prompt,
+                target_step=step,
+                start_weight_version=self.trainer_version,
+                group_size=self.cfg.grpo.group_size,
+                granularity=self._granularity,
+                restore_level=self._restore_level,
+            )
+            self.ledger.admit(cut, group_id)
+        return _GroupRun(group_id, prompt, step, self.trainer_version)
+
+    def _discard_prompt_group(self, cut: LiveCut | None, group_id: str, reason: str) -> None:
+        if self.ledger is not None:
+            assert cut is not None
+            self.ledger.discard(cut, group_id, reason)
+
+    def _admit_step(self, cut: LiveCut | None) -> int:
+        """Stamp the next target step: inside the reservation cut with ledger dispatch."""
+        if cut is not None:
+            cut.require_live()
+        return self.sampler.admit(self.trainer_version)
+
+    # ================================================================== rollout pump
+    async def _rollout_pump(self) -> None:
+        prompts = self.cfg.grpo.prompts_per_step
+        while True:
+            await self._wait_for(
+                lambda: self.sampler.exhausted or self.sampler.admissible(self.trainer_version)
+            )
+            if self.sampler.exhausted:
+                return
+            for _ in range(prompts):
+                await self.buffer.acquire_permit()
+            async with self._dispatch_reservation("prompt_reservations") as cut:
+                with self.overhead:
+                    self._refill_spare_pool()
+                    refs = self.dataloader.next_prompts(prompts)
+                    step = self._admit_step(cut)
+                    runs = [self._reserve_prompt_group(cut, ref, step) for ref in refs]
+            for run in runs:
+                self._launch(self._run_group(run), run.group_id)
+
+    def _refill_spare_pool(self) -> None:
+        pool = self._rollout_runtime.spare_prompts
+        missing = self.cfg.rollout.spare_low_water - len(pool)
+        if missing > 0:
+            pool.extend(self.dataloader.next_prompts(missing))
+
+    def _take_spare(self) -> PromptRef:
+        pool = self._rollout_runtime.spare_prompts
+        if not pool:
+            pool.extend(self.dataloader.next_prompts(max(1, self.cfg.rollout.spare_low_water)))
+        return pool.pop(0)
+
+    async def _run_group(self, run: _GroupRun) -> None:
+        reason: str | None = None
+        try:
+            async with self._in_flight:
+                if self.cfg.checkpointing.deterministic:
+                    await self._wait_for(lambda: self.trainer_version >= run.target_step - 1)
+                async with asyncio.TaskGroup() as siblings:
+                    for index in range(self.cfg.grpo.group_size):
+                        if index not in run.staged:
+                            siblings.create_task(self._run_sibling(run, index))
+        except* _GroupGivenUp as given_up:
+            reason = f"attempts exhausted: {given_up.exceptions[0]}"
+        if reason is not None:
+            await self._drop_group(run, reason, failed=True)
+        else:
+            await self._finalize_group(run)
+
+    def _pick_replica(self, owner: str | None) -> GymReplica:
+        if owner is not None:
+            for replica in self.replicas:
+                if replica.instance_id == owner:
+                    return replica
+            raise ControllerError(f"no Gym replica with instance id {owner!r} (turn-level owner)")
+        replica = self.replicas[self._next_replica % len(self.replicas)]
+        self._next_replica += 1
+        return replica
+
+    def _policy_url(self) -> str:
+        endpoints = self.workers.endpoints
+        url = endpoints[self._next_policy % len(endpoints)]
+        self._next_policy += 1
+        return url
+
+    async def _run_sibling(self, run: _GroupRun, index: int) -> None:
+        sibling_id = f"{run.group_id}_g{index}"
+        local_attempt = new_attempt(sibling_id)
+        failures = 0
+        while True:
+            async with self._dispatch_reservation("rollout_dispatch") as cut:
+                if self.ledger is not None:
+                    attempt = self.ledger.sibling(sibling_id).current
+                    owner = attempt.gym_instance_id if attempt.gym_attempt > 0 else None
+                    replica = self._pick_replica(owner)
+                    self.ledger.dispatch(cut, sibling_id, attempt.attempt_uuid, replica.instance_id)
+                else:
+                    attempt = local_attempt
+                    replica = self._pick_replica(None)
+            try:
+                row = await self._call_gym(replica, run, index, attempt.episode)
+            except GymCallError as error:
+                failures += 1
+                exhausted = failures >= self.cfg.rollout.max_attempts
+                logger.warning(
+                    "rollout %s attempt failed (%d/%d): %s",
+                    attempt.rollout_id,
+                    failures,
+                    self.cfg.rollout.max_attempts,
+                    error,
+                )
+                async with self._dispatch_reservation("rollout_failures") as cut:
+                    if self.ledger is not None:
+                        self.ledger.fail(cut, sibling_id, attempt.attempt_uuid, str(error))
+                        if not exhausted:
+                            self.ledger.retry(cut, sibling_id)
+                    else:
+                        local_attempt = new_attempt(sibling_id)
+                if exhausted:
+                    raise _GroupGivenUp(f"{sibling_id}: {error}") from error
+                continue
+            key = attempt.episode.capture_key
+            async with self.barrier.mutation("rollout_seals") as cut:
+                with self.overhead:
+                    self.data_plane.put("staging", key, row)
+                    run.staged[index] = key
+                    if self.ledger is not None:
+                        self.ledger.seal(
+                            cut, sibling_id, attempt.attempt_uuid, reward=row["reward"], row_key=key
+                        )
+            return
+
+    async def _call_gym(
+        self, replica: GymReplica, run: _GroupRun, index: int, episode: EnvironmentEpisode
+    ) -> dict[str, Any]:
+        assert self._session is not None
+        deterministic = self.cfg.checkpointing.deterministic
+        body = {
+            "episode_id": {"rollout_id": episode.rollout_id, "attempt": episode.attempt},
+            "prompt_id": run.prompt.prompt_id,
+            "policy_url": self._policy_url(),
+            "sampling": {
+                "temperature": self.cfg.policy.temperature,
+                "max_new_tokens": self.cfg.task.max_new_tokens,
+                "seed": rollout_seed(self.cfg.seed, run.prompt, index),
+                "weight_version": run.target_step - 1 if deterministic else None,
+            },
+        }
+        started = time.perf_counter()
+        try:
+            async with self._session.post(f"{replica.url}/run", json=body) as response:
+                raw = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise GymCallError(f"{replica.url}/run: {error!r}") from error
+        finally:
+            self._env_seconds += time.perf_counter() - started
+        with self.overhead:
+            if status >= 400:
+                raise GymCallError(f"{replica.url}/run answered {status}: {raw[:300]!r}")
+            try:
+                result = json.loads(raw)
+            except ValueError as error:
+                raise GymCallError(f"{replica.url}/run returned invalid JSON") from error
+            row = segments_to_row(result, self.cfg.policy.max_seq_len)
+        self._generated_tokens += row["model_tokens"]
+        self._step_counters[run.target_step].rewards.append(row["reward"])
+        return row
+
+    async def _finalize_group(self, run: _GroupRun) -> None:
+        keys = [run.staged[i] for i in range(self.cfg.grpo.group_size)]
+        rows = self.data_plane.get_many("staging", keys)
+        rewards = [float(row["reward"]) for row in rows]
+        if self.cfg.grpo.drop_zero_variance_groups and zero_variance(rewards):
+            action = decide_drop(
+                failed=False,
+                replacements=self._rollout_runtime.replacements.get(run.target_step, 0),
+                shortfall=self._rollout_runtime.shortfall(run.target_step),
+                prompts_per_step=self.cfg.grpo.prompts_per_step,
+                min_step_batch_fraction=self.cfg.grpo.min_step_batch_fraction,
+            )
+            if action is not DropAction.KEEP:
+                await self._drop_group(run, "zero reward variance", failed=False)
+                return
+        async with self.barrier.mutation("group_commits") as cut:
+            with self.overhead:
+                if self.ledger is not None:
+                    self.ledger.begin_finalize(cut, run.group_id)
+                try:
+                    row_keys = []
+                    tokens_by_version: dict[int, int] = defaultdict(int)
+                    model_tokens = 0
+                    for index, row in enumerate(rows):
+                        row_key = f"{run.group_id}_g{index}"
+                        train_row = dict(row)
+                        train_row["prompt_id"] = run.prompt.prompt_id
+                        train_row["target_step"] = run.target_step
+                        self.data_plane.put("train", row_key, train_row)
+                        row_keys.append(row_key)
+                        model_tokens += int(row["model_tokens"])
+                        versions = count_versions(
+                            np.asarray(row["weight_versions"]), np.asarray(row["loss_mask"])
+                        )
+                        for version, count in versions.items():
+                            tokens_by_version[version] += count
+                    self.data_plane.clear("staging", keys)
+                    if self.ledger is not None:
+                        self.ledger.finish_finalize(cut, run.group_id)
+                    self.buffer.add(
+                        ReplayGroup(
+                            group_id=run.group_id,
+                            prompt_id=run.prompt.prompt_id,
+                            target_step=run.target_step,
+                            row_keys=tuple(row_keys),
+                            rewards=tuple(rewards),
+                            model_tokens=model_tokens,
+                        )
+                    )
+                    self._rollout_runtime.finalizer_results[run.group_id] = FinalizerResult(
+                        group_id=run.group_id,
+                        target_step=run.target_step,
+                        rewards=rewards,
+                        model_tokens=model_tokens,
+                        tokens_by_version=dict(tokens_by_version),
+                    )
+                except Exception:
+                    if self.ledger is not None:
+                        self.ledger.finalization_unknown(cut, run.group_id)
+                    raise
+        self._signal()
+
+    async def _drop_group(self, run: _GroupRun, reason: str, *, failed: bool) -> None:
+        """Give a group up: replace it from the spare pool (keeping its permit) or count it."""
+        state = self._rollout_runtime
+        step = run.target_step
+        action = decide_drop(
+            failed=failed,
+            replacements=state.replacements.get(step, 0),
+            shortfall=state.shortfall(step),
+            prompts_per_step=self.cfg.grpo.prompts_per_step,
+            min_step_batch_fraction=self.cfg.grpo.min_step_batch_fraction,
+        )
+        if action is DropAction.KEEP:
+            action = DropAction.SHORTFALL
+        replacement: _GroupRun | None = None
+        async with self.barrier.mutation("group_discards") as cut:
+            with self.overhead:
+                self.data_plane.clear("staging", run.staged.values())
+                self._discard_prompt_group(cut, run.group_id, reason)
+                if action is DropAction.REPLACE:
+                    state.replacements[step] = state.replacements.get(step, 0) + 1
+                    replacement = self._reserve_prompt_group(cut, self._take_spare(), step)
+                else:
+                    state.batch_shortfall[step] = state.shortfall(step) + 1
+                    self.buffer.release_permit()
+        logger.debug("group %s for step %d dropped (%s): %s", run.group_id, step, reason, action)
+        if replacement is not None:
+            self._launch(self._run_group(replacement), replacement.group_id)
+        self._signal()
+
+    # ================================================================== train pump
+    async def _train_pump(self) -> None:
+        last = time.perf_counter()
+        self.overhead.take()
+        env_mark, tokens_mark = self._env_seconds, self._generated_tokens
+        while self.trainer_version < self.cfg.grpo.max_steps:
+            step = self.trainer_version + 1
+            selected = await self._select_groups(step)
+            compute_started = time.perf_counter()
+            stats = await asyncio.to_thread(self._compute_gradients, selected)
+            loss_compute_s = time.perf_counter() - compute_started
+            await self._commit_step(selected)
+            refit_started = time.perf_counter()
+            await self.workers.refit(self._weights_for_refit(), self.trainer_version)
+            refit_s = time.perf_counter() - refit_started
+            now = time.perf_counter()
+            step_time = now - last
+            last = now
+            record = self._step_record(
+                selected,
+                stats,
+                step_time=step_time,
+                compute_s=loss_compute_s,
+                refit_s=refit_s,
+                tokens=self._generated_tokens - tokens_mark,
+                env_s=self._env_seconds - env_mark,
+            )
+            env_mark, tokens_mark = self._env_seconds, self._generated_tokens
+            self.history.append(record)
+            if self.on_step is not None:
+                self.on_step(record)
+            await self.finalize_deferred_checkpoint()
+            if self.checkpointer is not None and step % self.cfg.checkpointing.save_period == 0:
+                await self.trainer_checkpoint()
+
+    async def _select_groups(self, step: int) -> _Selected:
+        prompts = self.cfg.grpo.prompts_per_step
+
+        def ready() -> bool:
+            have = len(self.buffer.ready_for(step))
+            return have + self._rollout_runtime.shortfall(step) >= prompts
+
+        await self._wait_for(ready)
+        async with self.barrier.mutation("group_removals") as cut:
+            with self.overhead:
+                stale = self.buffer.stale_before(step)
+                if stale:
+                    logger.warning("evicting %d stale groups before step %d", len(stale), step)
+                    self.buffer.take([g.group_id for g in stale])
+                    for group in stale:
+                        self.data_plane.clear("train", group.row_keys)
+                        self._discard_prompt_group(cut, group.group_id, "stale")
+                    self.buffer.release_permit(len(stale))
+                chosen = self.buffer.ready_for(step)[:prompts]
+                ids = [g.group_id for g in chosen]
+                self.buffer.take(ids)
+                if self.ledger is not None:
+                    self.ledger.claim(cut, ids, step)
+                rows = [
+                    row for g in chosen for row in self.data_plane.get_many("train", g.row_keys)
+                ]
+        return _Selected(step, chosen, rows)
+
+    def _compute_gradients(self, selected: _Selected) -> dict[str, float]:
+        """Forward, PPO-clip loss and backward over the step's rows (runs in a thread)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if not selected.rows:
+            return {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0}
+        advantages: list[float] = []
+        for group in selected.groups:
+            advantages.extend(group_advantages(torch.tensor(group.rewards)).tolist())
+        total_tokens = float(sum(int(row["loss_mask"][1:].sum()) for row in selected.rows))
+        self.model.train()
+        totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0}
+        for start in range(0, len(selected.rows), MICRO_BATCH_ROWS):
+            chunk = selected.rows[start : start + MICRO_BATCH_ROWS]
+            input_ids = pad_batch([r["input_ids"] for r in chunk], self.pad_id, torch.long)
+            behaviour = pad_batch([r["behaviour_logprobs"] for r in chunk], 0.0, torch.float32)
+            mask = pad_batch([r["loss_mask"] for r in chunk], 0, torch.float32)
+            adv = torch.tensor(advantages[start : start + len(chunk)])
+            input_ids = input_ids.to(self.device)
+            logprobs = token_logprobs(self.model, input_ids, self.cfg.policy.temperature)
+            loss, stats = ppo_clip_loss(
+                logprobs,
+                behaviour[:, 1:].to(self.device),
+                adv.to(self.device),
+                mask[:, 1:].to(self.device),
+                self.cfg.grpo.clip_epsilon,
+                token_normalizer=total_tokens,
+            )
+            loss.backward()
+            share = stats.tokens / max(total_tokens, 1.0)
+            totals["loss"] += stats.loss
+            totals["clip_fraction"] += stats.clip_fraction * share
+            totals["approx_kl"] += stats.approx_kl * share
+            totals["ratio_mean"] += stats.ratio_mean * share
+        totals["grad_norm"] = float(
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)
+        )
+        return totals
+
+    async def _commit_step(self, selected: _Selected) -> None:
+        """The optimizer-commit window: apply the step and clear its rows in one mutation."""
+        step = selected.step
+        ids = [g.group_id for g in selected.groups]
+        self._optimizer_commit_in_progress = True
+        try:
+            async with self.barrier.mutation("sample_clears") as cut:
+                if selected.groups:
+                    self.optimizer.step()
+                else:
+                    logger.warning("step %d closes with no groups (all given up)", step)
+                with self.overhead:
+                    for group in selected.groups:
+                        self.data_plane.clear("train", group.row_keys)
+                    if self.ledger is not None:
+                        self.ledger.remove_trained(cut, ids, step)
+                    self.buffer.release_permit(len(ids))
+                    self.trainer_version = step
+                    self.groups_trained.extend(ids)
+                    self.trained_prompt_ids.extend(g.prompt_id for g in selected.groups)
+        finally:
+            self._optimizer_commit_in_progress = False
+        self._signal()
+
+    def _weights_for_refit(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def _step_record(
+        self,
+        selected: _Selected,
+        stats: Mapping[str, float],
+        *,
+        step_time: float,
+        compute_s: float,
+        refit_s: float,
+        tokens: int,
+        env_s: float,
+    ) -> dict[str, Any]:
+        step = selected.step
+        state = self._rollout_runtime
+        versions: dict[int, int] = defaultdict(int)
+        for group in selected.groups:
+            result = state.finalizer_results.pop(group.group_id, None)
+            if result is not None:
+                for version, count in result.tokens_by_version.items():
+                    versions[version] += count
+        if versions:
+            self.max_observed_age = max(self.max_observed_age, (step - 1) - min(versions))
+        counters = self._step_counters.pop(step, _StepCounters())
+        trained_rewards = [r for g in selected.groups for r in g.rewards]
+        overhead_s = self.overhead.take()
+        record: dict[str, Any] = {
+            "step": step,
+            "reward_mean": float(np.mean(counters.rewards)) if counters.rewards else 0.0,
+            "trained_reward_mean": float(np.mean(trained_rewards)) if trained_rewards else 0.0,
+            "loss": stats["loss"],
+            "clip_fraction": stats["clip_fraction"],
+            "approx_kl": stats["approx_kl"],
+            "grad_norm": stats.get("grad_norm", 0.0),
+            "step_time_s": step_time,
+            "tokens_per_s": tokens / step_time if step_time > 0 else 0.0,
+            "generated_tokens": tokens,
+            "groups": len(selected.groups),
+            "shortfall": state.shortfall(step),
+            "replacements": state.replacements.get(step, 0),
+            "rollouts": len(counters.rewards),
+            "batch_age": batch_age(versions, step - 1),
+            "train_compute_s": compute_s,
+            "refit_s": refit_s,
+            "env_s": env_s,
+            "controller_overhead_s": overhead_s,
+            "controller_overhead_share": overhead_s / step_time if step_time > 0 else 0.0,
+            "spare_prompts": len(state.spare_prompts),
+            "replay_groups": len(self.buffer),
+            "barrier_waits": {
+                kind: round(stats_["total_s"], 6)
+                for kind, stats_ in self.barrier.wait_telemetry().items()
+            },
+        }
+        state.forget_step(step)
+        return record
+
+    # ================================================================== trainer checkpoints
+    def capture_trainer_state(self, cut: LiveCut) -> tuple[TrainerCapture, DataPlane, dict]:
+        """In-memory copies of everything a trainer checkpoint saves (call under the cut)."""
+        cut.require_live()
+        state = self._rollout_runtime
+        trainer_state: dict[str, Any] = {
+            "trainer_version": self.trainer_version,
+            "dataloader": self.dataloader.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "config_fingerprint": self.cfg.fingerprint(),
+            "training_info": {
+                "groups_trained": len(self.groups_trained),
+                "last_step": self.history[-1] if self.history else None,
+            },
+            "replay": self.buffer.metadata(),
+            "mutation_version": self.barrier.mutation_version,
+        }
+        extra: dict[str, bytes] = {
+            RUNTIME_STATE_FILE: json.dumps(state.to_json(), sort_keys=True).encode()
+        }
+        dp_metadata: dict[str, Any] = {"replay": self.buffer.metadata()}
+        if self.ledger is not None:
+            sidecar = self.ledger.to_sidecar(
+                spare_prompts=state.spare_prompts,
+                batch_shortfall=state.batch_shortfall,
+                sampler_stamps_target_steps=state.sampler_stamps_target_steps,
+            )
+            extra[LEDGER_FILE] = sidecar.data
+            trainer_state["rollout_recovery"] = sidecar.metadata()
+            dp_metadata.update(sidecar.metadata())
+        capture = TrainerCapture.take(
+            self.trainer_version, self.model, self.optimizer, trainer_state, extra
+        )
+        return capture, self.data_plane.copy(), dp_metadata
+
+    async def trainer_checkpoint(self) -> None:
+        """Save ``step_<N>`` for the current version (deferred finalize if configured)."""
+        async with self._save_lock:
+            async with self.barrier.checkpoint() as cut:
+                capture, plane, dp_metadata = self.capture_trainer_state(cut)
+
+            def serialize() -> dict[str, bytes]:
+                files = capture.to_files()
+                if SAVE_DATA_PLANE:
+                    for name, data in plane.to_files(dp_metadata).items():
+                        files[DATA_PLANE_PREFIX + name] = data
+                return files
+
+            task = asyncio.create_task(asyncio.to_thread(serialize))
+            if self.cfg.checkpointing.defer_finalize:
+                self._deferred = (capture.step, task)
+                return
+            await self._publish(capture.step, await task)
+
+    async def _publish(self, step: int, files: dict[str, bytes]) -> None:
+        assert self.checkpointer is not None
+        await asyncio.to_thread(self.checkpointer.publish_files, step, files)
+        self._durable_step = step
+
+    async def finalize_deferred_checkpoint(self) -> None:
+        """Publish a deferred trainer checkpoint (at a step boundary, or at the end)."""
+        if self._deferred is None:
+            return
+        step, task = self._deferred
+        self._deferred = None
+        async with self._save_lock:
+            await self._publish(step, await task)
+
+    def restore_trainer_checkpoint(self, loaded: LoadedTrainerCheckpoint) -> None:
+        """Load weights, optimizer, cursor, sampler, RNG and rollout state before ``run``."""
+        state = loaded.trainer_state
+        if state.get("config_fingerprint") != self.cfg.fingerprint():
+            logger.warning("resuming %s with a different config fingerprint", loaded.uri)
+        self.model.load_state_dict(loaded.model_state)
+        self.optimizer.load_state_dict(loaded.optimizer_state)
+        restore_rng(loaded.rng_state)
+        self.dataloader.load_state_dict(state["dataloader"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.trainer_version = int(state["trainer_version"])
+        self._durable_step = loaded.step
+        files = loaded.files
+        if RUNTIME_STATE_FILE in files:
+            self._rollout_runtime = RolloutRuntimeState.from_json(
+                json.loads(files[RUNTIME_STATE_FILE])
+            )
+        dp_files = {
+            name[len(DATA_PLANE_PREFIX) :]: data
+            for name, data in files.items()
+            if name.startswith(DATA_PLANE_PREFIX)
+        }
+        metadata: dict[str, Any] = {}
+        if dp_files:
+            plane, metadata = DataPlane.from_files(dp_files)
+            self.data_plane = plane
+            for group in metadata.get("replay", []):
+                self.buffer.add(ReplayGroup.from_json(group))
+        if self.ledger is not None and LEDGER_FILE in files:
+            facts = state.get("rollout_recovery", {})
+            recovered = read_recovery_sidecar(
+                files[LEDGER_FILE],
+                expected_sha256=facts.get("rollout_recovery_sha256"),
+                expected_schema=facts.get("rollout_recovery_schema"),
+                expected_group_count=facts.get("rollout_recovery_groups"),
+            )
+            self.ledger = recovered.ledger
+            if recovered.spare_prompts is not None:
+                self._rollout_runtime.spare_prompts = recovered.spare_prompts
+        self.resume = ResumeSource(
+            path=loaded.uri,
+            is_rollout_snapshot=False,
+            step=loaded.step,
+            data_plane_metadata=metadata,
+        )
+
+    async def _relaunch_restored(self) -> None:
+        """Normalize a restored ledger and relaunch its unfinished groups before new prompts."""
+        if self.resume.fresh or self.ledger is None:
+            return
+        ledger = self.ledger
+        runs: list[_GroupRun] = []
+        async with self.barrier.checkpoint() as cut:
+            report = ledger.prepare_for_restart(cut)
+            self.data_plane.clear("staging", report.stale_row_keys)
+            referenced = ledger.referenced_row_keys()
+            self.data_plane.clear(
+                "staging", [k for k in self.data_plane.list("staging") if k not in referenced]
+            )
+            for record in ledger.with_status(GroupStatus.GENERATING, GroupStatus.READY_TO_FINALIZE):
+                run = _GroupRun(
+                    record.group_id,
+                    record.prompt,
+                    record.target_step or self.trainer_version + 1,
+                    record.start_weight_version,
+                )
+                for sibling in record.siblings:
+                    current = sibling.current
+                    if current.status is AttemptStatus.SEALED and current.row_key:
+                        run.staged[sibling.index] = current.row_key
+                runs.append(run)
+        for _ in range(len(runs) + len(self.buffer)):
+            if self.buffer.permits.locked():
+                raise ControllerError("restored work exceeds rollout.replayCapacity")
+            await self.buffer.acquire_permit()
+        for run in runs:
+            self._launch(self._run_group(run), run.group_id)
+        logger.info(
+            "resumed at step %d: %d groups relaunched, %d in replay, %d abandoned attempts",
+            self.trainer_version,
+            len(runs),
+            len(self.buffer),
+            len(report.abandoned),
+        )

@@ -1,0 +1,143 @@
+"""``rolloutrun train FILE --log-dir DIR``: a whole run on one machine, no Kubernetes.
+
+Why a launcher: the cluster runs the trainer and each Gym replica in its own pod; locally
+the same processes are started here instead: ``gym.replicas`` Gym servers as child
+processes (each in its own process group, so a Ctrl-C or a crash of the trainer never leaves
+one behind), then the trainer in this process with ``gym.endpoints`` filled in. One progress
+line per train step goes to the terminal; every step is also in ``DIR/metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+#: Seconds a Gym replica may take to print its READY line.
+GYM_START_TIMEOUT_S = 120.0
+#: Seconds between SIGTERM and SIGKILL when stopping a Gym replica.
+GYM_STOP_GRACE_S = 5.0
+
+
+class LaunchError(RuntimeError):
+    """A Gym replica did not start."""
+
+
+@dataclass
+class GymProcess:
+    instance_id: str
+    process: subprocess.Popen[str]
+    url: str
+    log: IO[str]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Run a RolloutRun locally: start its Gym replicas, train to maxSteps, stop them."""
+    parser.add_argument("file", help="RolloutRun YAML (its spec.run) or a bare RunConfig")
+    parser.add_argument("--log-dir", default=None, help="override run.logDir")
+    parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    parser.set_defaults(handler=main)
+
+
+def start_gym(config_file: Path, log_dir: Path, index: int) -> GymProcess:
+    """Start one ``rolloutrun gym`` replica on a free port and wait for its READY line."""
+    instance_id = f"gym-{index}"
+    log = (log_dir / f"{instance_id}.log").open("a")
+    command = [
+        sys.executable,
+        "-m",
+        "rolloutrun_runtime.cli",
+        "gym",
+        "--config",
+        str(config_file),
+        "--port",
+        "0",
+        "--instance-id",
+        instance_id,
+        "--audit-file",
+        str(log_dir / f"{instance_id}.audit.jsonl"),
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + GYM_START_TIMEOUT_S
+    assert process.stdout is not None
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        if line.startswith("READY "):
+            return GymProcess(instance_id, process, line.split(None, 1)[1].strip(), log)
+    stop_process(process)
+    log.close()
+    raise LaunchError(
+        f"Gym replica {instance_id} did not print READY (exit {process.returncode}); "
+        f"see {log_dir / (instance_id + '.log')}"
+    )
+
+
+def stop_process(process: subprocess.Popen[str]) -> None:
+    """SIGTERM the process group, then SIGKILL it after the grace period."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=GYM_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
+
+
+def main(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rolloutrun_runtime.config import ConfigError, load_run_config
+    from rolloutrun_runtime.metrics import format_progress
+    from rolloutrun_runtime.trainer import run_trainer
+
+    config_file = Path(args.file)
+    try:
+        cfg = load_run_config(config_file)
+    except ConfigError as error:
+        print(f"rolloutrun train: {error}", file=sys.stderr)
+        return 2
+    if args.log_dir:
+        cfg = cfg.model_copy(update={"log_dir": str(args.log_dir)})
+    log_dir = Path(cfg.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    gyms: list[GymProcess] = []
+    try:
+        for index in range(cfg.gym.replicas):
+            gyms.append(start_gym(config_file, log_dir, index))
+        gym = cfg.gym.model_copy(update={"endpoints": [g.url for g in gyms]})
+        cfg = cfg.model_copy(update={"gym": gym})
+        print(
+            f"rolloutrun train: {cfg.name}: {len(gyms)} Gym replicas, {cfg.grpo.max_steps} steps, "
+            f"logs in {log_dir}",
+            flush=True,
+        )
+
+        def progress(record: dict) -> None:
+            if not args.quiet:
+                print(format_progress(record, cfg.grpo.max_steps), flush=True)
+
+        result = asyncio.run(run_trainer(cfg, on_step=progress))
+    except LaunchError as error:
+        print(f"rolloutrun train: {error}", file=sys.stderr)
+        return 1
+    finally:
+        for gym_process in gyms:
+            stop_process(gym_process.process)
+            gym_process.log.close()
+    if result.resumed_from:
+        print(f"resumed from {result.resumed_from}")
+    print(f"done: step {result.steps}; final weights sha256 {result.final_weights_sha256}")
+    return 0

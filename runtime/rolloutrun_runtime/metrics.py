@@ -1,0 +1,92 @@
+"""Per-step training metrics: one JSON line per train step in ``<logDir>/metrics.jsonl``.
+
+Why JSON lines: a killed run loses at most the line being written, every line stands alone
+for ``jq``/pandas, and the learning test and the benchmark read the same file the user
+watches. Each write is flushed so a ``tail -f`` sees steps as they finish.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+FINAL_WEIGHTS_FILE = "final_weights.sha256"
+
+#: Keys every step line has (the issue's contract with users and tests).
+REQUIRED_KEYS = (
+    "step",
+    "reward_mean",
+    "loss",
+    "step_time_s",
+    "tokens_per_s",
+    "groups",
+    "batch_age",
+)
+
+
+class OverheadClock:
+    """Accumulates wall time spent in the controller's own bookkeeping."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self._started: float | None = None
+
+    def __enter__(self) -> OverheadClock:
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._started is not None:
+            self.total_s += time.perf_counter() - self._started
+            self._started = None
+
+    def take(self) -> float:
+        """The time accumulated since the last ``take``."""
+        total, self.total_s = self.total_s, 0.0
+        return total
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsWriter:
+    """Appends step records to ``metrics.jsonl`` in a log directory."""
+
+    def __init__(self, log_dir: str | Path) -> None:
+        self.path = Path(log_dir) / METRICS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        missing = [k for k in REQUIRED_KEYS if k not in record]
+        if missing:
+            raise ValueError(f"metrics record lacks {missing}")
+        line = json.dumps({k: _clean(v) for k, v in record.items()}, sort_keys=True)
+        with self.path.open("a") as handle:
+            handle.write(line + "\n")
+            handle.flush()
+
+
+def read_metrics(log_dir: str | Path) -> list[dict[str, Any]]:
+    """Every step record of a run, in order."""
+    path = Path(log_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def format_progress(record: Mapping[str, Any], max_steps: int) -> str:
+    """One terminal line for a step record."""
+    return (
+        f"step {record['step']:>4}/{max_steps}  reward {record['reward_mean']:.3f}  "
+        f"loss {record['loss']:+.4f}  groups {record['groups']:>3}  "
+        f"{record['tokens_per_s']:.0f} tok/s  age {record['batch_age']:.2f}  "
+        f"{record['step_time_s']:.2f}s"
+    )

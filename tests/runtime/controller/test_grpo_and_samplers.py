@@ -1,0 +1,146 @@
+"""GRPO math, batch age, the dataloader cursor, the in-order sampler's staleness bound and
+the controller's small pure decisions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rolloutrun_runtime.algorithms.grpo import (
+    batch_age,
+    count_versions,
+    group_advantages,
+    pad_batch,
+    ppo_clip_loss,
+    zero_variance,
+)
+from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader, SamplerError
+from rolloutrun_runtime.algorithms.single_controller import (
+    DropAction,
+    GymCallError,
+    decide_drop,
+    rollout_seed,
+    segments_to_row,
+)
+from rolloutrun_runtime.experience.rollout_recovery import PromptRef
+
+
+def test_group_advantages_are_normalized() -> None:
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    assert torch.allclose(adv, torch.tensor([1.0, -1.0, -1.0, 1.0]), atol=1e-4)
+    assert torch.all(group_advantages(torch.tensor([0.5, 0.5])) == 0)
+    assert zero_variance([1.0, 1.0]) and not zero_variance([1.0, 0.0])
+
+
+def test_ppo_clip_loss_values_and_gradient_direction() -> None:
+    behaviour = torch.log(torch.tensor([[0.5, 0.5]]))
+    logits = torch.zeros(1, 2, requires_grad=True)
+    logprobs = torch.log(torch.sigmoid(logits))  # 0.5 each: ratio 1
+    mask = torch.tensor([[1.0, 0.0]])
+    loss, stats = ppo_clip_loss(logprobs, behaviour, torch.tensor([2.0]), mask, 0.2)
+    assert math.isclose(stats.loss, -2.0, rel_tol=1e-5)
+    assert stats.tokens == 1 and stats.clip_fraction == 0.0
+    loss.backward()
+    assert logits.grad is not None
+    assert logits.grad[0, 0] < 0  # descending raises the advantaged token's probability
+    assert logits.grad[0, 1] == 0  # masked token gets no gradient
+
+
+def test_ppo_clip_stops_gradient_outside_the_trust_region() -> None:
+    behaviour = torch.log(torch.tensor([[0.1]]))
+    logprob = torch.log(torch.tensor([[0.5]])).requires_grad_(True)  # ratio 5 > 1.2
+    loss, stats = ppo_clip_loss(logprob, behaviour, torch.tensor([1.0]), torch.ones(1, 1), 0.2)
+    loss.backward()
+    assert stats.clip_fraction == 1.0
+    assert logprob.grad is not None and float(logprob.grad) == 0.0
+    normalized, _ = ppo_clip_loss(
+        logprob.detach(), behaviour, torch.tensor([1.0]), torch.ones(1, 1), 0.2, token_normalizer=4
+    )
+    assert math.isclose(float(normalized), float(loss.detach()) / 4, rel_tol=1e-6)
+
+
+def test_batch_age_is_token_weighted() -> None:
+    assert batch_age({3: 10}, 3) == 0.0
+    assert batch_age({2: 30, 3: 10}, 3) == pytest.approx(0.75)
+    assert batch_age({}, 5) == 0.0
+    versions = np.array([-1, 2, 2, 3])
+    assert count_versions(versions, np.array([0, 1, 1, 1])) == {2: 2, 3: 1}
+
+
+def test_pad_batch() -> None:
+    batch = pad_batch([np.array([1, 2, 3]), np.array([4])], 0, torch.long)
+    assert batch.tolist() == [[1, 2, 3], [4, 0, 0]]
+
+
+def test_dataloader_epochs_cursor_and_restore() -> None:
+    loader = PromptDataloader(dataset_size=5, seed=3)
+    first_epoch = loader.next_prompts(5)
+    assert sorted(p.prompt_id for p in first_epoch) == [0, 1, 2, 3, 4]
+    state = loader.state_dict()
+    more = loader.next_prompts(7)
+    assert [p.epoch for p in more] == [1] * 5 + [2] * 2
+    again = PromptDataloader(dataset_size=5, seed=3)
+    again.load_state_dict(state)
+    assert again.next_prompts(7) == more
+    assert loader.consumed == 12
+    with pytest.raises(SamplerError, match="dataset of 5"):
+        PromptDataloader(dataset_size=6, seed=3).load_state_dict(state)
+
+
+def test_in_order_sampler_holds_the_staleness_bound() -> None:
+    sampler = InOrderSampler(prompts_per_step=2, max_staleness=1, max_steps=4)
+    assert sampler.admit(0) == 1
+    assert sampler.admit(0) == 2  # step 2 from version 0: age <= 1
+    assert not sampler.admissible(0)
+    with pytest.raises(SamplerError, match="not admissible"):
+        sampler.admit(0)
+    assert sampler.admit(1) == 3
+    assert sampler.admit(2) == 4
+    assert sampler.exhausted and not sampler.admissible(10)
+    synchronous = InOrderSampler(prompts_per_step=1, max_staleness=0, max_steps=3)
+    assert synchronous.admit(0) == 1 and not synchronous.admissible(0)
+
+
+def test_drop_decisions() -> None:
+    common = {"prompts_per_step": 4, "min_step_batch_fraction": 0.5}
+    assert decide_drop(failed=False, replacements=0, shortfall=0, **common) is DropAction.REPLACE
+    assert decide_drop(failed=False, replacements=4, shortfall=1, **common) is DropAction.SHORTFALL
+    assert decide_drop(failed=False, replacements=4, shortfall=2, **common) is DropAction.KEEP
+    assert decide_drop(failed=True, replacements=4, shortfall=9, **common) is DropAction.SHORTFALL
+
+
+def test_rollout_seed_is_stable_and_distinct() -> None:
+    ref = PromptRef(7, 0, 1)
+    assert rollout_seed(1, ref, 0) == rollout_seed(1, ref, 0)
+    assert rollout_seed(1, ref, 0) != rollout_seed(1, ref, 1)
+    assert 0 <= rollout_seed(1, ref, 3) < 2**31
+
+
+def test_segments_to_row_masks_only_model_tokens() -> None:
+    result = {
+        "reward": 1.0,
+        "instance_id": "gym-0",
+        "segments": [
+            {"kind": "prompt", "token_ids": [1, 5, 6]},
+            {
+                "kind": "model",
+                "token_ids": [7, 2],
+                "logprobs": [-0.1, -0.2],
+                "weight_versions": [3, 4],
+            },
+            {"kind": "env", "token_ids": [9]},
+        ],
+    }
+    row = segments_to_row(result, max_seq_len=16)
+    assert row["input_ids"].tolist() == [1, 5, 6, 7, 2, 9]
+    assert row["loss_mask"].tolist() == [0, 0, 0, 1, 1, 0]
+    assert row["weight_versions"].tolist() == [-1, -1, -1, 3, 4, -1]
+    assert row["model_tokens"] == 2 and row["reward"] == 1.0
+    with pytest.raises(GymCallError, match="over maxSeqLen"):
+        segments_to_row(result, max_seq_len=4)
+    broken = {"reward": 1.0, "segments": [{"kind": "model", "token_ids": [1, 2], "logprobs": []}]}
+    with pytest.raises(GymCallError):
+        segments_to_row(broken, max_seq_len=16)
