@@ -83,8 +83,15 @@ def test_429_is_retried_and_exhaustion_raises(proxied: CheckpointStorage,
         proxied.read_bytes("k")
     assert info.value.uri == proxied.uri_for("k")
     assert "503" in str(info.value)
-    assert info.value.__cause__ is not None  # the google exception, chained
     assert _statuses(proxy) == [503] * FAST_RETRY.attempts  # bounded
+    cause = info.value.__cause__
+    assert cause is not None and not isinstance(cause, StorageError)  # google's, chained
+
+    proxy.fail_next(FAST_RETRY.attempts, status=502)
+    with pytest.raises(TransientStorageError, match="HTTP 502") as info:
+        proxied.write_bytes("k", b"v")
+    cause = info.value.__cause__
+    assert cause is not None and not isinstance(cause, StorageError)
 
 
 def test_create_only_retry_after_a_lost_response_succeeds(proxied: CheckpointStorage,

@@ -203,16 +203,14 @@ class GcsStorage:
         except StorageError:
             return False
 
-    def _not_found(self, exc: ObjectNotFoundError) -> StorageError:
-        if self._bucket_missing():
-            return BucketNotFoundError(exc.uri, f"bucket {self.bucket_name!r} does not exist")
-        return exc
+    def _missing_bucket_error(self, uri: str) -> BucketNotFoundError:
+        return BucketNotFoundError(uri, f"bucket {self.bucket_name!r} does not exist")
 
-    def _write_failed(self, exc: StorageError) -> StorageError:
-        # An upload never 404s on the object itself: a 404 means the bucket is missing.
-        if isinstance(exc, ObjectNotFoundError):
-            return BucketNotFoundError(exc.uri, f"bucket {self.bucket_name!r} does not exist")
-        return exc
+    def _upload_404(self, exc: ObjectNotFoundError) -> StorageError:
+        """An upload that got 404: the bucket is missing (or a resumable session expired)."""
+        if self._bucket_missing():
+            return self._missing_bucket_error(exc.uri)
+        return StorageError(exc.uri, "HTTP 404 during upload (upload session expired?)")
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -229,8 +227,8 @@ class GcsStorage:
                     timeout=self.timeout,
                 ),
             )
-        except StorageError as exc:
-            raise self._write_failed(exc) from exc
+        except ObjectNotFoundError as exc:
+            raise self._upload_404(exc) from exc
 
     def write_bytes_if_absent(self, key: str, data: bytes) -> None:
         uri = self.uri_for(key)
@@ -258,8 +256,8 @@ class GcsStorage:
                 log.info("create-only write of %s had succeeded before a retry", uri)
                 return
             raise
-        except StorageError as exc:
-            raise self._write_failed(exc) from exc
+        except ObjectNotFoundError as exc:
+            raise self._upload_404(exc) from exc
 
     def _written_by(self, key: str, token: str) -> bool:
         uri = self.uri_for(key)
@@ -288,8 +286,8 @@ class GcsStorage:
                     timeout=self.timeout,
                 ),
             )
-        except StorageError as exc:
-            raise self._write_failed(exc) from exc
+        except ObjectNotFoundError as exc:
+            raise self._upload_404(exc) from exc
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -302,7 +300,9 @@ class GcsStorage:
                 lambda: self._blob(key).download_as_bytes(retry=None, timeout=self.timeout),
             )
         except ObjectNotFoundError as exc:
-            raise self._not_found(exc) from exc
+            if self._bucket_missing():
+                raise self._missing_bucket_error(exc.uri) from exc
+            raise
         return data
 
     def download_file(self, key: str, local_path: Path) -> None:
@@ -319,7 +319,9 @@ class GcsStorage:
             )
             os.replace(tmp, local_path)
         except ObjectNotFoundError as exc:
-            raise self._not_found(exc) from exc
+            if self._bucket_missing():
+                raise self._missing_bucket_error(exc.uri) from exc
+            raise
         except OSError as exc:
             raise StorageError(str(local_path), f"cannot write local file: {exc}") from exc
         finally:
@@ -351,7 +353,7 @@ class GcsStorage:
         try:
             names = self._call(uri, "listing", op)
         except ObjectNotFoundError as exc:
-            raise BucketNotFoundError(uri, f"bucket {self.bucket_name!r} does not exist") from exc
+            raise self._missing_bucket_error(uri) from exc
         return sorted(names)
 
     # -- deletes ----------------------------------------------------------------------------
@@ -365,9 +367,8 @@ class GcsStorage:
                 lambda: self._blob(key).delete(retry=None, timeout=self.timeout),
             )
         except ObjectNotFoundError as exc:
-            err = self._not_found(exc)
-            if isinstance(err, BucketNotFoundError):
-                raise err from exc
+            if self._bucket_missing():
+                raise self._missing_bucket_error(exc.uri) from exc
 
     def delete_prefix(self, prefix: str) -> int:
         keys = self.list(prefix)
