@@ -1,0 +1,61 @@
+"""Policy workers: where the generation servers run, behind one small protocol.
+
+Why a protocol with two backends: in pods the generation servers run as Ray actors (the
+default; ``ray.init`` locally or join ``workers.rayAddress``), the way NeMo-RL places vLLM
+workers, while fast tests and tiny runs want them on the trainer's own event loop. The
+trainer (the caller) only needs the endpoints to hand to the Gym, and ``refit`` after every
+optimizer step; which backend runs them is a config choice.
+
+``refit`` copies the weights before it returns, so the caller may change its parameters
+again as soon as the call completes (not before).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from rolloutrun_runtime.config import RunConfig, WorkerBackend
+
+if TYPE_CHECKING:
+    import torch
+
+
+@runtime_checkable
+class PolicyWorkers(Protocol):
+    """Generation servers the trainer refits; ``endpoints`` are their base URLs."""
+
+    endpoints: list[str]
+
+    async def start(self) -> None:
+        """Start every server; ``endpoints`` is filled when this returns."""
+        ...
+
+    async def refit(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Install weights ``version`` on every server (running calls continue on it)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop every server; safe to call twice."""
+        ...
+
+
+class WorkerError(RuntimeError):
+    """A worker backend failed to start, refit or stop."""
+
+
+def build_workers(
+    cfg: RunConfig, state_dict: dict[str, torch.Tensor], version: int
+) -> PolicyWorkers:
+    """The backend ``cfg.workers.backend`` names, serving ``state_dict`` as ``version``."""
+    if cfg.workers.backend is WorkerBackend.INPROCESS:
+        from rolloutrun_runtime.workers.inprocess import InProcessWorkers
+
+        return InProcessWorkers(cfg, state_dict, version)
+    if cfg.workers.backend is WorkerBackend.RAY:
+        from rolloutrun_runtime.workers.ray_workers import RayWorkers
+
+        return RayWorkers(cfg, state_dict, version)
+    raise WorkerError(f"unknown worker backend {cfg.workers.backend!r}")
+
+
+__all__ = ["PolicyWorkers", "WorkerError", "build_workers"]

@@ -1,0 +1,153 @@
+"""Ray policy workers: each generation server runs inside a Ray actor.
+
+Why Ray: in pods the policy workers are placed like NeMo-RL places its vLLM workers, as
+Ray actors that may live on other nodes of a Ray cluster (``workers.rayAddress``). Each
+actor runs the generation engine and its HTTP server on the actor's event loop and takes
+refits as actor calls; the weights travel once through the object store per refit, however
+many actors there are.
+
+Without an address the backend starts a local Ray bound to 127.0.0.1 (and shuts it down
+again on ``stop``); a Ray already initialised by the caller is reused and left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import ray
+import torch
+
+from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.workers import WorkerError
+
+logger = logging.getLogger(__name__)
+
+#: Intra-op threads of each generation actor: decode steps are small, and the machine's
+#: cores are shared with the trainer and the Gym servers.
+GENERATION_THREADS = 1
+#: Seconds to wait for an actor to start its server or finish a call.
+ACTOR_TIMEOUT_S = 120.0
+
+
+@ray.remote(num_cpus=0)
+class GenerationActor:
+    """One generation server in its own process (an async actor: one event loop)."""
+
+    def __init__(self, cfg_data: dict[str, Any], worker_index: int, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.cfg = RunConfig.model_validate(cfg_data)
+        self.worker_index = worker_index
+        self.runner: Any = None
+        self.engine: Any = None
+
+    async def start(
+        self, state_dict: dict[str, torch.Tensor], version: int, bind_host: str, advertise: bool
+    ) -> str:
+        from rolloutrun_runtime.policy.generation import build_generation_app
+        from rolloutrun_runtime.policy.http import serve_app
+        from rolloutrun_runtime.workers.inprocess import make_engine
+
+        self.engine = make_engine(self.cfg, state_dict, version, self.worker_index)
+        self.runner, url = await serve_app(build_generation_app(self.engine), bind_host, 0)
+        if advertise:  # bound to all interfaces: tell callers the node's address
+            port = url.rsplit(":", 1)[1]
+            url = f"http://{ray.util.get_node_ip_address()}:{port}"
+        return url
+
+    async def refit(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
+        await self.engine.refit(state_dict, version)
+        return int(self.engine.version)
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+def _cpu_state(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {key: value.detach().to("cpu", copy=True) for key, value in state_dict.items()}
+
+
+def init_ray(address: str | None) -> bool:
+    """Join ``address`` or start a local Ray on 127.0.0.1; return whether we started it."""
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(
+            include_dashboard=False,
+            log_to_driver=False,
+            _node_ip_address="127.0.0.1",
+        )
+    return True
+
+
+class RayWorkers:
+    """``workers.generationWorkers`` generation actors; see the module doc."""
+
+    def __init__(self, cfg: RunConfig, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.cfg = cfg
+        self.endpoints: list[str] = []
+        self._initial: tuple[dict[str, torch.Tensor], int] | None = (state_dict, version)
+        self._actors: list[Any] = []
+        self._owns_ray = False
+
+    async def start(self) -> None:
+        if self._initial is None:
+            raise WorkerError("Ray workers were already started")
+        state_dict, version = self._initial
+        self._initial = None
+        address = self.cfg.workers.ray_address
+        self._owns_ray = init_ray(address)
+        # On a cluster the servers must be reachable from other nodes' Gym pods.
+        bind_host, advertise = ("0.0.0.0", True) if address else ("127.0.0.1", False)
+        cfg_data = self.cfg.model_dump(mode="json")
+        weights = ray.put(_cpu_state(state_dict))
+        self._actors = [
+            GenerationActor.remote(cfg_data, index, GENERATION_THREADS)  # type: ignore[attr-defined]
+            for index in range(self.cfg.workers.generation_workers)
+        ]
+        try:
+            self.endpoints = list(
+                await asyncio.wait_for(
+                    asyncio.gather(
+                        *[
+                            a.start.remote(weights, version, bind_host, advertise)
+                            for a in self._actors
+                        ]
+                    ),
+                    ACTOR_TIMEOUT_S,
+                )
+            )
+        except (ray.exceptions.RayError, TimeoutError) as error:
+            await self.stop()
+            raise WorkerError(f"generation actors failed to start: {error}") from error
+        logger.info("Ray generation workers at %s", self.endpoints)
+
+    async def refit(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        if not self._actors:
+            raise WorkerError("refit before the workers were started")
+        weights = ray.put(_cpu_state(state_dict))
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*[a.refit.remote(weights, version) for a in self._actors]),
+                ACTOR_TIMEOUT_S,
+            )
+        except (ray.exceptions.RayError, TimeoutError) as error:
+            raise WorkerError(f"refit to version {version} failed: {error}") from error
+
+    async def stop(self) -> None:
+        actors, self._actors = self._actors, []
+        for actor in actors:
+            try:
+                await asyncio.wait_for(actor.stop.remote(), ACTOR_TIMEOUT_S)
+            except (ray.exceptions.RayError, TimeoutError) as error:
+                logger.warning("generation actor did not stop cleanly: %s", error)
+            ray.kill(actor)
+        self.endpoints = []
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False

@@ -1,0 +1,66 @@
+"""Worker backends: start, serve over HTTP, refit to a new version, stop."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.policy.model import build_model
+from rolloutrun_runtime.policy.tokenizer import TOKENIZER
+from rolloutrun_runtime.workers import PolicyWorkers, WorkerError, build_workers
+from rolloutrun_runtime.workers.inprocess import InProcessWorkers
+
+
+def _cfg(backend: str, workers: int) -> RunConfig:
+    return RunConfig.model_validate(
+        {
+            "policy": {"device": "cpu"},
+            "workers": {"backend": backend, "generationWorkers": workers},
+        }
+    )
+
+
+async def _exercise(workers: PolicyWorkers, count: int) -> None:
+    """Start, serve version 3, refit to 4 on every endpoint, stop."""
+    cfg_policy = _cfg("inprocess", 1).policy
+    await workers.start()
+    try:
+        assert len(workers.endpoints) == count
+        assert all(url.startswith("http://127.0.0.1:") for url in workers.endpoints)
+        body = {"prompt_token_ids": [TOKENIZER.bos_id, 4], "max_tokens": 4, "seed": 1}
+        async with aiohttp.ClientSession() as http:
+            for url in workers.endpoints:
+                async with http.post(url + "/v1/completions", json=body) as response:
+                    assert set((await response.json())["weight_versions"]) == {3}
+            await workers.refit(build_model(cfg_policy, TOKENIZER.vocab_size, 9).state_dict(), 4)
+            for url in workers.endpoints:
+                async with http.get(url + "/v1/weight_version") as response:
+                    assert (await response.json())["version"] == 4
+                async with http.post(url + "/v1/completions", json=body) as response:
+                    assert set((await response.json())["weight_versions"]) == {4}
+    finally:
+        await workers.stop()
+    assert workers.endpoints == []
+    await workers.stop()  # idempotent
+
+
+async def test_inprocess_workers_refit_and_endpoints() -> None:
+    cfg = _cfg("inprocess", 2)
+    workers = build_workers(cfg, build_model(cfg.policy, TOKENIZER.vocab_size, 0).state_dict(), 3)
+    assert isinstance(workers, InProcessWorkers) and isinstance(workers, PolicyWorkers)
+    with pytest.raises(WorkerError, match="before the workers were started"):
+        await workers.refit({}, 1)
+    await _exercise(workers, 2)
+    with pytest.raises(WorkerError, match="already started"):
+        await workers.start()
+
+
+@pytest.mark.ray
+async def test_ray_workers_refit_and_endpoints(ray_session: None) -> None:
+    from rolloutrun_runtime.workers.ray_workers import RayWorkers
+
+    cfg = _cfg("ray", 1)
+    workers = build_workers(cfg, build_model(cfg.policy, TOKENIZER.vocab_size, 0).state_dict(), 3)
+    assert isinstance(workers, RayWorkers) and isinstance(workers, PolicyWorkers)
+    await _exercise(workers, 1)
