@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from tests.gcs_emulator import FakeGcs, FaultProxy, free_port
+from tests.storage.crash_publisher import check_committed_whole, kill_after_commits
 from tests.storage.storage_params import BUCKET, FAST_RETRY
 
 from rolloutrun_runtime.storage import (
@@ -198,6 +199,14 @@ def test_emulator_from_environment(fake_gcs: FakeGcs, monkeypatch: pytest.Monkey
     assert list_committed(storage, "") == ["e"]
     blob = storage.client.bucket(BUCKET).get_blob(storage.prefix + "/e/COMMITTED")  # type: ignore[attr-defined]
     assert WRITER_TOKEN_KEY in (blob.metadata or {})
+
+
+def test_sigkill_during_gs_publication(fake_gcs: FakeGcs, gcs_client: Any) -> None:
+    """A publisher process SIGKILLed mid-publication against the emulator leaves only
+    complete committed entries."""
+    uri = f"gs://{BUCKET}/crash-{uuid.uuid4().hex[:8]}"
+    kill_after_commits(uri, 3, env=fake_gcs.env())
+    assert len(check_committed_whole(open_storage(uri, client=gcs_client))) >= 3
 
 
 def test_missing_credentials_is_a_permission_error(monkeypatch: pytest.MonkeyPatch,

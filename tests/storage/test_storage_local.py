@@ -6,12 +6,16 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from tests.storage.crash_publisher import FILES, content
+from tests.storage.crash_publisher import (
+    check_committed_whole,
+    content,
+    kill_after_commits,
+    spawn,
+)
 
 from rolloutrun_runtime.storage import (
     ObjectNotFoundError,
@@ -22,20 +26,6 @@ from rolloutrun_runtime.storage import (
     publish_entry,
 )
 from rolloutrun_runtime.storage.local import COPY_CHUNK, LocalStorage
-
-REPO = Path(__file__).resolve().parents[2]
-PUBLISHER = Path(__file__).with_name("crash_publisher.py")
-
-
-def _spawn(*args: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=f"{REPO / 'runtime'}{os.pathsep}{REPO}")
-    return subprocess.Popen(
-        [sys.executable, str(PUBLISHER), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
 
 
 def _wait_for(predicate: object, what: str, proc: subprocess.Popen[str]) -> None:
@@ -58,7 +48,7 @@ def test_sigkill_mid_file_leaves_nothing_committed(tmp_path: Path) -> None:
     root = tmp_path / "store"
     fifo = tmp_path / "feed"
     os.mkfifo(fifo)
-    proc = _spawn(str(root), "fifo", str(fifo))
+    proc = spawn(str(root), "fifo", str(fifo))
     entry_dir = root / "snaps" / "step_0"
     with open(fifo, "wb") as feed:  # blocks until the publisher opens it for reading
         # One full copy chunk (written to the temp file) and a bit of the next, which the
@@ -95,25 +85,9 @@ def test_sigkill_at_random_points_keeps_committed_entries_whole(tmp_path: Path, 
     """Kill a looping publisher after a random number of commits: every committed entry is
     complete, and the committed steps are exactly 0..n without gaps."""
     root = tmp_path / "store"
-    proc = _spawn(str(root), "loop")
     wanted = random.Random(seed).randint(1, 6)
-    assert proc.stdout is not None
-    seen = [proc.stdout.readline() for _ in range(wanted)]
-    proc.send_signal(signal.SIGKILL)  # lands somewhere inside publishing the next entries
-    proc.wait()
-    proc.stdout.close()
-    assert proc.stderr is not None
-    proc.stderr.close()
-    assert [int(line) for line in seen] == list(range(wanted))
-
-    storage = open_storage(str(root))
-    committed = list_committed(storage, "snaps")
-    steps = sorted(int(e.rsplit("_", 1)[1]) for e in committed)
-    assert steps == list(range(len(steps)))
-    assert len(steps) >= wanted
-    for step in steps:
-        for i in range(FILES):
-            assert storage.read_bytes(f"snaps/step_{step}/f{i}") == content(step, i)
+    kill_after_commits(str(root), wanted)
+    assert len(check_committed_whole(open_storage(str(root)))) >= wanted
 
 
 def test_temp_files_are_invisible(tmp_path: Path) -> None:
