@@ -205,6 +205,8 @@ def test_custom_marker_and_nested_entries(storage: CheckpointStorage) -> None:
 def test_bad_marker_names(storage: CheckpointStorage, marker: str) -> None:
     with pytest.raises(InvalidKeyError):
         publish_entry(storage, "e", {"f": b"1"}, marker_name=marker)
+    with pytest.raises(InvalidKeyError):
+        list_committed(storage, "", marker_name=marker)
     assert storage.list() == []
 
 

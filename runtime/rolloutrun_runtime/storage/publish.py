@@ -34,13 +34,14 @@ log = logging.getLogger(__name__)
 DEFAULT_MARKER = "COMMITTED"
 
 
+def _check_marker_name(where: str, marker_name: str) -> None:
+    if "/" in marker_name or key_problem(marker_name) is not None:
+        raise InvalidKeyError(where, f"marker name {marker_name!r} must be one plain path part")
+
+
 def _marker_key(storage: CheckpointStorage, entry_prefix: str, marker_name: str) -> str:
     entry = validate_key(entry_prefix.rstrip("/"), base_uri=storage.base_uri)
-    if "/" in marker_name or key_problem(marker_name) is not None:
-        raise InvalidKeyError(
-            f"{storage.base_uri}/{entry}",
-            f"marker name {marker_name!r} must be one plain path part",
-        )
+    _check_marker_name(f"{storage.base_uri}/{entry}", marker_name)
     return join_key(entry, marker_name)
 
 
@@ -90,6 +91,7 @@ def list_committed(
 ) -> list[str]:
     """Entry prefixes (keys) strictly under ``prefix`` whose marker exists, sorted."""
     prefix = normalize_prefix(prefix, base_uri=storage.base_uri)
+    _check_marker_name(f"{storage.base_uri}/{prefix}", marker_name)
     suffix = "/" + marker_name
     entries = [
         key[: -len(suffix)]
