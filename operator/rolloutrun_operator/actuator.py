@@ -1,0 +1,166 @@
+"""One reconcile pass against the API: fetch, observe, decide (purely), apply, write status.
+
+Why apart from the handlers: the Kopf module should only wire events to passes; this module
+holds the I/O around :func:`~rolloutrun_operator.reconcile.reconcile` and takes no decision
+itself. Order matters and is kept here: actions first (in the order the reconcile gave, so
+the ConfigMap precedes the pods that mount it), then one status patch per pass, and only
+then does the caller emit Events. If an action fails the status is not written, so a status
+never claims what did not happen; the next pass observes again and decides again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from rolloutrun_operator import builders, naming
+from rolloutrun_operator.api.v1alpha1 import (
+    Condition,
+    RolloutRun,
+    RolloutRunStatus,
+)
+from rolloutrun_operator.api.validation import RolloutRunInvalid, parse_rolloutrun
+from rolloutrun_operator.conditions import ConditionType, Desired, merge
+from rolloutrun_operator.kube import Json, Kube
+from rolloutrun_operator.observe import Observed, observed_from
+from rolloutrun_operator.plan import Action, Event, Verb
+from rolloutrun_operator.reconcile import IDLE_REQUEUE_SECONDS, Result, reconcile
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What a pass did: the run's body (for Events), the decision, and the new status."""
+
+    body: Json
+    result: Result
+    previous: RolloutRunStatus | None
+    wrote_status: bool
+
+
+def _static_children(run: RolloutRun) -> list[tuple[str, str]]:
+    name = builders.run_name(run)
+    children = [
+        ("Secret", naming.gym_token_secret_name(name)),
+        ("Lease", naming.lease_name(name)),
+        ("Service", naming.trainer_service_name(name)),
+        ("Service", naming.gym_service_name(name)),
+    ]
+    if run.spec.service_account_name is None:
+        account = naming.member_account_name(name)
+        children += [("ServiceAccount", account), ("Role", account), ("RoleBinding", account)]
+    return children
+
+
+async def observe(kube: Kube, run: RolloutRun) -> Observed:
+    """Everything the reconcile needs to know about ``run``'s children, fetched concurrently."""
+    name, namespace = builders.run_name(run), builders.run_namespace(run)
+    static = _static_children(run)
+    user_secrets = builders.referenced_secrets(run)
+    gets = [
+        ("Lease", naming.lease_name(name)),
+        ("ConfigMap", naming.config_map_name(name)),
+        *static,
+        *(("Secret", secret) for secret in user_secrets),
+    ]
+    pods, found = await asyncio.gather(
+        kube.list("Pod", namespace, naming.run_selector(name)),
+        asyncio.gather(*(kube.get(kind, namespace, child) for kind, child in gets)),
+    )
+    lease, config = found[0], found[1]
+    children = found[2 : 2 + len(static)]
+    present = [
+        f"{kind}/{child}" for (kind, child), obj in zip(static, children, strict=True) if obj
+    ]
+    secret_objs = found[2 + len(static) :]
+    existing = [s for s, obj in zip(user_secrets, secret_objs, strict=True) if obj]
+    node_names = sorted({str((pod.get("spec") or {}).get("nodeName") or "") for pod in pods} - {""})
+    nodes = await asyncio.gather(*(kube.get("Node", None, node) for node in node_names))
+    return observed_from(
+        pods=pods,
+        lease=lease,
+        config_map=config,
+        present=present,
+        secrets=existing,
+        nodes=[node for node in nodes if node],
+        new_token=secrets.token_urlsafe(32),
+    )
+
+
+async def apply(kube: Kube, namespace: str, actions: list[Action]) -> None:
+    """Apply the actions in order; a create of an existing child or a delete of a gone one
+    counts as done. Any other API error propagates (the pass is retried)."""
+    for action in actions:
+        if action.verb is Verb.CREATE and action.manifest is not None:
+            created = await kube.create(action.manifest)
+            logger.info(
+                "created %s/%s%s", action.kind, action.name, "" if created else " (existed)"
+            )
+        elif action.verb is Verb.REPLACE and action.manifest is not None:
+            await kube.replace(action.manifest)
+            logger.info("replaced %s/%s", action.kind, action.name)
+        elif action.verb is Verb.DELETE:
+            await kube.delete(action.kind, namespace, action.name, action.grace_seconds)
+            logger.info("deleted %s/%s", action.kind, action.name)
+
+
+def status_json(status: RolloutRunStatus) -> Json:
+    """The status as a merge patch: None values are explicit nulls, so cleared fields vanish."""
+    return status.model_dump(mode="json", by_alias=True)
+
+
+def invalid_status(body: Json, problem: RolloutRunInvalid, now: dt.datetime) -> Json:
+    """Status of a run whose spec the models reject: Ready=False with what to fix."""
+    raw = body.get("status") or {}
+    previous = []
+    for item in raw.get("conditions") or []:
+        try:
+            previous.append(Condition.model_validate(item))
+        except ValueError:
+            continue
+    message = "; ".join(problem.problems)[:32_768]
+    desired = {
+        ConditionType.READY: Desired(False, "InvalidSpec", message),
+        ConditionType.PROGRESSING: Desired(False, "InvalidSpec", message),
+    }
+    generation = (body.get("metadata") or {}).get("generation")
+    conditions = merge(previous, desired, now, generation)
+    return {
+        "observedGeneration": generation,
+        "conditions": [c.model_dump(mode="json", by_alias=True) for c in conditions],
+    }
+
+
+async def run_pass(kube: Kube, namespace: str, name: str, now: dt.datetime) -> Outcome | None:
+    """One full pass over the run ``namespace/name``; None when the run is gone."""
+    body = await kube.get("RolloutRun", namespace, name)
+    if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    try:
+        run = parse_rolloutrun(body, f"RolloutRun {namespace}/{name}")
+    except RolloutRunInvalid as problem:
+        patch = invalid_status(body, problem, now)
+        changed = patch != _subset(body.get("status") or {}, patch)
+        if changed:
+            await kube.patch_status("RolloutRun", namespace, name, patch)
+        events = [Event("Warning", "InvalidSpec", "; ".join(problem.problems)[:1024])]
+        result = Result([], RolloutRunStatus(), events if changed else [], IDLE_REQUEUE_SECONDS)
+        return Outcome(body, result, None, wrote_status=changed)
+    observed = await observe(kube, run)
+    result = reconcile(run, observed, now)
+    await apply(kube, namespace, result.actions)
+    new = status_json(result.status)
+    old = status_json(run.status) if run.status is not None else None
+    wrote = new != old
+    if wrote:
+        await kube.patch_status("RolloutRun", namespace, name, new)
+    return Outcome(body, result, run.status, wrote)
+
+
+def _subset(status: dict[str, Any], patch: Json) -> Json:
+    return {key: status.get(key) for key in patch}

@@ -1,0 +1,174 @@
+"""The Kopf handlers: the only module with ``@kopf`` decorators, and deliberately thin.
+
+Why a daemon per run rather than change handlers: recovery reacts to things that are not
+changes of the RolloutRun (a pod deleted, a Lease that stops being renewed, a node going
+NotReady, a backoff elapsing). Each run gets one daemon that loops *pass, then wait*; the
+wait ends early when an event on the run, one of its pods or its Lease wakes it, else after
+the delay the pass asked for. One loop per run also serializes its passes, so two passes
+never race to create the same pod. Every decision is in
+:func:`~rolloutrun_operator.reconcile.reconcile`; the I/O in :mod:`actuator`.
+
+Kopf keeps its progress and diff-base in annotations (``status.kopf`` would be pruned by
+the structural schema); the operator writes ``status`` itself, once per pass. An API error
+raises ``kopf.TemporaryError(delay=...)`` so Kopf restarts the daemon after the delay; an
+invalid spec is reported as a condition and waited out (a fixed spec wakes the daemon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import kopf
+
+from rolloutrun_operator import naming
+from rolloutrun_operator.actuator import run_pass
+from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
+from rolloutrun_operator.kube import Kube, KubeError, load_credentials
+from rolloutrun_operator.metrics import Metrics
+
+registry = kopf.OperatorRegistry()
+"""The handlers' own registry: embedding the operator never touches Kopf's global one."""
+
+#: Longest wait between passes with nothing happening.
+MAX_IDLE_SECONDS = 30.0
+#: Delay before Kopf restarts a daemon whose pass failed on an API error.
+RETRY_SECONDS = 5.0
+
+
+@dataclass
+class Options:
+    """How the operator was started (put into Kopf's memo by the command)."""
+
+    kubeconfig: str | None = None
+    metrics_port: int | None = None
+    metrics_address: str = "127.0.0.1"
+
+
+class Wakers:
+    """One asyncio.Event per run: set by watch events, awaited by the run's daemon."""
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[str, str], asyncio.Event] = {}
+
+    def event(self, namespace: str, name: str) -> asyncio.Event:
+        return self._events.setdefault((namespace, name), asyncio.Event())
+
+    def wake(self, namespace: str | None, name: str | None) -> None:
+        if namespace and name:
+            self.event(namespace, name).set()
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._events.pop((namespace, name), None)
+
+
+async def wait_for_wake(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
+    """Until ``wake`` is set, the daemon is stopped, or ``timeout`` passes; then clear."""
+
+    async def until_stopped() -> None:
+        await stopped.wait()
+
+    waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(until_stopped())]
+    try:
+        await asyncio.wait(waiters, timeout=max(timeout, 0.0), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        wake.clear()
+
+
+@kopf.on.startup(registry=registry)
+async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    """Annotations for Kopf's own state; the API client, wakers and metrics in the memo."""
+    prefix = naming.KOPF_ANNOTATION_PREFIX
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=prefix)
+    settings.persistence.finalizer = f"{GROUP}/operator"
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    options: Options = memo.get("options") or Options()
+    memo["kube"] = Kube(load_credentials(options.kubeconfig))
+    memo["wakers"] = Wakers()
+    metrics = memo.get("metrics")
+    if metrics is None:
+        metrics = memo["metrics"] = Metrics()
+    if options.metrics_port is not None:
+        metrics.serve(options.metrics_port, options.metrics_address)
+
+
+@kopf.on.cleanup(registry=registry)
+async def close(memo: Any, **_: Any) -> None:
+    kube = memo.get("kube")
+    if kube is not None:
+        await kube.close()
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0)
+async def keep_running(
+    name: str,
+    namespace: str | None,
+    stopped: kopf.DaemonStopped,
+    memo: Any,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
+    """Reconcile the run until it is deleted: pass, emit Events, wait for a wake-up."""
+    namespace = namespace or "default"
+    kube: Kube = memo["kube"]
+    wakers: Wakers = memo["wakers"]
+    metrics: Metrics = memo["metrics"]
+    wake = wakers.event(namespace, name)
+    while not stopped:
+        began = time.perf_counter()
+        try:
+            outcome = await run_pass(kube, namespace, name, dt.datetime.now(dt.UTC))
+        except KubeError as error:
+            metrics.reconcile_errors.inc()
+            raise kopf.TemporaryError(
+                f"reconciling failed: {error}", delay=RETRY_SECONDS
+            ) from error
+        finally:
+            metrics.reconcile_seconds.observe(time.perf_counter() - began)
+        if outcome is None:
+            break
+        result = outcome.result
+        for action in result.actions:
+            logger.debug("applied %s", action)
+        metrics.record_run(namespace, name, outcome.previous, result.status)
+        for event in result.events:
+            body = cast(kopf.Body, outcome.body)
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        delay = min(result.requeue_after or MAX_IDLE_SECONDS, MAX_IDLE_SECONDS)
+        await wait_for_wake(wake, stopped, delay)
+    metrics.forget_run(namespace, name)
+    wakers.forget(namespace, name)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+def run_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    """Any change of the run (spec, suspend, deletion) wakes its daemon."""
+    memo["wakers"].wake(namespace, name)
+
+
+@kopf.on.event("v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
+def member_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    """A member pod changed phase, got an IP, was evicted or deleted."""
+    memo["wakers"].wake(namespace, labels.get(naming.LABEL_RUN))
+
+
+@kopf.on.event(
+    "coordination.k8s.io",
+    "v1",
+    "leases",
+    labels={naming.LABEL_RUN: kopf.PRESENT},
+    registry=registry,
+)
+def lease_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    """The trainer renewed its Lease or reported progress: mirror it into status."""
+    memo["wakers"].wake(namespace, labels.get(naming.LABEL_RUN))

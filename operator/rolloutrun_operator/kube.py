@@ -1,0 +1,250 @@
+"""A small async Kubernetes REST client for the handlers: plain JSON in, plain JSON out.
+
+Why not the generated ``kubernetes`` client: the handlers run in Kopf's event loop and work
+on plain manifests (what the builders return, what :mod:`observe` parses), so typed models
+and a thread per call only add conversions. The ``kubernetes`` package still loads the
+credentials (in-cluster ServiceAccount or kubeconfig, with token refresh), so the same code
+talks to a real cluster and to the local cluster.
+
+Errors become :class:`KubeError` with the HTTP status chained as data; the handlers decide
+what is temporary. :data:`PERMISSIONS` lists exactly the verbs this client uses; the Helm
+chart's ClusterRole is checked against it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
+
+logger = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Where a kind lives in the REST API."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced:
+            base += f"/namespaces/{quote(namespace or 'default')}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{quote(name)}"
+        if sub is not None:
+            base += f"/{sub}"
+        return base
+
+
+RESOURCES: dict[str, Resource] = {
+    "Pod": Resource("", "v1", "pods"),
+    "ConfigMap": Resource("", "v1", "configmaps"),
+    "Secret": Resource("", "v1", "secrets"),
+    "Service": Resource("", "v1", "services"),
+    "ServiceAccount": Resource("", "v1", "serviceaccounts"),
+    "Node": Resource("", "v1", "nodes", namespaced=False),
+    "Lease": Resource("coordination.k8s.io", "v1", "leases"),
+    "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
+    "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "RolloutRun": Resource(GROUP, VERSION, PLURAL),
+}
+
+#: (apiGroup, resource, verbs) this client and Kopf's watches use; the chart grants exactly
+#: these (the member Role's lease verbs must be held to be granted: no RBAC escalation).
+PERMISSIONS: list[tuple[str, str, tuple[str, ...]]] = [
+    (GROUP, PLURAL, ("get", "list", "watch", "patch")),
+    (GROUP, f"{PLURAL}/status", ("get", "patch")),
+    ("", "pods", ("get", "list", "watch", "create", "delete")),
+    ("", "configmaps", ("get", "create", "update")),
+    ("", "secrets", ("get", "create")),
+    ("", "services", ("get", "create")),
+    ("", "serviceaccounts", ("get", "create")),
+    ("", "nodes", ("get",)),
+    ("", "events", ("create",)),
+    ("events.k8s.io", "events", ("create",)),
+    ("coordination.k8s.io", "leases", ("get", "list", "watch", "create", "update", "patch")),
+    ("rbac.authorization.k8s.io", "roles", ("get", "create")),
+    ("rbac.authorization.k8s.io", "rolebindings", ("get", "create")),
+]
+
+
+class KubeError(Exception):
+    """A Kubernetes API call failed; ``status`` is the HTTP status (0: no answer)."""
+
+    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Where the API server is and how to authenticate to it."""
+
+    host: str
+    token: str | None = None
+    ssl_context: ssl.SSLContext | bool = True
+    refresh: Any = None
+    """The ``kubernetes`` configuration, asked for a fresh token before each request."""
+
+    def authorization(self) -> str | None:
+        if self.refresh is not None:
+            value = self.refresh.get_api_key_with_prefix("authorization")
+            if value:
+                return str(value)
+        return f"Bearer {self.token}" if self.token else None
+
+
+def load_credentials(kubeconfig: str | None = None) -> Credentials:
+    """In-cluster ServiceAccount credentials, else the kubeconfig (``$KUBECONFIG``)."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    context: ssl.SSLContext | bool = True
+    if configuration.host.startswith("https"):
+        if not configuration.verify_ssl:
+            context = False
+        else:
+            ctx = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+            if configuration.cert_file:
+                ctx.load_cert_chain(configuration.cert_file, configuration.key_file)
+            context = ctx
+    return Credentials(
+        host=configuration.host.rstrip("/"), ssl_context=context, refresh=configuration
+    )
+
+
+class Kube:
+    """Async JSON calls against one API server; one aiohttp session, opened lazily."""
+
+    def __init__(self, credentials: Credentials, timeout: float = 30.0) -> None:
+        self.credentials = credentials
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Json:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        headers = {"Accept": "application/json"}
+        auth = self.credentials.authorization()
+        if auth:
+            headers["Authorization"] = auth
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body)
+        try:
+            async with self._session.request(
+                method,
+                self.credentials.host + path,
+                data=data,
+                params=params,
+                headers=headers,
+                ssl=self.credentials.ssl_context,
+            ) as response:
+                text = await response.text()
+                if response.status >= 400:
+                    try:
+                        answer = json.loads(text)
+                    except ValueError:
+                        answer = {"message": text}
+                    raise KubeError(
+                        f"{method} {path}: {response.status} {answer.get('message', '')}",
+                        response.status,
+                        str(answer.get("reason", "")),
+                    )
+                return json.loads(text) if text else {}
+        except aiohttp.ClientError as error:
+            raise KubeError(f"{method} {path}: {error}") from error
+
+    # ------------------------------------------------------------------ conveniences
+    async def get(self, kind: str, namespace: str | None, name: str) -> Json | None:
+        """The object, or None when it does not exist."""
+        try:
+            return await self.request("GET", RESOURCES[kind].path(namespace, name))
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def list(self, kind: str, namespace: str | None, selector: str) -> list[Json]:
+        answer = await self.request(
+            "GET", RESOURCES[kind].path(namespace), params={"labelSelector": selector}
+        )
+        return list(answer.get("items") or [])
+
+    async def create(self, manifest: Json) -> bool:
+        """Create; False when one of that name already exists."""
+        meta = manifest["metadata"]
+        try:
+            await self.request(
+                "POST", RESOURCES[manifest["kind"]].path(meta.get("namespace")), manifest
+            )
+        except KubeError as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    async def replace(self, manifest: Json) -> None:
+        meta = manifest["metadata"]
+        path = RESOURCES[manifest["kind"]].path(meta.get("namespace"), meta["name"])
+        await self.request("PUT", path, manifest)
+
+    async def delete(
+        self, kind: str, namespace: str, name: str, grace_seconds: int | None = None
+    ) -> bool:
+        """Delete; False when it was already gone."""
+        body: Json = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "propagationPolicy": "Background",
+        }
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        try:
+            await self.request("DELETE", RESOURCES[kind].path(namespace, name), body)
+        except KubeError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    async def patch_status(self, kind: str, namespace: str, name: str, status: Json) -> Json:
+        """One JSON merge patch of the status subresource."""
+        return await self.request(
+            "PATCH",
+            RESOURCES[kind].path(namespace, name, "status"),
+            {"status": status},
+            content_type="application/merge-patch+json",
+        )
