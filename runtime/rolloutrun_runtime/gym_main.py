@@ -69,11 +69,14 @@ async def _serve(
     import signal
 
     from rolloutrun_runtime.environments.gym import GymServer
+    from rolloutrun_runtime.environments.gym.control import GymCheckpointControl
     from rolloutrun_runtime.policy.http import serve_app
 
     logger = logging.getLogger(__name__)
     server = GymServer(instance_id or default_instance_id(port), cfg, audit)
-    runner, url = await serve_app(server.app, host, port)
+    control = GymCheckpointControl(server)  # token from ROLLOUTRUN_GYM_CONTROL_TOKEN
+    server.continue_restored = control.claim_restored
+    runner, url = await serve_app(server.app, host, port, cancel_on_disconnect=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -56,10 +56,18 @@ def json_error(status: int, message: str, kind: str = "invalid_request_error") -
 
 
 async def serve_app(
-    app: web.Application, host: str = "127.0.0.1", port: int = 0
+    app: web.Application,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    cancel_on_disconnect: bool = False,
 ) -> tuple[web.AppRunner, str]:
-    """Start ``app`` on ``host:port`` (0 picks a free port); return its runner and base URL."""
-    runner = web.AppRunner(app, access_log=None)
+    """Start ``app`` on ``host:port`` (0 picks a free port); return its runner and base URL.
+
+    ``cancel_on_disconnect`` cancels a request's handler when its client goes away (the Gym
+    uses it so a vanished trainer's episodes stop at once instead of running on unobserved).
+    """
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=cancel_on_disconnect)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -106,6 +106,22 @@ class HttpPolicyClient:
             raise PolicyCallError(f"policy {url} sent a malformed completion: {error}") from error
 
 
+class LocalPolicyClient:
+    """Calls an in-process generation function (e.g. ``GenerationEngine.generate``).
+
+    For tests and in-process loops that run the agent without HTTP; ``policy_url`` is
+    ignored.
+    """
+
+    def __init__(
+        self, generate: Callable[[GenerationRequest], Awaitable[GenerationResult]]
+    ) -> None:
+        self.generate = generate
+
+    async def complete(self, policy_url: str, request: GenerationRequest) -> GenerationResult:
+        return await self.generate(request)
+
+
 class SideEffectLog:
     """Applied side effects by ``(rollout_id, revision)``, optionally appended to a file.
 

@@ -63,6 +63,9 @@ class Phase(enum.StrEnum):
     """The caller went away mid-episode; the state is kept for inspection."""
 
 
+#: The error recorded on an episode whose ``/run`` was cancelled (its client went away).
+CANCELLED_REASON = "request cancelled"
+
 #: Phases from which the agent loop can continue.
 LIVE_PHASES = frozenset({Phase.AWAIT_MODEL, Phase.AWAIT_TOOL})
 

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from rolloutrun_runtime.environments.gym.agent import (
     SideEffectReplayError,
 )
 from rolloutrun_runtime.environments.gym.episode import (
+    CANCELLED_REASON,
     LIVE_PHASES,
     Episode,
     EpisodeId,
@@ -107,6 +109,8 @@ class GymServer:
         self._session: aiohttp.ClientSession | None = None
         self.loop: AgentLoop | None = None
         self.episodes: OrderedDict[EpisodeId, Episode] = OrderedDict()
+        #: Set by the checkpoint control plane: the restored episode a ``/run`` continues.
+        self.continue_restored: Callable[[EpisodeId], Episode | None] | None = None
         self.app = web.Application(client_max_size=run_cfg.gym.request_max_bytes)
         self.app.router.add_post("/run", self._run)
         self.app.router.add_get("/episodes/{rollout_id}", self._episodes)
@@ -235,6 +239,11 @@ class GymServer:
             return parsed
         assert self.loop is not None, "server not started"
         episode_id = EpisodeId(parsed.episode_id.rollout_id, parsed.episode_id.attempt)
+        restored = self.continue_restored(episode_id) if self.continue_restored else None
+        if restored is not None:
+            # A new trainer incarnation serves generation at a new address.
+            restored.policy_url = parsed.policy_url
+            return await self._run_episode(restored)
         conflict = self._conflict(episode_id)
         if conflict is not None:
             return conflict
@@ -251,6 +260,11 @@ class GymServer:
         episode = self.loop.new_episode(episode_id, parsed.prompt_id, parsed.policy_url, sampling)
         self.episodes[episode_id] = episode
         self._trim()
+        return await self._run_episode(episode)
+
+    async def _run_episode(self, episode: Episode) -> web.Response:
+        assert self.loop is not None, "server not started"
+        episode_id = episode.episode_id
         try:
             await self.loop.run(episode)
         except PolicyCallError as error:
@@ -261,7 +275,7 @@ class GymServer:
             return _error(409, f"episode {episode_id.row_key} failed: {error}")
         except asyncio.CancelledError:
             if episode.phase in LIVE_PHASES:
-                episode.phase, episode.error = Phase.ABANDONED, "request cancelled"
+                episode.phase, episode.error = Phase.ABANDONED, CANCELLED_REASON
             raise
         return web.json_response(episode.result(self.instance_id))
 

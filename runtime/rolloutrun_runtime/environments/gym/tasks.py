@@ -6,9 +6,11 @@ state starts, what a model turn does to it (the side effect, if any) and how the
 state scores. States are plain JSON mappings so an episode can be exported as a record and
 installed elsewhere (turn-level recovery) without pickling.
 
-Rewards are in [0, 1] and shaped: a well-formed answer or tool call earns a little, closeness
-to the goal earns more, the exact goal earns 1. A freshly initialised policy first learns
-the format, then the content, so GRPO sees reward variance from the first steps.
+Rewards are in [0, 1] and shaped so that GRPO sees reward variance from the first steps of
+a freshly initialised policy: parsing is lenient (an answer or tool call is read from the
+start of the model's text, trailing junk ignored), a clean one (nothing after it, then
+``<eos>``) earns a little more, closeness to the goal earns more, the exact goal earns 1.
+The policy first learns to start with a number, then to stop, then to be right.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from rolloutrun_runtime.tasks import (
 )
 
 _INTEGER = re.compile(r"-?\d{1,9}")
-_MOVE = re.compile(r"(?:([+-]\d{1,9})|add\((-?\d{1,9})\))")
+#: A move: ``+k``, ``-k``, a bare ``k`` (meaning ``+k``) or ``add(k)``.
+_MOVE = re.compile(r"add\(([+-]?\d{1,9})\)|([+-]?\d{1,9})")
 
-#: Reward for a well-formed but wrong arithmetic answer, before closeness credit.
-FORMAT_CREDIT = 0.2
+#: Arithmetic reward parts: a number read at the start, a clean answer, closeness, exact.
+NUMBER_CREDIT, CLEAN_CREDIT, CLOSE_CREDIT, EXACT_CREDIT = 0.1, 0.1, 0.5, 0.3
 
 
 @dataclass(frozen=True)
@@ -76,16 +79,18 @@ class ArithmeticEnv:
 
     def start(self, problem: Problem) -> dict[str, Any]:
         assert isinstance(problem, ArithmeticProblem)
-        return {"a": problem.a, "b": problem.b, "submitted": None, "well_formed": False}
+        return {"a": problem.a, "b": problem.b, "submitted": None, "clean": False}
 
     def interpret(self, state: dict[str, Any], text: str, stopped: bool) -> dict[str, Any] | None:
-        well_formed = stopped and _INTEGER.fullmatch(text) is not None
-        return {"op": "submit", "value": int(text) if well_formed else None, "text": text}
+        match = _INTEGER.match(text)
+        value = int(match.group()) if match else None
+        clean = match is not None and stopped and match.end() == len(text)
+        return {"op": "submit", "value": value, "clean": clean, "text": text}
 
     def apply(self, state: dict[str, Any], effect: dict[str, Any] | None) -> TurnOutcome:
         assert effect is not None and effect["op"] == "submit"
         state["submitted"] = effect["value"]
-        state["well_formed"] = effect["value"] is not None
+        state["clean"] = effect["clean"]
         return TurnOutcome(effect=effect, observation="", done=True)
 
     def score(self, state: dict[str, Any]) -> float:
@@ -93,10 +98,13 @@ class ArithmeticEnv:
         if value is None:
             return 0.0
         answer = state["a"] + state["b"]
-        if value == answer:
-            return 1.0
-        near = closeness(value, answer, 2 * self.task.max_operand + 1)
-        return FORMAT_CREDIT + (0.9 - FORMAT_CREDIT) * near
+        clean = bool(state.get("clean"))
+        reward = NUMBER_CREDIT + CLOSE_CREDIT * closeness(value, answer, self.task.max_operand + 1)
+        if clean:
+            reward += CLEAN_CREDIT
+            if value == answer:
+                reward += EXACT_CREDIT
+        return round(reward, 6)
 
 
 class ReachTargetEnv:
@@ -114,17 +122,19 @@ class ReachTargetEnv:
             "counter": problem.start,
             "moves": [],
             "malformed": 0,
+            "clean": 0,
             "turns": 0,
         }
 
     def interpret(self, state: dict[str, Any], text: str, stopped: bool) -> dict[str, Any] | None:
-        match = _MOVE.fullmatch(text)
+        match = _MOVE.match(text)
         if match is None:
             return None
         step = int(match.group(1) or match.group(2))
         if abs(step) > self.task.max_operand:
             return None
-        return {"op": "add", "k": step}
+        clean = stopped and match.end() == len(text)
+        return {"op": "add", "k": step, "clean": clean}
 
     def apply(self, state: dict[str, Any], effect: dict[str, Any] | None) -> TurnOutcome:
         state["turns"] += 1
@@ -133,6 +143,7 @@ class ReachTargetEnv:
         else:
             state["counter"] += effect["k"]
             state["moves"].append(effect["k"])
+            state["clean"] += int(effect["clean"])
         done = state["counter"] == state["target"] or state["turns"] >= self.task.max_turns
         mark = "" if effect is not None else "?"
         return TurnOutcome(effect=effect, observation=f" c{state['counter']}{mark}>", done=done)
@@ -141,8 +152,10 @@ class ReachTargetEnv:
         target, counter = state["target"], state["counter"]
         if counter == target:
             return 1.0
-        valid = 1.0 - state["malformed"] / max(state["turns"], 1)
-        return 0.1 * valid + 0.6 * closeness(counter, target, target)
+        turns = max(state["turns"], 1)
+        valid = 1.0 - state["malformed"] / turns
+        clean = state["clean"] / turns
+        return round(0.1 * valid + 0.1 * clean + 0.6 * closeness(counter, target, target), 6)
 
 
 def make_env(task: TaskConfig) -> ArithmeticEnv | ReachTargetEnv:

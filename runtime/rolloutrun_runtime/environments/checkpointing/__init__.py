@@ -1,0 +1,51 @@
+"""Environment checkpoint backends and the builder that picks one from the run config.
+
+A new backend implements :class:`EnvironmentCheckpoint` in its own module and adds one
+branch to :func:`build_environment_checkpoint`; nothing else names a backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rolloutrun_runtime.config import RunConfig, TargetLevel
+from rolloutrun_runtime.environments.checkpointing.interfaces import (
+    EnvironmentCheckpoint,
+    EnvironmentCheckpointError,
+    EnvironmentEpisode,
+    EnvironmentSnapshot,
+    EpisodeRestoreOutcome,
+    NoEnvironmentCheckpoint,
+)
+
+
+def build_environment_checkpoint(
+    config: RunConfig, endpoints: Mapping[str, str], token: str | None
+) -> EnvironmentCheckpoint:
+    """Gym's control plane for turn-level recovery, else the backend that keeps nothing.
+
+    ``endpoints`` maps each Gym instance id to its base URL; ``token`` is the control token.
+    """
+    if config.checkpointing.target_level is TargetLevel.TURN:
+        from rolloutrun_runtime.environments.checkpointing.nemo_gym import (
+            GymEnvironmentCheckpoint,
+        )
+
+        if not token:
+            raise EnvironmentCheckpointError(
+                "turn-level recovery needs the Gym control token "
+                "(ROLLOUTRUN_GYM_CONTROL_TOKEN); none is set"
+            )
+        return GymEnvironmentCheckpoint(endpoints, token)
+    return NoEnvironmentCheckpoint()
+
+
+__all__ = [
+    "EnvironmentCheckpoint",
+    "EnvironmentCheckpointError",
+    "EnvironmentEpisode",
+    "EnvironmentSnapshot",
+    "EpisodeRestoreOutcome",
+    "NoEnvironmentCheckpoint",
+    "build_environment_checkpoint",
+]

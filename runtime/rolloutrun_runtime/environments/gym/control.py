@@ -1,0 +1,554 @@
+"""The Gym checkpoint control plane: park, export, restore and resume episodes at turn level.
+
+Why in the Gym: a multi-turn episode's state (the ``reach_target`` counter, the transcript so
+far) lives in the Gym replica between turns, so only the Gym can freeze it at a consistent
+point and continue it after a restart. The trainer drives it over bearer-token routes under
+``/ng-control/v1/checkpoint/``; every call carries a ``checkpoint_id`` and an absolute
+``deadline_ts``, and prepare, commit and restore are idempotent for the same id.
+
+Phases: ``idle → preparing → prepared → committed``, ``idle → restored``; ``resume`` returns
+any phase to ``idle``.
+
+* **prepare** closes ``/run`` admission (new requests wait at the door), and parks every live
+  episode at its next turn boundary (before a model call, after a tool round), where it holds
+  no half-done work. It answers once every running ``/run`` is parked or done.
+* **commit** exports the parked episodes' records (``Episode.to_record``) in the response: the
+  Gym pod needs no storage access.
+* **resume** reopens admission and releases parked episodes. The last 64 resumed ids are
+  remembered, so a stale trainer cannot reopen or re-prepare one.
+* **restore** installs records under ``attempt + 1``; a ``/run`` for that id continues the
+  episode instead of starting it. A record whose rollout already applied side effects past
+  the record's revision (an older attempt ran on after the snapshot) is refused: continuing
+  it would repeat a side effect, so its sibling restarts from turn 0 under a new rollout id.
+* **retire** refuses an attempt and all earlier ones of its rollout (they stop at their next
+  boundary) until **forget** drops the rollout.
+* **lease**: each call extends the lease to ``deadline_ts + grace``; if the trainer stops
+  calling, a watchdog resumes the Gym on its own, so a vanished trainer never wedges it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import hmac
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rolloutrun_runtime.environments.gym.episode import (
+    CANCELLED_REASON,
+    LIVE_PHASES,
+    Episode,
+    EpisodeId,
+    EpisodeRecordError,
+    Phase,
+)
+
+logger = logging.getLogger(__name__)
+
+ROUTE_PREFIX = "/ng-control/v1/checkpoint"
+TOKEN_ENV = "ROLLOUTRUN_GYM_CONTROL_TOKEN"
+REMEMBERED_RESUMES = 64
+
+
+class ControlPhase(enum.StrEnum):
+    IDLE = "idle"
+    PREPARING = "preparing"
+    PREPARED = "prepared"
+    COMMITTED = "committed"
+    RESTORED = "restored"
+
+
+class EpisodeRetiredError(Exception):
+    """The episode's attempt was retired by the trainer; it stops at this boundary."""
+
+
+class ControlError(Exception):
+    """A control call that cannot be honoured; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Call(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    checkpoint_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
+    deadline_ts: float = Field(gt=0)
+
+
+class _CommitCall(_Call):
+    episodes: list[str] | None = Field(None, max_length=1_000_000)
+
+
+class _RestoreCall(_Call):
+    records: list[dict[str, Any]] = Field(max_length=1_000_000)
+
+
+class _RetireCall(_Call):
+    episodes: list[str] = Field(max_length=1_000_000)
+
+
+class _ForgetCall(_Call):
+    rollout_ids: list[str] = Field(max_length=1_000_000)
+
+
+class _ResumeCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    checkpoint_id: str = Field(min_length=1, max_length=128)
+    deadline_ts: float | None = Field(None, gt=0)
+
+
+def parse_row_key(row_key: str) -> EpisodeId:
+    """``<rollout_id>`` or ``<rollout_id>-a<N>`` back to an EpisodeId."""
+    rollout_id, sep, attempt = row_key.rpartition("-a")
+    if sep and attempt.isdigit() and rollout_id:
+        return EpisodeId(rollout_id, int(attempt))
+    return EpisodeId(row_key, 0)
+
+
+class GymCheckpointControl:
+    """The control plane of one Gym replica (see the module doc).
+
+    ``server`` is a :class:`~rolloutrun_runtime.environments.gym.server.GymServer`; the
+    control plane adds its boundary hook, a ``/run`` admission middleware and its routes.
+    """
+
+    def __init__(
+        self,
+        server: Any,
+        token: str | None = None,
+        *,
+        grace_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+        watchdog_interval_s: float = 0.5,
+    ) -> None:
+        self.server = server
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        self.grace_s = (
+            float(grace_s)
+            if grace_s is not None
+            else float(server.cfg.gym.checkpoint_lease_grace_seconds)
+        )
+        self.clock = clock
+        self.watchdog_interval_s = watchdog_interval_s
+        self.phase = ControlPhase.IDLE
+        self.checkpoint_id: str | None = None
+        self.lease_deadline: float | None = None
+        self.resumed: collections.deque[str] = collections.deque(maxlen=REMEMBERED_RESUMES)
+        self.retired: dict[str, int] = {}  # rollout_id -> highest refused attempt
+        self.restored_unclaimed: set[EpisodeId] = set()
+        self.parked: set[EpisodeId] = set()
+        self.runs_in_flight = 0
+        self._parking = False
+        self._admission_open = asyncio.Event()
+        self._admission_open.set()
+        self._released = asyncio.Event()
+        self._released.set()
+        self._changed = asyncio.Event()
+        self._commit_result: dict[str, Any] | None = None
+        self._restore_result: dict[str, Any] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        server.hooks.append(self._boundary_hook)
+        server.app.middlewares.append(self._admission_middleware)
+        routes = [
+            ("GET", "status", self._status),
+            ("POST", "prepare", self._prepare),
+            ("POST", "renew", self._renew),
+            ("POST", "commit", self._commit),
+            ("POST", "resume", self._resume),
+            ("POST", "restore", self._restore),
+            ("POST", "retire", self._retire),
+            ("POST", "forget", self._forget),
+        ]
+        for method, name, handler in routes:
+            server.app.router.add_route(method, f"{ROUTE_PREFIX}/{name}", self._guard(handler))
+        server.app.on_startup.append(self._start_watchdog)
+        server.app.on_cleanup.append(self._stop_watchdog)
+
+    # ------------------------------------------------------------------ episode side
+    async def _boundary_hook(self, episode: Episode, where: str) -> None:
+        self._stop_if_retired(episode)
+        if not self._parking:
+            return
+        self.parked.add(episode.episode_id)
+        self._changed.set()
+        try:
+            await self._released.wait()
+        finally:
+            self.parked.discard(episode.episode_id)
+            self._changed.set()
+        self._stop_if_retired(episode)
+
+    def _stop_if_retired(self, episode: Episode) -> None:
+        episode_id = episode.episode_id
+        refused = self.retired.get(episode_id.rollout_id)
+        if refused is not None and episode_id.attempt <= refused:
+            episode.phase, episode.error = Phase.ABANDONED, "retired by the trainer"
+            raise EpisodeRetiredError(
+                f"episode {episode_id.row_key} was retired (attempts up to {refused} of "
+                f"rollout {episode_id.rollout_id!r} are refused)"
+            )
+
+    @web.middleware
+    async def _admission_middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.path != "/run" or request.method != "POST":
+            return await handler(request)
+        await self._admission_open.wait()
+        self.runs_in_flight += 1
+        self._changed.set()
+        try:
+            return await handler(request)
+        except EpisodeRetiredError as error:
+            return web.json_response({"error": {"message": str(error), "code": 409}}, status=409)
+        finally:
+            self.runs_in_flight -= 1
+            self._changed.set()
+
+    def _ready(self) -> bool:
+        """Every admitted /run is parked at a boundary (or has finished)."""
+        return self.runs_in_flight == len(self.parked)
+
+    # ------------------------------------------------------------------ plumbing
+    def _guard(
+        self, handler: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def route(request: web.Request) -> web.Response:
+            if not self.token:
+                return _fail(403, f"checkpoint control is disabled: set {TOKEN_ENV}")
+            supplied = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(supplied.encode(), f"Bearer {self.token}".encode()):
+                return _fail(401, "missing or wrong bearer token")
+            body: dict[str, Any] = {}
+            if request.method == "POST":
+                try:
+                    raw = await request.json()
+                except ValueError as error:
+                    return _fail(400, f"request body is not valid JSON: {error}")
+                if not isinstance(raw, dict):
+                    return _fail(400, "request body must be a JSON object")
+                body = raw
+            try:
+                return web.json_response(await handler(body))
+            except ValidationError as error:
+                where = "; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or '(body)'}: {e['msg']}"
+                    for e in error.errors()
+                )
+                return _fail(400, f"invalid control request: {where}")
+            except ControlError as error:
+                return _fail(error.status, str(error))
+
+        return route
+
+    def _extend_lease(self, deadline_ts: float) -> None:
+        self.lease_deadline = deadline_ts + self.grace_s
+
+    def _check_id(self, checkpoint_id: str, *, allowed: set[ControlPhase]) -> bool:
+        """Whether this call repeats the current id (idempotent); refuse conflicts."""
+        if checkpoint_id in self.resumed:
+            raise ControlError(409, f"checkpoint {checkpoint_id} was already resumed")
+        if self.phase is ControlPhase.IDLE:
+            return False
+        if self.checkpoint_id != checkpoint_id:
+            raise ControlError(
+                409, f"busy with checkpoint {self.checkpoint_id} ({self.phase.value})"
+            )
+        if self.phase not in allowed:
+            raise ControlError(409, f"checkpoint {checkpoint_id} is {self.phase.value}")
+        return True
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.server.instance_id,
+            "phase": self.phase.value,
+            "checkpoint_id": self.checkpoint_id,
+            "lease_deadline": self.lease_deadline,
+            "parked": sorted(e.row_key for e in self.parked),
+            "runs_in_flight": self.runs_in_flight,
+            "admission_open": self._admission_open.is_set(),
+        }
+
+    # ------------------------------------------------------------------ routes
+    async def _status(self, _: dict[str, Any]) -> dict[str, Any]:
+        return self._state()
+
+    async def _prepare(self, body: dict[str, Any]) -> dict[str, Any]:
+        call = _Call.model_validate(body)
+        repeat = self._check_id(
+            call.checkpoint_id, allowed={ControlPhase.PREPARING, ControlPhase.PREPARED}
+        )
+        if not repeat:
+            self.phase, self.checkpoint_id = ControlPhase.PREPARING, call.checkpoint_id
+            self._commit_result = None
+            self._parking = True
+            self._released.clear()
+            self._admission_open.clear()
+            logger.info(
+                "gym %s: preparing checkpoint %s", self.server.instance_id, call.checkpoint_id
+            )
+        self._extend_lease(call.deadline_ts)
+        while not self._ready():
+            remaining = call.deadline_ts - self.clock()
+            if remaining <= 0:
+                raise ControlError(
+                    503,
+                    f"checkpoint {call.checkpoint_id}: {self.runs_in_flight - len(self.parked)} "
+                    "episodes did not reach a turn boundary before the deadline",
+                )
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 0.5))
+            except TimeoutError:
+                pass
+        self.phase = ControlPhase.PREPARED
+        return self._state()
+
+    async def _renew(self, body: dict[str, Any]) -> dict[str, Any]:
+        call = _Call.model_validate(body)
+        if self.phase is ControlPhase.IDLE or self.checkpoint_id != call.checkpoint_id:
+            raise ControlError(409, f"checkpoint {call.checkpoint_id} is not in progress")
+        self._extend_lease(call.deadline_ts)
+        return self._state()
+
+    async def _commit(self, body: dict[str, Any]) -> dict[str, Any]:
+        call = _CommitCall.model_validate(body)
+        repeat = self._check_id(
+            call.checkpoint_id, allowed={ControlPhase.PREPARED, ControlPhase.COMMITTED}
+        )
+        if not repeat:
+            raise ControlError(409, f"checkpoint {call.checkpoint_id} was not prepared")
+        self._extend_lease(call.deadline_ts)
+        if self.phase is ControlPhase.COMMITTED and self._commit_result is not None:
+            return self._commit_result
+        wanted = (
+            {parse_row_key(key) for key in call.episodes}
+            if call.episodes is not None
+            else set(self.parked)
+        )
+        missing = sorted(e.row_key for e in wanted - self.parked)
+        if missing:
+            raise ControlError(
+                409,
+                f"checkpoint {call.checkpoint_id}: episodes not parked here: "
+                f"{', '.join(missing[:10])}{' …' if len(missing) > 10 else ''}",
+            )
+        records = [self.server.episodes[e].to_record() for e in sorted(wanted)]
+        self.phase = ControlPhase.COMMITTED
+        self._commit_result = {
+            **self._state(),
+            "records": records,
+            "applied_revisions": {
+                r["episode_id"]["rollout_id"]: self.server.effects.applied_revision(
+                    r["episode_id"]["rollout_id"]
+                )
+                for r in records
+            },
+        }
+        return self._commit_result
+
+    async def _resume(self, body: dict[str, Any]) -> dict[str, Any]:
+        call = _ResumeCall.model_validate(body)
+        if call.checkpoint_id in self.resumed:
+            return self._state()
+        if self.phase is not ControlPhase.IDLE and self.checkpoint_id != call.checkpoint_id:
+            raise ControlError(
+                409, f"busy with checkpoint {self.checkpoint_id}, not {call.checkpoint_id}"
+            )
+        self._reopen(call.checkpoint_id, why="resumed")
+        return self._state()
+
+    def _reopen(self, checkpoint_id: str, why: str) -> None:
+        self.resumed.append(checkpoint_id)
+        self._parking = False
+        self._released.set()
+        self._admission_open.set()
+        previous = self.phase
+        self.phase, self.checkpoint_id, self.lease_deadline = ControlPhase.IDLE, None, None
+        self._restore_result = None
+        logger.info(
+            "gym %s: checkpoint %s %s (was %s)",
+            self.server.instance_id,
+            checkpoint_id,
+            why,
+            previous.value,
+        )
+
+    async def _restore(self, body: dict[str, Any]) -> dict[str, Any]:
+        call = _RestoreCall.model_validate(body)
+        repeat = self._check_id(call.checkpoint_id, allowed={ControlPhase.RESTORED})
+        self._extend_lease(call.deadline_ts)
+        if repeat and self._restore_result is not None:
+            return self._restore_result
+        self.phase, self.checkpoint_id = ControlPhase.RESTORED, call.checkpoint_id
+        restored, refused = [], []
+        for record in call.records:
+            try:
+                previous = Episode.from_record(record)
+            except EpisodeRecordError as error:
+                raise ControlError(400, f"checkpoint {call.checkpoint_id}: {error}") from error
+            successor = EpisodeId(previous.episode_id.rollout_id, previous.episode_id.attempt + 1)
+            if successor in self.restored_unclaimed:  # a repeated restore of the same record
+                restored.append(successor.row_key)
+                continue
+            source, reason = choose_restore_source(
+                previous,
+                self.server.episodes.get(previous.episode_id),
+                self.server.effects.applied_revision(previous.episode_id.rollout_id),
+                successor_exists=successor in self.server.episodes,
+            )
+            if source is None:
+                refused.append({"episode": previous.episode_id.row_key, "reason": reason})
+                continue
+            episode = Episode.from_record(source, attempt=successor.attempt)
+            self._install(previous.episode_id, episode)
+            restored.append(episode.episode_id.row_key)
+        self._restore_result = {**self._state(), "restored": restored, "refused": refused}
+        logger.info(
+            "gym %s: restored %d episodes (%d refused) for checkpoint %s",
+            self.server.instance_id,
+            len(restored),
+            len(refused),
+            call.checkpoint_id,
+        )
+        return self._restore_result
+
+    def _install(self, previous: EpisodeId, episode: Episode) -> None:
+        """Retire the older attempt (and stop it if still running); install the new one."""
+        rollout_id = previous.rollout_id
+        self.retired[rollout_id] = max(self.retired.get(rollout_id, -1), previous.attempt)
+        old = self.server.episodes.get(previous)
+        if old is not None and old.phase in LIVE_PHASES and previous not in self.parked:
+            old.phase, old.error = Phase.ABANDONED, "superseded by a restore"
+        self.server.episodes[episode.episode_id] = episode
+        self.restored_unclaimed.add(episode.episode_id)
+
+    def claim_restored(self, episode_id: EpisodeId) -> Episode | None:
+        """The restored episode a ``/run`` for ``episode_id`` continues, once."""
+        if episode_id not in self.restored_unclaimed:
+            return None
+        self.restored_unclaimed.discard(episode_id)
+        episode: Episode = self.server.episodes[episode_id]
+        return episode
+
+    async def _retire(self, body: dict[str, Any]) -> dict[str, Any]:
+        call = _RetireCall.model_validate(body)
+        if self.phase is not ControlPhase.IDLE:
+            self._extend_lease(call.deadline_ts)
+        for key in call.episodes:
+            episode_id = parse_row_key(key)
+            refused = max(self.retired.get(episode_id.rollout_id, -1), episode_id.attempt)
+            self.retired[episode_id.rollout_id] = refused
+            self.restored_unclaimed = {
+                e
+                for e in self.restored_unclaimed
+                if e.rollout_id != episode_id.rollout_id or e.attempt > refused
+            }
+        # Parked retired episodes must leave the park to stop; others stop at their next one.
+        self._changed.set()
+        return {**self._state(), "retired": sorted(call.episodes)}
+
+    async def _forget(self, body: dict[str, Any]) -> dict[str, Any]:
+        call = _ForgetCall.model_validate(body)
+        forgotten = 0
+        for rollout_id in call.rollout_ids:
+            self.retired.pop(rollout_id, None)
+            for key in [k for k in self.server.episodes if k.rollout_id == rollout_id]:
+                if self.server.episodes[key].phase not in LIVE_PHASES:
+                    del self.server.episodes[key]
+                    forgotten += 1
+            self.restored_unclaimed = {
+                e for e in self.restored_unclaimed if e.rollout_id != rollout_id
+            }
+        return {**self._state(), "forgotten": forgotten}
+
+    # ------------------------------------------------------------------ lease watchdog
+    async def _start_watchdog(self, _: web.Application) -> None:
+        self._watchdog = asyncio.create_task(self._watch_lease())
+
+    async def _stop_watchdog(self, _: web.Application) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            try:
+                await self._watchdog
+            except asyncio.CancelledError:
+                pass
+
+    async def _watch_lease(self) -> None:
+        while True:
+            await asyncio.sleep(self.watchdog_interval_s)
+            self.expire_lease_if_due()
+
+    def expire_lease_if_due(self) -> bool:
+        """Resume on our own when the trainer stopped renewing; return whether it did."""
+        if (
+            self.phase is not ControlPhase.IDLE
+            and self.lease_deadline is not None
+            and self.clock() > self.lease_deadline
+            and self.checkpoint_id is not None
+        ):
+            logger.warning(
+                "gym %s: checkpoint lease of %s expired; resuming on our own",
+                self.server.instance_id,
+                self.checkpoint_id,
+            )
+            self._reopen(self.checkpoint_id, why="lease expired")
+            return True
+        return False
+
+
+def resumable_phase(episode: Episode) -> Phase | None:
+    """The live phase an episode can continue from, or None.
+
+    An episode whose ``/run`` was cancelled (its trainer vanished) is ``abandoned`` but still
+    consistent: a cancel lands only at an await, and claiming a side effect's revision and
+    applying it have none between them. Its pending tool call tells which boundary it was at.
+    """
+    if episode.phase in LIVE_PHASES:
+        return episode.phase
+    if episode.phase is Phase.ABANDONED and episode.error == CANCELLED_REASON:
+        return Phase.AWAIT_TOOL if episode.pending is not None else Phase.AWAIT_MODEL
+    return None
+
+
+def choose_restore_source(
+    snapshot: Episode,
+    in_memory: Episode | None,
+    applied_revision: int,
+    *,
+    successor_exists: bool,
+) -> tuple[dict[str, Any] | None, str]:
+    """Which record a restore continues from: ``(record, "")`` or ``(None, reason)``.
+
+    Prefer the replica's own copy of the same attempt when it survived and got further than
+    the snapshot (no progress lost); otherwise the snapshot's record, unless a side effect
+    was applied after it (continuing would repeat that effect).
+    """
+    if successor_exists:
+        return None, f"attempt {snapshot.episode_id.attempt + 1} already ran here"
+    if snapshot.phase not in LIVE_PHASES:
+        return None, f"episode was {snapshot.phase.value} at the snapshot"
+    if in_memory is not None and in_memory.revision >= snapshot.revision:
+        phase = resumable_phase(in_memory)
+        if phase is not None and in_memory.revision == applied_revision:
+            record = in_memory.to_record()
+            record["phase"], record["error"] = phase.value, None
+            return record, ""
+    if applied_revision > snapshot.revision:
+        return None, (
+            f"rollout already applied side effects up to revision {applied_revision}, past "
+            f"the snapshot's {snapshot.revision}; continuing would repeat one"
+        )
+    return snapshot.to_record(), ""
+
+
+def _fail(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)

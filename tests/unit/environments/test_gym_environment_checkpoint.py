@@ -1,0 +1,431 @@
+"""The Gym checkpoint control plane and GymEnvironmentCheckpoint, over real HTTP.
+
+A real generation engine serves a scripted policy (each turn answers ``+1``), a real Gym
+server runs ``reach_target`` episodes with a tool delay, and the trainer-side client drives
+prepare / commit / resume / restore / retire / forget exactly as a snapshot attempt does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from rolloutrun_runtime.config import RunConfig, parse_run_config
+from rolloutrun_runtime.environments.checkpointing import (
+    EnvironmentCheckpointError,
+    EnvironmentEpisode,
+    NoEnvironmentCheckpoint,
+    build_environment_checkpoint,
+)
+from rolloutrun_runtime.environments.checkpointing.nemo_gym import (
+    GymEnvironmentCheckpoint,
+    GymSnapshot,
+)
+from rolloutrun_runtime.environments.gym import GymServer
+from rolloutrun_runtime.environments.gym.control import (
+    ROUTE_PREFIX,
+    ControlPhase,
+    GymCheckpointControl,
+    choose_restore_source,
+)
+from rolloutrun_runtime.environments.gym.episode import (
+    CANCELLED_REASON,
+    Episode,
+    EpisodeId,
+    Phase,
+    Sampling,
+    Segment,
+)
+from rolloutrun_runtime.policy.generation import (
+    GenerationEngine,
+    build_generation_app,
+    serve_app,
+)
+from rolloutrun_runtime.policy.scripted import PLUS_ONE_SCRIPT, scripted_state_dict
+from rolloutrun_runtime.policy.tokenizer import TOKENIZER
+from rolloutrun_runtime.tasks import ReachTargetProblem, make_problem
+
+TOKEN = "s3cret"
+CFG = parse_run_config(
+    {
+        "policy": {"device": "cpu"},
+        "seed": 5,
+        "task": {
+            "name": "reach_target",
+            "maxOperand": 9,
+            "maxTurns": 12,
+            "turnDelayMs": 40,
+            "datasetSize": 64,
+        },
+        "checkpointing": {"targetLevel": "turn"},
+    }
+)
+
+
+def long_prompts(count: int, min_target: int = 6) -> list[int]:
+    """Prompt ids whose target takes at least ``min_target`` +1 turns (still running later)."""
+    found = []
+    for prompt_id in range(CFG.task.dataset_size):
+        problem = make_problem(CFG.task, CFG.seed, prompt_id)
+        assert isinstance(problem, ReachTargetProblem)
+        if problem.target - problem.start >= min_target:
+            found.append(prompt_id)
+    assert len(found) >= count
+    return found[:count]
+
+
+LONG = long_prompts(4)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+class Rig:
+    """A policy server, Gym replicas with control planes, and the trainer-side client."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.runners: list[Any] = []
+        self.session = aiohttp.ClientSession()
+        self.clock = Clock()
+        self.gyms: dict[str, tuple[GymServer, GymCheckpointControl, str]] = {}
+        self.policy_url = ""
+
+    async def start_policy(self, cfg: RunConfig = CFG) -> None:
+        state = scripted_state_dict(cfg.policy, PLUS_ONE_SCRIPT)
+        engine = GenerationEngine(cfg.policy, TOKENIZER.vocab_size, TOKENIZER.eos_id, state, 0)
+        runner, self.policy_url = await serve_app(build_generation_app(engine))
+        self.runners.append(runner)
+
+    async def start_gym(self, instance: str = "gym-0", token: str | None = TOKEN) -> str:
+        server = GymServer(instance, CFG, self.tmp / f"{instance}.audit.jsonl")
+        control = GymCheckpointControl(
+            server, token, grace_s=1.0, clock=self.clock, watchdog_interval_s=0.05
+        )
+        server.continue_restored = control.claim_restored
+        runner, url = await serve_app(server.app, cancel_on_disconnect=True)
+        self.runners.append(runner)
+        self.gyms[instance] = (server, control, url)
+        return url
+
+    def client(self) -> GymEnvironmentCheckpoint:
+        return GymEnvironmentCheckpoint(
+            {name: url for name, (_, _, url) in self.gyms.items()}, TOKEN, session=self.session
+        )
+
+    def run(self, instance: str, rollout_id: str, prompt_id: int, attempt: int = 0) -> Any:
+        url = self.gyms[instance][2] + "/run"
+        body = {
+            "episode_id": {"rollout_id": rollout_id, "attempt": attempt},
+            "prompt_id": prompt_id,
+            "policy_url": self.policy_url,
+        }
+
+        async def call() -> tuple[int, dict[str, Any]]:
+            async with self.session.post(url, json=body) as response:
+                return response.status, await response.json()
+
+        return asyncio.create_task(call())
+
+    async def wait_live(self, instance: str, count: int) -> None:
+        server = self.gyms[instance][0]
+        for _ in range(400):
+            if len(server.live_episodes()) >= count:
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"{count} live episodes never appeared")
+
+    def audit_revisions(self) -> Counter[tuple[str, int]]:
+        seen: Counter[tuple[str, int]] = Counter()
+        for path in self.tmp.glob("*.audit.jsonl"):
+            for line in path.read_text().splitlines():
+                entry = json.loads(line)
+                seen[(entry["rollout_id"], entry["revision"])] += 1
+        return seen
+
+    async def close(self) -> None:
+        await self.session.close()
+        for runner in self.runners:
+            await runner.cleanup()
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    rig = Rig(tmp_path)
+    await rig.start_policy()
+    yield rig
+    await rig.close()
+
+
+def deadline(seconds: float = 5.0) -> float:
+    return time.time() + seconds
+
+
+async def test_prepare_parks_commit_exports_resume_finishes(rig: Rig) -> None:
+    await rig.start_gym()
+    client = rig.client()
+    runs = [rig.run("gym-0", f"r{i}", prompt_id=LONG[i]) for i in range(3)]
+    await rig.wait_live("gym-0", 3)
+    await client.prepare("ck1", deadline())
+    server, control, _ = rig.gyms["gym-0"]
+    assert control.phase is ControlPhase.PREPARED
+    assert len(control.parked) == 3 and control.runs_in_flight == 3
+    revisions_at_park = {e.episode_id: e.revision for e in server.live_episodes()}
+    await asyncio.sleep(0.15)  # parked episodes make no progress
+    assert {e.episode_id: e.revision for e in server.live_episodes()} == revisions_at_park
+    wanted = [EnvironmentEpisode(f"r{i}", 0, "gym-0") for i in range(3)]
+    snapshot = await client.commit("ck1", deadline(), wanted)
+    assert snapshot.episodes() == sorted(wanted)
+    assert GymSnapshot.from_bytes(snapshot.to_bytes()) == GymSnapshot(
+        "ck1", json.loads(snapshot.to_bytes())["records"]
+    )
+    await client.resume("ck1")
+    results = [await run for run in runs]
+    assert [status for status, _ in results] == [200, 200, 200]
+    assert all(body["reward"] is not None for _, body in results)
+    assert max(rig.audit_revisions().values()) == 1
+
+
+async def test_a_new_run_waits_at_the_door_while_prepared(rig: Rig) -> None:
+    await rig.start_gym()
+    client = rig.client()
+    await client.prepare("ck1", deadline())
+    late = rig.run("gym-0", "late", prompt_id=1)
+    await asyncio.sleep(0.1)
+    assert not late.done() and rig.gyms["gym-0"][0].live_episodes() == []
+    await client.resume("ck1")
+    status, _ = await late
+    assert status == 200
+
+
+async def test_commit_refuses_an_episode_that_is_not_parked(rig: Rig) -> None:
+    await rig.start_gym()
+    client = rig.client()
+    await client.prepare("ck1", deadline())
+    with pytest.raises(EnvironmentCheckpointError, match="not parked here: ghost"):
+        await client.commit("ck1", deadline(), [EnvironmentEpisode("ghost", 0, "gym-0")])
+    await client.resume("ck1")
+
+
+async def test_ids_are_idempotent_and_a_resumed_id_stays_closed(rig: Rig) -> None:
+    url = await rig.start_gym()
+    client = rig.client()
+    await client.prepare("ck1", deadline())
+    await client.prepare("ck1", deadline())  # repeated: same answer
+    with pytest.raises(EnvironmentCheckpointError, match="busy with checkpoint ck1"):
+        await client.prepare("ck2", deadline())
+    first = await client.commit("ck1", deadline(), [])
+    assert (await client.commit("ck1", deadline(), [])).to_bytes() == first.to_bytes()
+    await client.resume("ck1")
+    await client.resume("ck1")
+    with pytest.raises(EnvironmentCheckpointError, match="already resumed"):
+        await client.prepare("ck1", deadline())
+    async with rig.session.get(url + ROUTE_PREFIX + "/status") as response:
+        assert response.status == 401
+
+
+async def test_wrong_token_and_disabled_control_plane(rig: Rig) -> None:
+    url = await rig.start_gym("gym-0")
+    off = await rig.start_gym("gym-off", token=None)
+    headers = {"Authorization": "Bearer nope"}
+    async with rig.session.get(url + ROUTE_PREFIX + "/status", headers=headers) as response:
+        assert response.status == 401
+    async with rig.session.get(off + ROUTE_PREFIX + "/status", headers=headers) as response:
+        assert response.status == 403
+        assert "ROLLOUTRUN_GYM_CONTROL_TOKEN" in (await response.json())["error"]["message"]
+
+
+async def test_malformed_control_request_names_the_field(rig: Rig) -> None:
+    url = await rig.start_gym()
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with rig.session.post(
+        url + ROUTE_PREFIX + "/prepare", json={"checkpoint_id": "x"}, headers=headers
+    ) as response:
+        assert response.status == 400
+        assert "deadline_ts" in (await response.json())["error"]["message"]
+
+
+async def test_lease_expiry_resumes_the_gym_on_its_own(rig: Rig) -> None:
+    await rig.start_gym()
+    client = rig.client()
+    run = rig.run("gym-0", "r0", prompt_id=LONG[0])
+    await rig.wait_live("gym-0", 1)
+    await client.prepare("ck1", deadline(2.0))
+    control = rig.gyms["gym-0"][1]
+    assert control.phase is ControlPhase.PREPARED
+    rig.clock.offset = 10.0  # the trainer vanished: no renew, deadline + grace passes
+    for _ in range(200):
+        if control.phase is ControlPhase.IDLE:
+            break
+        await asyncio.sleep(0.01)
+    assert control.phase is ControlPhase.IDLE and "ck1" in control.resumed
+    status, _ = await run
+    assert status == 200
+
+
+async def test_retire_stops_an_attempt_and_refuses_it_until_forget(rig: Rig) -> None:
+    await rig.start_gym()
+    client = rig.client()
+    run = rig.run("gym-0", "r0", prompt_id=LONG[0])
+    await rig.wait_live("gym-0", 1)
+    await client.retire([EnvironmentEpisode("r0", 0, "gym-0")])
+    status, body = await run
+    assert status == 409 and "retired" in body["error"]["message"]
+    again_status, _ = await rig.run("gym-0", "r0", prompt_id=LONG[0])
+    assert again_status == 409
+    server, control, _ = rig.gyms["gym-0"]
+    await client.forget(["r0"])
+    assert "r0" not in control.retired
+    assert not [key for key in server.episodes if key.rollout_id == "r0"]
+    # Side effects are keyed by rollout id: a forgotten id is never reused (the trainer mints
+    # a new attempt id), and reusing it would be refused rather than repeat revision 1.
+    reused_status, reused = await rig.run("gym-0", "r0", prompt_id=LONG[0])
+    assert reused_status == 409 and "already applied" in reused["error"]["message"]
+    fresh_status, _ = await rig.run("gym-0", "r0b", prompt_id=LONG[0])
+    assert fresh_status == 200
+
+
+async def _snapshot_two_running(rig: Rig, client: GymEnvironmentCheckpoint) -> GymSnapshot:
+    runs = [rig.run("gym-0", f"r{i}", prompt_id=LONG[i]) for i in range(2)]
+    await rig.wait_live("gym-0", 2)
+    await asyncio.sleep(0.1)  # let them apply a side effect or two
+    await client.prepare("ck1", deadline())
+    episodes = [EnvironmentEpisode(f"r{i}", 0, "gym-0") for i in range(2)]
+    snapshot = await client.commit("ck1", deadline(), episodes)
+    await client.resume("ck1")
+    for run in runs:  # the trainer dies: its connections drop, the handlers are cancelled
+        run.cancel()
+    await asyncio.gather(*runs, return_exceptions=True)
+    return GymSnapshot.from_bytes(snapshot.to_bytes())
+
+
+async def test_restore_continues_the_same_replica_episode_under_attempt_plus_one(
+    rig: Rig,
+) -> None:
+    await rig.start_gym()
+    client = rig.client()
+    snapshot = await _snapshot_two_running(rig, client)
+    server = rig.gyms["gym-0"][0]
+    for _ in range(100):
+        if all(e.error == CANCELLED_REASON for e in server.episodes.values()):
+            break
+        await asyncio.sleep(0.01)
+    outcome = await client.restore("ck-restore", deadline(), snapshot.to_bytes())
+    await client.resume("ck-restore")
+    assert [e.row_key for e in outcome.restored] == ["r0-a1", "r1-a1"] and not outcome.refused
+    results = [await rig.run("gym-0", f"r{i}", prompt_id=LONG[i], attempt=1) for i in range(2)]
+    assert [status for status, _ in results] == [200, 200]
+    for _status, body in results:
+        assert body["episode_id"]["attempt"] == 1 and body["reward"] is not None
+    revisions = rig.audit_revisions()
+    assert max(revisions.values()) == 1, "a side effect was applied twice"
+    for rollout in ("r0", "r1"):
+        mine = sorted(rev for (rid, rev) in revisions if rid == rollout)
+        assert mine == list(range(1, len(mine) + 1)), "revisions must be contiguous"
+
+
+async def test_restore_on_a_fresh_replica_refuses_episodes_that_ran_past_the_snapshot(
+    rig: Rig, tmp_path: Path
+) -> None:
+    await rig.start_gym()
+    client = rig.client()
+    snapshot = await _snapshot_two_running(rig, client)
+    # A replacement replica (same instance id, same durable audit file, empty memory).
+    server, _, _ = rig.gyms["gym-0"]
+    applied = {r: server.effects.applied_revision(r) for r in ("r0", "r1")}
+    records = {r["episode_id"]["rollout_id"]: r["revision"] for r in snapshot.records["gym-0"]}
+    await rig.runners.pop().cleanup()
+    await rig.start_gym("gym-0")
+    outcome = await rig.client().restore("ck-restore", deadline(), snapshot.to_bytes())
+    refused = {episode.rollout_id for episode, _ in outcome.refused}
+    restored = {episode.rollout_id for episode in outcome.restored}
+    assert refused == {r for r in records if applied[r] > records[r]}
+    assert restored == {r for r in records if applied[r] == records[r]}
+    assert all("continuing would repeat one" in why for _, why in outcome.refused)
+
+
+async def test_restore_refuses_episodes_of_an_unknown_instance(rig: Rig) -> None:
+    await rig.start_gym()
+    snapshot = GymSnapshot("ck", {"gym-9": []})
+    with pytest.raises(EnvironmentCheckpointError, match="must return to its owner"):
+        await rig.client().restore("ck", deadline(), snapshot.to_bytes())
+
+
+def _episode(revision: int, phase: Phase = Phase.AWAIT_MODEL, error: str | None = None) -> Episode:
+    return Episode(
+        episode_id=EpisodeId("r", 0),
+        prompt_id=1,
+        policy_url="http://127.0.0.1:1",
+        sampling=Sampling(1.0, 3),
+        state={"value": revision},
+        segments=[Segment("prompt", [1])],
+        phase=phase,
+        revision=revision,
+        error=error,
+    )
+
+
+@pytest.mark.parametrize(
+    ("memory", "applied", "expect"),
+    [
+        (None, 2, ("snapshot", "")),
+        (None, 3, (None, "continuing would repeat one")),
+        (_episode(3, Phase.ABANDONED, CANCELLED_REASON), 3, ("memory", "")),
+        (_episode(3, Phase.ABANDONED, "boom"), 3, (None, "continuing would repeat one")),
+        (_episode(3, Phase.FINISHED), 3, (None, "continuing would repeat one")),
+        (_episode(2, Phase.AWAIT_TOOL), 2, ("memory", "")),
+    ],
+)
+def test_choose_restore_source_table(memory: Episode | None, applied: int, expect: Any) -> None:
+    snapshot = _episode(2)
+    record, reason = choose_restore_source(snapshot, memory, applied, successor_exists=False)
+    kind, why = expect
+    assert why in reason
+    if kind is None:
+        assert record is None
+    else:
+        source = snapshot if kind == "snapshot" else memory
+        assert record is not None and source is not None
+        assert record["revision"] == source.revision and record["phase"] in {
+            "await_model",
+            "await_tool",
+        }
+
+
+def test_choose_restore_source_refuses_a_successor_that_already_ran() -> None:
+    record, reason = choose_restore_source(_episode(2), None, 2, successor_exists=True)
+    assert record is None and "already ran" in reason
+
+
+async def test_builder_and_the_backend_that_keeps_nothing() -> None:
+    sibling = parse_run_config({"checkpointing": {"targetLevel": "sibling"}})
+    backend = build_environment_checkpoint(sibling, {}, None)
+    assert isinstance(backend, NoEnvironmentCheckpoint) and not backend.holds_rollout_state
+    snapshot = await backend.commit("x", deadline(), [])
+    assert snapshot.episodes() == []
+    with pytest.raises(EnvironmentCheckpointError, match="keeps none"):
+        await backend.commit("x", deadline(), [EnvironmentEpisode("r", 0, "g")])
+    gym = build_environment_checkpoint(CFG, {"gym-0": "http://127.0.0.1:9"}, TOKEN)
+    assert isinstance(gym, GymEnvironmentCheckpoint) and gym.holds_rollout_state
+    with pytest.raises(EnvironmentCheckpointError, match="control token"):
+        build_environment_checkpoint(CFG, {"gym-0": "http://127.0.0.1:9"}, None)
+
+
+def test_snapshot_bytes_of_a_foreign_format_are_refused() -> None:
+    with pytest.raises(EnvironmentCheckpointError, match="format"):
+        GymSnapshot.from_bytes(b'{"format": "other/9"}')
+    with pytest.raises(EnvironmentCheckpointError, match="not valid JSON"):
+        GymSnapshot.from_bytes(b"{")
