@@ -93,6 +93,14 @@ class LocalStorage:
                         os.link(tmp, path)
                     except FileExistsError as exc:
                         raise ObjectExistsError(uri, "object already exists") from exc
+                    except OSError as exc:
+                        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                            raise
+                        raise StorageError(
+                            uri,
+                            "the filesystem does not support hard links, which create-only "
+                            f"commits need ({exc.strerror})",
+                        ) from exc
                     os.unlink(tmp)
                 else:
                     os.replace(tmp, path)
