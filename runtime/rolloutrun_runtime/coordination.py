@@ -1,0 +1,490 @@
+"""The trainer's lease: who may publish snapshots, and where the operator reads progress.
+
+Why: after a preemption the operator starts incarnation N+1 while the trainer of
+incarnation N may still be alive (hung, partitioned, slow to die). Both must never publish
+manifests. The trainer holds the run's lease, named ``<run>-trainer``, with holder identity
+``<pod>/<incarnation>`` and renews it every few seconds; a trainer of a newer incarnation
+takes the lease over at once, and before publishing, a trainer calls :meth:`ensure_held`,
+which raises :class:`FencedError` once its lease was taken or expired (fencing).
+
+The trainer also records its train step, anchor step and latest manifest on the lease
+(annotations); the operator mirrors them into the RolloutRun's status and acts on an expired
+lease without waiting for the pod to be evicted.
+
+Two backends with one semantics (:class:`LeaseHolder`): :class:`KubernetesLease` talks to
+``coordination.k8s.io/v1`` with the pod's ServiceAccount (which may only get/update its own
+run's Lease; the operator creates it) using optimistic concurrency on ``resourceVersion``;
+:class:`FileLease` keeps the same record in a JSON file for local runs outside any cluster
+(atomic replace, ``fcntl`` lock). This is the only runtime module that imports
+``kubernetes``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+logger = logging.getLogger(__name__)
+
+ANNOTATION_TRAIN_STEP = "rolloutrun.dev/train-step"
+ANNOTATION_ANCHOR_STEP = "rolloutrun.dev/anchor-step"
+ANNOTATION_LATEST_MANIFEST = "rolloutrun.dev/latest-manifest"
+ANNOTATION_LATEST_MANIFEST_TIME = "rolloutrun.dev/latest-manifest-time"
+ANNOTATIONS = (
+    ANNOTATION_TRAIN_STEP,
+    ANNOTATION_ANCHOR_STEP,
+    ANNOTATION_LATEST_MANIFEST,
+    ANNOTATION_LATEST_MANIFEST_TIME,
+)
+
+ENV_LEASE_NAME = "ROLLOUTRUN_LEASE_NAME"
+ENV_LEASE_DURATION = "ROLLOUTRUN_LEASE_DURATION_SECONDS"
+ENV_INCARNATION = "ROLLOUTRUN_INCARNATION"
+ENV_POD_NAME = "POD_NAME"
+ENV_POD_NAMESPACE = "POD_NAMESPACE"
+
+Clock = Callable[[], dt.datetime]
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class LeaseError(RuntimeError):
+    """The lease could not be read or written (API unreachable, lease missing)."""
+
+
+class FencedError(RuntimeError):
+    """This trainer no longer holds the lease: another incarnation took it, or it expired."""
+
+
+def format_micro_time(moment: dt.datetime) -> str:
+    """Kubernetes ``MicroTime``: RFC 3339 in UTC with microseconds and a ``Z``."""
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(value: Any) -> dt.datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def holder_identity(pod: str, incarnation: int) -> str:
+    return f"{pod}/{incarnation}"
+
+
+def incarnation_of(identity: str | None) -> int | None:
+    if not identity or "/" not in identity:
+        return None
+    tail = identity.rsplit("/", 1)[1]
+    return int(tail) if tail.isdigit() else None
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The lease's state, the same for both backends."""
+
+    holder: str | None = None
+    acquire_time: dt.datetime | None = None
+    renew_time: dt.datetime | None = None
+    duration_seconds: int = 15
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def expired(self, now: dt.datetime) -> bool:
+        if self.renew_time is None:
+            return True
+        return now >= self.renew_time + dt.timedelta(seconds=self.duration_seconds)
+
+
+def may_take(record: LeaseRecord, identity: str, incarnation: int, now: dt.datetime) -> bool:
+    """Whether ``identity`` may hold the lease now; raises FencedError when it never may.
+
+    Free, expired or already ours: yes. Held by an older incarnation: yes at once (the
+    operator ended it). Held by a newer incarnation: this trainer is stale, fenced for good.
+    Held by another pod of the same incarnation and still valid: not yet.
+    """
+    holder = record.holder
+    theirs = incarnation_of(holder)
+    if holder and holder != identity and theirs is not None and theirs > incarnation:
+        raise FencedError(f"lease held by newer incarnation {holder!r}; this is {identity!r}")
+    if not holder or holder == identity or record.expired(now):
+        return True
+    return theirs is not None and theirs < incarnation
+
+
+@runtime_checkable
+class LeaseHolder(Protocol):
+    """What the trainer needs from its lease, whatever keeps it."""
+
+    identity: str
+
+    def acquire(self, timeout: float | None = None) -> None:
+        """Hold the lease (waiting while another holder of this incarnation still has it)."""
+
+    def renew(self) -> None:
+        """Renew once; FencedError when the lease was lost."""
+
+    def ensure_held(self) -> None:
+        """FencedError unless this trainer holds an unexpired lease (call before publishing)."""
+
+    def record_progress(
+        self,
+        train_step: int | None = None,
+        anchor_step: int | None = None,
+        latest_manifest: str | None = None,
+        latest_manifest_time: dt.datetime | None = None,
+    ) -> None:
+        """Write progress annotations (only while holding the lease)."""
+
+    def start_renewing(self, interval: float | None = None) -> None:
+        """Renew in a background thread until :meth:`stop`."""
+
+    def stop(self, release: bool = False) -> None:
+        """Stop renewing; ``release`` gives the lease up (clean exit)."""
+
+
+class _Lease:
+    """The semantics of :class:`LeaseHolder` over a versioned read/compare-and-write store."""
+
+    def __init__(
+        self,
+        identity: str,
+        incarnation: int,
+        duration_seconds: int = 15,
+        clock: Clock = utcnow,
+        on_lost: Callable[[FencedError], None] | None = None,
+    ) -> None:
+        self.identity = identity
+        self.incarnation = incarnation
+        self.duration_seconds = duration_seconds
+        self.clock = clock
+        self.on_lost = on_lost
+        self.lost: FencedError | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._mutex = threading.Lock()  # the renewal thread and the trainer share one lease
+
+    # backends implement these two
+    def _read(self) -> tuple[LeaseRecord, str]:
+        raise NotImplementedError
+
+    def _write(self, record: LeaseRecord, version: str) -> bool:
+        """Write if the stored version is still ``version``; False on a conflict."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ operations
+    def _update(self, change: Callable[[LeaseRecord], LeaseRecord | None]) -> LeaseRecord | None:
+        with self._mutex:
+            for _ in range(8):
+                record, version = self._read()
+                new = change(record)
+                if new is None or self._write(new, version):
+                    return new
+        raise LeaseError(f"lease {self.identity!r}: too many conflicting writers")
+
+    def try_acquire(self) -> bool:
+        """One attempt to take or keep the lease; True when held."""
+
+        def take(record: LeaseRecord) -> LeaseRecord | None:
+            now = self.clock()
+            if not may_take(record, self.identity, self.incarnation, now):
+                return None
+            acquired = record.acquire_time if record.holder == self.identity else now
+            return replace(
+                record,
+                holder=self.identity,
+                acquire_time=acquired,
+                renew_time=now,
+                duration_seconds=self.duration_seconds,
+            )
+
+        return self._update(take) is not None
+
+    def acquire(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else self.clock() + dt.timedelta(seconds=timeout)
+        poll = max(self.duration_seconds / 10, 0.05)
+        while not self.try_acquire():
+            if deadline is not None and self.clock() >= deadline:
+                raise TimeoutError(f"lease not acquired as {self.identity!r} within {timeout}s")
+            if self._stop.wait(poll):
+                raise LeaseError("stopped while acquiring the lease")
+        self.lost = None
+        logger.info("lease acquired as %s", self.identity)
+
+    def _check(self, record: LeaseRecord) -> None:
+        if record.holder != self.identity:
+            raise FencedError(f"lease now held by {record.holder!r}, not {self.identity!r}")
+        if record.expired(self.clock()):
+            raise FencedError(f"lease of {self.identity!r} expired at {record.renew_time}")
+
+    def renew(self) -> None:
+        def extend(record: LeaseRecord) -> LeaseRecord:
+            self._check(record)
+            return replace(record, renew_time=self.clock())
+
+        self._update(extend)
+
+    def ensure_held(self) -> None:
+        if self.lost is not None:
+            raise self.lost
+        with self._mutex:
+            record, _ = self._read()
+        self._check(record)
+
+    def record_progress(
+        self,
+        train_step: int | None = None,
+        anchor_step: int | None = None,
+        latest_manifest: str | None = None,
+        latest_manifest_time: dt.datetime | None = None,
+    ) -> None:
+        if latest_manifest is not None and latest_manifest_time is None:
+            latest_manifest_time = self.clock()
+        values = {
+            ANNOTATION_TRAIN_STEP: None if train_step is None else str(train_step),
+            ANNOTATION_ANCHOR_STEP: None if anchor_step is None else str(anchor_step),
+            ANNOTATION_LATEST_MANIFEST: latest_manifest,
+            ANNOTATION_LATEST_MANIFEST_TIME: None
+            if latest_manifest_time is None
+            else latest_manifest_time.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        changes = {key: value for key, value in values.items() if value is not None}
+
+        def annotate(record: LeaseRecord) -> LeaseRecord:
+            self._check(record)
+            return replace(record, annotations={**record.annotations, **changes})
+
+        self._update(annotate)
+
+    def release(self) -> None:
+        def drop(record: LeaseRecord) -> LeaseRecord | None:
+            if record.holder != self.identity:
+                return None
+            return replace(record, holder=None, acquire_time=None, renew_time=None)
+
+        self._update(drop)
+
+    # ------------------------------------------------------------- background renewal
+    def start_renewing(self, interval: float | None = None) -> None:
+        if self._thread is not None:
+            return
+        period = interval if interval is not None else max(self.duration_seconds / 3, 0.05)
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._renew_loop, args=(period,), name="lease-renewal", daemon=True
+        )
+        self._thread.start()
+
+    def _renew_loop(self, period: float) -> None:
+        while not self._stop.wait(period):
+            try:
+                self.renew()
+            except FencedError as error:
+                logger.error("lease lost: %s", error)
+                self.lost = error
+                if self.on_lost is not None:
+                    self.on_lost(error)
+                return
+            except (LeaseError, OSError) as error:
+                logger.warning("lease renewal failed, retrying: %s", error)
+
+    def stop(self, release: bool = False) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if release and self.lost is None:
+            try:
+                self.release()
+            except (LeaseError, OSError) as error:
+                logger.warning("lease release failed: %s", error)
+
+
+# --------------------------------------------------------------------------- file lease
+class FileLease(_Lease):
+    """The lease as a JSON file, for local runs: atomic replace, writers serialized by flock."""
+
+    def __init__(self, path: str | Path, identity: str, incarnation: int, **options: Any):
+        super().__init__(identity, incarnation, **options)
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_path = self.path.with_name(self.path.name + ".lock")
+
+    def _load(self) -> tuple[LeaseRecord, str]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return LeaseRecord(duration_seconds=self.duration_seconds), "0"
+        except ValueError as error:
+            raise LeaseError(f"{self.path}: not a lease file: {error}") from error
+        record = LeaseRecord(
+            holder=data.get("holderIdentity") or None,
+            acquire_time=parse_time(data.get("acquireTime")),
+            renew_time=parse_time(data.get("renewTime")),
+            duration_seconds=int(data.get("leaseDurationSeconds") or self.duration_seconds),
+            annotations=dict(data.get("annotations") or {}),
+        )
+        return record, str(data.get("version", "0"))
+
+    def _read(self) -> tuple[LeaseRecord, str]:
+        return self._load()
+
+    def _write(self, record: LeaseRecord, version: str) -> bool:
+        with open(self._lock_path, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                _, current = self._load()
+                if current != version:
+                    return False
+                body = {
+                    "holderIdentity": record.holder,
+                    "acquireTime": _maybe_time(record.acquire_time),
+                    "renewTime": _maybe_time(record.renew_time),
+                    "leaseDurationSeconds": record.duration_seconds,
+                    "annotations": dict(record.annotations),
+                    "version": str(int(current) + 1),
+                }
+                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+                with open(tmp, "w") as handle:
+                    json.dump(body, handle, sort_keys=True)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, self.path)
+                return True
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _maybe_time(moment: dt.datetime | None) -> str | None:
+    return None if moment is None else format_micro_time(moment)
+
+
+# --------------------------------------------------------------------- kubernetes lease
+class KubernetesLease(_Lease):
+    """A ``coordination.k8s.io/v1`` Lease, read and replaced with ``resourceVersion`` checks."""
+
+    PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+
+    def __init__(
+        self,
+        name: str,
+        namespace: str,
+        identity: str,
+        incarnation: int,
+        api_client: Any = None,
+        request_timeout: float = 10.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(identity, incarnation, **options)
+        self.name = name
+        self.namespace = namespace
+        self.request_timeout = request_timeout
+        if api_client is None:
+            from kubernetes import client, config
+
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            api_client = client.ApiClient()
+        self.api = api_client
+        self._last: dict[str, Any] = {}
+
+    def _call(self, method: str, body: Any = None) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        try:
+            request = self.api.param_serialize(
+                method,
+                self.PATH,
+                path_params={"namespace": self.namespace, "name": self.name},
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self.api.call_api(*request, _request_timeout=self.request_timeout)
+            text = response.read()
+        except ApiException as error:
+            if not error.status:
+                raise LeaseError(f"{method} lease {self.namespace}/{self.name}: {error}") from error
+            return {"__status": error.status, "message": str(error.reason)}
+        except Exception as error:  # urllib3 errors: the API server is unreachable
+            raise LeaseError(f"{method} lease {self.namespace}/{self.name}: {error}") from error
+        answer: dict[str, Any] = json.loads(text) if text else {}
+        answer["__status"] = response.status
+        return answer
+
+    def _read(self) -> tuple[LeaseRecord, str]:
+        answer = self._call("GET")
+        status = answer.pop("__status")
+        if status == 404:
+            where = f"{self.namespace}/{self.name}"
+            raise LeaseError(f"lease {where} not found (the operator creates it)")
+        if status >= 400:
+            raise LeaseError(f"reading lease {self.namespace}/{self.name}: {status} {answer}")
+        self._last = answer
+        spec = answer.get("spec") or {}
+        record = LeaseRecord(
+            holder=spec.get("holderIdentity") or None,
+            acquire_time=parse_time(spec.get("acquireTime")),
+            renew_time=parse_time(spec.get("renewTime")),
+            duration_seconds=int(spec.get("leaseDurationSeconds") or self.duration_seconds),
+            annotations=dict((answer.get("metadata") or {}).get("annotations") or {}),
+        )
+        return record, str(answer["metadata"]["resourceVersion"])
+
+    def _write(self, record: LeaseRecord, version: str) -> bool:
+        body = json.loads(json.dumps(self._last))
+        metadata = body.setdefault("metadata", {})
+        metadata["resourceVersion"] = version
+        metadata["annotations"] = dict(record.annotations)
+        spec = body.setdefault("spec", {})
+        spec["holderIdentity"] = record.holder
+        spec["leaseDurationSeconds"] = record.duration_seconds
+        spec["acquireTime"] = _maybe_time(record.acquire_time)
+        spec["renewTime"] = _maybe_time(record.renew_time)
+        if record.holder is None:
+            spec.pop("holderIdentity")
+        answer = self._call("PUT", body)
+        status = answer.pop("__status")
+        if status == 409:
+            return False
+        if status >= 400:
+            raise LeaseError(f"writing lease {self.namespace}/{self.name}: {status} {answer}")
+        return True
+
+
+def lease_from_environment(
+    environ: Mapping[str, str] | None = None, local_path: str | Path | None = None, **options: Any
+) -> LeaseHolder | None:
+    """The trainer's lease as its pod environment describes it (see the operator's builders).
+
+    In a pod (``ROLLOUTRUN_LEASE_NAME`` and ``POD_NAMESPACE`` set): a KubernetesLease. Else,
+    with ``local_path``: a FileLease there. Else None (no coordination: a plain local run).
+    """
+    env = os.environ if environ is None else environ
+    incarnation = int(env.get(ENV_INCARNATION, "0") or 0)
+    duration = int(env.get(ENV_LEASE_DURATION, "15") or 15)
+    pod = env.get(ENV_POD_NAME) or f"local-{os.getpid()}"
+    identity = holder_identity(pod, incarnation)
+    name, namespace = env.get(ENV_LEASE_NAME), env.get(ENV_POD_NAMESPACE)
+    if name and namespace:
+        return KubernetesLease(
+            name, namespace, identity, incarnation, duration_seconds=duration, **options
+        )
+    if local_path is not None:
+        return FileLease(local_path, identity, incarnation, duration_seconds=duration, **options)
+    return None
