@@ -1,4 +1,7 @@
-"""Snapshot manifests: anchors, fingerprints, publication, selection and retention."""
+"""Snapshot manifests: anchors, fingerprints, publication, selection and retention.
+
+Every test runs on file:// and on gs:// (the real fake-gcs-server; see tests/conftest.py).
+"""
 
 from __future__ import annotations
 
@@ -17,12 +20,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     snapshot_dir,
 )
 from rolloutrun_runtime.config import RunConfig, parse_run_config
-from rolloutrun_runtime.storage import join_key, open_storage
-
-
-@pytest.fixture
-def storage(tmp_path):
-    return open_storage(f"file://{tmp_path}/ckpt")
+from rolloutrun_runtime.storage import join_key
 
 
 @pytest.fixture

@@ -1,4 +1,7 @@
-"""Fixtures: one real fake-gcs-server per session; a fresh storage per test on each backend."""
+"""Shared fixtures: one real fake-gcs-server per session; a fresh storage per test on each backend.
+
+The storage contract suite and the snapshot-manifest tests both run on file:// and gs://.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +12,9 @@ from typing import Any
 
 import pytest
 from tests.gcs_emulator import FakeGcs
+from tests.storage.storage_params import BUCKET
 
-from rolloutrun_runtime.storage import CheckpointStorage, RetryPolicy, open_storage
-
-BUCKET = "rolloutrun-test"
-FAST_RETRY = RetryPolicy(attempts=4, initial_delay=0.01, max_delay=0.05)
-"""Real backoff, tiny delays: retry tests stay fast."""
+from rolloutrun_runtime.storage import CheckpointStorage, open_storage
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +42,7 @@ def file_storage(tmp_path: Path) -> CheckpointStorage:
 
 @pytest.fixture(params=["file", "gs"])
 def storage(request: pytest.FixtureRequest) -> CheckpointStorage:
-    """The contract suite runs once per backend."""
+    """Tests that take ``storage`` run once per backend."""
     fixture = "file_storage" if request.param == "file" else "gs_storage"
     result: CheckpointStorage = request.getfixturevalue(fixture)
     return result
