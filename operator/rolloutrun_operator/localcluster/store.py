@@ -85,7 +85,7 @@ def transition(event_type: str, old_matches: bool, new_matches: bool) -> str | N
     return None
 
 
-@dataclass
+@dataclass(eq=False)
 class Watcher:
     storage_key: str
     namespace: str | None
