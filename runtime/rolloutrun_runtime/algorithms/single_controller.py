@@ -288,6 +288,9 @@ class SingleController:
         }.get(level, RestoreLevel.SIBLING)
 
         self.trainer_version = 0
+        # The version the generation workers serve: admission and pinning must use it, not
+        # the trainer's, or tokens generated between a commit and its refit look younger.
+        self.served_version = 0
         self._optimizer_commit_in_progress = False
         self._durable_step: int | None = None
         self._progress_changed = asyncio.Event()
@@ -422,13 +425,13 @@ class SingleController:
                 admission_id=f"step{step}",
                 prompt=prompt,
                 target_step=step,
-                start_weight_version=self.trainer_version,
+                start_weight_version=self.served_version,
                 group_size=self.cfg.grpo.group_size,
                 granularity=self._granularity,
                 restore_level=self._restore_level,
             )
             self.ledger.admit(cut, group_id)
-        return _GroupRun(group_id, prompt, step, self.trainer_version)
+        return _GroupRun(group_id, prompt, step, self.served_version)
 
     def _discard_prompt_group(self, cut: LiveCut | None, group_id: str, reason: str) -> None:
         if self.ledger is not None:
@@ -439,14 +442,14 @@ class SingleController:
         """Stamp the next target step: inside the reservation cut with ledger dispatch."""
         if cut is not None:
             cut.require_live()
-        return self.sampler.admit(self.trainer_version)
+        return self.sampler.admit(self.served_version)
 
     # ================================================================== rollout pump
     async def _rollout_pump(self) -> None:
         prompts = self.cfg.grpo.prompts_per_step
         while True:
             await self._wait_for(
-                lambda: self.sampler.exhausted or self.sampler.admissible(self.trainer_version)
+                lambda: self.sampler.exhausted or self.sampler.admissible(self.served_version)
             )
             if self.sampler.exhausted:
                 return
@@ -478,7 +481,7 @@ class SingleController:
         try:
             async with self._in_flight:
                 if self.cfg.checkpointing.deterministic:
-                    await self._wait_for(lambda: self.trainer_version >= run.target_step - 1)
+                    await self._wait_for(lambda: self.served_version >= run.target_step - 1)
                 async with asyncio.TaskGroup() as siblings:
                     for index in range(self.cfg.grpo.group_size):
                         if index not in run.staged:
@@ -695,6 +698,8 @@ class SingleController:
             await self._commit_step(selected)
             refit_started = time.perf_counter()
             await self.workers.refit(self._weights_for_refit(), self.trainer_version)
+            self.served_version = self.trainer_version
+            self._signal()
             refit_s = time.perf_counter() - refit_started
             now = time.perf_counter()
             step_time = now - last
@@ -828,8 +833,8 @@ class SingleController:
             if result is not None:
                 for version, count in result.tokens_by_version.items():
                     versions[version] += count
-        if versions:
-            self.max_observed_age = max(self.max_observed_age, (step - 1) - min(versions))
+        step_max_age = (step - 1) - min(versions) if versions else 0
+        self.max_observed_age = max(self.max_observed_age, step_max_age)
         counters = self._step_counters.pop(step, _StepCounters())
         trained_rewards = [r for g in selected.groups for r in g.rewards]
         overhead_s = self.overhead.take()
@@ -849,6 +854,7 @@ class SingleController:
             "replacements": state.replacements.get(step, 0),
             "rollouts": len(counters.rewards),
             "batch_age": batch_age(versions, step - 1),
+            "max_token_age": step_max_age,
             "train_compute_s": compute_s,
             "refit_s": refit_s,
             "env_s": env_s,
@@ -943,6 +949,7 @@ class SingleController:
         self.dataloader.load_state_dict(state["dataloader"])
         self.sampler.load_state_dict(state["sampler"])
         self.trainer_version = int(state["trainer_version"])
+        self.served_version = self.trainer_version
         self._durable_step = loaded.step
         files = loaded.files
         if RUNTIME_STATE_FILE in files:

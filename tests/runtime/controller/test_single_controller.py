@@ -36,6 +36,7 @@ async def test_staleness_bound_and_each_group_trained_once(tmp_path, gym_endpoin
     for record in history:
         assert record["groups"] + record["shortfall"] == cfg.grpo.prompts_per_step
         assert 0.0 <= record["batch_age"] <= staleness
+        assert record["max_token_age"] <= staleness
     if staleness == 0:
         assert all(r["batch_age"] == 0.0 for r in history)
     prompt_counts = Counter(result.trained_prompt_ids)
