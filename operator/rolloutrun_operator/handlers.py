@@ -83,6 +83,24 @@ async def wait_for_wake(wake: asyncio.Event, stopped: Any, timeout: float) -> No
         wake.clear()
 
 
+@kopf.on.login(registry=registry)
+def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    """Kopf uses the same credentials as the operator's client (``--kubeconfig`` honoured)."""
+    options: Options = memo.get("options") or Options()
+    credentials = load_credentials(options.kubeconfig)
+    authorization = credentials.authorization() or ""
+    scheme, _space, token = authorization.partition(" ")
+    return kopf.ConnectionInfo(
+        server=credentials.host,
+        scheme=scheme or None,
+        token=token or None,
+        ca_path=credentials.ca_path,
+        certificate_path=credentials.cert_path,
+        private_key_path=credentials.key_path,
+        insecure=credentials.insecure,
+    )
+
+
 @kopf.on.startup(registry=registry)
 async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     """Annotations for Kopf's own state; the API client, wakers and metrics in the memo."""

@@ -100,10 +100,14 @@ class Credentials:
     ssl_context: ssl.SSLContext | bool = True
     refresh: Any = None
     """The ``kubernetes`` configuration, asked for a fresh token before each request."""
+    ca_path: str | None = None
+    cert_path: str | None = None
+    key_path: str | None = None
+    insecure: bool = False
 
     def authorization(self) -> str | None:
         if self.refresh is not None:
-            value = self.refresh.get_api_key_with_prefix("authorization")
+            value = self.refresh.get_api_key_with_prefix("BearerToken", alias="authorization")
             if value:
                 return str(value)
         return f"Bearer {self.token}" if self.token else None
@@ -128,7 +132,13 @@ def load_credentials(kubeconfig: str | None = None) -> Credentials:
                 ctx.load_cert_chain(configuration.cert_file, configuration.key_file)
             context = ctx
     return Credentials(
-        host=configuration.host.rstrip("/"), ssl_context=context, refresh=configuration
+        host=configuration.host.rstrip("/"),
+        ssl_context=context,
+        refresh=configuration,
+        ca_path=configuration.ssl_ca_cert,
+        cert_path=configuration.cert_file,
+        key_path=configuration.key_file,
+        insecure=not configuration.verify_ssl,
     )
 
 

@@ -1,0 +1,218 @@
+"""The Kopf handlers over real HTTP against the local cluster: children, endpoints, status,
+recovery after a deleted pod, lease mirroring and expiry, suspend and resume.
+
+Member pods run a stand-in ``rolloutrun`` (first on the pods' PATH) that records its argv
+and sleeps: this test is about the operator; runs with the real trainer and Gym come with
+the embedded ``rolloutrun run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+
+from rolloutrun_operator import handlers
+from rolloutrun_operator.localcluster.cluster import LocalCluster
+from rolloutrun_operator.localcluster.testing import api_client, eventually, local_cluster
+from rolloutrun_runtime.coordination import FencedError, KubernetesLease
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "rolloutruns.rolloutrun.dev.yaml"
+GROUP, VERSION, PLURAL = "rolloutrun.dev", "v1alpha1", "rolloutruns"
+
+SHIM = """#!/bin/sh
+echo "$@" > "$ROLLOUTRUN_LOCALCLUSTER_POD_DIR/argv"
+exec sleep 600
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    shims = tmp_path_factory.mktemp("bin")
+    (shims / "rolloutrun").write_text(SHIM)
+    (shims / "rolloutrun").chmod(0o755)
+    env = {"PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    yield from local_cluster(tmp_path_factory.mktemp("cluster"), extra_env=env)
+
+
+@pytest.fixture(scope="module")
+def api(cluster: LocalCluster) -> Iterator[Any]:
+    from kubernetes import client as k8s
+
+    client = api_client(cluster)
+    k8s.ApiextensionsV1Api(client).create_custom_resource_definition(
+        yaml.safe_load(CRD.read_text())
+    )
+    yield client
+    client.close()
+
+
+class Operator:
+    """The operator's registry run by Kopf on its own loop in a thread."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str) -> None:
+        self.options = handlers.Options(kubeconfig=str(cluster.kubeconfig_path))
+        self.namespace = namespace
+        self.stop_flag = threading.Event()
+        self.ready_flag = threading.Event()
+        self.error: BaseException | None = None
+        self.memo = kopf.Memo(options=self.options)
+        self.thread = threading.Thread(target=self._main, name="operator", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(
+                kopf.operator(
+                    registry=handlers.registry,
+                    namespaces=[self.namespace],
+                    standalone=True,
+                    stop_flag=self.stop_flag,
+                    ready_flag=self.ready_flag,
+                    memo=self.memo,
+                )
+            )
+        except BaseException as error:
+            self.error = error
+
+    def __enter__(self) -> Operator:
+        self.thread.start()
+        assert self.ready_flag.wait(60), "the operator did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_flag.set()
+        self.thread.join(60)
+
+
+def rolloutrun(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "RolloutRun",
+        "metadata": {"name": name},
+        "spec": {
+            "serviceAccountName": "default",
+            "storage": {"uri": "file:///tmp/rolloutrun-test"},
+            "gym": {"replicas": 2, "port": 8000, "terminationGracePeriodSeconds": 2},
+            "trainer": {"terminationGracePeriodSeconds": 2},
+            "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 2},
+            "run": {"workers": {"backend": "inprocess"}},
+        },
+    }
+
+
+def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
+    from kubernetes import client as k8s
+
+    namespace = f"op-{uuid.uuid4().hex[:6]}"
+    core = k8s.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    runs = k8s.CustomObjectsApi(api)
+
+    def run() -> dict[str, Any]:
+        return runs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "demo")
+
+    def status() -> dict[str, Any]:
+        return run().get("status") or {}
+
+    def condition(kind: str) -> tuple[str, str] | None:
+        for item in status().get("conditions") or []:
+            if item["type"] == kind:
+                return item["status"], item.get("reason", "")
+        return None
+
+    def pods() -> dict[str, Any]:
+        items = core.list_namespaced_pod(namespace, label_selector="rolloutrun.dev/run=demo").items
+        return {pod.metadata.name: pod for pod in items}
+
+    def running(*names: str) -> bool:
+        now = pods()
+        return all(n in now and now[n].status.phase == "Running" for n in names)
+
+    with Operator(cluster, namespace) as operator:
+        runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rolloutrun("demo"))
+        eventually(lambda: condition("Ready") == ("True", "Running"), what="run ready")
+        members = pods()
+        assert set(members) == {"demo-i1-trainer", "demo-i1-gym-0", "demo-i1-gym-1"}
+        gyms = [members[f"demo-i1-gym-{i}"] for i in range(2)]
+        config = core.read_namespaced_config_map("demo-config", namespace)
+        trainer_config = yaml.safe_load(config.data["run.yaml"])
+        assert trainer_config["gym"]["endpoints"] == [
+            f"http://{pod.status.pod_ip}:8000" for pod in gyms
+        ]
+        assert trainer_config["checkpointing"]["storageUri"] == "file:///tmp/rolloutrun-test"
+        assert core.read_namespaced_secret("demo-gym-token", namespace).data["token"]
+        assert core.read_namespaced_service("demo-trainer", namespace).spec.ports[0].port == 8100
+        lease_obj = k8s.CoordinationV1Api(api).read_namespaced_lease("demo-trainer", namespace)
+        assert lease_obj.metadata.owner_references[0].name == "demo"
+        argv = Path(cluster.pod_dir(namespace, "demo-i1-gym-1") or "") / "argv"
+        eventually(argv.exists, what="the gym stand-in started")
+        assert argv.read_text().split() == [
+            "gym", "--config", "/etc/rolloutrun/run.yaml", "--port", "8000",
+            "--instance-id", "demo-gym-1",
+        ]  # fmt: skip
+        current = status()
+        assert current["incarnation"] == 1 and current["observedGeneration"] == 1
+
+        # A deleted Gym pod (the preemption stand-in) ends incarnation 1.
+        core.delete_namespaced_pod("demo-i1-gym-0", namespace)
+        eventually(lambda: status().get("incarnation") == 2, what="incarnation 2")
+        eventually(lambda: condition("Ready") == ("True", "Running"), what="incarnation 2 ready")
+        assert running("demo-i2-trainer", "demo-i2-gym-0", "demo-i2-gym-1")
+        eventually(lambda: not [n for n in pods() if "-i1-" in n], what="incarnation 1 gone")
+        current = status()
+        assert (current["preemptions"], current["restarts"]) == (1, 0)
+        assert current["lastFailure"]["reason"] == "PodDeleted"
+
+        # The trainer of incarnation 2 holds the lease and reports progress: mirrored.
+        trainer = KubernetesLease(
+            "demo-trainer", namespace, "demo-i2-trainer/2", 2, api_client=api, duration_seconds=2
+        )
+        trainer.acquire(timeout=30)
+        trainer.record_progress(
+            train_step=7, anchor_step=5, latest_manifest="file:///tmp/rolloutrun-test/m7.json"
+        )
+        eventually(lambda: status().get("trainStep") == 7, what="train step mirrored")
+        assert status()["latestManifestUri"] == "file:///tmp/rolloutrun-test/m7.json"
+        assert status()["anchorStep"] == 5
+
+        # It stops renewing (hung): the operator acts on the expired lease.
+        eventually(lambda: status().get("incarnation") == 3, what="incarnation 3 after expiry")
+        assert status()["lastFailure"]["reason"] == "LeaseExpired"
+        assert status()["restarts"] == 1
+        with pytest.raises(FencedError):
+            trainer.ensure_held()
+        eventually(
+            lambda: (
+                "m7.json"
+                in core.read_namespaced_config_map("demo-config", namespace).data.get(
+                    "run.yaml", ""
+                )
+            ),
+            what="incarnation 3 resumes from the manifest",
+        )
+
+        # Suspend: pods gone, Suspended; resume starts incarnation 4.
+        runs.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "demo", {"spec": {"suspend": True}}
+        )
+        eventually(lambda: condition("Suspended") == ("True", "Suspended"), what="suspended")
+        assert pods() == {}
+        runs.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "demo", {"spec": {"suspend": False}}
+        )
+        eventually(lambda: condition("Ready") == ("True", "Running"), what="resumed")
+        assert status()["incarnation"] == 4 and status()["restarts"] == 1
+        events = core.list_namespaced_event(namespace).items
+        reasons = {event.reason for event in events}
+        assert {"IncarnationStarting", "PodDeleted", "LeaseExpired", "Suspended"} <= reasons
+    assert operator.error is None
+    core.delete_namespace(namespace)
