@@ -458,13 +458,12 @@ class GenerationEngine:
         rows = calls[lo:hi]
         news = [c.tokens[c.cached :] for c in rows]
         width = max(len(n) for n in news)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, new in enumerate(news):
-            ids[i, : len(new)] = torch.tensor(new)
-        start = torch.tensor([c.cached for c in rows], dtype=torch.long)
-        logits = model.forward_cached(
-            ids.to(self.device), start.to(self.device), cache[:, :, lo:hi]
-        )
+        padded = [n + [0] * (width - len(n)) for n in news] if width > 1 else news
+        ids = torch.tensor(padded, dtype=torch.long, device=self.device)
+        start = torch.tensor([c.cached for c in rows], dtype=torch.long, device=self.device)
+        logits = model.forward_cached(ids, start, cache[:, :, lo:hi])
+        if width == 1:
+            return logits[:, 0]
         last = torch.tensor([len(n) - 1 for n in news], device=self.device)
         return logits[torch.arange(len(rows), device=self.device), last]
 

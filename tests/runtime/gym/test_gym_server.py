@@ -30,6 +30,7 @@ from rolloutrun_runtime.environments.gym import (
     Phase,
     SideEffectLog,
     SideEffectReplayError,
+    make_env,
     score,
 )
 from rolloutrun_runtime.policy.generation import (
@@ -144,9 +145,11 @@ async def test_arithmetic_episodes_end_to_end(http: Http, start_gym: StartGym) -
             # The reward is the verifier's score of what the model said.
             text_ids, stopped = TOKENIZER.strip_eos(model["token_ids"])
             text = TOKENIZER.decode(text_ids)
-            valid = stopped and text.lstrip("-").isdigit()
             assert isinstance(problem, ArithmeticProblem)
-            state = {"a": problem.a, "b": problem.b, "submitted": int(text) if valid else None}
+            digits = len(text) - len(text.lstrip("-0123456789"))
+            value = int(text[:digits]) if digits and text[:digits] != "-" else None
+            clean = value is not None and stopped and digits == len(text)
+            state = {"a": problem.a, "b": problem.b, "submitted": value, "clean": clean}
             assert result["reward"] == pytest.approx(score(ARITH.task, state))
             # The policy captured the call under the episode's row key, turn 0.
             capture = await http.get(f"{policy_url}/token-capture/rollouts/r{i}")
@@ -188,7 +191,7 @@ async def test_reach_target_multi_turn_exactly_once_with_durable_audit(
             assert [e["revision"] for e in mine] == list(range(1, problem.target + 1))
             assert [e["turn"] for e in mine] == list(range(problem.target))
             assert {e["instance_id"] for e in mine} == {"gym-r"}
-            assert all(e["effect"] == {"op": "add", "k": 1} for e in mine)
+            assert all(e["effect"] == {"op": "add", "k": 1, "clean": True} for e in mine)
             state = await http.get(f"{gym}/episodes/m{i}")
             (record,) = state["episodes"]
             assert record["state"]["counter"] == problem.target
@@ -349,3 +352,38 @@ def test_gym_entry_point_prints_ready_and_stops_on_sigterm(tmp_path: Path) -> No
         timeout=60,
     )
     assert bad.returncode == 2 and "no such file" in bad.stderr
+
+
+def test_verifier_rewards_are_shaped_and_bounded() -> None:
+    arith = make_env(ARITH.task)
+    problem = make_problem(ARITH.task, ARITH.seed, 0)
+    assert isinstance(problem, ArithmeticProblem)
+
+    def reward(text: str, stopped: bool = True) -> float:
+        state = arith.start(problem)
+        arith.apply(state, arith.interpret(state, text, stopped))
+        return arith.score(state)
+
+    answer = str(problem.answer)
+    ranked = [reward("x"), reward(str(problem.answer + 9) + "zz"), reward(answer + "zz")]
+    ranked.append(reward(answer))
+    assert ranked == sorted(set(ranked)) and ranked[0] == 0.0 and ranked[-1] == 1.0
+    assert reward(answer, stopped=False) == reward(answer + "zz")  # not clean either way
+
+    reach = make_env(REACH.task)
+    target = make_problem(REACH.task, REACH.seed, 2)
+    assert isinstance(target, ReachTargetProblem) and target.target == 3
+
+    def play(moves: list[str]) -> float:
+        state = reach.start(target)
+        for move in moves:
+            outcome = reach.apply(state, reach.interpret(state, move, True))
+            if outcome.done:
+                break
+        return reach.score(state)
+
+    assert play(["+3"]) == play(["add(1)", "2"]) == 1.0
+    assert 0.0 <= play(["zz"] * 4) < play(["+1"] * 1 + ["zz"] * 3) < play(["+2", "zz", "zz", "zz"])
+    assert play(["+9"]) < play(["+2", "zz", "zz", "zz"])  # out of range: no move
+    for moves in (["-3", "-3", "-3", "-3"], ["+3"], ["x"]):
+        assert 0.0 <= play(moves) <= 1.0
