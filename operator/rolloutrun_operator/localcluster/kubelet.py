@@ -322,9 +322,16 @@ class Kubelet:
                 "capacity": {"cpu": str(os.cpu_count() or 1), "pods": "250"},
                 "allocatable": {"cpu": str(os.cpu_count() or 1), "pods": "250"},
                 "nodeInfo": {
-                    "kubeletVersion": "v1.32.0-rolloutrun-localcluster",
-                    "operatingSystem": "linux",
                     "architecture": "amd64",
+                    "bootID": "",
+                    "containerRuntimeVersion": "local-processes://1",
+                    "kernelVersion": os.uname().release,
+                    "kubeProxyVersion": "",
+                    "kubeletVersion": "v1.32.0-rolloutrun-localcluster",
+                    "machineID": "",
+                    "operatingSystem": "linux",
+                    "osImage": "local",
+                    "systemUUID": "",
                 },
             },
         }
