@@ -33,7 +33,23 @@ def namespace(client: Any) -> Iterator[str]:
     from kubernetes import client as k8s
 
     name = f"t-{uuid.uuid4().hex[:8]}"
-    core = k8s.CoreV1Api(client)
+    core: Any = k8s.CoreV1Api(client)
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def widgets(client: Any) -> Any:
+    """The test ``Widget`` CRD, applied once; a ``CustomObjectsApi`` to use it."""
+    from kubernetes import client as k8s
+
+    from .kopf_operator import CRD
+
+    try:
+        ext: Any = k8s.ApiextensionsV1Api(client)
+        ext.create_custom_resource_definition(CRD)
+    except k8s.ApiException as error:
+        if error.status != 409:
+            raise
+    return k8s.CustomObjectsApi(client)

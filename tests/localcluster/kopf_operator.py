@@ -46,11 +46,18 @@ CRD: dict[str, Any] = {
                                 "required": ["size"],
                                 "properties": {
                                     "size": {"type": "integer", "minimum": 1, "maximum": 10},
-                                    "color": {"type": "string", "enum": ["red", "blue"], "default": "red"},
+                                    "color": {
+                                        "type": "string",
+                                        "enum": ["red", "blue"],
+                                        "default": "red",
+                                    },
                                     "command": {"type": "array", "items": {"type": "string"}},
                                 },
                             },
-                            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                            "status": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            },
                         },
                     }
                 },
@@ -72,30 +79,43 @@ def build_registry(cluster: LocalCluster) -> kopf.OperatorRegistry:
         settings.watching.server_timeout = 30
         settings.watching.reconnect_backoff = 0.1
         settings.posting.level = logging.INFO
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="test.rolloutrun.dev")
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="test.rolloutrun.dev")
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix="test.rolloutrun.dev"
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="test.rolloutrun.dev"
+        )
         settings.persistence.finalizer = "test.rolloutrun.dev/finalizer"
 
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
-    def create(spec: Any, name: str, namespace: str, body: Any, logger: Any, patch: Any, **_: Any) -> None:
+    def create(
+        spec: Any, name: str, namespace: Any, body: Any, logger: Any, patch: Any, **_: Any
+    ) -> None:
         from kubernetes import client as k8s
         from kubernetes.client import ApiClient
 
         api = ApiClient(_client_config(cluster))
         try:
-            config_map = {"metadata": {"name": f"{name}-config"}, "data": {"size": str(spec["size"])}}
+            config_map = {
+                "metadata": {"name": f"{name}-config"},
+                "data": {"size": str(spec["size"])},
+            }
             pod = {
                 "metadata": {"name": f"{name}-pod", "labels": {"widget": name}},
                 "spec": {
                     "restartPolicy": "Never",
                     "terminationGracePeriodSeconds": 2,
                     "containers": [
-                        {"name": "main", "image": "none", "command": list(spec.get("command") or ["sleep", "300"])}
+                        {
+                            "name": "main",
+                            "image": "none",
+                            "command": list(spec.get("command") or ["sleep", "300"]),
+                        }
                     ],
                 },
             }
             kopf.adopt([config_map, pod], owner=body)
-            core = k8s.CoreV1Api(api)
+            core: Any = k8s.CoreV1Api(api)
             core.create_namespaced_config_map(namespace, config_map)
             core.create_namespaced_pod(namespace, pod)
         finally:
@@ -109,14 +129,15 @@ def build_registry(cluster: LocalCluster) -> kopf.OperatorRegistry:
         patch.status["size"] = new
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
-    def delete(name: str, namespace: str, **_: Any) -> None:
+    def delete(name: str, namespace: Any, **_: Any) -> None:
         from kubernetes import client as k8s
         from kubernetes.client import ApiClient
 
         api = ApiClient(_client_config(cluster))
         try:
             body = {"metadata": {"name": f"{name}-deleted"}, "data": {"by": "kopf"}}
-            k8s.CoreV1Api(api).create_namespaced_config_map(namespace, body)
+            core: Any = k8s.CoreV1Api(api)
+            core.create_namespaced_config_map(namespace, body)
         finally:
             api.close()
 
@@ -124,10 +145,13 @@ def build_registry(cluster: LocalCluster) -> kopf.OperatorRegistry:
 
 
 def _client_config(cluster: LocalCluster) -> Any:
-    from kubernetes import client as k8s, config
+    from kubernetes import client as k8s
+    from kubernetes import config
 
     configuration = k8s.Configuration()
-    config.load_kube_config(config_file=str(cluster.kubeconfig_path), client_configuration=configuration)
+    config.load_kube_config(
+        config_file=str(cluster.kubeconfig_path), client_configuration=configuration
+    )
     return configuration
 
 

@@ -18,39 +18,45 @@ from .kopf_operator import CRD, GROUP, PLURAL, VERSION
 
 
 def _status(error: pytest.ExceptionInfo[k8s.ApiException]) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(error.value.body)
+    body: dict[str, Any] = json.loads(error.value.body or "{}")
     return body
 
 
-@pytest.fixture(scope="module")
-def crd(client: Any) -> Any:
-    ext = k8s.ApiextensionsV1Api(client)
-    name = CRD["metadata"]["name"]
-    try:
-        ext.create_custom_resource_definition(CRD)
-    except k8s.ApiException as error:
-        assert error.status == 409
-    yield k8s.CustomObjectsApi(client)
+@pytest.fixture
+def crd(widgets: Any) -> Any:
+    return widgets
 
 
 def test_discovery_lists_builtins_and_registers_crds_live(client: Any, crd: Any) -> None:
     assert k8s.VersionApi(client).get_code().major == "1"
     assert k8s.CoreApi(client).get_api_versions().versions == ["v1"]
     core = {r.name for r in k8s.CoreV1Api(client).get_api_resources().resources}
-    assert {"pods", "pods/status", "pods/log", "services", "configmaps", "secrets", "events"} <= core
+    assert {
+        "pods",
+        "pods/status",
+        "pods/log",
+        "services",
+        "configmaps",
+        "secrets",
+        "events",
+    } <= core
     assert {"namespaces", "serviceaccounts", "nodes", "endpoints"} <= core
-    groups = {g.name: g for g in k8s.ApisApi(client).get_api_versions().groups}
+    groups: dict[str, Any] = {g.name: g for g in k8s.ApisApi(client).get_api_versions().groups}
     assert "coordination.k8s.io" in groups
     assert groups[GROUP].preferred_version.version == VERSION
     widgets = k8s.CustomObjectsApi(client).get_api_resources(GROUP, VERSION).resources
     assert {r.name for r in widgets} == {"widgets", "widgets/status"}
-    crd_obj = k8s.ApiextensionsV1Api(client).read_custom_resource_definition(CRD["metadata"]["name"])
+    crd_obj: Any = k8s.ApiextensionsV1Api(client).read_custom_resource_definition(
+        CRD["metadata"]["name"]
+    )
     assert {c.type: c.status for c in crd_obj.status.conditions}["Established"] == "True"
 
 
 def test_create_stamps_metadata_and_generate_name(client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
-    made = core.create_namespaced_config_map(namespace, {"metadata": {"generateName": "cm-"}, "data": {"a": "1"}})
+    core: Any = k8s.CoreV1Api(client)
+    made = core.create_namespaced_config_map(
+        namespace, {"metadata": {"generateName": "cm-"}, "data": {"a": "1"}}
+    )
     meta = made.metadata
     assert meta.name.startswith("cm-") and len(meta.name) == len("cm-") + 5
     assert meta.uid and meta.resource_version and meta.generation == 1 and meta.creation_timestamp
@@ -71,8 +77,10 @@ def test_create_stamps_metadata_and_generate_name(client: Any, namespace: str) -
 
 
 def test_put_uses_optimistic_concurrency(client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
-    first = core.create_namespaced_config_map(namespace, {"metadata": {"name": "occ"}, "data": {"v": "1"}})
+    core: Any = k8s.CoreV1Api(client)
+    first = core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "occ"}, "data": {"v": "1"}}
+    )
     first.data = {"v": "2"}
     second = core.replace_namespaced_config_map("occ", namespace, first)
     assert int(second.metadata.resource_version) > int(first.metadata.resource_version)
@@ -87,23 +95,36 @@ def test_put_uses_optimistic_concurrency(client: Any, namespace: str) -> None:
 
 
 def test_merge_json_and_strategic_patches(client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
-    core.create_namespaced_config_map(namespace, {"metadata": {"name": "p", "labels": {"a": "1", "b": "2"}}, "data": {"x": "1"}})
+    core: Any = k8s.CoreV1Api(client)
+    core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "p", "labels": {"a": "1", "b": "2"}}, "data": {"x": "1"}}
+    )
     merged = core.patch_namespaced_config_map(
-        "p", namespace, {"metadata": {"labels": {"a": None, "c": "3"}}}, _content_type="application/merge-patch+json"
+        "p",
+        namespace,
+        {"metadata": {"labels": {"a": None, "c": "3"}}},
+        _content_type="application/merge-patch+json",
     )
     assert merged.metadata.labels == {"b": "2", "c": "3"}
-    ops = [{"op": "test", "path": "/data/x", "value": "1"}, {"op": "replace", "path": "/data/x", "value": "2"}]
+    ops = [
+        {"op": "test", "path": "/data/x", "value": "1"},
+        {"op": "replace", "path": "/data/x", "value": "2"},
+    ]
     assert core.patch_namespaced_config_map("p", namespace, ops).data == {"x": "2"}
     with pytest.raises(k8s.ApiException) as error:
-        core.patch_namespaced_config_map("p", namespace, [{"op": "test", "path": "/data/x", "value": "nope"}])
+        core.patch_namespaced_config_map(
+            "p", namespace, [{"op": "test", "path": "/data/x", "value": "nope"}]
+        )
     assert error.value.status == 422
     # Strategic merge: containers merge by name, so only the named container's image changes.
     pod = {
         "metadata": {"name": "smp"},
         "spec": {
             "nodeName": "elsewhere",  # bound to another node: the kubelet leaves it alone
-            "containers": [{"name": "a", "image": "one", "command": ["true"]}, {"name": "b", "image": "two", "command": ["true"]}],
+            "containers": [
+                {"name": "a", "image": "one", "command": ["true"]},
+                {"name": "b", "image": "two", "command": ["true"]},
+            ],
         },
     }
     core.create_namespaced_pod(namespace, pod)
@@ -113,21 +134,31 @@ def test_merge_json_and_strategic_patches(client: Any, namespace: str) -> None:
         {"spec": {"containers": [{"name": "b", "image": "three"}]}},
         _content_type="application/strategic-merge-patch+json",
     ).to_dict()
-    assert [(c["name"], c["image"]) for c in patched["spec"]["containers"]] == [("a", "one"), ("b", "three")]
+    assert [(c["name"], c["image"]) for c in patched["spec"]["containers"]] == [
+        ("a", "one"),
+        ("b", "three"),
+    ]
     with pytest.raises(k8s.ApiException) as error:
         core.patch_namespaced_pod("smp", namespace, {"spec": {"restartPolicy": "Never"}})
-    assert error.value.status == 422 and "pod updates may not change fields" in _status(error)["message"]
+    assert (
+        error.value.status == 422
+        and "pod updates may not change fields" in _status(error)["message"]
+    )
     core.delete_namespaced_pod("smp", namespace, grace_period_seconds=0)
 
 
 def test_finalizers_hold_deletion(client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
-    core.create_namespaced_config_map(namespace, {"metadata": {"name": "fin", "finalizers": ["example.com/hold"]}})
+    core: Any = k8s.CoreV1Api(client)
+    core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "fin", "finalizers": ["example.com/hold"]}}
+    )
     core.delete_namespaced_config_map("fin", namespace)
     held = core.read_namespaced_config_map("fin", namespace)
     assert held.metadata.deletion_timestamp is not None
     with pytest.raises(k8s.ApiException) as error:
-        core.patch_namespaced_config_map("fin", namespace, {"metadata": {"finalizers": ["example.com/hold", "more"]}})
+        core.patch_namespaced_config_map(
+            "fin", namespace, {"metadata": {"finalizers": ["example.com/hold", "more"]}}
+        )
     assert error.value.status == 422 and "no new finalizers" in _status(error)["message"]
     core.patch_namespaced_config_map("fin", namespace, {"metadata": {"finalizers": None}})
     with pytest.raises(k8s.ApiException) as error:
@@ -136,30 +167,59 @@ def test_finalizers_hold_deletion(client: Any, namespace: str) -> None:
 
 
 def test_status_subresource_split_and_generation(client: Any, crd: Any, namespace: str) -> None:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Widget", "metadata": {"name": "g"}, "spec": {"size": 1}, "status": {"ignored": True}}
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Widget",
+        "metadata": {"name": "g"},
+        "spec": {"size": 1},
+        "status": {"ignored": True},
+    }
     made = crd.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     assert "status" not in made, "status is dropped on create with a status subresource"
     assert made["spec"]["color"] == "red", "schema defaults apply"
-    status = crd.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "g", {"status": {"phase": "Up"}, "spec": {"size": 9}})
+    status = crd.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "g", {"status": {"phase": "Up"}, "spec": {"size": 9}}
+    )
     assert status["status"] == {"phase": "Up"} and status["spec"]["size"] == 1
     assert status["metadata"]["generation"] == 1
-    spec = crd.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "g", {"spec": {"size": 3}, "status": {"phase": "Down"}})
+    spec = crd.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "g", {"spec": {"size": 3}, "status": {"phase": "Down"}}
+    )
     assert spec["spec"]["size"] == 3 and spec["status"] == {"phase": "Up"}
     assert spec["metadata"]["generation"] == 2
-    labels = crd.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "g", {"metadata": {"labels": {"l": "v"}}})
+    labels = crd.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "g", {"metadata": {"labels": {"l": "v"}}}
+    )
     assert labels["metadata"]["generation"] == 2
 
 
-def test_custom_resources_are_validated_against_the_schema(client: Any, crd: Any, namespace: str) -> None:
+def test_custom_resources_are_validated_against_the_schema(
+    client: Any, crd: Any, namespace: str
+) -> None:
     def create(spec: Any, **query: Any) -> Any:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Widget", "metadata": {"name": f"v-{uuid.uuid4().hex[:6]}"}, "spec": spec}
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Widget",
+            "metadata": {"name": f"v-{uuid.uuid4().hex[:6]}"},
+            "spec": spec,
+        }
         return crd.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body, **query)
 
     cases = [
-        ({"size": 0}, "spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1"),
+        (
+            {"size": 0},
+            "spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1",
+        ),
         ({"size": 11}, "spec.size in body should be less than or equal to 10"),
-        ({"size": "big"}, 'spec.size: Invalid value: "string": spec.size in body must be of type integer: "string"'),
-        ({"size": 1, "color": "green"}, 'spec.color: Unsupported value: "green": supported values: "red", "blue"'),
+        (
+            {"size": "big"},
+            'spec.size: Invalid value: "string": '
+            'spec.size in body must be of type integer: "string"',
+        ),
+        (
+            {"size": 1, "color": "green"},
+            'spec.color: Unsupported value: "green": supported values: "red", "blue"',
+        ),
         ({}, "spec.size: Required value"),
         ({"size": 1, "command": [1]}, "spec.command[0]"),
     ]
@@ -178,50 +238,84 @@ def test_custom_resources_are_validated_against_the_schema(client: Any, crd: Any
 
 
 def test_label_and_field_selectors_and_pagination(client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
+    core: Any = k8s.CoreV1Api(client)
     for index in range(7):
         labels = {"tier": "a" if index % 2 else "b", "i": str(index)}
-        core.create_namespaced_config_map(namespace, {"metadata": {"name": f"s{index}", "labels": labels}})
+        core.create_namespaced_config_map(
+            namespace, {"metadata": {"name": f"s{index}", "labels": labels}}
+        )
     names = lambda result: [item.metadata.name for item in result.items]  # noqa: E731
-    assert names(core.list_namespaced_config_map(namespace, label_selector="tier=a")) == ["s1", "s3", "s5"]
-    assert names(core.list_namespaced_config_map(namespace, label_selector="tier!=a,i in (0,2,9)")) == ["s0", "s2"]
+    assert names(core.list_namespaced_config_map(namespace, label_selector="tier=a")) == [
+        "s1",
+        "s3",
+        "s5",
+    ]
+    assert names(
+        core.list_namespaced_config_map(namespace, label_selector="tier!=a,i in (0,2,9)")
+    ) == ["s0", "s2"]
     assert names(core.list_namespaced_config_map(namespace, label_selector="!tier")) == [
         n for n in names(core.list_namespaced_config_map(namespace)) if not n.startswith("s")
     ]
-    assert names(core.list_namespaced_config_map(namespace, field_selector="metadata.name=s4")) == ["s4"]
+    assert names(core.list_namespaced_config_map(namespace, field_selector="metadata.name=s4")) == [
+        "s4"
+    ]
     with pytest.raises(k8s.ApiException) as error:
         core.list_namespaced_config_map(namespace, field_selector="data.x=1")
-    assert error.value.status == 400 and "field label not supported" in error.value.body
+    assert error.value.status == 400 and "field label not supported" in _status(error)["message"]
     page = core.list_namespaced_config_map(namespace, label_selector="i", limit=3)
     seen = names(page)
     while page.metadata._continue:
-        page = core.list_namespaced_config_map(namespace, label_selector="i", limit=3, _continue=page.metadata._continue)
+        page = core.list_namespaced_config_map(
+            namespace, label_selector="i", limit=3, _continue=page.metadata._continue
+        )
         seen += names(page)
     assert seen == [f"s{i}" for i in range(7)]
 
 
-def test_secret_string_data_and_authentication(cluster: LocalCluster, client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
-    secret = core.create_namespaced_secret(namespace, {"metadata": {"name": "s"}, "stringData": {"k": "v"}})
+def test_secret_string_data_and_authentication(
+    cluster: LocalCluster, client: Any, namespace: str
+) -> None:
+    core: Any = k8s.CoreV1Api(client)
+    secret = core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "s"}, "stringData": {"k": "v"}}
+    )
     assert secret.data == {"k": "dg=="} and secret.type == "Opaque"
     http = urllib3.PoolManager()
     denied = http.request("GET", f"{cluster.api_url}/api/v1/namespaces")
     assert denied.status == 401 and json.loads(denied.data)["reason"] == "Unauthorized"
-    allowed = http.request("GET", f"{cluster.api_url}/api/v1/namespaces", headers={"Authorization": f"Bearer {cluster.token}"})
+    allowed = http.request(
+        "GET",
+        f"{cluster.api_url}/api/v1/namespaces",
+        headers={"Authorization": f"Bearer {cluster.token}"},
+    )
     assert allowed.status == 200 and json.loads(allowed.data)["kind"] == "NamespaceList"
 
 
 def test_leases_and_events_for_the_operator(client: Any, namespace: str) -> None:
-    leases = k8s.CoordinationV1Api(client)
+    leases: Any = k8s.CoordinationV1Api(client)
     lease = leases.create_namespaced_lease(
-        namespace, {"metadata": {"name": "run-trainer"}, "spec": {"holderIdentity": "inc-1", "leaseDurationSeconds": 10}}
+        namespace,
+        {
+            "metadata": {"name": "run-trainer"},
+            "spec": {"holderIdentity": "inc-1", "leaseDurationSeconds": 10},
+        },
     )
     lease.spec.holder_identity = "inc-2"
-    assert leases.replace_namespaced_lease("run-trainer", namespace, lease).spec.holder_identity == "inc-2"
-    core = k8s.CoreV1Api(client)
+    assert (
+        leases.replace_namespaced_lease("run-trainer", namespace, lease).spec.holder_identity
+        == "inc-2"
+    )
+    core: Any = k8s.CoreV1Api(client)
     core.create_namespaced_event(
         namespace,
-        {"metadata": {"generateName": "e-"}, "involvedObject": {"kind": "Pod", "name": "x", "namespace": namespace}, "reason": "Test", "type": "Normal"},
+        {
+            "metadata": {"generateName": "e-"},
+            "involvedObject": {"kind": "Pod", "name": "x", "namespace": namespace},
+            "reason": "Test",
+            "type": "Normal",
+        },
     )
-    found = core.list_namespaced_event(namespace, field_selector="involvedObject.kind=Pod,reason=Test")
+    found = core.list_namespaced_event(
+        namespace, field_selector="involvedObject.kind=Pod,reason=Test"
+    )
     assert len(found.items) == 1

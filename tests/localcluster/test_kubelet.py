@@ -18,13 +18,17 @@ from rolloutrun_operator.localcluster.testing import eventually
 PY = sys.executable
 
 
-def _pod(name: str, command: list[str], policy: str = "Never", grace: int = 30, **container: Any) -> dict[str, Any]:
+def _pod(
+    name: str, command: list[str], policy: str = "Never", grace: int = 30, **container: Any
+) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "labels": {"app": name}},
         "spec": {
             "restartPolicy": policy,
             "terminationGracePeriodSeconds": grace,
-            "containers": [{"name": "main", "image": "ignored:latest", "command": command, **container}],
+            "containers": [
+                {"name": "main", "image": "ignored:latest", "command": command, **container}
+            ],
         },
     }
 
@@ -59,15 +63,20 @@ import json, os
 from kubernetes import client, config
 config.load_kube_config()  # KUBECONFIG is set for every pod
 names = [p.metadata.name for p in client.CoreV1Api().list_namespaced_pod(os.environ["NS"]).items]
-keys = ["LIT", "FROM_CM", "FROM_SECRET", "NAME", "NS", "UID", "IP", "POD_IP", "EXPANDED", "P_k", "HOSTNAME"]
+keys = ["LIT", "FROM_CM", "FROM_SECRET", "NAME", "NS", "UID", "IP", "POD_IP", "EXPANDED", "P_k"]
+keys.append("HOSTNAME")
 print(json.dumps({"env": {k: os.environ.get(k) for k in keys}, "pods": names, "cwd": os.getcwd()}))
 """
 
 
 def test_pod_environment_downward_api_and_api_access(client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
-    core.create_namespaced_config_map(namespace, {"metadata": {"name": "cm"}, "data": {"k": "from-configmap"}})
-    core.create_namespaced_secret(namespace, {"metadata": {"name": "sec"}, "stringData": {"k": "from-secret"}})
+    core: Any = k8s.CoreV1Api(client)
+    core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "cm"}, "data": {"k": "from-configmap"}}
+    )
+    core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "sec"}, "stringData": {"k": "from-secret"}}
+    )
     env = [
         {"name": "LIT", "value": "literal"},
         {"name": "FROM_CM", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}},
@@ -78,9 +87,16 @@ def test_pod_environment_downward_api_and_api_access(client: Any, namespace: str
         {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "EXPANDED", "value": "$(LIT)-and-$(NAME)-$$(LIT)"},
     ]
-    pod = _pod("env", [PY, "-c", SHOW_ENV], env=env, envFrom=[{"configMapRef": {"name": "cm"}, "prefix": "P_"}])
+    pod = _pod(
+        "env",
+        [PY, "-c", SHOW_ENV],
+        env=env,
+        envFrom=[{"configMapRef": {"name": "cm"}, "prefix": "P_"}],
+    )
     created = core.create_namespaced_pod(namespace, pod)
-    done = eventually(lambda: _phase(core, namespace, "env", "Succeeded", "Failed"), what="env pod done")
+    done = eventually(
+        lambda: _phase(core, namespace, "env", "Succeeded", "Failed"), what="env pod done"
+    )
     log = core.read_namespaced_pod_log("env", namespace)
     assert done.status.phase == "Succeeded", log
     report = json.loads(log.strip().splitlines()[-1])
@@ -106,24 +122,48 @@ def test_pod_environment_downward_api_and_api_access(client: Any, namespace: str
     assert done.spec.node_name == "local"
 
 
-SERVE = "import http.server, os; http.server.HTTPServer((os.environ['POD_IP'], 8080), http.server.SimpleHTTPRequestHandler).serve_forever()"
+SERVE = """
+import http.server, os
+handler = http.server.SimpleHTTPRequestHandler
+http.server.HTTPServer((os.environ["POD_IP"], 8080), handler).serve_forever()
+"""
 FETCH = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).status)"
 
 
-def test_pods_reach_each_other_by_pod_ip_and_services_list_ready_ones(client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
+def test_pods_reach_each_other_by_pod_ip_and_services_list_ready_ones(
+    client: Any, namespace: str
+) -> None:
+    core: Any = k8s.CoreV1Api(client)
     probe = {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}
-    server = _pod("server", [PY, "-c", SERVE], policy="Always", grace=1, readinessProbe=probe, ports=[{"name": "http", "containerPort": 8080}])
+    server = _pod(
+        "server",
+        [PY, "-c", SERVE],
+        policy="Always",
+        grace=1,
+        readinessProbe=probe,
+        ports=[{"name": "http", "containerPort": 8080}],
+    )
     core.create_namespaced_pod(namespace, server)
-    core.create_namespaced_service(namespace, {"metadata": {"name": "web"}, "spec": {"selector": {"app": "server"}, "ports": [{"port": 80, "targetPort": "http"}]}})
+    core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "server"}, "ports": [{"port": 80, "targetPort": "http"}]},
+        },
+    )
     ready = eventually(lambda: _ready(core, namespace, "server"), what="server ready")
     endpoints = eventually(lambda: _addresses(core, namespace, "web"), what="service endpoints")
     assert endpoints == ([ready.status.pod_ip], [8080])
     assert core.read_namespaced_service("web", namespace).spec.cluster_ip.startswith("10.96.")
     url = f"http://{endpoints[0][0]}:{endpoints[1][0]}/"
     core.create_namespaced_pod(namespace, _pod("fetch", [PY, "-c", FETCH, url]))
-    done = eventually(lambda: _phase(core, namespace, "fetch", "Succeeded", "Failed"), what="fetch done")
-    assert done.status.phase == "Succeeded" and core.read_namespaced_pod_log("fetch", namespace).strip() == "200"
+    done = eventually(
+        lambda: _phase(core, namespace, "fetch", "Succeeded", "Failed"), what="fetch done"
+    )
+    assert (
+        done.status.phase == "Succeeded"
+        and core.read_namespaced_pod_log("fetch", namespace).strip() == "200"
+    )
 
 
 def _ready(core: Any, namespace: str, name: str) -> Any:
@@ -143,23 +183,36 @@ def _addresses(core: Any, namespace: str, name: str) -> Any:
     return None
 
 
-TERM_AWARE = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(0))); print('up', flush=True); time.sleep(300)"
+TERM_AWARE = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *a: (print("got TERM", flush=True), sys.exit(0)))
+print("up", flush=True)
+time.sleep(300)
+"""
 
 
-def test_deleting_a_pod_terms_then_kills_every_process_it_started(cluster: LocalCluster, client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
+def test_deleting_a_pod_terms_then_kills_every_process_it_started(
+    cluster: LocalCluster, client: Any, namespace: str
+) -> None:
+    core: Any = k8s.CoreV1Api(client)
     # Ignores SIGTERM; starts a child and a grandchild that escapes into its own session.
     stubborn = ["sh", "-c", "trap '' TERM; sleep 300 & setsid sleep 301 & echo started; wait"]
     core.create_namespaced_pod(namespace, _pod("stubborn", stubborn, grace=1))
     core.create_namespaced_pod(namespace, _pod("polite", [PY, "-c", TERM_AWARE], grace=30))
     eventually(lambda: _phase(core, namespace, "stubborn", "Running"), what="stubborn running")
     eventually(lambda: "up" in core.read_namespaced_pod_log("polite", namespace), what="polite up")
-    pids = eventually(lambda: (lambda p: p if len(p) >= 3 else None)(cluster.pod_pids(namespace, "stubborn")), what="3 processes")
+    pids = eventually(
+        lambda: (lambda p: p if len(p) >= 3 else None)(cluster.pod_pids(namespace, "stubborn")),
+        what="3 processes",
+    )
     polite_dir = cluster.pod_dir(namespace, "polite")
     assert polite_dir is not None
     core.delete_namespaced_pod("stubborn", namespace)
     terminating = core.read_namespaced_pod("stubborn", namespace)
-    assert terminating.metadata.deletion_timestamp is not None and terminating.metadata.deletion_grace_period_seconds == 1
+    assert (
+        terminating.metadata.deletion_timestamp is not None
+        and terminating.metadata.deletion_grace_period_seconds == 1
+    )
     eventually(lambda: _gone(core, namespace, "stubborn"), what="stubborn gone")
     assert not [pid for pid in pids if _alive(pid)], "a process outlived its pod"
     core.delete_namespaced_pod("polite", namespace)
@@ -168,14 +221,20 @@ def test_deleting_a_pod_terms_then_kills_every_process_it_started(cluster: Local
 
 
 def test_restart_policies_back_off_and_previous_logs(client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
-    core.create_namespaced_pod(namespace, _pod("flaky", ["sh", "-c", "echo run; exit 3"], policy="OnFailure", grace=0))
+    core: Any = k8s.CoreV1Api(client)
+    core.create_namespaced_pod(
+        namespace, _pod("flaky", ["sh", "-c", "echo run; exit 3"], policy="OnFailure", grace=0)
+    )
     core.create_namespaced_pod(namespace, _pod("once", ["sh", "-c", "exit 0"], policy="OnFailure"))
     core.create_namespaced_pod(namespace, _pod("never", ["sh", "-c", "exit 5"], policy="Never"))
     flaky = eventually(
-        lambda: (lambda p: p if p.status.container_statuses and p.status.container_statuses[0].restart_count >= 2 else None)(
-            core.read_namespaced_pod("flaky", namespace)
-        ),
+        lambda: (
+            lambda p: (
+                p
+                if p.status.container_statuses and p.status.container_statuses[0].restart_count >= 2
+                else None
+            )
+        )(core.read_namespaced_pod("flaky", namespace)),
         what="two restarts",
     )
     status = flaky.status.container_statuses[0]
@@ -184,21 +243,32 @@ def test_restart_policies_back_off_and_previous_logs(client: Any, namespace: str
     assert eventually(lambda: _phase(core, namespace, "once", "Succeeded"), what="once succeeded")
     never = eventually(lambda: _phase(core, namespace, "never", "Failed"), what="never failed")
     terminated = never.status.container_statuses[0].state.terminated
-    assert (terminated.exit_code, terminated.reason, never.status.container_statuses[0].restart_count) == (5, "Error", 0)
+    assert (
+        terminated.exit_code,
+        terminated.reason,
+        never.status.container_statuses[0].restart_count,
+    ) == (5, "Error", 0)
 
 
 def test_config_errors_and_missing_executables(client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
+    core: Any = k8s.CoreV1Api(client)
     env = [{"name": "LATE", "valueFrom": {"configMapKeyRef": {"name": "late", "key": "k"}}}]
     core.create_namespaced_pod(namespace, _pod("waits", ["sh", "-c", "echo $LATE"], env=env))
     core.create_namespaced_pod(namespace, _pod("nobin", ["no-such-binary-anywhere"]))
 
     def waiting() -> Any:
         statuses = core.read_namespaced_pod("waits", namespace).status.container_statuses or []
-        return statuses and statuses[0].state.waiting and statuses[0].state.waiting.reason == "CreateContainerConfigError" and statuses[0].state.waiting
+        return (
+            statuses
+            and statuses[0].state.waiting
+            and statuses[0].state.waiting.reason == "CreateContainerConfigError"
+            and statuses[0].state.waiting
+        )
 
     assert eventually(waiting, what="config error").message == 'configmap "late" not found'
-    core.create_namespaced_config_map(namespace, {"metadata": {"name": "late"}, "data": {"k": "arrived"}})
+    core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "late"}, "data": {"k": "arrived"}}
+    )
     eventually(lambda: _phase(core, namespace, "waits", "Succeeded"), what="config arrived")
     assert core.read_namespaced_pod_log("waits", namespace) == "arrived\n"
     nobin = eventually(lambda: _phase(core, namespace, "nobin", "Failed"), what="StartError")
@@ -208,16 +278,20 @@ def test_config_errors_and_missing_executables(client: Any, namespace: str) -> N
 
 
 def test_follow_logs_streams_until_the_container_exits(client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
-    core.create_namespaced_pod(namespace, _pod("talker", ["sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.2; done"]))
-    eventually(lambda: _phase(core, namespace, "talker", "Running", "Succeeded"), what="talker started")
+    core: Any = k8s.CoreV1Api(client)
+    core.create_namespaced_pod(
+        namespace, _pod("talker", ["sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.2; done"])
+    )
+    eventually(
+        lambda: _phase(core, namespace, "talker", "Running", "Succeeded"), what="talker started"
+    )
     streamed = core.read_namespaced_pod_log("talker", namespace, follow=True)
     assert streamed.splitlines() == ["line1", "line2", "line3"]
     assert core.read_namespaced_pod_log("talker", namespace, tail_lines=1) == "line3\n"
 
 
 def test_node_loss_freeze_then_restore(cluster: LocalCluster, client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
+    core: Any = k8s.CoreV1Api(client)
     core.create_namespaced_pod(namespace, _pod("frozen", ["sleep", "300"], grace=1))
     eventually(lambda: _ready(core, namespace, "frozen"), what="ready")
     pids = cluster.pod_pids(namespace, "frozen")
@@ -239,11 +313,15 @@ def test_node_loss_freeze_then_restore(cluster: LocalCluster, client: Any, names
         cluster.restore_node()
     eventually(lambda: _gone(core, namespace, "frozen"), what="deletion carried out after restore")
     assert not [pid for pid in pids if _alive(pid)]
-    assert eventually(lambda: _phase(core, namespace, "unscheduled", "Succeeded"), what="scheduled after restore")
+    assert eventually(
+        lambda: _phase(core, namespace, "unscheduled", "Succeeded"), what="scheduled after restore"
+    )
 
 
-def test_node_loss_kill_reports_the_deaths_on_restore(cluster: LocalCluster, client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
+def test_node_loss_kill_reports_the_deaths_on_restore(
+    cluster: LocalCluster, client: Any, namespace: str
+) -> None:
+    core: Any = k8s.CoreV1Api(client)
     core.create_namespaced_pod(namespace, _pod("crashed", ["sleep", "300"]))
     eventually(lambda: _ready(core, namespace, "crashed"), what="ready")
     pids = cluster.pod_pids(namespace, "crashed")
@@ -253,6 +331,8 @@ def test_node_loss_kill_reports_the_deaths_on_restore(cluster: LocalCluster, cli
         assert core.read_namespaced_pod("crashed", namespace).status.phase == "Running"
     finally:
         cluster.restore_node()
-    failed = eventually(lambda: _phase(core, namespace, "crashed", "Failed"), what="failure reported")
+    failed = eventually(
+        lambda: _phase(core, namespace, "crashed", "Failed"), what="failure reported"
+    )
     assert failed.status.container_statuses[0].state.terminated.exit_code == 137
     assert os.path.isdir(cluster.directory / "pods" / namespace)

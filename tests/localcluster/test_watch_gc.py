@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 import urllib3
-from kubernetes import client as k8s, watch
+from kubernetes import client as k8s
+from kubernetes import watch
 
 from rolloutrun_operator.localcluster.cluster import LocalCluster
 from rolloutrun_operator.localcluster.testing import eventually
@@ -31,38 +32,62 @@ def _watch(cluster: LocalCluster, path: str, **params: str) -> list[dict[str, An
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def test_watch_replays_from_a_resource_version(cluster: LocalCluster, client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
+def test_watch_replays_from_a_resource_version(
+    cluster: LocalCluster, client: Any, namespace: str
+) -> None:
+    core: Any = k8s.CoreV1Api(client)
     listed = core.list_namespaced_config_map(namespace)
     since = listed.metadata.resource_version
-    core.create_namespaced_config_map(namespace, {"metadata": {"name": "w", "labels": {"pick": "yes"}}})
+    core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "w", "labels": {"pick": "yes"}}}
+    )
     core.patch_namespaced_config_map("w", namespace, {"data": {"a": "1"}})
     core.patch_namespaced_config_map("w", namespace, {"metadata": {"labels": {"pick": "no"}}})
     core.delete_namespaced_config_map("w", namespace)
     path = f"/api/v1/namespaces/{namespace}/configmaps"
     events = _watch(cluster, path, resourceVersion=since, timeoutSeconds="1")
-    assert [e["type"] for e in events if e["type"] != "BOOKMARK"] == ["ADDED", "MODIFIED", "MODIFIED", "DELETED"]
-    versions = [int(e["object"]["metadata"]["resourceVersion"]) for e in events if e["type"] != "BOOKMARK"]
+    assert [e["type"] for e in events if e["type"] != "BOOKMARK"] == [
+        "ADDED",
+        "MODIFIED",
+        "MODIFIED",
+        "DELETED",
+    ]
+    versions = [
+        int(e["object"]["metadata"]["resourceVersion"]) for e in events if e["type"] != "BOOKMARK"
+    ]
     assert versions == sorted(versions) and versions[0] > int(since)
     # A selector-filtered watch sees the object leave the selection as DELETED.
-    picked = _watch(cluster, path, resourceVersion=since, timeoutSeconds="1", labelSelector="pick=yes")
+    picked = _watch(
+        cluster, path, resourceVersion=since, timeoutSeconds="1", labelSelector="pick=yes"
+    )
     assert [e["type"] for e in picked] == ["ADDED", "MODIFIED", "DELETED"]
     assert picked[-1]["object"]["metadata"]["labels"] == {"pick": "no"}
 
 
-def test_watch_bookmarks_initial_events_and_gone(cluster: LocalCluster, client: Any, namespace: str) -> None:
-    core = k8s.CoreV1Api(client)
+def test_watch_bookmarks_initial_events_and_gone(
+    cluster: LocalCluster, client: Any, namespace: str
+) -> None:
+    core: Any = k8s.CoreV1Api(client)
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "b"}})
     path = f"/api/v1/namespaces/{namespace}/configmaps"
-    # No resourceVersion: the current state as ADDED events, then (bookmarks allowed) the end marker.
+    # No resourceVersion: the current state as ADDED events, then the end-of-initial bookmark.
     initial = _watch(
-        cluster, path, timeoutSeconds="1", allowWatchBookmarks="true", sendInitialEvents="true", resourceVersionMatch="NotOlderThan"
+        cluster,
+        path,
+        timeoutSeconds="1",
+        allowWatchBookmarks="true",
+        sendInitialEvents="true",
+        resourceVersionMatch="NotOlderThan",
     )
     names = [e["object"]["metadata"]["name"] for e in initial if e["type"] == "ADDED"]
     assert "b" in names
     bookmarks = [e for e in initial if e["type"] == "BOOKMARK"]
-    assert bookmarks[0]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
-    assert any(int(b["object"]["metadata"]["resourceVersion"]) > 0 for b in bookmarks[1:]), "idle bookmarks"
+    assert bookmarks[0]["object"]["metadata"]["annotations"] == {
+        "k8s.io/initial-events-end": "true"
+    }
+    assert any(int(b["object"]["metadata"]["resourceVersion"]) > 0 for b in bookmarks[1:]), (
+        "idle bookmarks"
+    )
     # After compaction, a watch from an old version is told 410 Gone inside the stream.
     old = core.list_namespaced_config_map(namespace).metadata.resource_version
     core.patch_namespaced_config_map("b", namespace, {"data": {"x": "y"}})
@@ -75,15 +100,27 @@ def test_watch_bookmarks_initial_events_and_gone(cluster: LocalCluster, client: 
     assert "b" in [event["object"].metadata.name for event in stream]
 
 
-def _cm(namespace: str, name: str, owner: Any = None, finalizers: list[str] | None = None) -> dict[str, Any]:
+def _cm(
+    namespace: str, name: str, owner: Any = None, finalizers: list[str] | None = None
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if owner is not None:
         meta["ownerReferences"] = [
-            {"apiVersion": "v1", "kind": "ConfigMap", "name": owner.metadata.name, "uid": owner.metadata.uid, "blockOwnerDeletion": True}
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "name": owner.metadata.name,
+                "uid": owner.metadata.uid,
+                "blockOwnerDeletion": True,
+            }
         ]
     if finalizers:
         meta["finalizers"] = finalizers
     return {"metadata": meta}
+
+
+def _absent(core: Any, namespace: str, name: str) -> Any:
+    return lambda: _exists(core, namespace, name) is None
 
 
 def _exists(core: Any, namespace: str, name: str) -> Any:
@@ -97,10 +134,12 @@ def _exists(core: Any, namespace: str, name: str) -> Any:
 
 @pytest.mark.parametrize("policy", ["Background", "Foreground", "Orphan"])
 def test_owner_reference_garbage_collection(client: Any, namespace: str, policy: str) -> None:
-    core = k8s.CoreV1Api(client)
+    core: Any = k8s.CoreV1Api(client)
     owner = core.create_namespaced_config_map(namespace, _cm(namespace, "owner"))
     child = core.create_namespaced_config_map(namespace, _cm(namespace, "child", owner))
-    core.create_namespaced_config_map(namespace, _cm(namespace, "grandchild", child, ["example.com/slow"]))
+    core.create_namespaced_config_map(
+        namespace, _cm(namespace, "grandchild", child, ["example.com/slow"])
+    )
     core.delete_namespaced_config_map("owner", namespace, propagation_policy=policy)
     if policy == "Orphan":
         eventually(lambda: _exists(core, namespace, "owner") is None, what="owner gone")
@@ -108,22 +147,33 @@ def test_owner_reference_garbage_collection(client: Any, namespace: str, policy:
         assert not orphan.metadata.owner_references and orphan.metadata.deletion_timestamp is None
         return
     grandchild = eventually(lambda: _exists(core, namespace, "grandchild"), what="grandchild")
-    eventually(lambda: (_exists(core, namespace, "grandchild") or grandchild).metadata.deletion_timestamp, what="grandchild deleting")
+    eventually(
+        lambda: (_exists(core, namespace, "grandchild") or grandchild).metadata.deletion_timestamp,
+        what="grandchild deleting",
+    )
     if policy == "Foreground":
         # Owner and child wait, marked, while a dependent (held by its own finalizer) remains.
         for name in ("owner", "child"):
             waiting = core.read_namespaced_config_map(name, namespace)
-            assert waiting.metadata.deletion_timestamp and "foregroundDeletion" in waiting.metadata.finalizers
+            assert (
+                waiting.metadata.deletion_timestamp
+                and "foregroundDeletion" in waiting.metadata.finalizers
+            )
     else:
         eventually(lambda: _exists(core, namespace, "owner") is None, what="owner gone")
         eventually(lambda: _exists(core, namespace, "child") is None, what="child collected")
-    core.patch_namespaced_config_map("grandchild", namespace, {"metadata": {"finalizers": None}}, _content_type="application/merge-patch+json")
+    core.patch_namespaced_config_map(
+        "grandchild",
+        namespace,
+        {"metadata": {"finalizers": None}},
+        _content_type="application/merge-patch+json",
+    )
     for name in ("grandchild", "child", "owner"):
-        eventually(lambda name=name: _exists(core, namespace, name) is None, what=f"{name} gone")
+        eventually(_absent(core, namespace, name), what=f"{name} gone")
 
 
 def test_namespace_deletion_removes_its_objects(client: Any) -> None:
-    core = k8s.CoreV1Api(client)
+    core: Any = k8s.CoreV1Api(client)
     core.create_namespace({"metadata": {"name": "doomed"}})
     core.create_namespaced_config_map("doomed", {"metadata": {"name": "a"}})
     core.delete_namespace("doomed")
@@ -136,4 +186,7 @@ def test_namespace_deletion_removes_its_objects(client: Any) -> None:
         return False
 
     eventually(gone, what="namespace finalized")
-    assert core.list_config_map_for_all_namespaces(field_selector="metadata.namespace=doomed").items == []
+    assert (
+        core.list_config_map_for_all_namespaces(field_selector="metadata.namespace=doomed").items
+        == []
+    )

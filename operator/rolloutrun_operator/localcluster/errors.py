@@ -68,7 +68,8 @@ def already_exists(plural: str, group: str, name: str) -> ApiError:
 def conflict(plural: str, group: str, name: str, why: str | None = None) -> ApiError:
     why = (
         why
-        or "the object has been modified; please apply your changes to the latest version and try again"
+        or "the object has been modified; please apply your changes to the latest version "
+        "and try again"
     )
     return ApiError(
         409,
@@ -127,7 +128,9 @@ def unsupported_media_type(content_type: str) -> ApiError:
     return ApiError(
         415,
         "UnsupportedMediaType",
-        f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json; got {content_type}",
+        "the body of the request was in an unknown format - accepted media types include: "
+        "application/json-patch+json, application/merge-patch+json, "
+        f"application/strategic-merge-patch+json; got {content_type}",
     )
 
 

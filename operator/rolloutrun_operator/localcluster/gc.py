@@ -201,8 +201,10 @@ def _endpoint_port(port: Obj, pods: list[Obj]) -> Obj | None:
                     if container_port.get("name") == target:
                         target = container_port.get("containerPort")
                         break
-        if isinstance(target, str):
+        if not isinstance(target, int):
             return None
+    if target is None:
+        return None
     result: Obj = {"port": int(target), "protocol": port.get("protocol", "TCP")}
     if port.get("name"):
         result["name"] = port["name"]

@@ -143,7 +143,8 @@ def json_patch(doc: Any, operations: Any) -> Any:
         elif op == "test":
             if _get(result, path) != operation.get("value"):
                 raise unprocessable(
-                    f"the server rejected our request due to an error in our request: testing value {path} failed: test failed"
+                    "the server rejected our request due to an error in our request: "
+                    f"testing value {path} failed: test failed"
                 )
         else:
             raise unprocessable(f"Unexpected kind: {op}")

@@ -102,8 +102,8 @@ def container_env(
                     continue
                 noun = "configmap" if kind == "configMapRef" else "secret"
                 raise ConfigError(f'{noun} "{ref.get("name")}" not found')
-            for key, value in (obj.get("data") or {}).items():
-                decoded = base64.b64decode(value).decode() if kind == "secretRef" else str(value)
+            for key, raw in (obj.get("data") or {}).items():
+                decoded = base64.b64decode(raw).decode() if kind == "secretRef" else str(raw)
                 env[prefix + key] = decoded
     for item in container.get("env") or []:
         name = item["name"]

@@ -193,7 +193,8 @@ class PodWorker:
             why = (
                 f'exec: "{argv[0]}": executable file not found in $PATH'
                 if argv
-                else "no command specified: the local cluster runs command/args, images have no entrypoint"
+                else "no command specified: the local cluster runs command/args, "
+                "images have no entrypoint"
             )
             return self._terminated(record, 128, "StartError", why)
         try:

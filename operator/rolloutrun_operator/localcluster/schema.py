@@ -120,7 +120,10 @@ def validate(value: Any, schema: dict[str, Any], path: str = "") -> list[Cause]:
         return causes
     if schema.get("x-kubernetes-int-or-string"):
         if not (isinstance(value, str) or _type_ok("integer", value)):
-            message = f'{shown}: Invalid value: "{type(value).__name__}": {shown} in body must be of type int-or-string'
+            got = type(value).__name__
+            message = (
+                f'{shown}: Invalid value: "{got}": {shown} in body must be of type int-or-string'
+            )
             causes.append(("FieldValueTypeInvalid", shown, message))
         return causes
     kind = schema.get("type")

@@ -193,7 +193,7 @@ class ApiServer:
         fields = parse_field_selector(query.get("fieldSelector"), target.rtype.plural)
         if query.get("watch") in ("true", "1"):
             return await self.watches.serve(request, target.rtype, target.namespace, labels, fields)
-        items = self.store.list(target.rtype, target.namespace, labels, fields)
+        items = self.store.list_objects(target.rtype, target.namespace, labels, fields)
         rv = str(self.store.resource_version)
         meta: dict[str, Any] = {"resourceVersion": rv}
         if query.get("continue"):
@@ -317,7 +317,7 @@ class ApiServer:
         labels = parse_label_selector(request.query.get("labelSelector"))
         fields = parse_field_selector(request.query.get("fieldSelector"), target.rtype.plural)
         items = []
-        for obj in self.store.list(target.rtype, target.namespace, labels, fields):
+        for obj in self.store.list_objects(target.rtype, target.namespace, labels, fields):
             meta = obj["metadata"]
             try:
                 items.append(

@@ -149,7 +149,7 @@ class Store:
             raise errors.not_found(rtype.plural, rtype.group, name)
         return render(obj, rtype.api_version)
 
-    def list(
+    def list_objects(
         self,
         rtype: ResourceType,
         namespace: str | None,
@@ -241,7 +241,8 @@ class Store:
         if rtype.namespaced:
             if meta.get("namespace") and meta["namespace"] != namespace:
                 raise errors.bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
+                    "the namespace of the provided object does not match the namespace sent "
+                    "on the request"
                 )
             meta["namespace"] = namespace
             self._check_namespace(namespace)
@@ -325,7 +326,8 @@ class Store:
                     (
                         "FieldValueForbidden",
                         "metadata.finalizers",
-                        "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted",
+                        "metadata.finalizers: Forbidden: no new finalizers can be added if the "
+                        "object is being deleted",
                     )
                 ],
             )
@@ -399,7 +401,8 @@ class Store:
                 rtype.plural,
                 rtype.group,
                 name,
-                f"Precondition failed: UID in precondition: {preconditions['uid']}, UID in object meta: {old['metadata']['uid']}",
+                f"Precondition failed: UID in precondition: {preconditions['uid']}, "
+                f"UID in object meta: {old['metadata']['uid']}",
             )
         if (
             preconditions.get("resourceVersion")
@@ -409,7 +412,9 @@ class Store:
                 rtype.plural,
                 rtype.group,
                 name,
-                f"Precondition failed: ResourceVersion in precondition: {preconditions['resourceVersion']}, ResourceVersion in object meta: {old['metadata']['resourceVersion']}",
+                "Precondition failed: ResourceVersion in precondition: "
+                f"{preconditions['resourceVersion']}, ResourceVersion in object meta: "
+                f"{old['metadata']['resourceVersion']}",
             )
         policy = options.get("propagationPolicy")
         if policy is None and options.get("orphanDependents") is not None:
@@ -489,7 +494,8 @@ class Store:
             raise errors.ApiError(
                 403,
                 "Forbidden",
-                f"unable to create new content in namespace {namespace} because it is being terminated",
+                f"unable to create new content in namespace {namespace} because it is being "
+                "terminated",
             )
 
     def _validate(

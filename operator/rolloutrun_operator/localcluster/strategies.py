@@ -172,7 +172,10 @@ class PodStrategy(Strategy):
                     )
         policy = spec.get("restartPolicy")
         if policy not in ("Always", "OnFailure", "Never"):
-            text = f'spec.restartPolicy: Unsupported value: "{policy}": supported values: "Always", "OnFailure", "Never"'
+            text = (
+                f'spec.restartPolicy: Unsupported value: "{policy}": supported values: '
+                '"Always", "OnFailure", "Never"'
+            )
             causes.append(("FieldValueNotSupported", "spec.restartPolicy", text))
         return causes
 
@@ -378,7 +381,8 @@ class CrdStrategy(Strategy):
                 (
                     "FieldValueRequired",
                     "spec.versions",
-                    "spec.versions: Invalid value: null: must have exactly one version marked as storage version",
+                    "spec.versions: Invalid value: null: must have exactly one version marked "
+                    "as storage version",
                 )
             )
         elif sum(1 for v in versions if v.get("storage")) != 1:
@@ -386,7 +390,8 @@ class CrdStrategy(Strategy):
                 (
                     "FieldValueInvalid",
                     "spec.versions",
-                    "spec.versions: Invalid value: must have exactly one version marked as storage version",
+                    "spec.versions: Invalid value: must have exactly one version marked as "
+                    "storage version",
                 )
             )
         return causes

@@ -80,7 +80,7 @@ class WatchHub:
         initial: list[dict[str, Any]] = []
         expired: ApiError | None = None
         if since is None:
-            initial = self.store.list(rtype, namespace, labels, fields)
+            initial = self.store.list_objects(rtype, namespace, labels, fields)
         try:
             replay = self.store.watch(watcher, since)
         except ApiError as error:
