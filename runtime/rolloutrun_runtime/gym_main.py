@@ -37,7 +37,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def default_instance_id(port: int) -> str:
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{port}"
+    """``$POD_NAME``, else ``<hostname>-<port>`` (``<hostname>-pid<pid>`` for port 0).
+
+    Launchers should pass ``--instance-id``: a turn-level restore must find the same
+    replica again, so the id must survive the replica's restart.
+    """
+    suffix = str(port) if port else f"pid{os.getpid()}"
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{suffix}"
 
 
 def run(args: argparse.Namespace) -> int:

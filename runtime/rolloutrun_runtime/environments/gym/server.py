@@ -109,6 +109,8 @@ class GymServer:
         self._session: aiohttp.ClientSession | None = None
         self.loop: AgentLoop | None = None
         self.episodes: OrderedDict[EpisodeId, Episode] = OrderedDict()
+        #: Highest attempt seen per rollout (kept after its episodes are trimmed).
+        self.latest_attempt: dict[str, int] = {}
         #: Set by the checkpoint control plane: the restored episode a ``/run`` continues.
         self.continue_restored: Callable[[EpisodeId], Episode | None] | None = None
         self.app = web.Application(client_max_size=run_cfg.gym.request_max_bytes)
@@ -220,15 +222,11 @@ class GymServer:
                 f"episode {episode_id.row_key} ended {existing.phase.value} "
                 f"({existing.error}); run it under a new attempt",
             )
-        newer = [
-            key.attempt
-            for key in self.episodes
-            if key.rollout_id == episode_id.rollout_id and key.attempt > episode_id.attempt
-        ]
-        if newer:
+        newest = self.latest_attempt.get(episode_id.rollout_id, -1)
+        if newest > episode_id.attempt:
             return _error(
                 409,
-                f"episode {episode_id.row_key} is superseded by attempt {max(newer)} "
+                f"episode {episode_id.row_key} is superseded by attempt {newest} "
                 f"of rollout {episode_id.rollout_id!r}",
             )
         return None
@@ -258,8 +256,7 @@ class GymServer:
             weight_version=parsed.sampling.weight_version,
         )
         episode = self.loop.new_episode(episode_id, parsed.prompt_id, parsed.policy_url, sampling)
-        self.episodes[episode_id] = episode
-        self._trim()
+        self.install(episode)
         return await self._run_episode(episode)
 
     async def _run_episode(self, episode: Episode) -> web.Response:
@@ -278,6 +275,15 @@ class GymServer:
                 episode.phase, episode.error = Phase.ABANDONED, CANCELLED_REASON
             raise
         return web.json_response(episode.result(self.instance_id))
+
+    def install(self, episode: Episode) -> None:
+        """Hold ``episode`` (a new one, or one restored under a later attempt)."""
+        key = episode.episode_id
+        self.episodes[key] = episode
+        self.latest_attempt[key.rollout_id] = max(
+            key.attempt, self.latest_attempt.get(key.rollout_id, -1)
+        )
+        self._trim()
 
     def _trim(self) -> None:
         excess = len(self.episodes) - MAX_FINISHED_EPISODES
