@@ -110,6 +110,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    settings.scanning.disabled = True  # the CRD exists before the operator starts: fewer rights
     options: Options = memo.get("options") or Options()
     memo["kube"] = Kube(load_credentials(options.kubeconfig))
     memo["wakers"] = Wakers()

