@@ -222,7 +222,7 @@ class StorageSpec(_Model):
         max_length=253,
         pattern=DNS_SUBDOMAIN_PATTERN,
         description=(
-            "PersistentVolumeClaim (ReadWriteMany) mounted at the file:// path in every member "
+            "PersistentVolumeClaim (ReadWriteMany) mounted at the file:// path in the trainer "
             "pod, so incarnations share checkpoints; omit for gs:// or a path the nodes share."
         ),
     )
@@ -413,6 +413,33 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "string",
         "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
         "description": "Whether all member pods run.",
+    },
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "description": "Why the run is (not) ready: Running, StartingGyms, PodDeleted, ...",
+    },
+    {
+        "name": "Incarnation",
+        "type": "integer",
+        "jsonPath": ".status.incarnation",
+        "description": "Current incarnation (one per start or restart).",
+        "priority": 1,
+    },
+    {
+        "name": "Preemptions",
+        "type": "integer",
+        "jsonPath": ".status.preemptions",
+        "description": "Restarts caused by preemption or node loss.",
+        "priority": 1,
+    },
+    {
+        "name": "Anchor",
+        "type": "integer",
+        "jsonPath": ".status.anchorStep",
+        "description": "Trainer checkpoint step of the latest snapshot.",
+        "priority": 1,
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
