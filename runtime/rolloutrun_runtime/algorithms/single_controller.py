@@ -527,6 +527,8 @@ class SingleController:
                 row = await self._call_gym(replica, run, index, attempt.episode)
             except GymCallError as error:
                 failures += 1
+                if self.ledger is not None:  # attempts failed before a restart count too
+                    failures = self.ledger.sibling(sibling_id).failed_attempts + 1
                 exhausted = failures >= self.cfg.rollout.max_attempts
                 logger.warning(
                     "rollout %s attempt failed (%d/%d): %s",
@@ -850,6 +852,7 @@ class SingleController:
             "tokens_per_s": tokens / step_time if step_time > 0 else 0.0,
             "generated_tokens": tokens,
             "groups": len(selected.groups),
+            "prompt_ids": [g.prompt_id for g in selected.groups],
             "shortfall": state.shortfall(step),
             "replacements": state.replacements.get(step, 0),
             "rollouts": len(counters.rewards),

@@ -10,8 +10,13 @@ from collections import Counter
 
 import pytest
 
+from rolloutrun_runtime.algorithms.single_controller import LEDGER_FILE
 from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
-from rolloutrun_runtime.experience.rollout_recovery import GroupStatus
+from rolloutrun_runtime.experience.rollout_recovery import (
+    GroupStatus,
+    LedgerSidecarError,
+    read_recovery_sidecar,
+)
 from rolloutrun_runtime.metrics import REQUIRED_KEYS, read_metrics
 from rolloutrun_runtime.storage import open_storage
 from rolloutrun_runtime.trainer import run_trainer
@@ -136,30 +141,53 @@ async def test_dispatch_without_the_ledger_takes_no_reservation_slots(tmp_path, 
     assert SingleController  # the same controller class runs both modes
 
 
+class _Crash(Exception):
+    pass
+
+
 async def test_trainer_checkpoints_retention_and_resume(tmp_path, gym_endpoints):
     cfg = await gym_endpoints(
         tiny_config(
             tmp_path,
-            grpo={"maxSteps": 4, "maxStaleness": 1},
+            grpo={"maxSteps": 7, "maxStaleness": 1},
             checkpointing={"savePeriod": 2, "keepLatest": 2},
         )
     )
-    first = await _run(cfg)
+    trained: list[int] = []
+
+    def crash_after_step_5(record):
+        if record["step"] == 5:
+            raise _Crash("simulated crash: step 5 committed, never checkpointed")
+        trained.extend(record["prompt_ids"])
+
+    with pytest.raises(_Crash):
+        await _run(cfg, on_step=crash_after_step_5)
     checkpointer = TrainerCheckpointer(open_storage(cfg.resolved_storage_uri()), keep_latest=2)
     assert checkpointer.committed_steps() == [2, 4]
-    loaded = checkpointer.load(4)
+    loaded = checkpointer.load(4, extra_names=(LEDGER_FILE,))
     assert loaded.trainer_state["trainer_version"] == 4
     assert loaded.trainer_state["dataloader"]["position"] > 0
+    recovered = read_recovery_sidecar(
+        loaded.files[LEDGER_FILE],
+        expected_sha256=loaded.trainer_state["rollout_recovery"]["rollout_recovery_sha256"],
+    )
+    # Step 5 was admitted (staleness 1) before step 4 committed: its groups were in flight or
+    # finalized at the checkpoint, and the resumed run must train exactly those prompts.
+    pending = {g.prompt.prompt_id for g in recovered.ledger.groups() if g.target_step == 5}
+    assert len(pending) == cfg.grpo.prompts_per_step
 
-    longer = cfg.model_copy(update={"grpo": cfg.grpo.model_copy(update={"max_steps": 7})})
-    second = await _run(longer)
+    second = await _run(cfg)
     assert second.resumed_from is not None and second.resumed_from.endswith("step_4")
     assert [r["step"] for r in second.history] == [5, 6, 7]
     assert checkpointer.committed_steps() == [4, 6]
-    both = Counter(first.trained_prompt_ids + second.trained_prompt_ids)
+    step5 = second.history[0]
+    assert step5["replacements"] or pending == set(step5["prompt_ids"]), (
+        "an in-flight prompt was lost"
+    )
+    both = Counter(trained + second.trained_prompt_ids)
     assert max(both.values()) == 1, "a prompt was trained twice across the resume"
     steps = [json.loads(line)["step"] for line in (tmp_path / "run/metrics.jsonl").open()]
-    assert steps == [1, 2, 3, 4, 5, 6, 7]
+    assert steps == [1, 2, 3, 4, 5, 5, 6, 7]
 
 
 async def test_deferred_finalize_publishes_at_the_next_step_boundary(tmp_path, gym_endpoints):
@@ -174,3 +202,18 @@ async def test_deferred_finalize_publishes_at_the_next_step_boundary(tmp_path, g
     assert result.steps == 3
     checkpointer = TrainerCheckpointer(open_storage(cfg.resolved_storage_uri()), keep_latest=3)
     assert checkpointer.committed_steps() == [2]
+
+
+async def test_a_corrupt_ledger_sidecar_refuses_the_resume(tmp_path, gym_endpoints):
+    cfg = await gym_endpoints(
+        tiny_config(tmp_path, grpo={"maxSteps": 2}, checkpointing={"savePeriod": 2})
+    )
+    await _run(cfg)
+    storage = open_storage(cfg.resolved_storage_uri())
+    key = f"step_2/{LEDGER_FILE}"
+    data = bytearray(storage.read_bytes(key))
+    data[-2] ^= 1
+    storage.write_bytes(key, bytes(data))
+    longer = cfg.model_copy(update={"grpo": cfg.grpo.model_copy(update={"max_steps": 3})})
+    with pytest.raises(LedgerSidecarError, match="sha256"):
+        await _run(longer)
