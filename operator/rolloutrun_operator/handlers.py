@@ -126,6 +126,9 @@ async def close(memo: Any, **_: Any) -> None:
     kube = memo.get("kube")
     if kube is not None:
         await kube.close()
+    metrics = memo.get("metrics")
+    if metrics is not None:
+        metrics.close()
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0)

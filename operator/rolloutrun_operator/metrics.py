@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter as Tally
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -47,6 +48,8 @@ class Metrics:
             registry=self.registry,
         )
         self._true: dict[tuple[str, str], frozenset[str]] = {}
+        self._server: Any = None
+        self._thread: Any = None
         for kind in ConditionType:
             self.runs.labels(condition=str(kind)).set(0)
 
@@ -76,7 +79,18 @@ class Metrics:
         for kind in ConditionType:
             self.runs.labels(condition=str(kind)).set(tally.get(str(kind), 0))
 
-    def serve(self, port: int, address: str) -> None:
-        """Expose ``/metrics`` on ``address:port`` (a daemon thread)."""
-        start_http_server(port, addr=address, registry=self.registry)
-        logger.info("serving metrics on http://%s:%d/metrics", address, port)
+    def serve(self, port: int, address: str) -> int:
+        """Expose ``/metrics`` on ``address:port`` (a daemon thread); the port bound."""
+        self._server, self._thread = start_http_server(port, addr=address, registry=self.registry)
+        bound = int(self._server.server_port)
+        logger.info("serving metrics on http://%s:%d/metrics", address, bound)
+        return bound
+
+    def close(self) -> None:
+        """Stop serving (if serving)."""
+        server = self._server
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            self._thread.join()
+            self._server = None

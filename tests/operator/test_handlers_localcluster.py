@@ -214,5 +214,34 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
         events = core.list_namespaced_event(namespace).items
         reasons = {event.reason for event in events}
         assert {"IncarnationStarting", "PodDeleted", "LeaseExpired", "Suspended"} <= reasons
+        # What the schema cannot reject becomes a condition, and a fixed spec runs.
+        bad = rolloutrun("bad")
+        bad["spec"]["run"]["policy"] = {"dModel": 30, "nHeads": 4}
+        runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, bad)
+
+        def bad_ready() -> tuple[str, str, str] | None:
+            found = runs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "bad")
+            for item in (found.get("status") or {}).get("conditions") or []:
+                if item["type"] == "Ready":
+                    return item["status"], item["reason"], item.get("message", "")
+            return None
+
+        eventually(lambda: (bad_ready() or ("",))[0] == "False", what="invalid spec reported")
+        _status, reason, message = bad_ready() or ("", "", "")
+        assert reason == "InvalidSpec" and "divisible" in message
+        runs.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "bad", {"spec": {"run": {"policy": {"nHeads": 2}}}}
+        )
+        eventually(lambda: (bad_ready() or ("", ""))[1] != "InvalidSpec", what="fixed spec runs")
+        runs.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "bad")
+        eventually(
+            lambda: (
+                not [n for n in pods() if n.startswith("bad-")]
+                and not core.list_namespaced_pod(
+                    namespace, label_selector="rolloutrun.dev/run=bad"
+                ).items
+            ),
+            what="the deleted run's pods are collected",
+        )
     assert operator.error is None
     core.delete_namespace(namespace)
