@@ -42,8 +42,9 @@ logger = logging.getLogger(__name__)
 KEEP_VERSIONS = 4
 #: Most calls computing at once; further calls wait for a free row.
 MAX_RUNNING_CALLS = 256
-#: Most rollouts whose token capture is held before the oldest is released.
-MAX_CAPTURED_ROLLOUTS = 100_000
+#: Most rollouts whose token capture is held before the oldest is released (callers release
+#: a rollout's capture with DELETE once read; this bounds memory when they do not).
+MAX_CAPTURED_ROLLOUTS = 16_384
 
 
 class GenerationError(Exception):
@@ -357,6 +358,19 @@ class GenerationEngine:
         return group
 
     async def _run(self) -> None:
+        """The step loop; if it breaks (a bug), fail every call instead of hanging them."""
+        try:
+            await self._steps()
+        except Exception as error:
+            logger.exception("generation loop failed; failing every call")
+            calls = list(self._pending) + [c for g in self._groups.values() for c in g.calls]
+            self._pending.clear()
+            self._groups.clear()
+            for call in calls:
+                if not call.future.done():
+                    call.future.set_exception(GenerationError(f"generation loop failed: {error}"))
+
+    async def _steps(self) -> None:
         loop = asyncio.get_running_loop()
         executor = self._executor_or_start()
         while not self._closed:

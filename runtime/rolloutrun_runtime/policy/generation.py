@@ -136,6 +136,8 @@ async def _completions(request: web.Request) -> web.Response:
         return json_error(409, str(error), "unknown_weight_version")
     except EngineClosedError as error:
         return json_error(503, str(error), "unavailable")
+    except GenerationError as error:
+        return json_error(500, str(error), "generation_error")
     return web.json_response(result.to_json())
 
 
