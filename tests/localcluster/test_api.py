@@ -280,7 +280,7 @@ def test_secret_string_data_and_authentication(
         namespace, {"metadata": {"name": "s"}, "stringData": {"k": "v"}}
     )
     assert secret.data == {"k": "dg=="} and secret.type == "Opaque"
-    http = urllib3.PoolManager()
+    http = urllib3.PoolManager(ca_certs=str(cluster.ca_path))
     denied = http.request("GET", f"{cluster.api_url}/api/v1/namespaces")
     assert denied.status == 401 and json.loads(denied.data)["reason"] == "Unauthorized"
     allowed = http.request(

@@ -18,7 +18,7 @@ from rolloutrun_operator.localcluster.testing import eventually
 
 def _watch(cluster: LocalCluster, path: str, **params: str) -> list[dict[str, Any]]:
     """Every event of one watch request, read until the server ends it (timeoutSeconds)."""
-    http = urllib3.PoolManager()
+    http = urllib3.PoolManager(ca_certs=str(cluster.ca_path))
     response = http.request(
         "GET",
         f"{cluster.api_url}{path}",

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from . import kubeconfig
+from . import kubeconfig, tls
 from .controllers import Controllers
 from .kubelet import Kubelet
 from .processes import pod_tag, tagged_pids
@@ -71,7 +71,12 @@ class LocalCluster:
     # ------------------------------------------------------------------ facts
     @property
     def api_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"https://{self.host}:{self.port}"
+
+    @property
+    def ca_path(self) -> Path:
+        """The cluster CA certificate (PEM) that signs the API server's certificate."""
+        return self.directory / "pki" / "ca.crt"
 
     @property
     def kubeconfig_path(self) -> Path:
@@ -86,13 +91,16 @@ class LocalCluster:
         """Start serving on this loop; return once the API answers and the node is Ready."""
         self._loop = asyncio.get_running_loop()
         self.directory.mkdir(parents=True, exist_ok=True)
+        certificates = tls.ensure(self.directory)
+        ca_pem = certificates.ca.read_bytes()
         self.controllers = Controllers(self.store, self.registry)
         self.kubelet = Kubelet(
             self.store,
             self.registry,
             self.directory,
             token=self.token,
-            kubeconfig_for=lambda namespace: kubeconfig.render(self.api_url, self.token, namespace),
+            kubeconfig_for=lambda ns: kubeconfig.render(self.api_url, self.token, ca_pem, ns),
+            ca_pem=ca_pem,
             api_port=lambda: self.port,
             extra_env=self._extra_env,
             backoff=self._backoff,
@@ -108,12 +116,18 @@ class LocalCluster:
             self.server.app, handle_signals=False, access_log=None, shutdown_timeout=1.0
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        site = web.TCPSite(
+            self._runner,
+            self.host,
+            self.port,
+            reuse_address=True,
+            ssl_context=certificates.server_context(),
+        )
         await site.start()
         sockets = self._runner.addresses
         self.port = int(sockets[0][1])
         self.server.address = f"{self.host}:{self.port}"
-        kubeconfig.write(self.kubeconfig_path, self.api_url, self.token)
+        kubeconfig.write(self.kubeconfig_path, self.api_url, self.token, ca_pem)
         self.controllers.start()
         self.kubelet.start()
         logger.info(

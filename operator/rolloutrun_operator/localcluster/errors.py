@@ -94,7 +94,7 @@ def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str, str]]
             "group": group,
             "kind": kind,
             "causes": [
-                {"reason": reason, "message": message, "field": field}
+                {"reason": reason, "message": message.removeprefix(f"{field}: "), "field": field}
                 for reason, field, message in causes
             ],
         },

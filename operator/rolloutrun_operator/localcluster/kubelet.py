@@ -79,6 +79,7 @@ class Kubelet:
         *,
         token: str,
         kubeconfig_for: Callable[[str], str],
+        ca_pem: bytes,
         api_port: Callable[[], int],
         node_name: str = "local",
         extra_env: dict[str, str] | None = None,
@@ -90,6 +91,7 @@ class Kubelet:
         self.root = root
         self.token = token
         self.kubeconfig_for = kubeconfig_for
+        self.ca_pem = ca_pem
         self.api_port = api_port
         self.node_name = node_name
         self.host_ip = "127.0.0.1"

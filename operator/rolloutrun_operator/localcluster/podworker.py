@@ -97,6 +97,7 @@ class PodWorker:
         account.mkdir(exist_ok=True)
         (account / "token").write_text(self.kubelet.token)
         (account / "namespace").write_text(self.namespace)
+        (account / "ca.crt").write_bytes(self.kubelet.ca_pem)
         (self.dir / "kubeconfig").write_text(self.kubelet.kubeconfig_for(self.namespace))
         self.kubelet.volumes.materialize(self)
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from . import errors, patches, resources
+from . import errors, openapi, patches, resources
 from .errors import ApiError
 from .resources import Registry, ResourceType
 from .selectors import parse_field_selector, parse_label_selector
@@ -119,8 +119,13 @@ class ApiServer:
             return _json(resources.core_versions(self.address))
         if path == "/apis":
             return _json(resources.api_group_list(self.registry))
-        if path.startswith("/openapi/v3"):
-            return _json({"paths": {}})
+        if path == "/openapi/v3":
+            return _json(openapi.root(self.registry))
+        if path.startswith("/openapi/v3/"):
+            document = openapi.group_version(self.registry, path[len("/openapi/v3/") :])
+            if document is None:
+                raise errors.path_not_found(path)
+            return _json(document)
         segments = [s for s in path.split("/") if s]
         if len(segments) >= 2 and segments[0] == "api":
             group, version, rest = "", segments[1], segments[2:]

@@ -55,7 +55,7 @@ def _pod_cells(pod: Obj) -> list[Any]:
     for container in statuses:
         state = container.get("state") or {}
         reason = (state.get("waiting") or state.get("terminated") or {}).get("reason")
-        if reason and phase != "Succeeded":
+        if reason:
             phase = reason
     if pod["metadata"].get("deletionTimestamp"):
         phase = "Terminating"

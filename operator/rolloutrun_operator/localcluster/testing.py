@@ -40,7 +40,11 @@ def kopf_login(cluster: LocalCluster) -> Any:
     import kopf
 
     return kopf.ConnectionInfo(
-        server=cluster.api_url, token=cluster.token, scheme="Bearer", default_namespace="default"
+        server=cluster.api_url,
+        token=cluster.token,
+        scheme="Bearer",
+        ca_path=str(cluster.ca_path),
+        default_namespace="default",
     )
 
 
