@@ -1,10 +1,11 @@
 """``rolloutrun train`` on the shipped examples learns: the mean reward of the last five
 steps is clearly above the first five.
 
-Margins measured on 2 CPU cores (see the issue note): tiny-grpo went from about 0.00 to
-about 0.5 (margin about 0.5), tiny-multiturn from about 0.18 to about 0.4 (margin about
-0.2). The asserted margins leave room for the run-to-run variation that asynchronous
-generation brings even with a fixed seed.
+Margins measured on 2 CPU cores over three runs each of ``rolloutrun train``:
+tiny-grpo went from 0.06 to 0.37-0.38 (margin 0.31-0.32, 30 steps in about 8-10 s of
+steps), tiny-multiturn from 0.17 to 0.38-0.40 (margin 0.21-0.22). The asserted margins
+(0.2 and 0.1) leave room for the run-to-run variation that asynchronous generation brings
+even with a fixed seed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rolloutrun_runtime.metrics import FINAL_WEIGHTS_FILE, REQUIRED_KEYS, read_m
 
 ROOT = Path(__file__).resolve().parents[3]
 
-MARGINS = {"tiny-grpo.yaml": 0.25, "tiny-multiturn.yaml": 0.1}
+MARGINS = {"tiny-grpo.yaml": 0.2, "tiny-multiturn.yaml": 0.1}
 
 
 @pytest.mark.parametrize("example", sorted(MARGINS))
