@@ -194,21 +194,18 @@ def _wait_for_backoff(p: _Pass) -> None:
     if remaining or (start is not None and p.now < start):
         if start is not None and p.now < start:
             p.look_again_at(start)
-        p.say(restarting=waiting, ready=Desired(False, reason), progressing=Desired(True, reason))
+        p.say(
+            restarting=waiting,
+            ready=Desired(False, reason),
+            progressing=Desired(True, "Restarting", waiting.message),
+        )
         return
     _start_next(p, after=reason)
 
 
 def _start_next(p: _Pass, after: str) -> None:
-    problems = spec_problems(p.run, p.observed)
-    if problems:
-        reason, message = problems[0]
-        p.say(**_stopped(reason, message))
-        p.look_again(IDLE_REQUEUE_SECONDS)
-        return
-    if p.delete_pods(list(p.observed.pods)):
-        p.say(ready=Desired(False, after), progressing=Desired(True, "StoppingPrevious"))
-        return
+    """Number the next incarnation now (so no later pod can reuse the old number, whatever
+    blocks the start); its pods start once every older pod is gone and the spec is usable."""
     p.status.incarnation += 1
     p.status.incarnation_start_time = None
     p.status.next_start_time = None
@@ -269,6 +266,11 @@ def _run_incarnation(p: _Pass) -> None:
         _end_incarnation(p, members, loss)
         return
     if not launched:
+        if stale:
+            message = f"waiting for {len(stale)} pod(s) of earlier incarnations to stop"
+            p.say(ready=Desired(False, "StoppingPrevious", message))
+            p.say(progressing=Desired(True, "StoppingPrevious", message))
+            return
         problems = spec_problems(p.run, p.observed)
         if problems:
             reason, message = problems[0]

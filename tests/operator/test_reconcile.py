@@ -375,7 +375,7 @@ PROBLEMS = [
 def test_what_the_schema_cannot_reject_becomes_a_condition(spec, reason):
     result = reconcile(make_run(**spec), observed(), NOW)
     assert result.actions == []
-    assert result.status.incarnation == 0
+    assert result.status.incarnation == 1  # numbered, not started
     assert cond(result, "Ready") == ("False", reason)
     assert cond(result, "Progressing") == ("False", reason)
     assert result.requeue_after is not None
@@ -427,3 +427,37 @@ def test_reconcile_never_mutates_its_inputs():
     assert run.model_dump() == before
     assert dataclasses.replace(seen) == seen
     assert seen.present >= STATIC and RUN == "demo"
+
+
+def test_a_blocked_restart_never_reuses_the_old_incarnation_number():
+    run = make_run(
+        restarting("2026-01-01T12:00:30Z"),
+        storage={"uri": "gs://bucket-x/runs", "credentialsSecret": {"name": "gcs-key"}},
+    )
+    blocked = reconcile(run, observed(), NOW)
+    assert blocked.status.incarnation == 2 and blocked.actions == []
+    assert cond(blocked, "Ready") == ("False", "SecretNotFound")
+    again = reconcile(
+        make_run(
+            blocked.status.model_dump(by_alias=True),
+            storage={"uri": "gs://bucket-x/runs", "credentialsSecret": {"name": "gcs-key"}},
+        ),
+        observed(secrets=frozenset({"gcs-key"})),
+        NOW,
+    )
+    assert again.status.incarnation == 2
+    assert "create Pod/demo-i2-gym-0" in verbs(again)
+
+
+def test_unsuspending_while_pods_still_stop_waits_for_them_under_a_new_number():
+    run = make_run(running_status(), suspend=True)
+    stopping = reconcile(run, observed(members(1)), NOW)
+    terminating = tuple(dataclasses.replace(pod, deletion_time=NOW) for pod in members(1))
+    resumed = reconcile(
+        make_run(stopping.status.model_dump(by_alias=True)), observed(terminating), NOW
+    )
+    assert resumed.status.incarnation == 2
+    assert resumed.actions == []  # no new pods while the forced snapshot may still publish
+    assert cond(resumed, "Ready") == ("False", "StoppingPrevious")
+    later = reconcile(make_run(resumed.status.model_dump(by_alias=True)), observed(), NOW)
+    assert later.status.incarnation == 2 and "create Pod/demo-i2-gym-0" in verbs(later)
