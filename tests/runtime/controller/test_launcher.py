@@ -64,3 +64,46 @@ def test_ctrl_c_stops_the_gym_replicas(tmp_path: Path) -> None:
     while _processes_mentioning(str(log_dir)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _processes_mentioning(str(log_dir)) == []
+
+
+def test_trainer_pod_entry_point_runs_against_given_gym_endpoints(tmp_path: Path) -> None:
+    import yaml
+
+    from rolloutrun_runtime.launcher import start_gym, stop_process
+    from rolloutrun_runtime.metrics import read_metrics
+
+    from .conftest import tiny_config
+
+    cfg = tiny_config(
+        tmp_path, grpo={"maxSteps": 2}, gym={"replicas": 1}, checkpointing={"savePeriod": 2}
+    )
+    gym_file = tmp_path / "gym.yaml"
+    gym_file.write_text(yaml.safe_dump(cfg.to_yaml_dict()))
+    gym = start_gym(gym_file, tmp_path, 0)
+    try:
+        with_endpoints = cfg.model_copy(
+            update={"gym": cfg.gym.model_copy(update={"endpoints": [gym.url]})}
+        )
+        trainer_file = tmp_path / "trainer.yaml"
+        trainer_file.write_text(yaml.safe_dump(with_endpoints.to_yaml_dict()))
+        command = [sys.executable, "-m", "rolloutrun_runtime.cli", "--log-level", "WARNING"]
+        log_dir = tmp_path / "pod"
+        done = subprocess.run(
+            [*command, "trainer", "--config", str(trainer_file), "--log-dir", str(log_dir)],
+            capture_output=True,
+            text=True,
+            timeout=200,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert [r["step"] for r in read_metrics(log_dir)] == [1, 2]
+        assert (log_dir / "checkpoints" / "step_2" / "COMMITTED").exists()
+        refused = subprocess.run(
+            [*command, "trainer", "--config", str(gym_file)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 2 and "gym.endpoints is empty" in refused.stderr
+    finally:
+        stop_process(gym.process)
+        gym.log.close()
