@@ -173,6 +173,10 @@ def _bounds(value: Any, schema: dict[str, Any], shown: str) -> list[Cause]:
         message = f"{shown}: Invalid value: {_show(value)}: {shown} in body {detail}"
         causes.append(("FieldValueInvalid", shown, message))
 
+    def too_many(actual: int, limit: int) -> None:
+        message = f"{shown}: Too many: {actual}: must have at most {limit} items"
+        causes.append(("FieldValueTooMany", shown, message))
+
     if isinstance(value, int | float) and not isinstance(value, bool):
         if "minimum" in schema:
             limit = schema["minimum"]
@@ -191,15 +195,16 @@ def _bounds(value: Any, schema: dict[str, Any], shown: str) -> list[Cause]:
     if isinstance(value, str):
         if "minLength" in schema and len(value) < schema["minLength"]:
             bad(f"should be at least {schema['minLength']} chars long")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            bad(f"should be at most {schema['maxLength']} chars long")
+        if "maxLength" in schema and len(value.encode()) > schema["maxLength"]:
+            message = f"{shown}: Too long: may not be more than {schema['maxLength']} bytes"
+            causes.append(("FieldValueTooLong", shown, message))
         if "pattern" in schema and not re.search(schema["pattern"], value):
             bad(f"should match '{schema['pattern']}'")
     if isinstance(value, list):
         if "minItems" in schema and len(value) < schema["minItems"]:
             bad(f"should have at least {schema['minItems']} items")
         if "maxItems" in schema and len(value) > schema["maxItems"]:
-            bad(f"must have at most {schema['maxItems']} items")
+            too_many(len(value), schema["maxItems"])
         if schema.get("uniqueItems") or schema.get("x-kubernetes-list-type") == "set":
             seen: list[Any] = []
             for item in value:
@@ -211,5 +216,5 @@ def _bounds(value: Any, schema: dict[str, Any], shown: str) -> list[Cause]:
         if "minProperties" in schema and len(value) < schema["minProperties"]:
             bad(f"should have at least {schema['minProperties']} properties")
         if "maxProperties" in schema and len(value) > schema["maxProperties"]:
-            bad(f"should have at most {schema['maxProperties']} properties")
+            too_many(len(value), schema["maxProperties"])
     return causes
