@@ -234,3 +234,16 @@ async def test_bad_requests_get_4xx_and_leave_the_server_serving(
     assert needle in payload["error"]["message"]
     ok = await real_server.complete(prompt_token_ids=[1, 5])
     assert len(ok["token_ids"]) == len(ok["logprobs"]) == len(ok["weight_versions"]) >= 1
+
+
+async def test_unthreaded_engine_matches_threaded_engine() -> None:
+    state = build_model(CFG, V, seed=2).state_dict()
+    call = GenerationRequest(prompt_token_ids=(1, 9, 10), max_tokens=12, seed=5)
+    results = []
+    for threaded in (True, False):
+        engine = GenerationEngine(CFG, V, TOKENIZER.eos_id, state, 0, threaded=threaded)
+        try:
+            results.append(await engine.generate(call))
+        finally:
+            await engine.stop()
+    assert results[0] == results[1]
