@@ -245,3 +245,39 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
         )
     assert operator.error is None
     core.delete_namespace(namespace)
+
+
+def test_a_lost_node_ends_the_incarnation_without_waiting_for_eviction(cluster, api):
+    from kubernetes import client as k8s
+
+    namespace = f"nl-{uuid.uuid4().hex[:6]}"
+    core = k8s.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    runs = k8s.CustomObjectsApi(api)
+    body = rolloutrun("nl")
+    body["spec"]["recovery"]["nodeLossTimeoutSeconds"] = 1
+
+    def status() -> dict[str, Any]:
+        found = runs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "nl")
+        return found.get("status") or {}
+
+    def ready() -> bool:
+        return any(
+            c["type"] == "Ready" and c["status"] == "True" for c in status().get("conditions") or []
+        )
+
+    with Operator(cluster, namespace) as operator:
+        runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        eventually(ready, what="run ready")
+        cluster.lose_node("freeze")
+        try:
+            eventually(lambda: status().get("incarnation") == 2, what="incarnation 2")
+            assert status()["lastFailure"]["reason"] == "NodeLost"
+            assert (status()["preemptions"], status()["restarts"]) == (1, 0)
+        finally:
+            cluster.restore_node()
+        eventually(lambda: ready() and status()["incarnation"] == 2, what="running again")
+        names = {p.metadata.name for p in core.list_namespaced_pod(namespace).items}
+        assert not [name for name in names if "-i1-" in name]
+    assert operator.error is None
+    core.delete_namespace(namespace)
