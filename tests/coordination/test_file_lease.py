@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+from typing import Any
 
 import pytest
 
@@ -130,7 +131,7 @@ def test_acquire_times_out_while_another_holder_is_valid(tmp_path, clock):
         clock.advance(0.5)
         return original() if clock.now < T0 + dt.timedelta(seconds=10) else False
 
-    waiting.try_acquire = tick  # type: ignore[method-assign]
+    waiting.try_acquire = tick
     with pytest.raises(TimeoutError):
         waiting.acquire(timeout=2)
 
@@ -167,7 +168,7 @@ def test_background_renewal_notices_a_take_over(tmp_path):
         original()
         renewed.set()
 
-    old.renew = renew_and_tell  # type: ignore[method-assign]
+    old.renew = renew_and_tell
     old.start_renewing(interval=0.01)
     assert renewed.wait(60)
     assert stored(path)["renewTime"] >= first_renewal
@@ -180,7 +181,7 @@ def test_background_renewal_notices_a_take_over(tmp_path):
 
 def test_may_take_table():
     now = T0
-    fresh = dict(renew_time=now, duration_seconds=15)
+    fresh: dict[str, Any] = {"renew_time": now, "duration_seconds": 15}
     assert may_take(LeaseRecord(), "p/1", 1, now)
     assert may_take(LeaseRecord(holder="p/1", **fresh), "p/1", 1, now)
     assert may_take(LeaseRecord(holder="q/1", **fresh), "p/2", 2, now)

@@ -37,7 +37,8 @@ def lease_name(api: Any) -> str:
 
     name = f"run-{uuid.uuid4().hex[:6]}-trainer"
     body = {"metadata": {"name": name}, "spec": {"leaseDurationSeconds": 15}}
-    k8s.CoordinationV1Api(api).create_namespaced_lease("default", body)
+    leases: Any = k8s.CoordinationV1Api(api)
+    leases.create_namespaced_lease("default", body)
     return name
 
 
@@ -50,7 +51,8 @@ def trainer(api: Any, name: str, incarnation: int, pod: str | None = None) -> Ku
 def read(api: Any, name: str) -> Any:
     from kubernetes import client as k8s
 
-    return k8s.CoordinationV1Api(api).read_namespaced_lease(name, "default")
+    leases: Any = k8s.CoordinationV1Api(api)
+    return leases.read_namespaced_lease(name, "default")
 
 
 def test_acquire_renew_and_progress_on_a_real_lease(api, lease_name):

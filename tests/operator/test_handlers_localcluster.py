@@ -113,9 +113,9 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
     from kubernetes import client as k8s
 
     namespace = f"op-{uuid.uuid4().hex[:6]}"
-    core = k8s.CoreV1Api(api)
+    core: Any = k8s.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": namespace}})
-    runs = k8s.CustomObjectsApi(api)
+    runs: Any = k8s.CustomObjectsApi(api)
 
     def run() -> dict[str, Any]:
         return runs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "demo")
@@ -151,7 +151,8 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
         assert trainer_config["checkpointing"]["storageUri"] == "file:///tmp/rolloutrun-test"
         assert core.read_namespaced_secret("demo-gym-token", namespace).data["token"]
         assert core.read_namespaced_service("demo-trainer", namespace).spec.ports[0].port == 8100
-        lease_obj = k8s.CoordinationV1Api(api).read_namespaced_lease("demo-trainer", namespace)
+        leases: Any = k8s.CoordinationV1Api(api)
+        lease_obj = leases.read_namespaced_lease("demo-trainer", namespace)
         assert lease_obj.metadata.owner_references[0].name == "demo"
         argv = Path(cluster.pod_dir(namespace, "demo-i1-gym-1") or "") / "argv"
         eventually(argv.exists, what="the gym stand-in started")
@@ -251,9 +252,9 @@ def test_a_lost_node_ends_the_incarnation_without_waiting_for_eviction(cluster, 
     from kubernetes import client as k8s
 
     namespace = f"nl-{uuid.uuid4().hex[:6]}"
-    core = k8s.CoreV1Api(api)
+    core: Any = k8s.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": namespace}})
-    runs = k8s.CustomObjectsApi(api)
+    runs: Any = k8s.CustomObjectsApi(api)
     body = rolloutrun("nl")
     body["spec"]["recovery"]["nodeLossTimeoutSeconds"] = 1
 

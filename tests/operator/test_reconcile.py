@@ -59,7 +59,7 @@ def test_a_new_run_creates_its_static_children_config_and_gym_pods_first():
     # the ConfigMap precedes the pods that mount it
     kinds = [action.kind for action in result.actions]
     assert kinds.index("ConfigMap") < kinds.index("Pod")
-    config = next(a for a in result.actions if a.kind == "ConfigMap").manifest
+    config = next(a for a in result.actions if a.kind == "ConfigMap").manifest or {}
     assert set(config["data"]) == {naming.GYM_CONFIG_KEY}
     assert cond(result, "Ready") == ("False", "StartingGyms")
     assert cond(result, "Progressing") == ("True", "StartingGyms")
@@ -94,6 +94,7 @@ def test_the_trainer_starts_only_when_every_gym_pod_has_an_address():
     started = reconcile(make_run(status), observed((gym(1, 0), gym(1, 1))), NOW)
     config = next(a for a in started.actions if a.kind == "ConfigMap")
     assert config.verb is Verb.REPLACE
+    assert config.manifest is not None
     trainer_config = yaml.safe_load(config.manifest["data"][naming.CONFIG_KEY])
     assert trainer_config["gym"]["endpoints"] == [
         "http://127.0.0.10:8000",
@@ -283,7 +284,7 @@ def test_the_next_incarnation_resumes_from_the_latest_manifest():
     result = reconcile(make_run(restarting("2026-01-01T12:00:30Z")), observed(), NOW)
     assert result.status.incarnation == 2
     assert cond(result, "Restarting") == ("False", "Started")
-    config = next(a for a in result.actions if a.kind == "ConfigMap").manifest
+    config = next(a for a in result.actions if a.kind == "ConfigMap").manifest or {}
     gym_config = yaml.safe_load(config["data"][naming.GYM_CONFIG_KEY])
     assert gym_config["checkpointing"]["resumeFrom"].endswith("s3/manifest.json")
     assert config["metadata"]["annotations"][naming.ANNOTATION_CONFIG_INCARNATION] == "2"
