@@ -109,6 +109,23 @@ async def apply(kube: Kube, namespace: str, actions: list[Action]) -> None:
             logger.info("deleted %s/%s", action.kind, action.name)
 
 
+def lenient_status(raw: Any, where: str) -> RolloutRunStatus | None:
+    """The run's last status, tolerant of what only the spec must not have: fields this
+    version does not know (written by a newer operator) are dropped, an unreadable status
+    keeps at least its incarnation (so no incarnation number is ever reused)."""
+    if not isinstance(raw, dict) or not raw:
+        return None
+    known = {field.alias or key for key, field in RolloutRunStatus.model_fields.items()}
+    try:
+        return RolloutRunStatus.model_validate({k: v for k, v in raw.items() if k in known})
+    except ValueError as error:
+        logger.warning(
+            "status of RolloutRun %s unreadable, keeping its incarnation: %s", where, error
+        )
+        incarnation = raw.get("incarnation")
+        return RolloutRunStatus(incarnation=incarnation if isinstance(incarnation, int) else 0)
+
+
 def status_json(status: RolloutRunStatus) -> Json:
     """The status as a merge patch: None values are explicit nulls, so cleared fields vanish."""
     return status.model_dump(mode="json", by_alias=True)
@@ -142,7 +159,8 @@ async def run_pass(kube: Kube, namespace: str, name: str, now: dt.datetime) -> O
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return None
     try:
-        run = parse_rolloutrun(body, f"RolloutRun {namespace}/{name}")
+        spec_only = {key: value for key, value in body.items() if key != "status"}
+        run = parse_rolloutrun(spec_only, f"RolloutRun {namespace}/{name}")
     except RolloutRunInvalid as problem:
         patch = invalid_status(body, problem, now)
         changed = patch != _subset(body.get("status") or {}, patch)
@@ -151,6 +169,7 @@ async def run_pass(kube: Kube, namespace: str, name: str, now: dt.datetime) -> O
         events = [Event("Warning", "InvalidSpec", "; ".join(problem.problems)[:1024])]
         result = Result([], RolloutRunStatus(), events if changed else [], IDLE_REQUEUE_SECONDS)
         return Outcome(body, result, None, wrote_status=changed)
+    run.status = lenient_status(body.get("status"), f"{namespace}/{name}")
     observed = await observe(kube, run)
     result = reconcile(run, observed, now)
     await apply(kube, namespace, result.actions)

@@ -194,7 +194,7 @@ class Kube:
                         str(answer.get("reason", "")),
                     )
                 return json.loads(text) if text else {}
-        except aiohttp.ClientError as error:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             raise KubeError(f"{method} {path}: {error}") from error
 
     # ------------------------------------------------------------------ conveniences

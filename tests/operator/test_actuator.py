@@ -1,0 +1,50 @@
+"""The pure helpers around a pass: the status merge patch and the lenient status reader."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from rolloutrun_operator.actuator import invalid_status, lenient_status, status_json
+from rolloutrun_operator.api.v1alpha1 import RolloutRunStatus
+from rolloutrun_operator.api.validation import RolloutRunInvalid
+
+
+def test_cleared_fields_are_explicit_nulls_in_the_merge_patch():
+    patch = status_json(RolloutRunStatus(incarnation=2))
+    assert patch["nextStartTime"] is None and patch["lastFailure"] is None
+    assert patch["incarnation"] == 2 and patch["conditions"] == []
+
+
+def test_a_status_from_a_newer_operator_is_read_without_its_unknown_fields():
+    status = lenient_status({"incarnation": 3, "restarts": 1, "futureField": {"x": 1}}, "ns/a")
+    assert status is not None and (status.incarnation, status.restarts) == (3, 1)
+
+
+def test_an_unreadable_status_keeps_its_incarnation():
+    status = lenient_status({"incarnation": 5, "restarts": -4}, "ns/a")
+    assert status is not None and status.incarnation == 5 and status.restarts == 0
+    assert lenient_status(None, "ns/a") is None and lenient_status({}, "ns/a") is None
+
+
+def test_an_invalid_spec_status_names_the_problem_and_keeps_transition_times():
+    body = {
+        "metadata": {"generation": 4},
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": "InvalidSpec",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                },
+                {"type": "Bogus", "status": "Maybe"},
+            ]
+        },
+    }
+    problem = RolloutRunInvalid("x", ["spec.run.policy: dModel must be divisible by nHeads"])
+    patch = invalid_status(body, problem, dt.datetime(2026, 1, 2, tzinfo=dt.UTC))
+    assert patch["observedGeneration"] == 4
+    ready = next(c for c in patch["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "InvalidSpec" and "divisible" in ready["message"]
+    assert ready["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert {c["type"] for c in patch["conditions"]} == {"Ready", "Progressing"}
