@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import random
 from collections import OrderedDict
@@ -205,6 +206,7 @@ class GenerationEngine:
         self.threaded = threaded
         self.capture = TokenCapture()
         self._rng = random.Random(seed)
+        self._template = build_model(cfg, vocab_size, seed=0).eval().requires_grad_(False)
         self._models: OrderedDict[int, TinyCausalLM] = OrderedDict()
         self._models[version] = self._load(state_dict)
         self._groups: dict[int, _Group] = {}
@@ -227,7 +229,9 @@ class GenerationEngine:
         return list(self._models)
 
     def _load(self, state_dict: Mapping[str, torch.Tensor]) -> TinyCausalLM:
-        model = build_model(self.cfg, self.vocab_size, seed=0)
+        # Copy a template instead of building a fresh model: building draws initial weights
+        # from torch's global RNG, which a refit (in the engine's thread) must not touch.
+        model = copy.deepcopy(self._template)
         try:
             model.load_state_dict(dict(state_dict))
         except (RuntimeError, KeyError) as error:

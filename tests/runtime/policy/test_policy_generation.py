@@ -129,7 +129,10 @@ async def test_refit_mid_call_switches_unpinned_tokens_and_keeps_pinned(
 
 async def test_pinned_versions_and_eviction(const_server: Served) -> None:
     engine = const_server.engine
-    await engine.refit(constant_policy(1)[0], 1)
+    weights = constant_policy(1)[0]
+    rng_before = torch.get_rng_state()
+    await engine.refit(weights, 1)
+    assert torch.equal(torch.get_rng_state(), rng_before), "a refit must not draw from torch's RNG"
     _, logp0 = constant_policy(0)
     old = await const_server.complete(prompt_token_ids=[5], weight_version=0)
     _assert_logprobs(old, {0: logp0})
