@@ -13,33 +13,22 @@ import argparse
 
 def _run_operator(args: argparse.Namespace) -> int:
     import asyncio
-    import os
 
-    import kopf
+    from rolloutrun_operator.handlers import Options
+    from rolloutrun_operator.runner import OperatorConfig, run_operator
 
-    from rolloutrun_operator import handlers
-
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig  # Kopf's login reads it too
-    namespaces = list(args.namespace or [])
-    options = handlers.Options(
-        kubeconfig=args.kubeconfig,
-        metrics_port=args.metrics_port if args.metrics_port > 0 else None,
-        metrics_address=args.metrics_address,
+    config = OperatorConfig(
+        options=Options(
+            kubeconfig=args.kubeconfig,
+            metrics_port=args.metrics_port if args.metrics_port > 0 else None,
+            metrics_address=args.metrics_address,
+        ),
+        namespaces=list(args.namespace or []),
+        peering=args.peering,
+        priority=args.priority,
+        liveness=args.liveness,
     )
-    peering = args.peering is not None
-    asyncio.run(
-        kopf.operator(
-            registry=handlers.registry,
-            clusterwide=not namespaces,
-            namespaces=namespaces,
-            standalone=not peering,
-            peering_name=args.peering,
-            priority=args.priority if peering else None,
-            liveness_endpoint=args.liveness,
-            memo=kopf.Memo(options=options),
-        )
-    )
+    asyncio.run(run_operator(config))
     return 0
 
 

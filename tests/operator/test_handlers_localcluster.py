@@ -8,21 +8,19 @@ the embedded ``rolloutrun run``.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kopf
 import pytest
 import yaml
 
-from rolloutrun_operator import handlers
+from rolloutrun_operator.handlers import Options
 from rolloutrun_operator.localcluster.cluster import LocalCluster
 from rolloutrun_operator.localcluster.testing import api_client, eventually, local_cluster
+from rolloutrun_operator.runner import OperatorConfig, OperatorThread
 from rolloutrun_runtime.coordination import FencedError, KubernetesLease
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,41 +54,10 @@ def api(cluster: LocalCluster) -> Iterator[Any]:
     client.close()
 
 
-class Operator:
-    """The operator's registry run by Kopf on its own loop in a thread."""
-
-    def __init__(self, cluster: LocalCluster, namespace: str) -> None:
-        self.options = handlers.Options(kubeconfig=str(cluster.kubeconfig_path))
-        self.namespace = namespace
-        self.stop_flag = threading.Event()
-        self.ready_flag = threading.Event()
-        self.error: BaseException | None = None
-        self.memo = kopf.Memo(options=self.options)
-        self.thread = threading.Thread(target=self._main, name="operator", daemon=True)
-
-    def _main(self) -> None:
-        try:
-            asyncio.run(
-                kopf.operator(
-                    registry=handlers.registry,
-                    namespaces=[self.namespace],
-                    standalone=True,
-                    stop_flag=self.stop_flag,
-                    ready_flag=self.ready_flag,
-                    memo=self.memo,
-                )
-            )
-        except BaseException as error:
-            self.error = error
-
-    def __enter__(self) -> Operator:
-        self.thread.start()
-        assert self.ready_flag.wait(60), "the operator did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop_flag.set()
-        self.thread.join(60)
+def operator_thread(cluster: LocalCluster, namespace: str) -> OperatorThread:
+    """The operator as the embedded default runs it: a thread beside the local cluster."""
+    options = Options(kubeconfig=str(cluster.kubeconfig_path))
+    return OperatorThread(OperatorConfig(options=options, namespaces=[namespace]))
 
 
 def rolloutrun(name: str) -> dict[str, Any]:
@@ -137,7 +104,7 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
         now = pods()
         return all(n in now and now[n].status.phase == "Running" for n in names)
 
-    with Operator(cluster, namespace) as operator:
+    with operator_thread(cluster, namespace) as operator:
         runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rolloutrun("demo"))
         eventually(lambda: condition("Ready") == ("True", "Running"), what="run ready")
         members = pods()
@@ -267,7 +234,7 @@ def test_a_lost_node_ends_the_incarnation_without_waiting_for_eviction(cluster, 
             c["type"] == "Ready" and c["status"] == "True" for c in status().get("conditions") or []
         )
 
-    with Operator(cluster, namespace) as operator:
+    with operator_thread(cluster, namespace) as operator:
         runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
         eventually(ready, what="run ready")
         cluster.lose_node("freeze")

@@ -1,0 +1,107 @@
+"""Start the operator: in the foreground (``rolloutrun operator``) or in a background thread.
+
+Why both: a cluster runs the operator as its own process, while the embedded default
+(``rolloutrun run``) and the tests run it beside a local cluster in one process. Both go
+through :func:`run_operator`, so the embedded operator is the same code with the same Kopf
+settings, registry and memo as the deployed one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import kopf
+
+from rolloutrun_operator import handlers
+
+
+@dataclass
+class OperatorConfig:
+    """How to run the operator (the command's options, for embedding)."""
+
+    options: handlers.Options = field(default_factory=handlers.Options)
+    namespaces: Sequence[str] = ()
+    """Watched namespaces; empty: the whole cluster."""
+    peering: str | None = None
+    """Kopf peering name; None: standalone."""
+    priority: int = 0
+    liveness: str | None = None
+    """Kopf's liveness endpoint URL, e.g. ``http://0.0.0.0:8080/healthz``."""
+
+
+async def run_operator(
+    config: OperatorConfig,
+    stop_flag: Any = None,
+    ready_flag: Any = None,
+    memo: kopf.Memo | None = None,
+) -> None:
+    """Run Kopf with the RolloutRun handlers until ``stop_flag`` is set (or forever)."""
+    peered = config.peering is not None
+    await kopf.operator(
+        registry=handlers.registry,
+        clusterwide=not config.namespaces,
+        namespaces=list(config.namespaces),
+        standalone=not peered,
+        peering_name=config.peering,
+        priority=config.priority if peered else None,
+        liveness_endpoint=config.liveness,
+        memo=memo if memo is not None else kopf.Memo(options=config.options),
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+class OperatorThread:
+    """The operator on its own event loop in a daemon thread; a context manager.
+
+    ``error`` holds what ended the operator, if anything did besides :meth:`stop`.
+    """
+
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        self.memo = kopf.Memo(options=config.options)
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="rolloutrun-operator", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(run_operator(self.config, self._stop, self._ready, self.memo))
+        except BaseException as error:
+            self.error = error
+        finally:
+            self._ready.set()
+
+    def start(self, timeout: float = 60.0) -> OperatorThread:
+        """Start and wait until Kopf is ready (raises if it ended instead)."""
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the operator was not ready within {timeout}s")
+        if self.error is not None:
+            raise RuntimeError("the operator failed to start") from self.error
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def __enter__(self) -> OperatorThread:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
