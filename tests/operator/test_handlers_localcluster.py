@@ -249,3 +249,54 @@ def test_a_lost_node_ends_the_incarnation_without_waiting_for_eviction(cluster, 
         assert not [name for name in names if "-i1-" in name]
     assert operator.error is None
     core.delete_namespace(namespace)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_the_operator_command_serves_metrics_and_liveness_and_stops_on_sigterm(cluster, api):
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from kubernetes import client as k8s
+
+    namespace = f"cli-{uuid.uuid4().hex[:6]}"
+    core: Any = k8s.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    runs: Any = k8s.CustomObjectsApi(api)
+    metrics, health = free_port(), free_port()
+    command = [
+        sys.executable, "-m", "rolloutrun_runtime.cli", "operator",
+        "--kubeconfig", str(cluster.kubeconfig_path), "--namespace", namespace,
+        "--metrics-port", str(metrics), "--liveness", f"http://127.0.0.1:{health}/healthz",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rolloutrun("cli"))
+
+        def scrape(port: int, path: str) -> str | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+                    return str(answer.read().decode())
+            except OSError:
+                return None
+
+        def ready_metric() -> str | None:
+            text = scrape(metrics, "/metrics") or ""
+            return text if 'rolloutrun_runs{condition="Ready"} 1.0' in text else None
+
+        text = eventually(ready_metric, what="the run counted as Ready in /metrics")
+        assert "rolloutrun_reconcile_duration_seconds_count" in text
+        assert eventually(lambda: scrape(health, "/healthz"), what="liveness answers")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr.decode()[-2000:]
+    core.delete_namespace(namespace)
