@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -98,3 +99,53 @@ def pad_batch(
     for row, seq in enumerate(sequences):
         out[row, : len(seq)] = seq
     return torch.as_tensor(out, dtype=dtype)
+
+
+def accumulate_policy_gradients(
+    model: torch.nn.Module,
+    rows: Sequence[Mapping[str, Any]],
+    group_rewards: Sequence[Sequence[float]],
+    *,
+    pad_id: int,
+    temperature: float,
+    clip_epsilon: float,
+    micro_batch_rows: int,
+) -> dict[str, float]:
+    """Backward the step's PPO-clip loss into ``model``'s gradients; returns loss stats.
+
+    ``rows`` are the groups' training rows in group order (``input_ids``,
+    ``behaviour_logprobs``, ``loss_mask``), ``group_rewards`` their rewards. The loss is the
+    token mean over the whole step, however the rows are split into micro-batches.
+    """
+    from rolloutrun_runtime.policy.model import token_logprobs
+
+    advantages: list[float] = []
+    for rewards in group_rewards:
+        advantages.extend(group_advantages(torch.tensor(list(rewards))).tolist())
+    if len(advantages) != len(rows):
+        raise ValueError(f"{len(rows)} rows but {len(advantages)} rewards")
+    device = next(model.parameters()).device
+    total_tokens = float(sum(int(np.asarray(row["loss_mask"])[1:].sum()) for row in rows))
+    totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0}
+    model.train()
+    for start in range(0, len(rows), micro_batch_rows):
+        chunk = rows[start : start + micro_batch_rows]
+        input_ids = pad_batch([r["input_ids"] for r in chunk], pad_id, torch.long).to(device)
+        behaviour = pad_batch([r["behaviour_logprobs"] for r in chunk], 0.0, torch.float32)
+        mask = pad_batch([r["loss_mask"] for r in chunk], 0, torch.float32)
+        adv = torch.tensor(advantages[start : start + len(chunk)])
+        loss, stats = ppo_clip_loss(
+            token_logprobs(model, input_ids, temperature),
+            behaviour[:, 1:].to(device),
+            adv.to(device),
+            mask[:, 1:].to(device),
+            clip_epsilon,
+            token_normalizer=total_tokens,
+        )
+        loss.backward()
+        share = stats.tokens / max(total_tokens, 1.0)
+        totals["loss"] += stats.loss
+        totals["clip_fraction"] += stats.clip_fraction * share
+        totals["approx_kl"] += stats.approx_kl * share
+        totals["ratio_mean"] += stats.ratio_mean * share
+    return totals

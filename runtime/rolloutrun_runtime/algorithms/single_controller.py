@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import hashlib
 import json
 import logging
 import time
@@ -40,17 +39,21 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import numpy as np
 import torch
 
 from rolloutrun_runtime.algorithms.grpo import (
+    accumulate_policy_gradients,
     batch_age,
     count_versions,
-    group_advantages,
-    pad_batch,
-    ppo_clip_loss,
     zero_variance,
+)
+from rolloutrun_runtime.algorithms.gym_client import (
+    ControllerError,
+    GymCallError,
+    GymClient,
+    GymReplica,
+    rollout_seed,
 )
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer, ReplayGroup
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
@@ -82,7 +85,6 @@ from rolloutrun_runtime.experience.rollout_recovery import (
     read_recovery_sidecar,
 )
 from rolloutrun_runtime.metrics import OverheadClock
-from rolloutrun_runtime.policy.model import token_logprobs
 from rolloutrun_runtime.workers import PolicyWorkers
 
 logger = logging.getLogger(__name__)
@@ -100,14 +102,6 @@ MAX_GRAD_NORM = 1.0
 LEDGER_FILE = "rollout/rollout_recovery.json"
 RUNTIME_STATE_FILE = "rollout/runtime_state.json"
 DATA_PLANE_PREFIX = "data_plane/"
-
-
-class ControllerError(RuntimeError):
-    """The controller cannot continue (a pump failed, a restore does not fit)."""
-
-
-class GymCallError(ControllerError):
-    """A Gym ``/run`` call failed or returned something unusable."""
 
 
 class _GroupGivenUp(Exception):
@@ -142,20 +136,6 @@ def decide_drop(
     return DropAction.KEEP
 
 
-def rollout_seed(seed: int, prompt: PromptRef, generation_index: int) -> int:
-    """A sampling seed that depends only on the run seed, the prompt and the sibling."""
-    digest = hashlib.sha256(
-        f"{seed}:{prompt.epoch}:{prompt.prompt_id}:{generation_index}".encode()
-    ).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
-
-
-@dataclass
-class GymReplica:
-    url: str
-    instance_id: str
-
-
 @dataclass
 class _GroupRun:
     """A group being generated (the in-memory side of a ledger group)."""
@@ -186,53 +166,6 @@ async def _no_cut() -> AsyncIterator[None]:
     yield None
 
 
-def segments_to_row(result: Mapping[str, Any], max_seq_len: int) -> dict[str, Any]:
-    """A Gym ``/run`` result as a training row of aligned numpy arrays.
-
-    Only ``model`` segments are trained; their logprobs are the behaviour logprobs and their
-    weight versions feed ``batch_age``. Raises ``GymCallError`` on a malformed result.
-    """
-    ids: list[int] = []
-    logprobs: list[float] = []
-    versions: list[int] = []
-    mask: list[int] = []
-    try:
-        for segment in result["segments"]:
-            tokens = segment["token_ids"]
-            count = len(tokens)
-            ids.extend(tokens)
-            if segment["kind"] == "model":
-                if len(segment["logprobs"]) != count or len(segment["weight_versions"]) != count:
-                    raise GymCallError(
-                        "a model segment's logprobs/versions do not match its tokens"
-                    )
-                logprobs.extend(segment["logprobs"])
-                versions.extend(segment["weight_versions"])
-                mask.extend([1] * count)
-            else:
-                logprobs.extend([0.0] * count)
-                versions.extend([-1] * count)
-                mask.extend([0] * count)
-        reward = float(result["reward"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise GymCallError(f"malformed /run result: {error!r}") from error
-    if len(ids) < 2:
-        raise GymCallError("a /run result needs at least two tokens")
-    if len(ids) > max_seq_len:
-        raise GymCallError(f"a /run result has {len(ids)} tokens, over maxSeqLen {max_seq_len}")
-    mask_array = np.asarray(mask, dtype=np.int8)
-    mask_array[0] = 0
-    return {
-        "input_ids": np.asarray(ids, dtype=np.int64),
-        "behaviour_logprobs": np.asarray(logprobs, dtype=np.float32),
-        "weight_versions": np.asarray(versions, dtype=np.int64),
-        "loss_mask": mask_array,
-        "reward": reward,
-        "model_tokens": int(mask_array.sum()),
-        "instance_id": str(result.get("instance_id", "")),
-    }
-
-
 class SingleController:
     """Runs GRPO to ``maxSteps``: one rollout pump, one train pump, shared state."""
 
@@ -248,8 +181,6 @@ class SingleController:
         on_step: Callable[[dict[str, Any]], None] | None = None,
         pad_id: int = 0,
     ) -> None:
-        if not gym_endpoints:
-            raise ControllerError("no Gym endpoints: set gym.endpoints or start Gym replicas")
         if cfg.rollout.replay_capacity < cfg.grpo.prompts_per_step:
             raise ControllerError(
                 f"rollout.replayCapacity ({cfg.rollout.replay_capacity}) must be at least "
@@ -263,9 +194,13 @@ class SingleController:
         self.on_step = on_step
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
-        self.replicas = [
-            GymReplica(url.rstrip("/"), f"gym-{i}") for i, url in enumerate(gym_endpoints)
-        ]
+        self.overhead = OverheadClock()
+        self.gym = GymClient(
+            gym_endpoints,
+            timeout_s=cfg.rollout.rollout_timeout_seconds,
+            max_seq_len=cfg.policy.max_seq_len,
+            overhead=self.overhead,
+        )
 
         grpo = cfg.grpo
         self.data_plane = DataPlane()
@@ -297,15 +232,11 @@ class SingleController:
         self._in_flight = asyncio.Semaphore(cfg.rollout.max_in_flight_groups)
         self._tasks: set[asyncio.Task[None]] = set()
         self._fatal: BaseException | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._next_replica = 0
         self._next_policy = 0
         self._deferred: tuple[int, asyncio.Task[dict[str, bytes]]] | None = None
 
-        self.overhead = OverheadClock()
         self._step_counters: dict[int, _StepCounters] = defaultdict(_StepCounters)
         self._generated_tokens = 0
-        self._env_seconds = 0.0
         self.groups_trained: list[str] = []
         self.trained_prompt_ids: list[int] = []
         self.history: list[dict[str, Any]] = []
@@ -344,11 +275,8 @@ class SingleController:
     # ================================================================== run
     async def run(self) -> list[dict[str, Any]]:
         """Run both pumps until ``maxSteps`` steps are trained; returns the step records."""
-        timeout = aiohttp.ClientTimeout(total=self.cfg.rollout.rollout_timeout_seconds)
-        connector = aiohttp.TCPConnector(limit=0)
-        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
+        await self.gym.open()
         try:
-            await self._identify_replicas()
             await self._relaunch_restored()
             rollout = asyncio.create_task(self._rollout_pump(), name="rollout-pump")
             train = asyncio.create_task(self._train_pump(), name="train-pump")
@@ -363,23 +291,8 @@ class SingleController:
                 await asyncio.gather(rollout, train, *self._tasks, return_exceptions=True)
             await self.finalize_deferred_checkpoint()
         finally:
-            await self._session.close()
-            self._session = None
+            await self.gym.close()
         return self.history
-
-    async def _identify_replicas(self) -> None:
-        """Learn each Gym replica's instance id from ``/healthz`` (the ledger records it)."""
-        assert self._session is not None
-        for replica in self.replicas:
-            try:
-                async with self._session.get(f"{replica.url}/healthz") as response:
-                    body = await response.json(content_type=None)
-                if isinstance(body, dict) and body.get("instance_id"):
-                    replica.instance_id = str(body["instance_id"])
-            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-                raise ControllerError(
-                    f"Gym replica {replica.url} is not healthy: {error}"
-                ) from error
 
     def _launch(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -493,16 +406,6 @@ class SingleController:
         else:
             await self._finalize_group(run)
 
-    def _pick_replica(self, owner: str | None) -> GymReplica:
-        if owner is not None:
-            for replica in self.replicas:
-                if replica.instance_id == owner:
-                    return replica
-            raise ControllerError(f"no Gym replica with instance id {owner!r} (turn-level owner)")
-        replica = self.replicas[self._next_replica % len(self.replicas)]
-        self._next_replica += 1
-        return replica
-
     def _policy_url(self) -> str:
         endpoints = self.workers.endpoints
         url = endpoints[self._next_policy % len(endpoints)]
@@ -518,11 +421,11 @@ class SingleController:
                 if self.ledger is not None:
                     attempt = self.ledger.sibling(sibling_id).current
                     owner = attempt.gym_instance_id if attempt.gym_attempt > 0 else None
-                    replica = self._pick_replica(owner)
+                    replica = self.gym.pick(owner)
                     self.ledger.dispatch(cut, sibling_id, attempt.attempt_uuid, replica.instance_id)
                 else:
                     attempt = local_attempt
-                    replica = self._pick_replica(None)
+                    replica = self.gym.pick(None)
             try:
                 row = await self._call_gym(replica, run, index, attempt.episode)
             except GymCallError as error:
@@ -561,36 +464,16 @@ class SingleController:
     async def _call_gym(
         self, replica: GymReplica, run: _GroupRun, index: int, episode: EnvironmentEpisode
     ) -> dict[str, Any]:
-        assert self._session is not None
         deterministic = self.cfg.checkpointing.deterministic
-        body = {
-            "episode_id": {"rollout_id": episode.rollout_id, "attempt": episode.attempt},
-            "prompt_id": run.prompt.prompt_id,
-            "policy_url": self._policy_url(),
-            "sampling": {
-                "temperature": self.cfg.policy.temperature,
-                "max_new_tokens": self.cfg.task.max_new_tokens,
-                "seed": rollout_seed(self.cfg.seed, run.prompt, index),
-                "weight_version": run.target_step - 1 if deterministic else None,
-            },
+        sampling = {
+            "temperature": self.cfg.policy.temperature,
+            "max_new_tokens": self.cfg.task.max_new_tokens,
+            "seed": rollout_seed(self.cfg.seed, run.prompt, index),
+            "weight_version": run.target_step - 1 if deterministic else None,
         }
-        started = time.perf_counter()
-        try:
-            async with self._session.post(f"{replica.url}/run", json=body) as response:
-                raw = await response.read()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise GymCallError(f"{replica.url}/run: {error!r}") from error
-        finally:
-            self._env_seconds += time.perf_counter() - started
-        with self.overhead:
-            if status >= 400:
-                raise GymCallError(f"{replica.url}/run answered {status}: {raw[:300]!r}")
-            try:
-                result = json.loads(raw)
-            except ValueError as error:
-                raise GymCallError(f"{replica.url}/run returned invalid JSON") from error
-            row = segments_to_row(result, self.cfg.policy.max_seq_len)
+        row = await self.gym.run_episode(
+            replica, episode, run.prompt.prompt_id, self._policy_url(), sampling
+        )
         self._generated_tokens += row["model_tokens"]
         self._step_counters[run.target_step].rewards.append(row["reward"])
         return row
@@ -690,7 +573,7 @@ class SingleController:
     async def _train_pump(self) -> None:
         last = time.perf_counter()
         self.overhead.take()
-        env_mark, tokens_mark = self._env_seconds, self._generated_tokens
+        env_mark, tokens_mark = self.gym.env_seconds, self._generated_tokens
         while self.trainer_version < self.cfg.grpo.max_steps:
             step = self.trainer_version + 1
             selected = await self._select_groups(step)
@@ -713,9 +596,9 @@ class SingleController:
                 compute_s=loss_compute_s,
                 refit_s=refit_s,
                 tokens=self._generated_tokens - tokens_mark,
-                env_s=self._env_seconds - env_mark,
+                env_s=self.gym.env_seconds - env_mark,
             )
-            env_mark, tokens_mark = self._env_seconds, self._generated_tokens
+            env_mark, tokens_mark = self.gym.env_seconds, self._generated_tokens
             self.history.append(record)
             if self.on_step is not None:
                 self.on_step(record)
@@ -756,38 +639,19 @@ class SingleController:
         self.optimizer.zero_grad(set_to_none=True)
         if not selected.rows:
             return {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0}
-        advantages: list[float] = []
-        for group in selected.groups:
-            advantages.extend(group_advantages(torch.tensor(group.rewards)).tolist())
-        total_tokens = float(sum(int(row["loss_mask"][1:].sum()) for row in selected.rows))
-        self.model.train()
-        totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0}
-        for start in range(0, len(selected.rows), MICRO_BATCH_ROWS):
-            chunk = selected.rows[start : start + MICRO_BATCH_ROWS]
-            input_ids = pad_batch([r["input_ids"] for r in chunk], self.pad_id, torch.long)
-            behaviour = pad_batch([r["behaviour_logprobs"] for r in chunk], 0.0, torch.float32)
-            mask = pad_batch([r["loss_mask"] for r in chunk], 0, torch.float32)
-            adv = torch.tensor(advantages[start : start + len(chunk)])
-            input_ids = input_ids.to(self.device)
-            logprobs = token_logprobs(self.model, input_ids, self.cfg.policy.temperature)
-            loss, stats = ppo_clip_loss(
-                logprobs,
-                behaviour[:, 1:].to(self.device),
-                adv.to(self.device),
-                mask[:, 1:].to(self.device),
-                self.cfg.grpo.clip_epsilon,
-                token_normalizer=total_tokens,
-            )
-            loss.backward()
-            share = stats.tokens / max(total_tokens, 1.0)
-            totals["loss"] += stats.loss
-            totals["clip_fraction"] += stats.clip_fraction * share
-            totals["approx_kl"] += stats.approx_kl * share
-            totals["ratio_mean"] += stats.ratio_mean * share
-        totals["grad_norm"] = float(
+        stats = accumulate_policy_gradients(
+            self.model,
+            selected.rows,
+            [g.rewards for g in selected.groups],
+            pad_id=self.pad_id,
+            temperature=self.cfg.policy.temperature,
+            clip_epsilon=self.cfg.grpo.clip_epsilon,
+            micro_batch_rows=MICRO_BATCH_ROWS,
+        )
+        stats["grad_norm"] = float(
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)
         )
-        return totals
+        return stats
 
     async def _commit_step(self, selected: _Selected) -> None:
         """The optimizer-commit window: apply the step and clear its rows in one mutation."""

@@ -17,14 +17,9 @@ from rolloutrun_runtime.algorithms.grpo import (
     ppo_clip_loss,
     zero_variance,
 )
+from rolloutrun_runtime.algorithms.gym_client import GymCallError, rollout_seed, segments_to_row
 from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader, SamplerError
-from rolloutrun_runtime.algorithms.single_controller import (
-    DropAction,
-    GymCallError,
-    decide_drop,
-    rollout_seed,
-    segments_to_row,
-)
+from rolloutrun_runtime.algorithms.single_controller import DropAction, decide_drop
 from rolloutrun_runtime.experience.rollout_recovery import PromptRef
 
 
@@ -144,3 +139,46 @@ def test_segments_to_row_masks_only_model_tokens() -> None:
     broken = {"reward": 1.0, "segments": [{"kind": "model", "token_ids": [1, 2], "logprobs": []}]}
     with pytest.raises(GymCallError):
         segments_to_row(broken, max_seq_len=16)
+
+
+def test_accumulate_policy_gradients_micro_batches_match_one_batch() -> None:
+    from rolloutrun_runtime.algorithms.grpo import accumulate_policy_gradients
+    from rolloutrun_runtime.config import PolicyConfig
+    from rolloutrun_runtime.policy.model import build_model
+
+    cfg = PolicyConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=16)
+    rng = np.random.default_rng(0)
+    rows = []
+    for length in (5, 7, 6, 4):
+        mask = np.zeros(length, dtype=np.int8)
+        mask[2:] = 1
+        rows.append(
+            {
+                "input_ids": rng.integers(3, 20, size=length),
+                "behaviour_logprobs": np.full(length, -3.0, dtype=np.float32),
+                "loss_mask": mask,
+            }
+        )
+    rewards = [[1.0, 0.0], [0.2, 0.8]]
+    grads = []
+    for micro in (4, 1):
+        model = build_model(cfg, 24, seed=1)
+        stats = accumulate_policy_gradients(
+            model,
+            rows,
+            rewards,
+            pad_id=0,
+            temperature=1.0,
+            clip_epsilon=0.2,
+            micro_batch_rows=micro,
+        )
+        grads.append(
+            torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        )
+        assert math.isfinite(stats["loss"])
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    assert grads[0].abs().sum() > 0
+    with pytest.raises(ValueError, match="rewards"):
+        accumulate_policy_gradients(
+            model, rows, [[1.0]], pad_id=0, temperature=1.0, clip_epsilon=0.2, micro_batch_rows=4
+        )
