@@ -397,7 +397,7 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
             instance,
         ],
         "ports": [{"name": "gym", "containerPort": port}],
-        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1},
     }
     pod = _pod(
         run,

@@ -280,15 +280,15 @@ def _run_incarnation(p: _Pass) -> None:
         _ensure_static_children(p)
         up = [gyms.get(i) for i in range(replicas)]
         port = p.run.spec.gym.port
-        addresses = [pod.pod_ip for pod in up if pod and pod.pod_ip and pod.phase == "Running"]
+        addresses = [pod.pod_ip for pod in up if pod and pod.pod_ip and _serving(pod)]
         all_up = len(addresses) == replicas
         _put_config(p, [builders.gym_endpoint(ip, port) for ip in addresses] if all_up else None)
         for index in range(replicas):
             if index not in gyms:
                 p.create(builders.gym_pod(p.run, n, index))
         if not all_up:
-            ready = sum(1 for pod in up if pod is not None and pod.phase == "Running")
-            message = f"{ready}/{replicas} Gym pods running"
+            ready = sum(1 for pod in up if pod is not None and _serving(pod))
+            message = f"{ready}/{replicas} Gym pods ready"
             p.say(ready=Desired(False, "StartingGyms", message))
             p.say(progressing=Desired(True, "StartingGyms", message))
             p.look_again(5.0)
@@ -316,6 +316,11 @@ def _run_incarnation(p: _Pass) -> None:
     if expiry is not None:
         p.look_again_at(expiry + dt.timedelta(seconds=1))
     p.look_again(IDLE_REQUEUE_SECONDS)
+
+
+def _serving(pod: PodView) -> bool:
+    """Running, and its readiness probe (the Gym port accepts connections) passed."""
+    return pod.phase == "Running" and pod.ready and pod.deletion_time is None
 
 
 def _pod_loss(p: _Pass, pod: PodView) -> Loss | None:

@@ -9,6 +9,7 @@ the embedded ``rolloutrun run``.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,16 +28,24 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "rolloutruns.rolloutrun.dev.yaml"
 GROUP, VERSION, PLURAL = "rolloutrun.dev", "v1alpha1", "rolloutruns"
 
-SHIM = """#!/bin/sh
-echo "$@" > "$ROLLOUTRUN_LOCALCLUSTER_POD_DIR/argv"
-exec sleep 600
+SHIM = """#!PYTHON
+import os, socket, sys, time
+root = os.environ["ROLLOUTRUN_LOCALCLUSTER_POD_DIR"]
+with open(os.path.join(root, "argv"), "w") as out:
+    out.write(" ".join(sys.argv[1:]))
+if sys.argv[1] == "gym":  # accept connections on the Gym port, as the readiness probe wants
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    server = socket.create_server((os.environ["POD_IP"], port))
+    while True:
+        server.accept()[0].close()
+time.sleep(600)
 """
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     shims = tmp_path_factory.mktemp("bin")
-    (shims / "rolloutrun").write_text(SHIM)
+    (shims / "rolloutrun").write_text(SHIM.replace("PYTHON", sys.executable))
     (shims / "rolloutrun").chmod(0o755)
     env = {"PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
     yield from local_cluster(tmp_path_factory.mktemp("cluster"), extra_env=env)

@@ -91,6 +91,9 @@ def test_the_trainer_starts_only_when_every_gym_pod_has_an_address():
     )
     assert not [a for a in waiting.actions if a.name.endswith("trainer")]
     assert waiting.requeue_after is not None
+    unready = reconcile(make_run(status), observed((gym(1, 0), gym(1, 1, ready=False))), NOW)
+    assert not [a for a in unready.actions if a.name.endswith("trainer")]
+    assert cond(unready, "Ready") == ("False", "StartingGyms")
     started = reconcile(make_run(status), observed((gym(1, 0), gym(1, 1))), NOW)
     config = next(a for a in started.actions if a.kind == "ConfigMap")
     assert config.verb is Verb.REPLACE
