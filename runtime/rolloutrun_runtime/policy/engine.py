@@ -207,6 +207,7 @@ class GenerationEngine:
         self.capture = TokenCapture()
         self._rng = random.Random(seed)
         self._template = build_model(cfg, vocab_size, seed=0).eval().requires_grad_(False)
+        self._spare: list[TinyCausalLM] = []  # evicted models, reused by the next refit
         self._models: OrderedDict[int, TinyCausalLM] = OrderedDict()
         self._models[version] = self._load(state_dict)
         self._groups: dict[int, _Group] = {}
@@ -228,15 +229,19 @@ class GenerationEngine:
     def versions(self) -> list[int]:
         return list(self._models)
 
-    def _load(self, state_dict: Mapping[str, torch.Tensor]) -> TinyCausalLM:
-        # Copy a template instead of building a fresh model: building draws initial weights
-        # from torch's global RNG, which a refit (in the engine's thread) must not touch.
-        model = copy.deepcopy(self._template)
+    def _load(
+        self, state_dict: Mapping[str, torch.Tensor], into: TinyCausalLM | None = None
+    ) -> TinyCausalLM:
+        """Load weights into ``into`` (an evicted model) or a copy of the template.
+
+        A copy, not a freshly built model: building draws initial weights from torch's
+        global RNG, which a refit (in the engine's thread) must not touch.
+        """
+        model = into if into is not None else copy.deepcopy(self._template)
         try:
             model.load_state_dict(dict(state_dict))
         except (RuntimeError, KeyError) as error:
             raise RefitError(f"weights do not fit the policy model: {error}") from error
-        model.eval().requires_grad_(False)
         return model
 
     async def refit(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -246,7 +251,15 @@ class GenerationEngine:
         if version <= self.version:
             raise RefitError(f"refit to version {version} but version {self.version} is installed")
         loop = asyncio.get_running_loop()
-        model = await loop.run_in_executor(self._executor_or_start(), self._load, state_dict)
+        spare = self._spare.pop() if self._spare else None
+        try:
+            model = await loop.run_in_executor(
+                self._executor_or_start(), self._load, state_dict, spare
+            )
+        except RefitError:
+            if spare is not None:
+                self._spare.append(spare)
+            raise
         if version <= self.version:  # a concurrent refit won
             raise RefitError(f"refit to version {version} but version {self.version} is installed")
         self._models[version] = model
@@ -261,8 +274,10 @@ class GenerationEngine:
             if len(self._models) <= self.keep_versions:
                 break
             if version != self.version and version not in in_use:
-                del self._models[version]
+                evicted = self._models.pop(version)
                 self._groups.pop(version, None)
+                if len(self._spare) < 2:
+                    self._spare.append(evicted)
 
     # ------------------------------------------------------------------ calls
     def validate(self, request: GenerationRequest) -> None:
