@@ -73,6 +73,7 @@ async def run_trainer(
 
     import torch
 
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TRACE_FILE, TraceWriter
     from rolloutrun_runtime.algorithms.single_controller import (
         DATA_PLANE_PREFIX,
         LEDGER_FILE,
@@ -118,6 +119,14 @@ async def run_trainer(
         model.load_state_dict(loaded.model_state)
         logger.info("resuming from %s", loaded.uri)
     version = latest or 0
+    trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
+    trace.emit(
+        "run_started",
+        incarnation=None,
+        resumed_from=loaded.uri if loaded is not None else None,
+        snapshot_id=None,
+        cut_time=None,
+    )
     workers = build_workers(cfg, model.state_dict(), version)
     await workers.start()
     try:
@@ -130,6 +139,7 @@ async def run_trainer(
             checkpointer=checkpointer,
             on_step=record,
             pad_id=TOKENIZER.pad_id,
+            trace=trace,
         )
         if loaded is not None:
             controller.restore_trainer_checkpoint(loaded)
@@ -137,6 +147,7 @@ async def run_trainer(
             await controller.run()
     finally:
         await workers.stop()
+        trace.close()
     digest = state_sha256(model.state_dict())
     (log_dir / FINAL_WEIGHTS_FILE).write_text(digest + "\n")
     logger.info(

@@ -63,6 +63,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     RolloutRuntimeState,
     TrainingProgress,
 )
+from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
 from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader
 from rolloutrun_runtime.algorithms.trainer_checkpoint import (
     LoadedTrainerCheckpoint,
@@ -159,6 +160,7 @@ class _Selected:
     step: int
     groups: list[ReplayGroup]
     rows: list[dict[str, Any]]
+    results: list[FinalizerResult] = field(default_factory=list)
 
 
 @contextlib.asynccontextmanager
@@ -180,6 +182,7 @@ class SingleController:
         checkpointer: TrainerCheckpointer | None = None,
         on_step: Callable[[dict[str, Any]], None] | None = None,
         pad_id: int = 0,
+        trace: TraceWriter | None = None,
     ) -> None:
         if cfg.rollout.replay_capacity < cfg.grpo.prompts_per_step:
             raise ControllerError(
@@ -193,6 +196,7 @@ class SingleController:
         self.checkpointer = checkpointer
         self.on_step = on_step
         self.pad_id = pad_id
+        self.trace = trace if trace is not None else TraceWriter(None)
         self.device = next(model.parameters()).device
         self.overhead = OverheadClock()
         self.gym = GymClient(
@@ -344,6 +348,9 @@ class SingleController:
                 restore_level=self._restore_level,
             )
             self.ledger.admit(cut, group_id)
+            self.trace.emit(
+                "group_reserved", group_id=group_id, prompt_id=prompt.prompt_id, target_step=step
+            )
         return _GroupRun(group_id, prompt, step, self.served_version)
 
     def _discard_prompt_group(self, cut: LiveCut | None, group_id: str, reason: str) -> None:
@@ -423,6 +430,14 @@ class SingleController:
                     owner = attempt.gym_instance_id if attempt.gym_attempt > 0 else None
                     replica = self.gym.pick(owner)
                     self.ledger.dispatch(cut, sibling_id, attempt.attempt_uuid, replica.instance_id)
+                    self._trace_attempt(
+                        "attempt_dispatched",
+                        run,
+                        index,
+                        attempt.attempt_uuid,
+                        gym_instance_id=replica.instance_id,
+                        gym_attempt=attempt.gym_attempt,
+                    )
                 else:
                     attempt = local_attempt
                     replica = self.gym.pick(None)
@@ -443,6 +458,9 @@ class SingleController:
                 async with self._dispatch_reservation("rollout_failures") as cut:
                     if self.ledger is not None:
                         self.ledger.fail(cut, sibling_id, attempt.attempt_uuid, str(error))
+                        self._trace_attempt(
+                            "attempt_failed", run, index, attempt.attempt_uuid, reason=str(error)
+                        )
                         if not exhausted:
                             self.ledger.retry(cut, sibling_id)
                     else:
@@ -459,7 +477,20 @@ class SingleController:
                         self.ledger.seal(
                             cut, sibling_id, attempt.attempt_uuid, reward=row["reward"], row_key=key
                         )
+                        self._trace_attempt("attempt_sealed", run, index, attempt.attempt_uuid)
             return
+
+    def _trace_attempt(
+        self, event: str, run: _GroupRun, index: int, attempt_uuid: str, **fields: Any
+    ) -> None:
+        self.trace.emit(
+            event,
+            group_id=run.group_id,
+            prompt_id=run.prompt.prompt_id,
+            generation_index=index,
+            attempt_uuid=attempt_uuid,
+            **fields,
+        )
 
     async def _call_gym(
         self, replica: GymReplica, run: _GroupRun, index: int, episode: EnvironmentEpisode
@@ -517,6 +548,9 @@ class SingleController:
                     self.data_plane.clear("staging", keys)
                     if self.ledger is not None:
                         self.ledger.finish_finalize(cut, run.group_id)
+                        self.trace.emit(
+                            "group_sealed", group_id=run.group_id, prompt_id=run.prompt.prompt_id
+                        )
                     self.buffer.add(
                         ReplayGroup(
                             group_id=run.group_id,
@@ -558,6 +592,13 @@ class SingleController:
             with self.overhead:
                 self.data_plane.clear("staging", run.staged.values())
                 self._discard_prompt_group(cut, run.group_id, reason)
+                if self.ledger is not None:
+                    self.trace.emit(
+                        "group_dropped",
+                        group_id=run.group_id,
+                        prompt_id=run.prompt.prompt_id,
+                        reason=reason,
+                    )
                 if action is DropAction.REPLACE:
                     state.replacements[step] = state.replacements.get(step, 0) + 1
                     replacement = self._reserve_prompt_group(cut, self._take_spare(), step)
@@ -600,6 +641,13 @@ class SingleController:
             )
             env_mark, tokens_mark = self.gym.env_seconds, self._generated_tokens
             self.history.append(record)
+            self.trace.emit(
+                "step_completed",
+                step=record["step"],
+                weight_version=self.trainer_version,
+                groups=record["groups"],
+                batch_age=record["batch_age"],
+            )
             if self.on_step is not None:
                 self.on_step(record)
             await self.finalize_deferred_checkpoint()
@@ -672,6 +720,18 @@ class SingleController:
                     self.buffer.release_permit(len(ids))
                     self.trainer_version = step
                     self.groups_trained.extend(ids)
+                    for group in selected.groups:
+                        result = self._rollout_runtime.finalizer_results.pop(group.group_id, None)
+                        if result is None:
+                            continue
+                        selected.results.append(result)
+                        self.trace.emit(
+                            "group_trained",
+                            group_id=group.group_id,
+                            prompt_id=group.prompt_id,
+                            step=step,
+                            tokens_by_version=result.tokens_by_version,
+                        )
                     self.trained_prompt_ids.extend(g.prompt_id for g in selected.groups)
         finally:
             self._optimizer_commit_in_progress = False
@@ -694,11 +754,9 @@ class SingleController:
         step = selected.step
         state = self._rollout_runtime
         versions: dict[int, int] = defaultdict(int)
-        for group in selected.groups:
-            result = state.finalizer_results.pop(group.group_id, None)
-            if result is not None:
-                for version, count in result.tokens_by_version.items():
-                    versions[version] += count
+        for result in selected.results:
+            for version, count in result.tokens_by_version.items():
+                versions[version] += count
         step_max_age = (step - 1) - min(versions) if versions else 0
         self.max_observed_age = max(self.max_observed_age, step_max_age)
         counters = self._step_counters.pop(step, _StepCounters())
@@ -860,6 +918,17 @@ class SingleController:
         runs: list[_GroupRun] = []
         async with self.barrier.checkpoint() as cut:
             report = ledger.prepare_for_restart(cut)
+            for episode in report.abandoned:
+                sibling_id, attempt_uuid = episode.rollout_id.rsplit("_a", 1)
+                group = ledger.group_of(sibling_id)
+                self.trace.emit(
+                    "attempt_abandoned",
+                    group_id=group.group_id,
+                    prompt_id=group.prompt.prompt_id,
+                    generation_index=ledger.sibling(sibling_id).index,
+                    attempt_uuid=attempt_uuid,
+                    reason="restart",
+                )
             self.data_plane.clear("staging", report.stale_row_keys)
             referenced = ledger.referenced_row_keys()
             self.data_plane.clear(

@@ -10,6 +10,11 @@ from collections import Counter
 
 import pytest
 
+from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import (
+    TRACE_FILE,
+    batch_age_by_step,
+    read_events,
+)
 from rolloutrun_runtime.algorithms.single_controller import LEDGER_FILE
 from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
 from rolloutrun_runtime.experience.rollout_recovery import (
@@ -155,7 +160,10 @@ async def test_trainer_checkpoints_retention_and_resume(tmp_path, gym_endpoints)
     )
     trained: list[int] = []
 
+    trained_groups = []
+
     def crash_after_step_5(record):
+        trained_groups.append(record["groups"])
         if record["step"] == 5:
             raise _Crash("simulated crash: step 5 committed, never checkpointed")
         trained.extend(record["prompt_ids"])
@@ -188,6 +196,13 @@ async def test_trainer_checkpoints_retention_and_resume(tmp_path, gym_endpoints)
     assert max(both.values()) == 1, "a prompt was trained twice across the resume"
     steps = [json.loads(line)["step"] for line in (tmp_path / "run/metrics.jsonl").open()]
     assert steps == [1, 2, 3, 4, 5, 5, 6, 7]
+    events = list(read_events(tmp_path / "run" / TRACE_FILE))
+    runs = [e["run_id"] for e in events if e["event"] == "run_started"]
+    assert len(runs) == 2
+    trained_events = [e for e in events if e["event"] == "group_trained"]
+    trained_groups.extend(r["groups"] for r in second.history)
+    assert len(trained_events) == sum(trained_groups)
+    assert batch_age_by_step(e for e in events if e["run_id"] == runs[1]).keys() == {5, 6, 7}
 
 
 async def test_deferred_finalize_publishes_at_the_next_step_boundary(tmp_path, gym_endpoints):
