@@ -391,6 +391,8 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
             "gym",
             "--config",
             naming.CONFIG_PATH,
+            "--host",
+            f"$({naming.ENV_POD_IP})",
             "--port",
             str(port),
             "--instance-id",

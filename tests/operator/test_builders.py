@@ -80,7 +80,7 @@ def test_the_trainer_pod_carries_the_contract():
     assert env["ROLLOUTRUN_GENERATION_PORT"]["value"] == "8100"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-    assert env["ROLLOUTRUN_GYM_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+    assert env["ROLLOUTRUN_GYM_CONTROL_TOKEN"]["valueFrom"]["secretKeyRef"] == {
         "name": "demo-gym-token",
         "key": "token",
     }
@@ -127,6 +127,8 @@ def test_gym_pods_keep_a_stable_instance_id_across_incarnations():
             "gym",
             "--config",
             "/etc/rolloutrun/run.yaml",
+            "--host",
+            "$(POD_IP)",  # expanded by the kubelet from the downward API: the pod's own IP
             "--port",
             "8000",
             "--instance-id",
@@ -185,3 +187,9 @@ def test_a_volume_claim_is_mounted_at_the_storage_path_of_the_trainer():
 def test_referenced_secrets_are_listed_once():
     assert builders.referenced_secrets(make_run(**GCS)) == ["gcs-key", "s"]
     assert builders.referenced_secrets(make_run()) == []
+
+
+def test_the_gym_token_variable_is_the_one_the_runtime_reads():
+    from rolloutrun_runtime.environments.gym.control import TOKEN_ENV
+
+    assert naming.ENV_GYM_TOKEN == TOKEN_ENV

@@ -35,7 +35,8 @@ with open(os.path.join(root, "argv"), "w") as out:
     out.write(" ".join(sys.argv[1:]))
 if sys.argv[1] == "gym":  # accept connections on the Gym port, as the readiness probe wants
     port = int(sys.argv[sys.argv.index("--port") + 1])
-    server = socket.create_server((os.environ["POD_IP"], port))
+    host = sys.argv[sys.argv.index("--host") + 1]
+    server = socket.create_server((host, port))
     while True:
         server.accept()[0].close()
 time.sleep(600)
@@ -133,7 +134,8 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
         argv = Path(cluster.pod_dir(namespace, "demo-i1-gym-1") or "") / "argv"
         eventually(argv.exists, what="the gym stand-in started")
         assert argv.read_text().split() == [
-            "gym", "--config", "/etc/rolloutrun/run.yaml", "--port", "8000",
+            "gym", "--config", "/etc/rolloutrun/run.yaml", "--host", gyms[1].status.pod_ip,
+            "--port", "8000",
             "--instance-id", "demo-gym-1",
         ]  # fmt: skip
         current = status()
