@@ -316,11 +316,11 @@ class GenerationEngine:
             raise EngineClosedError("generation engine is stopped")
         self.validate(request)
         loop = asyncio.get_running_loop()
-        seed_rng = random.Random(request.seed) if request.seed is not None else self._rng
+        seed = request.seed if request.seed is not None else self._rng.getrandbits(64)
         call = _Call(
             request=request,
             future=loop.create_future(),
-            rng=random.Random(seed_rng.getrandbits(64)),
+            rng=random.Random(seed),
             tokens=list(request.prompt_token_ids),
         )
         self._pending.append(call)
