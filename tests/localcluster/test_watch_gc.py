@@ -190,3 +190,42 @@ def test_namespace_deletion_removes_its_objects(client: Any) -> None:
         core.list_config_map_for_all_namespaces(field_selector="metadata.namespace=doomed").items
         == []
     )
+
+
+async def test_concurrent_watchers_each_see_every_event(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """Fan-out under load loses nothing (a get() cancelled at a timeout once dropped events)."""
+    import asyncio
+    import ssl
+
+    import aiohttp
+
+    context = ssl.create_default_context(cafile=str(cluster.ca_path))
+    headers = {"Authorization": f"Bearer {cluster.token}"}
+    path = f"{cluster.api_url}/api/v1/namespaces/{namespace}/configmaps"
+    watchers, events = 20, 40
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=context, limit=0), headers=headers
+    ) as session:
+        async with session.get(path) as response:
+            since = (await response.json())["metadata"]["resourceVersion"]
+
+        async def watch() -> list[str]:
+            names: list[str] = []
+            params = {"watch": "true", "resourceVersion": since, "timeoutSeconds": "60"}
+            async with session.get(path, params=params) as response:
+                async for line in response.content:
+                    names.append(json.loads(line)["object"]["metadata"]["name"])
+                    if len(names) == events:
+                        return names
+            return names
+
+        tasks = [asyncio.create_task(watch()) for _ in range(watchers)]
+        for index in range(events):
+            async with session.post(path, json={"metadata": {"name": f"cm-{index}"}}) as response:
+                assert response.status == 201
+            if index % 10 == 0:
+                await asyncio.sleep(0.3)  # let idle 'wait' timeouts interleave with events
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    assert all(names == [f"cm-{i}" for i in range(events)] for names in results)

@@ -17,7 +17,6 @@ The semantics clients depend on (Kopf, the ``kubernetes`` client's ``Watch``, in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
@@ -128,25 +127,34 @@ class WatchHub:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         next_bookmark = loop.time() + self.bookmark_interval
-        while True:
-            now = loop.time()
-            if now >= deadline:
-                return
-            if request.transport is None or request.transport.is_closing():
-                return
-            wait = min(deadline, next_bookmark, now + 1.0) - now
-            item: tuple[str, Event] | None = None
-            with contextlib.suppress(TimeoutError):
-                item = await asyncio.wait_for(watcher.queue.get(), timeout=max(wait, 0.0))
-            if item is None:
-                if bookmarks and loop.time() >= next_bookmark and watcher.queue.empty():
-                    await response.write(self._bookmark(rtype, self.store.resource_version))
-                    next_bookmark = loop.time() + self.bookmark_interval
-                continue
-            seen, event = item
-            if seen == "__close__":
-                return
-            await response.write(event.line(seen, rtype.api_version))
+        # One pending get() is kept across timeouts: cancelling a get() that has just been
+        # handed an item (what asyncio.wait_for does on a timeout in Python 3.11) would
+        # drop that event from the stream.
+        getter: asyncio.Task[tuple[str, Event]] | None = None
+        try:
+            while True:
+                now = loop.time()
+                if now >= deadline:
+                    return
+                if request.transport is None or request.transport.is_closing():
+                    return
+                if getter is None:
+                    getter = asyncio.ensure_future(watcher.queue.get())
+                wait = min(deadline, next_bookmark, now + 1.0) - now
+                done, _ = await asyncio.wait({getter}, timeout=max(wait, 0.0))
+                if not done:
+                    if bookmarks and loop.time() >= next_bookmark and watcher.queue.empty():
+                        await response.write(self._bookmark(rtype, self.store.resource_version))
+                        next_bookmark = loop.time() + self.bookmark_interval
+                    continue
+                seen, event = getter.result()
+                getter = None
+                if seen == "__close__":
+                    return
+                await response.write(event.line(seen, rtype.api_version))
+        finally:
+            if getter is not None:
+                getter.cancel()
 
     @staticmethod
     def _bookmark(rtype: ResourceType, rv: int, initial_end: bool = False) -> bytes:

@@ -1,0 +1,167 @@
+"""Local cluster load benchmark: watch fan-out latency and list latency, printed as JSON.
+
+- watch: W concurrent watches on one namespace's ConfigMaps (W = 1 as the baseline, then
+  100); N ConfigMaps created one after another over HTTPS; each event's latency is the time
+  from the client sending the create to a watcher receiving the ADDED event.
+- list: GET of all ConfigMaps of a namespace holding 10 (baseline) and 1,000 objects.
+
+The cluster runs in its own thread (as in tests); clients share one asyncio loop here, so
+the numbers include client-side parsing on the same 2 cores. Usage:
+``python bench/localcluster.py [--events 200] [--watchers 100] [--objects 1000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "operator")]
+
+from rolloutrun_operator.localcluster.cluster import LocalCluster  # noqa: E402
+
+
+def _percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {
+        "p50_ms": round(pick(0.50) * 1000, 3),
+        "p99_ms": round(pick(0.99) * 1000, 3),
+        "max_ms": round(ordered[-1] * 1000, 3),
+        "mean_ms": round(statistics.fmean(ordered) * 1000, 3),
+        "samples": len(ordered),
+    }
+
+
+class Client:
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.base = cluster.api_url
+        self.headers = {"Authorization": f"Bearer {cluster.token}"}
+        context = ssl.create_default_context(cafile=str(cluster.ca_path))
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context, limit=0),
+            headers=self.headers,
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+        )
+
+    async def request(self, method: str, path: str, body: Any = None) -> Any:
+        async with self.session.request(method, self.base + path, json=body) as response:
+            data = await response.read()
+            if response.status >= 300:
+                raise RuntimeError(f"{method} {path}: {response.status} {data[:200]!r}")
+            return json.loads(data)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+async def _watcher(
+    client: Client,
+    path: str,
+    since: str,
+    expect: int,
+    seen: dict[str, list[float]],
+    ready: asyncio.Event,
+    counter: list[int],
+) -> None:
+    url = f"{client.base}{path}?watch=true&resourceVersion={since}&allowWatchBookmarks=true"
+    async with client.session.get(url) as response:
+        counter[0] += 1
+        if counter[0] == counter[1]:
+            ready.set()
+        got = 0
+        async for line in response.content:
+            event = json.loads(line)
+            if event["type"] != "ADDED":
+                continue
+            seen.setdefault(event["object"]["metadata"]["name"], []).append(time.perf_counter())
+            got += 1
+            if got == expect:
+                return
+
+
+async def bench_watch(cluster: LocalCluster, watchers: int, events: int) -> dict[str, Any]:
+    client = Client(cluster)
+    namespace = f"watch-{watchers}"
+    try:
+        await client.request("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        since = (await client.request("GET", path))["metadata"]["resourceVersion"]
+        seen: dict[str, list[float]] = {}
+        ready = asyncio.Event()
+        counter = [0, watchers]
+        tasks = [
+            asyncio.create_task(_watcher(client, path, since, events, seen, ready, counter))
+            for _ in range(watchers)
+        ]
+        await asyncio.wait_for(ready.wait(), 60)
+        await asyncio.sleep(0.2)  # every watch registered on the server
+        sent: dict[str, float] = {}
+        for index in range(events):
+            name = f"cm-{index}"
+            sent[name] = time.perf_counter()
+            await client.request(
+                "POST", path, {"metadata": {"name": name}, "data": {"i": str(index)}}
+            )
+        await asyncio.wait_for(asyncio.gather(*tasks), 300)
+        latencies = [t - sent[name] for name, times in seen.items() for t in times]
+        return {
+            "watchers": watchers,
+            "events": events,
+            "deliveries": len(latencies),
+            **_percentiles(latencies),
+        }
+    finally:
+        await client.close()
+
+
+async def bench_list(cluster: LocalCluster, objects: int, rounds: int) -> dict[str, Any]:
+    client = Client(cluster)
+    namespace = f"list-{objects}"
+    try:
+        await client.request("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        for index in range(objects):
+            body = {
+                "metadata": {"name": f"cm-{index}", "labels": {"i": str(index % 10)}},
+                "data": {"k": "v" * 64},
+            }
+            await client.request("POST", path, body)
+        samples = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            items = (await client.request("GET", path))["items"]
+            samples.append(time.perf_counter() - start)
+            assert len(items) == objects
+        return {"objects": objects, **_percentiles(samples)}
+    finally:
+        await client.close()
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as directory, LocalCluster(directory) as cluster:
+        result: dict[str, Any] = {"benchmark": "localcluster"}
+        result["watch_baseline"] = await bench_watch(cluster, 1, args.events)
+        result["watch"] = await bench_watch(cluster, args.watchers, args.events)
+        result["list_baseline"] = await bench_list(cluster, 10, args.rounds)
+        result["list"] = await bench_list(cluster, args.objects, args.rounds)
+        result["store_objects"] = sum(1 for _ in cluster.store.objects("configmaps"))
+        return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=200)
+    parser.add_argument("--watchers", type=int, default=100)
+    parser.add_argument("--objects", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=50)
+    print(json.dumps(asyncio.run(main(parser.parse_args())), indent=2))

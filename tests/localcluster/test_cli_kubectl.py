@@ -1,0 +1,120 @@
+"""``rolloutrun cluster up`` in the foreground (Ctrl-C stops it and kills its pods), and
+kubectl against the emulator when kubectl is installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config
+
+from rolloutrun_operator.localcluster.cluster import LocalCluster
+from rolloutrun_operator.localcluster.processes import pod_tag, tagged_pids
+from rolloutrun_operator.localcluster.testing import eventually
+
+
+def _rolloutrun() -> str:
+    found = shutil.which("rolloutrun", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip("the rolloutrun console script is not installed (pip install -e .)")
+    return found
+
+
+def test_cluster_up_serves_until_interrupted_and_kills_its_pods(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [_rolloutrun(), "cluster", "up", "--dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines: list[str] = []
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("kubeconfig:"):
+                break
+        kubeconfig = Path(lines[-1].split(":", 1)[1].strip())
+        assert kubeconfig == tmp_path.resolve() / "kubeconfig"
+        core: Any = k8s.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+        pod = {
+            "metadata": {"name": "forker"},
+            "spec": {
+                "containers": [
+                    {"name": "c", "image": "x", "command": ["sh", "-c", "sleep 300 & wait"]}
+                ]
+            },
+        }
+        uid = core.create_namespaced_pod("default", pod).metadata.uid
+        pids = eventually(
+            lambda: (lambda p: p if len(p) >= 2 else None)(tagged_pids(pod_tag(uid))),
+            what="pod processes",
+        )
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60) == 0
+        assert not tagged_pids(pod_tag(uid)), f"pod processes {pids} outlived the cluster"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_works_unchanged(cluster: LocalCluster, widgets: Any, namespace: str) -> None:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)}
+
+    def kubectl(*args: str, stdin: str | None = None) -> str:
+        done = subprocess.run(
+            ["kubectl", "-n", namespace, *args],
+            env=env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    nodes = json.loads(kubectl("get", "nodes", "-o", "json"))
+    assert [n["metadata"]["name"] for n in nodes["items"]] == ["local"]
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "kubectl-pod"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "x", "command": ["echo", "from kubectl"]}],
+        },
+    }
+    assert "created" in kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    assert "unchanged" in kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/kubectl-pod", "--timeout=60s")
+    assert kubectl("logs", "kubectl-pod") == "from kubectl\n"
+    table = kubectl("get", "pods")
+    assert (
+        table.split()[:5] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"] and "Completed" in table
+    )
+    # kubectl validates on the server (fieldValidation=Strict): a custom resource's unknown
+    # field is refused by name.
+    bad = {"apiVersion": "test.rolloutrun.dev/v1", "kind": "Widget", "metadata": {"name": "bad"}}
+    bad["spec"] = {"size": 1, "bogus": 1}
+    failed = subprocess.run(
+        ["kubectl", "-n", namespace, "apply", "-f", "-"],
+        env=env,
+        input=json.dumps(bad),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert failed.returncode != 0 and 'unknown field "spec.bogus"' in failed.stderr
+    assert "deleted" in kubectl("delete", "pod", "kubectl-pod")
