@@ -59,7 +59,25 @@ def main(args: argparse.Namespace) -> int:
             "rolloutrun trainer: gym.endpoints is empty (use 'rolloutrun train')", file=sys.stderr
         )
         return 2
-    asyncio.run(run_trainer(cfg))
+    return asyncio.run(_run_until_signalled(cfg))
+
+
+async def _run_until_signalled(cfg: RunConfig) -> int:
+    """Run the trainer; SIGTERM (a pod being stopped) cancels it cleanly, exit 143."""
+    import asyncio
+    import logging
+    import signal
+
+    task = asyncio.ensure_future(run_trainer(cfg))
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        logging.getLogger(__name__).warning("SIGTERM: trainer stopped before maxSteps")
+        return 128 + signal.SIGTERM
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
     return 0
 
 

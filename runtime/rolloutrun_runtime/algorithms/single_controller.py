@@ -677,6 +677,7 @@ class SingleController:
                 self.buffer.take(ids)
                 if self.ledger is not None:
                     self.ledger.claim(cut, ids, step)
+                self._rollout_runtime.open_step_groups = list(chosen)
                 rows = [
                     row for g in chosen for row in self.data_plane.get_many("train", g.row_keys)
                 ]
@@ -718,6 +719,7 @@ class SingleController:
                     if self.ledger is not None:
                         self.ledger.remove_trained(cut, ids, step)
                     self.buffer.release_permit(len(ids))
+                    self._rollout_runtime.open_step_groups = []
                     self.trainer_version = step
                     self.groups_trained.extend(ids)
                     for group in selected.groups:

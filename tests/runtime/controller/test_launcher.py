@@ -104,6 +104,30 @@ def test_trainer_pod_entry_point_runs_against_given_gym_endpoints(tmp_path: Path
             timeout=60,
         )
         assert refused.returncode == 2 and "gym.endpoints is empty" in refused.stderr
+
+        # SIGTERM (the pod being stopped) ends the trainer cleanly with 128 + SIGTERM.
+        long_run = with_endpoints.model_copy(
+            update={"grpo": with_endpoints.grpo.model_copy(update={"max_steps": 10_000})}
+        )
+        long_file = tmp_path / "long.yaml"
+        long_file.write_text(yaml.safe_dump(long_run.to_yaml_dict()))
+        stopped_dir = tmp_path / "stopped"
+        trainer = subprocess.Popen(
+            [*command, "trainer", "--config", str(long_file), "--log-dir", str(stopped_dir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not read_metrics(stopped_dir) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert read_metrics(stopped_dir), "the trainer never finished a step"
+            trainer.send_signal(signal.SIGTERM)
+            assert trainer.wait(timeout=60) == 128 + signal.SIGTERM
+        finally:
+            if trainer.poll() is None:
+                trainer.kill()
+                trainer.wait()
     finally:
         stop_process(gym.process)
         gym.log.close()

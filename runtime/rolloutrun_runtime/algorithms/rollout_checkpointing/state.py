@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rolloutrun_runtime.experience.rollout_recovery import PromptRef
 
 if TYPE_CHECKING:
-    from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer
+    from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer, ReplayGroup
     from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader
     from rolloutrun_runtime.config import RunConfig
     from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
@@ -74,6 +74,10 @@ class RolloutRuntimeState:
     """Whether admitted groups carry a target step (the in-order sampler)."""
     finalizer_results: dict[str, FinalizerResult] = field(default_factory=dict)
     """Finalized groups' results, kept until the group is trained."""
+    open_step_groups: list[ReplayGroup] = field(default_factory=list)
+    """Groups the unfinished train step selected (claimed in the ledger, rows still in the
+    data plane). Not saved as such: a snapshot re-indexes them into its replay view, and a
+    trainer checkpoint is never taken inside a step."""
 
     def shortfall(self, step: int) -> int:
         return self.batch_shortfall.get(step, 0)
