@@ -10,6 +10,7 @@ line per train step goes to the terminal; every step is also in ``DIR/metrics.js
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import subprocess
@@ -132,6 +133,12 @@ def main(args: argparse.Namespace) -> int:
         result = asyncio.run(run_trainer(cfg, on_step=progress))
     except LaunchError as error:
         print(f"rolloutrun train: {error}", file=sys.stderr)
+        return 1
+    except RuntimeError as error:
+        # Controller, ledger, checkpoint and storage errors name their problem; the
+        # traceback is in the log at DEBUG.
+        logging.getLogger(__name__).debug("run failed", exc_info=error)
+        print(f"rolloutrun train: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     finally:
         for gym_process in gyms:
