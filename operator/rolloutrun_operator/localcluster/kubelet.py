@@ -16,6 +16,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,14 @@ INHERITED_ENV = (
     "PYTHONPATH",
     "USER",
 )
+
+
+def pod_path(path: str) -> str:
+    """The cluster's PATH with the running interpreter's ``bin`` first, so console scripts
+    of the environment the cluster runs in (``rolloutrun``) resolve without activating it."""
+    bin_dir = os.path.dirname(sys.executable)
+    parts = [p for p in path.split(os.pathsep) if p]
+    return os.pathsep.join([bin_dir, *(p for p in parts if p != bin_dir)])
 
 
 class IpPool:
@@ -125,6 +134,7 @@ class Kubelet:
 
     def base_env(self, worker: PodWorker, container: Obj) -> dict[str, str]:
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        env["PATH"] = pod_path(env.get("PATH", ""))
         env.update(self.extra_env)
         port = str(self.api_port())
         env.update(
