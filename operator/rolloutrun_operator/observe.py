@@ -62,6 +62,8 @@ class PodView:
     exit_code: int | None = None
     terminated_reason: str | None = None
     ready: bool = False
+    started: dt.datetime | None = None
+    """When its container started running (``state.running.startedAt``)."""
 
     @property
     def terminated(self) -> bool:
@@ -80,7 +82,11 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         if condition.get("type") == "Ready" and condition.get("status") == "True":
             ready = True
     exit_code = terminated_reason = None
+    started = None
     for container in status.get("containerStatuses") or []:
+        running = (container.get("state") or {}).get("running")
+        if running:
+            started = parse_time(running.get("startedAt"))
         terminated = (container.get("state") or {}).get("terminated")
         if terminated:
             exit_code = _int(terminated.get("exitCode"))
@@ -101,6 +107,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         exit_code=exit_code,
         terminated_reason=terminated_reason,
         ready=ready,
+        started=started,
     )
 
 

@@ -363,15 +363,9 @@ def _find_loss(
         loss = _pod_loss(p, trainer)
         if loss is not None:
             return loss
-        lease = p.observed.lease
-        if (
-            lease is not None
-            and lease.holder_incarnation == p.status.incarnation
-            and lease.expired(p.now)
-        ):
-            expiry = lease.expiry()
-            message = f"lease {lease.holder} not renewed since {lease.renew_time} ({expiry})"
-            return Loss("LeaseExpired", trainer.name, LossKind.FAILURE, message)
+        loss = _lease_loss(p, trainer)
+        if loss is not None:
+            return loss
     for index in range(p.run.spec.gym.replicas):
         pod = gyms.get(index)
         if pod is None:
@@ -382,6 +376,25 @@ def _find_loss(
         loss = _pod_loss(p, pod)
         if loss is not None:
             return loss
+    return None
+
+
+def _lease_loss(p: _Pass, trainer: PodView) -> Loss | None:
+    """The trainer's lease expired (hung, partitioned), or it never took it after starting."""
+    lease = p.observed.lease
+    n = p.status.incarnation
+    if lease is not None and lease.holder_incarnation == n:
+        if lease.expired(p.now):
+            message = f"lease {lease.holder} not renewed since {lease.renew_time}"
+            return Loss("LeaseExpired", trainer.name, LossKind.FAILURE, message)
+        return None
+    timeout = p.run.spec.recovery.lease_acquire_timeout_seconds
+    if timeout and trainer.phase == "Running" and trainer.started is not None:
+        deadline = trainer.started + dt.timedelta(seconds=timeout)
+        if p.now >= deadline:
+            message = f"{trainer.name} running since {format_time(trainer.started)}, no lease"
+            return Loss("LeaseNotAcquired", trainer.name, LossKind.FAILURE, message)
+        p.look_again_at(deadline)
     return None
 
 

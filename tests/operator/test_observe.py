@@ -105,3 +105,16 @@ def test_times_round_trip_in_kubernetes_format():
     moment = parse_time("2026-01-01T12:00:00Z")
     assert moment is not None and format_time(moment) == "2026-01-01T12:00:00Z"
     assert parse_time("not a time") is None and parse_time(None) is None
+
+
+def test_a_running_container_reports_when_it_started():
+    pod = {
+        "metadata": {"name": "demo-i1-trainer", "labels": {naming.LABEL_INCARNATION: "1"}},
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": "trainer", "state": {"running": {"startedAt": "2026-01-01T12:00:05Z"}}}
+            ],
+        },
+    }
+    assert pod_view(pod).started == dt.datetime(2026, 1, 1, 12, 0, 5, tzinfo=dt.UTC)

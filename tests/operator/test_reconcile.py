@@ -177,6 +177,13 @@ LOSSES = [
         True,
     ),
     (
+        "trainer never took its lease",
+        (trainer(1, started=NOW - dt.timedelta(seconds=900)), gym(1, 0), gym(1, 1)),
+        {"lease": lease(0, NOW)},
+        "LeaseNotAcquired",
+        True,
+    ),
+    (
         "node lost",
         members(1),
         {"nodes": {"node-a": NodeView("node-a", False, NOW - dt.timedelta(seconds=41))}},
@@ -465,3 +472,13 @@ def test_unsuspending_while_pods_still_stop_waits_for_them_under_a_new_number():
     assert cond(resumed, "Ready") == ("False", "StoppingPrevious")
     later = reconcile(make_run(resumed.status.model_dump(by_alias=True)), observed(), NOW)
     assert later.status.incarnation == 2 and "create Pod/demo-i2-gym-0" in verbs(later)
+
+
+def test_a_trainer_starting_within_the_acquire_timeout_is_waited_for():
+    pods = (trainer(1, started=NOW - dt.timedelta(seconds=100)), gym(1, 0), gym(1, 1))
+    result = reconcile(make_run(running_status()), observed(pods), NOW)
+    assert result.actions == [] and cond(result, "Ready") == ("True", "Running")
+    assert result.requeue_after == pytest.approx(30.0)
+    off = make_run(running_status(), recovery={"leaseAcquireTimeoutSeconds": 0})
+    late = (trainer(1, started=NOW - dt.timedelta(days=1)), gym(1, 0), gym(1, 1))
+    assert reconcile(off, observed(late), NOW).actions == []

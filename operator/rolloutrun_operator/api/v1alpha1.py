@@ -261,6 +261,15 @@ class RecoveryPolicy(_Model):
         le=3600,
         description="Trainer lease duration; an unrenewed lease past it means a lost trainer.",
     )
+    lease_acquire_timeout_seconds: int = Field(
+        900,
+        ge=0,
+        le=86_400,
+        description=(
+            "A trainer container running this long without holding its lease counts as lost "
+            "(hung at startup); 0 turns the check off."
+        ),
+    )
 
 
 class RolloutRunSpec(_Model):
