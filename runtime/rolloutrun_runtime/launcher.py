@@ -102,6 +102,7 @@ def main(args: argparse.Namespace) -> int:
 
     from rolloutrun_runtime.config import ConfigError, load_run_config
     from rolloutrun_runtime.metrics import format_progress
+    from rolloutrun_runtime.storage import StorageError
     from rolloutrun_runtime.trainer import run_trainer
 
     config_file = Path(args.file)
@@ -134,7 +135,7 @@ def main(args: argparse.Namespace) -> int:
     except LaunchError as error:
         print(f"rolloutrun train: {error}", file=sys.stderr)
         return 1
-    except RuntimeError as error:
+    except (RuntimeError, StorageError) as error:
         # Controller, ledger, checkpoint and storage errors name their problem; the
         # traceback is in the log at DEBUG.
         logging.getLogger(__name__).debug("run failed", exc_info=error)
