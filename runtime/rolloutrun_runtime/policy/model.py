@@ -16,7 +16,6 @@ Two entry points share the weights:
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Mapping
 
 import torch
@@ -211,8 +210,3 @@ def state_sha256(state_dict: Mapping[str, torch.Tensor]) -> str:
         digest.update(repr(tuple(data.shape)).encode())
         digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
     return digest.hexdigest()
-
-
-def parameter_count(model: nn.Module) -> int:
-    """Number of trainable scalars (for logs)."""
-    return sum(math.prod(p.shape) for p in model.parameters())

@@ -143,13 +143,15 @@ class GymServer:
 
     # ------------------------------------------------------------------ routes
     async def _healthz(self, _: web.Request) -> web.Response:
-        live = sum(1 for e in self.episodes.values() if e.phase in LIVE_PHASES)
+        counts = self.episode_summary()
+        live = sum(counts.get(phase.value, 0) for phase in LIVE_PHASES)
         return web.json_response(
             {
                 "status": "ok",
                 "instance_id": self.instance_id,
                 "task": self.cfg.task.name.value,
                 "live_episodes": live,
+                "episodes_by_phase": counts,
             }
         )
 
