@@ -33,7 +33,6 @@ import enum
 import json
 import logging
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -83,6 +82,7 @@ from rolloutrun_runtime.experience.rollout_recovery import (
     RecoveryLedger,
     RestoreLevel,
     new_attempt,
+    new_uuid_hex,
     read_recovery_sidecar,
 )
 from rolloutrun_runtime.metrics import OverheadClock
@@ -333,7 +333,7 @@ class SingleController:
         return _no_cut()
 
     def _reserve_prompt_group(self, cut: LiveCut | None, prompt: PromptRef, step: int) -> _GroupRun:
-        group_id = f"pg{uuid.uuid4().hex[:12]}"
+        group_id = f"pg{new_uuid_hex()[:12]}"
         if self.ledger is not None:
             assert cut is not None
             self.ledger.reserve_group(
@@ -421,7 +421,7 @@ class SingleController:
 
     async def _run_sibling(self, run: _GroupRun, index: int) -> None:
         sibling_id = f"{run.group_id}_g{index}"
-        local_attempt = new_attempt(sibling_id)
+        local_attempt = new_attempt(sibling_id) if self.ledger is None else None
         failures = 0
         while True:
             async with self._dispatch_reservation("rollout_dispatch") as cut:
@@ -439,6 +439,7 @@ class SingleController:
                         gym_attempt=attempt.gym_attempt,
                     )
                 else:
+                    assert local_attempt is not None
                     attempt = local_attempt
                     replica = self.gym.pick(None)
             try:

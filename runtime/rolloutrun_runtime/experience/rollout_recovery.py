@@ -28,6 +28,8 @@ import enum
 import hashlib
 import json
 import logging
+import os
+import random
 import re
 import uuid
 from collections.abc import Iterable, Mapping
@@ -352,9 +354,20 @@ def sibling_id_for(group_id: str, index: int) -> str:
     return f"{group_id}_g{index}"
 
 
+#: Attempt uuids come from a generator seeded once from the OS: random 128-bit ids like
+#: ``uuid4`` without a system call per attempt (the rollout pump mints one per sibling).
+_IDS = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(32)))
+
+
+def new_uuid_hex() -> str:
+    """A random 128-bit id as 32 hex digits (``uuid4().hex`` format, version bits set)."""
+    return uuid.UUID(int=_IDS.getrandbits(128), version=4).hex
+
+
 def new_attempt(sibling_id: str, attempt_uuid: str | None = None) -> RolloutAttempt:
     """A fresh reserved attempt with a physical rollout id ``<sibling_id>_a<uuidhex>``."""
-    attempt_uuid = attempt_uuid or uuid.uuid4().hex
+    attempt_uuid = attempt_uuid or new_uuid_hex()
     rollout_id = f"{sibling_id}_a{attempt_uuid}"
     if _ATTEMPT_SUFFIX.search(rollout_id):
         raise LedgerError(f"rollout id {rollout_id!r} may not end in '-a<N>'")
