@@ -336,3 +336,46 @@ def test_node_loss_kill_reports_the_deaths_on_restore(
     )
     assert failed.status.container_statuses[0].state.terminated.exit_code == 137
     assert os.path.isdir(cluster.directory / "pods" / namespace)
+
+
+def test_two_nodes_replacements_schedule_away_from_a_lost_node(tmp_path: Path) -> None:
+    from rolloutrun_operator.localcluster.testing import api_client
+
+    with LocalCluster(tmp_path, nodes=2, restart_backoff=(0.2, 2.0)) as cluster:
+        api = api_client(cluster)
+        core: Any = k8s.CoreV1Api(api)
+        pinned = _pod("pinned", ["sleep", "300"], grace=1, policy="Never")
+        pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "local"}
+        core.create_namespaced_pod("default", pinned)
+        eventually(lambda: _ready(core, "default", "pinned"), what="pinned ready")
+        assert cluster.node_of("default", "pinned") == "local"
+        pids = cluster.pod_pids("default", "pinned")
+        cluster.lose_node("freeze", node="local")
+        core.create_namespaced_pod("default", _pod("replacement", ["sleep", "300"], grace=1))
+        eventually(lambda: _ready(core, "default", "replacement"), what="replacement ready")
+        assert cluster.node_of("default", "replacement") == "local-2"
+        waiting = _pod("waiting", ["true"])
+        waiting["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "local"}
+        core.create_namespaced_pod("default", waiting)
+
+        def unschedulable() -> Any:
+            conditions = core.read_namespaced_pod("waiting", "default").status.conditions or []
+            return next(
+                (c for c in conditions if c.type == "PodScheduled" and c.status == "False"), None
+            )
+
+        condition = eventually(unschedulable, what="unschedulable")
+        assert condition.reason == "Unschedulable" and condition.message.startswith(
+            "0/2 nodes are available"
+        )
+        # The operator gives up on the lost node's pod: a force deletion removes it at once.
+        core.delete_namespaced_pod("pinned", "default", grace_period_seconds=0)
+        assert _gone(core, "default", "pinned")
+        assert all(_state(pid) == "T" for pid in pids), "a lost node's processes stay frozen"
+        cluster.restore_node(node="local")
+        eventually(
+            lambda: not [pid for pid in pids if _alive(pid)], what="returning node kills them"
+        )
+        assert eventually(lambda: _phase(core, "default", "waiting", "Succeeded"), what="scheduled")
+        assert cluster.node_of("default", "waiting") == "local"
+        api.close()

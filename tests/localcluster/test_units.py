@@ -340,3 +340,38 @@ def test_pod_phases() -> None:
     assert podspec.pod_phase([], [restarting], "Always") == "Running"
     assert podspec.pod_phase([failed], [record("a")], "Never") == "Failed"
     assert podspec.pod_phase([restarting], [record("a")], "Always") == "Pending"
+
+
+def test_scheduler_chooses_a_fitting_least_loaded_node() -> None:
+    from rolloutrun_operator.localcluster.scheduler import choose_node
+
+    def node(
+        name: str, ready: bool = True, taints: Sequence[dict[str, str]] = ()
+    ) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "spec": {"taints": list(taints)},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "Unknown"}]},
+        }
+
+    unreachable = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+    nodes = [node("a"), node("b"), node("c", ready=False, taints=[unreachable])]
+    pod: dict[str, Any] = {"spec": {}}
+    assert choose_node(pod, nodes, {"a": 2, "b": 1}) == ("b", "")
+    assert (
+        choose_node({"spec": {"nodeSelector": {"kubernetes.io/hostname": "a"}}}, nodes, {"a": 5})[0]
+        == "a"
+    )
+    chosen, message = choose_node(
+        {"spec": {"nodeSelector": {"kubernetes.io/hostname": "c"}}}, nodes, {}
+    )
+    assert chosen is None
+    assert message == (
+        "0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, "
+        "1 node(s) were not ready."
+    )
+    tainted = [node("t", taints=[{"key": "gpu", "value": "yes", "effect": "NoSchedule"}])]
+    assert choose_node(pod, tainted, {})[0] is None
+    tolerant = {"spec": {"tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes"}]}}
+    assert choose_node(tolerant, tainted, {})[0] == "t"
+    assert choose_node({"spec": {"tolerations": [{"operator": "Exists"}]}}, tainted, {})[0] == "t"

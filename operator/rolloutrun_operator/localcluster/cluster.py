@@ -24,9 +24,12 @@ from aiohttp import web
 
 from . import kubeconfig, tls
 from .controllers import Controllers
-from .kubelet import Kubelet
+from .kubelet import IpPool, Kubelet
+from .logs import PodLogs
+from .podworker import PodWorker
 from .processes import pod_tag, tagged_pids
 from .resources import Registry
+from .scheduler import Scheduler
 from .server import ApiServer
 from .store import Store
 
@@ -50,6 +53,7 @@ class LocalCluster:
         bookmark_interval: float = 5.0,
         history: int = 50_000,
         restart_backoff: tuple[float, float] = (1.0, 30.0),
+        nodes: int = 1,
     ) -> None:
         self.directory = Path(directory).resolve()
         self.host = host
@@ -60,8 +64,10 @@ class LocalCluster:
         self._extra_env = extra_env
         self._bookmark_interval = bookmark_interval
         self._backoff = restart_backoff
+        self.node_names = ["local", *(f"local-{index}" for index in range(2, nodes + 1))]
         self.controllers: Controllers | None = None
-        self.kubelet: Kubelet | None = None
+        self.scheduler: Scheduler | None = None
+        self.kubelets: dict[str, Kubelet] = {}
         self.server: ApiServer | None = None
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -86,6 +92,11 @@ class LocalCluster:
     def running(self) -> bool:
         return self._runner is not None
 
+    @property
+    def kubelet(self) -> Kubelet:
+        """The kubelet of the first node, ``local``."""
+        return self.kubelets[self.node_names[0]]
+
     # ------------------------------------------------------------------ async API
     async def astart(self) -> LocalCluster:
         """Start serving on this loop; return once the API answers and the node is Ready."""
@@ -94,18 +105,24 @@ class LocalCluster:
         certificates = tls.ensure(self.directory)
         ca_pem = certificates.ca.read_bytes()
         self.controllers = Controllers(self.store, self.registry)
-        self.kubelet = Kubelet(
-            self.store,
-            self.registry,
-            self.directory,
-            token=self.token,
-            kubeconfig_for=lambda ns: kubeconfig.render(self.api_url, self.token, ca_pem, ns),
-            ca_pem=ca_pem,
-            api_port=lambda: self.port,
-            extra_env=self._extra_env,
-            backoff=self._backoff,
-        )
-        self.server = ApiServer(self.store, self.registry, self.token, logs=self.kubelet)
+        self.scheduler = Scheduler(self.store, self.registry)
+        ips = IpPool()
+        for node in self.node_names:
+            self.kubelets[node] = Kubelet(
+                self.store,
+                self.registry,
+                self.directory,
+                token=self.token,
+                kubeconfig_for=lambda ns: kubeconfig.render(self.api_url, self.token, ca_pem, ns),
+                ca_pem=ca_pem,
+                api_port=lambda: self.port,
+                node_name=node,
+                ips=ips,
+                extra_env=self._extra_env,
+                backoff=self._backoff,
+            )
+        logs = PodLogs(lambda: self.kubelets.values())
+        self.server = ApiServer(self.store, self.registry, self.token, logs=logs)
         self.server.watches.bookmark_interval = self._bookmark_interval
         namespaces = self.registry.get("", "v1", "namespaces")
         assert namespaces is not None
@@ -129,7 +146,9 @@ class LocalCluster:
         self.server.address = f"{self.host}:{self.port}"
         kubeconfig.write(self.kubeconfig_path, self.api_url, self.token, ca_pem)
         self.controllers.start()
-        self.kubelet.start()
+        for kubelet in self.kubelets.values():
+            kubelet.start()
+        self.scheduler.start()
         logger.info(
             "local cluster serving at %s (kubeconfig %s)", self.api_url, self.kubeconfig_path
         )
@@ -139,9 +158,12 @@ class LocalCluster:
         """Stop: end watches, kill every pod process, stop the controllers and the server."""
         if self._runner is None:
             return
-        assert self.server is not None and self.kubelet is not None and self.controllers is not None
+        assert self.server is not None and self.controllers is not None
+        assert self.scheduler is not None
         self.server.watches.drop_all()
-        await self.kubelet.stop()
+        await self.scheduler.stop()
+        for kubelet in self.kubelets.values():
+            await kubelet.stop()
         await self.controllers.stop()
         self.server.watches.drop_all()
         await self._runner.cleanup()
@@ -224,16 +246,21 @@ class LocalCluster:
         return asyncio.run_coroutine_threadsafe(run(), loop).result(30)
 
     # ------------------------------------------------------------------ test levers
-    def lose_node(self, mode: str = "freeze") -> None:
+    def lose_node(self, mode: str = "freeze", node: str = "local") -> None:
         """Play a node loss: the node turns NotReady, its pods unready and unreported, their
         processes frozen (``freeze``, SIGSTOP) or killed (``kill``, as a crashed machine)."""
-        assert self.kubelet is not None
-        self.call(self.kubelet.lose_node, mode)
+        self.call(self.kubelets[node].lose_node, mode)
 
-    def restore_node(self) -> None:
+    def restore_node(self, node: str = "local") -> None:
         """The lost node comes back: processes resume (or report their deaths)."""
-        assert self.kubelet is not None
-        self.call(self.kubelet.restore_node)
+        self.call(self.kubelets[node].restore_node)
+
+    def node_of(self, namespace: str, name: str) -> str | None:
+        """The node a pod is bound to (``None`` while unscheduled or gone)."""
+        pods = self.registry.get("", "v1", "pods")
+        assert pods is not None
+        pod = self.call(self.store.find, pods, namespace, name)
+        return None if pod is None else (pod.get("spec") or {}).get("nodeName")
 
     def drop_watches(self) -> int:
         """End every open watch stream, as an API server restart does; clients must re-watch."""
@@ -244,28 +271,25 @@ class LocalCluster:
         """Forget the watch history (etcd compaction): older resourceVersions get 410 Gone."""
         self.call(self.store.compact)
 
+    def _worker(self, namespace: str, name: str) -> PodWorker | None:
+        for kubelet in self.kubelets.values():
+            for worker in kubelet.workers.values():
+                if (worker.namespace, worker.name) == (namespace, name):
+                    return worker
+        return None
+
     def pod_dir(self, namespace: str, name: str) -> Path | None:
         """The directory of a running pod (logs, work dir, volumes), if it has a worker."""
-        assert self.kubelet is not None
-
-        def find() -> Path | None:
-            assert self.kubelet is not None
-            for worker in self.kubelet.workers.values():
-                if (worker.namespace, worker.name) == (namespace, name):
-                    return worker.dir
-            return None
-
-        return self.call(find)
+        worker = self.call(self._worker, namespace, name)
+        return None if worker is None else worker.dir
 
     def pod_pids(self, namespace: str, name: str) -> set[int]:
         """Every live process the named pod started (its containers and their children)."""
-        assert self.kubelet is not None
 
         def find() -> set[int]:
-            assert self.kubelet is not None
-            for worker in self.kubelet.workers.values():
-                if (worker.namespace, worker.name) == (namespace, name):
-                    return tagged_pids(pod_tag(worker.uid), worker.sessions)
-            return set()
+            worker = self._worker(namespace, name)
+            if worker is None:
+                return set()
+            return tagged_pids(pod_tag(worker.uid), worker.sessions)
 
         return self.call(find)

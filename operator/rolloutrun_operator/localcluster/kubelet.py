@@ -17,7 +17,7 @@ import ipaddress
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,7 @@ class Kubelet:
         ca_pem: bytes,
         api_port: Callable[[], int],
         node_name: str = "local",
+        ips: IpPool | None = None,
         extra_env: dict[str, str] | None = None,
         backoff: tuple[float, float] = (1.0, 30.0),
         min_probe_period: float = 1.0,
@@ -110,7 +111,7 @@ class Kubelet:
         self.volumes = Volumes(self)
         self.workers: dict[str, PodWorker] = {}
         self.lost: str | None = None
-        self._ips = IpPool()
+        self._ips = ips or IpPool()
         self._node_up = asyncio.Event()
         self._node_up.set()
         self._dirty: set[str] = set()
@@ -211,12 +212,8 @@ class Kubelet:
         spec, meta = pod.get("spec") or {}, pod["metadata"]
         deleting = bool(meta.get("deletionTimestamp"))
         node = spec.get("nodeName")
-        if not node:
-            if not deleting:
-                self._bind(pod)
-            return
         if node != self.node_name:
-            return
+            return  # unbound (the scheduler's) or another node's
         terminal = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         if worker is None and not deleting and not terminal:
             worker = PodWorker(self, pod, self._ips.take())
@@ -226,30 +223,6 @@ class Kubelet:
         if deleting and uid not in self._terminations:
             grace = float(meta.get("deletionGracePeriodSeconds") or 0)
             self._terminations[uid] = asyncio.create_task(self._terminate(pod, worker, grace))
-
-    def _bind(self, pod: Obj) -> None:
-        meta = pod["metadata"]
-        spec = {**pod["spec"], "nodeName": self.node_name}
-        status = {**(pod.get("status") or {})}
-        status["conditions"] = [
-            {
-                "type": "PodScheduled",
-                "status": "True",
-                "lastProbeTime": None,
-                "lastTransitionTime": now_iso(),
-            }
-        ]
-        with contextlib.suppress(errors.ApiError):
-            bound = self.store.update(
-                self._type("pods"), meta["namespace"], meta["name"], {**pod, "spec": spec}
-            )
-            self.store.update(
-                self._type("pods"),
-                meta["namespace"],
-                meta["name"],
-                {**bound, "status": status},
-                subresource="status",
-            )
 
     async def _terminate(self, pod: Obj, worker: PodWorker | None, grace: float) -> None:
         meta = pod["metadata"]
@@ -425,70 +398,3 @@ class Kubelet:
         self._dirty.update(self.workers)
         self._wake.set()
         logger.info("node %s restored", self.node_name)
-
-    # ------------------------------------------------------------------ logs
-    def _worker_for_log(
-        self, namespace: str, name: str, container: str | None
-    ) -> tuple[PodWorker, str]:
-        pod = self.store.find(self._type("pods"), namespace, name)
-        worker = self.workers.get(pod["metadata"]["uid"]) if pod else None
-        if pod is None or worker is None:
-            raise errors.bad_request(
-                f'container in pod "{name}" is waiting to start: ContainerCreating'
-            )
-        names = [r.name for r in worker.init + worker.main]
-        if container is None:
-            if len(worker.main) != 1:
-                choices = " ".join(r.name for r in worker.main)
-                raise errors.bad_request(
-                    f"a container name must be specified for pod {name}, choose one of: [{choices}]"
-                )
-            container = worker.main[0].name
-        if container not in names:
-            raise errors.bad_request(f"container {container} is not valid for pod {name}")
-        return worker, container
-
-    async def read_log(
-        self, namespace: str, name: str, container: str | None, query: dict[str, str]
-    ) -> bytes:
-        worker, container = self._worker_for_log(namespace, name, container)
-        path = worker.log_path(container, previous=query.get("previous") == "true")
-        if not path.exists():
-            if query.get("previous") == "true":
-                raise errors.bad_request(
-                    f'previous terminated container "{container}" in pod "{name}" not found'
-                )
-            return b""
-        data = path.read_bytes()
-        if query.get("tailLines"):
-            lines = data.splitlines(keepends=True)
-            data = b"".join(lines[-int(query["tailLines"]) :]) if int(query["tailLines"]) else b""
-        if query.get("limitBytes"):
-            data = data[: int(query["limitBytes"])]
-        return data
-
-    async def follow_log(
-        self,
-        namespace: str,
-        name: str,
-        container: str | None,
-        query: dict[str, str],
-        write: Callable[[bytes], Awaitable[None]],
-    ) -> None:
-        worker, container = self._worker_for_log(namespace, name, container)
-        data = await self.read_log(namespace, name, container, query)
-        await write(data)
-        path = worker.log_path(container)
-        offset = path.stat().st_size if path.exists() else 0
-        while True:
-            record = next(r for r in worker.init + worker.main if r.name == container)
-            running = record.state == "running" and not worker.finished.is_set()
-            if path.exists() and path.stat().st_size > offset:
-                with open(path, "rb") as handle:
-                    handle.seek(offset)
-                    chunk = handle.read()
-                offset += len(chunk)
-                await write(chunk)
-            elif not running:
-                return
-            await asyncio.sleep(0.2)
