@@ -229,6 +229,16 @@ class GenerationEngine:
     def versions(self) -> list[int]:
         return list(self._models)
 
+    @property
+    def running(self) -> int:
+        """Calls in the running batch."""
+        return self._running()
+
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for a free row."""
+        return sum(1 for call in self._pending if not call.future.done())
+
     def _load(
         self, state_dict: Mapping[str, torch.Tensor], into: TinyCausalLM | None = None
     ) -> TinyCausalLM:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rolloutrun_runtime.config import PolicyConfig
+from rolloutrun_runtime.policy.engine import EngineClosedError
 from rolloutrun_runtime.policy.generation import (
     GenerationEngine,
     GenerationRequest,
@@ -250,3 +251,46 @@ async def test_unthreaded_engine_matches_threaded_engine() -> None:
         finally:
             await engine.stop()
     assert results[0] == results[1]
+
+
+async def test_queueing_cancellation_and_versions_held_while_in_use() -> None:
+    state0, logp0 = constant_policy(0)
+    engine = GenerationEngine(
+        CFG, V, TOKENIZER.eos_id, state0, 0, keep_versions=1, max_running=2, seed=1
+    )
+    try:
+        # Five calls, two rows: the rest wait and join as rows free up.
+        calls = [GenerationRequest(prompt_token_ids=(1, 5 + i), max_tokens=6) for i in range(5)]
+        results = await asyncio.gather(*[engine.generate(c) for c in calls])
+        assert [len(r.token_ids) for r in results] == [6] * 5
+
+        # A cancelled call leaves the batch; the engine keeps serving.
+        doomed = asyncio.create_task(
+            engine.generate(GenerationRequest(prompt_token_ids=(1, 4), max_tokens=100))
+        )
+        while engine.tokens_generated < 31:
+            await asyncio.sleep(0)
+        doomed.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+
+        # keep_versions=1, yet a running call pinned to version 0 keeps it installed.
+        pinned = asyncio.create_task(
+            engine.generate(
+                GenerationRequest(prompt_token_ids=(1, 4), max_tokens=100, weight_version=0)
+            )
+        )
+        while not pinned.done() and engine.tokens_generated < 60:
+            await asyncio.sleep(0)
+        await engine.refit(constant_policy(1)[0], 1)
+        assert engine.versions == [0, 1]
+        held = await pinned
+        assert held.weight_versions == [0] * 100
+        _assert_logprobs(held.to_json(), {0: logp0})
+        await engine.refit(constant_policy(2)[0], 2)
+        assert engine.versions == [2]
+        assert engine.running == engine.waiting == 0
+    finally:
+        await engine.stop()
+    with pytest.raises(EngineClosedError):
+        await engine.generate(GenerationRequest(prompt_token_ids=(1,), max_tokens=1))
