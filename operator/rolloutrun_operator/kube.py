@@ -69,6 +69,8 @@ RESOURCES: dict[str, Resource] = {
 PERMISSIONS: list[tuple[str, str, tuple[str, ...]]] = [
     (GROUP, PLURAL, ("get", "list", "watch", "patch")),
     (GROUP, f"{PLURAL}/status", ("get", "patch")),
+    # children set blockOwnerDeletion; OwnerReferencesPermissionEnforcement checks this right
+    (GROUP, f"{PLURAL}/finalizers", ("update",)),
     ("", "pods", ("get", "list", "watch", "create", "delete")),
     ("", "configmaps", ("get", "create", "update")),
     ("", "secrets", ("get", "create")),
