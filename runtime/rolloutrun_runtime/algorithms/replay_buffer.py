@@ -59,7 +59,6 @@ class ReplayBuffer:
     capacity: int
     _groups: dict[str, ReplayGroup] = field(default_factory=dict)
     _permits: asyncio.Semaphore | None = None
-    _changed: asyncio.Event | None = None
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -71,13 +70,6 @@ class ReplayBuffer:
         if self._permits is None:
             self._permits = asyncio.Semaphore(self.capacity)
         return self._permits
-
-    @property
-    def changed(self) -> asyncio.Event:
-        """Set whenever a group is added; the train pump clears it before waiting."""
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        return self._changed
 
     async def acquire_permit(self) -> None:
         await self.permits.acquire()
@@ -96,7 +88,6 @@ class ReplayBuffer:
         if group.group_id in self._groups:
             raise ReplayError(f"group {group.group_id!r} is already in the replay buffer")
         self._groups[group.group_id] = group
-        self.changed.set()
 
     def groups(self) -> list[ReplayGroup]:
         return list(self._groups.values())

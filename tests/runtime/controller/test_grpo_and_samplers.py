@@ -182,3 +182,28 @@ def test_accumulate_policy_gradients_micro_batches_match_one_batch() -> None:
         accumulate_policy_gradients(
             model, rows, [[1.0]], pad_id=0, temperature=1.0, clip_epsilon=0.2, micro_batch_rows=4
         )
+
+
+async def test_replay_buffer_groups_and_permits() -> None:
+    from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer, ReplayError, ReplayGroup
+
+    def group(gid: str, step: int) -> ReplayGroup:
+        return ReplayGroup(gid, 1, step, (f"{gid}_g0",), (1.0,), 3)
+
+    buffer = ReplayBuffer(capacity=2)
+    await buffer.acquire_permit()
+    await buffer.acquire_permit()
+    assert buffer.permits.locked()
+    buffer.add(group("a", 1))
+    buffer.add(group("b", 2))
+    with pytest.raises(ReplayError, match="already"):
+        buffer.add(group("a", 1))
+    assert [g.group_id for g in buffer.ready_for(2)] == ["b"]
+    assert [g.group_id for g in buffer.stale_before(2)] == ["a"]
+    assert ReplayGroup.from_json(buffer.metadata()[0]) == group("a", 1)
+    taken = buffer.take(["a"])
+    with pytest.raises(ReplayError, match="not in the replay buffer"):
+        buffer.take(["a"])
+    buffer.put_back(taken)
+    buffer.release_permit(2)
+    assert not buffer.permits.locked() and len(buffer) == 2
