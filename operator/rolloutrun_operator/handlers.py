@@ -51,7 +51,10 @@ class Options:
 
 
 class Wakers:
-    """One asyncio.Event per run: set by watch events, awaited by the run's daemon."""
+    """One asyncio.Event per run: set by watch events, awaited by the run's daemon.
+
+    Only ever touched on the operator's event loop (the event handlers are ``async`` so Kopf
+    runs them there, not in its thread pool: asyncio.Event is not thread-safe)."""
 
     def __init__(self) -> None:
         self._events: dict[tuple[str, str], asyncio.Event] = {}
@@ -173,13 +176,15 @@ async def keep_running(
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-def run_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+async def run_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
     """Any change of the run (spec, suspend, deletion) wakes its daemon."""
     memo["wakers"].wake(namespace, name)
 
 
 @kopf.on.event("v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
-def member_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+async def member_changed(
+    namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
+) -> None:
     """A member pod changed phase, got an IP, was evicted or deleted."""
     memo["wakers"].wake(namespace, labels.get(naming.LABEL_RUN))
 
@@ -191,6 +196,8 @@ def member_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, 
     labels={naming.LABEL_RUN: kopf.PRESENT},
     registry=registry,
 )
-def lease_changed(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+async def lease_changed(
+    namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
+) -> None:
     """The trainer renewed its Lease or reported progress: mirror it into status."""
     memo["wakers"].wake(namespace, labels.get(naming.LABEL_RUN))
