@@ -19,7 +19,7 @@ from typing import Any
 import ray
 import torch
 
-from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.config import Device, RunConfig
 from rolloutrun_runtime.workers import WorkerError
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,19 @@ class GenerationActor:
             self.runner = None
 
 
+def actor_gpus(device: Device, cluster_gpus: float, workers: int) -> float:
+    """GPUs each generation actor asks Ray for.
+
+    Ray hides GPUs from actors that ask for none, so an actor that should compute on CUDA
+    must ask: a whole GPU each when there are enough, else an even share.
+    """
+    if device is Device.CPU or (device is Device.AUTO and cluster_gpus < 1):
+        return 0.0
+    if device is Device.CUDA and cluster_gpus < 1:
+        raise WorkerError("policy.device is 'cuda' but the Ray cluster has no GPUs")
+    return min(1.0, cluster_gpus / workers)
+
+
 def _cpu_state(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key: value.detach().to("cpu", copy=True) for key, value in state_dict.items()}
 
@@ -106,9 +119,11 @@ class RayWorkers:
         bind_host, advertise = ("0.0.0.0", True) if address else ("127.0.0.1", False)
         cfg_data = self.cfg.model_dump(mode="json")
         weights = ray.put(_cpu_state(state_dict))
+        workers = self.cfg.workers.generation_workers
+        gpus = actor_gpus(self.cfg.policy.device, ray.cluster_resources().get("GPU", 0), workers)
+        actor = GenerationActor.options(num_gpus=gpus)  # type: ignore[attr-defined]
         self._actors = [
-            GenerationActor.remote(cfg_data, index, GENERATION_THREADS)  # type: ignore[attr-defined]
-            for index in range(self.cfg.workers.generation_workers)
+            actor.remote(cfg_data, index, GENERATION_THREADS) for index in range(workers)
         ]
         try:
             self.endpoints = list(

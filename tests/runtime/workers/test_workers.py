@@ -64,3 +64,15 @@ async def test_ray_workers_refit_and_endpoints(ray_session: None) -> None:
     workers = build_workers(cfg, build_model(cfg.policy, TOKENIZER.vocab_size, 0).state_dict(), 3)
     assert isinstance(workers, RayWorkers) and isinstance(workers, PolicyWorkers)
     await _exercise(workers, 1)
+
+
+def test_ray_actors_ask_for_gpus_only_when_they_compute_on_them() -> None:
+    from rolloutrun_runtime.config import Device
+    from rolloutrun_runtime.workers.ray_workers import actor_gpus
+
+    assert actor_gpus(Device.CPU, 8, 2) == 0.0
+    assert actor_gpus(Device.AUTO, 0, 2) == 0.0
+    assert actor_gpus(Device.AUTO, 4, 2) == 1.0
+    assert actor_gpus(Device.CUDA, 1, 4) == 0.25
+    with pytest.raises(WorkerError, match="no GPUs"):
+        actor_gpus(Device.CUDA, 0, 1)
