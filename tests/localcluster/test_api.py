@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -319,3 +320,30 @@ def test_leases_and_events_for_the_operator(client: Any, namespace: str) -> None
         namespace, field_selector="involvedObject.kind=Pod,reason=Test"
     )
     assert len(found.items) == 1
+
+
+def test_the_projects_crd_and_examples_apply(client: Any, namespace: str) -> None:
+    """The generated RolloutRun CRD registers, and the shipped examples validate against it."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    crd_file = root / "crds" / "rolloutruns.rolloutrun.dev.yaml"
+    if not crd_file.exists():
+        pytest.skip("the RolloutRun CRD is not generated yet")
+    crd_body = yaml.safe_load(crd_file.read_text())
+    ext: Any = k8s.ApiextensionsV1Api(client)
+    try:
+        ext.create_custom_resource_definition(crd_body)
+    except k8s.ApiException as error:
+        assert error.status == 409
+    group = crd_body["spec"]["group"]
+    version = next(v["name"] for v in crd_body["spec"]["versions"] if v.get("storage"))
+    plural = crd_body["spec"]["names"]["plural"]
+    custom: Any = k8s.CustomObjectsApi(client)
+    for example in sorted((root / "examples").glob("*.yaml")):
+        body = yaml.safe_load(example.read_text())
+        if body.get("kind") != crd_body["spec"]["names"]["kind"]:
+            continue
+        body["metadata"].pop("namespace", None)
+        made = custom.create_namespaced_custom_object(group, version, namespace, plural, body)
+        assert made["metadata"]["generation"] == 1 and made["spec"], example.name

@@ -379,3 +379,42 @@ def test_two_nodes_replacements_schedule_away_from_a_lost_node(tmp_path: Path) -
         assert eventually(lambda: _phase(core, "default", "waiting", "Succeeded"), what="scheduled")
         assert cluster.node_of("default", "waiting") == "local"
         api.close()
+
+
+SHOW_VOLUMES = """
+import os, pathlib
+root = pathlib.Path(os.environ["ROLLOUTRUN_LOCALCLUSTER_ROOT"])
+print((root / "etc/run/run.yaml").read_text(), (root / "etc/meta/name").read_text(), os.getcwd())
+"""
+
+
+def test_volumes_are_files_under_the_pod_root(client: Any, namespace: str) -> None:
+    core: Any = k8s.CoreV1Api(client)
+    core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "run"}, "data": {"run.yaml": "steps: 3"}}
+    )
+    pod = _pod(
+        "vols",
+        [PY, "-c", SHOW_VOLUMES],
+        volumeMounts=[
+            {"name": "config", "mountPath": "/etc/run"},
+            {"name": "meta", "mountPath": "/etc/meta"},
+        ],
+        workingDir="/srv/app",
+    )
+    pod["spec"]["volumes"] = [
+        {"name": "config", "configMap": {"name": "run"}},
+        {
+            "name": "meta",
+            "downwardAPI": {
+                "items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]
+            },
+        },
+    ]
+    core.create_namespaced_pod(namespace, pod)
+    done = eventually(
+        lambda: _phase(core, namespace, "vols", "Succeeded", "Failed"), what="vols done"
+    )
+    log = core.read_namespaced_pod_log("vols", namespace)
+    assert done.status.phase == "Succeeded", log
+    assert log.startswith("steps: 3 vols ") and log.split()[-1].endswith("/root/srv/app")

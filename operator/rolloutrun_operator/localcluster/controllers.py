@@ -45,7 +45,9 @@ class Controllers:
             self._on_crd(event)
         if event.type == "ADDED" and event.storage_key == "namespaces":
             self._default_service_account(meta["name"])
-        if event.type == "DELETED" or meta.get("deletionTimestamp") or meta.get("ownerReferences"):
+        old_references = (event.old or {}).get("metadata", {}).get("ownerReferences")
+        references_changed = meta.get("ownerReferences") != old_references
+        if event.type == "DELETED" or meta.get("deletionTimestamp") or references_changed:
             self._gc_due.set()
         if event.storage_key in ("pods", "services"):
             self._endpoints_due.set()

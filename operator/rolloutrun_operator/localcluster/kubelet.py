@@ -147,6 +147,7 @@ class Kubelet:
                 "KUBERNETES_PORT": f"tcp://{self.host_ip}:{port}",
                 "KUBECONFIG": str(worker.dir / "kubeconfig"),
                 "ROLLOUTRUN_LOCALCLUSTER_POD_DIR": str(worker.dir),
+                "ROLLOUTRUN_LOCALCLUSTER_ROOT": str(worker.dir / "root"),
                 POD_TAG: worker.uid,
             }
         )

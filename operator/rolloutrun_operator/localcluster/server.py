@@ -182,7 +182,11 @@ class ApiServer:
         if target.subresource == "eviction" and method == "POST":
             return await self._evict(request, target)
         if method == "GET":
-            return _json(self.store.get(target.rtype, target.namespace or "", target.name))
+            obj = self.store.get(target.rtype, target.namespace or "", target.name)
+            if target.subresource is None and wants_table(request.headers.get("Accept", "")):
+                meta = {"resourceVersion": obj["metadata"]["resourceVersion"]}
+                return _json(as_table(target.rtype, [obj], meta))
+            return _json(obj)
         if method == "PUT":
             return await self._update(request, target)
         if method == "PATCH":

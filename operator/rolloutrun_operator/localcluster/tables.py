@@ -1,18 +1,20 @@
 """Server-side printing: the ``meta.k8s.io/v1`` ``Table`` that ``kubectl get`` asks for.
 
 kubectl requests ``Accept: application/json;as=Table;v=v1;g=meta.k8s.io``; answering it lets
-``kubectl get pods`` and ``kubectl get rr`` (with the CRD's ``additionalPrinterColumns``)
-print the usual columns against the emulator.
+``kubectl get pods,nodes,svc,ns`` print their usual columns and ``kubectl get rr`` the
+CRD's ``additionalPrinterColumns``. Other kinds print NAME and AGE.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from .resources import ResourceType
 
 Obj = dict[str, Any]
+Cell = Callable[[Obj], Any]
 
 
 def wants_table(accept: str) -> bool:
@@ -46,88 +48,124 @@ def json_path(obj: Obj, path: str) -> Any:
     return current
 
 
-def _pod_cells(pod: Obj) -> list[Any]:
+def _age(obj: Obj) -> str:
+    return age(obj["metadata"].get("creationTimestamp"))
+
+
+def _pod_status(pod: Obj) -> str:
     status = pod.get("status") or {}
-    statuses = status.get("containerStatuses") or []
-    ready = sum(1 for s in statuses if s.get("ready"))
-    total = len((pod.get("spec") or {}).get("containers") or [])
-    phase = status.get("phase", "")
-    for container in statuses:
+    phase = str(status.get("phase", ""))
+    for container in status.get("containerStatuses") or []:
         state = container.get("state") or {}
         reason = (state.get("waiting") or state.get("terminated") or {}).get("reason")
         if reason:
             phase = reason
-    if pod["metadata"].get("deletionTimestamp"):
-        phase = "Terminating"
-    restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
-    return [
-        f"{ready}/{total}",
-        phase,
-        restarts,
-        age(pod["metadata"].get("creationTimestamp")),
-        status.get("podIP", "<none>"),
-        (pod.get("spec") or {}).get("nodeName", "<none>"),
-    ]
+    return "Terminating" if pod["metadata"].get("deletionTimestamp") else phase
+
+
+def _pod_ready(pod: Obj) -> str:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    total = len((pod.get("spec") or {}).get("containers") or [])
+    return f"{sum(1 for s in statuses if s.get('ready'))}/{total}"
+
+
+def _node_status(node: Obj) -> str:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready: Obj = next((c for c in conditions if c.get("type") == "Ready"), {})
+    text = "Ready" if ready.get("status") == "True" else "NotReady"
+    return text + (",SchedulingDisabled" if (node.get("spec") or {}).get("unschedulable") else "")
+
+
+def _ports(service: Obj) -> str:
+    ports = (service.get("spec") or {}).get("ports") or []
+    return ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in ports) or "<none>"
+
+
+BUILTIN_COLUMNS: dict[str, list[tuple[str, int, Cell]]] = {
+    "pods": [
+        ("Ready", 0, _pod_ready),
+        ("Status", 0, _pod_status),
+        (
+            "Restarts",
+            0,
+            lambda p: sum(
+                int(s.get("restartCount", 0))
+                for s in (p.get("status") or {}).get("containerStatuses") or []
+            ),
+        ),
+        ("Age", 0, _age),
+        ("IP", 1, lambda p: (p.get("status") or {}).get("podIP", "<none>")),
+        ("Node", 1, lambda p: (p.get("spec") or {}).get("nodeName", "<none>")),
+    ],
+    "nodes": [
+        ("Status", 0, _node_status),
+        ("Roles", 0, lambda n: "<none>"),
+        ("Age", 0, _age),
+        ("Version", 0, lambda n: json_path(n, ".status.nodeInfo.kubeletVersion") or ""),
+    ],
+    "services": [
+        ("Type", 0, lambda s: (s.get("spec") or {}).get("type", "ClusterIP")),
+        ("Cluster-IP", 0, lambda s: (s.get("spec") or {}).get("clusterIP", "<none>")),
+        ("External-IP", 0, lambda s: "<none>"),
+        ("Port(s)", 0, _ports),
+        ("Age", 0, _age),
+    ],
+    "namespaces": [
+        ("Status", 0, lambda n: (n.get("status") or {}).get("phase", "")),
+        ("Age", 0, _age),
+    ],
+}
+
+
+def _columns(rtype: ResourceType) -> list[tuple[Obj, Cell]]:
+    if rtype.storage_key in BUILTIN_COLUMNS:
+        return [
+            (
+                {
+                    "name": name,
+                    "type": "string",
+                    "format": "",
+                    "description": name,
+                    "priority": prio,
+                },
+                cell,
+            )
+            for name, prio, cell in BUILTIN_COLUMNS[rtype.storage_key]
+        ]
+    result: list[tuple[Obj, Cell]] = []
+    for column in rtype.printer_columns:
+        definition = {
+            "name": column.get("name", ""),
+            "type": column.get("type", "string"),
+            "format": column.get("format", ""),
+            "description": column.get("description", ""),
+            "priority": column.get("priority", 0),
+        }
+        path, is_date = column.get("jsonPath", ""), column.get("type") == "date"
+
+        def cell(obj: Obj, path: str = path, is_date: bool = is_date) -> Any:
+            value = json_path(obj, path)
+            return age(value) if is_date and value else value
+
+        result.append((definition, cell))
+    if not any(c.get("jsonPath") == ".metadata.creationTimestamp" for c in rtype.printer_columns):
+        age_column = {"name": "Age", "type": "date", "format": "", "description": "", "priority": 0}
+        result.append((age_column, _age))
+    return result
 
 
 def as_table(rtype: ResourceType, items: list[Obj], meta: Obj) -> Obj:
-    columns: list[Obj] = [
-        {"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}
-    ]
-    extra: list[tuple[Obj, Any]] = []
-    if rtype.storage_key == "pods":
-        for name, kind in (
-            ("Ready", "string"),
-            ("Status", "string"),
-            ("Restarts", "integer"),
-            ("Age", "string"),
-            ("IP", "string"),
-            ("Node", "string"),
-        ):
-            columns.append(
-                {
-                    "name": name,
-                    "type": kind,
-                    "format": "",
-                    "description": name,
-                    "priority": 0 if name not in ("IP", "Node") else 1,
-                }
-            )
-    elif rtype.printer_columns:
-        for column in rtype.printer_columns:
-            columns.append(
-                {
-                    "name": column.get("name", ""),
-                    "type": column.get("type", "string"),
-                    "format": column.get("format", ""),
-                    "description": column.get("description", ""),
-                    "priority": column.get("priority", 0),
-                }
-            )
-            extra.append((column, column.get("jsonPath", "")))
-        if not any(
-            c.get("jsonPath") == ".metadata.creationTimestamp" for c in rtype.printer_columns
-        ):
-            columns.append(
-                {"name": "Age", "type": "date", "format": "", "description": "Age", "priority": 0}
-            )
-    else:
-        columns.append(
-            {"name": "Age", "type": "string", "format": "", "description": "Age", "priority": 0}
-        )
+    name = {
+        "name": "Name",
+        "type": "string",
+        "format": "name",
+        "description": "Name",
+        "priority": 0,
+    }
+    columns = _columns(rtype)
     rows = []
     for item in items:
-        cells: list[Any] = [item["metadata"]["name"]]
-        if rtype.storage_key == "pods":
-            cells += _pod_cells(item)
-        elif rtype.printer_columns:
-            for column, path in extra:
-                value = json_path(item, path)
-                cells.append(age(value) if column.get("type") == "date" and value else value)
-            if len(cells) < len(columns):
-                cells.append(age(item["metadata"].get("creationTimestamp")))
-        else:
-            cells.append(age(item["metadata"].get("creationTimestamp")))
+        cells = [item["metadata"]["name"], *(cell(item) for _, cell in columns)]
         partial = {
             "kind": "PartialObjectMetadata",
             "apiVersion": "meta.k8s.io/v1",
@@ -138,6 +176,6 @@ def as_table(rtype: ResourceType, items: list[Obj], meta: Obj) -> Obj:
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": meta,
-        "columnDefinitions": columns,
+        "columnDefinitions": [name, *(definition for definition, _ in columns)],
         "rows": rows,
     }

@@ -2,8 +2,9 @@
 
 There is no mount namespace, so a container cannot see a volume at its ``mountPath``. Each
 volume is written once at pod start to ``<pod dir>/volumes/<volume name>/`` and linked at
-``<pod dir>/root/<mountPath>``; a process finds its files there (the pod directory is in
-``ROLLOUTRUN_LOCALCLUSTER_POD_DIR``). Later ConfigMap/Secret changes are not propagated.
+``<pod dir>/root/<mountPath>``; a process finds its files there: a path P inside the
+container is ``$ROLLOUTRUN_LOCALCLUSTER_ROOT/P`` on this machine. Later ConfigMap and Secret
+changes are not propagated.
 """
 
 from __future__ import annotations
