@@ -22,12 +22,16 @@ from rolloutrun_runtime.experience.rollout_recovery import EnvironmentEpisode, P
 from rolloutrun_runtime.metrics import OverheadClock
 
 
-class ControllerError(RuntimeError):
-    """The controller cannot continue (a pump failed, a restore does not fit)."""
+class GymError(RuntimeError):
+    """Base of the Gym client's errors."""
 
 
-class GymCallError(ControllerError):
-    """A Gym ``/run`` call failed or returned something unusable."""
+class GymCallError(GymError):
+    """A Gym ``/run`` call failed or returned something unusable (the attempt fails)."""
+
+
+class GymUnavailableError(GymError):
+    """A Gym replica cannot be used at all (unhealthy, unknown owner, client not open)."""
 
 
 @dataclass
@@ -103,7 +107,7 @@ class GymClient:
         overhead: OverheadClock,
     ) -> None:
         if not endpoints:
-            raise ControllerError("no Gym endpoints: set gym.endpoints or start Gym replicas")
+            raise GymUnavailableError("no Gym endpoints: set gym.endpoints or start Gym replicas")
         self.replicas = [GymReplica(url.rstrip("/"), f"gym-{i}") for i, url in enumerate(endpoints)]
         self.timeout_s = timeout_s
         self.max_seq_len = max_seq_len
@@ -124,7 +128,9 @@ class GymClient:
                     body = await response.json(content_type=None)
             except (aiohttp.ClientError, TimeoutError, ValueError) as error:
                 await self.close()
-                raise ControllerError(f"Gym replica {replica.url} is unhealthy: {error}") from error
+                raise GymUnavailableError(
+                    f"Gym replica {replica.url} is unhealthy: {error}"
+                ) from error
             if isinstance(body, dict) and body.get("instance_id"):
                 replica.instance_id = str(body["instance_id"])
 
@@ -139,7 +145,9 @@ class GymClient:
             for replica in self.replicas:
                 if replica.instance_id == owner:
                     return replica
-            raise ControllerError(f"no Gym replica with instance id {owner!r} (turn-level owner)")
+            raise GymUnavailableError(
+                f"no Gym replica with instance id {owner!r} (turn-level owner)"
+            )
         replica = self.replicas[self._next % len(self.replicas)]
         self._next += 1
         return replica
@@ -154,7 +162,7 @@ class GymClient:
     ) -> dict[str, Any]:
         """``POST /run`` and convert the result into a training row (``GymCallError`` if not)."""
         if self._session is None:
-            raise ControllerError("the Gym client is not open")
+            raise GymUnavailableError("the Gym client is not open")
         body = {
             "episode_id": {"rollout_id": episode.rollout_id, "attempt": episode.attempt},
             "prompt_id": prompt_id,

@@ -48,7 +48,6 @@ from rolloutrun_runtime.algorithms.grpo import (
     zero_variance,
 )
 from rolloutrun_runtime.algorithms.gym_client import (
-    ControllerError,
     GymCallError,
     GymClient,
     GymReplica,
@@ -148,9 +147,13 @@ class _GroupRun:
     staged: dict[int, str] = field(default_factory=dict)
 
 
+class ControllerError(RuntimeError):
+    """The controller cannot continue (a pump failed, a restore does not fit)."""
+
+
 @dataclass
 class _StepCounters:
-    """Per stamped step: every finished rollout's reward and model tokens."""
+    """Per stamped step: every finished rollout's reward."""
 
     rewards: list[float] = field(default_factory=list)
 

@@ -207,3 +207,23 @@ async def test_replay_buffer_groups_and_permits() -> None:
     buffer.put_back(taken)
     buffer.release_permit(2)
     assert not buffer.permits.locked() and len(buffer) == 2
+
+
+async def test_gym_client_placement_and_unhealthy_replicas() -> None:
+    import socket
+
+    from rolloutrun_runtime.algorithms.gym_client import GymClient, GymUnavailableError
+    from rolloutrun_runtime.metrics import OverheadClock
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    client = GymClient([dead, dead + "/"], timeout_s=5, max_seq_len=16, overhead=OverheadClock())
+    assert [client.pick(None).instance_id for _ in range(3)] == ["gym-0", "gym-1", "gym-0"]
+    assert client.pick("gym-1").url == dead
+    with pytest.raises(GymUnavailableError, match="owns a resumed episode"):
+        client.pick("gym-9")
+    with pytest.raises(GymUnavailableError, match="unhealthy"):
+        await client.open()
+    with pytest.raises(GymUnavailableError, match="not open"):
+        await client.run_episode(client.replicas[0], None, 0, "http://x", {})  # type: ignore[arg-type]
