@@ -124,7 +124,8 @@ class GymServer:
     async def _startup(self, _: web.Application) -> None:
         policy = self._policy
         if policy is None:
-            self._session = aiohttp.ClientSession()
+            # No connection cap: every live episode may be waiting on the policy at once.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
             policy = HttpPolicyClient(self._session, self.cfg.rollout.rollout_timeout_seconds)
         self.loop = AgentLoop(
             task=self.cfg.task,
