@@ -146,7 +146,7 @@ class GymClient:
                 if replica.instance_id == owner:
                     return replica
             raise GymUnavailableError(
-                f"no Gym replica with instance id {owner!r} (turn-level owner)"
+                f"no Gym replica with instance id {owner!r} (it owns a resumed episode)"
             )
         replica = self.replicas[self._next % len(self.replicas)]
         self._next += 1
