@@ -1,17 +1,26 @@
-"""The vocabulary of a reconcile pass: actions, Events, member losses and the backoff.
+"""The vocabulary of a reconcile pass: actions, Events, member losses, the backoff, and the
+:class:`Pass` that collects them.
 
 Why separate from :mod:`rolloutrun_operator.reconcile`: the handlers apply these values and
 the tests compare them, neither needs the decision logic; keeping them small frozen
-dataclasses makes a table test's expected row readable.
+dataclasses makes a table test's expected row readable. The decisions are split between
+:mod:`reconcile` (the run's life) and :mod:`losses` (when a member counts as lost).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from rolloutrun_operator.api.v1alpha1 import RecoveryPolicy
+from rolloutrun_operator import builders
+from rolloutrun_operator.api.v1alpha1 import RecoveryPolicy, RolloutRun, RolloutRunStatus
+from rolloutrun_operator.conditions import ConditionType, Desired
+from rolloutrun_operator.observe import Observed, PodView
+
+#: A pod still present this long after its deletion deadline is force-deleted.
+STUCK_TERMINATING_SECONDS = 30
 
 
 class Verb(enum.StrEnum):
@@ -74,3 +83,55 @@ def backoff_seconds(policy: RecoveryPolicy, consecutive_losses: int) -> int:
         return 0
     exponent = min(consecutive_losses - 1, 32)
     return min(policy.backoff_seconds * 2**exponent, policy.max_backoff_seconds)
+
+
+@dataclass
+class Pass:
+    """What one reconcile pass has decided so far (the pure functions append to it)."""
+
+    run: RolloutRun
+    observed: Observed
+    now: dt.datetime
+    status: RolloutRunStatus
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    desired: dict[ConditionType, Desired] = field(default_factory=dict)
+    requeue: float | None = None
+
+    @property
+    def name(self) -> str:
+        return builders.run_name(self.run)
+
+    def look_again(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+    def look_again_at(self, when: dt.datetime) -> None:
+        self.look_again((when - self.now).total_seconds())
+
+    def say(self, **conditions: Desired) -> None:
+        for key, value in conditions.items():
+            self.desired[ConditionType[key.upper()]] = value
+
+    def create(self, manifest: builders.Manifest) -> None:
+        meta = manifest["metadata"]
+        self.actions.append(Action(Verb.CREATE, manifest["kind"], meta["name"], manifest))
+
+    def delete_pods(self, pods: list[PodView]) -> bool:
+        """Delete pods (force the stuck ones); True when some still exist."""
+        for pod in pods:
+            node = self.observed.nodes.get(pod.node_name or "")
+            node_lost = node is not None and not node.ready
+            if pod.deletion_time is None:
+                self.actions.append(
+                    Action(Verb.DELETE, "Pod", pod.name, grace_seconds=0 if node_lost else None)
+                )
+            else:
+                deadline = pod.deletion_time + dt.timedelta(seconds=STUCK_TERMINATING_SECONDS)
+                if self.now >= deadline or node_lost:
+                    self.actions.append(Action(Verb.DELETE, "Pod", pod.name, grace_seconds=0))
+                else:
+                    self.look_again_at(deadline)
+        if pods:
+            self.look_again(5.0)
+        return bool(pods)

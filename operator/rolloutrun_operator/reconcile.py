@@ -23,37 +23,27 @@ The life of a run, as the conditions tell it:
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rolloutrun_operator import builders, naming
 from rolloutrun_operator.api.v1alpha1 import FailureRecord, RolloutRun, RolloutRunStatus
 from rolloutrun_operator.conditions import ConditionType as C
 from rolloutrun_operator.conditions import Desired, find, is_true, merge
+from rolloutrun_operator.losses import find_loss, serving
 from rolloutrun_operator.observe import Observed, PodView, format_time, parse_time
-from rolloutrun_operator.plan import Action, Event, Loss, LossKind, Verb, backoff_seconds
+from rolloutrun_operator.plan import (
+    Action,
+    Event,
+    Loss,
+    LossKind,
+    Pass,
+    Verb,
+    backoff_seconds,
+)
 from rolloutrun_operator.problems import spec_problems
 
-#: A pod still present this long after its deletion deadline is force-deleted.
-STUCK_TERMINATING_SECONDS = 30
 #: How long a healthy run waits before looking again without any event.
 IDLE_REQUEUE_SECONDS = 30.0
-#: Reasons (pod ``status.reason`` or ``DisruptionTarget``) that are preemption, not failure.
-PREEMPTION_REASONS = frozenset(
-    {
-        "Evicted",
-        "Preempting",
-        "NodeLost",
-        "NodeShutdown",
-        "Shutdown",
-        "Terminated",
-        "PreemptionByScheduler",
-        "PreemptionByKubeScheduler",
-        "EvictionByEvictionAPI",
-        "DeletionByTaintManager",
-        "DeletionByPodGC",
-        "TerminationByKubelet",
-    }
-)
 
 
 @dataclass
@@ -66,60 +56,10 @@ class Result:
     requeue_after: float | None
 
 
-@dataclass
-class _Pass:
-    run: RolloutRun
-    observed: Observed
-    now: dt.datetime
-    status: RolloutRunStatus
-    actions: list[Action] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    desired: dict[C, Desired] = field(default_factory=dict)
-    requeue: float | None = None
-
-    @property
-    def name(self) -> str:
-        return builders.run_name(self.run)
-
-    def look_again(self, seconds: float) -> None:
-        seconds = max(seconds, 0.0)
-        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
-
-    def look_again_at(self, when: dt.datetime) -> None:
-        self.look_again((when - self.now).total_seconds())
-
-    def say(self, **conditions: Desired) -> None:
-        for key, value in conditions.items():
-            self.desired[C[key.upper()]] = value
-
-    def create(self, manifest: builders.Manifest) -> None:
-        meta = manifest["metadata"]
-        self.actions.append(Action(Verb.CREATE, manifest["kind"], meta["name"], manifest))
-
-    def delete_pods(self, pods: list[PodView]) -> bool:
-        """Delete pods (force the stuck ones); True when some still exist."""
-        for pod in pods:
-            node = self.observed.nodes.get(pod.node_name or "")
-            node_lost = node is not None and not node.ready
-            if pod.deletion_time is None:
-                self.actions.append(
-                    Action(Verb.DELETE, "Pod", pod.name, grace_seconds=0 if node_lost else None)
-                )
-            else:
-                deadline = pod.deletion_time + dt.timedelta(seconds=STUCK_TERMINATING_SECONDS)
-                if self.now >= deadline or node_lost:
-                    self.actions.append(Action(Verb.DELETE, "Pod", pod.name, grace_seconds=0))
-                else:
-                    self.look_again_at(deadline)
-        if pods:
-            self.look_again(5.0)
-        return bool(pods)
-
-
 def reconcile(run: RolloutRun, observed: Observed, now: dt.datetime) -> Result:
     """Decide the actions, the new status and the Events for one pass over ``run``."""
     status = (run.status or RolloutRunStatus()).model_copy(deep=True)
-    p = _Pass(run, observed, now, status)
+    p = Pass(run, observed, now, status)
     generation = run.metadata.get("generation")
     _mirror_lease(p)
     _decide(p)
@@ -128,7 +68,7 @@ def reconcile(run: RolloutRun, observed: Observed, now: dt.datetime) -> Result:
     return Result(p.actions, status, p.events, p.requeue)
 
 
-def _mirror_lease(p: _Pass) -> None:
+def _mirror_lease(p: Pass) -> None:
     lease = p.observed.lease
     if lease is None:
         return
@@ -149,7 +89,7 @@ def _stopped(reason: str, message: str = "") -> dict[str, Desired]:
     }
 
 
-def _decide(p: _Pass) -> None:
+def _decide(p: Pass) -> None:
     conditions = p.status.conditions
     if is_true(conditions, C.SUCCEEDED):
         p.delete_pods([pod for pod in p.observed.pods if pod.role == naming.Role.GYM])
@@ -172,7 +112,7 @@ def _decide(p: _Pass) -> None:
     _run_incarnation(p)
 
 
-def _suspend(p: _Pass) -> None:
+def _suspend(p: Pass) -> None:
     pods = [pod for pod in p.observed.pods if not pod.terminated]
     gone = [pod for pod in p.observed.pods if pod.terminated]
     remaining = p.delete_pods(pods) | p.delete_pods(gone)
@@ -185,7 +125,7 @@ def _suspend(p: _Pass) -> None:
     p.say(suspended=Desired(True, reason, "spec.suspend is true"), **_stopped("Suspended"))
 
 
-def _wait_for_backoff(p: _Pass) -> None:
+def _wait_for_backoff(p: Pass) -> None:
     remaining = p.delete_pods(list(p.observed.pods))
     start = parse_time(p.status.next_start_time)
     loss = p.status.last_failure
@@ -203,7 +143,7 @@ def _wait_for_backoff(p: _Pass) -> None:
     _start_next(p, after=reason)
 
 
-def _start_next(p: _Pass, after: str) -> None:
+def _start_next(p: Pass, after: str) -> None:
     """Number the next incarnation now (so no later pod can reuse the old number, whatever
     blocks the start); its pods start once every older pod is gone and the spec is usable."""
     p.status.incarnation += 1
@@ -216,7 +156,7 @@ def _start_next(p: _Pass, after: str) -> None:
     _run_incarnation(p)
 
 
-def _ensure_static_children(p: _Pass) -> None:
+def _ensure_static_children(p: Pass) -> None:
     run, present = p.run, p.observed.present
     wanted = [
         builders.gym_token_secret(run, p.observed.new_token),
@@ -235,7 +175,7 @@ def _ensure_static_children(p: _Pass) -> None:
             p.create(manifest)
 
 
-def _put_config(p: _Pass, endpoints: list[str] | None) -> None:
+def _put_config(p: Pass, endpoints: list[str] | None) -> None:
     data = builders.config_data(p.run, endpoints, p.status.latest_manifest_uri)
     if endpoints is None and p.observed.config is not None:
         trainer = p.observed.config.get(naming.CONFIG_KEY)
@@ -248,7 +188,7 @@ def _put_config(p: _Pass, endpoints: list[str] | None) -> None:
     p.actions.append(Action(verb, "ConfigMap", manifest["metadata"]["name"], manifest))
 
 
-def _run_incarnation(p: _Pass) -> None:
+def _run_incarnation(p: Pass) -> None:
     n = p.status.incarnation
     stale = [pod for pod in p.observed.pods if pod.incarnation != n]
     p.delete_pods(stale)
@@ -261,7 +201,7 @@ def _run_incarnation(p: _Pass) -> None:
     if trainer is not None and trainer.phase == "Succeeded" and trainer.disruption is None:
         _succeed(p, members)
         return
-    loss = _find_loss(p, trainer, gyms, launched)
+    loss = find_loss(p, trainer, gyms, launched)
     if loss is not None:
         _end_incarnation(p, members, loss)
         return
@@ -280,14 +220,14 @@ def _run_incarnation(p: _Pass) -> None:
         _ensure_static_children(p)
         up = [gyms.get(i) for i in range(replicas)]
         port = p.run.spec.gym.port
-        addresses = [pod.pod_ip for pod in up if pod and pod.pod_ip and _serving(pod)]
+        addresses = [pod.pod_ip for pod in up if pod and pod.pod_ip and serving(pod)]
         all_up = len(addresses) == replicas
         _put_config(p, [builders.gym_endpoint(ip, port) for ip in addresses] if all_up else None)
         for index in range(replicas):
             if index not in gyms:
                 p.create(builders.gym_pod(p.run, n, index))
         if not all_up:
-            ready = sum(1 for pod in up if pod is not None and _serving(pod))
+            ready = sum(1 for pod in up if pod is not None and serving(pod))
             message = f"{ready}/{replicas} Gym pods ready"
             p.say(ready=Desired(False, "StartingGyms", message))
             p.say(progressing=Desired(True, "StartingGyms", message))
@@ -318,87 +258,7 @@ def _run_incarnation(p: _Pass) -> None:
     p.look_again(IDLE_REQUEUE_SECONDS)
 
 
-def _serving(pod: PodView) -> bool:
-    """Running, and its readiness probe (the Gym port accepts connections) passed."""
-    return pod.phase == "Running" and pod.ready and pod.deletion_time is None
-
-
-def _pod_loss(p: _Pass, pod: PodView) -> Loss | None:
-    role = "Trainer" if pod.role == naming.Role.TRAINER else "Gym"
-    preempted = pod.disruption or (
-        pod.status_reason if pod.status_reason in PREEMPTION_REASONS else None
-    )
-    if pod.deletion_time is not None:
-        reason = preempted or "PodDeleted"
-        return Loss(reason, pod.name, LossKind.PREEMPTION, f"{pod.name} is being deleted")
-    if pod.phase == "Failed":
-        detail = f"exit code {pod.exit_code}" if pod.exit_code is not None else "failed"
-        if pod.terminated_reason:
-            detail += f" ({pod.terminated_reason})"
-        if preempted:
-            return Loss(preempted, pod.name, LossKind.PREEMPTION, f"{pod.name}: {detail}")
-        return Loss(f"{role}Failed", pod.name, LossKind.FAILURE, f"{pod.name}: {detail}")
-    if pod.phase == "Succeeded":
-        if preempted:
-            return Loss(preempted, pod.name, LossKind.PREEMPTION, f"{pod.name} was stopped")
-        return Loss(f"{role}Exited", pod.name, LossKind.FAILURE, f"{pod.name} exited early")
-    node = p.observed.nodes.get(pod.node_name or "")
-    if node is not None and not node.ready:
-        timeout = dt.timedelta(seconds=p.run.spec.recovery.node_loss_timeout_seconds)
-        since = node.since or p.now
-        if p.now >= since + timeout:
-            message = f"node {node.name} NotReady since {format_time(since)}"
-            return Loss("NodeLost", pod.name, LossKind.PREEMPTION, message)
-        p.look_again_at(since + timeout)
-    return None
-
-
-def _find_loss(
-    p: _Pass, trainer: PodView | None, gyms: dict[int | None, PodView], launched: bool
-) -> Loss | None:
-    if launched and trainer is None:
-        name = naming.trainer_pod_name(p.name, p.status.incarnation)
-        return Loss("PodDeleted", name, LossKind.PREEMPTION, f"{name} disappeared")
-    if trainer is not None:
-        loss = _pod_loss(p, trainer)
-        if loss is not None:
-            return loss
-        loss = _lease_loss(p, trainer)
-        if loss is not None:
-            return loss
-    for index in range(p.run.spec.gym.replicas):
-        pod = gyms.get(index)
-        if pod is None:
-            if launched:
-                name = naming.gym_pod_name(p.name, p.status.incarnation, index)
-                return Loss("PodDeleted", name, LossKind.PREEMPTION, f"{name} disappeared")
-            continue
-        loss = _pod_loss(p, pod)
-        if loss is not None:
-            return loss
-    return None
-
-
-def _lease_loss(p: _Pass, trainer: PodView) -> Loss | None:
-    """The trainer's lease expired (hung, partitioned), or it never took it after starting."""
-    lease = p.observed.lease
-    n = p.status.incarnation
-    if lease is not None and lease.holder_incarnation == n:
-        if lease.expired(p.now):
-            message = f"lease {lease.holder} not renewed since {lease.renew_time}"
-            return Loss("LeaseExpired", trainer.name, LossKind.FAILURE, message)
-        return None
-    timeout = p.run.spec.recovery.lease_acquire_timeout_seconds
-    if timeout and trainer.phase == "Running" and trainer.started is not None:
-        deadline = trainer.started + dt.timedelta(seconds=timeout)
-        if p.now >= deadline:
-            message = f"{trainer.name} running since {format_time(trainer.started)}, no lease"
-            return Loss("LeaseNotAcquired", trainer.name, LossKind.FAILURE, message)
-        p.look_again_at(deadline)
-    return None
-
-
-def _succeed(p: _Pass, members: list[PodView]) -> None:
+def _succeed(p: Pass, members: list[PodView]) -> None:
     p.delete_pods([pod for pod in members if pod.role == naming.Role.GYM])
     p.status.next_start_time = None
     message = f"trained {p.run.spec.run.grpo.max_steps} steps"
@@ -406,7 +266,7 @@ def _succeed(p: _Pass, members: list[PodView]) -> None:
     p.events.append(Event("Normal", "Succeeded", message))
 
 
-def _end_incarnation(p: _Pass, members: list[PodView], loss: Loss) -> None:
+def _end_incarnation(p: Pass, members: list[PodView], loss: Loss) -> None:
     policy = p.run.spec.recovery
     status = p.status
     p.delete_pods(members)

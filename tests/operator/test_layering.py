@@ -6,7 +6,15 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "rolloutrun_operator"
-PURE = ("reconcile.py", "builders.py", "observe.py", "conditions.py", "plan.py", "problems.py")
+PURE = (
+    "reconcile.py",
+    "losses.py",
+    "builders.py",
+    "observe.py",
+    "conditions.py",
+    "plan.py",
+    "problems.py",
+)
 
 
 def modules() -> list[Path]:
