@@ -1,4 +1,4 @@
-"""The operator's only decisions: ``reconcile(run, observed, now) -> Result``.
+"""The operator's decisions: ``reconcile(run, observed, now) -> Result``.
 
 Pure on purpose: given the RolloutRun (spec and last status), what exists of its children
 (:class:`~rolloutrun_operator.observe.Observed`) and the time, it returns the actions to take,
@@ -7,14 +7,17 @@ to look again. Tests drive it as tables; the Kopf handlers only fetch, apply and
 
 The life of a run, as the conditions tell it:
 
-- **starting** incarnation N: static children (token Secret, RBAC, Lease, Services, the
-  ConfigMap), then the Gym pods; once every Gym pod has an IP the trainer's config is
-  rendered with their endpoints and the manifest to resume from, and the trainer pod starts.
-- **running**: any member lost (deleted, failed, evicted, preempted, on a node NotReady past
-  ``nodeLossTimeoutSeconds``, or the trainer's Lease expired) ends the incarnation: its pods
-  are deleted, ``Restarting`` turns True and the next incarnation waits out an exponential
-  backoff (reset after ``stablePeriodSeconds`` of stable running). Preemptions do not count
-  against ``maxRestarts``; failures do, and past it the run is ``Failed``.
+- **starting** incarnation N (once every pod of earlier incarnations is gone): static
+  children (token Secret, RBAC, Lease, Services, the ConfigMap), then the Gym pods; once every
+  Gym pod is Ready the trainer's config is rendered with their endpoints and the manifest to
+  resume from, and the trainer pod starts.
+- **running**: any member lost (see :mod:`losses`: deleted, failed, evicted, preempted, on a
+  node NotReady past ``nodeLossTimeoutSeconds``, the trainer's Lease expired or never taken)
+  ends the incarnation: its pods are deleted and ``Restarting`` turns True; after an
+  exponential backoff (reset after ``stablePeriodSeconds`` of stable running) the next
+  incarnation number is taken, never to be reused whatever then delays its start.
+  Preemptions do not count against ``maxRestarts``; failures do, and past it the run is
+  ``Failed``.
 - the trainer exiting 0 means ``maxSteps`` were trained: ``Succeeded``, Gym pods removed.
 - ``suspend``: pods deleted (SIGTERM: the forced snapshot), ``Suspended``; unsuspending starts
   the next incarnation from the latest manifest.
