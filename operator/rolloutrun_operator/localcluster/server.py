@@ -28,6 +28,10 @@ from .watch import WatchHub
 
 logger = logging.getLogger(__name__)
 
+# Kinds whose registry returns the deleted object (``ReturnDeletedObject``) instead of a Status.
+RETURN_DELETED = frozenset(
+    {"pods", "services", "serviceaccounts", "namespaces", "customresourcedefinitions"}
+)
 PUBLIC_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/version"})
 
 
@@ -319,7 +323,18 @@ class ApiServer:
         deleted = self.store.delete(
             target.rtype, target.namespace or "", target.name, options, dry_run=dry_run
         )
-        return _json(deleted)
+        still_there = self.store.find(target.rtype, target.namespace or "", target.name)
+        if still_there is not None or target.rtype.custom or target.rtype.plural in RETURN_DELETED:
+            return _json(deleted)
+        # Most built-in kinds answer an immediate deletion with a Status, not the object.
+        details = {
+            "name": target.name,
+            "group": target.rtype.group,
+            "kind": target.rtype.plural,
+            "uid": deleted["metadata"]["uid"],
+        }
+        status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+        return _json({**status, "details": details})
 
     async def _delete_collection(self, request: web.Request, target: Target) -> web.Response:
         options = await self._delete_options(request)

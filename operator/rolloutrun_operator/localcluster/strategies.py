@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import copy
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -451,7 +450,3 @@ def strategy_for(rtype: ResourceType) -> Strategy:
     if rtype.custom:
         return _CUSTOM
     return _STRATEGIES.get(rtype.storage_key, _DEFAULT)
-
-
-def deep_copy(obj: Obj) -> Obj:
-    return copy.deepcopy(obj)
