@@ -21,13 +21,14 @@ run's Lease; the operator creates it) using optimistic concurrency on ``resource
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -465,6 +466,29 @@ class KubernetesLease(_Lease):
         if status >= 400:
             raise LeaseError(f"writing lease {self.namespace}/{self.name}: {status} {answer}")
         return True
+
+
+@contextlib.contextmanager
+def holding(
+    lease: LeaseHolder | None, acquire_timeout: float | None = None
+) -> Iterator[LeaseHolder | None]:
+    """Acquire ``lease``, renew it in the background, and give it up on a clean exit.
+
+    ``None`` (a plain local run without coordination) passes through, so a trainer writes
+    ``with holding(lease_from_environment()) as lease:`` either way. On an exception the
+    lease is not released: it expires, and the operator reads that as a lost trainer.
+    """
+    if lease is None:
+        yield None
+        return
+    lease.acquire(timeout=acquire_timeout)
+    lease.start_renewing()
+    try:
+        yield lease
+    except BaseException:
+        lease.stop(release=False)
+        raise
+    lease.stop(release=True)
 
 
 def lease_from_environment(

@@ -17,6 +17,7 @@ from rolloutrun_runtime.coordination import (
     KubernetesLease,
     LeaseHolder,
     LeaseRecord,
+    holding,
     lease_from_environment,
     may_take,
 )
@@ -228,3 +229,16 @@ def test_the_runtime_and_the_operator_agree_on_names():
     assert coordination.ENV_POD_NAMESPACE == naming.ENV_POD_NAMESPACE
     assert coordination.holder_identity("p", 3) == naming.holder_identity("p", 3)
     assert coordination.incarnation_of("p/3") == naming.holder_incarnation("p/3") == 3
+
+
+def test_holding_releases_on_success_and_lets_the_lease_expire_on_error(tmp_path):
+    path = tmp_path / "lease.json"
+    with holding(trainer(path, 1, coordination.utcnow), acquire_timeout=5) as lease:
+        assert lease is not None
+        lease.ensure_held()
+    assert stored(path)["holderIdentity"] is None
+    with pytest.raises(RuntimeError), holding(trainer(path, 2, coordination.utcnow), 5):
+        raise RuntimeError("trainer crashed")
+    assert stored(path)["holderIdentity"] == "demo-i2-trainer/2"  # left to expire
+    with holding(None) as nothing:
+        assert nothing is None
