@@ -285,7 +285,7 @@ def test_the_operator_command_serves_metrics_and_liveness_and_stops_on_sigterm(c
     metrics, health = free_port(), free_port()
     command = [
         sys.executable, "-m", "rolloutrun_runtime.cli", "operator",
-        "--kubeconfig", str(cluster.kubeconfig_path), "--namespace", namespace,
+        "--kubeconfig", str(cluster.kubeconfig_path),  # cluster-wide, as the chart's default
         "--metrics-port", str(metrics), "--liveness", f"http://127.0.0.1:{health}/healthz",
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
