@@ -339,9 +339,10 @@ def test_node_loss_kill_reports_the_deaths_on_restore(
 
 
 def test_two_nodes_replacements_schedule_away_from_a_lost_node(tmp_path: Path) -> None:
-    from rolloutrun_operator.localcluster.testing import api_client
+    from rolloutrun_operator.localcluster.testing import api_client, free_pod_network
 
-    with LocalCluster(tmp_path, nodes=2, restart_backoff=(0.2, 2.0)) as cluster:
+    options: dict[str, Any] = {"nodes": 2, "restart_backoff": (0.2, 2.0)}
+    with LocalCluster(tmp_path, pod_network=free_pod_network(), **options) as cluster:
         api = api_client(cluster)
         core: Any = k8s.CoreV1Api(api)
         pinned = _pod("pinned", ["sleep", "300"], grace=1, policy="Never")

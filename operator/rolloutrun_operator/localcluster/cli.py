@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import signal
 from pathlib import Path
+from typing import Any
 
 
 def register_cli(parser: argparse.ArgumentParser) -> None:
@@ -28,21 +29,28 @@ def register_cli(parser: argparse.ArgumentParser) -> None:
         "--port", type=int, default=0, help="API port on 127.0.0.1 (default: a free one)"
     )
     up.add_argument("--token", default=None, help="bearer token (default: a random one)")
+    up.add_argument(
+        "--pod-network",
+        default="127.0.0.0/16",
+        help="loopback /16 the pod IPs come from (default: 127.0.0.0/16)",
+    )
+    up.add_argument("--nodes", type=int, default=1, help="number of process kubelets (nodes)")
     up.set_defaults(handler=cluster_up)
 
 
 def cluster_up(args: argparse.Namespace) -> int:
-    return asyncio.run(_serve(args.dir, args.port, args.token))
+    options = {"pod_network": args.pod_network, "nodes": args.nodes}
+    return asyncio.run(_serve(args.dir, args.port, args.token, options))
 
 
-async def _serve(directory: Path, port: int, token: str | None) -> int:
+async def _serve(directory: Path, port: int, token: str | None, options: dict[str, Any]) -> int:
     from .cluster import LocalCluster
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    cluster = LocalCluster(directory, port=port, token=token)
+    cluster = LocalCluster(directory, port=port, token=token, **options)
     await cluster.astart()
     print(f"API server:  {cluster.api_url}", flush=True)
     print(f"kubeconfig:  {cluster.kubeconfig_path}", flush=True)

@@ -54,6 +54,7 @@ class LocalCluster:
         history: int = 50_000,
         restart_backoff: tuple[float, float] = (1.0, 30.0),
         nodes: int = 1,
+        pod_network: str = "127.0.0.0/16",
     ) -> None:
         self.directory = Path(directory).resolve()
         self.host = host
@@ -64,6 +65,7 @@ class LocalCluster:
         self._extra_env = extra_env
         self._bookmark_interval = bookmark_interval
         self._backoff = restart_backoff
+        self.pod_network = pod_network
         self.node_names = ["local", *(f"local-{index}" for index in range(2, nodes + 1))]
         self.controllers: Controllers | None = None
         self.scheduler: Scheduler | None = None
@@ -106,7 +108,7 @@ class LocalCluster:
         ca_pem = certificates.ca.read_bytes()
         self.controllers = Controllers(self.store, self.registry)
         self.scheduler = Scheduler(self.store, self.registry)
-        ips = IpPool()
+        ips = IpPool(self.pod_network)
         for node in self.node_names:
             self.kubelets[node] = Kubelet(
                 self.store,

@@ -54,21 +54,25 @@ def pod_path(path: str) -> str:
 
 
 class IpPool:
-    """Loopback pod IPs ``127.0.0.2`` ... ``127.0.255.254``, not reused until they wrap."""
+    """Loopback pod IPs from one /16 of 127.0.0.0/8, not reused until they wrap.
 
-    def __init__(self) -> None:
-        self._next = int(ipaddress.IPv4Address("127.0.0.2"))
-        self._last = int(ipaddress.IPv4Address("127.0.255.254"))
+    The default network is ``127.0.0.0/16`` (pod IPs ``127.0.0.2``, ``127.0.0.3``, ...);
+    clusters that run side by side on one machine (parallel test sessions) pass different
+    networks so that their pods' addresses, and so their ports, never collide."""
+
+    def __init__(self, network: str = "127.0.0.0/16") -> None:
+        net = ipaddress.IPv4Network(network)
+        if not net.subnet_of(ipaddress.IPv4Network("127.0.0.0/8")):
+            raise ValueError(f"pod network {network} is not loopback (127.0.0.0/8)")
+        self._first = int(net.network_address) + 2
+        self._last = int(net.broadcast_address) - 1
+        self._next = self._first
         self._used: set[str] = set()
 
     def take(self) -> str:
-        for _ in range(self._last - int(ipaddress.IPv4Address("127.0.0.2")) + 1):
+        for _ in range(self._last - self._first + 1):
             candidate = str(ipaddress.IPv4Address(self._next))
-            self._next = (
-                self._next + 1
-                if self._next < self._last
-                else int(ipaddress.IPv4Address("127.0.0.2"))
-            )
+            self._next = self._next + 1 if self._next < self._last else self._first
             if candidate.endswith((".0", ".255")) or candidate in self._used:
                 continue
             self._used.add(candidate)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,8 +20,17 @@ from .cluster import LocalCluster
 T = TypeVar("T")
 
 
+def free_pod_network() -> str:
+    """A random loopback /16 (``127.X.0.0/16``, X in 16..239) for one test session's cluster,
+    so that clusters of test sessions running side by side give their pods distinct IPs."""
+    return f"127.{random.randint(16, 239)}.0.0/16"
+
+
 def local_cluster(directory: Path, **options: Any) -> Iterator[LocalCluster]:
-    """Start a cluster in ``directory`` for the duration of the fixture; kill its pods after."""
+    """Start a cluster in ``directory`` for the duration of the fixture; kill its pods after.
+
+    Unless ``pod_network`` is given, the pods get addresses from a random loopback /16."""
+    options.setdefault("pod_network", free_pod_network())
     cluster = LocalCluster(directory, **options).start()
     try:
         yield cluster
