@@ -43,6 +43,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="RolloutRun YAML (its spec.run) or a bare RunConfig")
     parser.add_argument("--log-dir", default=None, help="override run.logDir")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show log records below WARNING on the terminal (DIR/trainer.log has them)",
+    )
     parser.set_defaults(handler=main)
 
 
@@ -83,6 +88,23 @@ def start_gym(config_file: Path, log_dir: Path, index: int) -> GymProcess:
     )
 
 
+def route_logs(log_dir: Path, verbose: bool) -> logging.Handler:
+    """Log records go to ``DIR/trainer.log``; the terminal shows WARNING and up unless verbose.
+
+    The progress lines already say what a healthy run does; INFO records (refits, checkpoint
+    publications) would bury them.
+    """
+    root = logging.getLogger()
+    handler = logging.FileHandler(log_dir / "trainer.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    if not verbose:
+        for other in root.handlers:
+            if type(other) is logging.StreamHandler:
+                other.setLevel(max(other.level, logging.WARNING))
+    return handler
+
+
 def stop_process(process: subprocess.Popen[str]) -> None:
     """SIGTERM the process group, then SIGKILL it after the grace period."""
     if process.poll() is not None:
@@ -115,6 +137,7 @@ def main(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"log_dir": str(args.log_dir)})
     log_dir = Path(cfg.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
+    log_handler = route_logs(log_dir, args.verbose)
     gyms: list[GymProcess] = []
     try:
         for index in range(cfg.gym.replicas):
@@ -145,6 +168,8 @@ def main(args: argparse.Namespace) -> int:
         for gym_process in gyms:
             stop_process(gym_process.process)
             gym_process.log.close()
+        logging.getLogger().removeHandler(log_handler)
+        log_handler.close()
     if result.resumed_from:
         print(f"resumed from {result.resumed_from}")
     print(f"done: step {result.steps}; final weights sha256 {result.final_weights_sha256}")
