@@ -79,6 +79,7 @@ def build_registry(cluster: LocalCluster) -> kopf.OperatorRegistry:
         settings.watching.server_timeout = 30
         settings.watching.reconnect_backoff = 0.1
         settings.posting.level = logging.INFO
+        settings.posting.loggers = True  # handler log records become Events (off by default)
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
             prefix="test.rolloutrun.dev"
         )
@@ -165,6 +166,7 @@ class KopfThread:
         self.ready_flag = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name="kopf", daemon=True)
+        self._level = logging.NOTSET
 
     def _main(self) -> None:
         try:
@@ -181,6 +183,11 @@ class KopfThread:
             self.error = error
 
     def __enter__(self) -> KopfThread:
+        # Kopf posts object log records as Events, but only records the logger lets through
+        # (``kopf.run`` configures this; ``kopf.operator`` leaves logging to the caller).
+        objects = logging.getLogger("kopf.objects")
+        self._level = objects.level
+        objects.setLevel(logging.INFO)
         self.thread.start()
         if not self.ready_flag.wait(60):
             raise TimeoutError("kopf did not start")
@@ -189,3 +196,4 @@ class KopfThread:
     def __exit__(self, *exc: object) -> None:
         self.stop_flag.set()
         self.thread.join(60)
+        logging.getLogger("kopf.objects").setLevel(self._level)

@@ -46,6 +46,13 @@ def test_kopf_operator_lifecycle(
         assert pod.metadata.owner_references[0].uid == w1["metadata"]["uid"]
         assert core.read_namespaced_config_map("w1-config", namespace).data == {"size": "2"}
 
+        # Kopf posts its handler log records as Events about the object.
+        def posted() -> bool:
+            found = core.list_namespaced_event(namespace, field_selector="involvedObject.name=w1")
+            return any("children of w1 created" in (e.message or "") for e in found.items)
+
+        eventually(posted, what="Kopf's event")
+
         # A spec change bumps the generation and reaches the field handler.
         widgets.patch_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, "w1", {"spec": {"size": 5}}

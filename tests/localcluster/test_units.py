@@ -375,3 +375,16 @@ def test_scheduler_chooses_a_fitting_least_loaded_node() -> None:
     tolerant = {"spec": {"tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes"}]}}
     assert choose_node(tolerant, tainted, {})[0] == "t"
     assert choose_node({"spec": {"tolerations": [{"operator": "Exists"}]}}, tainted, {})[0] == "t"
+
+
+def test_updates_finish_a_deletion_only_without_finalizers_and_grace() -> None:
+    from rolloutrun_operator.localcluster.store import should_delete_during_update
+
+    def meta(**fields: Any) -> dict[str, Any]:
+        return {"metadata": {"name": "x", **fields}}
+
+    deleting = {"deletionTimestamp": "2026-01-01T00:00:00Z"}
+    assert should_delete_during_update(meta(**deleting, deletionGracePeriodSeconds=0))
+    assert not should_delete_during_update(meta(**deleting, finalizers=["f"]))
+    assert not should_delete_during_update(meta(**deleting, deletionGracePeriodSeconds=30))
+    assert not should_delete_during_update(meta())

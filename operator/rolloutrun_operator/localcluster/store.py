@@ -335,11 +335,7 @@ class Store:
             return render(old, rtype.api_version)
         if dry_run:
             return render(obj, rtype.api_version)
-        if (
-            obj["metadata"].get("deletionTimestamp")
-            and not new_finalizers
-            and not strategy.holds_deletion(obj)
-        ):
+        if should_delete_during_update(obj) and not strategy.holds_deletion(obj):
             stored = self._commit(rtype, "DELETED", obj, old)
         else:
             stored = self._commit(rtype, "MODIFIED", obj, old)
@@ -504,6 +500,17 @@ class Store:
         causes = strategy.validate(rtype, obj, old)
         if causes:
             raise errors.invalid(rtype.kind, rtype.group, obj["metadata"].get("name", ""), causes)
+
+
+def should_delete_during_update(obj: Obj) -> bool:
+    """An update removes an object that is being deleted, has no finalizers left and no grace
+    period to wait out (a terminating pod stays until its kubelet deletes it with grace 0)."""
+    meta = obj["metadata"]
+    return (
+        bool(meta.get("deletionTimestamp"))
+        and not meta.get("finalizers")
+        and not meta.get("deletionGracePeriodSeconds")
+    )
 
 
 def _same(a: Obj, b: Obj) -> bool:
