@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client as k8s
 
 from rolloutrun_operator.localcluster.cluster import LocalCluster
@@ -419,3 +420,32 @@ def test_volumes_are_files_under_the_pod_root(client: Any, namespace: str) -> No
     log = core.read_namespaced_pod_log("vols", namespace)
     assert done.status.phase == "Succeeded", log
     assert log.startswith("steps: 3 vols ") and log.split()[-1].endswith("/root/srv/app")
+
+
+RAY_TRAINER = """
+import ray, time
+ray.init(num_cpus=1, include_dashboard=False)
+print("ray up", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+def test_a_pods_ray_processes_die_with_it(
+    cluster: LocalCluster, client: Any, namespace: str
+) -> None:
+    """Ray's GCS, raylet and workers (some in their own process group) do not outlive the pod."""
+    pytest.importorskip("ray")
+    core: Any = k8s.CoreV1Api(client)
+    core.create_namespaced_pod(
+        namespace, _pod("trainer", [PY, "-c", RAY_TRAINER], policy="Always", grace=2)
+    )
+    eventually(
+        lambda: "ray up" in core.read_namespaced_pod_log("trainer", namespace), 180, what="ray up"
+    )
+    pids = cluster.pod_pids(namespace, "trainer")
+    names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in pids if _alive(pid)}
+    assert {"gcs_server", "raylet"} <= names, names
+    core.delete_namespaced_pod("trainer", namespace)
+    eventually(lambda: _gone(core, namespace, "trainer"), what="trainer gone")
+    assert not [pid for pid in pids if _alive(pid)], "Ray processes outlived their pod"
