@@ -28,45 +28,71 @@ def _rolloutrun() -> str:
     return found
 
 
-def test_cluster_up_serves_until_interrupted_and_kills_its_pods(tmp_path: Path) -> None:
+def _cluster_up(directory: Path) -> tuple[subprocess.Popen[str], Any]:
+    """Start ``rolloutrun cluster up``; return it and a CoreV1Api once it printed its kubeconfig."""
     process = subprocess.Popen(
-        [_rolloutrun(), "cluster", "up", "--dir", str(tmp_path)],
+        [_rolloutrun(), "cluster", "up", "--dir", str(directory), "--pod-network", "127.9.0.0/16"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    assert process.stdout is not None
+    lines: list[str] = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("kubeconfig:"):
+            break
+    kubeconfig = Path(lines[-1].split(":", 1)[1].strip())
+    assert kubeconfig == directory.resolve() / "kubeconfig", lines
+    core: Any = k8s.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+    return process, core
+
+
+def _start_forker(core: Any) -> tuple[str, set[int]]:
+    pod = {
+        "metadata": {"name": "forker"},
+        "spec": {
+            "containers": [{"name": "c", "image": "x", "command": ["sh", "-c", "sleep 300 & wait"]}]
+        },
+    }
+    uid = core.create_namespaced_pod("default", pod).metadata.uid
+    pids = eventually(
+        lambda: (lambda p: p if len(p) >= 2 else None)(tagged_pids(pod_tag(uid))),
+        what="pod processes",
+    )
+    return uid, pids
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+def test_cluster_up_serves_until_interrupted_and_kills_its_pods(tmp_path: Path) -> None:
+    process, core = _cluster_up(tmp_path)
     try:
-        assert process.stdout is not None
-        lines: list[str] = []
-        for line in process.stdout:
-            lines.append(line)
-            if line.startswith("kubeconfig:"):
-                break
-        kubeconfig = Path(lines[-1].split(":", 1)[1].strip())
-        assert kubeconfig == tmp_path.resolve() / "kubeconfig"
-        core: Any = k8s.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
-        pod = {
-            "metadata": {"name": "forker"},
-            "spec": {
-                "containers": [
-                    {"name": "c", "image": "x", "command": ["sh", "-c", "sleep 300 & wait"]}
-                ]
-            },
-        }
-        uid = core.create_namespaced_pod("default", pod).metadata.uid
-        pids = eventually(
-            lambda: (lambda p: p if len(p) >= 2 else None)(tagged_pids(pod_tag(uid))),
-            what="pod processes",
-        )
+        uid, pids = _start_forker(core)
         process.send_signal(signal.SIGINT)
         assert process.wait(60) == 0
         assert not tagged_pids(pod_tag(uid)), f"pod processes {pids} outlived the cluster"
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        _stop(process)
+
+
+def test_a_restarted_cluster_kills_what_a_killed_one_left(tmp_path: Path) -> None:
+    process, core = _cluster_up(tmp_path)
+    try:
+        uid, _ = _start_forker(core)
+        process.kill()  # no chance to clean up: its pods are orphaned
+        process.wait()
+        assert tagged_pids(pod_tag(uid)), "orphans expected after SIGKILL"
+    finally:
+        _stop(process)
+    with LocalCluster(tmp_path, pod_network="127.9.0.0/16"):
+        assert not tagged_pids(pod_tag(uid))
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")

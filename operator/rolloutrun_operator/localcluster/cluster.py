@@ -27,7 +27,7 @@ from .controllers import Controllers
 from .kubelet import IpPool, Kubelet
 from .logs import PodLogs
 from .podworker import PodWorker
-from .processes import pod_tag, tagged_pids
+from .processes import cluster_tag, kill_tagged, pod_tag, tagged_pids
 from .resources import Registry
 from .scheduler import Scheduler
 from .server import ApiServer
@@ -104,6 +104,9 @@ class LocalCluster:
         """Start serving on this loop; return once the API answers and the node is Ready."""
         self._loop = asyncio.get_running_loop()
         self.directory.mkdir(parents=True, exist_ok=True)
+        leftovers = kill_tagged(cluster_tag(str(self.directory)), [])
+        if leftovers:
+            logger.warning("killed %d pod processes left by an earlier run", leftovers)
         certificates = tls.ensure(self.directory)
         ca_pem = certificates.ca.read_bytes()
         self.controllers = Controllers(self.store, self.registry)

@@ -23,7 +23,7 @@ from typing import Any
 
 from . import errors
 from .podworker import PodWorker
-from .processes import POD_TAG
+from .processes import CLUSTER_TAG, POD_TAG
 from .resources import Registry, ResourceType
 from .store import Event, Store, now_iso
 from .volumes import Volumes
@@ -153,6 +153,7 @@ class Kubelet:
                 "ROLLOUTRUN_LOCALCLUSTER_POD_DIR": str(worker.dir),
                 "ROLLOUTRUN_LOCALCLUSTER_ROOT": str(worker.dir / "root"),
                 POD_TAG: worker.uid,
+                CLUSTER_TAG: str(self.root),
             }
         )
         return env

@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 POD_TAG = "ROLLOUTRUN_LOCALCLUSTER_POD_UID"
 CONTAINER_TAG = "ROLLOUTRUN_LOCALCLUSTER_CONTAINER"
+CLUSTER_TAG = "ROLLOUTRUN_LOCALCLUSTER_DIR"
 
 
 async def spawn(
@@ -70,6 +71,10 @@ def tagged_pids(tag: str, sessions: Iterable[int] = ()) -> set[int]:
         ):
             found.add(pid)
     return found
+
+
+def cluster_tag(directory: str) -> str:
+    return f"{CLUSTER_TAG}={directory}"
 
 
 def pod_tag(uid: str) -> str:
