@@ -13,21 +13,88 @@ only ``runtime_state`` changes. The halves read live training counters through
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
 from rolloutrun_runtime.experience.rollout_recovery import PromptRef
 
 if TYPE_CHECKING:
-    from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer, ReplayGroup
+    from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer
     from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader
     from rolloutrun_runtime.config import RunConfig
     from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
     from rolloutrun_runtime.experience.rollout_recovery import RecoveryLedger
 
 #: Schema of ``RolloutRuntimeState.to_json``; bump it when the saved fields change.
-RUNTIME_STATE_SCHEMA = 1
+#: 2 added the training journal and the steps trained since the anchor (schema 1 still reads,
+#: with both empty).
+RUNTIME_STATE_SCHEMA = 2
+READABLE_RUNTIME_STATE_SCHEMAS = (1, 2)
+#: Schema of ``training_journal.json``.
+TRAINING_JOURNAL_SCHEMA = 1
+
+#: File names inside a trainer checkpoint and a rollout snapshot: both halves write or read
+#: them, and they never import each other.
+CONTROLLER_STATE_FILE = "rollout/controller_state.json"
+RUNTIME_STATE_FILE = "rollout/runtime_state.json"
+LEDGER_FILE = "rollout/rollout_recovery.json"
+JOURNAL_FILE = "training_journal.json"
+ENVIRONMENT_FILE = "environment/episodes.json"
+DATA_PLANE_PREFIX = "data_plane/"
+#: Format of ``rollout/controller_state.json``.
+CONTROLLER_STATE_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class JournalGroup:
+    """One group a train step trained, as the auditor reads it."""
+
+    group_id: str
+    prompt_id: int
+    epoch: int
+    target_step: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "prompt_id": self.prompt_id,
+            "epoch": self.epoch,
+            "target_step": self.target_step,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> JournalGroup:
+        target = data.get("target_step")
+        return cls(
+            group_id=str(data["group_id"]),
+            prompt_id=int(data["prompt_id"]),
+            epoch=int(data.get("epoch", 0)),
+            target_step=None if target is None else int(target),
+        )
+
+
+@dataclass(frozen=True)
+class TrainedStep:
+    """A committed train step: which groups it trained, in order (the journal's unit).
+
+    ``row_groups`` are the replay groups whose ``train`` rows stay in the data plane until a
+    trainer checkpoint at or after this step is durable: a snapshot anchored to an older
+    checkpoint replays them (retrains them, in this order) on resume.
+    """
+
+    step: int
+    groups: tuple[JournalGroup, ...]
+    row_groups: tuple[ReplayGroup, ...] = ()
+
+    def journal_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "weight_version_before": self.step - 1,
+            "groups": [g.to_json() for g in self.groups],
+        }
 
 
 @dataclass
@@ -78,6 +145,11 @@ class RolloutRuntimeState:
     """Groups the unfinished train step selected (claimed in the ledger, rows still in the
     data plane). Not saved as such: a snapshot re-indexes them into its replay view, and a
     trainer checkpoint is never taken inside a step."""
+    journal: list[TrainedStep] = field(default_factory=list)
+    """Every committed step since step 1 (cumulative): the training journal."""
+    replay_after: int = 0
+    """Steps after this one keep their ``train`` rows (``TrainedStep.row_groups``) until a
+    trainer checkpoint covering them is durable; it is the newest durable step."""
 
     def shortfall(self, step: int) -> int:
         return self.batch_shortfall.get(step, 0)
@@ -87,9 +159,55 @@ class RolloutRuntimeState:
         self.batch_shortfall.pop(step, None)
         self.replacements.pop(step, None)
 
+    def replay_steps(self, anchor_step: int) -> list[TrainedStep]:
+        """The committed steps after ``anchor_step`` (retrained on a resume from it)."""
+        return [entry for entry in self.journal if entry.step > anchor_step]
+
+    def retained_row_keys(self) -> list[str]:
+        """``train`` rows kept for replay (steps after ``replay_after``)."""
+        return [
+            key
+            for entry in self.replay_steps(self.replay_after)
+            for group in entry.row_groups
+            for key in group.row_keys
+        ]
+
+    def advance_replay_anchor(self, durable_step: int) -> list[str]:
+        """A trainer checkpoint at ``durable_step`` is durable: release the rows it covers.
+
+        Returns the ``train`` row keys no snapshot needs any more (clear them under a cut).
+        """
+        if durable_step <= self.replay_after:
+            return []
+        released = [
+            key
+            for entry in self.journal
+            if self.replay_after < entry.step <= durable_step
+            for group in entry.row_groups
+            for key in group.row_keys
+        ]
+        self.journal = [
+            entry if entry.step > durable_step else TrainedStep(entry.step, entry.groups)
+            for entry in self.journal
+        ]
+        self.replay_after = durable_step
+        return released
+
+    def journal_json(self) -> dict[str, Any]:
+        """``training_journal.json``: every committed step once, in order."""
+        return {
+            "schema": TRAINING_JOURNAL_SCHEMA,
+            "steps": [entry.journal_json() for entry in self.journal],
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": RUNTIME_STATE_SCHEMA,
+            "journal": [
+                {**entry.journal_json(), "row_groups": [g.to_json() for g in entry.row_groups]}
+                for entry in self.journal
+            ],
+            "replay_after": self.replay_after,
             "spare_prompts": [p.to_json() for p in self.spare_prompts],
             "batch_shortfall": {str(k): v for k, v in sorted(self.batch_shortfall.items())},
             "replacements": {str(k): v for k, v in sorted(self.replacements.items())},
@@ -99,11 +217,19 @@ class RolloutRuntimeState:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RolloutRuntimeState:
-        if data.get("schema") != RUNTIME_STATE_SCHEMA:
+        if data.get("schema") not in READABLE_RUNTIME_STATE_SCHEMAS:
             raise ValueError(
                 f"rollout runtime state schema {data.get('schema')!r} is not readable "
-                f"(this runtime reads {RUNTIME_STATE_SCHEMA})"
+                f"(this runtime reads {READABLE_RUNTIME_STATE_SCHEMAS})"
             )
+        journal = [
+            TrainedStep(
+                step=int(entry["step"]),
+                groups=tuple(JournalGroup.from_json(g) for g in entry["groups"]),
+                row_groups=tuple(ReplayGroup.from_json(g) for g in entry.get("row_groups", [])),
+            )
+            for entry in data.get("journal", [])
+        ]
         results = [FinalizerResult.from_json(r) for r in data["finalizer_results"]]
         return cls(
             spare_prompts=[
@@ -114,6 +240,8 @@ class RolloutRuntimeState:
             replacements={int(k): int(v) for k, v in data["replacements"].items()},
             sampler_stamps_target_steps=bool(data["sampler_stamps_target_steps"]),
             finalizer_results={r.group_id: r for r in results},
+            journal=journal,
+            replay_after=int(data.get("replay_after", 0)),
         )
 
 
@@ -161,3 +289,32 @@ class RolloutParts:
     read_progress: Callable[[], TrainingProgress]
     log_metrics: Callable[[Mapping[str, float]], None]
     environment_checkpoint: object | None = None
+
+
+class CaptureKind(enum.StrEnum):
+    """Which checkpoint a capture is for (the seed's table of differences)."""
+
+    TRAINER_CHECKPOINT = "trainer_checkpoint"
+    ROLLOUT_SNAPSHOT = "rollout_snapshot"
+
+
+@dataclass
+class CapturedRolloutState:
+    """In-memory copies of the rollout state taken under the exclusive cut.
+
+    Everything here is a copy: the pumps may change the live state as soon as the cut is
+    left, while these are serialized and written.
+    """
+
+    kind: CaptureKind
+    train_step: int
+    mutation_version: int
+    cut_time: float
+    controller_state: dict[str, Any]
+    """Dataloader, sampler, replay view, counters: ``rollout/controller_state.json``."""
+    data_plane: DataPlane
+    data_plane_metadata: dict[str, Any]
+    runtime_state: dict[str, Any]
+    journal: dict[str, Any]
+    ledger_sidecar: bytes | None = None
+    environment_snapshot: bytes | None = None

@@ -1,0 +1,460 @@
+"""Rollout snapshots: capture under the cut, the snapshot pump, and publication.
+
+Why a snapshot besides trainer checkpoints: a trainer checkpoint costs a full model and
+optimizer write, so runs save one every ``savePeriod`` steps; everything generated in
+between (finished groups, sealed siblings, parked multi-turn episodes) would be lost at a
+preemption. A snapshot saves only the rollout state, often (``snapshotIntervalSeconds``),
+and *references* the model state: it anchors to the newest durable trainer checkpoint
+``step_<N>`` (or to the bootstrap anchor, the run's initial weights, before the first one),
+and carries the groups trained since N with their rows. A resume loads ``step_<N>``,
+retrains those steps in their recorded order, then restores the rollout state — so the
+cadence is independent of ``savePeriod`` and no trained group is lost or trained twice.
+
+One ``capture(cut, kind)`` and one ``write_controller_sidecars`` serve trainer checkpoints
+and snapshots, so a new piece of rollout state is saved by both as soon as it exists. The
+kinds differ only where the seed's table says: a snapshot re-indexes an unfinished step's
+groups into its replay view and captures the environment; a trainer checkpoint refuses to be
+taken inside a step and never touches the environment.
+
+A snapshot attempt runs the seed's six steps under the one save lock (see ``attempt``).
+Every attempt records its outcome (``rollout/checkpoint_outcome``), every published one its
+timings (``timing/rollout_checkpoint``), through ``on_record`` (the trainer appends them to
+``DIR/snapshots.jsonl``) and the trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
+    require_complete,
+    take_inventory,
+)
+from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
+    BOOTSTRAP_ANCHOR,
+    Anchor,
+    ManifestError,
+    ManifestStore,
+)
+from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
+    CONTROLLER_STATE_FILE,
+    CONTROLLER_STATE_SCHEMA,
+    DATA_PLANE_PREFIX,
+    ENVIRONMENT_FILE,
+    JOURNAL_FILE,
+    LEDGER_FILE,
+    RUNTIME_STATE_FILE,
+    CapturedRolloutState,
+    CaptureKind,
+    RolloutParts,
+)
+from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
+from rolloutrun_runtime.crash import crash_point
+from rolloutrun_runtime.environments.checkpointing import (
+    EnvironmentCheckpoint,
+    EnvironmentCheckpointError,
+    EnvironmentEpisode,
+    NoEnvironmentCheckpoint,
+)
+from rolloutrun_runtime.experience.rollout_recovery import AttemptStatus, RecoveryLedger
+from rolloutrun_runtime.storage import StorageError
+
+logger = logging.getLogger(__name__)
+
+#: Seconds an environment phase may take in a periodic snapshot.
+ENV_PHASE_TIMEOUT_S = 20.0
+
+
+class SnapshotError(RuntimeError):
+    """A capture or a snapshot cannot be taken (the message says why)."""
+
+
+class SnapshotOutcome(enum.StrEnum):
+    """``rollout/checkpoint_outcome`` values."""
+
+    PUBLISHED = "published"
+    SKIPPED_UNCHANGED = "skipped_unchanged"
+    SKIPPED_COMMIT_WINDOW = "skipped_commit_window"
+    SKIPPED_ANCHOR_NOT_DURABLE = "skipped_anchor_not_durable"
+    DISCARDED_ENV = "discarded_env"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass
+class SnapshotTimings:
+    """``timing/rollout_checkpoint``: where a published snapshot's time went (seconds)."""
+
+    barrier_wait_s: float = 0.0
+    cut_held_s: float = 0.0
+    env_phase_s: float = 0.0
+    write_s: float = 0.0
+    publish_s: float = 0.0
+    admission_closed_s: float = 0.0
+
+
+def resolve_anchor(trainer_version: int, durable_step: int | None) -> Anchor:
+    """The newest durable trainer checkpoint, else the bootstrap anchor (initial weights).
+
+    Steps trained after the anchor are replayed from the snapshot, so any durable step at or
+    below the trainer version will do; the newest keeps the replay short.
+    """
+    if durable_step is None or durable_step <= 0:
+        return BOOTSTRAP_ANCHOR
+    if durable_step > trainer_version:
+        raise SnapshotError(
+            f"durable step {durable_step} is ahead of the trainer version {trainer_version}"
+        )
+    return Anchor("step", durable_step, durable_step)
+
+
+def dispatched_episodes(ledger: RecoveryLedger | None) -> list[EnvironmentEpisode]:
+    """The episodes the ledger has out on an environment instance (what a commit exports)."""
+    if ledger is None:
+        return []
+    episodes = []
+    for group in ledger.groups():
+        for sibling in group.siblings:
+            attempt = sibling.current
+            if attempt.status is AttemptStatus.DISPATCHED and attempt.gym_instance_id:
+                episodes.append(
+                    EnvironmentEpisode(
+                        attempt.rollout_id, attempt.gym_attempt, attempt.gym_instance_id
+                    )
+                )
+    return sorted(episodes)
+
+
+class RolloutSnapshotter:
+    """Captures rollout state for both checkpoint kinds and runs snapshot attempts.
+
+    Public methods (the controller calls only these): ``capture``,
+    ``write_controller_sidecars``, ``attempt``, ``run_pump``, ``trainer_checkpoint_published``
+    and ``ensure_bootstrap_anchor``.
+    """
+
+    def __init__(
+        self,
+        parts: RolloutParts,
+        *,
+        manifests: ManifestStore | None,
+        anchor_is_durable: Callable[[int], bool] | None = None,
+        environment: EnvironmentCheckpoint | None = None,
+        trace: TraceWriter | None = None,
+        fence: Callable[[], None] | None = None,
+        on_published: Callable[[dict[str, Any]], None] | None = None,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
+        incarnation: int = 0,
+    ) -> None:
+        self._parts = parts
+        self._manifests = manifests
+        self._anchor_is_durable = anchor_is_durable
+        self._environment = environment or NoEnvironmentCheckpoint()
+        self._trace = trace or TraceWriter(None)
+        self._fence = fence
+        self._on_published = on_published
+        self._on_record = on_record
+        self._incarnation = incarnation
+        self._last_mutation_version: int | None = None
+        self._last_train_step: int | None = None
+        self._wake = asyncio.Event()
+        self.outcomes: list[SnapshotOutcome] = []
+        self.published: list[dict[str, Any]] = []
+
+    # ================================================================== capture
+    def capture(self, cut: Any, kind: CaptureKind) -> CapturedRolloutState:
+        """Copies of all rollout state (call under the exclusive cut)."""
+        cut.require_live()
+        parts = self._parts
+        state = parts.runtime_state
+        progress = parts.read_progress()
+        replay_view = parts.buffer.groups()
+        if kind is CaptureKind.ROLLOUT_SNAPSHOT:
+            replay_view = [*replay_view, *state.open_step_groups]
+        elif state.open_step_groups:
+            raise SnapshotError(
+                f"a trainer checkpoint cannot be taken inside step {progress.trainer_version + 1}"
+                f" ({len(state.open_step_groups)} groups selected, not committed)"
+            )
+        inventory = take_inventory(
+            parts.data_plane,
+            replay_view=replay_view,
+            retained_row_keys=state.retained_row_keys(),
+            ledger=parts.ledger,
+        )
+        require_complete(inventory, f"{kind.value} at step {progress.trainer_version}")
+        replay_json = [group.to_json() for group in replay_view]
+        controller_state: dict[str, Any] = {
+            "schema": CONTROLLER_STATE_SCHEMA,
+            "kind": kind.value,
+            "trainer_version": progress.trainer_version,
+            "dataloader": parts.dataloader.state_dict(),
+            "sampler": parts.sampler.state_dict(),
+            "replay": replay_json,
+            "mutation_version": parts.barrier.mutation_version,
+            "config_fingerprint": parts.config.fingerprint(),
+        }
+        dp_metadata: dict[str, Any] = {"replay": replay_json}
+        sidecar_bytes = None
+        if parts.ledger is not None:
+            sidecar = parts.ledger.to_sidecar(
+                spare_prompts=state.spare_prompts,
+                batch_shortfall=state.batch_shortfall,
+                sampler_stamps_target_steps=state.sampler_stamps_target_steps,
+            )
+            sidecar_bytes = sidecar.data
+            controller_state["rollout_recovery"] = sidecar.metadata()
+            dp_metadata.update(sidecar.metadata())
+        return CapturedRolloutState(
+            kind=kind,
+            train_step=progress.trainer_version,
+            mutation_version=parts.barrier.mutation_version,
+            cut_time=time.time(),
+            controller_state=controller_state,
+            data_plane=parts.data_plane.copy(),
+            data_plane_metadata=dp_metadata,
+            runtime_state=state.to_json(),
+            journal=state.journal_json(),
+            ledger_sidecar=sidecar_bytes,
+        )
+
+    @staticmethod
+    def write_controller_sidecars(captured: CapturedRolloutState) -> dict[str, bytes]:
+        """Serialize a capture: the files both checkpoint kinds hold (runs off the loop)."""
+        files: dict[str, bytes] = {}
+        for name, data in captured.data_plane.to_files(captured.data_plane_metadata).items():
+            files[DATA_PLANE_PREFIX + name] = data
+        crash_point("after_data_plane_save")
+        files[CONTROLLER_STATE_FILE] = json.dumps(
+            captured.controller_state, sort_keys=True
+        ).encode()
+        files[RUNTIME_STATE_FILE] = json.dumps(captured.runtime_state, sort_keys=True).encode()
+        files[JOURNAL_FILE] = json.dumps(captured.journal, sort_keys=True).encode()
+        if captured.ledger_sidecar is not None:
+            files[LEDGER_FILE] = captured.ledger_sidecar
+        if captured.environment_snapshot is not None:
+            files[ENVIRONMENT_FILE] = captured.environment_snapshot
+        return files
+
+    # ================================================================== bootstrap
+    def ensure_bootstrap_anchor(self) -> None:
+        """Record the bootstrap anchor (or refuse a config that differs from it)."""
+        if self._manifests is not None:
+            self._manifests.ensure_bootstrap_anchor(self._parts.config)
+
+    # ================================================================== the pump
+    def trainer_checkpoint_published(self, step: int) -> None:
+        """A trainer checkpoint is durable: snapshot soon, anchored to it."""
+        logger.debug("trainer checkpoint step_%d published; waking the snapshot pump", step)
+        self._wake.set()
+
+    async def run_pump(self, interval_s: float) -> None:
+        """Attempt a snapshot every ``interval_s`` seconds (and after each trainer save)."""
+        if self._manifests is None or interval_s <= 0:
+            return
+        while True:
+            with_timeout = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait_for(with_timeout, interval_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            await self.attempt(reason="periodic")
+
+    # ================================================================== one attempt
+    async def attempt(self, *, force: bool = False, reason: str = "periodic") -> SnapshotOutcome:
+        """One snapshot attempt, the seed's six steps; returns (and records) its outcome."""
+        if self._manifests is None:
+            raise SnapshotError("rollout snapshots need checkpoint storage")
+        timings = SnapshotTimings()
+        async with self._parts.save_lock:
+            try:
+                outcome, detail = await self._attempt_locked(force, timings)
+            except asyncio.CancelledError:
+                raise
+            except (SnapshotError, ManifestError, StorageError, RuntimeError, OSError) as error:
+                logger.warning("rollout snapshot failed: %s", error, exc_info=True)
+                outcome, detail = SnapshotOutcome.FAILED, {"error": str(error)}
+        self._record(outcome, reason, timings, detail)
+        return outcome
+
+    async def _attempt_locked(
+        self, force: bool, timings: SnapshotTimings
+    ) -> tuple[SnapshotOutcome, dict[str, Any]]:
+        parts = self._parts
+        # 1. skip inside an optimizer commit, or when nothing changed
+        progress = parts.read_progress()
+        if progress.optimizer_commit_in_progress:
+            return SnapshotOutcome.SKIPPED_COMMIT_WINDOW, {}
+        if (
+            not force
+            and self._last_mutation_version == parts.barrier.mutation_version
+            and self._last_train_step == progress.trainer_version
+        ):
+            return SnapshotOutcome.SKIPPED_UNCHANGED, {}
+        # 2. the anchor
+        anchor = resolve_anchor(progress.trainer_version, progress.durable_step)
+        if anchor.kind == "step" and not await self._durable(anchor.step):
+            return SnapshotOutcome.SKIPPED_ANCHOR_NOT_DURABLE, {"anchor": anchor.name}
+        if parts.runtime_state.replay_after != anchor.step:
+            raise SnapshotError(
+                f"rows kept for replay start after step {parts.runtime_state.replay_after}, "
+                f"but the anchor is {anchor.name}"
+            )
+        # 3. the environment phase
+        environment = self._environment
+        checkpoint_id = f"snap-{uuid.uuid4().hex[:12]}"
+        env_snapshot = None
+        admission_closed = time.monotonic()
+        env_started = time.monotonic()
+        if environment.holds_rollout_state:
+            deadline = time.time() + ENV_PHASE_TIMEOUT_S
+            try:
+                crash_point("during_gym_prepare")
+                await environment.prepare(checkpoint_id, deadline)
+                crash_point("during_gym_commit")
+                env_snapshot = await environment.commit(
+                    checkpoint_id, deadline, dispatched_episodes(parts.ledger)
+                )
+            except EnvironmentCheckpointError as error:
+                await self._resume_environment(checkpoint_id)
+                return SnapshotOutcome.DISCARDED_ENV, {"error": str(error)}
+            if parts.read_progress().optimizer_commit_in_progress:
+                await self._resume_environment(checkpoint_id)
+                return SnapshotOutcome.DISCARDED_ENV, {"error": "a train step began committing"}
+        timings.env_phase_s = time.monotonic() - env_started
+        # 4. the exclusive cut: re-check, check the export, capture
+        try:
+            wait_started = time.monotonic()
+            async with parts.barrier.checkpoint() as cut:
+                held_started = time.monotonic()
+                timings.barrier_wait_s = held_started - wait_started
+                now = parts.read_progress()
+                if now.durable_step != progress.durable_step:
+                    raise SnapshotError("a trainer checkpoint was published during the attempt")
+                if env_snapshot is not None:
+                    exported = {e.rollout_id for e in env_snapshot.episodes()}
+                    missing = [
+                        e.rollout_id
+                        for e in dispatched_episodes(parts.ledger)
+                        if e.rollout_id not in exported
+                    ]
+                    if missing:
+                        timings.cut_held_s = time.monotonic() - held_started
+                        return SnapshotOutcome.DISCARDED_ENV, {
+                            "error": f"{len(missing)} dispatched episodes not in the export",
+                        }
+                captured = self.capture(cut, CaptureKind.ROLLOUT_SNAPSHOT)
+                if env_snapshot is not None:
+                    captured.environment_snapshot = env_snapshot.to_bytes()
+                timings.cut_held_s = time.monotonic() - held_started
+        finally:
+            # 5. leave the cut, then the environment phase (before any disk write)
+            if environment.holds_rollout_state:
+                await self._resume_environment(checkpoint_id)
+            timings.admission_closed_s = time.monotonic() - admission_closed
+        # 6. publish
+        write_started = time.monotonic()
+        files = await asyncio.to_thread(self.write_controller_sidecars, captured)
+        timings.write_s = time.monotonic() - write_started
+        publish_started = time.monotonic()
+        candidate = await asyncio.to_thread(self._publish, anchor, captured, files)
+        crash_point("after_manifest_write")
+        timings.publish_s = time.monotonic() - publish_started
+        self._last_mutation_version = captured.mutation_version
+        self._last_train_step = captured.train_step
+        published = {
+            "train_step": captured.train_step,
+            "anchor_step": anchor.step,
+            "manifest_uri": candidate.manifest_uri,
+            "published_at": time.time(),
+        }
+        self.published.append(published)
+        self._trace.emit(
+            "snapshot_published",
+            snapshot_id=candidate.manifest.snapshot_id,
+            anchor=anchor.name,
+            cut_time=captured.cut_time,
+            manifest_uri=candidate.manifest_uri,
+        )
+        if self._on_published is not None:
+            self._on_published(dict(published))
+        return SnapshotOutcome.PUBLISHED, {
+            "snapshot_id": candidate.manifest.snapshot_id,
+            "anchor": anchor.name,
+            "train_step": captured.train_step,
+            "manifest_uri": candidate.manifest_uri,
+        }
+
+    def _publish(self, anchor: Anchor, captured: CapturedRolloutState, files: Mapping[str, bytes]):
+        assert self._manifests is not None
+
+        def fence() -> None:
+            crash_point("before_manifest_write")
+            if self._fence is not None:
+                self._fence()
+
+        return self._manifests.publish(
+            config=self._parts.config,
+            anchor=anchor,
+            files=files,
+            train_step=captured.train_step,
+            mutation_version=captured.mutation_version,
+            cut_time=captured.cut_time,
+            incarnation=self._incarnation,
+            extra={"replay_steps": captured.train_step - anchor.step},
+            fence=fence,
+            keep_latest=self._parts.config.checkpointing.keep_latest,
+        )
+
+    async def _durable(self, step: int) -> bool:
+        if self._anchor_is_durable is None:
+            return True
+        return await asyncio.to_thread(self._anchor_is_durable, step)
+
+    async def _resume_environment(self, checkpoint_id: str) -> None:
+        try:
+            crash_point("during_gym_resume")
+            await self._environment.resume(checkpoint_id)
+        except EnvironmentCheckpointError as error:
+            # The commit stands; the environment's checkpoint lease reopens it by itself.
+            logger.warning("environment resume after %s failed: %s", checkpoint_id, error)
+
+    def _record(
+        self,
+        outcome: SnapshotOutcome,
+        reason: str,
+        timings: SnapshotTimings,
+        detail: Mapping[str, Any],
+    ) -> None:
+        self.outcomes.append(outcome)
+        record: dict[str, Any] = {
+            "kind": "snapshot",
+            "t": time.time(),
+            "reason": reason,
+            "rollout/checkpoint_outcome": outcome.value,
+            **detail,
+        }
+        if outcome is SnapshotOutcome.PUBLISHED:
+            record["timing/rollout_checkpoint"] = {
+                k: round(v, 6) for k, v in dataclasses.asdict(timings).items()
+            }
+            logger.info(
+                "rollout snapshot %s published (train step %s, anchor %s, cut held %.4fs)",
+                detail.get("snapshot_id"),
+                detail.get("train_step"),
+                detail.get("anchor"),
+                timings.cut_held_s,
+            )
+        else:
+            self._trace.emit("snapshot_skipped", reason=outcome.value)
+            logger.debug("rollout snapshot attempt: %s %s", outcome.value, dict(detail))
+        if self._on_record is not None:
+            self._on_record(record)
