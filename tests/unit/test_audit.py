@@ -1,0 +1,321 @@
+"""The audit's checks: a clean state passes, each doctored state fails the check it breaks.
+
+The pure checks run over hand-built ``DurableState``s; the loader runs over a committed
+trainer-checkpoint entry written with the real storage publication, and the CLI over it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rolloutrun_runtime import audit as A
+from rolloutrun_runtime.storage import open_storage, publish_entry
+
+SIZE = 6
+SEED = 11
+
+
+def _perm(epoch: int) -> list[int]:
+    return A.permutations_for(SEED, SIZE, 1)[epoch]
+
+
+def clean_state() -> A.DurableState:
+    """Epoch 0 fully drawn, epoch 1 drawn to position 4: 6 + 2 trained, 1 spare, 1 in replay."""
+    p0, p1 = _perm(0), _perm(1)
+    trained = [(1 + i // 2, A.Prompt(pid, 0)) for i, pid in enumerate(p0)]
+    trained += [(4, A.Prompt(p1[0], 1)), (4, A.Prompt(p1[1], 1))]
+    replay_group = A.LedgerGroup(
+        "pgR",
+        A.Prompt(p1[2], 1),
+        "finalized",
+        "turn",
+        (A.LedgerAttempt("pgR_g0_aX", "sealed", 1, "pgR_g0_aX-a1"),),
+    )
+    generating = A.LedgerGroup(
+        "pgG",
+        A.Prompt(p1[3], 1),
+        "generating",
+        "turn",
+        (A.LedgerAttempt("pgG_g0_aY", "sealed", 0, "pgG_g0_aY"),),
+    )
+    effects = [
+        A.SideEffect("gym-0.audit.jsonl", "pgR_g0_aX", 0, 1, 0),
+        A.SideEffect("gym-0.audit.jsonl", "pgR_g0_aX", 1, 2, 1),
+        A.SideEffect("gym-1.audit.jsonl", "pgG_g0_aY", 0, 1, 0),
+    ]
+    return A.DurableState(
+        source="mem://step_4",
+        step=4,
+        dataset_size=SIZE,
+        cursor_epoch=1,
+        cursor_position=5,
+        permutations=A.permutations_for(SEED, SIZE, 1),
+        trained=trained,
+        ledger=[replay_group, generating],
+        spare=[A.Prompt(p1[4], 1)],
+        replay=[{"group_id": "pgR", "prompt_id": p1[2], "row_keys": ["pgR_g0"]}],
+        staging_keys=["pgG_g0_aY"],
+        train_keys=["pgR_g0"],
+        side_effects=effects,
+    )
+
+
+def test_clean_state_passes_every_check() -> None:
+    report = A.audit(clean_state())
+    assert report.ok, report.to_json()
+    assert report.prompts.drawn == SIZE + 5
+    assert report.prompts.trained == SIZE + 2
+    assert report.gym_attempts.turn_restores == 1
+    data = report.to_json()
+    assert (data["lost"], data["duplicated"], data["ok"]) == (0, 0, True)
+
+
+def _lose_a_trained(s: A.DurableState) -> None:
+    s.trained.pop()
+
+
+def _train_twice(s: A.DurableState) -> None:
+    s.trained.append((5, s.trained[0][1]))
+
+
+def _lose_the_spare(s: A.DurableState) -> None:
+    s.spare.clear()
+
+
+def _cursor_back(s: A.DurableState) -> None:
+    s.cursor_position = 3
+
+
+def _apply_twice(s: A.DurableState) -> None:
+    s.side_effects.append(dataclasses.replace(s.side_effects[0], source="gym-1.audit.jsonl"))
+
+
+def _skip_an_attempt(s: A.DurableState) -> None:
+    s.side_effects[1] = dataclasses.replace(s.side_effects[1], attempt=2)
+
+
+def _ledger_behind(s: A.DurableState) -> None:
+    group = s.ledger[0]
+    s.ledger[0] = dataclasses.replace(
+        group, attempts=(dataclasses.replace(group.attempts[0], gym_attempt=0),)
+    )
+
+
+def _restore_in_sibling_group(s: A.DurableState) -> None:
+    s.ledger[0] = dataclasses.replace(s.ledger[0], restore_level="sibling")
+
+
+def _orphan_staging(s: A.DurableState) -> None:
+    s.staging_keys.append("pgZ_g0_aQ")
+
+
+def _orphan_train(s: A.DurableState) -> None:
+    s.train_keys.append("pgZ_g0")
+
+
+def _replay_not_in_ledger(s: A.DurableState) -> None:
+    s.ledger[0] = dataclasses.replace(s.ledger[0], status="generating")
+
+
+def _finalized_missing_from_replay(s: A.DurableState) -> None:
+    s.replay.clear()
+    s.train_keys.clear()
+
+
+DOCTORINGS: list[tuple[str, Callable[[A.DurableState], None], str, str]] = [
+    ("a trained prompt is missing", _lose_a_trained, "prompts", "lost"),
+    ("a prompt trained twice in an epoch", _train_twice, "prompts", "duplicated"),
+    ("the spare pool is missing", _lose_the_spare, "prompts", "lost"),
+    ("the cursor went backwards", _cursor_back, "prompts", "undrawn"),
+    ("a side effect applied twice", _apply_twice, "side_effects", "duplicated"),
+    ("gym_attempt skipped a value", _skip_an_attempt, "gym_attempts", "violations"),
+    ("the ledger is behind the environment", _ledger_behind, "gym_attempts", "violations"),
+    ("a restore in a sibling-level group", _restore_in_sibling_group, "gym_attempts", "violations"),
+    ("an orphaned staging row", _orphan_staging, "rows", "orphaned_staging"),
+    ("an orphaned train row", _orphan_train, "rows", "orphaned_train"),
+    (
+        "a replay group the ledger has not finalized",
+        _replay_not_in_ledger,
+        "rows",
+        "replay_not_finalized",
+    ),
+    (
+        "a finalized group missing from replay",
+        _finalized_missing_from_replay,
+        "rows",
+        "finalized_not_in_replay",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("doctor", "check", "counter"),
+    [d[1:] for d in DOCTORINGS],
+    ids=[d[0] for d in DOCTORINGS],
+)
+def test_each_doctored_state_fails_its_check(
+    doctor: Callable[[A.DurableState], None], check: str, counter: str
+) -> None:
+    state = clean_state()
+    doctor(state)
+    report = A.audit(state)
+    part = getattr(report, check)
+    assert not report.ok
+    assert not part.ok
+    assert getattr(part, counter) >= 1
+    others = {"prompts", "side_effects", "gym_attempts", "rows"} - {check}
+    # A doctoring breaks its own check; the loss of a replay group also breaks prompts.
+    if counter != "finalized_not_in_replay":
+        assert all(getattr(report, other).ok for other in others), report.to_json()
+
+
+def test_dropped_prompts_are_accounted_for() -> None:
+    state = clean_state()
+    dropped = state.spare.pop()
+    assert A.audit(state).prompts.lost == 1
+    state.dropped.append(dropped)
+    assert A.audit(state).prompts.ok
+
+
+def test_same_prompt_in_two_epochs_is_not_a_duplicate() -> None:
+    state = clean_state()
+    p1 = _perm(1)
+    assert A.Prompt(p1[0], 0) in {p for _, p in state.trained}
+    assert A.check_prompts(state).duplicated == 0
+
+
+def test_without_the_seed_counts_still_find_a_loss() -> None:
+    state = clean_state()
+    state.permutations = None
+    assert A.check_prompts(state).ok
+    state.trained.pop()
+    report = A.check_prompts(state)
+    assert (report.lost, report.drawn_from) == (1, "cursor")
+
+
+def test_side_effect_lines_torn_are_counted_not_trusted() -> None:
+    lines = [
+        json.dumps({"rollout_id": "r", "attempt": 0, "revision": 1, "turn": 0}),
+        '{"rollout_id": "r", "attem',
+    ]
+    effects, torn = A.parse_side_effects(lines, "gym-0.audit.jsonl")
+    assert (len(effects), torn) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "journal",
+    [
+        {"schema": 2, "steps": []},
+        {"schema": 1, "steps": [{"step": 2, "groups": []}, {"step": 1, "groups": []}]},
+    ],
+)
+def test_journal_that_cannot_be_trusted_is_an_error(journal: dict) -> None:
+    with pytest.raises(A.AuditError):
+        A.parse_journal(journal, "journal")
+
+
+# --------------------------------------------------------------------------- loader + CLI
+def _write_run(run_dir: Path, *, trained_prompts: list[int], position: int) -> None:
+    storage = open_storage("file://" + str(run_dir / "checkpoints"))
+    journal = {
+        "schema": 1,
+        "steps": [
+            {
+                "step": 1,
+                "weight_version_before": 0,
+                "groups": [
+                    {"group_id": f"pg{i}", "prompt_id": pid, "epoch": 0, "target_step": 1}
+                    for i, pid in enumerate(trained_prompts)
+                ],
+            }
+        ],
+    }
+    sidecar = json.dumps(
+        {
+            "schema_version": 5,
+            "groups": [],
+            "batch_shortfall": {},
+            "sampler_stamps_target_steps": True,
+            "spare_prompts": [],
+        }
+    ).encode()
+    state = {
+        "format": 1,
+        "step": 1,
+        "dataloader": {"dataset_size": SIZE, "epoch": 0, "position": position},
+        "replay": [],
+    }
+    files = {
+        A.TRAINER_STATE_FILE: json.dumps(state).encode(),
+        A.JOURNAL_FILE: json.dumps(journal).encode(),
+        A.LEDGER_FILE: sidecar,
+        A.DATA_PLANE_METADATA: json.dumps(
+            {"index": {"staging": {}, "train": {}}, "user": {"replay": []}}
+        ).encode(),
+    }
+    publish_entry(storage, "step_1", files)
+    (run_dir / "gym-0.audit.jsonl").write_text(
+        json.dumps({"rollout_id": "pg0_g0_aA", "attempt": 0, "revision": 1, "turn": 0}) + "\n"
+    )
+
+
+def _cli(run_dir: Path, config: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:
+    parser = argparse.ArgumentParser()
+    A.register(parser)
+    args = parser.parse_args([str(run_dir), "--config", str(config), "--json"])
+    rc = args.handler(args)
+    return rc, json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(f"seed: {SEED}\ntask: {{datasetSize: {SIZE}}}\ngrpo: {{maxSteps: 1}}\n")
+    return path
+
+
+def test_cli_passes_a_complete_run(
+    tmp_path: Path, config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    _write_run(run_dir, trained_prompts=_perm(0)[:4], position=4)
+    rc, report = _cli(run_dir, config_file, capsys)
+    assert rc == 0, report
+    assert report["prompts"]["drawn_from"] == "permutation"
+    assert report["side_effects"]["applied"] == 1
+
+
+def test_cli_fails_a_run_that_lost_a_prompt(
+    tmp_path: Path, config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    _write_run(run_dir, trained_prompts=_perm(0)[:3], position=4)
+    rc, report = _cli(run_dir, config_file, capsys)
+    assert (rc, report["lost"], report["prompts"]["lost_examples"]) == (
+        1,
+        1,
+        [{"prompt_id": _perm(0)[3], "epoch": 0}],
+    )
+
+
+def test_corrupt_sidecar_is_an_error_not_a_verdict(tmp_path: Path, config_file: Path) -> None:
+    run_dir = tmp_path / "run"
+    _write_run(run_dir, trained_prompts=_perm(0)[:4], position=4)
+    state_file = run_dir / "checkpoints" / "step_1" / A.TRAINER_STATE_FILE
+    state = json.loads(state_file.read_text())
+    state["rollout_recovery"] = {"rollout_recovery_sha256": "0" * 64}
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(A.AuditError, match="sha256"):
+        A.run_audit(run_dir, config_file=config_file)
+
+
+def test_no_checkpoint_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(A.AuditError, match="no committed trainer checkpoint"):
+        A.run_audit(tmp_path)
