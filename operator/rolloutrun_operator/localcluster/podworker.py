@@ -213,9 +213,13 @@ class PodWorker:
         if "readinessProbe" in spec:
             probe_task = asyncio.create_task(self._probe(spec, record, env))
         self.report()
-        returncode = await process.wait()
-        if probe_task is not None:
-            probe_task.cancel()
+        try:
+            returncode = await process.wait()
+        finally:
+            if probe_task is not None:
+                probe_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await probe_task
         await self.kubelet.node_up()
         processes.kill_tagged(processes.container_tag(self.uid, record.name), [process.pid])
         self.processes.pop(record.name, None)

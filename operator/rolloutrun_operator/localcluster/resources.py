@@ -71,6 +71,11 @@ BUILTINS: tuple[ResourceType, ...] = (
     _core("serviceaccounts", "ServiceAccount", True, ("sa",)),
     _core("events", "Event", True, ("ev",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, "lease"),
+    # Stored, not enforced (one token is all-powerful): operators create their members' RBAC.
+    ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True, "role"),
+    ResourceType(
+        "rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, "rolebinding"
+    ),
     ResourceType(
         "apiextensions.k8s.io",
         "v1",
