@@ -14,6 +14,7 @@ import urllib3
 from kubernetes import client as k8s
 
 from rolloutrun_operator.localcluster.cluster import LocalCluster
+from rolloutrun_operator.localcluster.testing import eventually
 
 from .kopf_operator import CRD, GROUP, PLURAL, VERSION
 
@@ -347,3 +348,86 @@ def test_the_projects_crd_and_examples_apply(client: Any, namespace: str) -> Non
         body["metadata"].pop("namespace", None)
         made = custom.create_namespaced_custom_object(group, version, namespace, plural, body)
         assert made["metadata"]["generation"] == 1 and made["spec"], example.name
+
+
+def test_edges_of_the_http_surface(
+    cluster: LocalCluster, client: Any, crd: Any, namespace: str
+) -> None:
+    """dryRun, deletecollection, eviction, single-object tables and the error codes of
+    unknown paths, wrong methods and unsupported patch types."""
+    core: Any = k8s.CoreV1Api(client)
+    dry = core.create_namespaced_config_map(namespace, {"metadata": {"name": "dry"}}, dry_run="All")
+    assert dry.metadata.uid and _missing(core, namespace, "dry")
+    for index in range(3):
+        core.create_namespaced_config_map(
+            namespace, {"metadata": {"name": f"dc{index}", "labels": {"dc": "y"}}}
+        )
+    core.delete_collection_namespaced_config_map(namespace, label_selector="dc=y")
+    assert core.list_namespaced_config_map(namespace, label_selector="dc=y").items == []
+    http = urllib3.PoolManager(ca_certs=str(cluster.ca_path))
+    auth = {"Authorization": f"Bearer {cluster.token}"}
+
+    def call(
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        accept: str = "",
+    ) -> Any:
+        headers = {**auth, "Content-Type": content_type}
+        if accept:
+            headers["Accept"] = accept
+        data = None if body is None else json.dumps(body).encode()
+        response = http.request(method, f"{cluster.api_url}{path}", body=data, headers=headers)
+        return response.status, json.loads(response.data) if response.data else None
+
+    base = f"/api/v1/namespaces/{namespace}"
+    assert call("GET", "/api/v1/nosuchthings")[0] == 404
+    assert call("PUT", f"{base}/configmaps")[0] == 405
+    call("POST", f"{base}/configmaps", {"metadata": {"name": "gone-soon"}})
+    code, body = call("DELETE", f"{base}/configmaps/gone-soon")
+    assert code == 200 and body["kind"] == "Status" and body["status"] == "Success"
+    widget = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Widget",
+        "metadata": {"name": "w"},
+        "spec": {"size": 1},
+    }
+    crd.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, widget)
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/w"
+    assert (
+        call("PATCH", path, {"spec": {"size": 2}}, "application/strategic-merge-patch+json")[0]
+        == 415
+    )
+    assert call("PATCH", path, {"spec": {"size": 2}}, "application/apply-patch+yaml")[0] == 415
+    code, table = call("GET", path, accept="application/json;as=Table;v=v1;g=meta.k8s.io")
+    assert code == 200 and table["kind"] == "Table"
+    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Size", "Phase", "Age"]
+    assert table["rows"][0]["cells"][:2] == ["w", 1]
+    pod = {
+        "metadata": {"name": "evictee"},
+        "spec": {
+            "containers": [{"name": "c", "image": "x", "command": ["sleep", "60"]}],
+            "terminationGracePeriodSeconds": 1,
+        },
+    }
+    core.create_namespaced_pod(namespace, pod)
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "evictee"}}
+    assert call("POST", f"{base}/pods/evictee/eviction", eviction)[0] == 201
+    eventually(lambda: _pod_missing(core, namespace, "evictee"), what="evicted pod gone")
+
+
+def _missing(core: Any, namespace: str, name: str) -> bool:
+    try:
+        core.read_namespaced_config_map(name, namespace)
+    except k8s.ApiException as error:
+        return error.status == 404
+    return False
+
+
+def _pod_missing(core: Any, namespace: str, name: str) -> bool:
+    try:
+        core.read_namespaced_pod(name, namespace)
+    except k8s.ApiException as error:
+        return error.status == 404
+    return False

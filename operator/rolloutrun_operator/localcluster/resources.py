@@ -9,6 +9,7 @@ moment to establish a CRD; here it is immediate, with ``Established=True`` in it
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,8 +163,6 @@ class Registry:
 
 def _version_priority(version: str) -> tuple[int, int, int]:
     """Kubernetes version ordering: GA before beta before alpha, higher numbers first."""
-    import re
-
     match = re.fullmatch(r"v(\d+)(?:(alpha|beta)(\d+))?", version)
     if not match:
         return (3, 0, 0)

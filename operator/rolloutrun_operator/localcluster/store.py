@@ -522,6 +522,7 @@ def _same(a: Obj, b: Obj) -> bool:
 
 
 def _with_warnings(obj: Obj, warnings: list[str] | None) -> Obj:
+    """Carry ``Warning`` headers (pruned unknown fields) to the HTTP layer, which pops them."""
     if warnings:
         return {**obj, "__warnings__": warnings}
     return obj

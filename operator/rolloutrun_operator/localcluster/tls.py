@@ -27,9 +27,6 @@ class Certificates:
         context.load_cert_chain(str(self.cert), str(self.key))
         return context
 
-    def client_context(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.ca))
-
 
 def ensure(directory: Path) -> Certificates:
     """The cluster's CA and serving certificate in ``directory/pki``, made if missing."""
