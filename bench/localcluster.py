@@ -154,7 +154,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         result["watch"] = await bench_watch(cluster, args.watchers, args.events)
         result["list_baseline"] = await bench_list(cluster, 10, args.rounds)
         result["list"] = await bench_list(cluster, args.objects, args.rounds)
-        result["store_objects"] = sum(1 for _ in cluster.store.objects("configmaps"))
+        result["configmaps_in_store"] = cluster.call(
+            lambda: sum(1 for _ in cluster.store.objects("configmaps"))
+        )
         return result
 
 
