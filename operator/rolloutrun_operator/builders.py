@@ -295,7 +295,7 @@ def _pod(
                 "value": f"{naming.GCS_CREDENTIALS_DIR}/{naming.GCS_CREDENTIALS_KEY}",
             }
         )
-    if role is naming.Role.TRAINER and storage.volume_claim_name is not None:
+    if storage.volume_claim_name is not None:  # the trainer's checkpoints, the Gym's audit
         mounts.append({"name": "storage", "mountPath": storage_path(storage.uri)})
         volumes.append(
             {"name": "storage", "persistentVolumeClaim": {"claimName": storage.volume_claim_name}}
@@ -349,6 +349,25 @@ def storage_path(uri: str) -> str:
     return uri[len("file://") :] if uri.startswith("file://") else uri
 
 
+#: Under a ``file://`` storage directory: one side-effect audit file per Gym replica.
+GYM_AUDIT_DIR = "gym-audit"
+
+
+def gym_audit_path(run: RolloutRun, index: int) -> str | None:
+    """Where Gym replica ``index`` appends its applied side effects (JSON lines).
+
+    Under the run's ``file://`` storage (a directory every incarnation sees), so the audit
+    survives pod deletion and a replacement replica reloads it (it refuses to apply an
+    effect twice); ``rolloutrun audit <storage>/gym-audit --storage <uri>`` reads the
+    ``gym-*.audit.jsonl`` files there, as it reads a local run's log dir. With ``gs://``
+    storage: none.
+    """
+    uri = run.spec.storage.uri
+    if uri.startswith("gs://"):
+        return None
+    return f"{storage_path(uri).rstrip('/')}/{GYM_AUDIT_DIR}/gym-{index}.audit.jsonl"
+
+
 def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:
     """The trainer: single controller plus policy workers; holds the run's Lease."""
     name = run_name(run)
@@ -384,7 +403,7 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
     name = run_name(run)
     port = run.spec.gym.port
     instance = naming.gym_instance_id(name, index)
-    container = {
+    container: Manifest = {
         "name": "gym",
         "command": [
             "rolloutrun",
@@ -401,6 +420,9 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
         "ports": [{"name": "gym", "containerPort": port}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1},
     }
+    audit = gym_audit_path(run, index)
+    if audit is not None:
+        container["command"] += ["--audit-file", audit]
     pod = _pod(
         run,
         naming.gym_pod_name(name, incarnation, index),

@@ -52,9 +52,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rolloutrun_runtime.config import ConfigError, load_run_config
+    from rolloutrun_runtime.pod import resolve_config_path
 
     try:
-        cfg = load_run_config(args.config)
+        cfg = load_run_config(resolve_config_path(args.config))  # the local cluster's pod root
     except ConfigError as error:
         print(f"rolloutrun gym: {error}", file=sys.stderr)
         return 2

@@ -133,6 +133,8 @@ def test_gym_pods_keep_a_stable_instance_id_across_incarnations():
             "8000",
             "--instance-id",
             "demo-gym-1",
+            "--audit-file",  # under the file:// storage: it survives the pod
+            "/data/demo/gym-audit/gym-1.audit.jsonl",
         ]
         assert env_of(pod)["ROLLOUTRUN_GYM_INSTANCE_ID"]["value"] == "demo-gym-1"
         assert pod["metadata"]["labels"][naming.LABEL_GYM_INDEX] == "1"
@@ -176,12 +178,18 @@ def test_an_explicit_run_name_wins_and_ipv6_endpoints_are_bracketed():
     assert builders.gym_endpoint("fd00::5", 8000) == "http://[fd00::5]:8000"
 
 
-def test_a_volume_claim_is_mounted_at_the_storage_path_of_the_trainer():
+def test_a_volume_claim_is_mounted_at_the_storage_path_of_every_member():
     run = make_run(storage={"uri": "file:///data/x", "volumeClaimName": "ckpt"})
-    pod = builders.trainer_pod(run, 1)
-    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    assert mounts["storage"] == "/data/x"
-    assert "storage" not in {v["name"] for v in builders.gym_pod(run, 1, 0)["spec"]["volumes"]}
+    for pod in (builders.trainer_pod(run, 1), builders.gym_pod(run, 1, 0)):
+        mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        assert mounts["storage"] == "/data/x"
+    command = builders.gym_pod(run, 1, 0)["spec"]["containers"][0]["command"]
+    assert command[-2:] == ["--audit-file", "/data/x/gym-audit/gym-0.audit.jsonl"]
+
+
+def test_gym_pods_write_no_audit_file_with_gcs_storage():
+    command = builders.gym_pod(make_run(**GCS), 1, 0)["spec"]["containers"][0]["command"]
+    assert "--audit-file" not in command
 
 
 def test_referenced_secrets_are_listed_once():

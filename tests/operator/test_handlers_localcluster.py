@@ -137,6 +137,7 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
             "gym", "--config", "/etc/rolloutrun/run.yaml", "--host", gyms[1].status.pod_ip,
             "--port", "8000",
             "--instance-id", "demo-gym-1",
+            "--audit-file", "/tmp/rolloutrun-test/gym-audit/gym-1.audit.jsonl",
         ]  # fmt: skip
         current = status()
         assert current["incarnation"] == 1 and current["observedGeneration"] == 1

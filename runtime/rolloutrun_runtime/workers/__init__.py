@@ -44,13 +44,20 @@ class WorkerError(RuntimeError):
 
 
 def build_workers(
-    cfg: RunConfig, state_dict: dict[str, torch.Tensor], version: int
+    cfg: RunConfig,
+    state_dict: dict[str, torch.Tensor],
+    version: int,
+    host: str = "127.0.0.1",
+    port: int = 0,
 ) -> PolicyWorkers:
-    """The backend ``cfg.workers.backend`` names, serving ``state_dict`` as ``version``."""
+    """The backend ``cfg.workers.backend`` names, serving ``state_dict`` as ``version``.
+
+    ``host``/``port``: where in-process servers listen (in a pod: ``$POD_IP`` and the
+    generation port, for the first server; the others take free ports)."""
     if cfg.workers.backend is WorkerBackend.INPROCESS:
         from rolloutrun_runtime.workers.inprocess import InProcessWorkers
 
-        return InProcessWorkers(cfg, state_dict, version)
+        return InProcessWorkers(cfg, state_dict, version, host=host, port=port)
     if cfg.workers.backend is WorkerBackend.RAY:
         from rolloutrun_runtime.workers.ray_workers import RayWorkers
 

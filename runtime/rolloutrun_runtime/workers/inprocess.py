@@ -45,9 +45,11 @@ class InProcessWorkers:
         state_dict: dict[str, torch.Tensor],
         version: int,
         host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         self.cfg = cfg
         self.host = host
+        self.port = port
         self.endpoints: list[str] = []
         self.engines: list[GenerationEngine] = []
         self._initial: tuple[dict[str, torch.Tensor], int] | None = (state_dict, version)
@@ -61,7 +63,8 @@ class InProcessWorkers:
         try:
             for index in range(self.cfg.workers.generation_workers):
                 engine = make_engine(self.cfg, state_dict, version, index)
-                runner, url = await serve_app(build_generation_app(engine), self.host, 0)
+                port = self.port if index == 0 else 0
+                runner, url = await serve_app(build_generation_app(engine), self.host, port)
                 self.engines.append(engine)
                 self._runners.append(runner)
                 self.endpoints.append(url)

@@ -1,0 +1,144 @@
+"""What the trainer and the Gym need from their pod: the config file, where to listen, the
+lease wired into the run.
+
+Why a module of its own: these are the pod contract's runtime half (see the operator's
+builders and docs/operations.md), the same for every entry point, and the controller never
+needs them; ``rolloutrun train`` (no pod) passes through every function here unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rolloutrun_runtime.coordination import LeaseHolder
+
+logger = logging.getLogger(__name__)
+
+#: Exit code of a trainer that lost its lease (another incarnation took it, or it expired).
+EXIT_FENCED = 3
+#: Set by the local cluster's kubelet: the pod's root, where its volumes are linked.
+ENV_LOCALCLUSTER_ROOT = "ROLLOUTRUN_LOCALCLUSTER_ROOT"
+ENV_POD_IP = "POD_IP"
+ENV_GENERATION_PORT = "ROLLOUTRUN_GENERATION_PORT"
+
+
+def resolve_config_path(path: str, environ: Mapping[str, str] | None = None) -> str:
+    """The config file as given, or inside the local cluster's pod root.
+
+    The local cluster has no mount namespaces: a ConfigMap mounted at ``/etc/rolloutrun`` is
+    a directory linked at ``$ROLLOUTRUN_LOCALCLUSTER_ROOT/etc/rolloutrun``. An absolute path
+    that does not exist is looked up there, so the pod command is the same on both clusters.
+    """
+    env = os.environ if environ is None else environ
+    root = env.get(ENV_LOCALCLUSTER_ROOT)
+    if root and os.path.isabs(path) and not os.path.exists(path):
+        inside = os.path.join(root, path.lstrip("/"))
+        if os.path.exists(inside):
+            return inside
+    return path
+
+
+def generation_address(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
+    """Where the generation servers listen: ``$POD_IP`` and the pod's generation port in a
+    pod (the Gym pods call the URL the trainer sends in each ``/run``), else 127.0.0.1 on a
+    free port."""
+    env = os.environ if environ is None else environ
+    host = env.get(ENV_POD_IP) or "127.0.0.1"
+    port = int(env.get(ENV_GENERATION_PORT) or 0) if env.get(ENV_POD_IP) else 0
+    return host, port
+
+
+class PodLease:
+    """The trainer's lease wired into the run: fencing, progress annotations, loss.
+
+    Progress is written from one worker thread (in order, off the event loop); a lost lease
+    (taken by a newer incarnation, or expired) cancels the run: a fenced trainer stops.
+    """
+
+    def __init__(self, lease: LeaseHolder | None = None) -> None:
+        self.lease = lease
+        self.lost_error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Future[Any] | None = None
+        self._writer: ThreadPoolExecutor | None = None
+
+    def attach(self, loop: asyncio.AbstractEventLoop, task: asyncio.Future[Any]) -> None:
+        self._loop, self._task = loop, task
+
+    def lost(self, error: BaseException) -> None:
+        """The renewal thread found the lease lost: stop the run (called off the loop)."""
+        self.lost_error = error
+        if self._loop is not None and self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+
+    def fence(self) -> None:
+        """Raise FencedError unless this trainer still holds its lease (before a commit)."""
+        if self.lease is not None:
+            self.lease.ensure_held()
+
+    def _record(self, **progress: Any) -> None:
+        if self.lease is None:
+            return
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="lease-progress")
+        self._writer.submit(self._write, progress)
+
+    def _write(self, progress: dict[str, Any]) -> None:
+        assert self.lease is not None
+        try:
+            self.lease.record_progress(**progress)
+        except Exception as error:  # a missed annotation is retried by the next one
+            logger.warning("recording progress on the lease failed: %s", error)
+
+    def on_step(self, step: dict[str, Any]) -> None:
+        self._record(train_step=int(step["step"]))
+
+    def on_anchor(self, step: int) -> None:
+        self._record(anchor_step=step)
+
+    def on_published(self, published: dict[str, Any]) -> None:
+        when = published.get("published_at")
+        if isinstance(when, int | float):
+            when = dt.datetime.fromtimestamp(when, dt.UTC)
+        elif isinstance(when, str):
+            when = dt.datetime.fromisoformat(when.replace("Z", "+00:00"))
+        self._record(
+            train_step=published.get("train_step"),
+            anchor_step=published.get("anchor_step"),
+            latest_manifest=published.get("manifest_uri"),
+            latest_manifest_time=when,
+        )
+
+    def close(self) -> None:
+        """Wait for the progress still queued (at most a few small writes)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+
+
+def fenced_checkpointer(
+    storage: Any,
+    keep_latest: int,
+    fence: Callable[[], None] | None,
+    on_anchor: Callable[[int], None] | None,
+) -> Any:
+    """A TrainerCheckpointer that asks ``fence`` before each commit and reports anchors."""
+    from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
+
+    class PodCheckpointer(TrainerCheckpointer):
+        def publish_files(self, step: int, files: Mapping[str, bytes]) -> str:
+            if fence is not None:
+                fence()  # a trainer whose lease was taken over never commits (fencing)
+            uri = super().publish_files(step, files)
+            if on_anchor is not None:
+                on_anchor(step)
+            return uri
+
+    return PodCheckpointer(storage, keep_latest)
