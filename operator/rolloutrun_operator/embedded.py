@@ -1,0 +1,517 @@
+"""The embedded default: ``rolloutrun run FILE`` runs a RolloutRun end to end on one machine.
+
+Why through a local cluster rather than a shortcut: the point of the project is that a run
+survives its pods being taken away, and the only honest way to show that locally is the
+same path a real cluster takes. So this starts the local cluster (API server emulator +
+process kubelet), the operator (the same Kopf handlers, in a thread), and the RolloutRun;
+the trainer and the Gym replicas run as pods (``rolloutrun trainer``, ``rolloutrun gym``
+processes). ``--preempt-every`` deletes a random member pod at that interval, as a spot
+reclaim does, and the operator recovers the run from its latest snapshot.
+
+The operator never imports the runtime beyond its config, so the audit and the trace
+analysis are read through their commands (``rolloutrun audit --json``, ``rolloutrun trace
+--json``) as subprocesses. :class:`EmbeddedRun` is also what the end-to-end tests and
+``bench/operator_recovery.py`` drive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from rolloutrun_operator import naming
+from rolloutrun_operator.api.crdgen import build_crd
+from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
+from rolloutrun_operator.builders import GYM_AUDIT_DIR
+from rolloutrun_operator.handlers import Options
+from rolloutrun_operator.localcluster import LocalCluster
+from rolloutrun_operator.localcluster.testing import free_pod_network
+from rolloutrun_operator.runner import OperatorConfig, OperatorThread
+
+logger = logging.getLogger(__name__)
+
+#: Under the work directory: the run's storage (checkpoints, manifests, Gym audit files),
+#: the trainer's log dir shared by every incarnation, and the local cluster's files.
+STORAGE_DIR = "storage"
+LOGS_DIR = "logs"
+CLUSTER_DIR = "cluster"
+SUMMARY_FILE = "summary.json"
+RUN_FILE = "rolloutrun.yaml"
+#: Seconds an audit or trace command may take.
+COMMAND_TIMEOUT_S = 300.0
+
+
+class EmbeddedRunError(RuntimeError):
+    """The run could not be started or followed (bad file, cluster or operator failure)."""
+
+
+def load_document(path: str | Path) -> dict[str, Any]:
+    """A RolloutRun YAML as a mapping; errors name the file and the problem."""
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except FileNotFoundError as error:
+        raise EmbeddedRunError(f"{path}: no such file") from error
+    except yaml.YAMLError as error:
+        raise EmbeddedRunError(f"{path}: not valid YAML: {error}") from error
+    if not isinstance(document, dict) or document.get("kind") != "RolloutRun":
+        raise EmbeddedRunError(f"{path}: expected a RolloutRun (kind: RolloutRun)")
+    if not (document.get("metadata") or {}).get("name"):
+        raise EmbeddedRunError(f"{path}: metadata.name is required")
+    return document
+
+
+def localize(document: dict[str, Any], work_dir: Path, namespace: str) -> dict[str, Any]:
+    """The run as the local cluster runs it: storage and logs under ``work_dir``.
+
+    Every pod of the local cluster sees the host's files, so a ``file://`` directory is the
+    shared volume a real cluster needs a ReadWriteMany claim (or ``gs://``) for. The trainer
+    of every incarnation appends to one log dir, so the metrics and the rollout trace cover
+    the whole run.
+    """
+    run = copy.deepcopy(document)
+    run["metadata"] = {"name": run["metadata"]["name"], "namespace": namespace}
+    spec = run.setdefault("spec", {})
+    work_dir = work_dir.resolve()
+    spec["storage"] = {"uri": f"file://{work_dir / STORAGE_DIR}"}
+    spec.setdefault("run", {})["logDir"] = str(work_dir / LOGS_DIR)
+    run.pop("status", None)
+    return run
+
+
+def condition_of(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for item in status.get("conditions") or []:
+        if item.get("type") == kind:
+            return dict(item)
+    return None
+
+
+def outcome(status: dict[str, Any]) -> str | None:
+    """``Succeeded``, ``Failed``, or None while the run goes on."""
+    for kind in ("Succeeded", "Failed"):
+        found = condition_of(status, kind)
+        if found is not None and found.get("status") == "True":
+            return kind
+    return None
+
+
+def last_step(metrics_file: Path) -> dict[str, Any] | None:
+    """The newest complete step line of ``metrics.jsonl`` (None before the first step)."""
+    try:
+        lines = metrics_file.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written
+        if isinstance(record, dict):
+            return record
+    return None
+
+
+def run_json_command(args: list[str], timeout: float = COMMAND_TIMEOUT_S) -> dict[str, Any]:
+    """Run ``rolloutrun <args>`` and parse its JSON output; failures become an ``error`` key."""
+    command = [sys.executable, "-m", "rolloutrun_runtime.cli", *args]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"rolloutrun {' '.join(args)} ran past {timeout:.0f}s"}
+    try:
+        answer = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {"error": f"rolloutrun {args[0]} exited {done.returncode}: {' | '.join(tail)}"}
+    if not isinstance(answer, dict):
+        return {"error": f"rolloutrun {args[0]} printed no JSON object"}
+    answer.setdefault("exit_code", done.returncode)
+    return answer
+
+
+def audit_holds(audit: dict[str, Any]) -> bool:
+    """Whether ``rolloutrun audit --json`` reported every invariant holding."""
+    if "error" in audit:
+        return False
+    for key in ("ok", "holds", "passed", "clean"):
+        if key in audit:
+            return bool(audit[key]) and audit.get("exit_code", 0) == 0
+    return False
+
+
+@dataclass
+class Preemptions:
+    """Deleted member pods, as spot reclaims: ``(time since start, pod name)``."""
+
+    done: list[tuple[float, str]] = field(default_factory=list)
+
+
+class EmbeddedRun:
+    """A local cluster, the operator and one RolloutRun; a context manager.
+
+    ``work_dir`` holds everything: ``cluster/`` (pod directories with their logs),
+    ``storage/`` (checkpoints, manifests, ``gym-audit/``) and ``logs/`` (metrics, trace,
+    final weights digest).
+    """
+
+    def __init__(
+        self,
+        document: dict[str, Any],
+        work_dir: str | Path,
+        *,
+        namespace: str = "default",
+        nodes: int = 1,
+        cluster_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.work_dir = Path(work_dir).resolve()
+        self.namespace = namespace
+        self.document = localize(document, self.work_dir, namespace)
+        self.name: str = self.document["metadata"]["name"]
+        self.nodes = nodes
+        self.cluster_options = dict(cluster_options or {})
+        # A random loopback /16: runs and test sessions side by side never share a pod IP.
+        self.cluster_options.setdefault("pod_network", free_pod_network())
+        self.cluster: LocalCluster | None = None
+        self.operator: OperatorThread | None = None
+        self.api: Any = None
+        self.started_at = time.monotonic()
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> EmbeddedRun:
+        from kubernetes import client as k8s
+        from kubernetes import config
+
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(yaml.safe_dump(self.document, sort_keys=False))
+        self.cluster = LocalCluster(
+            self.work_dir / CLUSTER_DIR, nodes=self.nodes, **self.cluster_options
+        ).start()
+        try:
+            self.api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig_path))
+            crds: Any = k8s.ApiextensionsV1Api(self.api)
+            crds.create_custom_resource_definition(build_crd())
+            if self.namespace != "default":
+                self.core.create_namespace({"metadata": {"name": self.namespace}})
+            options = Options(kubeconfig=str(self.cluster.kubeconfig_path))
+            self.operator = OperatorThread(
+                OperatorConfig(options=options, namespaces=[self.namespace])
+            ).start()
+            self.started_at = time.monotonic()
+            self.runs.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, self.document
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the operator, then the cluster (which kills every pod process)."""
+        if self.operator is not None:
+            self.operator.stop()
+            self.operator = None
+        if self.api is not None:
+            self.api.close()
+            self.api = None
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+
+    def __enter__(self) -> EmbeddedRun:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def runs(self) -> Any:
+        from kubernetes import client as k8s
+
+        return k8s.CustomObjectsApi(self.api)
+
+    @property
+    def core(self) -> Any:
+        from kubernetes import client as k8s
+
+        return k8s.CoreV1Api(self.api)
+
+    @property
+    def storage_dir(self) -> Path:
+        return self.work_dir / STORAGE_DIR
+
+    @property
+    def config_file(self) -> Path:
+        """The run as created (written at start; the audit reads its seed and max steps)."""
+        return self.work_dir / RUN_FILE
+
+    @property
+    def log_dir(self) -> Path:
+        return self.work_dir / LOGS_DIR
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def status(self) -> dict[str, Any]:
+        run = self.runs.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, self.name
+        )
+        return dict(run.get("status") or {})
+
+    def pods(self) -> dict[str, Any]:
+        """The run's member pods by name (every incarnation still present)."""
+        selector = f"{naming.LABEL_RUN}={self.name}"
+        items = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        return {pod.metadata.name: pod for pod in items}
+
+    def serving_members(self) -> list[str]:
+        """Running, ready, not terminating pods of the current incarnation."""
+        incarnation = str(self.status().get("incarnation") or "")
+        return sorted(
+            name
+            for name, pod in self.pods().items()
+            if (pod.metadata.labels or {}).get(naming.LABEL_INCARNATION) == incarnation
+            and pod.metadata.deletion_timestamp is None
+            and pod.status.phase == "Running"
+        )
+
+    def lease(self) -> Any:
+        from kubernetes import client as k8s
+
+        return k8s.CoordinationV1Api(self.api).read_namespaced_lease(
+            naming.lease_name(self.name), self.namespace
+        )
+
+    def last_step(self) -> dict[str, Any] | None:
+        return last_step(self.log_dir / "metrics.jsonl")
+
+    # ------------------------------------------------------------------ acting
+    def delete_pod(self, name: str, grace_seconds: int | None = None) -> None:
+        """Delete a member pod as a spot reclaim does (SIGTERM, then SIGKILL after grace)."""
+        body = {} if grace_seconds is None else {"gracePeriodSeconds": grace_seconds}
+        self.core.delete_namespaced_pod(name, self.namespace, body=body)
+
+    def pod_pids(self, name: str) -> set[int]:
+        assert self.cluster is not None
+        return self.cluster.pod_pids(self.namespace, name)
+
+    # ------------------------------------------------------------------ following
+    def follow(
+        self,
+        *,
+        preempt_every: float | None = None,
+        timeout: float | None = None,
+        rng: random.Random | None = None,
+        on_tick: Callable[[EmbeddedRun, dict[str, Any]], None] | None = None,
+        interval: float = 0.5,
+    ) -> tuple[str, Preemptions]:
+        """Poll until the run Succeeds or Fails; preempt a random member every so often.
+
+        Returns the outcome (``Succeeded``, ``Failed``, or ``TimedOut``) and the deletions.
+        """
+        rng = rng or random.Random()
+        preempted = Preemptions()
+        next_preemption = self.elapsed() + preempt_every if preempt_every else None
+        while True:
+            status = self.status()
+            if on_tick is not None:
+                on_tick(self, status)
+            result = outcome(status)
+            if result is not None:
+                return result, preempted
+            if self.operator is not None and not self.operator.alive:
+                raise EmbeddedRunError(f"the operator stopped: {self.operator.error!r}")
+            now = self.elapsed()
+            if timeout is not None and now > timeout:
+                return "TimedOut", preempted
+            if next_preemption is not None and preempt_every and now >= next_preemption:
+                already = {name for _, name in preempted.done}
+                members = [m for m in self.serving_members() if m not in already]
+                if members:
+                    victim = rng.choice(members)
+                    logger.info("preempting %s", victim)
+                    self.delete_pod(victim)
+                    preempted.done.append((round(now, 2), victim))
+                    next_preemption = now + preempt_every
+            time.sleep(interval)
+
+    # ------------------------------------------------------------------ summary
+    def summary(self, result: str, preempted: Preemptions) -> dict[str, Any]:
+        """What the run did, with the audit's and the trace's own JSON."""
+        status = self.status() if self.api is not None else {}
+        audit = run_json_command(
+            [
+                "audit",
+                str(self.storage_dir / GYM_AUDIT_DIR),
+                "--storage",
+                f"file://{self.storage_dir}",
+                "--config",
+                str(self.config_file),
+                "--json",
+            ]
+        )
+        trace = run_json_command(["trace", str(self.log_dir), "--json"])
+        digest_file = self.log_dir / "final_weights.sha256"
+        digest = digest_file.read_text().strip() if digest_file.exists() else None
+        step = self.last_step()
+        return {
+            "run": self.name,
+            "result": result,
+            "succeeded": result == "Succeeded",
+            "steps": int(status.get("trainStep") or (step or {}).get("step") or 0),
+            "restarts": int(status.get("restarts") or 0),
+            "preemptions": int(status.get("preemptions") or 0),
+            "incarnations": int(status.get("incarnation") or 0),
+            "pods_deleted": [name for _, name in preempted.done],
+            "audit": audit,
+            "audit_holds": audit_holds(audit),
+            "thrown_away_s": trace.get("thrown_away_s_total"),
+            "trace": trace,
+            "final_weights_sha256": digest,
+            "final_reward_mean": (step or {}).get("reward_mean"),
+            "latest_manifest": status.get("latestManifestUri"),
+            "wall_s": round(self.elapsed(), 2),
+            "work_dir": str(self.work_dir),
+        }
+
+
+# ------------------------------------------------------------------------------ CLI
+def register(parser: argparse.ArgumentParser) -> None:
+    """Run a RolloutRun on a local cluster with the operator, to the end; write a summary."""
+    parser.add_argument("file", help="a RolloutRun YAML (e.g. examples/tiny-grpo.yaml)")
+    parser.add_argument(
+        "--preempt-every",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="delete a random member pod at this interval, as a spot reclaim does",
+    )
+    parser.add_argument(
+        "--summary", default=None, metavar="FILE.json", help="also write the summary here"
+    )
+    parser.add_argument(
+        "--work-dir",
+        default=None,
+        help="cluster, storage and logs (default: .rolloutrun/<name>-<UTC time>)",
+    )
+    parser.add_argument("--timeout", type=float, default=3600.0, help="give up after SECONDS")
+    parser.add_argument("--seed", type=int, default=None, help="seed the choice of victims")
+    parser.add_argument("--verbose", action="store_true", help="log the operator's records")
+    parser.set_defaults(handler=main)
+
+
+class Display:
+    """One terminal line per change: step, reward, incarnation, restarts, snapshot."""
+
+    def __init__(self, out: Any = None) -> None:
+        self.out = out or sys.stdout
+        self._last: tuple[Any, ...] | None = None
+
+    def __call__(self, run: EmbeddedRun, status: dict[str, Any]) -> None:
+        step = run.last_step() or {}
+        ready = condition_of(status, "Ready") or {}
+        key = (
+            step.get("step"),
+            status.get("incarnation"),
+            status.get("restarts"),
+            status.get("preemptions"),
+            status.get("latestManifestUri"),
+            ready.get("reason"),
+        )
+        if key == self._last:
+            return
+        self._last = key
+        steps = ((run.document.get("spec") or {}).get("run") or {}).get("grpo", {})
+        total = steps.get("maxSteps", "?")
+        reward = step.get("reward_mean")
+        snapshot = status.get("latestManifestUri")
+        shown = f"{reward:6.3f}" if isinstance(reward, int | float) else "     -"
+        line = (
+            f"{run.elapsed():6.1f}s  step {step.get('step', 0):>4}/{total}  reward {shown}"
+            f"  incarnation {status.get('incarnation', 0)}"
+            f"  restarts {status.get('restarts', 0)}"
+            f"  preemptions {status.get('preemptions', 0)}"
+            f"  snapshot {Path(snapshot).parent.name if snapshot else '-'}"
+            f"  [{ready.get('reason', 'Pending')}]"
+        )
+        print(line, file=self.out, flush=True)
+
+
+def default_work_dir(name: str) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return Path(".rolloutrun") / f"{name}-{stamp}"
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
+    if not args.verbose:
+        logging.getLogger("kopf").setLevel(logging.ERROR)
+    try:
+        document = load_document(args.file)
+    except EmbeddedRunError as error:
+        print(f"rolloutrun run: {error}", file=sys.stderr)
+        return 2
+    name = document["metadata"]["name"]
+    work_dir = Path(args.work_dir) if args.work_dir else default_work_dir(name)
+    print(f"rolloutrun run: {name} in {work_dir} (local cluster, operator, pods)", flush=True)
+    rng = random.Random(args.seed)
+    try:
+        with EmbeddedRun(document, work_dir, cluster_options=_cluster_env()) as run:
+            result, preempted = run.follow(
+                preempt_every=args.preempt_every,
+                timeout=args.timeout,
+                rng=rng,
+                on_tick=Display(),
+            )
+            for at, victim in preempted.done:
+                logger.info("deleted %s at %.1fs", victim, at)
+            summary = run.summary(result, preempted)
+    except EmbeddedRunError as error:
+        print(f"rolloutrun run: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("rolloutrun run: interrupted; the cluster and its pods were stopped", file=sys.stderr)
+        return 130
+    text = json.dumps(summary, indent=2, sort_keys=True)
+    (work_dir / SUMMARY_FILE).write_text(text + "\n")
+    if args.summary:
+        Path(args.summary).write_text(text + "\n")
+    print(_summary_line(summary), flush=True)
+    return 0 if summary["succeeded"] and summary["audit_holds"] else 1
+
+
+def _summary_line(summary: dict[str, Any]) -> str:
+    audit = "holds" if summary["audit_holds"] else f"FAILS ({summary['audit'].get('error', '')})"
+    return (
+        f"{summary['result']}: {summary['steps']} steps, {summary['restarts']} restarts, "
+        f"{summary['preemptions']} preemptions, thrown away {summary['thrown_away_s']} s, "
+        f"audit {audit}, weights {summary['final_weights_sha256']}, {summary['wall_s']} s; "
+        f"summary in {summary['work_dir']}/{SUMMARY_FILE}"
+    )
+
+
+def _cluster_env() -> dict[str, Any]:
+    """Pod processes write their output unbuffered, so pod logs show it as it happens."""
+    return {"extra_env": {"PYTHONUNBUFFERED": "1"}}
