@@ -80,6 +80,23 @@ def operator_rule(source: str, name: str) -> str | None:
     return None
 
 
+ENV_CHECKPOINTING = "rolloutrun_runtime.environments.checkpointing"
+ENV_BACKENDS = {
+    path.stem
+    for path in (RUNTIME / "environments" / "checkpointing").glob("*.py")
+    if path.stem not in {"__init__", "interfaces"}
+}
+
+
+def backend_module(name: str) -> str | None:
+    """The environment-checkpoint backend module ``name`` reaches into, if any."""
+    prefix = ENV_CHECKPOINTING + "."
+    if not name.startswith(prefix):
+        return None
+    first = name[len(prefix) :].split(".")[0]
+    return first if first in ENV_BACKENDS else None
+
+
 def runtime_rule(source: str, name: str) -> str | None:
     if _top(name) == "kopf":
         return "the runtime never imports kopf"
@@ -93,14 +110,9 @@ def runtime_rule(source: str, name: str) -> str | None:
     }
     if source in halves and any(name.startswith(h) for h in halves - {source}):
         return "snapshots and restore never import each other"
-    if "environments.checkpointing" in name and name.rsplit(".", 1)[-1] not in {
-        "checkpointing",
-        "interfaces",
-        "__init__",
-    }:
-        backend_ok = source.startswith("rolloutrun_runtime.environments")
-        if not backend_ok:
-            return "backend-specific environment code is reached only through the builder"
+    backend = backend_module(name)
+    if backend and not source.startswith("rolloutrun_runtime.environments"):
+        return f"backend-specific environment code ({backend}) is reached only through the builder"
     return None
 
 
@@ -124,6 +136,18 @@ def test_the_rule_checker_catches_a_lazy_forbidden_import(tmp_path):
     assert runtime_rule(
         "rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots",
         "rolloutrun_runtime.algorithms.rollout_checkpointing.restore",
+    )
+    assert "nemo_gym" in ENV_BACKENDS
+    assert runtime_rule(
+        "rolloutrun_runtime.algorithms.single_controller",
+        "rolloutrun_runtime.environments.checkpointing.nemo_gym.GymSnapshot",
+    )
+    assert (
+        runtime_rule(
+            "rolloutrun_runtime.algorithms.rollout_checkpointing.restore",
+            "rolloutrun_runtime.environments.checkpointing.EnvironmentCheckpoint",
+        )
+        is None
     )
 
 
