@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 AUDIT_SCHEMA = 1
 JOURNAL_FILE = "training_journal.json"
 TRAINER_STATE_FILE = "trainer_state.json"
+SNAPSHOT_STATE_FILE = "rollout/controller_state.json"
 LEDGER_FILE = "rollout/rollout_recovery.json"
 RUNTIME_STATE_FILE = "rollout/runtime_state.json"
 DATA_PLANE_METADATA = "data_plane/metadata.json"
@@ -526,6 +527,39 @@ def _seed_from_manifests(storage: Any) -> int | None:
     return None
 
 
+def _newest_snapshot_after(storage: Any, step: int) -> tuple[str, str, int] | None:
+    """The newest intact snapshot whose train step is past ``step``: (entry, state file, step).
+
+    A snapshot counts only with its manifest committed and every file matching the
+    manifest's sha256 (what a restore would accept); a damaged one is passed over, logged.
+    """
+    import hashlib
+
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
+        MANIFEST_NAME,
+        SNAPSHOTS_PREFIX,
+    )
+    from rolloutrun_runtime.storage import StorageError, list_committed
+
+    for entry in reversed(list_committed(storage, SNAPSHOTS_PREFIX, marker_name=MANIFEST_NAME)):
+        manifest = _read_json(storage, f"{entry}/{MANIFEST_NAME}", required=False)
+        if not isinstance(manifest, dict) or int(manifest.get("train_step", -1)) <= step:
+            return None
+        try:
+            intact = all(
+                hashlib.sha256(storage.read_bytes(f"{entry}/{name}")).hexdigest() == facts["sha256"]
+                for name, facts in manifest.get("files", {}).items()
+            )
+        except StorageError as error:  # a missing file: the snapshot is damaged
+            logger.warning("audit passes over %s: %s", entry, error)
+            continue
+        if not intact or SNAPSHOT_STATE_FILE not in manifest.get("files", {}):
+            logger.warning("audit passes over %s: files do not match its manifest", entry)
+            continue
+        return entry, SNAPSHOT_STATE_FILE, int(manifest["train_step"])
+    return None
+
+
 def load_durable_state(
     run_dir: Path,
     *,
@@ -533,7 +567,12 @@ def load_durable_state(
     seed: int | None = None,
     max_steps: int | None = None,
 ) -> DurableState:
-    """Read the newest committed trainer checkpoint and the Gym audit files of ``run_dir``."""
+    """Read the newest committed entry and the Gym audit files of ``run_dir``.
+
+    The newest entry is the newest trainer checkpoint, or an intact snapshot taken after it
+    (a run stopped between trainer checkpoints); after a completed run it is the final
+    trainer checkpoint.
+    """
     from rolloutrun_runtime.experience.rollout_recovery import (
         LedgerSidecarError,
         read_recovery_sidecar,
@@ -551,9 +590,12 @@ def load_durable_state(
         if not steps:
             raise AuditError(f"{uri} holds no committed trainer checkpoint")
         step = max(steps)
-        entry = f"step_{step}"
+        entry, state_file = f"step_{step}", TRAINER_STATE_FILE
+        newer = _newest_snapshot_after(storage, step)
+        if newer is not None:
+            entry, state_file, step = newer
         keys = storage.list(entry + "/")
-        state = _read_json(storage, f"{entry}/{TRAINER_STATE_FILE}", required=True)
+        state = _read_json(storage, f"{entry}/{state_file}", required=True)
         journal_keys = sorted(k for k in keys if k.rsplit("/", 1)[-1] == JOURNAL_FILE)
         if not journal_keys:
             raise AuditError(
@@ -611,7 +653,7 @@ def load_durable_state(
         torn += bad
     return DurableState(
         source=source,
-        step=int(state.get("step", step)),
+        step=step,
         dataset_size=dataset_size,
         cursor_epoch=cursor_epoch,
         cursor_position=cursor_position,

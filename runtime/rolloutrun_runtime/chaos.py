@@ -45,6 +45,8 @@ REFERENCE_DIR = "reference"
 #: Seconds one incarnation may run before the harness gives up on it.
 INCARNATION_TIMEOUT_S = 600.0
 POLL_S = 0.02
+#: Seconds a process gets between SIGINT and SIGKILL.
+GRACE_S = 10.0
 #: Share of kills that land during startup/restore rather than between steps.
 STARTUP_KILL_SHARE = 0.25
 #: Highest hit count a ``--site`` kill is armed with (chosen at random from 1..this).
@@ -222,17 +224,17 @@ def _kill_group(process: subprocess.Popen[Any]) -> None:
     process.wait()
 
 
-def _wait(process: subprocess.Popen[Any], deadline: float) -> int:
+def _wait(process: subprocess.Popen[Any], deadline: float, timeout_s: float) -> int:
     try:
         return process.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         _kill_group(process)
-        raise ChaosError(
-            f"trainer pid {process.pid} ran past {INCARNATION_TIMEOUT_S:.0f} s"
-        ) from None
+        raise ChaosError(f"trainer pid {process.pid} ran past {timeout_s:.0f} s") from None
 
 
-def run_reference(config_file: Path, log_dir: Path) -> str:
+def run_reference(
+    config_file: Path, log_dir: Path, timeout_s: float = INCARNATION_TIMEOUT_S
+) -> str:
     """An uninterrupted run of the same config (``rolloutrun train``); its weights digest."""
     from rolloutrun_runtime.metrics import FINAL_WEIGHTS_FILE
 
@@ -242,9 +244,20 @@ def run_reference(config_file: Path, log_dir: Path) -> str:
     command = [sys.executable, "-m", "rolloutrun_runtime.cli", "train", str(ref_config)]
     command += ["--log-dir", str(ref_dir), "--quiet"]
     with (ref_dir / "chaos-reference.log").open("w") as log:
-        rc = subprocess.run(
-            command, stdout=log, stderr=subprocess.STDOUT, timeout=INCARNATION_TIMEOUT_S
-        ).returncode
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            rc = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            # SIGINT lets the launcher stop its Gym replicas (they are in their own groups).
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            raise ChaosError(
+                f"the reference run ran past {timeout_s:.0f} s; see {ref_dir}"
+            ) from None
     if rc != 0:
         raise ChaosError(f"the reference run failed (exit {rc}); see {ref_dir}")
     return (ref_dir / FINAL_WEIGHTS_FILE).read_text().strip()
@@ -297,6 +310,7 @@ def run_chaos(
     site: str | None = None,
     compare: bool | None = None,
     reference_sha256: str | None = None,
+    incarnation_timeout_s: float = INCARNATION_TIMEOUT_S,
 ) -> ChaosResult:
     """Run ``config_file`` to ``maxSteps`` under ``kills`` SIGKILLs; audit; compare weights."""
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TRACE_FILE, read_events
@@ -321,7 +335,7 @@ def run_chaos(
         compare = cfg.checkpointing.deterministic
     reference = reference_sha256
     if compare and reference is None:
-        reference = run_reference(config_file, log_dir)
+        reference = run_reference(config_file, log_dir, incarnation_timeout_s)
 
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
     gyms = []
@@ -347,7 +361,7 @@ def run_chaos(
                 how = "site"
             launched = time.monotonic()
             process, log = _start_trainer(run_config, log_dir, incarnation, proc_env)
-            deadline = launched + INCARNATION_TIMEOUT_S
+            deadline = launched + incarnation_timeout_s
             try:
                 if kill_now and site is None:
                     how, first_step_s = _random_kill(
@@ -361,7 +375,7 @@ def run_chaos(
                         deadline,
                     )
                     startup_s = startup_s if first_step_s is None else first_step_s
-                rc = _wait(process, deadline)
+                rc = _wait(process, deadline, incarnation_timeout_s)
             finally:
                 log.close()
             exit_codes.append(rc)

@@ -319,3 +319,57 @@ def test_no_checkpoint_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(A.AuditError, match="no committed trainer checkpoint"):
         A.run_audit(tmp_path)
+
+
+def _write_snapshot(run_dir: Path, *, trained_prompts: list[int], damaged: bool) -> None:
+    import hashlib
+
+    storage = open_storage("file://" + str(run_dir / "checkpoints"))
+    step1 = run_dir / "checkpoints" / "step_1"
+    files = {
+        name: (step1 / name).read_bytes()
+        for name in (A.JOURNAL_FILE, A.LEDGER_FILE, A.DATA_PLANE_METADATA)
+    }
+    journal = json.loads(files[A.JOURNAL_FILE])
+    journal["steps"].append(
+        {
+            "step": 2,
+            "weight_version_before": 1,
+            "groups": [
+                {"group_id": f"pgS{i}", "prompt_id": pid, "epoch": 0, "target_step": 2}
+                for i, pid in enumerate(trained_prompts)
+            ],
+        }
+    )
+    files[A.JOURNAL_FILE] = json.dumps(journal).encode()
+    state = json.loads((step1 / A.TRAINER_STATE_FILE).read_text())
+    state["dataloader"]["position"] = SIZE
+    files[A.SNAPSHOT_STATE_FILE] = json.dumps(state).encode()
+    manifest = {
+        "train_step": 2,
+        "files": {
+            name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+            for name, data in files.items()
+        },
+    }
+    if damaged:
+        files[A.JOURNAL_FILE] += b" "
+    entry = "rollout_snapshots/snapshot_000001"
+    for name, data in files.items():
+        storage.write_bytes(f"{entry}/{name}", data)
+    storage.write_bytes(f"{entry}/MANIFEST.json", json.dumps(manifest).encode())
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_a_newer_intact_snapshot_is_audited_a_damaged_one_passed_over(
+    tmp_path: Path, config_file: Path, damaged: bool
+) -> None:
+    run_dir = tmp_path / "run"
+    _write_run(run_dir, trained_prompts=_perm(0)[:4], position=4)
+    _write_snapshot(run_dir, trained_prompts=_perm(0)[4:], damaged=damaged)
+    report = A.run_audit(run_dir, config_file=config_file)
+    if damaged:
+        assert (report.source.endswith("step_1"), report.step, report.ok) == (True, 1, True)
+    else:
+        assert report.source.endswith("snapshot_000001") and report.step == 2
+        assert report.ok and report.prompts.trained == SIZE
