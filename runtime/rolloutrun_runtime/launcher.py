@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -24,6 +25,9 @@ from typing import IO
 GYM_START_TIMEOUT_S = 120.0
 #: Seconds between SIGTERM and SIGKILL when stopping a Gym replica.
 GYM_STOP_GRACE_S = 5.0
+#: The Gym checkpoint-control token: new per launch, shared by the Gym replicas (children,
+#: through their environment) and the trainer (this process).
+ENV_GYM_CONTROL_TOKEN = "ROLLOUTRUN_GYM_CONTROL_TOKEN"
 
 
 class LaunchError(RuntimeError):
@@ -139,6 +143,7 @@ def main(args: argparse.Namespace) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_handler = route_logs(log_dir, args.verbose)
     gyms: list[GymProcess] = []
+    os.environ[ENV_GYM_CONTROL_TOKEN] = secrets.token_hex(16)
     try:
         for index in range(cfg.gym.replicas):
             gyms.append(start_gym(config_file, log_dir, index))
@@ -171,6 +176,6 @@ def main(args: argparse.Namespace) -> int:
         logging.getLogger().removeHandler(log_handler)
         log_handler.close()
     if result.resumed_from:
-        print(f"resumed from {result.resumed_from}")
+        print(f"resumed from {result.resumed_from}", flush=True)
     print(f"done: step {result.steps}; final weights sha256 {result.final_weights_sha256}")
     return 0

@@ -10,14 +10,27 @@ own process after starting the Gym replicas.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rolloutrun_runtime.pod import (
+    EXIT_FENCED,
+    PodLease,
+    fenced_checkpointer,
+    generation_address,
+    resolve_config_path,
+)
+
 if TYPE_CHECKING:
     from rolloutrun_runtime.config import RunConfig
+
+logger = logging.getLogger(__name__)
 
 #: Torch threads in the trainer: the runs are tiny and share 2 cores with the generation
 #: engine's thread and the Gym processes.
@@ -43,12 +56,16 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import asyncio
-
     from rolloutrun_runtime.config import ConfigError, load_run_config
+    from rolloutrun_runtime.coordination import (
+        FencedError,
+        LeaseError,
+        holding,
+        lease_from_environment,
+    )
 
     try:
-        cfg = load_run_config(args.config)
+        cfg = load_run_config(resolve_config_path(args.config))
     except ConfigError as error:
         print(f"rolloutrun trainer: {error}", file=sys.stderr)
         return 2
@@ -59,22 +76,45 @@ def main(args: argparse.Namespace) -> int:
             "rolloutrun trainer: gym.endpoints is empty (use 'rolloutrun train')", file=sys.stderr
         )
         return 2
-    return asyncio.run(_run_until_signalled(cfg))
+    pod = PodLease()
+    try:
+        # In a pod: the run's Lease (KubernetesLease); outside any cluster: no lease.
+        with holding(lease_from_environment(on_lost=pod.lost)) as lease:
+            pod.lease = lease
+            return asyncio.run(_run_until_signalled(cfg, pod))
+    except (FencedError, LeaseError) as error:
+        print(f"rolloutrun trainer: {error}", file=sys.stderr)
+        return EXIT_FENCED
+    finally:
+        pod.close()
 
 
-async def _run_until_signalled(cfg: RunConfig) -> int:
+async def _run_until_signalled(cfg: RunConfig, pod: PodLease | None = None) -> int:
     """Run the trainer; SIGTERM (a pod being stopped) cancels it cleanly, exit 143."""
-    import asyncio
-    import logging
     import signal
 
-    task = asyncio.ensure_future(run_trainer(cfg))
+    pod = pod or PodLease()
+    preemption = asyncio.Event()  # SIGTERM: snapshot within the grace, then stop (143)
+    task = asyncio.ensure_future(
+        run_trainer(
+            cfg,
+            on_step=pod.on_step,
+            fence=pod.fence if pod.lease is not None else None,
+            on_published=pod.on_published,
+            on_anchor=pod.on_anchor,
+            preemption=preemption,
+        )
+    )
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    pod.attach(loop, task)
+    loop.add_signal_handler(signal.SIGTERM, preemption.set)
     try:
         await task
     except asyncio.CancelledError:
-        logging.getLogger(__name__).warning("SIGTERM: trainer stopped before maxSteps")
+        if pod.lost_error is not None:
+            logger.error("trainer fenced: %s", pod.lost_error)
+            return EXIT_FENCED
+        logger.warning("SIGTERM: trainer stopped before maxSteps")
         return 128 + signal.SIGTERM
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
@@ -85,28 +125,28 @@ async def run_trainer(
     cfg: RunConfig,
     *,
     on_step: Callable[[dict[str, Any]], None] | None = None,
+    fence: Callable[[], None] | None = None,
+    on_published: Callable[[dict[str, Any]], None] | None = None,
+    on_anchor: Callable[[int], None] | None = None,
+    preemption: asyncio.Event | None = None,
 ) -> TrainerResult:
-    """Build the policy, workers and controller; resume if a checkpoint exists; run."""
-    import logging
+    """Build the policy, workers and controller; resume if a checkpoint exists; run.
 
+    ``fence`` is called right before a trainer checkpoint (and, in the controller, a
+    manifest) is committed and raises to refuse it; ``on_anchor`` gets each committed
+    ``step_<N>``, ``on_published`` each published snapshot manifest.
+    """
     import torch
 
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TRACE_FILE, TraceWriter
-    from rolloutrun_runtime.algorithms.single_controller import (
-        DATA_PLANE_PREFIX,
-        LEDGER_FILE,
-        RUNTIME_STATE_FILE,
-        SingleController,
-    )
-    from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
-    from rolloutrun_runtime.data_plane.store import METADATA_FILE, ROWS_FILE
+    from rolloutrun_runtime.algorithms.single_controller import SingleController
     from rolloutrun_runtime.metrics import FINAL_WEIGHTS_FILE, MetricsWriter
     from rolloutrun_runtime.policy.model import build_model, state_sha256
     from rolloutrun_runtime.policy.tokenizer import TOKENIZER
     from rolloutrun_runtime.storage import open_storage
     from rolloutrun_runtime.workers import build_workers
 
-    logger = logging.getLogger(__name__)
     torch.set_num_threads(TORCH_THREADS)
     torch.manual_seed(cfg.seed)
     log_dir = Path(cfg.log_dir)
@@ -114,8 +154,11 @@ async def run_trainer(
 
     model = build_model(cfg.policy, TOKENIZER.vocab_size, cfg.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
-    checkpointer = TrainerCheckpointer(
-        open_storage(cfg.resolved_storage_uri()), cfg.checkpointing.keep_latest
+    checkpointer = fenced_checkpointer(
+        open_storage(cfg.resolved_storage_uri()),
+        cfg.checkpointing.keep_latest,
+        fence=fence,
+        on_anchor=on_anchor,
     )
     metrics = MetricsWriter(log_dir)
 
@@ -124,29 +167,13 @@ async def run_trainer(
         if on_step is not None:
             on_step(step)
 
-    latest = checkpointer.latest_step()
-    loaded = None
-    if latest is not None:
-        extra = (
-            LEDGER_FILE,
-            RUNTIME_STATE_FILE,
-            DATA_PLANE_PREFIX + ROWS_FILE,
-            DATA_PLANE_PREFIX + METADATA_FILE,
-        )
-        loaded = checkpointer.load(latest, extra_names=extra)
-        model.load_state_dict(loaded.model_state)
-        logger.info("resuming from %s", loaded.uri)
-    version = latest or 0
+    manifests = ManifestStore(checkpointer.storage, cfg.name)
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
-    trace.emit(
-        "run_started",
-        incarnation=None,
-        resumed_from=loaded.uri if loaded is not None else None,
-        snapshot_id=None,
-        cut_time=None,
-    )
-    workers = build_workers(cfg, model.state_dict(), version)
+    host, port = generation_address()
+    workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port)
     await workers.start()
+    environment = _environment_checkpoint(cfg)
+    resumed_from = None
     try:
         controller = SingleController(
             cfg,
@@ -158,13 +185,29 @@ async def run_trainer(
             on_step=record,
             pad_id=TOKENIZER.pad_id,
             trace=trace,
+            manifests=manifests,
+            environment=environment,
+            fence=fence,
+            on_published=on_published,
+            on_snapshot=_snapshot_log(log_dir),
         )
-        if loaded is not None:
-            controller.restore_trainer_checkpoint(loaded)
-        if controller.trainer_version < cfg.grpo.max_steps:
-            await controller.run()
+        restored = await controller.restore()
+        resumed_from = restored.source.path if restored is not None else None
+        if resumed_from:
+            logger.info("resumed from %s", resumed_from)
+        trace.emit(
+            "run_started",
+            incarnation=None,
+            resumed_from=resumed_from,
+            snapshot_id=restored.snapshot_id if restored is not None else None,
+            cut_time=restored.cut_time if restored is not None else None,
+        )
+        with _preemption_snapshots(controller, preemption):
+            if controller.trainer_version < cfg.grpo.max_steps:
+                await controller.run()
     finally:
         await workers.stop()
+        await environment.close()
         trace.close()
     digest = state_sha256(model.state_dict())
     (log_dir / FINAL_WEIGHTS_FILE).write_text(digest + "\n")
@@ -175,6 +218,63 @@ async def run_trainer(
         steps=controller.trainer_version,
         history=controller.history,
         final_weights_sha256=digest,
-        resumed_from=loaded.uri if loaded is not None else None,
+        resumed_from=resumed_from,
         trained_prompt_ids=controller.trained_prompt_ids,
     )
+
+
+#: Where snapshot attempts are logged, one JSON line each (``"kind": "snapshot"``).
+SNAPSHOTS_LOG = "snapshots.jsonl"
+#: The Gym control token (turn-level recovery), shared with the Gym processes.
+ENV_GYM_CONTROL_TOKEN = "ROLLOUTRUN_GYM_CONTROL_TOKEN"
+
+
+def _snapshot_log(log_dir: Path) -> Callable[[dict[str, Any]], None]:
+    """Append each snapshot attempt's outcome and timings to ``DIR/snapshots.jsonl``."""
+    import json
+
+    path = log_dir / SNAPSHOTS_LOG
+
+    def write(record: dict[str, Any]) -> None:
+        with path.open("a") as handle:
+            handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+
+    return write
+
+
+def _environment_checkpoint(cfg: RunConfig) -> Any:
+    """The environment's checkpoint participant; Gym instances are ``gym-<i>`` in order."""
+    from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint
+
+    endpoints = {f"gym-{i}": url for i, url in enumerate(cfg.gym.endpoints)}
+    return build_environment_checkpoint(cfg, endpoints, os.environ.get(ENV_GYM_CONTROL_TOKEN))
+
+
+class _preemption_snapshots:
+    """While the run goes on, a preemption notice forces a snapshot, then stops the run.
+
+    The snapshot must publish within ``preemptionGraceSeconds``; the run task is cancelled
+    either way, and the caller exits 143.
+    """
+
+    def __init__(self, controller: Any, notice: asyncio.Event | None) -> None:
+        self.controller = controller
+        self.notice = notice
+        self.watcher: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> None:
+        if self.notice is not None:
+            self.watcher = asyncio.ensure_future(self._watch(asyncio.current_task()))
+
+    def __exit__(self, *exc: object) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+
+    async def _watch(self, run: asyncio.Task[Any] | None) -> None:
+        assert self.notice is not None
+        await self.notice.wait()
+        grace = self.controller.cfg.checkpointing.preemption_grace_seconds
+        outcome = await self.controller.preemption_snapshot(grace)
+        logger.warning("preemption notice: snapshot %s; stopping", outcome)
+        if run is not None:
+            run.cancel()

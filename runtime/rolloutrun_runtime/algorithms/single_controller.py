@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import json
 import logging
 import time
 from collections import defaultdict
@@ -54,23 +53,37 @@ from rolloutrun_runtime.algorithms.gym_client import (
     rollout_seed,
 )
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer, ReplayGroup
+from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
+from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
+    RestoredRolloutState,
+    RolloutRestorer,
+)
+from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import RolloutSnapshotter
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
+    DATA_PLANE_PREFIX,
+    LEDGER_FILE,
+    RUNTIME_STATE_FILE,
+    CapturedRolloutState,
+    CaptureKind,
     FinalizerResult,
+    JournalGroup,
     ResumeSource,
     RolloutParts,
     RolloutRuntimeState,
+    TrainedStep,
     TrainingProgress,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
 from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader
 from rolloutrun_runtime.algorithms.trainer_checkpoint import (
-    LoadedTrainerCheckpoint,
     TrainerCapture,
     TrainerCheckpointer,
     restore_rng,
 )
 from rolloutrun_runtime.config import RunConfig, TargetLevel
+from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
+from rolloutrun_runtime.environments.checkpointing import EnvironmentCheckpoint
 from rolloutrun_runtime.experience.rollout_recovery import (
     AttemptStatus,
     EnvironmentEpisode,
@@ -82,7 +95,6 @@ from rolloutrun_runtime.experience.rollout_recovery import (
     RestoreLevel,
     new_attempt,
     new_uuid_hex,
-    read_recovery_sidecar,
 )
 from rolloutrun_runtime.metrics import OverheadClock
 from rolloutrun_runtime.workers import PolicyWorkers
@@ -99,9 +111,7 @@ MICRO_BATCH_ROWS = 512
 #: Gradient-norm clip for the optimizer step.
 MAX_GRAD_NORM = 1.0
 
-LEDGER_FILE = "rollout/rollout_recovery.json"
-RUNTIME_STATE_FILE = "rollout/runtime_state.json"
-DATA_PLANE_PREFIX = "data_plane/"
+__all__ = ["DATA_PLANE_PREFIX", "LEDGER_FILE", "RUNTIME_STATE_FILE", "SingleController"]
 
 
 class _GroupGivenUp(Exception):
@@ -186,6 +196,11 @@ class SingleController:
         on_step: Callable[[dict[str, Any]], None] | None = None,
         pad_id: int = 0,
         trace: TraceWriter | None = None,
+        manifests: ManifestStore | None = None,
+        environment: EnvironmentCheckpoint | None = None,
+        fence: Callable[[], None] | None = None,
+        on_published: Callable[[dict[str, Any]], None] | None = None,
+        on_snapshot: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if cfg.rollout.replay_capacity < cfg.grpo.prompts_per_step:
             raise ControllerError(
@@ -200,6 +215,11 @@ class SingleController:
         self.on_step = on_step
         self.pad_id = pad_id
         self.trace = trace if trace is not None else TraceWriter(None)
+        self.manifests = manifests
+        self.environment = environment
+        self._fence = fence
+        self._on_published = on_published
+        self._on_snapshot = on_snapshot
         self.device = next(model.parameters()).device
         self.overhead = OverheadClock()
         self.gym = GymClient(
@@ -248,6 +268,30 @@ class SingleController:
         self.trained_prompt_ids: list[int] = []
         self.history: list[dict[str, Any]] = []
         self.max_observed_age = 0
+        self._restored_episodes: dict[str, str] = {}
+        self._restored_from: RestoredRolloutState | None = None
+        self.rollout_restorer = RolloutRestorer(
+            cfg,
+            manifests=manifests,
+            checkpointer=checkpointer,
+            environment=environment,
+            trace=self.trace,
+        )
+        self.rollout_snapshots = self._build_snapshotter()
+
+    def _build_snapshotter(self) -> RolloutSnapshotter:
+        """The snapshot half, over the current parts (rebuilt after a restore swaps them)."""
+        checkpointer = self.checkpointer
+        return RolloutSnapshotter(
+            self.rollout_parts(),
+            manifests=self.manifests,
+            anchor_is_durable=checkpointer.is_durable if checkpointer is not None else None,
+            environment=self.environment,
+            trace=self.trace,
+            fence=self._fence,
+            on_published=self._on_published,
+            on_record=self._on_snapshot,
+        )
 
     # ================================================================== shared parts
     def read_progress(self) -> TrainingProgress:
@@ -282,24 +326,51 @@ class SingleController:
     # ================================================================== run
     async def run(self) -> list[dict[str, Any]]:
         """Run both pumps until ``maxSteps`` steps are trained; returns the step records."""
+        if self.manifests is not None:
+            await asyncio.to_thread(self.rollout_snapshots.ensure_bootstrap_anchor)
         await self.gym.open()
         try:
             await self._relaunch_restored()
             rollout = asyncio.create_task(self._rollout_pump(), name="rollout-pump")
             train = asyncio.create_task(self._train_pump(), name="train-pump")
+            snapshots = asyncio.create_task(
+                self.rollout_snapshots.run_pump(self.cfg.checkpointing.snapshot_interval_seconds),
+                name="snapshot-pump",
+            )
             try:
-                done, _ = await asyncio.wait({rollout, train}, return_when=asyncio.FIRST_EXCEPTION)
-                for task in done:
-                    task.result()
-                await train
+                pending = {rollout, train, snapshots}
+                while not train.done():
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        task.result()
             finally:
-                for task in (rollout, train, *self._tasks):
+                for task in (rollout, train, snapshots, *self._tasks):
                     task.cancel()
-                await asyncio.gather(rollout, train, *self._tasks, return_exceptions=True)
+                await asyncio.gather(
+                    rollout, train, snapshots, *self._tasks, return_exceptions=True
+                )
             await self.finalize_deferred_checkpoint()
+            if self.checkpointer is not None and self._durable_step != self.trainer_version:
+                # The run always ends with a trainer checkpoint at maxSteps.
+                await self.trainer_checkpoint(defer=False)
         finally:
             await self.gym.close()
         return self.history
+
+    async def preemption_snapshot(self, grace_s: float) -> str:
+        """SIGTERM: force a snapshot that publishes within ``grace_s``; returns its outcome."""
+        deadline = time.time() + grace_s
+        self.trace.emit("preemption_notice", deadline=deadline)
+        if self.manifests is None:
+            return "no_storage"
+        try:
+            outcome = await asyncio.wait_for(
+                self.rollout_snapshots.attempt(force=True, reason="preemption"), grace_s
+            )
+        except TimeoutError:
+            logger.error("preemption snapshot did not publish within %.1fs", grace_s)
+            return "timed_out"
+        return outcome.value
 
     def _launch(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -382,6 +453,7 @@ class SingleController:
                 with self.overhead:
                     self._refill_spare_pool()
                     refs = self.dataloader.next_prompts(prompts)
+                    crash_point("after_dataloader_advance")
                     step = self._admit_step(cut)
                     runs = [self._reserve_prompt_group(cut, ref, step) for ref in refs]
             for run in runs:
@@ -532,6 +604,7 @@ class SingleController:
             with self.overhead:
                 if self.ledger is not None:
                     self.ledger.begin_finalize(cut, run.group_id)
+                crash_point("inside_finalize_commit")
                 try:
                     row_keys = []
                     tokens_by_version: dict[int, int] = defaultdict(int)
@@ -541,6 +614,7 @@ class SingleController:
                         train_row = dict(row)
                         train_row["prompt_id"] = run.prompt.prompt_id
                         train_row["target_step"] = run.target_step
+                        train_row["epoch"] = run.prompt.epoch
                         self.data_plane.put("train", row_key, train_row)
                         row_keys.append(row_key)
                         model_tokens += int(row["model_tokens"])
@@ -676,7 +750,11 @@ class SingleController:
                         self.data_plane.clear("train", group.row_keys)
                         self._discard_prompt_group(cut, group.group_id, "stale")
                     self.buffer.release_permit(len(stale))
-                chosen = self.buffer.ready_for(step)[:prompts]
+                chosen = self.buffer.ready_for(step)
+                if self.cfg.checkpointing.deterministic:
+                    # Finalization order is timing; the trained order must not be.
+                    chosen = sorted(chosen, key=lambda g: (g.prompt_id, g.group_id))
+                chosen = chosen[:prompts]
                 ids = [g.group_id for g in chosen]
                 self.buffer.take(ids)
                 if self.ledger is not None:
@@ -713,13 +791,16 @@ class SingleController:
         self._optimizer_commit_in_progress = True
         try:
             async with self.barrier.mutation("sample_clears") as cut:
+                crash_point("inside_optimizer_commit")
                 if selected.groups:
                     self.optimizer.step()
                 else:
                     logger.warning("step %d closes with no groups (all given up)", step)
                 with self.overhead:
-                    for group in selected.groups:
-                        self.data_plane.clear("train", group.row_keys)
+                    self._journal_step(selected)
+                    if self.manifests is None:
+                        for group in selected.groups:
+                            self.data_plane.clear("train", group.row_keys)
                     if self.ledger is not None:
                         self.ledger.remove_trained(cut, ids, step)
                     self.buffer.release_permit(len(ids))
@@ -742,6 +823,32 @@ class SingleController:
         finally:
             self._optimizer_commit_in_progress = False
         self._signal()
+
+    def _journal_step(self, selected: _Selected) -> None:
+        """Record a committing step; with snapshots, keep its rows until a save covers it."""
+        groups = tuple(
+            JournalGroup(
+                group_id=g.group_id,
+                prompt_id=g.prompt_id,
+                epoch=int(self.data_plane.get("train", g.row_keys[0]).get("epoch", 0))
+                if g.row_keys
+                else 0,
+                target_step=g.target_step,
+            )
+            for g in selected.groups
+        )
+        keep = tuple(selected.groups) if self.manifests is not None else ()
+        self._rollout_runtime.journal.append(TrainedStep(selected.step, groups, keep))
+
+    def _retrain(self, entry: TrainedStep) -> None:
+        """Retrain a journaled step from its kept rows (resume from an older anchor)."""
+        groups = list(entry.row_groups)
+        rows = [row for g in groups for row in self.data_plane.get_many("train", g.row_keys)]
+        selected = _Selected(entry.step, groups, rows)
+        self._compute_gradients(selected)
+        if groups:
+            self.optimizer.step()
+        self.trainer_version = entry.step
 
     def _weights_for_refit(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
@@ -802,63 +909,54 @@ class SingleController:
         return record
 
     # ================================================================== trainer checkpoints
-    def capture_trainer_state(self, cut: LiveCut) -> tuple[TrainerCapture, DataPlane, dict]:
+    def capture_trainer_state(self, cut: LiveCut) -> tuple[TrainerCapture, CapturedRolloutState]:
         """In-memory copies of everything a trainer checkpoint saves (call under the cut)."""
-        cut.require_live()
-        state = self._rollout_runtime
+        captured = self.rollout_snapshots.capture(cut, CaptureKind.TRAINER_CHECKPOINT)
         trainer_state: dict[str, Any] = {
-            "trainer_version": self.trainer_version,
-            "dataloader": self.dataloader.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "config_fingerprint": self.cfg.fingerprint(),
+            **captured.controller_state,
             "training_info": {
                 "groups_trained": len(self.groups_trained),
                 "last_step": self.history[-1] if self.history else None,
             },
-            "replay": self.buffer.metadata(),
-            "mutation_version": self.barrier.mutation_version,
         }
-        extra: dict[str, bytes] = {
-            RUNTIME_STATE_FILE: json.dumps(state.to_json(), sort_keys=True).encode()
-        }
-        dp_metadata: dict[str, Any] = {"replay": self.buffer.metadata()}
-        if self.ledger is not None:
-            sidecar = self.ledger.to_sidecar(
-                spare_prompts=state.spare_prompts,
-                batch_shortfall=state.batch_shortfall,
-                sampler_stamps_target_steps=state.sampler_stamps_target_steps,
-            )
-            extra[LEDGER_FILE] = sidecar.data
-            trainer_state["rollout_recovery"] = sidecar.metadata()
-            dp_metadata.update(sidecar.metadata())
         capture = TrainerCapture.take(
-            self.trainer_version, self.model, self.optimizer, trainer_state, extra
+            self.trainer_version, self.model, self.optimizer, trainer_state
         )
-        return capture, self.data_plane.copy(), dp_metadata
+        return capture, captured
 
-    async def trainer_checkpoint(self) -> None:
+    async def trainer_checkpoint(self, *, defer: bool | None = None) -> None:
         """Save ``step_<N>`` for the current version (deferred finalize if configured)."""
+        defer = self.cfg.checkpointing.defer_finalize if defer is None else defer
         async with self._save_lock:
             async with self.barrier.checkpoint() as cut:
-                capture, plane, dp_metadata = self.capture_trainer_state(cut)
+                capture, captured = self.capture_trainer_state(cut)
 
             def serialize() -> dict[str, bytes]:
                 files = capture.to_files()
-                if SAVE_DATA_PLANE:
-                    for name, data in plane.to_files(dp_metadata).items():
-                        files[DATA_PLANE_PREFIX + name] = data
+                files.update(RolloutSnapshotter.write_controller_sidecars(captured))
                 return files
 
             task = asyncio.create_task(asyncio.to_thread(serialize))
-            if self.cfg.checkpointing.defer_finalize:
+            if defer:
                 self._deferred = (capture.step, task)
                 return
             await self._publish(capture.step, await task)
 
     async def _publish(self, step: int, files: dict[str, bytes]) -> None:
+        """Commit ``step_<N>`` (fenced), then release the rows kept for replay up to N."""
         assert self.checkpointer is not None
-        await asyncio.to_thread(self.checkpointer.publish_files, step, files)
+        if self._fence is not None:
+            self._fence()
+        crash_point("during_trainer_checkpoint_finalize")
+        uri = await asyncio.to_thread(self.checkpointer.publish_files, step, files)
         self._durable_step = step
+        async with self.barrier.mutation("anchor_advances"):
+            released = self._rollout_runtime.advance_replay_anchor(step)
+            self.data_plane.clear("train", released)
+        logger.debug("trainer checkpoint %s is durable", uri)
+        # ``on_published`` reports snapshot manifests (the snapshotter calls it); the
+        # checkpointer itself reports trainer anchors.
+        self.rollout_snapshots.trainer_checkpoint_published(step)
 
     async def finalize_deferred_checkpoint(self) -> None:
         """Publish a deferred trainer checkpoint (at a step boundary, or at the end)."""
@@ -869,61 +967,82 @@ class SingleController:
         async with self._save_lock:
             await self._publish(step, await task)
 
-    def restore_trainer_checkpoint(self, loaded: LoadedTrainerCheckpoint) -> None:
-        """Load weights, optimizer, cursor, sampler, RNG and rollout state before ``run``."""
-        state = loaded.trainer_state
-        if state.get("config_fingerprint") != self.cfg.fingerprint():
-            logger.warning("resuming %s with a different config fingerprint", loaded.uri)
-        self.model.load_state_dict(loaded.model_state)
-        self.optimizer.load_state_dict(loaded.optimizer_state)
-        restore_rng(loaded.rng_state)
-        self.dataloader.load_state_dict(state["dataloader"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.trainer_version = int(state["trainer_version"])
+    # ================================================================== restore
+    async def restore(self) -> RestoredRolloutState | None:
+        """Resume from the best source (see ``RolloutRestorer``); None for a fresh run.
+
+        Runs before ``run``: reads and checks everything first (nothing is installed on a
+        refusal), installs it, retrains the steps a snapshot carries past its anchor, syncs
+        the generation workers, and (turn level) hands parked episodes back to the Gym.
+        """
+        choice = self.rollout_restorer.choose()
+        restored = await asyncio.to_thread(self.rollout_restorer.restore, choice)
+        if restored is None:
+            return None
+        self.install_restored(restored)
+        await self.workers.refit(self._weights_for_refit(), self.trainer_version)
+        self._restored_episodes = await self.rollout_restorer.restore_environment(restored)
+        return restored
+
+    def install_restored(self, restored: RestoredRolloutState) -> None:
+        """Install a checked restore and retrain its replay steps (before ``run``)."""
+        if restored.trainer is not None:
+            self.model.load_state_dict(restored.trainer.model_state)
+            self.optimizer.load_state_dict(restored.trainer.optimizer_state)
+            restore_rng(restored.trainer.rng_state)
+        self.dataloader.load_state_dict(restored.dataloader_state)
+        self.sampler.load_state_dict(restored.sampler_state)
+        self.data_plane = restored.data_plane
+        self.buffer = ReplayBuffer(self.cfg.rollout.replay_capacity)
+        for group in restored.replay_groups:
+            self.buffer.add(group)
+        if restored.ledger is not None:
+            self.ledger = restored.ledger
+        self._rollout_runtime = restored.runtime_state
+        self.trainer_version = restored.anchor_step
+        for entry in restored.replay_steps:
+            self._retrain(entry)
+        if self.trainer_version != restored.train_step:
+            raise ControllerError(
+                f"replay reached step {self.trainer_version}, expected {restored.train_step}"
+            )
         self.served_version = self.trainer_version
-        self._durable_step = loaded.step
-        files = loaded.files
-        if RUNTIME_STATE_FILE in files:
-            self._rollout_runtime = RolloutRuntimeState.from_json(
-                json.loads(files[RUNTIME_STATE_FILE])
-            )
-        dp_files = {
-            name[len(DATA_PLANE_PREFIX) :]: data
-            for name, data in files.items()
-            if name.startswith(DATA_PLANE_PREFIX)
-        }
-        metadata: dict[str, Any] = {}
-        if dp_files:
-            plane, metadata = DataPlane.from_files(dp_files)
-            self.data_plane = plane
-            for group in metadata.get("replay", []):
-                self.buffer.add(ReplayGroup.from_json(group))
-        if self.ledger is not None and LEDGER_FILE in files:
-            facts = state.get("rollout_recovery", {})
-            recovered = read_recovery_sidecar(
-                files[LEDGER_FILE],
-                expected_sha256=facts.get("rollout_recovery_sha256"),
-                expected_schema=facts.get("rollout_recovery_schema"),
-                expected_group_count=facts.get("rollout_recovery_groups"),
-            )
-            self.ledger = recovered.ledger
-            if recovered.spare_prompts is not None:
-                self._rollout_runtime.spare_prompts = recovered.spare_prompts
-        self.resume = ResumeSource(
-            path=loaded.uri,
-            is_rollout_snapshot=False,
-            step=loaded.step,
-            data_plane_metadata=metadata,
+        self._durable_step = restored.anchor_step if restored.anchor_step > 0 else None
+        self.resume = restored.source
+        self._restored_from = restored
+        self.rollout_snapshots = self._build_snapshotter()
+        logger.info(
+            "restored %s: anchor step %d, %d steps retrained, %d groups in replay",
+            restored.source.path,
+            restored.anchor_step,
+            len(restored.replay_steps),
+            len(restored.replay_groups),
         )
 
     async def _relaunch_restored(self) -> None:
         """Normalize a restored ledger and relaunch its unfinished groups before new prompts."""
-        if self.resume.fresh or self.ledger is None:
+        if self.resume.fresh:
+            return
+        if self.ledger is None:
+            for _ in range(len(self.buffer)):
+                await self.buffer.acquire_permit()
+            self._trace_restore(0)
             return
         ledger = self.ledger
         runs: list[_GroupRun] = []
         async with self.barrier.checkpoint() as cut:
-            report = ledger.prepare_for_restart(cut)
+            report = ledger.prepare_for_restart(cut, self._restored_episodes)
+            for resumed in report.resumed:
+                sibling_id, attempt_uuid = resumed.rollout_id.rsplit("_a", 1)
+                group = ledger.group_of(sibling_id)
+                self.trace.emit(
+                    "attempt_restored",
+                    group_id=group.group_id,
+                    prompt_id=group.prompt.prompt_id,
+                    generation_index=ledger.sibling(sibling_id).index,
+                    attempt_uuid=attempt_uuid,
+                    level="turn",
+                )
             for episode in report.abandoned:
                 sibling_id, attempt_uuid = episode.rollout_id.rsplit("_a", 1)
                 group = ledger.group_of(sibling_id)
@@ -958,10 +1077,21 @@ class SingleController:
             await self.buffer.acquire_permit()
         for run in runs:
             self._launch(self._run_group(run), run.group_id)
+        self._trace_restore(len(runs))
         logger.info(
             "resumed at step %d: %d groups relaunched, %d in replay, %d abandoned attempts",
             self.trainer_version,
             len(runs),
             len(self.buffer),
             len(report.abandoned),
+        )
+
+    def _trace_restore(self, redispatched: int) -> None:
+        restored = self._restored_from
+        self.trace.emit(
+            "restore_completed",
+            snapshot_id=restored.snapshot_id if restored else None,
+            cut_time=restored.cut_time if restored else None,
+            groups=len(self.buffer),
+            redispatched=redispatched,
         )

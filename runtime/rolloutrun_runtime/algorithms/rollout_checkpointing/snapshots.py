@@ -260,11 +260,13 @@ class RolloutSnapshotter:
         if self._manifests is None or interval_s <= 0:
             return
         while True:
-            with_timeout = asyncio.ensure_future(self._wake.wait())
+            # asyncio.wait, not wait_for: a cancel must end the pump at once, whatever the
+            # waiter is doing (3.11's wait_for can hold a cancelled task on its inner one).
+            waiter = asyncio.ensure_future(self._wake.wait())
             try:
-                await asyncio.wait_for(with_timeout, interval_s)
-            except TimeoutError:
-                pass
+                await asyncio.wait({waiter}, timeout=interval_s)
+            finally:
+                waiter.cancel()
             self._wake.clear()
             await self.attempt(reason="periodic")
 
@@ -316,13 +318,14 @@ class RolloutSnapshotter:
         env_started = time.monotonic()
         if environment.holds_rollout_state:
             deadline = time.time() + ENV_PHASE_TIMEOUT_S
+            # Episodes dispatched from here on wait at the closed door with no state yet:
+            # export only those already out (a restore restarts the others from turn 0).
+            out = dispatched_episodes(parts.ledger)
             try:
                 crash_point("during_gym_prepare")
                 await environment.prepare(checkpoint_id, deadline)
                 crash_point("during_gym_commit")
-                env_snapshot = await environment.commit(
-                    checkpoint_id, deadline, dispatched_episodes(parts.ledger)
-                )
+                env_snapshot = await environment.commit(checkpoint_id, deadline, out)
             except EnvironmentCheckpointError as error:
                 await self._resume_environment(checkpoint_id)
                 return SnapshotOutcome.DISCARDED_ENV, {"error": str(error)}
@@ -340,16 +343,21 @@ class RolloutSnapshotter:
                 if now.durable_step != progress.durable_step:
                     raise SnapshotError("a trainer checkpoint was published during the attempt")
                 if env_snapshot is not None:
-                    exported = {e.rollout_id for e in env_snapshot.episodes()}
-                    missing = [
+                    # Parked episodes cannot move until resume, so every exported one must
+                    # still be dispatched. Dispatched ones missing from the export (sent
+                    # after admission closed: they wait at the door, with no state yet)
+                    # restart from turn 0 on restore.
+                    dispatched = {e.rollout_id for e in dispatched_episodes(parts.ledger)}
+                    stray = [
                         e.rollout_id
-                        for e in dispatched_episodes(parts.ledger)
-                        if e.rollout_id not in exported
+                        for e in env_snapshot.episodes()
+                        if e.rollout_id not in dispatched
                     ]
-                    if missing:
+                    if stray:
                         timings.cut_held_s = time.monotonic() - held_started
                         return SnapshotOutcome.DISCARDED_ENV, {
-                            "error": f"{len(missing)} dispatched episodes not in the export",
+                            "error": f"{len(stray)} exported episodes are no longer dispatched "
+                            f"(e.g. {stray[0]})",
                         }
                 captured = self.capture(cut, CaptureKind.ROLLOUT_SNAPSHOT)
                 if env_snapshot is not None:
