@@ -1,0 +1,317 @@
+"""Saving and restoring rollout state: capture kinds, the snapshot attempt and its skips, the
+cadence independent of savePeriod, the resume chain and its refusals, stop-and-resume end to
+end (no group lost or trained twice), deterministic resume, turn level through the Gym."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from tests.unit.single_controller._rollout_checkpoints import (
+    assert_each_step_once_no_prompt_twice,
+    final_journal,
+    harness,
+    run_to_end,
+    run_until_stopped,
+    snapshot_after_steps,
+    tiny_config,
+    weights_digest,
+)
+
+from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
+    FingerprintMismatchError,
+    ManifestStore,
+    snapshot_dir,
+)
+from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
+    RestoreError,
+    ResumeKind,
+)
+from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import (
+    SnapshotError,
+    SnapshotOutcome,
+)
+from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
+    CONTROLLER_STATE_FILE,
+    LEDGER_FILE,
+    CaptureKind,
+    RolloutRuntimeState,
+)
+from rolloutrun_runtime.storage import open_storage
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+async def test_stop_abruptly_and_resume_from_the_manifest(tmp_path) -> None:
+    """Snapshots anchored to the bootstrap (savePeriod 100): stop after step 3 without a save,
+    resume in a new controller, finish; the final journal has every step once."""
+    async with harness() as h:
+        cfg = await h.start_gyms(tiny_config(tmp_path))
+        ref: list = []
+        attempts: list[asyncio.Task] = []
+        stop = asyncio.Event()
+
+        def on_step(record):
+            snapshot_after_steps(ref, {1, 2}, attempts)(record)
+            if record["step"] == 3:
+                stop.set()
+
+        first = await h.controller(cfg, on_step=on_step)
+        ref.append(first)
+        await run_until_stopped(first, stop)
+        outcomes = [await task for task in attempts]
+        assert SnapshotOutcome.PUBLISHED in outcomes
+        assert first.checkpointer is not None and first.checkpointer.latest_step() is None
+
+        second = await h.controller(cfg)
+        restored = await second.restore()
+        assert restored is not None and restored.source.is_rollout_snapshot
+        assert restored.anchor_step == 0 and restored.train_step >= 1
+        assert [s.step for s in restored.replay_steps] == list(range(1, restored.train_step + 1))
+        assert second.trainer_version == restored.train_step
+        await run_to_end(second)
+        assert second.trainer_version == cfg.grpo.max_steps
+    assert_each_step_once_no_prompt_twice(final_journal(cfg), cfg.grpo.max_steps)
+
+
+async def test_cadence_is_independent_of_save_period(tmp_path) -> None:
+    """savePeriod 10 over 5 steps: snapshots still publish (anchored to the bootstrap), each
+    carrying the steps trained so far; the only trainer checkpoint is the final one."""
+    async with harness() as h:
+        cfg = await h.start_gyms(tiny_config(tmp_path, checkpointing={"savePeriod": 10}))
+        ref: list = []
+        attempts: list[asyncio.Task] = []
+        controller = await h.controller(cfg, on_step=snapshot_after_steps(ref, {2, 4}, attempts))
+        ref.append(controller)
+        await run_to_end(controller)
+        assert [await t for t in attempts] == [SnapshotOutcome.PUBLISHED] * 2
+        assert controller.checkpointer is not None
+        assert controller.checkpointer.committed_steps() == [cfg.grpo.max_steps]
+    store = ManifestStore(open_storage(cfg.resolved_storage_uri()), cfg.name)
+    manifests = [store.load_manifest(sid) for sid in store.committed_ids()]
+    assert [m.anchor.name for m in manifests] == ["bootstrap", "bootstrap"]
+    assert [m.train_step for m in manifests] == [2, 4]
+    assert [m.extra["replay_steps"] for m in manifests] == [2, 4]
+    published = [r for r in h.records if r["rollout/checkpoint_outcome"] == "published"]
+    assert len(published) == 2
+    for record in published:
+        assert set(record["timing/rollout_checkpoint"]) == {
+            "barrier_wait_s",
+            "cut_held_s",
+            "env_phase_s",
+            "write_s",
+            "publish_s",
+            "admission_closed_s",
+        }
+    assert [p["train_step"] for p in h.published] == [2, 4]
+
+
+async def test_capture_kinds_and_the_attempts_skips(tmp_path) -> None:
+    async with harness() as h:
+        cfg = await h.start_gyms(tiny_config(tmp_path, grpo={"maxSteps": 2}))
+        controller = await h.controller(cfg)
+        await run_to_end(controller)
+        snapshots = controller.rollout_snapshots
+        # capture kinds: a trainer checkpoint refuses an open step, a snapshot re-indexes it
+        open_group = controller.buffer.groups()[0] if len(controller.buffer) else None
+        async with controller.barrier.checkpoint() as cut:
+            trainer = snapshots.capture(cut, CaptureKind.TRAINER_CHECKPOINT)
+            if open_group is not None:
+                controller.buffer.take([open_group.group_id])
+                controller.runtime_state.open_step_groups = [open_group]
+                snap = snapshots.capture(cut, CaptureKind.ROLLOUT_SNAPSHOT)
+                replay_ids = [g["group_id"] for g in snap.controller_state["replay"]]
+                assert open_group.group_id in replay_ids
+                with pytest.raises(SnapshotError, match="inside step"):
+                    snapshots.capture(cut, CaptureKind.TRAINER_CHECKPOINT)
+                controller.runtime_state.open_step_groups = []
+                controller.buffer.add(open_group)
+        assert trainer.kind is CaptureKind.TRAINER_CHECKPOINT
+        assert [s["step"] for s in trainer.journal["steps"]] == [1, 2]
+        files = snapshots.write_controller_sidecars(trainer)
+        assert {CONTROLLER_STATE_FILE, LEDGER_FILE, "training_journal.json"} <= set(files)
+        # the six-step attempt's skips
+        assert await snapshots.attempt() is SnapshotOutcome.PUBLISHED
+        assert await snapshots.attempt() is SnapshotOutcome.SKIPPED_UNCHANGED
+        assert await snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
+        controller._optimizer_commit_in_progress = True
+        assert await snapshots.attempt(force=True) is SnapshotOutcome.SKIPPED_COMMIT_WINDOW
+        controller._optimizer_commit_in_progress = False
+        controller._durable_step = 1  # claims step_1 durable: storage has only step_2
+        assert await snapshots.attempt(force=True) is SnapshotOutcome.SKIPPED_ANCHOR_NOT_DURABLE
+        outcomes = [r["rollout/checkpoint_outcome"] for r in h.records]
+        assert outcomes == [
+            "published",
+            "skipped_unchanged",
+            "published",
+            "skipped_commit_window",
+            "skipped_anchor_not_durable",
+        ]
+
+
+# ---------------------------------------------------------------------------- refusals
+async def _two_snapshots(h, cfg):
+    """A finished 2-step run with snapshots after step 1 and after the end."""
+    ref: list = []
+    attempts: list[asyncio.Task] = []
+    controller = await h.controller(cfg, on_step=snapshot_after_steps(ref, {1}, attempts))
+    ref.append(controller)
+    await run_to_end(controller)
+    await asyncio.gather(*attempts)
+    assert await controller.rollout_snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
+    return ManifestStore(open_storage(cfg.resolved_storage_uri()), cfg.name)
+
+
+def _republish(store: ManifestStore, cfg, source_id: int, **replace: bytes):
+    """Publish a copy of snapshot ``source_id`` with some files replaced (valid checksums)."""
+    manifest = store.load_manifest(source_id)
+    entry = snapshot_dir(source_id)
+    files = {name: store.storage.read_bytes(f"{entry}/{name}") for name in manifest.files}
+    files.update(replace)
+    return store.publish(
+        config=cfg,
+        anchor=manifest.anchor,
+        files=files,
+        train_step=manifest.train_step,
+        mutation_version=manifest.mutation_version,
+        cut_time=manifest.cut_time,
+    )
+
+
+async def test_restore_refusals_and_fallbacks(tmp_path, caplog) -> None:
+    caplog.set_level(logging.WARNING)
+    async with harness() as h:
+        cfg = await h.start_gyms(
+            tiny_config(tmp_path, grpo={"maxSteps": 2}, checkpointing={"savePeriod": 1})
+        )
+        store = await _two_snapshots(h, cfg)
+        newest = store.committed_ids()[-1]
+        ledger = store.storage.read_bytes(f"{snapshot_dir(newest)}/{LEDGER_FILE}")
+
+        async def restore_fails(match: str) -> None:
+            fresh = await h.controller(cfg)
+            with pytest.raises(RestoreError, match=match):
+                await fresh.restore()
+            assert fresh.trainer_version == 0 and fresh.resume.fresh  # nothing installed
+
+        # truncated sidecar (its checksum in the manifest matches): a clear error
+        _republish(store, cfg, newest, **{LEDGER_FILE: ledger[: len(ledger) // 2]})
+        await restore_fails("sha256")
+        store.storage.delete(f"{snapshot_dir(newest + 1)}/MANIFEST.json")
+        # unknown sidecar schema, recorded consistently: refused, naming the schema
+        document = json.loads(ledger)
+        document["schema_version"] = 99
+        bad = json.dumps(document).encode()
+        controller_state = json.loads(
+            store.storage.read_bytes(f"{snapshot_dir(newest)}/{CONTROLLER_STATE_FILE}")
+        )
+        controller_state.pop("rollout_recovery", None)
+        _republish(
+            store,
+            cfg,
+            newest,
+            **{LEDGER_FILE: bad, CONTROLLER_STATE_FILE: json.dumps(controller_state).encode()},
+        )
+        await restore_fails("schema 99")
+        store.storage.delete(f"{snapshot_dir(newest + 2)}/MANIFEST.json")
+
+        # a file changed after publication: passed over (logged), the trainer checkpoint wins
+        store.storage.write_bytes(f"{snapshot_dir(newest)}/{LEDGER_FILE}", ledger + b" ")
+        caplog.clear()
+        choice = (await h.controller(cfg)).rollout_restorer.choose()
+        assert any("checksum mismatch" in why for _, why in choice.skipped)
+        assert "checksum mismatch" in caplog.text
+        assert choice.kind is ResumeKind.TRAINER_CHECKPOINT and choice.trainer_step == 2
+
+        # a missing anchor: the snapshot anchored to it is passed over
+        older = store.committed_ids()[0]
+        anchor = store.load_manifest(older).anchor
+        assert anchor.kind == "step"
+        checkpointer = (await h.controller(cfg)).checkpointer
+        assert checkpointer is not None
+        checkpointer.storage.delete(f"step_{anchor.step}/COMMITTED")
+        choice = (await h.controller(cfg)).rollout_restorer.choose()
+        assert any("not durable" in why for _, why in choice.skipped)
+
+        # another run's storage: refused by name, before anything is read
+        other = cfg.model_copy(update={"name": "other"})
+        with pytest.raises(Exception, match="belongs to run"):
+            (await h.controller(other)).rollout_snapshots.ensure_bootstrap_anchor()
+        # a changed rollout-relevant config: the restore is refused, naming the key
+        changed = cfg.model_copy(update={"seed": cfg.seed + 1})
+        with pytest.raises(FingerprintMismatchError, match="seed"):
+            (await h.controller(changed)).rollout_restorer.choose()
+
+
+async def test_schema_4_sidecar_fixture_still_restores(tmp_path) -> None:
+    """A schema-4 ledger sidecar (no spare pool) restores; the pool comes from runtime state."""
+    fixture = (FIXTURES / "rollout_recovery_schema4.json").read_bytes()
+    assert json.loads(fixture)["schema_version"] == 4
+    async with harness() as h:
+        cfg = await h.start_gyms(tiny_config(tmp_path, grpo={"maxSteps": 2}))
+        store = await _two_snapshots(h, cfg)
+        newest = store.committed_ids()[-1]
+        entry = snapshot_dir(newest)
+        controller_state = json.loads(store.storage.read_bytes(f"{entry}/{CONTROLLER_STATE_FILE}"))
+        controller_state.pop("rollout_recovery", None)  # a schema-4 era record had no facts
+        runtime = RolloutRuntimeState.from_json(
+            json.loads(store.storage.read_bytes(f"{entry}/rollout/runtime_state.json"))
+        )
+        _republish(
+            store,
+            cfg,
+            newest,
+            **{
+                LEDGER_FILE: fixture,
+                CONTROLLER_STATE_FILE: json.dumps(controller_state).encode(),
+            },
+        )
+        resumed = await h.controller(cfg)
+        restored = await resumed.restore()
+        assert restored is not None and restored.ledger is not None
+        assert restored.source.path == store.storage.uri_for(
+            f"{snapshot_dir(newest + 1)}/MANIFEST.json"
+        )
+        assert sorted(g.group_id for g in restored.ledger.groups()) == [
+            "pgfixture0000",
+            "pgfixture0001",
+        ]
+        assert resumed.runtime_state.spare_prompts == runtime.spare_prompts
+        assert resumed.runtime_state.batch_shortfall == {3: 0}
+
+
+async def test_deterministic_resume_is_bit_identical(tmp_path) -> None:
+    """deterministic: true — stop after step 3 (snapshot after step 2, bootstrap anchor),
+    resume, finish: the weights equal an uninterrupted run's, bit for bit."""
+    sections = {
+        "checkpointing": {"deterministic": True},
+        "grpo": {"dropZeroVarianceGroups": False},
+    }
+    async with harness() as h:
+        base = await h.start_gyms(tiny_config(tmp_path / "a", **sections))
+        straight = await h.controller(base)
+        await run_to_end(straight)
+        expected = weights_digest(straight)
+
+        cfg = base.model_copy(update={"log_dir": str(tmp_path / "b" / "run")})
+        ref: list = []
+        attempts: list[asyncio.Task] = []
+        stop = asyncio.Event()
+
+        def on_step(record):
+            snapshot_after_steps(ref, {2}, attempts)(record)
+            if record["step"] == 3:
+                stop.set()
+
+        first = await h.controller(cfg, on_step=on_step)
+        ref.append(first)
+        await run_until_stopped(first, stop)
+        assert [await t for t in attempts] == [SnapshotOutcome.PUBLISHED]
+        second = await h.controller(cfg)
+        restored = await second.restore()
+        assert restored is not None and restored.train_step == 2
+        await run_to_end(second)
+        assert weights_digest(second) == expected
