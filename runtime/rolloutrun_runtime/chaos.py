@@ -49,6 +49,8 @@ POLL_S = 0.02
 GRACE_S = 10.0
 #: Share of kills that land during startup/restore rather than between steps.
 STARTUP_KILL_SHARE = 0.25
+#: Sites reached once per incarnation, and only by one that restores.
+RESTORE_SITES = ("during_restore", "during_gym_resume")
 #: Highest hit count a ``--site`` kill is armed with (chosen at random from 1..this).
 MAX_SITE_HIT = 3
 
@@ -169,6 +171,14 @@ def attribute_stops(kills: list[Kill], events: list[dict[str, Any]]) -> None:
 
 
 # --------------------------------------------------------------------------- processes
+def _has_durable_state(log_dir: Path) -> bool:
+    """Whether the run's storage holds a committed trainer checkpoint or snapshot."""
+    root = log_dir / "checkpoints"
+    return any(root.glob("step_*/COMMITTED")) or any(
+        root.glob("rollout_snapshots/snapshot_*/MANIFEST.json")
+    )
+
+
 def _steps_done(metrics: Path) -> int:
     if not metrics.exists():
         return 0
@@ -316,12 +326,18 @@ def run_chaos(
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TRACE_FILE, read_events
     from rolloutrun_runtime.audit import AuditError, run_audit
     from rolloutrun_runtime.config import load_run_config
-    from rolloutrun_runtime.crash import CRASH_SITES, ENV_VAR
+    from rolloutrun_runtime.crash import ENV_VAR, CrashConfigError, parse_crash_at
     from rolloutrun_runtime.launcher import start_gym, stop_process
     from rolloutrun_runtime.metrics import FINAL_WEIGHTS_FILE, METRICS_FILE
 
-    if site is not None and site not in CRASH_SITES:
-        raise ChaosError(f"unknown crash site {site!r}; known sites: {', '.join(CRASH_SITES)}")
+    site_name, site_hit = None, None
+    if site is not None:
+        try:
+            site_name, site_hit = parse_crash_at(site)
+        except CrashConfigError as error:
+            raise ChaosError(str(error)) from None
+        if ":" not in site:
+            site_hit = None
     if kills < 0:
         raise ChaosError("--kills must be >= 0")
     cfg = load_run_config(config_file)
@@ -355,15 +371,20 @@ def run_chaos(
             proc_env = dict(env)
             hit = None
             how = "none"
-            if kill_now and site is not None:
-                hit = rng.randint(1, MAX_SITE_HIT)
-                proc_env[ENV_VAR] = f"{site}:{hit}"
+            # A restore site is only reached by an incarnation that has something to restore:
+            # the first one is killed at a random moment instead.
+            at_site = site is not None and not (
+                site_name in RESTORE_SITES and not _has_durable_state(log_dir)
+            )
+            if kill_now and at_site:
+                hit = site_hit or rng.randint(1, MAX_SITE_HIT)
+                proc_env[ENV_VAR] = f"{site_name}:{hit}"
                 how = "site"
             launched = time.monotonic()
             process, log = _start_trainer(run_config, log_dir, incarnation, proc_env)
             deadline = launched + incarnation_timeout_s
             try:
-                if kill_now and site is None:
+                if kill_now and not at_site:
                     how, first_step_s = _random_kill(
                         process,
                         rng,
@@ -384,7 +405,7 @@ def run_chaos(
                     Kill(
                         index=len(done_kills),
                         how={"site": "site", "step": "random-step"}.get(how, "random-startup"),
-                        site=site,
+                        site=site_name if how == "site" else None,
                         hit=hit,
                         steps_before=steps_before,
                         steps_at_kill=_steps_done(metrics),
@@ -476,7 +497,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="RolloutRun YAML (its spec.run) or a bare RunConfig")
     parser.add_argument("--kills", type=int, required=True, help="how many SIGKILLs")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
-    parser.add_argument("--site", default=None, help="kill at this named crash site")
+    parser.add_argument(
+        "--site",
+        default=None,
+        help="kill at this named crash site, NAME or NAME:HIT (default: a random hit 1..3)",
+    )
     parser.add_argument("--log-dir", default=None, help="new directory for the run (default: tmp)")
     parser.add_argument(
         "--compare",
