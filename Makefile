@@ -34,6 +34,10 @@ test: lint ## lint, then the whole default test suite (no cluster, no GPU needed
 run: $(STAMP) ## examples/tiny-grpo.yaml on a local cluster with the operator, a pod deleted every 30 s
 	$(BIN)/rolloutrun run examples/tiny-grpo.yaml --preempt-every 30 --summary runs/tiny-grpo-summary.json
 
+chaos: $(STAMP) ## the long crash campaign: every crash site, random multi-kill runs (tests/crash -m chaos)
+	@echo "==> pytest -m chaos"
+	$(BIN)/python -m pytest tests/crash -m chaos -v
+
 manifests: $(STAMP) ## regenerate the CRD in crds/ (and the chart's copy) from the pydantic models
 	$(BIN)/rolloutrun crd > crds/rolloutruns.rolloutrun.dev.yaml
 	@if [ -d charts/rolloutrun-operator/crds ]; then cp crds/rolloutruns.rolloutrun.dev.yaml charts/rolloutrun-operator/crds/; fi
