@@ -1,0 +1,326 @@
+"""Rollout-checkpoint benchmark: pump pause, throughput cost, thrown-away work, resume time.
+
+Everything is measured side by side in one run and printed as JSON, each goal next to its
+baseline from the same run:
+
+- **pause**: the rollout pump's pause per snapshot (admission closed + exclusive cut held,
+  ``timing/rollout_checkpoint.admission_closed_s``) with 100, 1,000 and 10,000 finalized
+  groups buffered, on a real controller (ledger, replay buffer, data plane) and a real
+  ``file://`` manifest store; p50/p99 over repeated forced snapshots. Goal: p99 <= 100 ms at
+  1,000.
+- **throughput**: the tiny config trained to ``maxSteps`` with snapshots every second (about
+  every few steps on this machine; the minimum interval) against snapshots off; tokens/s
+  over the whole run (``metrics.jsonl``). Goal: >= 98 %.
+- **thrown-away work**: ``rolloutrun chaos`` with the same kill seed on the same config at
+  ``savePeriod: 10``, snapshots on against snapshots off (restart from trainer checkpoints
+  only); rollout seconds lost per kill (``rollout_work_lost_s``). Goal: >= 5x less.
+- **resume**: from a resumed trainer's ``run_started`` to its first ``attempt_dispatched``
+  (and from the process launch, which adds interpreter and torch start-up). Goal: <= 5 s.
+
+Usage: ``python bench/rollout_checkpoint.py [--quick] [--kills 3] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "runtime")]
+
+from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup  # noqa: E402
+from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore  # noqa: E402
+from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import (  # noqa: E402
+    TRACE_FILE,
+    read_events,
+)
+from rolloutrun_runtime.algorithms.single_controller import SingleController  # noqa: E402
+from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer  # noqa: E402
+from rolloutrun_runtime.chaos import run_chaos  # noqa: E402
+from rolloutrun_runtime.config import RunConfig  # noqa: E402
+from rolloutrun_runtime.experience.rollout_recovery import (  # noqa: E402
+    Granularity,
+    PromptRef,
+    RestoreLevel,
+)
+from rolloutrun_runtime.storage import open_storage  # noqa: E402
+
+GROUP_SIZE = 4
+TOKENS = 24
+
+TINY: dict[str, Any] = {
+    "seed": 3,
+    "policy": {"dModel": 32, "nLayers": 1, "nHeads": 2, "maxSeqLen": 32},
+    "task": {"name": "arithmetic", "datasetSize": 64, "maxOperand": 9, "maxNewTokens": 4},
+    "grpo": {
+        "groupSize": 4,
+        "promptsPerStep": 4,
+        "maxSteps": 30,
+        "learningRate": 0.003,
+        "maxStaleness": 1,
+        "dropZeroVarianceGroups": False,
+    },
+    "rollout": {"maxInFlightGroups": 8},
+    "checkpointing": {
+        "savePeriod": 10,
+        "snapshotIntervalSeconds": 1,
+        "targetLevel": "sibling",
+        "deterministic": True,
+    },
+    "gym": {"replicas": 1},
+    "workers": {"backend": "inprocess"},
+}
+
+
+def _percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {
+        "p50_ms": round(pick(0.50) * 1000, 3),
+        "p99_ms": round(pick(0.99) * 1000, 3),
+        "max_ms": round(ordered[-1] * 1000, 3),
+        "n": len(ordered),
+    }
+
+
+# --------------------------------------------------------------------------- pause
+def _row(rng: np.random.Generator) -> dict[str, Any]:
+    mask = np.zeros(TOKENS, dtype=np.int64)
+    mask[TOKENS // 2 :] = 1
+    return {
+        "input_ids": rng.integers(0, 30, TOKENS, dtype=np.int64),
+        "behaviour_logprobs": rng.standard_normal(TOKENS).astype(np.float32),
+        "weight_versions": np.zeros(TOKENS, dtype=np.int64),
+        "loss_mask": mask,
+        "reward": float(rng.random()),
+        "model_tokens": int(mask.sum()),
+        "instance_id": "gym-0",
+    }
+
+
+async def _filled_controller(groups: int, root: Path) -> SingleController:
+    """A real controller whose ledger, replay buffer and data plane hold ``groups`` groups."""
+    import torch
+
+    from rolloutrun_runtime.policy.model import build_model
+    from rolloutrun_runtime.policy.tokenizer import TOKENIZER
+    from rolloutrun_runtime.workers import build_workers
+
+    data = json.loads(json.dumps(TINY))
+    data["logDir"] = str(root)
+    data["rollout"]["replayCapacity"] = max(groups, 16)
+    data["checkpointing"]["snapshotIntervalSeconds"] = 0
+    cfg = RunConfig.model_validate(data)
+    model = build_model(cfg.policy, TOKENIZER.vocab_size, cfg.seed)
+    storage = open_storage("file://" + str(root / "checkpoints"))
+    controller = SingleController(
+        cfg,
+        model=model,
+        optimizer=torch.optim.Adam(model.parameters()),
+        workers=build_workers(cfg, model.state_dict(), 0),
+        gym_endpoints=["http://127.0.0.1:9"],
+        checkpointer=TrainerCheckpointer(storage, 2),
+        manifests=ManifestStore(storage, cfg.name),
+    )
+    ledger = controller.ledger
+    assert ledger is not None
+    rng = np.random.default_rng(0)
+    async with controller.barrier.mutation("prompt_reservations") as cut:
+        for index in range(groups):
+            group_id = f"pg{index:06d}"
+            prompt = PromptRef(index % 64, index // 64, index % 64)
+            ledger.reserve_group(
+                cut,
+                group_id=group_id,
+                admission_id="step1",
+                prompt=prompt,
+                target_step=1,
+                start_weight_version=0,
+                group_size=GROUP_SIZE,
+                granularity=Granularity.SIBLING,
+                restore_level=RestoreLevel.SIBLING,
+            )
+            ledger.admit(cut, group_id)
+            group = ledger.group(group_id)
+            for sibling in group.siblings:
+                attempt = sibling.current
+                ledger.dispatch(cut, sibling.sibling_id, attempt.attempt_uuid, "gym-0")
+                ledger.seal(
+                    cut,
+                    sibling.sibling_id,
+                    attempt.attempt_uuid,
+                    reward=float(rng.random()),
+                    row_key=attempt.episode.capture_key,
+                )
+            ledger.begin_finalize(cut, group_id)
+            keys = []
+            for sibling in group.siblings:
+                key = f"{group_id}_g{sibling.index}"
+                controller.data_plane.put("train", key, _row(rng))
+                keys.append(key)
+            ledger.finish_finalize(cut, group_id)
+            controller.buffer.add(
+                ReplayGroup(group_id, prompt.prompt_id, 1, tuple(keys), (0.0,) * GROUP_SIZE, 48)
+            )
+    controller.rollout_snapshots.ensure_bootstrap_anchor()
+    return controller
+
+
+async def _pause_samples(groups: int, repeats: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="rr-bench-pause-") as tmp:
+        controller = await _filled_controller(groups, Path(tmp))
+        records: list[dict[str, Any]] = []
+        snapshotter = controller.rollout_snapshots
+        snapshotter._on_record = records.append  # the trainer's hook writes snapshots.jsonl
+        for _ in range(repeats):
+            await snapshotter.attempt(force=True, reason="bench")
+        published = [r for r in records if r.get("rollout/checkpoint_outcome") == "published"]
+        if not published:
+            raise RuntimeError(f"no snapshot published at {groups} groups: {records[-1:]}")
+        pauses = [r["timing/rollout_checkpoint"]["admission_closed_s"] for r in published]
+        held = [r["timing/rollout_checkpoint"]["cut_held_s"] for r in published]
+        writes = [
+            r["timing/rollout_checkpoint"]["write_s"] + r["timing/rollout_checkpoint"]["publish_s"]
+            for r in published
+        ]
+        return {
+            "groups": groups,
+            "pause": _percentiles(pauses),
+            "cut_held": _percentiles(held),
+            "write_and_publish_off_pump": _percentiles(writes),
+        }
+
+
+# --------------------------------------------------------------------------- runs
+def _config(path: Path, **checkpointing: Any) -> Path:
+    data = json.loads(json.dumps(TINY))
+    data["checkpointing"].update(checkpointing)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _tokens_per_s(log_dir: Path) -> float:
+    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    tokens = sum(r["generated_tokens"] for r in records)
+    seconds = sum(r["step_time_s"] for r in records)
+    return tokens / seconds if seconds else 0.0
+
+
+def _throughput(root: Path, repeats: int) -> dict[str, Any]:
+    """Alternating runs with snapshots on and off; the best tokens/s of each (least noise)."""
+    import subprocess
+
+    results: dict[str, list[float]] = {"snapshots_every_1s": [], "snapshots_off": []}
+    for repeat in range(repeats):
+        for name, interval in (("snapshots_every_1s", 1), ("snapshots_off", 0)):
+            run_dir = root / f"throughput-{name}-{repeat}"
+            config = _config(root / f"{name}.yaml", snapshotIntervalSeconds=interval)
+            command = [sys.executable, "-m", "rolloutrun_runtime.cli", "train", str(config)]
+            subprocess.run(
+                [*command, "--log-dir", str(run_dir), "--quiet"],
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
+            results[name].append(_tokens_per_s(run_dir))
+    on, off = max(results["snapshots_every_1s"]), max(results["snapshots_off"])
+    return {
+        "tokens_per_s": {k: [round(v, 1) for v in vs] for k, vs in results.items()},
+        "ratio": round(on / off, 4) if off else None,
+        "goal": ">= 0.98",
+        "met": bool(off and on / off >= 0.98),
+    }
+
+
+def _resume_times(log_dir: Path, kills: list[dict[str, Any]]) -> dict[str, Any]:
+    events = sorted(read_events(log_dir / TRACE_FILE), key=lambda e: e["t"])
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        by_run.setdefault(event["run_id"], []).append(event)
+    from_start: list[float] = []
+    for run_events in by_run.values():
+        started = next((e for e in run_events if e["event"] == "run_started"), None)
+        if started is None or not started.get("resumed_from"):
+            continue
+        first = next((e for e in run_events if e["event"] == "attempt_dispatched"), None)
+        if first is not None:
+            from_start.append(first["t"] - started["t"])
+    return {
+        "run_started_to_first_dispatch_s": [round(v, 3) for v in from_start],
+        "max_s": round(max(from_start), 3) if from_start else None,
+        "goal": "<= 5 s",
+        "met": bool(from_start) and max(from_start) <= 5.0,
+        "incarnation_s_at_kill": [round(k["incarnation_s"], 3) for k in kills],
+    }
+
+
+def _thrown_away(root: Path, kills: int, seed: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, interval in (("snapshots", 1), ("trainer_checkpoints_only", 0)):
+        config = _config(root / f"chaos-{name}.yaml", snapshotIntervalSeconds=interval)
+        result = run_chaos(config, root / f"chaos-{name}", kills=kills, seed=seed, compare=False)
+        data = result.to_json()
+        lost = data["rollout_work_lost_s"]
+        out[name] = {
+            "kills": data["kills"],
+            "audit_ok": data["audit"].get("ok"),
+            "rollout_work_lost_s": lost,
+            "mean_lost_s_per_kill": round(statistics.fmean(lost), 3) if lost else None,
+            "thrown_away_s": data["thrown_away_s"],
+            "restored_from": [k["restored_from"] for k in data["kill_details"]],
+            "resume": _resume_times(root / f"chaos-{name}", data["kill_details"]),
+        }
+    snap = out["snapshots"]["mean_lost_s_per_kill"]
+    base = out["trainer_checkpoints_only"]["mean_lost_s_per_kill"]
+    out["reduction"] = round(base / snap, 2) if snap else None
+    out["goal"] = ">= 5x less lost rollout time per kill (savePeriod 10)"
+    out["met"] = bool(snap is not None and base is not None and base >= 5 * snap)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, no 10,000 groups")
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", default=None, help="also write the JSON here")
+    args = parser.parse_args()
+    started = time.monotonic()
+    sizes = (100, 1000) if args.quick else (100, 1000, 10_000)
+    pause = [asyncio.run(_pause_samples(n, 10 if n >= 10_000 or args.quick else 30)) for n in sizes]
+    at_1000 = next(p for p in pause if p["groups"] == 1000)
+    report: dict[str, Any] = {
+        "pause": {
+            "by_groups": pause,
+            "goal": "p99 <= 100 ms at 1,000 groups",
+            "met": at_1000["pause"]["p99_ms"] <= 100.0,
+        }
+    }
+    with tempfile.TemporaryDirectory(prefix="rr-bench-ckpt-") as tmp:
+        root = Path(tmp)
+        report["throughput"] = _throughput(root, 1 if args.quick else 2)
+        report["thrown_away"] = _thrown_away(root, args.kills, args.seed)
+    report["resume"] = report["thrown_away"]["snapshots"]["resume"]
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    text = json.dumps(report, indent=1, sort_keys=True)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
