@@ -7,10 +7,11 @@ to look again. Tests drive it as tables; the Kopf handlers only fetch, apply and
 
 The life of a run, as the conditions tell it:
 
-- **starting** incarnation N (once every pod of earlier incarnations is gone): static
+- **starting** incarnation N (once the Gym pods of earlier incarnations are gone): static
   children (token Secret, RBAC, Lease, Services, the ConfigMap), then the Gym pods; once every
-  Gym pod is Ready the trainer's config is rendered with their endpoints and the manifest to
-  resume from, and the trainer pod starts.
+  Gym pod is Ready and every earlier pod is gone (the old trainer's forced snapshot is
+  published by then) the trainer's config is rendered with their endpoints and the manifest
+  to resume from, and the trainer pod starts.
 - **running**: any member lost (see :mod:`losses`: deleted, failed, evicted, preempted, on a
   node NotReady past ``nodeLossTimeoutSeconds``, the trainer's Lease expired or never taken)
   ends the incarnation: its pods are deleted and ``Restarting`` turns True; after an
@@ -129,7 +130,10 @@ def _suspend(p: Pass) -> None:
 
 
 def _wait_for_backoff(p: Pass) -> None:
-    remaining = p.delete_pods(list(p.observed.pods))
+    p.delete_pods(list(p.observed.pods))
+    # The next incarnation is numbered once the old Gym pods are gone; an old trainer still
+    # publishing its forced snapshot holds back only the new trainer (_run_incarnation).
+    remaining = any(pod.role == naming.Role.GYM for pod in p.observed.pods)
     start = parse_time(p.status.next_start_time)
     loss = p.status.last_failure
     reason = loss.reason if loss and loss.reason else "MemberLost"
@@ -209,10 +213,11 @@ def _run_incarnation(p: Pass) -> None:
         _end_incarnation(p, members, loss)
         return
     if not launched:
-        if stale:
-            message = f"waiting for {len(stale)} pod(s) of earlier incarnations to stop"
-            p.say(ready=Desired(False, "StoppingPrevious", message))
-            p.say(progressing=Desired(True, "StoppingPrevious", message))
+        # The Gym pods of N+1 wait for the old Gym pods (same instance ids, same audit
+        # files); the trainer of N+1 waits for every old pod, the old trainer publishing
+        # its forced snapshot included. The new Gyms start meanwhile.
+        if any(pod.role == naming.Role.GYM for pod in stale):
+            _wait_for_previous(p, stale)
             return
         problems = spec_problems(p.run, p.observed)
         if problems:
@@ -235,6 +240,9 @@ def _run_incarnation(p: Pass) -> None:
             p.say(ready=Desired(False, "StartingGyms", message))
             p.say(progressing=Desired(True, "StartingGyms", message))
             p.look_again(5.0)
+            return
+        if stale:
+            _wait_for_previous(p, stale)
             return
         p.create(builders.trainer_pod(p.run, n))
         p.status.incarnation_start_time = format_time(p.now)
@@ -259,6 +267,12 @@ def _run_incarnation(p: Pass) -> None:
     if expiry is not None:
         p.look_again_at(expiry + dt.timedelta(seconds=1))
     p.look_again(IDLE_REQUEUE_SECONDS)
+
+
+def _wait_for_previous(p: Pass, stale: list[PodView]) -> None:
+    message = f"waiting for {len(stale)} pod(s) of earlier incarnations to stop"
+    p.say(ready=Desired(False, "StoppingPrevious", message))
+    p.say(progressing=Desired(True, "StoppingPrevious", message))
 
 
 def _succeed(p: Pass, members: list[PodView]) -> None:

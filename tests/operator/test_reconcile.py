@@ -290,6 +290,21 @@ def test_the_next_incarnation_waits_for_the_backoff_and_the_old_pods():
     assert [str(a) for a in forced.actions] == ["delete Pod/demo-i1-gym-0 (grace 0s)"]
 
 
+def test_new_gym_pods_start_while_the_old_trainer_publishes_its_forced_snapshot():
+    old_trainer = trainer(1, deletion_time=NOW)
+    first = reconcile(make_run(restarting("2026-01-01T12:00:30Z")), observed((old_trainer,)), NOW)
+    assert first.status.incarnation == 2
+    assert {a.name for a in first.actions if a.kind == "Pod"} == {"demo-i2-gym-0", "demo-i2-gym-1"}
+    assert not [a for a in first.actions if a.verb is Verb.DELETE]  # it is stopping already
+    status = first.status.model_dump(by_alias=True)
+    gyms_up = (old_trainer, gym(2, 0), gym(2, 1))
+    waiting = reconcile(make_run(status), observed(gyms_up), NOW)
+    assert "Pod/demo-i2-trainer" not in {f"{a.kind}/{a.name}" for a in waiting.actions}
+    assert cond(waiting, "Ready") == ("False", "StoppingPrevious")
+    gone = reconcile(make_run(status), observed(gyms_up[1:]), NOW)
+    assert "create Pod/demo-i2-trainer" in verbs(gone)
+
+
 def test_the_next_incarnation_resumes_from_the_latest_manifest():
     result = reconcile(make_run(restarting("2026-01-01T12:00:30Z")), observed(), NOW)
     assert result.status.incarnation == 2
