@@ -315,3 +315,64 @@ async def test_deterministic_resume_is_bit_identical(tmp_path) -> None:
         assert restored is not None and restored.train_step == 2
         await run_to_end(second)
         assert weights_digest(second) == expected
+
+
+async def test_turn_level_capture_and_restore_through_the_gym_control_plane(tmp_path) -> None:
+    """targetLevel turn, multi-turn episodes: a snapshot parks live episodes and exports
+    them; after a stop, the resumed run hands them back to their Gym instances and continues
+    them under attempt + 1 (not from turn 0); the run finishes with every step once."""
+    cfg = tiny_config(
+        tmp_path,
+        policy={"maxSeqLen": 64},
+        task={
+            "name": "reach_target",
+            "datasetSize": 96,
+            "maxOperand": 9,
+            "maxTurns": 4,
+            "maxNewTokens": 3,
+            "turnDelayMs": 30,
+        },
+        grpo={"maxSteps": 8},
+        checkpointing={"targetLevel": "turn"},
+    )
+    async with harness() as h:
+        cfg = await h.start_gyms(cfg)
+        ref: list = []
+        exported: list[int] = []
+        stop = asyncio.Event()
+
+        async def snapshot_with_episodes() -> None:
+            # a commit racing an episode's last turn is discarded, and a snapshot may find no
+            # episode out: attempt until one exports live episodes
+            store = ManifestStore(open_storage(cfg.resolved_storage_uri()), cfg.name)
+            for _ in range(20):
+                outcome = await ref[0].rollout_snapshots.attempt(force=True, reason="test")
+                if outcome is not SnapshotOutcome.PUBLISHED:
+                    continue
+                entry = snapshot_dir(store.committed_ids()[-1])
+                data = store.storage.read_bytes(f"{entry}/environment/episodes.json")
+                exported.append(sum(len(r) for r in json.loads(data)["records"].values()))
+                if exported[-1] > 0:
+                    break
+            stop.set()
+
+        snapshotting: list[asyncio.Future] = []
+
+        def on_step(record):
+            if record["step"] == 1:
+                snapshotting.append(asyncio.ensure_future(snapshot_with_episodes()))
+
+        first = await h.controller(cfg, on_step=on_step)
+        ref.append(first)
+        await run_until_stopped(first, stop)
+        await asyncio.gather(*snapshotting)
+        assert exported and exported[-1] > 0, "no live episode was exported"
+
+        second = await h.controller(cfg)
+        restored = await second.restore()
+        assert restored is not None and restored.environment_snapshot is not None
+        resumed = second._restored_episodes
+        assert resumed, "no episode was handed back to its Gym instance"
+        assert set(resumed.values()) <= {"gym-0", "gym-1"}
+        await run_to_end(second)
+    assert_each_step_once_no_prompt_twice(final_journal(cfg), cfg.grpo.max_steps)

@@ -321,6 +321,7 @@ class RolloutSnapshotter:
             # Episodes dispatched from here on wait at the closed door with no state yet:
             # export only those already out (a restore restarts the others from turn 0).
             out = dispatched_episodes(parts.ledger)
+            logger.debug("snapshot %s: %d episodes out before prepare", checkpoint_id, len(out))
             try:
                 crash_point("during_gym_prepare")
                 await environment.prepare(checkpoint_id, deadline)
