@@ -81,12 +81,13 @@ def main(args: argparse.Namespace) -> int:
         # In a pod: the run's Lease (KubernetesLease); outside any cluster: no lease.
         with holding(lease_from_environment(on_lost=pod.lost)) as lease:
             pod.lease = lease
-            return asyncio.run(_run_until_signalled(cfg, pod))
+            try:
+                return asyncio.run(_run_until_signalled(cfg, pod))
+            finally:
+                pod.close()  # the last progress (the forced snapshot) before the release
     except (FencedError, LeaseError) as error:
         print(f"rolloutrun trainer: {error}", file=sys.stderr)
         return EXIT_FENCED
-    finally:
-        pod.close()
 
 
 async def _run_until_signalled(cfg: RunConfig, pod: PodLease | None = None) -> int:
