@@ -376,3 +376,32 @@ async def test_turn_level_capture_and_restore_through_the_gym_control_plane(tmp_
         assert set(resumed.values()) <= {"gym-0", "gym-1"}
         await run_to_end(second)
     assert_each_step_once_no_prompt_twice(final_journal(cfg), cfg.grpo.max_steps)
+
+
+async def test_preemption_notice_publishes_a_snapshot_then_stops_the_run(tmp_path) -> None:
+    """SIGTERM's path: the notice forces a snapshot within the grace, then the run stops
+    (the entry point exits 143); the next incarnation resumes from that snapshot."""
+    from rolloutrun_runtime.trainer import SNAPSHOTS_LOG, run_trainer
+
+    async with harness() as h:
+        cfg = await h.start_gyms(
+            tiny_config(tmp_path, grpo={"maxSteps": 50}, checkpointing={"savePeriod": 100})
+        )
+        notice = asyncio.Event()
+
+        def on_step(record):
+            if record["step"] == 2:
+                notice.set()
+
+        run = asyncio.ensure_future(run_trainer(cfg, on_step=on_step, preemption=notice))
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(run, 120)
+        lines = (Path(cfg.log_dir) / SNAPSHOTS_LOG).read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        preemption = [r for r in records if r["reason"] == "preemption"]
+        assert [r["rollout/checkpoint_outcome"] for r in preemption] == ["published"]
+        resumed = await h.controller(cfg)
+        choice = resumed.rollout_restorer.choose()
+        assert choice.kind is ResumeKind.SNAPSHOT and choice.candidate is not None
+        assert choice.candidate.manifest_uri == preemption[0]["manifest_uri"]
+        assert choice.candidate.manifest.train_step >= 2
