@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -51,6 +52,8 @@ GRACE_S = 10.0
 STARTUP_KILL_SHARE = 0.25
 #: Sites reached once per incarnation, and only by one that restores.
 RESTORE_SITES = ("during_restore", "during_gym_resume")
+#: Where the first incarnation of a restore-site campaign dies: its first snapshot is durable.
+PRIMING_SITE = "after_manifest_write"
 #: Highest hit count a ``--site`` kill is armed with (chosen at random from 1..this).
 MAX_SITE_HIT = 3
 
@@ -327,7 +330,7 @@ def run_chaos(
     from rolloutrun_runtime.audit import AuditError, run_audit
     from rolloutrun_runtime.config import load_run_config
     from rolloutrun_runtime.crash import ENV_VAR, CrashConfigError, parse_crash_at
-    from rolloutrun_runtime.launcher import start_gym, stop_process
+    from rolloutrun_runtime.launcher import ENV_GYM_CONTROL_TOKEN, start_gym, stop_process
     from rolloutrun_runtime.metrics import FINAL_WEIGHTS_FILE, METRICS_FILE
 
     site_name, site_hit = None, None
@@ -354,13 +357,23 @@ def run_chaos(
         reference = run_reference(config_file, log_dir, incarnation_timeout_s)
 
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    # Turn-level recovery: the Gym replicas and every trainer incarnation share one token.
+    env[ENV_GYM_CONTROL_TOKEN] = secrets.token_hex(16)
     gyms = []
     done_kills: list[Kill] = []
     exit_codes: list[int] = []
     metrics = log_dir / METRICS_FILE
     try:
-        for index in range(cfg.gym.replicas):
-            gyms.append(start_gym(config_file, log_dir, index))
+        saved_token = os.environ.get(ENV_GYM_CONTROL_TOKEN)
+        os.environ[ENV_GYM_CONTROL_TOKEN] = env[ENV_GYM_CONTROL_TOKEN]
+        try:
+            for index in range(cfg.gym.replicas):
+                gyms.append(start_gym(config_file, log_dir, index))
+        finally:
+            if saved_token is None:
+                os.environ.pop(ENV_GYM_CONTROL_TOKEN, None)
+            else:
+                os.environ[ENV_GYM_CONTROL_TOKEN] = saved_token
         run_config = write_chaos_config(config_file, log_dir, [g.url for g in gyms])
         startup_s: float | None = None
         incarnation = 0
@@ -372,13 +385,13 @@ def run_chaos(
             hit = None
             how = "none"
             # A restore site is only reached by an incarnation that has something to restore:
-            # the first one is killed at a random moment instead.
-            at_site = site is not None and not (
-                site_name in RESTORE_SITES and not _has_durable_state(log_dir)
-            )
+            # the first one is killed right after its first snapshot is published instead.
+            priming = site_name in RESTORE_SITES and not _has_durable_state(log_dir)
+            at_site = site is not None
+            kill_site = PRIMING_SITE if priming else site_name
             if kill_now and at_site:
-                hit = site_hit or rng.randint(1, MAX_SITE_HIT)
-                proc_env[ENV_VAR] = f"{site_name}:{hit}"
+                hit = 1 if priming else (site_hit or rng.randint(1, MAX_SITE_HIT))
+                proc_env[ENV_VAR] = f"{kill_site}:{hit}"
                 how = "site"
             launched = time.monotonic()
             process, log = _start_trainer(run_config, log_dir, incarnation, proc_env)
@@ -405,7 +418,7 @@ def run_chaos(
                     Kill(
                         index=len(done_kills),
                         how={"site": "site", "step": "random-step"}.get(how, "random-startup"),
-                        site=site_name if how == "site" else None,
+                        site=kill_site if how == "site" else None,
                         hit=hit,
                         steps_before=steps_before,
                         steps_at_kill=_steps_done(metrics),

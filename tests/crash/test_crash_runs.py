@@ -23,7 +23,7 @@ from .conftest import INCARNATION_TIMEOUT_S
 
 #: ``site:hit`` — hits chosen so the kill lands mid-run (8 steps, 4 groups a step, a
 #: snapshot about every second); a restore site is reached only by the incarnation after a
-#: first (random) kill.
+#: first kill (right after the first snapshot is published).
 DEFAULT_SITES = (
     "after_dataloader_advance:5",
     "inside_optimizer_commit:5",
