@@ -96,8 +96,8 @@ def _apply_twice(s: A.DurableState) -> None:
     s.side_effects.append(dataclasses.replace(s.side_effects[0], source="gym-1.audit.jsonl"))
 
 
-def _skip_an_attempt(s: A.DurableState) -> None:
-    s.side_effects[1] = dataclasses.replace(s.side_effects[1], attempt=2)
+def _zombie_attempt(s: A.DurableState) -> None:
+    s.side_effects.append(dataclasses.replace(s.side_effects[1], attempt=0, revision=3))
 
 
 def _ledger_behind(s: A.DurableState) -> None:
@@ -134,7 +134,7 @@ DOCTORINGS: list[tuple[str, Callable[[A.DurableState], None], str, str]] = [
     ("the spare pool is missing", _lose_the_spare, "prompts", "lost"),
     ("the cursor went backwards", _cursor_back, "prompts", "undrawn"),
     ("a side effect applied twice", _apply_twice, "side_effects", "duplicated"),
-    ("gym_attempt skipped a value", _skip_an_attempt, "gym_attempts", "violations"),
+    ("an abandoned attempt applied an effect", _zombie_attempt, "gym_attempts", "violations"),
     ("the ledger is behind the environment", _ledger_behind, "gym_attempts", "violations"),
     ("a restore in a sibling-level group", _restore_in_sibling_group, "gym_attempts", "violations"),
     ("an orphaned staging row", _orphan_staging, "rows", "orphaned_staging"),
