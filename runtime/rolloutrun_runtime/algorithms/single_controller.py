@@ -975,7 +975,7 @@ class SingleController:
         refusal), installs it, retrains the steps a snapshot carries past its anchor, syncs
         the generation workers, and (turn level) hands parked episodes back to the Gym.
         """
-        choice = self.rollout_restorer.choose()
+        choice = await asyncio.to_thread(self.rollout_restorer.choose)
         restored = await asyncio.to_thread(self.rollout_restorer.restore, choice)
         if restored is None:
             return None

@@ -259,6 +259,11 @@ class RolloutSnapshotter:
         """Attempt a snapshot every ``interval_s`` seconds (and after each trainer save)."""
         if self._manifests is None or interval_s <= 0:
             return
+        if self._parts.ledger is None:
+            # Without the ledger nothing records in-flight groups: a snapshot would move the
+            # cursor past prompts it cannot bring back (targetLevel none: trainer checkpoints).
+            logger.info("rollout snapshots off: dispatch does not record prompt groups")
+            return
         while True:
             # asyncio.wait, not wait_for: a cancel must end the pump at once, whatever the
             # waiter is doing (3.11's wait_for can hold a cancelled task on its inner one).
@@ -291,6 +296,11 @@ class RolloutSnapshotter:
         self, force: bool, timings: SnapshotTimings
     ) -> tuple[SnapshotOutcome, dict[str, Any]]:
         parts = self._parts
+        if parts.ledger is None:
+            raise SnapshotError(
+                "rollout snapshots need ledger dispatch (checkpointing.targetLevel none records "
+                "no in-flight groups); only trainer checkpoints can resume this run"
+            )
         # 1. skip inside an optimizer commit, or when nothing changed
         progress = parts.read_progress()
         if progress.optimizer_commit_in_progress:
