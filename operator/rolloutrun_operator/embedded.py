@@ -50,6 +50,8 @@ LOGS_DIR = "logs"
 CLUSTER_DIR = "cluster"
 SUMMARY_FILE = "summary.json"
 RUN_FILE = "rolloutrun.yaml"
+#: Seconds to wait, once the run ended, for the status to mirror the trainer's last progress.
+SETTLE_S = 10.0
 #: Seconds an audit or trace command may take.
 COMMAND_TIMEOUT_S = 300.0
 
@@ -294,11 +296,22 @@ class EmbeddedRun:
         )
 
     def lease(self) -> Any:
+        """The trainer's Lease (None before the operator created it)."""
         from kubernetes import client as k8s
+        from kubernetes.client.exceptions import ApiException
 
-        return k8s.CoordinationV1Api(self.api).read_namespaced_lease(
-            naming.lease_name(self.name), self.namespace
-        )
+        try:
+            return k8s.CoordinationV1Api(self.api).read_namespaced_lease(
+                naming.lease_name(self.name), self.namespace
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def lease_holder(self) -> str | None:
+        lease = self.lease()
+        return None if lease is None else lease.spec.holder_identity
 
     def last_step(self) -> dict[str, Any] | None:
         return last_step(self.log_dir / "metrics.jsonl")
@@ -336,6 +349,7 @@ class EmbeddedRun:
                 on_tick(self, status)
             result = outcome(status)
             if result is not None:
+                self._settle(interval)
                 return result, preempted
             if self.operator is not None and not self.operator.alive:
                 raise EmbeddedRunError(f"the operator stopped: {self.operator.error!r}")
@@ -351,6 +365,20 @@ class EmbeddedRun:
                     self.delete_pod(victim)
                     preempted.done.append((round(now, 2), victim))
                     next_preemption = now + preempt_every
+            time.sleep(interval)
+
+    def _settle(self, interval: float, bound: float = SETTLE_S) -> None:
+        """Wait (a little) until the status mirrors the Lease's final progress annotations.
+
+        The trainer's last annotations and its exit race in the operator's pass that sees
+        the exit; the next pass (the Lease change wakes it) mirrors them."""
+        deadline = time.monotonic() + bound
+        while time.monotonic() < deadline:
+            lease = self.lease()
+            annotations = (lease.metadata.annotations or {}) if lease is not None else {}
+            wanted = annotations.get(naming.ANNOTATION_TRAIN_STEP)
+            if wanted is None or str(self.status().get("trainStep")) == wanted:
+                return
             time.sleep(interval)
 
     # ------------------------------------------------------------------ summary

@@ -1,0 +1,136 @@
+"""End-to-end runs: the local cluster, the operator, and the real runtime in its pods.
+
+Each test starts its own :class:`~rolloutrun_operator.embedded.EmbeddedRun` (a cluster
+costs well under a second) with a tiny run, so a disruption in one test never leaks into
+another. Waits are polls with generous bounds that only catch hangs; nothing is timed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolloutrun_operator.embedded import EmbeddedRun, condition_of
+from rolloutrun_operator.localcluster.testing import eventually
+
+#: A run that trains in seconds on 2 cores: 24 steps, snapshots every second, a trainer
+#: checkpoint every 4 steps (so snapshots replay trained groups), short grace and lease.
+TINY: dict[str, Any] = {
+    "apiVersion": "rolloutrun.dev/v1alpha1",
+    "kind": "RolloutRun",
+    "metadata": {"name": "tiny"},
+    "spec": {
+        "storage": {"uri": "file:///replaced/by/the/embedded/run"},
+        "gym": {"replicas": 2, "terminationGracePeriodSeconds": 5},
+        "trainer": {"terminationGracePeriodSeconds": 20},
+        "recovery": {
+            "maxRestarts": 3,
+            "backoffSeconds": 0,
+            "leaseDurationSeconds": 4,
+            "nodeLossTimeoutSeconds": 2,
+        },
+        "run": {
+            "seed": 3,
+            "policy": {"dModel": 32, "nLayers": 1, "nHeads": 2, "maxSeqLen": 32},
+            "task": {"name": "arithmetic", "datasetSize": 256, "maxOperand": 9, "maxNewTokens": 4},
+            "grpo": {
+                "groupSize": 4,
+                "promptsPerStep": 4,
+                "maxSteps": 24,
+                "learningRate": 0.01,
+                "maxStaleness": 1,
+            },
+            "checkpointing": {
+                "savePeriod": 4,
+                "snapshotIntervalSeconds": 1,
+                "targetLevel": "sibling",
+                "preemptionGraceSeconds": 10,
+            },
+            "workers": {"backend": "inprocess"},
+        },
+    },
+}
+
+#: Bound on a whole run (start, disruption, recovery, finish): only catches a hang.
+RUN_BOUND_S = 240.0
+
+
+def tiny(**spec: Any) -> dict[str, Any]:
+    """TINY with ``spec`` sections merged one level deep."""
+    document = copy.deepcopy(TINY)
+    for key, value in spec.items():
+        section = document["spec"].setdefault(key, {})
+        section.update(value)
+    return document
+
+
+@pytest.fixture
+def start_run(tmp_path: Path) -> Iterator[Callable[..., EmbeddedRun]]:
+    started: list[EmbeddedRun] = []
+
+    def start(document: dict[str, Any] | None = None, **options: Any) -> EmbeddedRun:
+        run = EmbeddedRun(document or tiny(), tmp_path / f"run{len(started)}", **options)
+        started.append(run)
+        return run.start()
+
+    yield start
+    for run in started:
+        run.stop()
+
+
+def wait_for_snapshot(run: EmbeddedRun, at_least_step: int = 1) -> dict[str, Any]:
+    """The status once the operator mirrors a published manifest past ``at_least_step``."""
+
+    def published() -> dict[str, Any] | None:
+        status = run.status()
+        if status.get("latestManifestUri") and int(status.get("trainStep") or 0) >= at_least_step:
+            return status
+        return None
+
+    return eventually(published, timeout=RUN_BOUND_S, interval=0.2, what="a published snapshot")
+
+
+def finish(run: EmbeddedRun) -> dict[str, Any]:
+    """Follow the run to its end and return the summary (with the audit)."""
+    result, preempted = run.follow(timeout=RUN_BOUND_S, interval=0.2)
+    return run.summary(result, preempted)
+
+
+def run_starts(run: EmbeddedRun) -> list[dict[str, Any]]:
+    """The trace's ``run_started`` events: one per trainer incarnation that got going."""
+    trace = run.log_dir / "rollout_trace.jsonl"
+    events = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    return [event for event in events if event.get("event") == "run_started"]
+
+
+def assert_recovered_cleanly(run: EmbeddedRun, summary: dict[str, Any]) -> None:
+    """Succeeded at maxSteps, a later incarnation resumed from a manifest, audit clean."""
+    max_steps = TINY["spec"]["run"]["grpo"]["maxSteps"]
+    assert summary["result"] == "Succeeded", summary
+    assert summary["steps"] == max_steps
+    assert summary["incarnations"] >= 2
+    assert summary["final_weights_sha256"]
+    starts = run_starts(run)
+    assert len(starts) >= 2
+    assert starts[0]["snapshot_id"] is None
+    assert any(start["snapshot_id"] is not None for start in starts[1:]), starts
+    status = run.status()
+    assert condition_of(status, "Succeeded")["status"] == "True"
+    assert summary["audit"].get("ok") is True, summary["audit"]
+    assert summary["audit_holds"]
+
+
+def kill_pod_processes(run: EmbeddedRun, pod: str, signum: signal.Signals) -> set[int]:
+    import os
+
+    pids = run.pod_pids(pod)
+    assert pids, f"{pod} has no live process"
+    for pid in pids:
+        os.kill(pid, signum)
+    return pids

@@ -1,0 +1,136 @@
+"""A RolloutRun's whole life on the local cluster with the real trainer and Gym pods.
+
+Create → pods run → Succeeded; then, one disruption per test, the ways a member is lost
+(trainer pod deleted, Gym pod deleted, trainer frozen until its lease expires, SIGTERM
+preemption, node loss): each time the next incarnation resumes from the latest snapshot
+manifest and the run still ends Succeeded at maxSteps with the audit clean (no prompt lost
+or trained twice, no side effect applied twice).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+
+from tests.e2e.conftest import (
+    RUN_BOUND_S,
+    TINY,
+    assert_recovered_cleanly,
+    finish,
+    kill_pod_processes,
+    run_starts,
+    tiny,
+    wait_for_snapshot,
+)
+
+from rolloutrun_operator.localcluster.testing import eventually
+
+MAX_STEPS = TINY["spec"]["run"]["grpo"]["maxSteps"]
+
+
+def test_a_run_is_created_runs_in_pods_and_succeeds_with_a_clean_audit(start_run):
+    run = start_run()
+    # While it trains, the trainer holds its Lease as <pod>/<incarnation>.
+    eventually(
+        lambda: run.lease_holder() == "tiny-i1-trainer/1",
+        timeout=RUN_BOUND_S,
+        what="the trainer holding its lease",
+    )
+    pods = run.pods()
+    assert {"tiny-i1-trainer", "tiny-i1-gym-0", "tiny-i1-gym-1"} <= set(pods)
+    assert pods["tiny-i1-trainer"].status.pod_ip != "127.0.0.1"  # pods have their own IPs
+
+    summary = finish(run)
+    assert summary["result"] == "Succeeded", summary
+    assert summary["steps"] == MAX_STEPS
+    assert summary["incarnations"] == 1
+    assert summary["restarts"] == 0 and summary["preemptions"] == 0
+    assert summary["final_weights_sha256"]
+    # The trainer recorded its progress on the Lease; the operator mirrors it into status.
+    lease = run.lease()
+    assert lease.spec.holder_identity is None  # released on a clean exit
+    annotations = lease.metadata.annotations
+    assert annotations["rolloutrun.dev/train-step"] == str(MAX_STEPS)
+    assert annotations["rolloutrun.dev/anchor-step"] == str(MAX_STEPS)
+    assert annotations["rolloutrun.dev/latest-manifest"].endswith("MANIFEST.json")
+    final = run.status()
+    assert int(final["trainStep"]) == MAX_STEPS
+    assert int(final["anchorStep"]) == MAX_STEPS
+    assert final["latestManifestUri"] == annotations["rolloutrun.dev/latest-manifest"]
+    assert final["latestManifestUri"].startswith(f"file://{run.storage_dir}/")
+    steps = [json.loads(line)["step"] for line in (run.log_dir / "metrics.jsonl").open()]
+    assert steps == list(range(1, MAX_STEPS + 1))
+    # The trainer pod stays (for its logs) and succeeded; the Gym pods are removed.
+    eventually(lambda: set(run.pods()) == {"tiny-i1-trainer"}, what="the Gym pods removed")
+    assert run.pods()["tiny-i1-trainer"].status.phase == "Succeeded"
+    assert summary["audit"]["side_effects"]["applied"] > 0  # the Gym pods' audit files
+    assert summary["audit"].get("ok") is True, summary["audit"]
+
+
+def test_a_deleted_trainer_pod_is_replaced_and_the_run_resumes(start_run):
+    run = start_run()
+    wait_for_snapshot(run)
+    run.delete_pod("tiny-i1-trainer")
+    summary = finish(run)
+    assert_recovered_cleanly(run, summary)
+    last = run.status()["lastFailure"]
+    assert last["reason"] == "PodDeleted" and last["pod"] == "tiny-i1-trainer"
+    assert summary["preemptions"] >= 1 and summary["restarts"] == 0
+
+
+def test_a_deleted_gym_pod_ends_the_incarnation_and_the_run_resumes(start_run):
+    run = start_run()
+    wait_for_snapshot(run)
+    run.delete_pod("tiny-i1-gym-1")
+    summary = finish(run)
+    assert_recovered_cleanly(run, summary)
+    last = run.status()["lastFailure"]
+    assert last["reason"] == "PodDeleted" and last["pod"] == "tiny-i1-gym-1"
+
+
+def test_a_frozen_trainer_loses_its_lease_and_is_replaced(start_run):
+    run = start_run()
+    wait_for_snapshot(run)
+    kill_pod_processes(run, "tiny-i1-trainer", signal.SIGSTOP)  # hung: no renewals
+    eventually(
+        lambda: run.status().get("incarnation") == 2, timeout=120, what="incarnation 2 started"
+    )
+    last = run.status()["lastFailure"]
+    assert last["reason"] == "LeaseExpired" and last["pod"] == "tiny-i1-trainer"
+    summary = finish(run)
+    assert_recovered_cleanly(run, summary)
+    assert summary["restarts"] == 1  # a hung trainer is a failure, not a preemption
+
+
+def test_sigterm_publishes_a_forced_snapshot_that_the_next_incarnation_resumes(start_run):
+    run = start_run()
+    wait_for_snapshot(run)
+    kill_pod_processes(run, "tiny-i1-trainer", signal.SIGTERM)  # a preemption notice
+    eventually(
+        lambda: run.status().get("incarnation") == 2, timeout=120, what="incarnation 2 started"
+    )
+    summary = finish(run)
+    assert_recovered_cleanly(run, summary)
+    snapshots = [
+        json.loads(line) for line in (run.log_dir / "snapshots.jsonl").read_text().splitlines()
+    ]
+    forced = [s for s in snapshots if s.get("reason") == "preemption"]
+    assert [s["rollout/checkpoint_outcome"] for s in forced] == ["published"], snapshots
+    second = run_starts(run)[1]
+    assert second["snapshot_id"] is not None
+
+
+def test_node_loss_moves_the_run_to_another_node(start_run):
+    run = start_run(tiny(recovery={"nodeLossTimeoutSeconds": 2}), nodes=2)
+    wait_for_snapshot(run)
+    assert run.cluster is not None
+    node = run.cluster.node_of("default", "tiny-i1-trainer")
+    assert node is not None
+    run.cluster.lose_node("kill", node=node)
+    eventually(
+        lambda: run.status().get("incarnation") == 2, timeout=120, what="incarnation 2 started"
+    )
+    assert run.status()["lastFailure"]["reason"] == "NodeLost"
+    summary = finish(run)
+    assert_recovered_cleanly(run, summary)
+    assert run.cluster.node_of("default", "tiny-i2-trainer") != node
