@@ -670,6 +670,7 @@ class SingleController:
             with self.overhead:
                 self.data_plane.clear("staging", run.staged.values())
                 self._discard_prompt_group(cut, run.group_id, reason)
+                state.pending_drops.append(run.prompt)
                 if self.ledger is not None:
                     self.trace.emit(
                         "group_dropped",
@@ -747,6 +748,7 @@ class SingleController:
                     logger.warning("evicting %d stale groups before step %d", len(stale), step)
                     self.buffer.take([g.group_id for g in stale])
                     for group in stale:
+                        self._rollout_runtime.pending_drops.append(self._prompt_of(group))
                         self.data_plane.clear("train", group.row_keys)
                         self._discard_prompt_group(cut, group.group_id, "stale")
                     self.buffer.release_permit(len(stale))
@@ -830,15 +832,22 @@ class SingleController:
             JournalGroup(
                 group_id=g.group_id,
                 prompt_id=g.prompt_id,
-                epoch=int(self.data_plane.get("train", g.row_keys[0]).get("epoch", 0))
-                if g.row_keys
-                else 0,
+                epoch=self._prompt_of(g).epoch,
                 target_step=g.target_step,
             )
             for g in selected.groups
         )
+        state = self._rollout_runtime
         keep = tuple(selected.groups) if self.manifests is not None else ()
-        self._rollout_runtime.journal.append(TrainedStep(selected.step, groups, keep))
+        dropped, state.pending_drops = tuple(state.pending_drops), []
+        state.journal.append(TrainedStep(selected.step, groups, keep, dropped))
+
+    def _prompt_of(self, group: ReplayGroup) -> PromptRef:
+        """A finalized group's prompt (its epoch is on its train rows)."""
+        epoch = 0
+        if group.row_keys:
+            epoch = int(self.data_plane.get("train", group.row_keys[0]).get("epoch", 0))
+        return PromptRef(group.prompt_id, epoch)
 
     def _retrain(self, entry: TrainedStep) -> None:
         """Retrain a journaled step from its kept rows (resume from an older anchor)."""

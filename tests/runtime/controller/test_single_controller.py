@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import RestoreError
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import (
     TRACE_FILE,
     batch_age_by_step,
@@ -155,7 +156,8 @@ async def test_trainer_checkpoints_retention_and_resume(tmp_path, gym_endpoints)
         tiny_config(
             tmp_path,
             grpo={"maxSteps": 7, "maxStaleness": 1},
-            checkpointing={"savePeriod": 2, "keepLatest": 2},
+            # trainer checkpoints alone (snapshots would be preferred at equal steps)
+            checkpointing={"savePeriod": 2, "keepLatest": 2, "snapshotIntervalSeconds": 0},
         )
     )
     trained: list[int] = []
@@ -187,7 +189,7 @@ async def test_trainer_checkpoints_retention_and_resume(tmp_path, gym_endpoints)
     second = await _run(cfg)
     assert second.resumed_from is not None and second.resumed_from.endswith("step_4")
     assert [r["step"] for r in second.history] == [5, 6, 7]
-    assert checkpointer.committed_steps() == [4, 6]
+    assert checkpointer.committed_steps() == [6, 7]  # the run ends with a checkpoint
     step5 = second.history[0]
     assert step5["replacements"] or pending == set(step5["prompt_ids"]), (
         "an in-flight prompt was lost"
@@ -216,12 +218,16 @@ async def test_deferred_finalize_publishes_at_the_next_step_boundary(tmp_path, g
     result = await _run(cfg)
     assert result.steps == 3
     checkpointer = TrainerCheckpointer(open_storage(cfg.resolved_storage_uri()), keep_latest=3)
-    assert checkpointer.committed_steps() == [2]
+    assert checkpointer.committed_steps() == [2, 3]  # step 2 deferred, then the final one
 
 
 async def test_a_corrupt_ledger_sidecar_refuses_the_resume(tmp_path, gym_endpoints):
     cfg = await gym_endpoints(
-        tiny_config(tmp_path, grpo={"maxSteps": 2}, checkpointing={"savePeriod": 2})
+        tiny_config(
+            tmp_path,
+            grpo={"maxSteps": 2},
+            checkpointing={"savePeriod": 2, "snapshotIntervalSeconds": 0},
+        )
     )
     await _run(cfg)
     storage = open_storage(cfg.resolved_storage_uri())
@@ -230,5 +236,6 @@ async def test_a_corrupt_ledger_sidecar_refuses_the_resume(tmp_path, gym_endpoin
     data[-2] ^= 1
     storage.write_bytes(key, bytes(data))
     longer = cfg.model_copy(update={"grpo": cfg.grpo.model_copy(update={"max_steps": 3})})
-    with pytest.raises(LedgerSidecarError, match="sha256"):
+    with pytest.raises(RestoreError, match="sha256") as refused:
         await _run(longer)
+    assert isinstance(refused.value.__cause__, LedgerSidecarError)

@@ -172,13 +172,15 @@ def final_journal(cfg: RunConfig) -> dict[str, Any]:
 
 
 def assert_each_step_once_no_prompt_twice(journal: dict[str, Any], max_steps: int) -> None:
-    """The journal lists steps 1..max once each and never trains one prompt twice."""
+    """The journal lists steps 1..max once each and never trains (or drops) a prompt twice."""
     assert journal["schema"] == 1
     assert [s["step"] for s in journal["steps"]] == list(range(1, max_steps + 1))
     for entry in journal["steps"]:
         assert entry["weight_version_before"] == entry["step"] - 1
     prompts = Counter(
-        (g["epoch"], g["prompt_id"]) for entry in journal["steps"] for g in entry["groups"]
+        (g["epoch"], g["prompt_id"])
+        for entry in journal["steps"]
+        for g in [*entry["groups"], *entry["dropped"]]
     )
     assert prompts and max(prompts.values()) == 1, prompts.most_common(3)
     groups = Counter(g["group_id"] for entry in journal["steps"] for g in entry["groups"])

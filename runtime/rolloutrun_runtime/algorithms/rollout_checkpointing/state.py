@@ -88,12 +88,19 @@ class TrainedStep:
     step: int
     groups: tuple[JournalGroup, ...]
     row_groups: tuple[ReplayGroup, ...] = ()
+    dropped: tuple[PromptRef, ...] = ()
+    """Prompts given up (no learning signal, attempts exhausted, stale) since the previous
+    step: drawn, never trained, and not lost."""
 
-    def journal_json(self) -> dict[str, Any]:
+    def journal_json(self, extra_dropped: tuple[PromptRef, ...] = ()) -> dict[str, Any]:
         return {
             "step": self.step,
             "weight_version_before": self.step - 1,
             "groups": [g.to_json() for g in self.groups],
+            "dropped": [
+                {"prompt_id": p.prompt_id, "epoch": p.epoch}
+                for p in (*self.dropped, *extra_dropped)
+            ],
         }
 
 
@@ -147,6 +154,8 @@ class RolloutRuntimeState:
     trainer checkpoint is never taken inside a step."""
     journal: list[TrainedStep] = field(default_factory=list)
     """Every committed step since step 1 (cumulative): the training journal."""
+    pending_drops: list[PromptRef] = field(default_factory=list)
+    """Prompts given up since the last committed step (the next journal entry lists them)."""
     replay_after: int = 0
     """Steps after this one keep their ``train`` rows (``TrainedStep.row_groups``) until a
     trainer checkpoint covering them is durable; it is the newest durable step."""
@@ -187,7 +196,9 @@ class RolloutRuntimeState:
             for key in group.row_keys
         ]
         self.journal = [
-            entry if entry.step > durable_step else TrainedStep(entry.step, entry.groups)
+            entry
+            if entry.step > durable_step
+            else TrainedStep(entry.step, entry.groups, (), entry.dropped)
             for entry in self.journal
         ]
         self.replay_after = durable_step
@@ -195,10 +206,12 @@ class RolloutRuntimeState:
 
     def journal_json(self) -> dict[str, Any]:
         """``training_journal.json``: every committed step once, in order."""
-        return {
-            "schema": TRAINING_JOURNAL_SCHEMA,
-            "steps": [entry.journal_json() for entry in self.journal],
-        }
+        steps = [entry.journal_json() for entry in self.journal]
+        if self.pending_drops and self.journal:
+            # drops since the last commit: listed under it here, under the next step once
+            # that one commits (each checkpoint's journal lists every drop exactly once)
+            steps[-1] = self.journal[-1].journal_json(tuple(self.pending_drops))
+        return {"schema": TRAINING_JOURNAL_SCHEMA, "steps": steps}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -207,6 +220,7 @@ class RolloutRuntimeState:
                 {**entry.journal_json(), "row_groups": [g.to_json() for g in entry.row_groups]}
                 for entry in self.journal
             ],
+            "pending_drops": [p.to_json() for p in self.pending_drops],
             "replay_after": self.replay_after,
             "spare_prompts": [p.to_json() for p in self.spare_prompts],
             "batch_shortfall": {str(k): v for k, v in sorted(self.batch_shortfall.items())},
@@ -227,6 +241,10 @@ class RolloutRuntimeState:
                 step=int(entry["step"]),
                 groups=tuple(JournalGroup.from_json(g) for g in entry["groups"]),
                 row_groups=tuple(ReplayGroup.from_json(g) for g in entry.get("row_groups", [])),
+                dropped=tuple(
+                    PromptRef(int(d["prompt_id"]), int(d.get("epoch", 0)))
+                    for d in entry.get("dropped", [])
+                ),
             )
             for entry in data.get("journal", [])
         ]
@@ -241,6 +259,10 @@ class RolloutRuntimeState:
             sampler_stamps_target_steps=bool(data["sampler_stamps_target_steps"]),
             finalizer_results={r.group_id: r for r in results},
             journal=journal,
+            pending_drops=[
+                PromptRef.from_json(p, f"pending_drops[{i}]")
+                for i, p in enumerate(data.get("pending_drops", []))
+            ],
             replay_after=int(data.get("replay_after", 0)),
         )
 
