@@ -289,6 +289,7 @@ class ChaosResult:
     wall_s: float
     site: str | None
     seed: int
+    launched_at: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -310,6 +311,7 @@ class ChaosResult:
             "thrown_away_s": [round(k.thrown_away_s, 6) for k in self.kills],
             "rollout_work_lost_s": [round(k.rollout_work_lost_s, 6) for k in self.kills],
             "kill_details": [dataclasses.asdict(k) for k in self.kills],
+            "incarnations_launched_at": self.launched_at,
             "wall_s": round(self.wall_s, 3),
         }
 
@@ -362,6 +364,7 @@ def run_chaos(
     gyms = []
     done_kills: list[Kill] = []
     exit_codes: list[int] = []
+    launched_at: list[float] = []
     metrics = log_dir / METRICS_FILE
     try:
         saved_token = os.environ.get(ENV_GYM_CONTROL_TOKEN)
@@ -394,6 +397,7 @@ def run_chaos(
                 proc_env[ENV_VAR] = f"{kill_site}:{hit}"
                 how = "site"
             launched = time.monotonic()
+            launched_at.append(time.time())
             process, log = _start_trainer(run_config, log_dir, incarnation, proc_env)
             deadline = launched + incarnation_timeout_s
             try:
@@ -458,6 +462,7 @@ def run_chaos(
         wall_s=time.monotonic() - started,
         site=site,
         seed=seed,
+        launched_at=launched_at,
     )
 
 
