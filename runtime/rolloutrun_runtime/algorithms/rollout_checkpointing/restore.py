@@ -39,6 +39,8 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     Candidate,
     ManifestError,
     ManifestStore,
+    fingerprint_of,
+    rollout_config_view,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     CONTROLLER_STATE_FILE,
@@ -271,8 +273,13 @@ class RolloutRestorer:
     def _from_trainer_checkpoint(self, step: int) -> RestoredRolloutState:
         assert self._checkpointer is not None
         loaded = self._checkpointer.load(step, extra_names=ROLLOUT_FILES)
-        if loaded.trainer_state.get("config_fingerprint") != self._config.fingerprint():
-            logger.warning("resuming %s with a different config fingerprint", loaded.uri)
+        saved = loaded.trainer_state.get("config_fingerprint")
+        if saved != fingerprint_of(rollout_config_view(self._config)):
+            logger.warning(
+                "resuming %s with a different rollout-relevant config (fingerprint %s)",
+                loaded.uri,
+                str(saved)[:12],
+            )
         return self._assemble(
             loaded.files,
             source=ResumeSource(path=loaded.uri, is_rollout_snapshot=False, step=step),

@@ -43,6 +43,8 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     Anchor,
     ManifestError,
     ManifestStore,
+    fingerprint_of,
+    rollout_config_view,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     CONTROLLER_STATE_FILE,
@@ -71,6 +73,10 @@ logger = logging.getLogger(__name__)
 
 #: Seconds an environment phase may take in a periodic snapshot.
 ENV_PHASE_TIMEOUT_S = 20.0
+#: Commits tried per attempt (a commit can race an episode's end: its result not sealed).
+ENV_COMMIT_TRIES = 4
+#: Seconds between those tries.
+ENV_RETRY_PAUSE_S = 0.05
 
 
 class SnapshotError(RuntimeError):
@@ -199,7 +205,8 @@ class RolloutSnapshotter:
             "sampler": parts.sampler.state_dict(),
             "replay": replay_json,
             "mutation_version": parts.barrier.mutation_version,
-            "config_fingerprint": parts.config.fingerprint(),
+            # the rollout-relevant view: Gym endpoints and other operational keys may change
+            "config_fingerprint": fingerprint_of(rollout_config_view(parts.config)),
         }
         dp_metadata: dict[str, Any] = {"replay": replay_json}
         sidecar_bytes = None
@@ -328,16 +335,31 @@ class RolloutSnapshotter:
         env_started = time.monotonic()
         if environment.holds_rollout_state:
             deadline = time.time() + ENV_PHASE_TIMEOUT_S
+            error: EnvironmentCheckpointError | None = None
             # Episodes dispatched from here on wait at the closed door with no state yet:
-            # export only those already out (a restore restarts the others from turn 0).
+            # export only those already out (a restore restarts others from turn 0).
             out = dispatched_episodes(parts.ledger)
-            logger.debug("snapshot %s: %d episodes out before prepare", checkpoint_id, len(out))
+            logger.debug("snapshot %s: %d episodes out", checkpoint_id, len(out))
             try:
                 crash_point("during_gym_prepare")
                 await environment.prepare(checkpoint_id, deadline)
-                crash_point("during_gym_commit")
-                env_snapshot = await environment.commit(checkpoint_id, deadline, out)
-            except EnvironmentCheckpointError as error:
+                for commit_try in range(ENV_COMMIT_TRIES):
+                    if commit_try:
+                        # An episode that finished as prepare parked the others is not
+                        # parked, and its result may not be sealed yet: let it land, then
+                        # ask again for the ones still out.
+                        await asyncio.sleep(ENV_RETRY_PAUSE_S)
+                        still_out = set(dispatched_episodes(parts.ledger))
+                        out = [episode for episode in out if episode in still_out]
+                    try:
+                        crash_point("during_gym_commit")
+                        env_snapshot = await environment.commit(checkpoint_id, deadline, out)
+                        break
+                    except EnvironmentCheckpointError as failed:
+                        error = failed
+            except EnvironmentCheckpointError as failed:
+                error = failed
+            if env_snapshot is None:
                 await self._resume_environment(checkpoint_id)
                 return SnapshotOutcome.DISCARDED_ENV, {"error": str(error)}
             if parts.read_progress().optimizer_commit_in_progress:
