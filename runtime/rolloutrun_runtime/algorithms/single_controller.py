@@ -101,9 +101,6 @@ from rolloutrun_runtime.workers import PolicyWorkers
 
 logger = logging.getLogger(__name__)
 
-#: RunConfig has no ``checkpointing.saveDataPlane`` yet: trainer checkpoints always carry the
-#: data plane, the replay view and the ledger, so a resume loses no admitted prompt.
-SAVE_DATA_PLANE = True
 #: Most dropped groups of one step that are replaced from the spare pool, per prompt.
 REPLACEMENTS_PER_PROMPT = 1
 #: Rows per forward pass in a train step (larger steps are split, the loss normalized once).
