@@ -440,6 +440,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="cluster, storage and logs (default: .rolloutrun/<name>-<UTC time>)",
     )
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="override spec.run.grpo.maxSteps"
+    )
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up after SECONDS")
     parser.add_argument("--seed", type=int, default=None, help="seed the choice of victims")
     parser.add_argument("--verbose", action="store_true", help="log the operator's records")
@@ -501,6 +504,9 @@ def main(args: argparse.Namespace) -> int:
     except EmbeddedRunError as error:
         print(f"rolloutrun run: {error}", file=sys.stderr)
         return 2
+    if args.max_steps is not None:
+        run_spec = document.setdefault("spec", {}).setdefault("run", {})
+        run_spec.setdefault("grpo", {})["maxSteps"] = args.max_steps
     name = document["metadata"]["name"]
     work_dir = Path(args.work_dir) if args.work_dir else default_work_dir(name)
     print(f"rolloutrun run: {name} in {work_dir} (local cluster, operator, pods)", flush=True)
