@@ -58,14 +58,24 @@ from rolloutrun_runtime.storage import open_storage  # noqa: E402
 GROUP_SIZE = 4
 TOKENS = 24
 
+#: A multi-turn run whose steps take about a second (4 turns of 100 ms environment time),
+#: so ``savePeriod: 10`` spans ten seconds or more and snapshots (every second, the shortest
+#: interval) fall between trainer checkpoints as they do in real runs.
 TINY: dict[str, Any] = {
     "seed": 3,
-    "policy": {"dModel": 32, "nLayers": 1, "nHeads": 2, "maxSeqLen": 32},
-    "task": {"name": "arithmetic", "datasetSize": 64, "maxOperand": 9, "maxNewTokens": 4},
+    "policy": {"dModel": 32, "nLayers": 1, "nHeads": 2, "maxSeqLen": 64},
+    "task": {
+        "name": "reach_target",
+        "datasetSize": 64,
+        "maxOperand": 9,
+        "maxTurns": 4,
+        "maxNewTokens": 3,
+        "turnDelayMs": 100,
+    },
     "grpo": {
         "groupSize": 4,
         "promptsPerStep": 4,
-        "maxSteps": 30,
+        "maxSteps": 40,
         "learningRate": 0.003,
         "maxStaleness": 1,
         "dropZeroVarianceGroups": False,
@@ -74,7 +84,7 @@ TINY: dict[str, Any] = {
     "checkpointing": {
         "savePeriod": 10,
         "snapshotIntervalSeconds": 1,
-        "targetLevel": "sibling",
+        "targetLevel": "turn",
         "deterministic": True,
     },
     "gym": {"replicas": 1},
@@ -123,6 +133,7 @@ async def _filled_controller(groups: int, root: Path) -> SingleController:
     data["logDir"] = str(root)
     data["rollout"]["replayCapacity"] = max(groups, 16)
     data["checkpointing"]["snapshotIntervalSeconds"] = 0
+    data["checkpointing"]["targetLevel"] = "sibling"  # no environment phase: the pump's share
     cfg = RunConfig.model_validate(data)
     model = build_model(cfg.policy, TOKENIZER.vocab_size, cfg.seed)
     storage = open_storage("file://" + str(root / "checkpoints"))
@@ -205,9 +216,11 @@ async def _pause_samples(groups: int, repeats: int) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- runs
-def _config(path: Path, **checkpointing: Any) -> Path:
+def _config(path: Path, max_steps: int | None = None, **checkpointing: Any) -> Path:
     data = json.loads(json.dumps(TINY))
     data["checkpointing"].update(checkpointing)
+    if max_steps is not None:
+        data["grpo"]["maxSteps"] = max_steps
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -227,7 +240,7 @@ def _throughput(root: Path, repeats: int) -> dict[str, Any]:
     for repeat in range(repeats):
         for name, interval in (("snapshots_every_1s", 1), ("snapshots_off", 0)):
             run_dir = root / f"throughput-{name}-{repeat}"
-            config = _config(root / f"{name}.yaml", snapshotIntervalSeconds=interval)
+            config = _config(root / f"{name}.yaml", 20, snapshotIntervalSeconds=interval)
             command = [sys.executable, "-m", "rolloutrun_runtime.cli", "train", str(config)]
             subprocess.run(
                 [*command, "--log-dir", str(run_dir), "--quiet"],
@@ -245,25 +258,32 @@ def _throughput(root: Path, repeats: int) -> dict[str, Any]:
     }
 
 
-def _resume_times(log_dir: Path, kills: list[dict[str, Any]]) -> dict[str, Any]:
+def _resume_times(log_dir: Path, launched_at: list[float]) -> dict[str, Any]:
+    """Per resumed incarnation: run_started -> first dispatch, and process launch -> it."""
     events = sorted(read_events(log_dir / TRACE_FILE), key=lambda e: e["t"])
     by_run: dict[str, list[dict[str, Any]]] = {}
     for event in events:
         by_run.setdefault(event["run_id"], []).append(event)
     from_start: list[float] = []
+    from_launch: list[float] = []
     for run_events in by_run.values():
         started = next((e for e in run_events if e["event"] == "run_started"), None)
         if started is None or not started.get("resumed_from"):
             continue
         first = next((e for e in run_events if e["event"] == "attempt_dispatched"), None)
-        if first is not None:
-            from_start.append(first["t"] - started["t"])
+        if first is None:
+            continue
+        from_start.append(first["t"] - started["t"])
+        launch = max((t for t in launched_at if t <= started["t"]), default=None)
+        if launch is not None:
+            from_launch.append(first["t"] - launch)
     return {
         "run_started_to_first_dispatch_s": [round(v, 3) for v in from_start],
+        "launch_to_first_dispatch_s": [round(v, 3) for v in from_launch],
         "max_s": round(max(from_start), 3) if from_start else None,
-        "goal": "<= 5 s",
+        "max_from_launch_s": round(max(from_launch), 3) if from_launch else None,
+        "goal": "<= 5 s (run_started, i.e. after interpreter and torch start-up)",
         "met": bool(from_start) and max(from_start) <= 5.0,
-        "incarnation_s_at_kill": [round(k["incarnation_s"], 3) for k in kills],
     }
 
 
@@ -281,7 +301,7 @@ def _thrown_away(root: Path, kills: int, seed: int) -> dict[str, Any]:
             "mean_lost_s_per_kill": round(statistics.fmean(lost), 3) if lost else None,
             "thrown_away_s": data["thrown_away_s"],
             "restored_from": [k["restored_from"] for k in data["kill_details"]],
-            "resume": _resume_times(root / f"chaos-{name}", data["kill_details"]),
+            "resume": _resume_times(root / f"chaos-{name}", data["incarnations_launched_at"]),
         }
     snap = out["snapshots"]["mean_lost_s_per_kill"]
     base = out["trainer_checkpoints_only"]["mean_lost_s_per_kill"]
@@ -300,7 +320,10 @@ def main() -> int:
     args = parser.parse_args()
     started = time.monotonic()
     sizes = (100, 1000) if args.quick else (100, 1000, 10_000)
-    pause = [asyncio.run(_pause_samples(n, 10 if n >= 10_000 or args.quick else 30)) for n in sizes]
+    pause = [
+        asyncio.run(_pause_samples(n, 5 if n >= 10_000 else 10 if args.quick else 30))
+        for n in sizes
+    ]
     at_1000 = next(p for p in pause if p["groups"] == 1000)
     report: dict[str, Any] = {
         "pause": {
