@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -109,15 +110,35 @@ def incarnation(run: EmbeddedRun) -> int:
     return int(run.status().get("incarnation") or 0)
 
 
+#: Every distinct ``status.lastFailure`` seen: (time, reason, pod).
+FAILURES: set[tuple[str, str, str]] = set()
+
+
+def note_failure(run: EmbeddedRun) -> None:
+    last = run.status().get("lastFailure") or {}
+    if last:
+        FAILURES.add((last.get("time", ""), last.get("reason", ""), last.get("pod", "")))
+
+
 def settled(run: EmbeddedRun) -> int:
-    """Wait until the current incarnation's trainer holds its lease; return the incarnation."""
+    """Wait until the current incarnation's trainer trains: it holds its lease, its pod runs,
+    and its train-step annotation moved twice (a trainer that crashed at resume still holds
+    an unexpired lease for a while); return the incarnation."""
+    seen: dict[int, set[str]] = {}
 
-    def holding() -> int | None:
+    def training() -> int | None:
+        note_failure(run)
         n = incarnation(run)
-        holder = run.lease_holder() or ""
-        return n if n and holder.endswith(f"/{n}") else None
+        lease = run.lease()
+        if not n or lease is None or not (lease.spec.holder_identity or "").endswith(f"/{n}"):
+            return None
+        step = (lease.metadata.annotations or {}).get("rolloutrun.dev/train-step", "")
+        seen.setdefault(n, set()).add(step)
+        pod = run.pods().get(f"bench-i{n}-trainer")
+        running = pod is not None and pod.status.phase == "Running"
+        return n if running and len(seen[n]) >= 3 else None
 
-    return int(wait(holding, "the trainer holding its lease"))
+    return int(wait(training, "the trainer training"))
 
 
 def forced_snapshot_time(run: EmbeddedRun, after: float) -> float | None:
@@ -156,7 +177,7 @@ def recovery(work: Path, losses: int, freezes: int) -> dict[str, Any]:
             replaced_all.append(time.monotonic() - t0)
             if victim == "trainer":
                 published = wait(
-                    lambda w=wall0: forced_snapshot_time(run, w) or time.time() - w > 30,
+                    lambda w=wall0: forced_snapshot_time(run, w) or time.time() - w > 60,
                     "the forced snapshot",
                 )
                 if published is True:
@@ -183,6 +204,7 @@ def recovery(work: Path, losses: int, freezes: int) -> dict[str, Any]:
                     os.kill(pid, signal.SIGCONT)  # it finds its lease lost and stops
                 except ProcessLookupError:
                     pass
+        note_failure(run)
         status = run.status()
     return {
         "pod_lost_to_replacement_s": {
@@ -205,6 +227,7 @@ def recovery(work: Path, losses: int, freezes: int) -> dict[str, Any]:
             and not sigterm_missed
             and quantiles(sigterm)["p99"] <= 10.0,
         },
+        "losses_by_reason": dict(Counter(reason for _, reason, _ in sorted(FAILURES))),
         "incarnations": int(status.get("incarnation") or 0),
         "restarts": int(status.get("restarts") or 0),
         "preemptions": int(status.get("preemptions") or 0),

@@ -531,6 +531,7 @@ def main(args: argparse.Namespace) -> int:
     text = json.dumps(summary, indent=2, sort_keys=True)
     (work_dir / SUMMARY_FILE).write_text(text + "\n")
     if args.summary:
+        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
         Path(args.summary).write_text(text + "\n")
     print(_summary_line(summary), flush=True)
     return 0 if summary["succeeded"] and summary["audit_holds"] else 1
