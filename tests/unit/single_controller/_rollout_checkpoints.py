@@ -150,17 +150,27 @@ async def run_until_stopped(controller: SingleController, stop: asyncio.Event) -
     await asyncio.gather(task, stopper, return_exceptions=True)
 
 
-def snapshot_after_steps(
-    controller_ref: list[SingleController], steps: set[int], tasks: list[asyncio.Task[Any]]
-) -> Callable[[dict[str, Any]], None]:
-    """An ``on_step`` that starts a forced snapshot attempt after each listed step."""
+def snapshot_after_commits(
+    controller: SingleController,
+    steps: set[int],
+    outcomes: list[Any],
+    stop: frozenset[int] | set[int] = frozenset(),
+) -> asyncio.Event:
+    """Right after each listed step commits (inside the train pump, so at exactly that
+    step), force a snapshot attempt and record its outcome; returns an event set after a
+    step in ``stop`` commits (for ``run_until_stopped``)."""
+    original = controller._commit_step
+    stopped = asyncio.Event()
 
-    def on_step(record: dict[str, Any]) -> None:
-        if record["step"] in steps:
-            attempt = controller_ref[0].rollout_snapshots.attempt(force=True, reason="test")
-            tasks.append(asyncio.ensure_future(attempt))
+    async def commit_then_snapshot(selected: Any) -> None:
+        await original(selected)
+        if selected.step in steps:
+            outcomes.append(await controller.rollout_snapshots.attempt(force=True, reason="test"))
+        if selected.step in stop:
+            stopped.set()
 
-    return on_step
+    controller._commit_step = commit_then_snapshot  # type: ignore[method-assign]
+    return stopped
 
 
 def final_journal(cfg: RunConfig) -> dict[str, Any]:

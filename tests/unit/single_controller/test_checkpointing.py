@@ -16,7 +16,7 @@ from tests.unit.single_controller._rollout_checkpoints import (
     harness,
     run_to_end,
     run_until_stopped,
-    snapshot_after_steps,
+    snapshot_after_commits,
     tiny_config,
     weights_digest,
 )
@@ -50,26 +50,17 @@ async def test_stop_abruptly_and_resume_from_the_manifest(tmp_path) -> None:
     resume in a new controller, finish; the final journal has every step once."""
     async with harness() as h:
         cfg = await h.start_gyms(tiny_config(tmp_path))
-        ref: list = []
-        attempts: list[asyncio.Task] = []
-        stop = asyncio.Event()
-
-        def on_step(record):
-            snapshot_after_steps(ref, {1, 2}, attempts)(record)
-            if record["step"] == 3:
-                stop.set()
-
-        first = await h.controller(cfg, on_step=on_step)
-        ref.append(first)
+        first = await h.controller(cfg)
+        outcomes: list = []
+        stop = snapshot_after_commits(first, {1, 2}, outcomes, stop={3})
         await run_until_stopped(first, stop)
-        outcomes = [await task for task in attempts]
-        assert SnapshotOutcome.PUBLISHED in outcomes
+        assert outcomes == [SnapshotOutcome.PUBLISHED] * 2
         assert first.checkpointer is not None and first.checkpointer.latest_step() is None
 
         second = await h.controller(cfg)
         restored = await second.restore()
         assert restored is not None and restored.source.is_rollout_snapshot
-        assert restored.anchor_step == 0 and restored.train_step >= 1
+        assert restored.anchor_step == 0 and restored.train_step == 2
         assert [s.step for s in restored.replay_steps] == list(range(1, restored.train_step + 1))
         assert second.trainer_version == restored.train_step
         await run_to_end(second)
@@ -82,12 +73,11 @@ async def test_cadence_is_independent_of_save_period(tmp_path) -> None:
     carrying the steps trained so far; the only trainer checkpoint is the final one."""
     async with harness() as h:
         cfg = await h.start_gyms(tiny_config(tmp_path, checkpointing={"savePeriod": 10}))
-        ref: list = []
-        attempts: list[asyncio.Task] = []
-        controller = await h.controller(cfg, on_step=snapshot_after_steps(ref, {2, 4}, attempts))
-        ref.append(controller)
+        controller = await h.controller(cfg)
+        outcomes: list = []
+        snapshot_after_commits(controller, {2, 4}, outcomes)
         await run_to_end(controller)
-        assert [await t for t in attempts] == [SnapshotOutcome.PUBLISHED] * 2
+        assert outcomes == [SnapshotOutcome.PUBLISHED] * 2
         assert controller.checkpointer is not None
         assert controller.checkpointer.committed_steps() == [cfg.grpo.max_steps]
     store = ManifestStore(open_storage(cfg.resolved_storage_uri()), cfg.name)
@@ -154,13 +144,13 @@ async def test_capture_kinds_and_the_attempts_skips(tmp_path) -> None:
 
 # ---------------------------------------------------------------------------- refusals
 async def _two_snapshots(h, cfg):
-    """A finished 2-step run with snapshots after step 1 and after the end."""
-    ref: list = []
-    attempts: list[asyncio.Task] = []
-    controller = await h.controller(cfg, on_step=snapshot_after_steps(ref, {1}, attempts))
-    ref.append(controller)
+    """A finished 2-step run with snapshots after step 1 (bootstrap anchor) and after the end
+    (anchored to step_2)."""
+    controller = await h.controller(cfg)
+    outcomes: list = []
+    snapshot_after_commits(controller, {1}, outcomes)
     await run_to_end(controller)
-    await asyncio.gather(*attempts)
+    assert outcomes == [SnapshotOutcome.PUBLISHED]
     assert await controller.rollout_snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
     return ManifestStore(open_storage(cfg.resolved_storage_uri()), cfg.name)
 
@@ -218,6 +208,16 @@ async def test_restore_refusals_and_fallbacks(tmp_path, caplog) -> None:
         await restore_fails("schema 99")
         store.storage.delete(f"{snapshot_dir(newest + 2)}/MANIFEST.json")
 
+        # a missing anchor: the newest snapshot (anchored to step_2) is passed over, the older
+        # one (bootstrap anchor, train step 1) ties with step_1 and is preferred
+        marker = store.storage.read_bytes("step_2/COMMITTED")
+        store.storage.delete("step_2/COMMITTED")
+        choice = (await h.controller(cfg)).rollout_restorer.choose()
+        assert any("not durable" in why for _, why in choice.skipped)
+        assert choice.kind is ResumeKind.SNAPSHOT and choice.candidate is not None
+        assert choice.candidate.manifest.train_step == 1
+        store.storage.write_bytes("step_2/COMMITTED", marker)
+
         # a file changed after publication: passed over (logged), the trainer checkpoint wins
         store.storage.write_bytes(f"{snapshot_dir(newest)}/{LEDGER_FILE}", ledger + b" ")
         caplog.clear()
@@ -225,16 +225,6 @@ async def test_restore_refusals_and_fallbacks(tmp_path, caplog) -> None:
         assert any("checksum mismatch" in why for _, why in choice.skipped)
         assert "checksum mismatch" in caplog.text
         assert choice.kind is ResumeKind.TRAINER_CHECKPOINT and choice.trainer_step == 2
-
-        # a missing anchor: the snapshot anchored to it is passed over
-        older = store.committed_ids()[0]
-        anchor = store.load_manifest(older).anchor
-        assert anchor.kind == "step"
-        checkpointer = (await h.controller(cfg)).checkpointer
-        assert checkpointer is not None
-        checkpointer.storage.delete(f"step_{anchor.step}/COMMITTED")
-        choice = (await h.controller(cfg)).rollout_restorer.choose()
-        assert any("not durable" in why for _, why in choice.skipped)
 
         # another run's storage: refused by name, before anything is read
         other = cfg.model_copy(update={"name": "other"})
@@ -297,19 +287,11 @@ async def test_deterministic_resume_is_bit_identical(tmp_path) -> None:
         expected = weights_digest(straight)
 
         cfg = base.model_copy(update={"log_dir": str(tmp_path / "b" / "run")})
-        ref: list = []
-        attempts: list[asyncio.Task] = []
-        stop = asyncio.Event()
-
-        def on_step(record):
-            snapshot_after_steps(ref, {2}, attempts)(record)
-            if record["step"] == 3:
-                stop.set()
-
-        first = await h.controller(cfg, on_step=on_step)
-        ref.append(first)
+        first = await h.controller(cfg)
+        outcomes: list = []
+        stop = snapshot_after_commits(first, {2}, outcomes, stop={3})
         await run_until_stopped(first, stop)
-        assert [await t for t in attempts] == [SnapshotOutcome.PUBLISHED]
+        assert outcomes == [SnapshotOutcome.PUBLISHED]
         second = await h.controller(cfg)
         restored = await second.restore()
         assert restored is not None and restored.train_step == 2
