@@ -86,7 +86,11 @@ class Harness:
         return cfg.model_copy(update={"gym": cfg.gym.model_copy(update={"endpoints": urls})})
 
     async def controller(
-        self, cfg: RunConfig, *, on_step: Callable[[dict[str, Any]], None] | None = None
+        self,
+        cfg: RunConfig,
+        *,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        fence: Callable[[], None] | None = None,
     ) -> SingleController:
         """A fresh incarnation: initial weights from the seed, workers, storage."""
         torch.manual_seed(cfg.seed)
@@ -111,6 +115,7 @@ class Harness:
             pad_id=TOKENIZER.pad_id,
             manifests=ManifestStore(storage, cfg.name),
             environment=environment,
+            fence=fence,
             on_published=self.published.append,
             on_snapshot=self.records.append,
         )

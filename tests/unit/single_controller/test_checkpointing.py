@@ -142,6 +142,34 @@ async def test_capture_kinds_and_the_attempts_skips(tmp_path) -> None:
         ]
 
 
+async def test_a_fence_that_refuses_stops_the_publication_and_the_run(tmp_path) -> None:
+    """The fence hook (the pod's lease) runs before every commit; its error is not retried:
+    no manifest is written and the error reaches the caller unchanged."""
+
+    class LeaseLost(RuntimeError):
+        pass
+
+    held = [True]
+
+    def fence() -> None:
+        if not held[0]:
+            raise LeaseLost("another incarnation holds the lease")
+
+    async with harness() as h:
+        cfg = await h.start_gyms(tiny_config(tmp_path, grpo={"maxSteps": 1}))
+        controller = await h.controller(cfg, fence=fence)
+        await run_to_end(controller)
+        store = ManifestStore(open_storage(cfg.resolved_storage_uri()), cfg.name)
+        assert await controller.rollout_snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
+        committed = store.committed_ids()
+        held[0] = False
+        with pytest.raises(LeaseLost):
+            await controller.rollout_snapshots.attempt(force=True)
+        with pytest.raises(LeaseLost):
+            await controller.trainer_checkpoint(defer=False)
+        assert store.committed_ids() == committed
+
+
 # ---------------------------------------------------------------------------- refusals
 async def _two_snapshots(h, cfg):
     """A finished 2-step run with snapshots after step 1 (bootstrap anchor) and after the end

@@ -43,6 +43,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     Anchor,
     ManifestError,
     ManifestStore,
+    PublicationFencedError,
     fingerprint_of,
     rollout_config_view,
 )
@@ -169,6 +170,7 @@ class RolloutSnapshotter:
         self._on_record = on_record
         self._incarnation = incarnation
         self._last_mutation_version: int | None = None
+        self._fenced: BaseException | None = None
         self._last_train_step: int | None = None
         self._wake = asyncio.Event()
         self.outcomes: list[SnapshotOutcome] = []
@@ -291,9 +293,11 @@ class RolloutSnapshotter:
         async with self._parts.save_lock:
             try:
                 outcome, detail = await self._attempt_locked(force, timings)
-            except asyncio.CancelledError:
-                raise
+            except (asyncio.CancelledError, PublicationFencedError):
+                raise  # a fenced trainer must stop, not retry at the next interval
             except (SnapshotError, ManifestError, StorageError, RuntimeError, OSError) as error:
+                if error is self._fenced:
+                    raise  # the fence's own error (e.g. the lease is lost), unchanged
                 logger.warning("rollout snapshot failed: %s", error, exc_info=True)
                 outcome, detail = SnapshotOutcome.FAILED, {"error": str(error)}
         self._record(outcome, reason, timings, detail)
@@ -440,7 +444,11 @@ class RolloutSnapshotter:
         def fence() -> None:
             crash_point("before_manifest_write")
             if self._fence is not None:
-                self._fence()
+                try:
+                    self._fence()
+                except Exception as error:
+                    self._fenced = error
+                    raise
 
         return self._manifests.publish(
             config=self._parts.config,
