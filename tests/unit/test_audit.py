@@ -373,3 +373,24 @@ def test_a_newer_intact_snapshot_is_audited_a_damaged_one_passed_over(
     else:
         assert report.source.endswith("snapshot_000001") and report.step == 2
         assert report.ok and report.prompts.trained == SIZE
+
+
+def test_side_effect_files_and_storage_in_different_places(
+    tmp_path: Path, config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The cluster layout: Gym audit files under ``<storage>/gym-audit``, ``--storage``."""
+    storage_dir = tmp_path / "storage"
+    _write_run(storage_dir, trained_prompts=_perm(0)[:4], position=4)
+    audit_dir = tmp_path / "gym-audit"
+    audit_dir.mkdir()
+    (storage_dir / "gym-0.audit.jsonl").rename(audit_dir / "gym-0.audit.jsonl")
+    parser = argparse.ArgumentParser()
+    A.register(parser)
+    uri = "file://" + str(storage_dir / "checkpoints")
+    args = parser.parse_args(
+        [str(audit_dir), "--storage", uri, "--config", str(config_file), "--json"]
+    )
+    assert args.handler(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["source"] == uri + "/step_1"
+    assert report["side_effects"]["applied"] == 1
