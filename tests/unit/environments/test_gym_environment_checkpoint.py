@@ -324,8 +324,11 @@ async def test_restore_continues_the_same_replica_episode_under_attempt_plus_one
             break
         await asyncio.sleep(0.01)
     outcome = await client.restore("ck-restore", deadline(), snapshot.to_bytes())
-    await client.resume("ck-restore")
     assert [e.row_key for e in outcome.restored] == ["r0-a1", "r1-a1"] and not outcome.refused
+    # The restore leaves the replica idle: the next snapshot may prepare right away.
+    assert rig.gyms["gym-0"][1].phase is ControlPhase.IDLE
+    await client.prepare("ck-next", deadline())
+    await client.resume("ck-next")
     results = [await rig.run("gym-0", f"r{i}", prompt_id=LONG[i], attempt=1) for i in range(2)]
     assert [status for status, _ in results] == [200, 200]
     for _status, body in results:

@@ -116,7 +116,10 @@ class EnvironmentCheckpoint(Protocol):
     async def restore(
         self, checkpoint_id: str, deadline_ts: float, snapshot_bytes: bytes
     ) -> EpisodeRestoreOutcome:
-        """Install a snapshot's records under attempt + 1 on their owning instances."""
+        """Install a snapshot's records under attempt + 1 on their owning instances.
+
+        The environment is idle again when this returns: the next ``prepare`` may follow.
+        """
         ...
 
     async def retire(self, episodes: Iterable[EnvironmentEpisode]) -> None:

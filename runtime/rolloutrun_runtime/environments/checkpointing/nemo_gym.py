@@ -188,6 +188,10 @@ class GymEnvironmentCheckpoint:
             for instance in self.endpoints
         }
         answers = await self._fan_out("restore", bodies)
+        # The restore's scope ends here: the restored episodes stay installed (a /run for
+        # attempt + 1 continues them) and the replicas return to idle, so the next snapshot's
+        # prepare is not refused as "busy with checkpoint restore-…".
+        await self.resume(checkpoint_id)
         restored: list[EnvironmentEpisode] = []
         refused: list[tuple[EnvironmentEpisode, str]] = []
         for instance, answer in answers.items():
