@@ -109,8 +109,9 @@ class PodLease:
             when = dt.datetime.fromtimestamp(when, dt.UTC)
         elif isinstance(when, str):
             when = dt.datetime.fromisoformat(when.replace("Z", "+00:00"))
+        # Not the snapshot's train step: that is the one its cut captured, older than the
+        # step on_step already recorded.
         self._record(
-            train_step=published.get("train_step"),
             anchor_step=published.get("anchor_step"),
             latest_manifest=published.get("manifest_uri"),
             latest_manifest_time=when,

@@ -89,7 +89,7 @@ def test_progress_reaches_the_lease_in_order_off_the_event_loop(tmp_path):
     published = dt.datetime(2026, 5, 1, 10, 0, 0, tzinfo=dt.UTC)
     pod.on_published(
         {
-            "train_step": 5,
+            "train_step": 3,  # the snapshot's captured step: older, never written back
             "anchor_step": 4,
             "manifest_uri": "file:///s/rollout_snapshots/snapshot_000002/MANIFEST.json",
             "published_at": published.timestamp(),
