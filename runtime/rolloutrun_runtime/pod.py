@@ -68,6 +68,7 @@ class PodLease:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Future[Any] | None = None
         self._writer: ThreadPoolExecutor | None = None
+        self._anchor = -1  # the newest durable step_<N> recorded (anchors only move forward)
 
     def attach(self, loop: asyncio.AbstractEventLoop, task: asyncio.Future[Any]) -> None:
         self._loop, self._task = loop, task
@@ -101,7 +102,8 @@ class PodLease:
         self._record(train_step=int(step["step"]))
 
     def on_anchor(self, step: int) -> None:
-        self._record(anchor_step=step)
+        self._anchor = max(self._anchor, step)
+        self._record(anchor_step=self._anchor)
 
     def on_published(self, published: dict[str, Any]) -> None:
         when = published.get("published_at")
@@ -111,8 +113,11 @@ class PodLease:
             when = dt.datetime.fromisoformat(when.replace("Z", "+00:00"))
         # Not the snapshot's train step: that is the one its cut captured, older than the
         # step on_step already recorded.
+        anchor = published.get("anchor_step")
+        if isinstance(anchor, int):
+            self._anchor = max(self._anchor, anchor)
         self._record(
-            anchor_step=published.get("anchor_step"),
+            anchor_step=self._anchor if self._anchor >= 0 else None,
             latest_manifest=published.get("manifest_uri"),
             latest_manifest_time=when,
         )

@@ -90,7 +90,7 @@ def test_progress_reaches_the_lease_in_order_off_the_event_loop(tmp_path):
     pod.on_published(
         {
             "train_step": 3,  # the snapshot's captured step: older, never written back
-            "anchor_step": 4,
+            "anchor_step": 2,  # anchored to an older step_<N>: the recorded anchor stays 4
             "manifest_uri": "file:///s/rollout_snapshots/snapshot_000002/MANIFEST.json",
             "published_at": published.timestamp(),
         }
