@@ -744,20 +744,33 @@ class RecoveryLedger:
         sampler_stamps_target_steps: bool,
     ) -> LedgerSidecar:
         """Deterministic schema-5 bytes, with their sha256 and group count."""
-        document = {
+        return encode_sidecar(
+            self.sidecar_document(
+                spare_prompts=spare_prompts,
+                batch_shortfall=batch_shortfall,
+                sampler_stamps_target_steps=sampler_stamps_target_steps,
+            )
+        )
+
+    def sidecar_document(
+        self,
+        *,
+        spare_prompts: Iterable[PromptRef],
+        batch_shortfall: Mapping[int, int],
+        sampler_stamps_target_steps: bool,
+    ) -> dict[str, Any]:
+        """The sidecar as fresh JSON-ready dicts (no container shared with the ledger).
+
+        Cheap enough to take under the exclusive cut; :func:`encode_sidecar` (the costly
+        serialization and hashing) can then run after the cut, off the event loop.
+        """
+        return {
             "schema_version": LEDGER_SCHEMA_VERSION,
             "groups": [g.to_json() for g in self._groups.values()],
             "batch_shortfall": {str(k): int(v) for k, v in sorted(batch_shortfall.items())},
             "sampler_stamps_target_steps": bool(sampler_stamps_target_steps),
             "spare_prompts": [p.to_json() for p in spare_prompts],
         }
-        data = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
-        return LedgerSidecar(
-            data=data,
-            sha256=hashlib.sha256(data).hexdigest(),
-            schema_version=LEDGER_SCHEMA_VERSION,
-            group_count=len(self._groups),
-        )
 
     @classmethod
     def _from_groups(cls, groups: list[PromptGroupRecord]) -> RecoveryLedger:
@@ -773,6 +786,17 @@ class RecoveryLedger:
             if [s.index for s in group.siblings] != list(range(len(group.siblings))):
                 raise LedgerSidecarError(f"group {group.group_id!r} has out-of-order siblings")
         return ledger
+
+
+def encode_sidecar(document: Mapping[str, Any]) -> LedgerSidecar:
+    """Serialize a :meth:`RecoveryLedger.sidecar_document` deterministically, with its sha256."""
+    data = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    return LedgerSidecar(
+        data=data,
+        sha256=hashlib.sha256(data).hexdigest(),
+        schema_version=int(document["schema_version"]),
+        group_count=len(document["groups"]),
+    )
 
 
 def read_recovery_sidecar(

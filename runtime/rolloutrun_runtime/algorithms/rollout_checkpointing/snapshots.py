@@ -67,7 +67,11 @@ from rolloutrun_runtime.environments.checkpointing import (
     EnvironmentEpisode,
     NoEnvironmentCheckpoint,
 )
-from rolloutrun_runtime.experience.rollout_recovery import AttemptStatus, RecoveryLedger
+from rolloutrun_runtime.experience.rollout_recovery import (
+    AttemptStatus,
+    RecoveryLedger,
+    encode_sidecar,
+)
 from rolloutrun_runtime.storage import StorageError
 
 logger = logging.getLogger(__name__)
@@ -211,16 +215,14 @@ class RolloutSnapshotter:
             "config_fingerprint": fingerprint_of(rollout_config_view(parts.config)),
         }
         dp_metadata: dict[str, Any] = {"replay": replay_json}
-        sidecar_bytes = None
+        ledger_document = None
         if parts.ledger is not None:
-            sidecar = parts.ledger.to_sidecar(
+            # Only the dicts under the cut; their JSON and sha256 are written after it.
+            ledger_document = parts.ledger.sidecar_document(
                 spare_prompts=state.spare_prompts,
                 batch_shortfall=state.batch_shortfall,
                 sampler_stamps_target_steps=state.sampler_stamps_target_steps,
             )
-            sidecar_bytes = sidecar.data
-            controller_state["rollout_recovery"] = sidecar.metadata()
-            dp_metadata.update(sidecar.metadata())
         return CapturedRolloutState(
             kind=kind,
             train_step=progress.trainer_version,
@@ -231,13 +233,18 @@ class RolloutSnapshotter:
             data_plane_metadata=dp_metadata,
             runtime_state=state.to_json(),
             journal=state.journal_json(),
-            ledger_sidecar=sidecar_bytes,
+            ledger_document=ledger_document,
         )
 
     @staticmethod
     def write_controller_sidecars(captured: CapturedRolloutState) -> dict[str, bytes]:
         """Serialize a capture: the files both checkpoint kinds hold (runs off the loop)."""
         files: dict[str, bytes] = {}
+        if captured.ledger_document is not None:
+            sidecar = encode_sidecar(captured.ledger_document)
+            files[LEDGER_FILE] = sidecar.data
+            captured.controller_state["rollout_recovery"] = sidecar.metadata()
+            captured.data_plane_metadata.update(sidecar.metadata())
         for name, data in captured.data_plane.to_files(captured.data_plane_metadata).items():
             files[DATA_PLANE_PREFIX + name] = data
         crash_point("after_data_plane_save")
@@ -246,8 +253,6 @@ class RolloutSnapshotter:
         ).encode()
         files[RUNTIME_STATE_FILE] = json.dumps(captured.runtime_state, sort_keys=True).encode()
         files[JOURNAL_FILE] = json.dumps(captured.journal, sort_keys=True).encode()
-        if captured.ledger_sidecar is not None:
-            files[LEDGER_FILE] = captured.ledger_sidecar
         if captured.environment_snapshot is not None:
             files[ENVIRONMENT_FILE] = captured.environment_snapshot
         return files

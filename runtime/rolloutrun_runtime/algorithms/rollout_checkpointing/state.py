@@ -338,5 +338,6 @@ class CapturedRolloutState:
     data_plane_metadata: dict[str, Any]
     runtime_state: dict[str, Any]
     journal: dict[str, Any]
-    ledger_sidecar: bytes | None = None
+    ledger_document: dict[str, Any] | None = None
+    """The ledger sidecar as dicts, taken under the cut; serialized after it."""
     environment_snapshot: bytes | None = None

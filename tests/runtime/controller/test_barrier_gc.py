@@ -1,0 +1,36 @@
+"""The exclusive cut defers automatic garbage collection while it is held."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from rolloutrun_runtime.data_plane import DataPlaneBarrier
+
+
+async def test_gc_is_paused_inside_the_cut_and_restored_after() -> None:
+    barrier = DataPlaneBarrier()
+    assert gc.isenabled()
+    async with barrier.checkpoint():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+async def test_a_caller_that_disabled_gc_keeps_it_disabled() -> None:
+    barrier = DataPlaneBarrier()
+    gc.disable()
+    try:
+        async with barrier.checkpoint():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+async def test_gc_comes_back_when_the_holder_raises() -> None:
+    barrier = DataPlaneBarrier()
+    with pytest.raises(RuntimeError, match="capture failed"):
+        async with barrier.checkpoint():
+            raise RuntimeError("capture failed")
+    assert gc.isenabled()
