@@ -211,13 +211,26 @@ async def test_a_new_run_waits_at_the_door_while_prepared(rig: Rig) -> None:
     assert status == 200
 
 
-async def test_commit_refuses_an_episode_that_is_not_parked(rig: Rig) -> None:
-    await rig.start_gym()
+async def test_commit_lists_requested_episodes_that_are_not_parked(rig: Rig) -> None:
+    url = await rig.start_gym()
     client = rig.client()
+    run = rig.run("gym-0", "r0", prompt_id=LONG[0])
+    await rig.wait_live("gym-0", 1)
     await client.prepare("ck1", deadline())
-    with pytest.raises(EnvironmentCheckpointError, match="not parked here: ghost"):
-        await client.commit("ck1", deadline(), [EnvironmentEpisode("ghost", 0, "gym-0")])
+    ghost = EnvironmentEpisode("ghost", 0, "gym-0")
+    snapshot = await client.commit("ck1", deadline(), [EnvironmentEpisode("r0", 0, "gym-0"), ghost])
+    assert [e.rollout_id for e in snapshot.episodes()] == ["r0"]
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    body = {"checkpoint_id": "ck1", "deadline_ts": deadline(), "episodes": ["r0", "ghost"]}
+    async with rig.session.post(url + ROUTE_PREFIX + "/commit", json=body, headers=headers) as r:
+        answer = await r.json()
+    assert r.status == 200 and [x["episode_id"]["rollout_id"] for x in answer["records"]] == ["r0"]
+    assert answer["not_parked"] == [
+        {"episode": "ghost", "state": "unknown here (its /run may be waiting at the closed door)"}
+    ]
     await client.resume("ck1")
+    status, _ = await run
+    assert status == 200
 
 
 async def test_ids_are_idempotent_and_a_resumed_id_stays_closed(rig: Rig) -> None:

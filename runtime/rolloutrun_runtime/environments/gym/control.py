@@ -13,7 +13,9 @@ any phase to ``idle``.
   episode at its next turn boundary (before a model call, after a tool round), where it holds
   no half-done work. It answers once every running ``/run`` is parked or done.
 * **commit** exports the parked episodes' records (``Episode.to_record``) in the response: the
-  Gym pod needs no storage access.
+  Gym pod needs no storage access. A requested episode that is not parked (it finished as the
+  others parked, or its ``/run`` waits at the door) is listed under ``not_parked`` with its
+  state, not refused: the trainer restarts it from turn 0 if it is still out at the cut.
 * **resume** reopens admission and releases parked episodes. The last 64 resumed ids are
   remembered, so a stale trainer cannot reopen or re-prepare one.
 * **restore** installs records under ``attempt + 1``; a ``/run`` for that id continues the
@@ -152,7 +154,6 @@ class GymCheckpointControl:
         self._released = asyncio.Event()
         self._released.set()
         self._changed = asyncio.Event()
-        self._commit_result: dict[str, Any] | None = None
         self._restore_result: dict[str, Any] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         server.hooks.append(self._boundary_hook)
@@ -288,7 +289,6 @@ class GymCheckpointControl:
         )
         if not repeat:
             self.phase, self.checkpoint_id = ControlPhase.PREPARING, call.checkpoint_id
-            self._commit_result = None
             self._parking = True
             self._released.clear()
             self._admission_open.clear()
@@ -327,25 +327,22 @@ class GymCheckpointControl:
         if not repeat:
             raise ControlError(409, f"checkpoint {call.checkpoint_id} was not prepared")
         self._extend_lease(call.deadline_ts)
-        if self.phase is ControlPhase.COMMITTED and self._commit_result is not None:
-            return self._commit_result
+        # Parked episodes cannot move until resume, so answering afresh is idempotent.
         wanted = (
             {parse_row_key(key) for key in call.episodes}
             if call.episodes is not None
             else set(self.parked)
         )
-        missing = sorted(e.row_key for e in wanted - self.parked)
-        if missing:
-            raise ControlError(
-                409,
-                f"checkpoint {call.checkpoint_id}: episodes not parked here: "
-                f"{', '.join(missing[:10])}{' …' if len(missing) > 10 else ''}",
-            )
-        records = [self.server.episodes[e].to_record() for e in sorted(wanted)]
+        records = [self.server.episodes[e].to_record() for e in sorted(wanted & self.parked)]
+        not_parked = [
+            {"episode": e.row_key, "state": self._not_parked_state(e)}
+            for e in sorted(wanted - self.parked)
+        ]
         self.phase = ControlPhase.COMMITTED
-        self._commit_result = {
+        return {
             **self._state(),
             "records": records,
+            "not_parked": not_parked,
             "applied_revisions": {
                 r["episode_id"]["rollout_id"]: self.server.effects.applied_revision(
                     r["episode_id"]["rollout_id"]
@@ -353,7 +350,13 @@ class GymCheckpointControl:
                 for r in records
             },
         }
-        return self._commit_result
+
+    def _not_parked_state(self, episode_id: EpisodeId) -> str:
+        """Why a requested episode has no record: the trainer restarts it from turn 0."""
+        episode = self.server.episodes.get(episode_id)
+        if episode is None:
+            return "unknown here (its /run may be waiting at the closed door)"
+        return episode.phase.value
 
     async def _resume(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _ResumeCall.model_validate(body)
