@@ -27,7 +27,9 @@ import numpy as np
 import torch
 
 from rolloutrun_runtime.storage import (
+    DEFAULT_MARKER,
     CheckpointStorage,
+    ObjectExistsError,
     ObjectNotFoundError,
     StorageError,
     delete_entry,
@@ -162,13 +164,31 @@ class TrainerCheckpointer:
         return self.publish_files(capture.step, capture.to_files())
 
     def publish_files(self, step: int, files: Mapping[str, bytes]) -> str:
-        """Publish serialized files as ``step_<step>`` (marker last), then apply retention."""
-        uri = publish_entry(
-            self.storage,
-            step_entry(step),
-            files,
-            marker_payload=json.dumps({"step": step}).encode(),
-        )
+        """Publish serialized files as ``step_<step>`` (marker last), then apply retention.
+
+        A step that is already committed stays as it is: an earlier incarnation made it
+        durable, and this one retrained through it after resuming from a snapshot anchored
+        before it (the same journaled groups, in the same order). Its entry is kept and the
+        step counts as durable; writing it again would fail the create-only commit and send
+        every later incarnation into the same crash.
+        """
+        entry = step_entry(step)
+        try:
+            uri = publish_entry(
+                self.storage,
+                entry,
+                files,
+                marker_payload=json.dumps({"step": step}).encode(),
+            )
+        except ObjectExistsError:
+            uri = self.storage.uri_for(f"{entry}/{DEFAULT_MARKER}")
+            logger.warning(
+                "trainer checkpoint %s was already committed by an earlier incarnation; "
+                "keeping it (this run retrained through step %d after resuming)",
+                uri,
+                step,
+            )
+            return uri
         logger.info("published trainer checkpoint %s", uri)
         self.apply_retention()
         return uri

@@ -63,6 +63,20 @@ def test_an_entry_without_its_marker_is_invisible(tmp_path) -> None:
     assert checkpointer.committed_steps() == [2]
 
 
+def test_a_step_an_earlier_incarnation_committed_is_kept_not_rewritten(tmp_path) -> None:
+    # A resume from a snapshot anchored before step_5 retrains through step 5: publishing it
+    # again must neither fail (crash-looping every incarnation) nor replace the durable one.
+    storage = open_storage(f"file://{tmp_path}/ckpt")
+    checkpointer = TrainerCheckpointer(storage, keep_latest=3)
+    model, optimizer = _trained()
+    first = checkpointer.publish(_capture(5, model, optimizer))
+    retrained = _capture(5, model, optimizer)
+    retrained.trainer_state["dataloader"]["position"] = 99
+    again = checkpointer.publish(retrained)
+    assert again == first and checkpointer.committed_steps() == [5]
+    assert checkpointer.load(5).trainer_state["dataloader"]["position"] == 5
+
+
 def test_capture_copies_state_and_rng_roundtrips(tmp_path) -> None:
     model, optimizer = _trained()
     capture = _capture(1, model, optimizer)
