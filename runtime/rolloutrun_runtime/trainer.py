@@ -173,7 +173,7 @@ async def run_trainer(
     host, port = generation_address()
     workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port)
     await workers.start()
-    environment = _environment_checkpoint(cfg)
+    environment = await _environment_checkpoint(cfg)
     resumed_from = None
     try:
         controller = SingleController(
@@ -243,12 +243,44 @@ def _snapshot_log(log_dir: Path) -> Callable[[dict[str, Any]], None]:
     return write
 
 
-def _environment_checkpoint(cfg: RunConfig) -> Any:
-    """The environment's checkpoint participant; Gym instances are ``gym-<i>`` in order."""
+async def _environment_checkpoint(cfg: RunConfig) -> Any:
+    """The environment's checkpoint participant, keyed by each Gym replica's instance id.
+
+    A restored episode must go back to the replica that owns it, and the ledger records the
+    id each replica reports (``gym-<i>`` from the launcher, ``<run>-gym-<k>`` in pods), so
+    the ids come from the replicas' ``/healthz``, never from their order.
+    """
+    from rolloutrun_runtime.config import TargetLevel
     from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint
 
     endpoints = {f"gym-{i}": url for i, url in enumerate(cfg.gym.endpoints)}
+    if cfg.checkpointing.target_level is TargetLevel.TURN:
+        endpoints = await _gym_instance_ids(list(cfg.gym.endpoints))
     return build_environment_checkpoint(cfg, endpoints, os.environ.get(ENV_GYM_CONTROL_TOKEN))
+
+
+async def _gym_instance_ids(urls: list[str]) -> dict[str, str]:
+    """``{instance_id: url}`` from each Gym replica's ``/healthz``."""
+    import aiohttp
+
+    found: dict[str, str] = {}
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for url in urls:
+            try:
+                async with session.get(f"{url.rstrip('/')}/healthz") as response:
+                    body = await response.json(content_type=None)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                raise RuntimeError(f"Gym replica {url} did not answer /healthz: {error}") from error
+            instance = body.get("instance_id") if isinstance(body, dict) else None
+            if not instance:
+                raise RuntimeError(f"Gym replica {url} reported no instance_id on /healthz")
+            if instance in found:
+                raise RuntimeError(
+                    f"Gym replicas {found[instance]} and {url} both call themselves {instance!r}"
+                )
+            found[str(instance)] = url
+    return found
 
 
 class _preemption_snapshots:
