@@ -52,8 +52,9 @@ def build_workers(
 ) -> PolicyWorkers:
     """The backend ``cfg.workers.backend`` names, serving ``state_dict`` as ``version``.
 
-    ``host``/``port``: where in-process servers listen (in a pod: ``$POD_IP`` and the
-    generation port, for the first server; the others take free ports)."""
+    ``host``/``port``: where the generation servers listen (in a pod: ``$POD_IP`` and the
+    generation port, for the first server; the others take free ports). Ray workers that
+    join a cluster (``workers.rayAddress``) listen on every interface instead."""
     if cfg.workers.backend is WorkerBackend.INPROCESS:
         from rolloutrun_runtime.workers.inprocess import InProcessWorkers
 
@@ -61,7 +62,7 @@ def build_workers(
     if cfg.workers.backend is WorkerBackend.RAY:
         from rolloutrun_runtime.workers.ray_workers import RayWorkers
 
-        return RayWorkers(cfg, state_dict, version)
+        return RayWorkers(cfg, state_dict, version, host=host, port=port)
     raise WorkerError(f"unknown worker backend {cfg.workers.backend!r}")
 
 

@@ -43,17 +43,22 @@ class GenerationActor:
         self.engine: Any = None
 
     async def start(
-        self, state_dict: dict[str, torch.Tensor], version: int, bind_host: str, advertise: bool
+        self,
+        state_dict: dict[str, torch.Tensor],
+        version: int,
+        bind_host: str,
+        advertise: bool,
+        port: int = 0,
     ) -> str:
         from rolloutrun_runtime.policy.generation import build_generation_app
         from rolloutrun_runtime.policy.http import serve_app
         from rolloutrun_runtime.workers.inprocess import make_engine
 
         self.engine = make_engine(self.cfg, state_dict, version, self.worker_index)
-        self.runner, url = await serve_app(build_generation_app(self.engine), bind_host, 0)
+        self.runner, url = await serve_app(build_generation_app(self.engine), bind_host, port)
         if advertise:  # bound to all interfaces: tell callers the node's address
-            port = url.rsplit(":", 1)[1]
-            url = f"http://{ray.util.get_node_ip_address()}:{port}"
+            bound_port = url.rsplit(":", 1)[1]
+            url = f"http://{ray.util.get_node_ip_address()}:{bound_port}"
         return url
 
     async def refit(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
@@ -101,8 +106,17 @@ def init_ray(address: str | None) -> bool:
 class RayWorkers:
     """``workers.generationWorkers`` generation actors; see the module doc."""
 
-    def __init__(self, cfg: RunConfig, state_dict: dict[str, torch.Tensor], version: int) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        state_dict: dict[str, torch.Tensor],
+        version: int,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
         self.cfg = cfg
+        self.host = host
+        self.port = port
         self.endpoints: list[str] = []
         self._initial: tuple[dict[str, torch.Tensor], int] | None = (state_dict, version)
         self._actors: list[Any] = []
@@ -115,8 +129,9 @@ class RayWorkers:
         self._initial = None
         address = self.cfg.workers.ray_address
         self._owns_ray = init_ray(address)
-        # On a cluster the servers must be reachable from other nodes' Gym pods.
-        bind_host, advertise = ("0.0.0.0", True) if address else ("127.0.0.1", False)
+        # Joining a Ray cluster, the servers must be reachable from other nodes' Gym pods;
+        # with a local Ray (a trainer pod) they listen where the pod is reachable ($POD_IP).
+        bind_host, advertise = ("0.0.0.0", True) if address else (self.host, False)
         cfg_data = self.cfg.model_dump(mode="json")
         weights = ray.put(_cpu_state(state_dict))
         workers = self.cfg.workers.generation_workers
@@ -130,8 +145,10 @@ class RayWorkers:
                 await asyncio.wait_for(
                     asyncio.gather(
                         *[
-                            a.start.remote(weights, version, bind_host, advertise)
-                            for a in self._actors
+                            a.start.remote(
+                                weights, version, bind_host, advertise, self.port if i == 0 else 0
+                            )
+                            for i, a in enumerate(self._actors)
                         ]
                     ),
                     ACTOR_TIMEOUT_S,

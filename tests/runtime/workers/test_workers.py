@@ -21,13 +21,13 @@ def _cfg(backend: str, workers: int) -> RunConfig:
     )
 
 
-async def _exercise(workers: PolicyWorkers, count: int) -> None:
+async def _exercise(workers: PolicyWorkers, count: int, host: str = "127.0.0.1") -> None:
     """Start, serve version 3, refit to 4 on every endpoint, stop."""
     cfg_policy = _cfg("inprocess", 1).policy
     await workers.start()
     try:
         assert len(workers.endpoints) == count
-        assert all(url.startswith("http://127.0.0.1:") for url in workers.endpoints)
+        assert all(url.startswith(f"http://{host}:") for url in workers.endpoints)
         body = {"prompt_token_ids": [TOKENIZER.bos_id, 4], "max_tokens": 4, "seed": 1}
         async with aiohttp.ClientSession() as http:
             for url in workers.endpoints:
@@ -61,9 +61,11 @@ async def test_ray_workers_refit_and_endpoints(ray_session: None) -> None:
     from rolloutrun_runtime.workers.ray_workers import RayWorkers
 
     cfg = _cfg("ray", 1)
-    workers = build_workers(cfg, build_model(cfg.policy, TOKENIZER.vocab_size, 0).state_dict(), 3)
+    # In a pod the actors listen on $POD_IP (here another loopback address), not 127.0.0.1.
+    state = build_model(cfg.policy, TOKENIZER.vocab_size, 0).state_dict()
+    workers = build_workers(cfg, state, 3, host="127.0.0.7")
     assert isinstance(workers, RayWorkers) and isinstance(workers, PolicyWorkers)
-    await _exercise(workers, 1)
+    await _exercise(workers, 1, host="127.0.0.7")
 
 
 def test_ray_actors_ask_for_gpus_only_when_they_compute_on_them() -> None:
