@@ -938,8 +938,15 @@ class SingleController:
                 capture, captured = self.capture_trainer_state(cut)
 
             def serialize() -> dict[str, bytes]:
+                # The sidecars first: they settle the ledger's checksum facts (computed after
+                # the cut), which the trainer state records too.
+                sidecars = RolloutSnapshotter.write_controller_sidecars(captured)
+                if "rollout_recovery" in captured.controller_state:
+                    capture.trainer_state["rollout_recovery"] = captured.controller_state[
+                        "rollout_recovery"
+                    ]
                 files = capture.to_files()
-                files.update(RolloutSnapshotter.write_controller_sidecars(captured))
+                files.update(sidecars)
                 return files
 
             task = asyncio.create_task(asyncio.to_thread(serialize))
