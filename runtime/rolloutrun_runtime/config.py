@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -393,9 +394,12 @@ class RunConfig(_Model):
 
     def fingerprint(self, exclude: frozenset[str] = frozenset()) -> str:
         """sha256 over the canonical JSON of the config, minus the dotted keys in ``exclude``."""
-        return hashlib.sha256(
-            json.dumps(flatten(self.to_yaml_dict(), exclude), sort_keys=True).encode()
-        ).hexdigest()
+        return fingerprint_of(flatten(self.to_yaml_dict(), exclude))
+
+
+def fingerprint_of(view: Mapping[str, Any]) -> str:
+    """sha256 of a flattened config view, in canonical JSON (the one fingerprint rule)."""
+    return hashlib.sha256(json.dumps(dict(view), sort_keys=True).encode()).hexdigest()
 
 
 def flatten(mapping: dict[str, Any], exclude: frozenset[str] = frozenset()) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rolloutrun_runtime.config import RunConfig, flatten
+from rolloutrun_runtime.config import RunConfig, fingerprint_of, flatten
 from rolloutrun_runtime.storage import (
     CheckpointStorage,
     ObjectExistsError,
@@ -105,11 +105,6 @@ class PublicationFencedError(ManifestError):
 def rollout_config_view(config: RunConfig) -> dict[str, Any]:
     """The flattened rollout-relevant config: every key except the operational ones."""
     return flatten(config.to_yaml_dict(), OPERATIONAL_KEYS)
-
-
-def fingerprint_of(view: Mapping[str, Any]) -> str:
-    """sha256 of a flattened config view, in canonical JSON."""
-    return hashlib.sha256(json.dumps(dict(view), sort_keys=True).encode()).hexdigest()
 
 
 def differing_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
