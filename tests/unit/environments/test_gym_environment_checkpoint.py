@@ -174,7 +174,7 @@ def deadline(seconds: float = 5.0) -> float:
     return time.time() + seconds
 
 
-async def test_prepare_parks_commit_exports_resume_finishes(rig: Rig) -> None:
+async def test_prepare_copies_at_boundaries_without_holding_episodes(rig: Rig) -> None:
     await rig.start_gym()
     client = rig.client()
     runs = [rig.run("gym-0", f"r{i}", prompt_id=LONG[i]) for i in range(3)]
@@ -182,16 +182,24 @@ async def test_prepare_parks_commit_exports_resume_finishes(rig: Rig) -> None:
     await client.prepare("ck1", deadline())
     server, control, _ = rig.gyms["gym-0"]
     assert control.phase is ControlPhase.PREPARED
-    assert len(control.parked) == 3 and control.runs_in_flight == 3
-    revisions_at_park = {e.episode_id: e.revision for e in server.live_episodes()}
-    await asyncio.sleep(0.15)  # parked episodes make no progress
-    assert {e.episode_id: e.revision for e in server.live_episodes()} == revisions_at_park
+    assert sorted(e.rollout_id for e in control.copies) == ["r0", "r1", "r2"]
+    turns_at_copy = {e: record["turn"] for e, record in control.copies.items()}
+    await asyncio.sleep(0.25)  # nothing is held: the episodes go on taking turns
+    assert all(server.episodes[e].turn > turn for e, turn in turns_at_copy.items())
     wanted = [EnvironmentEpisode(f"r{i}", 0, "gym-0") for i in range(3)]
     snapshot = await client.commit("ck1", deadline(), wanted)
     assert snapshot.episodes() == sorted(wanted)
+    assert isinstance(snapshot, GymSnapshot)
+    for record in snapshot.records["gym-0"]:
+        episode = server.episodes[EpisodeId(record["episode_id"]["rollout_id"])]
+        # the newest copy before commit: at a boundary, behind the live episode, its own data
+        assert record["phase"] == "await_model" and record["turn"] <= episode.turn
+        assert record["state"] is not episode.state
     assert GymSnapshot.from_bytes(snapshot.to_bytes()) == GymSnapshot(
         "ck1", json.loads(snapshot.to_bytes())["records"]
     )
+    await asyncio.sleep(0.1)  # episodes move on after commit; the commit answer does not
+    assert (await client.commit("ck1", deadline(), wanted)).to_bytes() == snapshot.to_bytes()
     await client.resume("ck1")
     results = [await run for run in runs]
     assert [status for status, _ in results] == [200, 200, 200]
@@ -199,19 +207,33 @@ async def test_prepare_parks_commit_exports_resume_finishes(rig: Rig) -> None:
     assert max(rig.audit_revisions().values()) == 1
 
 
-async def test_a_new_run_waits_at_the_door_while_prepared(rig: Rig) -> None:
+async def test_a_new_run_is_admitted_and_copied_while_prepared(rig: Rig) -> None:
     await rig.start_gym()
     client = rig.client()
     await client.prepare("ck1", deadline())
-    late = rig.run("gym-0", "late", prompt_id=1)
-    await asyncio.sleep(0.1)
-    assert not late.done() and rig.gyms["gym-0"][0].live_episodes() == []
+    late = rig.run("gym-0", "late", prompt_id=LONG[0])
+    await rig.wait_live("gym-0", 1)
+    control = rig.gyms["gym-0"][1]
+    assert EpisodeId("late") in control.copies  # copied at its first boundary
+    snapshot = await client.commit("ck1", deadline(), [EnvironmentEpisode("late", 0, "gym-0")])
+    assert [e.row_key for e in snapshot.episodes()] == ["late"]
+    status, _ = await late  # never waited for resume
+    assert status == 200 and control.phase is ControlPhase.COMMITTED
     await client.resume("ck1")
-    status, _ = await late
-    assert status == 200
 
 
-async def test_commit_lists_requested_episodes_that_are_not_parked(rig: Rig) -> None:
+async def test_prepare_copies_a_restored_episode_no_run_drives(rig: Rig) -> None:
+    await rig.start_gym()
+    client = rig.client()
+    snapshot = await _snapshot_two_running(rig, client)
+    await client.restore("ck-restore", deadline(), snapshot.to_bytes())
+    await client.prepare("ck2", deadline(1.0))  # answers at once: nothing runs
+    copies = rig.gyms["gym-0"][1].copies
+    assert sorted(e.row_key for e in copies) == ["r0-a1", "r1-a1"]
+    await client.resume("ck2")
+
+
+async def test_commit_lists_requested_episodes_without_a_copy(rig: Rig) -> None:
     url = await rig.start_gym()
     client = rig.client()
     run = rig.run("gym-0", "r0", prompt_id=LONG[0])
@@ -225,12 +247,29 @@ async def test_commit_lists_requested_episodes_that_are_not_parked(rig: Rig) -> 
     async with rig.session.post(url + ROUTE_PREFIX + "/commit", json=body, headers=headers) as r:
         answer = await r.json()
     assert r.status == 200 and [x["episode_id"]["rollout_id"] for x in answer["records"]] == ["r0"]
-    assert answer["not_parked"] == [
-        {"episode": "ghost", "state": "unknown here (its /run may be waiting at the closed door)"}
+    assert answer["not_copied"] == [
+        {"episode": "ghost", "state": "unknown here (its /run has not arrived)"}
     ]
     await client.resume("ck1")
     status, _ = await run
     assert status == 200
+
+
+def test_a_snapshot_restricted_to_the_episodes_still_out() -> None:
+    def record(rollout_id: str, attempt: int) -> dict[str, Any]:
+        return {"episode_id": {"rollout_id": rollout_id, "attempt": attempt}}
+
+    snapshot = GymSnapshot(
+        "ck", {"gym-0": [record("a", 0), record("b", 1)], "gym-1": [record("c", 0)]}
+    )
+    out = [
+        EnvironmentEpisode("a", 0, "gym-0"),
+        EnvironmentEpisode("b", 2, "gym-0"),  # a later attempt: the copy of attempt 1 is stale
+        EnvironmentEpisode("c", 0, "gym-0"),  # another instance's episode of the same id
+    ]
+    kept = snapshot.restricted_to(out)
+    assert kept.episodes() == [EnvironmentEpisode("a", 0, "gym-0")]
+    assert kept.checkpoint_id == "ck" and snapshot.episodes() != kept.episodes()
 
 
 async def test_ids_are_idempotent_and_a_resumed_id_stays_closed(rig: Rig) -> None:

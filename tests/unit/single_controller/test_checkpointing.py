@@ -94,7 +94,7 @@ async def test_cadence_is_independent_of_save_period(tmp_path) -> None:
             "env_phase_s",
             "write_s",
             "publish_s",
-            "admission_closed_s",
+            "pump_paused_s",
         }
     assert [p["train_step"] for p in h.published] == [2, 4]
 

@@ -78,10 +78,6 @@ logger = logging.getLogger(__name__)
 
 #: Seconds an environment phase may take in a periodic snapshot.
 ENV_PHASE_TIMEOUT_S = 20.0
-#: Commits tried per attempt (a commit can race an episode's end: its result not sealed).
-ENV_COMMIT_TRIES = 4
-#: Seconds between those tries.
-ENV_RETRY_PAUSE_S = 0.05
 
 
 class SnapshotError(RuntimeError):
@@ -108,7 +104,8 @@ class SnapshotTimings:
     env_phase_s: float = 0.0
     write_s: float = 0.0
     publish_s: float = 0.0
-    admission_closed_s: float = 0.0
+    pump_paused_s: float = 0.0
+    """How long the rollout pump could not mutate: the barrier wait plus the cut held."""
 
 
 def resolve_anchor(trainer_version: int, durable_step: int | None) -> Anchor:
@@ -336,80 +333,55 @@ class RolloutSnapshotter:
                 f"rows kept for replay start after step {parts.runtime_state.replay_after}, "
                 f"but the anchor is {anchor.name}"
             )
-        # 3. the environment phase
+        # 3. the environment phase: copies of the running episodes at turn boundaries
         environment = self._environment
         checkpoint_id = f"snap-{uuid.uuid4().hex[:12]}"
         env_snapshot = None
-        admission_closed = time.monotonic()
+        detail: dict[str, Any] = {}
         env_started = time.monotonic()
         if environment.holds_rollout_state:
             deadline = time.time() + ENV_PHASE_TIMEOUT_S
-            error: EnvironmentCheckpointError | None = None
-            # Episodes dispatched from here on wait at the closed door with no state yet:
-            # export only those already out (a restore restarts others from turn 0).
-            out = dispatched_episodes(parts.ledger)
-            logger.debug("snapshot %s: %d episodes out", checkpoint_id, len(out))
             try:
                 crash_point("during_gym_prepare")
                 await environment.prepare(checkpoint_id, deadline)
-                for commit_try in range(ENV_COMMIT_TRIES):
-                    if commit_try:
-                        # An episode that finished as prepare parked the others is not
-                        # parked, and its result may not be sealed yet: let it land, then
-                        # ask again for the ones still out.
-                        await asyncio.sleep(ENV_RETRY_PAUSE_S)
-                        still_out = set(dispatched_episodes(parts.ledger))
-                        out = [episode for episode in out if episode in still_out]
-                    try:
-                        crash_point("during_gym_commit")
-                        env_snapshot = await environment.commit(checkpoint_id, deadline, out)
-                        break
-                    except EnvironmentCheckpointError as failed:
-                        error = failed
-            except EnvironmentCheckpointError as failed:
-                error = failed
-            if env_snapshot is None:
+                # Everything out now; one dispatched later has no copy and restarts from turn 0.
+                out = dispatched_episodes(parts.ledger)
+                crash_point("during_gym_commit")
+                env_snapshot = await environment.commit(checkpoint_id, deadline, out)
+            except EnvironmentCheckpointError as error:
                 await self._resume_environment(checkpoint_id)
                 return SnapshotOutcome.DISCARDED_ENV, {"error": str(error)}
             if parts.read_progress().optimizer_commit_in_progress:
                 await self._resume_environment(checkpoint_id)
                 return SnapshotOutcome.DISCARDED_ENV, {"error": "a train step began committing"}
         timings.env_phase_s = time.monotonic() - env_started
-        # 4. the exclusive cut: re-check, check the export, capture
+        # 4. the exclusive cut: re-check, keep the copies of episodes still out, capture
+        wait_started = time.monotonic()
         try:
-            wait_started = time.monotonic()
             async with parts.barrier.checkpoint() as cut:
                 held_started = time.monotonic()
                 timings.barrier_wait_s = held_started - wait_started
                 now = parts.read_progress()
                 if now.durable_step != progress.durable_step:
                     raise SnapshotError("a trainer checkpoint was published during the attempt")
-                if env_snapshot is not None:
-                    # Parked episodes cannot move until resume, so every exported one must
-                    # still be dispatched. Dispatched ones missing from the export (sent
-                    # after admission closed: they wait at the door, with no state yet)
-                    # restart from turn 0 on restore.
-                    dispatched = {e.rollout_id for e in dispatched_episodes(parts.ledger)}
-                    stray = [
-                        e.rollout_id
-                        for e in env_snapshot.episodes()
-                        if e.rollout_id not in dispatched
-                    ]
-                    if stray:
-                        timings.cut_held_s = time.monotonic() - held_started
-                        return SnapshotOutcome.DISCARDED_ENV, {
-                            "error": f"{len(stray)} exported episodes are no longer dispatched "
-                            f"(e.g. {stray[0]})",
-                        }
                 captured = self.capture(cut, CaptureKind.ROLLOUT_SNAPSHOT)
                 if env_snapshot is not None:
-                    captured.environment_snapshot = env_snapshot.to_bytes()
+                    # Episodes ran on after their copies: one that finished (its result is in
+                    # this capture) or was given up since is not out any more and needs no
+                    # record; one dispatched without a copy restarts from turn 0 on restore.
+                    still_out = dispatched_episodes(parts.ledger)
+                    kept = env_snapshot.restricted_to(still_out)
+                    detail["env_records"] = len(kept.episodes())
+                    detail["env_records_dropped"] = len(env_snapshot.episodes()) - len(
+                        kept.episodes()
+                    )
+                    captured.environment_snapshot = kept.to_bytes()
                 timings.cut_held_s = time.monotonic() - held_started
         finally:
-            # 5. leave the cut, then the environment phase (before any disk write)
+            timings.pump_paused_s = time.monotonic() - wait_started
+            # 5. leave the cut, then end the environment phase (before any disk write)
             if environment.holds_rollout_state:
                 await self._resume_environment(checkpoint_id)
-            timings.admission_closed_s = time.monotonic() - admission_closed
         # 6. publish
         write_started = time.monotonic()
         files = await asyncio.to_thread(self.write_controller_sidecars, captured)
@@ -437,6 +409,7 @@ class RolloutSnapshotter:
         if self._on_published is not None:
             self._on_published(dict(published))
         return SnapshotOutcome.PUBLISHED, {
+            **detail,
             "snapshot_id": candidate.manifest.snapshot_id,
             "anchor": anchor.name,
             "train_step": captured.train_step,

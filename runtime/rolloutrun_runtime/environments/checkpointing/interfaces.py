@@ -4,13 +4,16 @@ Why a protocol: the single controller and the recovery ledger must not know Gym'
 record formats (the seed's rule: backend-specific code lives in the backend's module). A
 snapshot attempt drives an environment through the same phases whatever the backend:
 
-1. ``prepare`` — close admission, pause deadlines, park every live episode at a turn
-   boundary (after ``retire``-ing attempts the ledger has abandoned);
-2. ``commit`` — export the parked episodes' records (returned, so environment pods need no
-   storage access);
-3. ``resume`` — reopen; the snapshot is written after this, so rollouts do not wait for
-   disk. A failed resume after a successful commit is only a warning: the environment's
-   checkpoint lease reopens it by itself.
+1. ``prepare`` — (after ``retire``-ing attempts the ledger has abandoned) take a copy of
+   every live episode at its next turn boundary, a consistent state, without holding it:
+   episodes run on and new ones are admitted (copy-on-park);
+2. ``commit`` — export the requested episodes' copies (returned, so environment pods need no
+   storage access). Episodes run on after their copy, so under the trainer's cut the
+   snapshot keeps only the records of episodes the ledger still has out
+   (``EnvironmentSnapshot.restricted_to``);
+3. ``resume`` — end the checkpoint; the snapshot is written after this, so rollouts never
+   wait for disk. A failed resume after a successful commit is only a warning: the
+   environment's checkpoint lease ends it by itself.
 
 A restore hands the records back (``restore``); each restored episode continues under
 ``attempt + 1`` on the instance that owned it.
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 _ROW_KEY = re.compile(r"^(?P<rollout>.+?)(?:-a(?P<attempt>\d+))?$")
@@ -84,6 +87,10 @@ class EnvironmentSnapshot(Protocol):
         """Deterministic bytes for the snapshot's sidecar."""
         ...
 
+    def restricted_to(self, episodes: Collection[EnvironmentEpisode]) -> EnvironmentSnapshot:
+        """The same snapshot holding only the records of ``episodes``."""
+        ...
+
 
 @runtime_checkable
 class EnvironmentCheckpoint(Protocol):
@@ -100,17 +107,17 @@ class EnvironmentCheckpoint(Protocol):
         deadline_ts: float,
         retire: Sequence[EnvironmentEpisode] = (),
     ) -> None:
-        """Retire ``retire``, close admission and park every live episode by the deadline."""
+        """Retire ``retire``, then copy every running episode at a boundary by the deadline."""
         ...
 
     async def commit(
         self, checkpoint_id: str, deadline_ts: float, episodes: Iterable[EnvironmentEpisode]
     ) -> EnvironmentSnapshot:
-        """Export the records of ``episodes`` (all parked); raise if one is missing."""
+        """Export the copies of ``episodes``; one without a copy is left out (turn 0)."""
         ...
 
     async def resume(self, checkpoint_id: str) -> None:
-        """Reopen admission and let parked episodes continue."""
+        """End the checkpoint (the environment may prepare the next one)."""
         ...
 
     async def restore(
@@ -146,6 +153,9 @@ class EmptyEnvironmentSnapshot:
 
     def to_bytes(self) -> bytes:
         return b'{"episodes":[],"kind":"none"}'
+
+    def restricted_to(self, episodes: Collection[EnvironmentEpisode]) -> EmptyEnvironmentSnapshot:
+        return self
 
 
 class NoEnvironmentCheckpoint:

@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,11 @@ ROUTE_PREFIX = "/ng-control/v1/checkpoint"
 SNAPSHOT_FORMAT = "gym-episodes/1"
 
 
+def _episode_of(record: Mapping[str, Any], instance: str) -> EnvironmentEpisode:
+    ident = record["episode_id"]
+    return EnvironmentEpisode(str(ident["rollout_id"]), int(ident["attempt"]), instance)
+
+
 @dataclass(frozen=True)
 class GymSnapshot:
     """The Gym's part of a rollout snapshot: exported records by owning instance."""
@@ -43,13 +48,19 @@ class GymSnapshot:
 
     def episodes(self) -> list[EnvironmentEpisode]:
         return sorted(
-            EnvironmentEpisode(
-                str(record["episode_id"]["rollout_id"]),
-                int(record["episode_id"]["attempt"]),
-                instance,
-            )
+            _episode_of(record, instance)
             for instance, records in self.records.items()
             for record in records
+        )
+
+    def restricted_to(self, episodes: Collection[EnvironmentEpisode]) -> GymSnapshot:
+        keep = set(episodes)
+        return GymSnapshot(
+            checkpoint_id=self.checkpoint_id,
+            records={
+                instance: [r for r in records if _episode_of(r, instance) in keep]
+                for instance, records in self.records.items()
+            },
         )
 
     def to_bytes(self) -> bytes:

@@ -1,4 +1,4 @@
-"""The Gym checkpoint control plane: park, export, restore and resume episodes at turn level.
+"""The Gym checkpoint control plane: copy, export, restore and resume episodes at turn level.
 
 Why in the Gym: a multi-turn episode's state (the ``reach_target`` counter, the transcript so
 far) lives in the Gym replica between turns, so only the Gym can freeze it at a consistent
@@ -9,19 +9,29 @@ point and continue it after a restart. The trainer drives it over bearer-token r
 Phases: ``idle → preparing → prepared → committed``, ``idle → restored``; ``resume`` returns
 any phase to ``idle``.
 
-* **prepare** closes ``/run`` admission (new requests wait at the door), and parks every live
-  episode at its next turn boundary (before a model call, after a tool round), where it holds
-  no half-done work. It answers once every running ``/run`` is parked or done.
-* **commit** exports the parked episodes' records (``Episode.to_record``) in the response: the
-  Gym pod needs no storage access. A requested episode that is not parked (it finished as the
-  others parked, or its ``/run`` waits at the door) is listed under ``not_parked`` with its
-  state, not refused: the trainer restarts it from turn 0 if it is still out at the cut.
-* **resume** reopens admission and releases parked episodes. The last 64 resumed ids are
-  remembered, so a stale trainer cannot reopen or re-prepare one.
+* **prepare** opens a copy window: every running episode, at its next turn boundary (before a
+  model call, after a tool round, where it holds no half-done work), leaves a copy of its
+  record (``Episode.to_record``) and goes straight on (copy-on-park). Episodes no ``/run`` is
+  driving (restored, not yet claimed) are copied at once. It answers once every ``/run``
+  running when it began has left a copy or ended. Nothing waits: ``/run`` admission stays
+  open and no episode is held, so a snapshot costs the rollouts almost nothing. The copy is
+  a consistent state at a boundary, so it is as good as a parked episode for the trainer's
+  cut; what the episode does after it (more turns, side effects) is exactly what it would
+  have done after a resume, and the restore rules below already cover it.
+* **commit** closes the window and exports the requested episodes' latest copies in the
+  response: the Gym pod needs no storage access. A requested episode without a copy (it
+  finished before its next boundary, or its ``/run`` has not arrived yet) is listed under
+  ``not_copied`` with its state, not refused: the trainer restarts it from turn 0 if it is
+  still out at the cut, and drops records of episodes that are no longer out. The answer is
+  kept, so a repeated commit returns the same bytes.
+* **resume** ends the checkpoint. The last 64 resumed ids are remembered, so a stale trainer
+  cannot re-prepare one.
 * **restore** installs records under ``attempt + 1``; a ``/run`` for that id continues the
   episode instead of starting it. A record whose rollout already applied side effects past
   the record's revision (an older attempt ran on after the snapshot) is refused: continuing
   it would repeat a side effect, so its sibling restarts from turn 0 under a new rollout id.
+  An episode that ran on after its copy is continued from the replica's own newer state
+  when that state is consistent (see :func:`choose_restore_source`).
 * **retire** refuses an attempt and all earlier ones of its rollout (they stop at their next
   boundary) until **forget** drops the rollout.
 * **lease**: each call extends the lease to ``deadline_ts + grace``; if the trainer stops
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import enum
 import hmac
 import logging
@@ -119,7 +130,7 @@ class GymCheckpointControl:
     """The control plane of one Gym replica (see the module doc).
 
     ``server`` is a :class:`~rolloutrun_runtime.environments.gym.server.GymServer`; the
-    control plane adds its boundary hook, a ``/run`` admission middleware and its routes.
+    control plane adds its boundary hook, a middleware that tracks each ``/run`` and its routes.
     """
 
     def __init__(
@@ -146,18 +157,18 @@ class GymCheckpointControl:
         self.resumed: collections.deque[str] = collections.deque(maxlen=REMEMBERED_RESUMES)
         self.retired: dict[str, int] = {}  # rollout_id -> highest refused attempt
         self.restored_unclaimed: set[EpisodeId] = set()
-        self.parked: set[EpisodeId] = set()
-        self.runs_in_flight = 0
-        self._parking = False
-        self._admission_open = asyncio.Event()
-        self._admission_open.set()
-        self._released = asyncio.Event()
-        self._released.set()
+        #: The copy window's records, the newest per episode (prepare until commit).
+        self.copies: dict[EpisodeId, dict[str, Any]] = {}
+        #: Each running ``/run`` and the episode it drives (known from its first boundary).
+        self._runs: dict[asyncio.Task[Any], EpisodeId | None] = {}
+        #: The ``/run``s that were running when prepare began and have not left a copy.
+        self._awaiting: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
+        self._commit_result: dict[str, Any] | None = None
         self._restore_result: dict[str, Any] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         server.hooks.append(self._boundary_hook)
-        server.app.middlewares.append(self._admission_middleware)
+        server.app.middlewares.append(self._run_middleware)
         routes = [
             ("GET", "status", self._status),
             ("POST", "prepare", self._prepare),
@@ -174,18 +185,25 @@ class GymCheckpointControl:
         server.app.on_cleanup.append(self._stop_watchdog)
 
     # ------------------------------------------------------------------ episode side
+    @property
+    def runs_in_flight(self) -> int:
+        return len(self._runs)
+
+    @property
+    def copying(self) -> bool:
+        """Whether episodes leave a copy at their boundaries (prepare until commit)."""
+        return self.phase in (ControlPhase.PREPARING, ControlPhase.PREPARED)
+
     async def _boundary_hook(self, episode: Episode, where: str) -> None:
         self._stop_if_retired(episode)
-        if not self._parking:
-            return
-        self.parked.add(episode.episode_id)
-        self._changed.set()
-        try:
-            await self._released.wait()
-        finally:
-            self.parked.discard(episode.episode_id)
-            self._changed.set()
-        self._stop_if_retired(episode)
+        task = asyncio.current_task()
+        if task is not None and task in self._runs:
+            self._runs[task] = episode.episode_id
+        if self.copying:
+            self.copies[episode.episode_id] = copy_record(episode)
+            if task is not None and task in self._awaiting:
+                self._awaiting.discard(task)
+                self._changed.set()
 
     def _stop_if_retired(self, episode: Episode) -> None:
         episode_id = episode.episode_id
@@ -198,25 +216,30 @@ class GymCheckpointControl:
             )
 
     @web.middleware
-    async def _admission_middleware(
+    async def _run_middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         if request.path != "/run" or request.method != "POST":
             return await handler(request)
-        await self._admission_open.wait()
-        self.runs_in_flight += 1
-        self._changed.set()
+        task = asyncio.current_task()
+        assert task is not None
+        self._runs[task] = None
         try:
             return await handler(request)
         except EpisodeRetiredError as error:
             return web.json_response({"error": {"message": str(error), "code": 409}}, status=409)
         finally:
-            self.runs_in_flight -= 1
-            self._changed.set()
+            del self._runs[task]
+            if task in self._awaiting:
+                self._awaiting.discard(task)
+                self._changed.set()
 
-    def _ready(self) -> bool:
-        """Every admitted /run is parked at a boundary (or has finished)."""
-        return self.runs_in_flight == len(self.parked)
+    def _copy_idle_episodes(self) -> None:
+        """Copy the live episodes no ``/run`` drives: they rest at a boundary already."""
+        driven = {episode_id for episode_id in self._runs.values() if episode_id is not None}
+        for episode in self.server.live_episodes():
+            if episode.episode_id not in driven:
+                self.copies[episode.episode_id] = copy_record(episode)
 
     # ------------------------------------------------------------------ plumbing
     def _guard(
@@ -273,9 +296,9 @@ class GymCheckpointControl:
             "phase": self.phase.value,
             "checkpoint_id": self.checkpoint_id,
             "lease_deadline": self.lease_deadline,
-            "parked": sorted(e.row_key for e in self.parked),
+            "copied": sorted(e.row_key for e in self.copies),
+            "awaiting_copy": len(self._awaiting),
             "runs_in_flight": self.runs_in_flight,
-            "admission_open": self._admission_open.is_set(),
         }
 
     # ------------------------------------------------------------------ routes
@@ -289,20 +312,23 @@ class GymCheckpointControl:
         )
         if not repeat:
             self.phase, self.checkpoint_id = ControlPhase.PREPARING, call.checkpoint_id
-            self._parking = True
-            self._released.clear()
-            self._admission_open.clear()
+            self.copies = {}
+            self._awaiting = set(self._runs)
+            self._copy_idle_episodes()
             logger.info(
-                "gym %s: preparing checkpoint %s", self.server.instance_id, call.checkpoint_id
+                "gym %s: preparing checkpoint %s (%d runs to copy)",
+                self.server.instance_id,
+                call.checkpoint_id,
+                len(self._awaiting),
             )
         self._extend_lease(call.deadline_ts)
-        while not self._ready():
+        while self._awaiting:
             remaining = call.deadline_ts - self.clock()
             if remaining <= 0:
                 raise ControlError(
                     503,
-                    f"checkpoint {call.checkpoint_id}: {self.runs_in_flight - len(self.parked)} "
-                    "episodes did not reach a turn boundary before the deadline",
+                    f"checkpoint {call.checkpoint_id}: {len(self._awaiting)} episodes did not "
+                    "reach a turn boundary before the deadline",
                 )
             self._changed.clear()
             try:
@@ -327,35 +353,32 @@ class GymCheckpointControl:
         if not repeat:
             raise ControlError(409, f"checkpoint {call.checkpoint_id} was not prepared")
         self._extend_lease(call.deadline_ts)
-        # Parked episodes cannot move until resume, so answering afresh is idempotent.
+        if self._commit_result is not None:  # the window is closed: the same answer again
+            return self._commit_result
+        self.phase = ControlPhase.COMMITTED  # closes the copy window
+        copies = self.copies
         wanted = (
             {parse_row_key(key) for key in call.episodes}
             if call.episodes is not None
-            else set(self.parked)
+            else set(copies)
         )
-        records = [self.server.episodes[e].to_record() for e in sorted(wanted & self.parked)]
-        not_parked = [
-            {"episode": e.row_key, "state": self._not_parked_state(e)}
-            for e in sorted(wanted - self.parked)
-        ]
-        self.phase = ControlPhase.COMMITTED
-        return {
+        self._commit_result = {
             **self._state(),
-            "records": records,
-            "not_parked": not_parked,
-            "applied_revisions": {
-                r["episode_id"]["rollout_id"]: self.server.effects.applied_revision(
-                    r["episode_id"]["rollout_id"]
-                )
-                for r in records
-            },
+            "records": [copies[e] for e in sorted(wanted & copies.keys())],
+            "not_copied": [
+                {"episode": e.row_key, "state": self._not_copied_state(e)}
+                for e in sorted(wanted - copies.keys())
+            ],
         }
+        return self._commit_result
 
-    def _not_parked_state(self, episode_id: EpisodeId) -> str:
+    def _not_copied_state(self, episode_id: EpisodeId) -> str:
         """Why a requested episode has no record: the trainer restarts it from turn 0."""
         episode = self.server.episodes.get(episode_id)
         if episode is None:
-            return "unknown here (its /run may be waiting at the closed door)"
+            return "unknown here (its /run has not arrived)"
+        if episode.phase in LIVE_PHASES:
+            return f"{episode.phase.value}, no boundary reached since prepare"
         return episode.phase.value
 
     async def _resume(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -371,12 +394,10 @@ class GymCheckpointControl:
 
     def _reopen(self, checkpoint_id: str, why: str) -> None:
         self.resumed.append(checkpoint_id)
-        self._parking = False
-        self._released.set()
-        self._admission_open.set()
         previous = self.phase
         self.phase, self.checkpoint_id, self.lease_deadline = ControlPhase.IDLE, None, None
-        self._restore_result = None
+        self.copies, self._awaiting = {}, set()
+        self._commit_result = self._restore_result = None
         logger.info(
             "gym %s: checkpoint %s %s (was %s)",
             self.server.instance_id,
@@ -429,7 +450,7 @@ class GymCheckpointControl:
         rollout_id = previous.rollout_id
         self.retired[rollout_id] = max(self.retired.get(rollout_id, -1), previous.attempt)
         old = self.server.episodes.get(previous)
-        if old is not None and old.phase in LIVE_PHASES and previous not in self.parked:
+        if old is not None and old.phase in LIVE_PHASES:
             old.phase, old.error = Phase.ABANDONED, "superseded by a restore"
         self.server.episodes[episode.episode_id] = episode
         self.restored_unclaimed.add(episode.episode_id)
@@ -455,8 +476,7 @@ class GymCheckpointControl:
                 for e in self.restored_unclaimed
                 if e.rollout_id != episode_id.rollout_id or e.attempt > refused
             }
-        # Parked retired episodes must leave the park to stop; others stop at their next one.
-        self._changed.set()
+        # Running retired episodes stop at their next boundary.
         return {**self._state(), "retired": sorted(call.episodes)}
 
     async def _forget(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -506,6 +526,11 @@ class GymCheckpointControl:
             self._reopen(self.checkpoint_id, why="lease expired")
             return True
         return False
+
+
+def copy_record(episode: Episode) -> dict[str, Any]:
+    """The episode's record, sharing nothing with the live episode that runs on."""
+    return copy.deepcopy(episode.to_record())
 
 
 def resumable_phase(episode: Episode) -> Phase | None:
