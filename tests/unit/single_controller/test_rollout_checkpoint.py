@@ -54,6 +54,24 @@ def test_publish_then_select_round_trips(storage, config):
     assert latest["manifest_uri"] == published.manifest_uri
 
 
+def test_a_restore_reads_each_verified_file_once(storage, config, monkeypatch):
+    store = ManifestStore(storage, "alpha")
+    publish(store, config, 0, **{"ledger.json": '{"a": 1}', "state.json": "[]"})
+    reads: list[str] = []
+    read_bytes = storage.read_bytes
+
+    def counting(key: str) -> bytes:
+        reads.append(key.rsplit("/", 1)[-1])
+        return read_bytes(key)
+
+    monkeypatch.setattr(storage, "read_bytes", counting)
+    chosen = store.select(config=config, anchor_is_durable=always).chosen
+    assert chosen is not None
+    files = {name: store.read_file(chosen, name) for name in chosen.manifest.files}
+    assert files == {"ledger.json": b'{"a": 1}', "state.json": b"[]"}
+    assert sorted(r for r in reads if r in files) == ["ledger.json", "state.json"]
+
+
 def test_newest_first_and_ids_increase(storage, config):
     store = ManifestStore(storage, "alpha")
     ids = [publish(store, config, step).manifest.snapshot_id for step in (0, 5, 5)]

@@ -232,6 +232,8 @@ class Candidate:
     manifest: SnapshotManifest
     entry: str
     manifest_uri: str
+    verified: dict[str, bytes] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    """Files already read and checked by ``verify``: a restore does not read them again."""
 
 
 @dataclasses.dataclass
@@ -396,6 +398,8 @@ class ManifestStore:
 
     def read_file(self, candidate: Candidate, name: str) -> bytes:
         """A snapshot file's bytes, verified against the manifest's checksum."""
+        if name in candidate.verified:
+            return candidate.verified[name]
         expected = candidate.manifest.files.get(name)
         key = join_key(candidate.entry, name)
         if expected is None:
@@ -439,7 +443,7 @@ class ManifestStore:
         if check_files:
             for name in sorted(manifest.files):
                 try:
-                    self.read_file(candidate, name)
+                    candidate.verified[name] = self.read_file(candidate, name)
                 except ObjectNotFoundError as error:
                     raise ManifestError(f"{uri}: file {name} is missing") from error
         return candidate
