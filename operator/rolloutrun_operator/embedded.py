@@ -450,11 +450,17 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 class Display:
-    """One terminal line per change: step, reward, incarnation, restarts, snapshot."""
+    """One terminal line per change: step, reward, incarnation, restarts, snapshot.
+
+    After a restart the trainer resumes from the snapshot's train step, so the steps trained
+    after it are trained again: the line then says so (``redo``, with the highest step
+    reached) instead of seeming to lose progress silently.
+    """
 
     def __init__(self, out: Any = None) -> None:
         self.out = out or sys.stdout
         self._last: tuple[Any, ...] | None = None
+        self._highest = 0
 
     def __call__(self, run: EmbeddedRun, status: dict[str, Any]) -> None:
         step = run.last_step() or {}
@@ -475,8 +481,11 @@ class Display:
         reward = step.get("reward_mean")
         snapshot = status.get("latestManifestUri")
         shown = f"{reward:6.3f}" if isinstance(reward, int | float) else "     -"
+        current = int(step.get("step") or 0)
+        self._highest = max(self._highest, current)
+        redo = f" (redo, reached {self._highest})" if current < self._highest else ""
         line = (
-            f"{run.elapsed():6.1f}s  step {step.get('step', 0):>4}/{total}  reward {shown}"
+            f"{run.elapsed():6.1f}s  step {current:>4}/{total}{redo}  reward {shown}"
             f"  incarnation {status.get('incarnation', 0)}"
             f"  restarts {status.get('restarts', 0)}"
             f"  preemptions {status.get('preemptions', 0)}"

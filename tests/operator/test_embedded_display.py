@@ -1,0 +1,44 @@
+"""``rolloutrun run``'s live line: steps trained again after a restart are called a redo."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from rolloutrun_operator.embedded import Display, last_step
+
+
+class _Run:
+    """What the display reads of an embedded run: its metrics file, spec and clock."""
+
+    def __init__(self, metrics: Path) -> None:
+        self.metrics = metrics
+        self.document = {"spec": {"run": {"grpo": {"maxSteps": 9}}}}
+
+    def last_step(self) -> dict[str, Any] | None:
+        return last_step(self.metrics)
+
+    def elapsed(self) -> float:
+        return 1.0
+
+
+def test_a_restart_shows_the_redone_steps_and_the_highest_reached(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    run, out = _Run(metrics), io.StringIO()
+    display = Display(out)
+    status: dict[str, Any] = {"incarnation": 0}
+    for step, incarnation in ((3, 0), (5, 0), (4, 1), (5, 1), (6, 1)):
+        with metrics.open("a") as f:
+            f.write(json.dumps({"step": step, "reward_mean": 0.5}) + "\n")
+        status["incarnation"] = incarnation
+        display(run, status)  # type: ignore[arg-type]
+    lines = out.getvalue().splitlines()
+    assert [line.split("step")[1].split("reward")[0].strip() for line in lines] == [
+        "3/9",
+        "5/9",
+        "4/9 (redo, reached 5)",
+        "5/9",
+        "6/9",
+    ]
