@@ -10,6 +10,10 @@ and refuses to run further ahead of the trainer than ``maxStaleness`` allows: a 
 admitted for step ``s`` while the trainer holds version ``v`` is generated with weights
 ``>= v`` and trained by the step that starts from ``s - 1``, so its age is at most
 ``s - 1 - v <= maxStaleness``.
+
+The same bound read the other way (:func:`newest_trained_at_admission`) says which steps are
+certainly trained when step ``s`` is admitted, whatever the timing: deterministic mode hands
+their unused spare reserves on to ``s`` (see ``RolloutRuntimeState.reserve_step``).
 """
 
 from __future__ import annotations
@@ -75,6 +79,17 @@ class PromptDataloader:
 def staleness_allows(target_step: int, trainer_version: int, max_staleness: int) -> bool:
     """Whether a batch for ``target_step`` may start while the trainer holds ``trainer_version``."""
     return target_step - 1 - trainer_version <= max_staleness
+
+
+def newest_trained_at_admission(target_step: int, max_staleness: int) -> int:
+    """The newest step certainly trained when ``target_step`` is admitted (0: none).
+
+    ``staleness_allows`` admits ``target_step`` only at a trainer version of at least
+    ``target_step - 1 - max_staleness``; every step up to that version has committed. Steps
+    after it may or may not have, depending on timing, so nothing deterministic may depend
+    on them.
+    """
+    return max(0, target_step - 1 - max_staleness)
 
 
 @dataclass

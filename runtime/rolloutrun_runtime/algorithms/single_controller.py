@@ -13,6 +13,13 @@ replicas, stages every result in the data plane, and is finalized into ``train``
 the replay buffer under one ``group_commits`` cut. A group with no learning signal (or one
 that ran out of attempts) is replaced from the spare-prompt pool, or counted as shortfall.
 
+With ``checkpointing.deterministic`` those decisions must not depend on finishing order: the
+same cut also sets aside the step's spare reserve (one prompt per slot, slot ``i`` being the
+``i``-th prompt of the reservation), and a dropped group is replaced by its own slot's
+reserve prompt, or given up only when its slot is among the first
+``int(P * (1 - minStepBatchFraction))`` (``decide_slot_drop``). Unused reserve prompts are
+handed on to later steps once their step commits; the dataloader is drawn from nowhere else.
+
 Train pump: wait for the groups stamped with its step (or the step's shortfall), compute
 group-normalized advantages and the PPO-clip loss in one batched pass, then apply the
 optimizer step and clear the rows inside one ``sample_clears`` mutation (the
@@ -74,7 +81,11 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     TrainingProgress,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
-from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader
+from rolloutrun_runtime.algorithms.samplers import (
+    InOrderSampler,
+    PromptDataloader,
+    newest_trained_at_admission,
+)
 from rolloutrun_runtime.algorithms.trainer_checkpoint import (
     TrainerCapture,
     TrainerCheckpointer,
@@ -143,6 +154,38 @@ def decide_drop(
     return DropAction.KEEP
 
 
+def shortfall_slots(prompts_per_step: int, min_step_batch_fraction: float) -> int:
+    """How many of a step's slots may close short (the first ones, in deterministic mode)."""
+    return int(prompts_per_step * (1.0 - min_step_batch_fraction))
+
+
+def decide_slot_drop(
+    *,
+    failed: bool,
+    slot: int,
+    reserve_left: bool,
+    prompts_per_step: int,
+    min_step_batch_fraction: float,
+) -> DropAction:
+    """Deterministic mode: what to do with a dropped group of slot ``slot``.
+
+    A function of the slot alone, never of how many groups of the step dropped before it: a
+    failed group (attempts exhausted: environmental, outside what bit-identity promises) is
+    given up; a zero-variance one is replaced by its slot's reserve prompt while one is
+    left, then given up when its slot is one of the first ``shortfall_slots`` (so at least
+    ``minStepBatchFraction`` of the step's groups train), else kept with zero advantage.
+    """
+    if not 0 <= slot < prompts_per_step:
+        raise ValueError(f"slot {slot} is outside a step of {prompts_per_step} prompts")
+    if failed:
+        return DropAction.SHORTFALL
+    if reserve_left:
+        return DropAction.REPLACE
+    if slot < shortfall_slots(prompts_per_step, min_step_batch_fraction):
+        return DropAction.SHORTFALL
+    return DropAction.KEEP
+
+
 @dataclass
 class _GroupRun:
     """A group being generated (the in-memory side of a ledger group)."""
@@ -152,6 +195,8 @@ class _GroupRun:
     target_step: int
     start_version: int
     staged: dict[int, str] = field(default_factory=dict)
+    slot: int | None = None
+    """Deterministic mode: the step slot the group fills (None: decided as asynchronous)."""
 
 
 class ControllerError(RuntimeError):
@@ -403,7 +448,9 @@ class SingleController:
             return self.barrier.mutation(kind)
         return _no_cut()
 
-    def _reserve_prompt_group(self, cut: LiveCut | None, prompt: PromptRef, step: int) -> _GroupRun:
+    def _reserve_prompt_group(
+        self, cut: LiveCut | None, prompt: PromptRef, step: int, slot: int | None = None
+    ) -> _GroupRun:
         group_id = f"pg{new_uuid_hex()[:12]}"
         if self.ledger is not None:
             assert cut is not None
@@ -422,7 +469,7 @@ class SingleController:
             self.trace.emit(
                 "group_reserved", group_id=group_id, prompt_id=prompt.prompt_id, target_step=step
             )
-        return _GroupRun(group_id, prompt, step, self.served_version)
+        return _GroupRun(group_id, prompt, step, self.served_version, slot=slot)
 
     def _discard_prompt_group(self, cut: LiveCut | None, group_id: str, reason: str) -> None:
         if self.ledger is not None:
@@ -448,13 +495,34 @@ class SingleController:
                 await self.buffer.acquire_permit()
             async with self._dispatch_reservation("prompt_reservations") as cut:
                 with self.overhead:
-                    self._refill_spare_pool()
-                    refs = self.dataloader.next_prompts(prompts)
-                    crash_point("after_dataloader_advance")
-                    step = self._admit_step(cut)
-                    runs = [self._reserve_prompt_group(cut, ref, step) for ref in refs]
+                    if self.cfg.checkpointing.deterministic:
+                        refs = self.dataloader.next_prompts(prompts)
+                        step = self._admit_step(cut)
+                        self._reserve_spares(step, refs)
+                        crash_point("after_dataloader_advance")
+                        slots: list[int | None] = list(range(prompts))
+                    else:
+                        self._refill_spare_pool()
+                        refs = self.dataloader.next_prompts(prompts)
+                        crash_point("after_dataloader_advance")
+                        step = self._admit_step(cut)
+                        slots = [None] * prompts
+                    runs = [
+                        self._reserve_prompt_group(cut, ref, step, slot)
+                        for ref, slot in zip(refs, slots, strict=True)
+                    ]
             for run in runs:
                 self._launch(self._run_group(run), run.group_id)
+
+    def _reserve_spares(self, step: int, refs: list[PromptRef]) -> None:
+        """Deterministic mode: set aside ``step``'s reserve, one per slot and replacement."""
+        self._rollout_runtime.reserve_step(
+            step,
+            refs,
+            REPLACEMENTS_PER_PROMPT * len(refs),
+            newest_trained=newest_trained_at_admission(step, self.cfg.grpo.max_staleness),
+            draw=self.dataloader.next_prompts,
+        )
 
     def _refill_spare_pool(self) -> None:
         pool = self._rollout_runtime.spare_prompts
@@ -586,17 +654,13 @@ class SingleController:
         keys = [run.staged[i] for i in range(self.cfg.grpo.group_size)]
         rows = self.data_plane.get_many("staging", keys)
         rewards = [float(row["reward"]) for row in rows]
-        if self.cfg.grpo.drop_zero_variance_groups and zero_variance(rewards):
-            action = decide_drop(
-                failed=False,
-                replacements=self._rollout_runtime.replacements.get(run.target_step, 0),
-                shortfall=self._rollout_runtime.shortfall(run.target_step),
-                prompts_per_step=self.cfg.grpo.prompts_per_step,
-                min_step_batch_fraction=self.cfg.grpo.min_step_batch_fraction,
-            )
-            if action is not DropAction.KEEP:
-                await self._drop_group(run, "zero reward variance", failed=False)
-                return
+        if (
+            self.cfg.grpo.drop_zero_variance_groups
+            and zero_variance(rewards)
+            and self._decide_drop(run, failed=False) is not DropAction.KEEP
+        ):
+            await self._drop_group(run, "zero reward variance", failed=False)
+            return
         async with self.barrier.mutation("group_commits") as cut:
             with self.overhead:
                 if self.ledger is not None:
@@ -649,17 +713,48 @@ class SingleController:
                     raise
         self._signal()
 
+    def _decide_drop(self, run: _GroupRun, *, failed: bool) -> DropAction:
+        """The drop decision: slot-bound for a deterministic step with a reserve, else by
+        the step's budgets (asynchronous mode, or a step admitted before a resume from a
+        checkpoint that kept no reserves)."""
+        state = self._rollout_runtime
+        grpo = self.cfg.grpo
+        record = state.step_reserves.get(run.target_step)
+        if run.slot is not None and record is not None:
+            return decide_slot_drop(
+                failed=failed,
+                slot=run.slot,
+                reserve_left=record.next_unused(run.slot) is not None,
+                prompts_per_step=grpo.prompts_per_step,
+                min_step_batch_fraction=grpo.min_step_batch_fraction,
+            )
+        return decide_drop(
+            failed=failed,
+            replacements=state.replacements.get(run.target_step, 0),
+            shortfall=state.shortfall(run.target_step),
+            prompts_per_step=grpo.prompts_per_step,
+            min_step_batch_fraction=grpo.min_step_batch_fraction,
+        )
+
+    def _replacement_prompt(self, run: _GroupRun) -> PromptRef:
+        """The prompt that replaces ``run``: its slot's next reserve prompt (marked used),
+        else the spare pool's next one (call under the discard mutation)."""
+        record = self._rollout_runtime.step_reserves.get(run.target_step)
+        if run.slot is not None and record is not None:
+            position = record.next_unused(run.slot)
+            if position is None:
+                raise ControllerError(
+                    f"slot {run.slot} of step {run.target_step} has no reserve prompt left"
+                )
+            record.used[position] = True
+            return record.reserve[position]
+        return self._take_spare()
+
     async def _drop_group(self, run: _GroupRun, reason: str, *, failed: bool) -> None:
-        """Give a group up: replace it from the spare pool (keeping its permit) or count it."""
+        """Give a group up: replace it (keeping its permit) or count it as shortfall."""
         state = self._rollout_runtime
         step = run.target_step
-        action = decide_drop(
-            failed=failed,
-            replacements=state.replacements.get(step, 0),
-            shortfall=state.shortfall(step),
-            prompts_per_step=self.cfg.grpo.prompts_per_step,
-            min_step_batch_fraction=self.cfg.grpo.min_step_batch_fraction,
-        )
+        action = self._decide_drop(run, failed=failed)
         if action is DropAction.KEEP:
             action = DropAction.SHORTFALL
         replacement: _GroupRun | None = None
@@ -677,7 +772,9 @@ class SingleController:
                     )
                 if action is DropAction.REPLACE:
                     state.replacements[step] = state.replacements.get(step, 0) + 1
-                    replacement = self._reserve_prompt_group(cut, self._take_spare(), step)
+                    replacement = self._reserve_prompt_group(
+                        cut, self._replacement_prompt(run), step, run.slot
+                    )
                 else:
                     state.batch_shortfall[step] = state.shortfall(step) + 1
                     self.buffer.release_permit()
@@ -752,7 +849,7 @@ class SingleController:
                 chosen = self.buffer.ready_for(step)
                 if self.cfg.checkpointing.deterministic:
                     # Finalization order is timing; the trained order must not be.
-                    chosen = sorted(chosen, key=lambda g: (g.prompt_id, g.group_id))
+                    chosen = sorted(chosen, key=self._deterministic_order)
                 chosen = chosen[:prompts]
                 ids = [g.group_id for g in chosen]
                 self.buffer.take(ids)
@@ -763,6 +860,19 @@ class SingleController:
                     row for g in chosen for row in self.data_plane.get_many("train", g.row_keys)
                 ]
         return _Selected(step, chosen, rows)
+
+    def _deterministic_order(self, group: ReplayGroup) -> tuple[int, int, int, int, int, str]:
+        """A timing-free sort key: the group's slot and replacement number in its step.
+
+        A step trains at most one group per slot, so the slot decides; a group whose step
+        kept no reserve (admitted before a resume from an older checkpoint) sorts after, by
+        prompt (the group id only breaks ties such a legacy step could still have).
+        """
+        prompt = self._prompt_of(group)
+        place = self._rollout_runtime.place_of(group.target_step, prompt.prompt_id, prompt.epoch)
+        if place is None:
+            return (1, 0, 0, prompt.prompt_id, prompt.epoch, group.group_id)
+        return (0, *place, prompt.prompt_id, prompt.epoch, group.group_id)
 
     def _compute_gradients(self, selected: _Selected) -> dict[str, float]:
         """Forward, PPO-clip loss and backward over the step's rows (runs in a thread)."""
@@ -804,6 +914,7 @@ class SingleController:
                         self.ledger.remove_trained(cut, ids, step)
                     self.buffer.release_permit(len(ids))
                     self._rollout_runtime.open_step_groups = []
+                    self._rollout_runtime.commit_reserve(step)
                     self.trainer_version = step
                     self.groups_trained.extend(ids)
                     for group in selected.groups:
@@ -905,6 +1016,7 @@ class SingleController:
             "controller_overhead_s": overhead_s,
             "controller_overhead_share": overhead_s / step_time if step_time > 0 else 0.0,
             "spare_prompts": len(state.spare_prompts),
+            "reserved_prompts": len(state.reserved_prompts()),
             "replay_groups": len(self.buffer),
             "barrier_waits": {
                 kind: round(stats_["total_s"], 6)
@@ -1073,11 +1185,16 @@ class SingleController:
                 "staging", [k for k in self.data_plane.list("staging") if k not in referenced]
             )
             for record in ledger.with_status(GroupStatus.GENERATING, GroupStatus.READY_TO_FINALIZE):
+                target_step = record.target_step or self.trainer_version + 1
+                place = self._rollout_runtime.place_of(
+                    target_step, record.prompt.prompt_id, record.prompt.epoch
+                )
                 run = _GroupRun(
                     record.group_id,
                     record.prompt,
-                    record.target_step or self.trainer_version + 1,
+                    target_step,
                     record.start_weight_version,
+                    slot=place[0] if place is not None else None,
                 )
                 for sibling in record.siblings:
                     current = sibling.current

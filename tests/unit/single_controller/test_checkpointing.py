@@ -304,10 +304,7 @@ async def test_schema_4_sidecar_fixture_still_restores(tmp_path) -> None:
 async def test_deterministic_resume_is_bit_identical(tmp_path) -> None:
     """deterministic: true — stop after step 3 (snapshot after step 2, bootstrap anchor),
     resume, finish: the weights equal an uninterrupted run's, bit for bit."""
-    sections = {
-        "checkpointing": {"deterministic": True},
-        "grpo": {"dropZeroVarianceGroups": False},
-    }
+    sections = {"checkpointing": {"deterministic": True}}
     async with harness() as h:
         base = await h.start_gyms(tiny_config(tmp_path / "a", **sections))
         straight = await h.controller(base)

@@ -316,11 +316,19 @@ class RolloutRestorer:
             raise RestoreError(f"{where}: lacks {CONTROLLER_STATE_FILE}")
         train_step = int(controller["trainer_version"])
         # runtime state
+        runtime_json = json.loads(files[RUNTIME_STATE_FILE]) if RUNTIME_STATE_FILE in files else {}
         runtime = (
-            RolloutRuntimeState.from_json(json.loads(files[RUNTIME_STATE_FILE]))
-            if RUNTIME_STATE_FILE in files
-            else RolloutRuntimeState()
+            RolloutRuntimeState.from_json(runtime_json) if runtime_json else RolloutRuntimeState()
         )
+        if self._config.checkpointing.deterministic and not RolloutRuntimeState.keeps_reserves(
+            runtime_json
+        ):
+            logger.warning(
+                "%s keeps no spare reserves (written by an older runtime): groups of the steps "
+                "it admitted are replaced from the spare pool in finishing order, so this "
+                "resume is not bit-identical until those steps are trained",
+                where,
+            )
         # data plane and its replay view
         dp_files = {
             name[len(DATA_PLANE_PREFIX) :]: data
@@ -377,7 +385,7 @@ class RolloutRestorer:
         plane.clear("train", inventory.orphan_train)
         plane.clear("staging", inventory.orphan_staging)
         # the cursor must cover the restored work
-        prompts = list(runtime.spare_prompts)
+        prompts = list(runtime.spare_prompts) + runtime.reserved_prompts()
         if ledger is not None:
             prompts.extend(group.prompt for group in ledger.groups())
         check_cursor(prompts, controller["dataloader"])

@@ -8,6 +8,12 @@ new piece of rollout state is saved by every checkpoint kind as soon as it is ad
 ``RolloutParts`` is the bundle of controller parts both checkpoint halves read; of those,
 only ``runtime_state`` changes. The halves read live training counters through
 ``read_progress`` and never touch controller fields.
+
+Deterministic mode keeps each admitted step's **spare reserve** here too (``StepReserve``,
+``Leftover``): the prompts that replace the step's dropped groups are set aside when the
+step is admitted, bound to its slots, and handed on to later steps when unused, so which
+prompt replaces which group never depends on finishing order. They are rollout state like
+the spare pool: saved by every checkpoint and counted as pending by the audit.
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ if TYPE_CHECKING:
 
 #: Schema of ``RolloutRuntimeState.to_json``; bump it when the saved fields change.
 #: 2 added the training journal and the steps trained since the anchor (schema 1 still reads,
-#: with both empty).
-RUNTIME_STATE_SCHEMA = 2
-READABLE_RUNTIME_STATE_SCHEMAS = (1, 2)
+#: with both empty); 3 added the deterministic spare reserves (``step_reserves``,
+#: ``leftovers``; schemas 1 and 2 read with none).
+RUNTIME_STATE_SCHEMA = 3
+READABLE_RUNTIME_STATE_SCHEMAS = (1, 2, 3)
 #: Schema of ``training_journal.json``.
 TRAINING_JOURNAL_SCHEMA = 1
 
@@ -135,6 +142,121 @@ class FinalizerResult:
 
 
 @dataclass
+class StepReserve:
+    """One admitted step's prompts, in slot order, and its spare reserve (deterministic mode).
+
+    Slot ``i`` is the ``i``-th prompt of the step's reservation. With ``k`` reserve prompts
+    per slot (``len(reserve) == k * len(prompts)``), slot ``i`` owns ``reserve[i*k:(i+1)*k]``:
+    a dropped group of slot ``i`` is replaced by the slot's next unused one, so the choice is
+    a function of the slot, never of which group finished first.
+    """
+
+    prompts: tuple[PromptRef, ...]
+    reserve: tuple[PromptRef, ...]
+    used: list[bool]
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise ValueError("a step reserve needs at least one slot")
+        if len(self.used) != len(self.reserve):
+            raise ValueError(
+                f"a step reserve has {len(self.reserve)} prompts but {len(self.used)} used flags"
+            )
+        if len(self.reserve) % len(self.prompts):
+            raise ValueError(
+                f"a step reserve of {len(self.reserve)} prompts does not split over "
+                f"{len(self.prompts)} slots"
+            )
+
+    @property
+    def per_slot(self) -> int:
+        return len(self.reserve) // len(self.prompts)
+
+    def next_unused(self, slot: int) -> int | None:
+        """The reserve position slot ``slot`` would use next (None: its reserve is spent)."""
+        start = slot * self.per_slot
+        for position in range(start, start + self.per_slot):
+            if not self.used[position]:
+                return position
+        return None
+
+    def place_of(self, prompt_id: int, epoch: int) -> tuple[int, int] | None:
+        """``(slot, replacement)`` of a prompt of this step: 0 for the slot's own prompt,
+        ``j + 1`` for its ``j``-th reserve prompt; None when the prompt is not this step's.
+        ``(prompt_id, epoch)`` names one drawn prompt (an epoch draws each prompt once)."""
+        for slot, prompt in enumerate(self.prompts):
+            if (prompt.prompt_id, prompt.epoch) == (prompt_id, epoch):
+                return slot, 0
+        for position, prompt in enumerate(self.reserve):
+            if (prompt.prompt_id, prompt.epoch) == (prompt_id, epoch):
+                return divmod(position, self.per_slot)[0], position % self.per_slot + 1
+        return None
+
+    def unused(self) -> list[tuple[int, PromptRef]]:
+        """``(position, prompt)`` of every reserve prompt not used (yet)."""
+        return [(i, p) for i, p in enumerate(self.reserve) if not self.used[i]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompts": [p.to_json() for p in self.prompts],
+            "reserve": [p.to_json() for p in self.reserve],
+            "used": list(self.used),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str) -> StepReserve:
+        return cls(
+            prompts=tuple(
+                PromptRef.from_json(p, f"{where}.prompts[{i}]")
+                for i, p in enumerate(data["prompts"])
+            ),
+            reserve=tuple(
+                PromptRef.from_json(p, f"{where}.reserve[{i}]")
+                for i, p in enumerate(data["reserve"])
+            ),
+            used=[bool(u) for u in data["used"]],
+        )
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """An unused reserve prompt of a committed step, waiting for a later step's reserve."""
+
+    step: int
+    position: int
+    prompt: PromptRef
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "position": self.position, "prompt": self.prompt.to_json()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str) -> Leftover:
+        return cls(
+            step=int(data["step"]),
+            position=int(data["position"]),
+            prompt=PromptRef.from_json(data["prompt"], f"{where}.prompt"),
+        )
+
+
+def take_leftovers(
+    leftovers: list[Leftover], newest_trained: int, count: int
+) -> tuple[list[Leftover], list[Leftover]]:
+    """``(taken, kept)``: up to ``count`` leftovers of steps ``<= newest_trained``, in
+    ``(step, position)`` order.
+
+    Only steps certainly trained when the taking step is admitted may give: whether a later
+    step has committed by then is timing, and so would be the prompts it hands on.
+    """
+    eligible = sorted(
+        (left for left in leftovers if left.step <= newest_trained),
+        key=lambda left: (left.step, left.position),
+    )
+    taken = eligible[: max(0, count)]
+    chosen = set(taken)
+    return taken, [left for left in leftovers if left not in chosen]
+
+
+@dataclass
 class RolloutRuntimeState:
     """Rollout state the pumps change and every checkpoint saves (one instance per run)."""
 
@@ -159,6 +281,12 @@ class RolloutRuntimeState:
     replay_after: int = 0
     """Steps after this one keep their ``train`` rows (``TrainedStep.row_groups``) until a
     trainer checkpoint covering them is durable; it is the newest durable step."""
+    step_reserves: dict[int, StepReserve] = field(default_factory=dict)
+    """Deterministic mode: per admitted, uncommitted step, its slots and spare reserve. A
+    step without one (admitted by a runtime that kept none) drops groups as in
+    asynchronous mode."""
+    leftovers: list[Leftover] = field(default_factory=list)
+    """Deterministic mode: unused reserve prompts of committed steps, for later reserves."""
 
     def shortfall(self, step: int) -> int:
         return self.batch_shortfall.get(step, 0)
@@ -167,6 +295,52 @@ class RolloutRuntimeState:
         """Drop per-step bookkeeping of a committed step."""
         self.batch_shortfall.pop(step, None)
         self.replacements.pop(step, None)
+
+    def reserve_step(
+        self,
+        step: int,
+        prompts: list[PromptRef],
+        count: int,
+        *,
+        newest_trained: int,
+        draw: Callable[[int], list[PromptRef]],
+    ) -> StepReserve:
+        """Set aside ``count`` reserve prompts for ``step`` (call where the step is admitted).
+
+        First prompts left in the spare pool (only a resume of a runtime that kept one in
+        deterministic mode leaves any), then leftovers of steps ``<= newest_trained``, then
+        ``draw`` (the dataloader) for the rest.
+        """
+        if step in self.step_reserves:
+            raise ValueError(f"step {step} already has a spare reserve")
+        reserve = self.spare_prompts[:count]
+        del self.spare_prompts[: len(reserve)]
+        taken, self.leftovers = take_leftovers(self.leftovers, newest_trained, count - len(reserve))
+        reserve += [left.prompt for left in taken]
+        if len(reserve) < count:
+            reserve += draw(count - len(reserve))
+        record = StepReserve(tuple(prompts), tuple(reserve), [False] * len(reserve))
+        self.step_reserves[step] = record
+        return record
+
+    def commit_reserve(self, step: int) -> list[Leftover]:
+        """``step`` committed: its unused reserve prompts become leftovers (returned)."""
+        record = self.step_reserves.pop(step, None)
+        if record is None:
+            return []
+        handed_on = [Leftover(step, position, prompt) for position, prompt in record.unused()]
+        self.leftovers.extend(handed_on)
+        return handed_on
+
+    def place_of(self, step: int | None, prompt_id: int, epoch: int) -> tuple[int, int] | None:
+        """``(slot, replacement)`` of a group of ``step`` (None: no reserve or not found)."""
+        record = self.step_reserves.get(step) if step is not None else None
+        return record.place_of(prompt_id, epoch) if record is not None else None
+
+    def reserved_prompts(self) -> list[PromptRef]:
+        """Reserve prompts drawn and not (yet) admitted as a group: pending, like spares."""
+        unused = [p for record in self.step_reserves.values() for _, p in record.unused()]
+        return unused + [left.prompt for left in self.leftovers]
 
     def replay_steps(self, anchor_step: int) -> list[TrainedStep]:
         """The committed steps after ``anchor_step`` (retrained on a resume from it)."""
@@ -227,7 +401,16 @@ class RolloutRuntimeState:
             "replacements": {str(k): v for k, v in sorted(self.replacements.items())},
             "sampler_stamps_target_steps": self.sampler_stamps_target_steps,
             "finalizer_results": [r.to_json() for r in self.finalizer_results.values()],
+            "step_reserves": {
+                str(step): record.to_json() for step, record in sorted(self.step_reserves.items())
+            },
+            "leftovers": [left.to_json() for left in self.leftovers],
         }
+
+    @staticmethod
+    def keeps_reserves(data: Mapping[str, Any]) -> bool:
+        """Whether a saved state records spare reserves (schema 3 on; older ones did not)."""
+        return "step_reserves" in data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RolloutRuntimeState:
@@ -264,6 +447,14 @@ class RolloutRuntimeState:
                 for i, p in enumerate(data.get("pending_drops", []))
             ],
             replay_after=int(data.get("replay_after", 0)),
+            step_reserves={
+                int(step): StepReserve.from_json(record, f"step_reserves[{step}]")
+                for step, record in data.get("step_reserves", {}).items()
+            },
+            leftovers=[
+                Leftover.from_json(left, f"leftovers[{i}]")
+                for i, left in enumerate(data.get("leftovers", []))
+            ],
         )
 
 
