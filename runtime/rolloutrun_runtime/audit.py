@@ -12,10 +12,11 @@ table-tested against doctored states:
 
 * **prompts** — for every epoch up to the final dataloader cursor, each drawn prompt
   (from the per-epoch permutation, a pure function of seed and epoch) is trained exactly
-  once (the training journal), still pending (ledger, spare pool, replay view), or
-  recorded as dropped by the journal. ``lost`` counts drawn prompts that are none of these;
-  ``duplicated`` counts prompts trained more than once within an epoch; ``undrawn`` counts
-  trained or pending prompts beyond the cursor (a cursor that went backwards).
+  once (the training journal), still pending (ledger, spare pool, deterministic spare
+  reserves, replay view), or recorded as dropped by the journal. ``lost`` counts drawn
+  prompts that are none of these; ``duplicated`` counts prompts trained more than once
+  within an epoch; ``undrawn`` counts trained or pending prompts beyond the cursor (a cursor
+  that went backwards).
 * **side effects** — no ``(rollout_id, revision)`` appears twice across the Gym audit files.
 * **gym attempts** — per rollout, the environment attempt recorded with its effects never
   goes back (one more per turn-level restore; an older attempt applying an effect after a
@@ -112,6 +113,8 @@ class DurableState:
     dropped: list[Prompt] = field(default_factory=list)
     ledger: list[LedgerGroup] = field(default_factory=list)
     spare: list[Prompt] = field(default_factory=list)
+    reserved: list[Prompt] = field(default_factory=list)
+    """Deterministic spare reserves drawn and not admitted (unused or handed on)."""
     replay: list[dict[str, Any]] = field(default_factory=list)
     staging_keys: list[str] = field(default_factory=list)
     train_keys: list[str] = field(default_factory=list)
@@ -144,6 +147,7 @@ class PromptReport:
 def _pending_prompts(state: DurableState) -> list[Prompt]:
     pending = [g.prompt for g in state.ledger]
     pending += state.spare
+    pending += state.reserved
     in_ledger = {g.group_id for g in state.ledger}
     # With ledger dispatch the replay view is a subset of the ledger; without it the replay
     # groups are the only record (their epoch is the cursor's or the one before: the ledger
@@ -458,6 +462,21 @@ def parse_ledger(document: Mapping[str, Any]) -> tuple[list[LedgerGroup], list[P
     return groups, spare
 
 
+def parse_reserves(runtime_state: Mapping[str, Any]) -> list[Prompt]:
+    """``runtime_state.json``'s reserve prompts not admitted as a group: each step's unused
+    ones and the leftovers handed on (none before runtime state schema 3)."""
+    reserved = []
+    for step, record in runtime_state.get("step_reserves", {}).items():
+        prompts, used = record["reserve"], record["used"]
+        if len(prompts) != len(used):
+            raise AuditError(
+                f"step {step}'s spare reserve has {len(prompts)} prompts, {len(used)} used flags"
+            )
+        reserved += [p for p, was_used in zip(prompts, used, strict=True) if not was_used]
+    reserved += [left["prompt"] for left in runtime_state.get("leftovers", [])]
+    return [Prompt(int(p["prompt_id"]), int(p["epoch"])) for p in reserved]
+
+
 def parse_side_effects(lines: Iterable[str], source: str) -> tuple[list[SideEffect], int]:
     """A Gym audit file's lines; a torn (unparseable) line is counted, not trusted."""
     effects: list[SideEffect] = []
@@ -636,6 +655,7 @@ def load_durable_state(
             Prompt(int(p["prompt_id"]), int(p["epoch"]))
             for p in runtime_state.get("spare_prompts", [])
         ]
+    reserved = parse_reserves(runtime_state or {})
     retained = [
         key
         for entry_json in (runtime_state or {}).get("journal", [])
@@ -664,6 +684,7 @@ def load_durable_state(
         dropped=dropped,
         ledger=ledger,
         spare=spare,
+        reserved=reserved,
         replay=list(replay),
         staging_keys=sorted(index.get("staging", {})),
         train_keys=sorted(index.get("train", {})),

@@ -183,6 +183,36 @@ def test_dropped_prompts_are_accounted_for() -> None:
     assert A.audit(state).prompts.ok
 
 
+def _runtime_state_holding(prompt: A.Prompt, *, used: bool, leftover: bool) -> dict:
+    """A ``runtime_state.json`` whose only unadmitted reserve prompt is ``prompt``."""
+    ref = {"prompt_id": prompt.prompt_id, "epoch": prompt.epoch, "index": 0}
+    other = {"prompt_id": prompt.prompt_id, "epoch": prompt.epoch + 5, "index": 0}
+    if leftover:
+        return {"step_reserves": {}, "leftovers": [{"step": 3, "position": 0, "prompt": ref}]}
+    record = {"prompts": [other], "reserve": [ref], "used": [used]}
+    return {"step_reserves": {"5": record}, "leftovers": []}
+
+
+@pytest.mark.parametrize(
+    ("used", "leftover", "lost"), [(False, False, 0), (True, False, 1), (False, True, 0)]
+)
+def test_spare_reserves_count_as_pending_unless_used(used: bool, leftover: bool, lost: int) -> None:
+    """Deterministic mode's reserve prompts (unused ones, and leftovers handed on) are
+    drawn and pending; a used one became a ledger group, so it does not count again."""
+    state = clean_state()
+    prompt = state.spare.pop()
+    state.reserved = A.parse_reserves(_runtime_state_holding(prompt, used=used, leftover=leftover))
+    assert A.check_prompts(state).lost == lost
+
+
+def test_a_reserve_without_its_used_flags_is_an_error() -> None:
+    document = _runtime_state_holding(A.Prompt(1, 0), used=False, leftover=False)
+    document["step_reserves"]["5"]["used"] = []
+    with pytest.raises(A.AuditError, match="step 5's spare reserve has 1 prompts, 0 used flags"):
+        A.parse_reserves(document)
+    assert A.parse_reserves({}) == []  # a state written before reserves existed
+
+
 def test_same_prompt_in_two_epochs_is_not_a_duplicate() -> None:
     state = clean_state()
     p1 = _perm(1)
