@@ -3,7 +3,10 @@
 Why a READY line: the local launcher and the tests start replicas as subprocesses on port 0
 and need the bound URL; printing ``READY <url>`` once the socket listens is the cheapest
 handshake that works the same on a laptop and in a pod. SIGTERM (pod deletion, preemption)
-stops the server cleanly: the audit file is flushed line by line, so nothing is lost.
+stops the server cleanly: the audit file is flushed line by line and ``--audit-uri`` objects
+are written before their effect is applied, so nothing is lost. A side-effect store that
+cannot be read at startup (bucket missing, no permission) exits 1 before serving: a replica
+that cannot tell which effects its predecessor applied must not run episodes.
 """
 
 from __future__ import annotations
@@ -15,9 +18,8 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from rolloutrun_runtime.config import RunConfig
+    from rolloutrun_runtime.environments.gym.effects import SideEffectLog
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -30,8 +32,15 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="stable replica id (default: $POD_NAME, else <hostname>-<port>)",
     )
-    parser.add_argument(
+    audit = parser.add_mutually_exclusive_group()
+    audit.add_argument(
         "--audit-file", default=None, help="append every applied side effect here (JSON lines)"
+    )
+    audit.add_argument(
+        "--audit-uri",
+        default=None,
+        help="record every side effect, before applying it, as a create-only object under "
+        "this storage URI (file:///dir or gs://bucket/prefix): <uri>/<instance-id>/...",
     )
     parser.set_defaults(handler=run)
 
@@ -52,16 +61,27 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rolloutrun_runtime.config import ConfigError, load_run_config
+    from rolloutrun_runtime.environments.gym.effects import SideEffectLog, open_effect_store
     from rolloutrun_runtime.pod import resolve_config_path
+    from rolloutrun_runtime.storage import StorageError
 
     try:
         cfg = load_run_config(resolve_config_path(args.config))  # the local cluster's pod root
     except ConfigError as error:
         print(f"rolloutrun gym: {error}", file=sys.stderr)
         return 2
+
+    instance_id = args.instance_id or default_instance_id(args.port)
     audit = Path(args.audit_file) if args.audit_file else None
     try:
-        return asyncio.run(_serve(cfg, args.host, args.port, args.instance_id, audit))
+        store = open_effect_store(instance_id, audit_file=audit, audit_uri=args.audit_uri)
+        effects = SideEffectLog(instance_id, store=store)
+    except (StorageError, OSError, ValueError) as error:
+        logging.getLogger(__name__).error("gym side-effect store unusable: %s", error)
+        print(f"rolloutrun gym: side-effect store: {error}", file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(_serve(cfg, args.host, args.port, instance_id, effects))
     except OSError as error:
         logging.getLogger(__name__).error("gym server failed: %s", error)
         print(f"rolloutrun gym: {error}", file=sys.stderr)
@@ -69,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(
-    cfg: RunConfig, host: str, port: int, instance_id: str | None, audit: Path | None
+    cfg: RunConfig, host: str, port: int, instance_id: str, effects: SideEffectLog
 ) -> int:
     import asyncio
     import logging
@@ -80,7 +100,7 @@ async def _serve(
     from rolloutrun_runtime.policy.http import serve_app
 
     logger = logging.getLogger(__name__)
-    server = GymServer(instance_id or default_instance_id(port), cfg, audit)
+    server = GymServer(instance_id, cfg, effects=effects)
     control = GymCheckpointControl(server)  # token from ROLLOUTRUN_GYM_CONTROL_TOKEN
     server.continue_restored = control.claim_restored
     runner, url = await serve_app(server.app, host, port, cancel_on_disconnect=True)

@@ -7,10 +7,10 @@ stop an episode *between* turns, export it, and continue it elsewhere. Each call
 model call and after each tool round, the two points where an episode holds no half-done
 work. The checkpoint control plane parks episodes in those hooks.
 
-Side effects go through the ``SideEffectLog``: each applied effect bumps the episode's
-``revision`` and is keyed ``(rollout_id, revision)``; the log refuses a key it has already
-seen, so an effect can never be applied twice, and with an audit file it proves that from
-disk.
+Side effects go through the ``SideEffectLog`` (effects.py): each applied effect bumps the
+episode's ``revision`` and is keyed ``(rollout_id, revision)``; the log refuses a key it has
+already seen, so an effect can never be applied twice, and with an audit file or storage
+objects (written before the effect is applied) it proves that from durable state.
 """
 
 from __future__ import annotations
@@ -19,14 +19,17 @@ import asyncio
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Protocol
 
 import aiohttp
 
 from rolloutrun_runtime.config import TaskConfig
+from rolloutrun_runtime.environments.gym.effects import (
+    SideEffectLog,
+    SideEffectReplayError,
+    SideEffectStorageError,
+)
 from rolloutrun_runtime.environments.gym.episode import (
     LIVE_PHASES,
     Episode,
@@ -55,10 +58,6 @@ class PolicyCallError(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
-
-
-class SideEffectReplayError(Exception):
-    """A side effect whose ``(rollout_id, revision)`` was already applied: refused."""
 
 
 class PolicyClient(Protocol):
@@ -120,68 +119,6 @@ class LocalPolicyClient:
 
     async def complete(self, policy_url: str, request: GenerationRequest) -> GenerationResult:
         return await self.generate(request)
-
-
-class SideEffectLog:
-    """Applied side effects by ``(rollout_id, revision)``, optionally appended to a file.
-
-    Each line of the audit file is one applied effect: ``{"t", "instance_id", "rollout_id",
-    "attempt", "turn", "revision", "effect"}``, flushed as written. Reopening the file
-    reloads the highest revision per rollout, so a restarted server still refuses replays.
-    """
-
-    def __init__(self, instance_id: str, path: Path | None = None) -> None:
-        self.instance_id = instance_id
-        self.path = path
-        self._revisions: dict[str, int] = {}
-        self._file: IO[str] | None = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if path.exists():
-                self._load(path)
-            self._file = path.open("a", encoding="utf-8")
-
-    def _load(self, path: Path) -> None:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                logger.warning("audit file %s: skipping unreadable line %d", path, number)
-                continue
-            rollout_id, revision = entry["rollout_id"], int(entry["revision"])
-            self._revisions[rollout_id] = max(self._revisions.get(rollout_id, 0), revision)
-
-    def applied_revision(self, rollout_id: str) -> int:
-        return self._revisions.get(rollout_id, 0)
-
-    def record(self, episode: Episode, effect: dict[str, Any]) -> dict[str, Any]:
-        """Claim the episode's next revision for ``effect``; refuse one already applied."""
-        rollout_id = episode.episode_id.rollout_id
-        revision = episode.revision + 1
-        if revision <= self.applied_revision(rollout_id):
-            raise SideEffectReplayError(
-                f"side effect {rollout_id!r} revision {revision} was already applied "
-                f"(applied up to {self.applied_revision(rollout_id)}); refusing to repeat it"
-            )
-        entry = {
-            "t": time.time(),
-            "instance_id": self.instance_id,
-            "rollout_id": rollout_id,
-            "attempt": episode.episode_id.attempt,
-            "turn": episode.turn,
-            "revision": revision,
-            "effect": effect,
-        }
-        if self._file is not None:
-            self._file.write(json.dumps(entry, sort_keys=True) + "\n")
-            self._file.flush()
-        self._revisions[rollout_id] = revision
-        return entry
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -285,11 +222,14 @@ class AgentLoop:
             await asyncio.sleep(self.task.turn_delay_ms / 1000)
         if effect is not None:
             try:
-                entry = self.effects.record(episode, effect)
-            except SideEffectReplayError as error:
+                # Write-ahead: the record is durable before the state changes. A cancel
+                # while it is written leaves the revision claimed but not applied, which a
+                # restore refuses to continue (see effects.py).
+                entry = await self.effects.record(episode, effect)
+            except (SideEffectReplayError, SideEffectStorageError) as error:
                 episode.phase, episode.error = Phase.FAILED, str(error)
                 raise
-            # No await between claiming the revision and changing the state.
+            # No await between the record's return and changing the state.
             episode.revision = entry["revision"]
             episode.audit.append(entry)
         outcome = self.env.apply(episode.state, effect)

@@ -35,6 +35,10 @@ from rolloutrun_runtime.environments.gym.agent import (
     SideEffectLog,
     SideEffectReplayError,
 )
+from rolloutrun_runtime.environments.gym.effects import (
+    SideEffectStorageError,
+    open_effect_store,
+)
 from rolloutrun_runtime.environments.gym.episode import (
     CANCELLED_REASON,
     LIVE_PHASES,
@@ -98,12 +102,21 @@ class GymServer:
         run_cfg: RunConfig,
         audit_path: Path | None = None,
         *,
+        audit_uri: str | None = None,
+        effects: SideEffectLog | None = None,
         policy: PolicyClient | None = None,
         hooks: list[BoundaryHook] | None = None,
     ) -> None:
+        """``audit_path`` (a JSON-lines file), ``audit_uri`` (storage objects) or a ready
+        ``effects`` log says where applied side effects are kept; at most one of them."""
+        if sum(x is not None for x in (audit_path, audit_uri, effects)) > 1:
+            raise ValueError("give GymServer one of audit_path, audit_uri or effects")
         self.instance_id = instance_id
         self.cfg = run_cfg
-        self.effects = SideEffectLog(instance_id, audit_path)
+        if effects is None:
+            store = open_effect_store(instance_id, audit_file=audit_path, audit_uri=audit_uri)
+            effects = SideEffectLog(instance_id, store=store)
+        self.effects = effects
         self.hooks: list[BoundaryHook] = hooks if hooks is not None else []
         self._policy = policy
         self._session: aiohttp.ClientSession | None = None
@@ -273,6 +286,9 @@ class GymServer:
         except SideEffectReplayError as error:
             logger.error("episode %s refused: %s", episode_id.row_key, error)
             return _error(409, f"episode {episode_id.row_key} failed: {error}")
+        except SideEffectStorageError as error:
+            logger.error("episode %s failed: %s", episode_id.row_key, error)
+            return _error(503, f"episode {episode_id.row_key} failed: {error}")
         except asyncio.CancelledError:
             if episode.phase in LIVE_PHASES:
                 episode.phase, episode.error = Phase.ABANDONED, CANCELLED_REASON
