@@ -3,8 +3,8 @@
 Why from durable state only: a crash tears memory, logs and in-flight writes, so a claim
 that "no prompt was lost and none trained twice" is only worth something if it is checked
 against what a restart would read: the newest committed trainer checkpoint (or snapshot) of
-the run's storage and the Gym replicas' side-effect audit files. Nothing here reads metrics,
-the trace or a process's memory.
+the run's storage and the Gym replicas' side-effect records (audit files, or objects under
+the storage's ``gym-audit/``). Nothing here reads metrics, the trace or a process's memory.
 
 The loading is thin I/O (:func:`load_durable_state`); every check is a pure function over
 the loaded :class:`DurableState` and returns its own small report, so each one is
@@ -17,7 +17,8 @@ table-tested against doctored states:
   prompts that are none of these; ``duplicated`` counts prompts trained more than once
   within an epoch; ``undrawn`` counts trained or pending prompts beyond the cursor (a cursor
   that went backwards).
-* **side effects** — no ``(rollout_id, revision)`` appears twice across the Gym audit files.
+* **side effects** — no ``(rollout_id, revision)`` appears twice across the Gym audit files
+  and the ``gym-audit/`` objects of the run's storage (also across replicas).
 * **gym attempts** — per rollout, the environment attempt recorded with its effects never
   goes back (one more per turn-level restore; an older attempt applying an effect after a
   newer one is a zombie), the ledger's ``gym_attempt`` is never behind what the environment
@@ -51,6 +52,8 @@ LEDGER_FILE = "rollout/rollout_recovery.json"
 RUNTIME_STATE_FILE = "rollout/runtime_state.json"
 DATA_PLANE_METADATA = "data_plane/metadata.json"
 GYM_AUDIT_GLOB = "gym-*.audit.jsonl"
+#: Under the run's storage: ``rolloutrun gym --audit-uri`` objects (gs:// cluster runs).
+GYM_AUDIT_PREFIX = "gym-audit"
 _STEP_ENTRY = re.compile(r"^step_(\d+)$")
 #: How many example ids each report lists (the counts are always complete).
 EXAMPLES = 20
@@ -500,6 +503,71 @@ def parse_side_effects(lines: Iterable[str], source: str) -> tuple[list[SideEffe
     return effects, torn
 
 
+def parse_side_effect_object(raw: bytes, key: str, source: str) -> SideEffect | None:
+    """One ``--audit-uri`` object at ``key`` (``<instance>/<rollout>/<revision>.json``, the
+    JSON of one audit line); ``None`` if torn. An object whose content names another
+    ``(rollout_id, revision)`` than its key is not trusted either.
+    """
+    from rolloutrun_runtime.environments.gym.effects import parse_effect_key
+
+    parsed = parse_effect_key(key)
+    effects, torn = parse_side_effects([raw.decode("utf-8", errors="replace")], source)
+    if torn or len(effects) != 1 or parsed is None:
+        return None
+    (effect,) = effects
+    if (effect.rollout_id, effect.revision) != parsed[1:]:
+        return None
+    return effect
+
+
+def load_side_effects(
+    run_dir: Path, storage: Any, *, threads: int = 16
+) -> tuple[list[SideEffect], int]:
+    """Side effects from ``RUN_DIR/gym-*.audit.jsonl`` and from the storage's objects.
+
+    ``rolloutrun gym --audit-uri <storage>/gym-audit`` (gs:// cluster runs) writes one
+    object per effect at ``gym-audit/<instance>/<rollout>/<revision>.json``; they are read
+    in parallel. Returns ``(effects, torn)``: an unreadable object counts like a torn line.
+    A storage that cannot be listed is an :class:`AuditError`.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rolloutrun_runtime.environments.gym.effects import parse_effect_key
+    from rolloutrun_runtime.storage import StorageError
+
+    effects: list[SideEffect] = []
+    torn = 0
+    for path in sorted(run_dir.glob(GYM_AUDIT_GLOB)):
+        lines, bad = parse_side_effects(path.read_text(encoding="utf-8").splitlines(), path.name)
+        effects += lines
+        torn += bad
+    start = len(GYM_AUDIT_PREFIX) + 1
+    try:
+        keys = [
+            key
+            for key in storage.list(GYM_AUDIT_PREFIX + "/")
+            if parse_effect_key(key[start:]) is not None  # not the file:// audit files
+        ]
+    except StorageError as error:
+        raise AuditError(f"cannot list the Gym side effects: {error}") from error
+
+    def read(key: str) -> SideEffect | None:
+        try:
+            raw = storage.read_bytes(key)
+        except StorageError as error:
+            logger.warning("audit counts %s as torn: %s", storage.uri_for(key), error)
+            return None
+        return parse_side_effect_object(raw, key[start:], key)
+
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        for effect in pool.map(read, keys):
+            if effect is None:
+                torn += 1
+            else:
+                effects.append(effect)
+    return effects, torn
+
+
 def permutations_for(seed: int, dataset_size: int, epochs: int) -> dict[int, list[int]]:
     """The dataloader's per-epoch orders (the same pure function it draws from)."""
     from rolloutrun_runtime.algorithms.samplers import PromptDataloader
@@ -667,12 +735,7 @@ def load_durable_state(
     loader = state["dataloader"]
     dataset_size = int(loader["dataset_size"])
     cursor_epoch, cursor_position = int(loader["epoch"]), int(loader["position"])
-    effects: list[SideEffect] = []
-    torn = 0
-    for path in sorted(run_dir.glob(GYM_AUDIT_GLOB)):
-        lines, bad = parse_side_effects(path.read_text(encoding="utf-8").splitlines(), path.name)
-        effects += lines
-        torn += bad
+    effects, torn = load_side_effects(run_dir, storage)
     return DurableState(
         source=source,
         step=step,
