@@ -286,7 +286,8 @@ def _pod(
     ]
     env = _common_env(run, incarnation)
     storage = run.spec.storage
-    if role is naming.Role.TRAINER and storage.credentials_secret is not None:
+    # The Gym writes its side-effect records under ``<storage>/gym-audit/`` (gs:// runs).
+    if storage.credentials_secret is not None:
         mounts.append({"name": "gcs", "mountPath": naming.GCS_CREDENTIALS_DIR, "readOnly": True})
         volumes.append({"name": "gcs", "secret": {"secretName": storage.credentials_secret.name}})
         env.append(
@@ -349,23 +350,35 @@ def storage_path(uri: str) -> str:
     return uri[len("file://") :] if uri.startswith("file://") else uri
 
 
-#: Under a ``file://`` storage directory: one side-effect audit file per Gym replica.
+#: Under the run's storage: the Gym replicas' side-effect records (files or objects).
 GYM_AUDIT_DIR = "gym-audit"
 
 
 def gym_audit_path(run: RolloutRun, index: int) -> str | None:
-    """Where Gym replica ``index`` appends its applied side effects (JSON lines).
+    """Where Gym replica ``index`` appends its applied side effects (JSON lines), file://.
 
     Under the run's ``file://`` storage (a directory every incarnation sees), so the audit
     survives pod deletion and a replacement replica reloads it (it refuses to apply an
     effect twice); ``rolloutrun audit <storage>/gym-audit --storage <uri>`` reads the
     ``gym-*.audit.jsonl`` files there, as it reads a local run's log dir. With ``gs://``
-    storage: none.
+    storage: none (see :func:`gym_audit_uri`).
     """
     uri = run.spec.storage.uri
     if uri.startswith("gs://"):
         return None
     return f"{storage_path(uri).rstrip('/')}/{GYM_AUDIT_DIR}/gym-{index}.audit.jsonl"
+
+
+def gym_audit_uri(run: RolloutRun) -> str | None:
+    """With ``gs://`` storage: ``<storage uri>/gym-audit``, where every Gym replica writes
+    one create-only object per side effect under its instance id (``rolloutrun gym
+    --audit-uri``), before applying it; ``rolloutrun audit`` reads them there. A replaced
+    Gym pod (same instance id) reloads them and refuses what its predecessor applied.
+    """
+    uri = run.spec.storage.uri
+    if not uri.startswith("gs://"):
+        return None
+    return f"{uri.rstrip('/')}/{GYM_AUDIT_DIR}"
 
 
 def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:
@@ -423,6 +436,9 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
     audit = gym_audit_path(run, index)
     if audit is not None:
         container["command"] += ["--audit-file", audit]
+    audit_uri = gym_audit_uri(run)
+    if audit_uri is not None:
+        container["command"] += ["--audit-uri", audit_uri]
     pod = _pod(
         run,
         naming.gym_pod_name(name, incarnation, index),

@@ -185,11 +185,41 @@ def test_a_volume_claim_is_mounted_at_the_storage_path_of_every_member():
         assert mounts["storage"] == "/data/x"
     command = builders.gym_pod(run, 1, 0)["spec"]["containers"][0]["command"]
     assert command[-2:] == ["--audit-file", "/data/x/gym-audit/gym-0.audit.jsonl"]
+    assert "--audit-uri" not in command
 
 
-def test_gym_pods_write_no_audit_file_with_gcs_storage():
-    command = builders.gym_pod(make_run(**GCS), 1, 0)["spec"]["containers"][0]["command"]
+def test_gym_pods_record_side_effects_under_the_gcs_storage_with_its_credentials():
+    run = make_run(**GCS)
+    pod = builders.gym_pod(run, 1, 0)
+    command = pod["spec"]["containers"][0]["command"]
     assert "--audit-file" not in command
+    # Every Gym replica writes under <storage>/gym-audit/<instance id>/: a replacement pod
+    # of the same replica reloads what its predecessor applied.
+    assert command[-2:] == ["--audit-uri", "gs://bucket-x/runs/gym-audit"]
+    assert builders.gym_pod(run, 4, 1)["spec"]["containers"][0]["command"][-2:] == command[-2:]
+    env = env_of(pod)
+    assert (
+        env["GOOGLE_APPLICATION_CREDENTIALS"]["value"]
+        == env_of(builders.trainer_pod(run, 1))["GOOGLE_APPLICATION_CREDENTIALS"]["value"]
+    )
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["gcs"]["secret"]["secretName"] == "gcs-key"
+    mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["gcs"]["readOnly"] is True
+    assert mounts["gcs"]["mountPath"] == naming.GCS_CREDENTIALS_DIR
+    # Still no Kubernetes API token: the Gym needs storage, not the API.
+    assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+def test_gym_pods_without_a_credentials_secret_get_no_gcs_volume():
+    run = make_run(storage={"uri": "gs://bucket-x/runs"})  # workload identity
+    pod = builders.gym_pod(run, 1, 0)
+    assert pod["spec"]["containers"][0]["command"][-2:] == [
+        "--audit-uri",
+        "gs://bucket-x/runs/gym-audit",
+    ]
+    assert "gcs" not in {v["name"] for v in pod["spec"]["volumes"]}
+    assert "GOOGLE_APPLICATION_CREDENTIALS" not in env_of(pod)
 
 
 def test_referenced_secrets_are_listed_once():
