@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -38,7 +39,11 @@ from rolloutrun_runtime.environments.gym import (
     SideEffectLog,
     SideEffectReplayError,
 )
-from rolloutrun_runtime.environments.gym.control import choose_restore_source
+from rolloutrun_runtime.environments.gym.control import (
+    ROUTE_PREFIX,
+    GymCheckpointControl,
+    choose_restore_source,
+)
 from rolloutrun_runtime.environments.gym.effects import (
     StorageEffectStore,
     effect_key,
@@ -169,6 +174,41 @@ async def test_a_replaced_pod_refuses_what_its_predecessor_applied(
     with pytest.raises(SideEffectReplayError, match="revision 1 was already applied"):
         await agent(engine, replacement).run(stale)
     assert stale.phase is Phase.FAILED and len(stored(storage, "r1")) == 3
+
+
+async def test_a_replacement_pods_control_plane_refuses_to_restore_an_older_record(
+    storage: CheckpointStorage, reopen: Any, engine: GenerationEngine
+) -> None:
+    """The trainer restores a snapshot record (revision 1) on the replaced Gym pod, whose
+    predecessor applied revision 3 after the snapshot: refused, with the reason."""
+    old = new_log(storage)
+    episode = fresh_episode(agent(engine, old), "r3")
+    loop = agent(engine, old)
+    await loop.step(episode)  # model
+    await loop.step(episode)  # tool: revision 1
+    snapshot = episode.to_record()
+    assert (snapshot["phase"], snapshot["revision"]) == ("await_model", 1)
+    await loop.run(episode)  # revisions 2 and 3, then the old pod is gone
+    assert episode.revision == 3
+
+    server = GymServer(INSTANCE, CFG, effects=new_log(reopen()))
+    control = GymCheckpointControl(server, "t0ken")
+    server.continue_restored = control.claim_restored
+    runner, url = await serve(server)
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = {"checkpoint_id": "ck1", "deadline_ts": time.time() + 30, "records": [snapshot]}
+            headers = {"Authorization": "Bearer t0ken"}
+            route = f"{url}{ROUTE_PREFIX}/restore"
+            async with session.post(route, json=body, headers=headers) as response:
+                assert response.status == 200
+                answer = await response.json()
+        assert answer["restored"] == []
+        (refusal,) = answer["refused"]
+        assert refusal["episode"] == "r3"
+        assert "applied side effects up to revision 3, past the snapshot's 1" in refusal["reason"]
+    finally:
+        await runner.cleanup()
 
 
 async def test_the_storage_refuses_a_revision_a_stale_replica_still_believes_free(
