@@ -1,8 +1,9 @@
 """Tiny run configs for the crash tests: seconds per run, several epochs, every step journaled.
 
-Zero-variance drops are off so every drawn prompt is trained or pending (a dropped group is
-accounted only where the journal records drops); snapshots are taken every second so named
-snapshot sites are reached within a short run.
+Zero-variance drops are on (the default): deterministic mode binds replacements to step
+slots, so a killed and resumed run still ends bit-identical, and the audit accounts for
+dropped prompts (journal), spare reserves and leftovers (runtime state). Snapshots are taken
+every second so named snapshot sites are reached within a short run.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ SINGLE_TURN = {
         "maxSteps": 8,
         "learningRate": 0.003,
         "maxStaleness": 1,
-        "dropZeroVarianceGroups": False,
     },
     "rollout": {"maxInFlightGroups": 8},
     "checkpointing": {

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from rolloutrun_runtime.chaos import ChaosResult, run_chaos
+from rolloutrun_runtime.chaos import REFERENCE_DIR, ChaosResult, run_chaos
 from rolloutrun_runtime.crash import CRASH_SITES
+from rolloutrun_runtime.metrics import read_metrics
 
 from .conftest import INCARNATION_TIMEOUT_S
 
@@ -93,9 +94,14 @@ def test_kill_at_a_random_moment_resumes_and_audits(single_turn: Path, tmp_path:
 
 
 def test_deterministic_run_killed_ends_bit_identical(single_turn: Path, tmp_path: Path) -> None:
+    """With zero-variance drops on: groups are dropped and replaced in the reference run and
+    in the killed one (the audit finds dropped prompts), and the weights still match."""
     result = _campaign(single_turn, tmp_path / "run", kills=1, seed=3, compare=True)
     _assert_whole(result, 1)
     assert result.weights_match is True, result.to_json()
+    reference = read_metrics(tmp_path / "run" / REFERENCE_DIR)
+    assert sum(r["replacements"] for r in reference) > 0, reference
+    assert result.audit["prompts"]["dropped"] > 0, result.audit
 
 
 @pytest.mark.chaos
