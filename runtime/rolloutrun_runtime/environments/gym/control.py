@@ -19,11 +19,13 @@ any phase to ``idle``.
   cut; what the episode does after it (more turns, side effects) is exactly what it would
   have done after a resume, and the restore rules below already cover it.
 * **commit** closes the window and exports the requested episodes' latest copies in the
-  response: the Gym pod needs no storage access. A requested episode without a copy (it
-  finished before its next boundary, or its ``/run`` has not arrived yet) is listed under
-  ``not_copied`` with its state, not refused: the trainer restarts it from turn 0 if it is
-  still out at the cut, and drops records of episodes that are no longer out. The answer is
-  kept, so a repeated commit returns the same bytes.
+  response: snapshots need no storage access in the Gym pod (only its side-effect log may
+  write, under ``gym-audit/``; see :mod:`rolloutrun_runtime.environments.gym.effects`). A
+  requested episode without a copy (it finished before its next boundary, or its ``/run``
+  has not arrived yet) is listed under ``not_copied`` with its state, not refused: the
+  trainer restarts it from turn 0 if it is still out at the cut, and drops records of
+  episodes that are no longer out. The answer is kept, so a repeated commit returns the
+  same bytes.
 * **resume** ends the checkpoint. The last 64 resumed ids are remembered, so a stale trainer
   cannot re-prepare one.
 * **restore** installs records under ``attempt + 1``; a ``/run`` for that id continues the
@@ -537,8 +539,10 @@ def resumable_phase(episode: Episode) -> Phase | None:
     """The live phase an episode can continue from, or None.
 
     An episode whose ``/run`` was cancelled (its trainer vanished) is ``abandoned`` but still
-    consistent: a cancel lands only at an await, and claiming a side effect's revision and
-    applying it have none between them. Its pending tool call tells which boundary it was at.
+    consistent: a cancel lands only at an await, and there is none between a side effect's
+    record returning and the state change. A cancel while the record is being written leaves
+    the episode behind its claimed revision, which :func:`choose_restore_source` refuses
+    (the revisions differ). Its pending tool call tells which boundary it was at.
     """
     if episode.phase in LIVE_PHASES:
         return episode.phase
