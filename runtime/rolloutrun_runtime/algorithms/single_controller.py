@@ -515,11 +515,14 @@ class SingleController:
                 self._launch(self._run_group(run), run.group_id)
 
     def _reserve_spares(self, step: int, refs: list[PromptRef]) -> None:
-        """Deterministic mode: set aside ``step``'s reserve, one per slot and replacement."""
+        """Deterministic mode: record ``step``'s slots and set aside its reserve, one prompt
+        per slot and replacement (none without zero-variance drops: a failed group is never
+        replaced in deterministic mode, so the dataloader draws only the step's prompts)."""
+        per_slot = REPLACEMENTS_PER_PROMPT if self.cfg.grpo.drop_zero_variance_groups else 0
         self._rollout_runtime.reserve_step(
             step,
             refs,
-            REPLACEMENTS_PER_PROMPT * len(refs),
+            per_slot * len(refs),
             newest_trained=newest_trained_at_admission(step, self.cfg.grpo.max_staleness),
             draw=self.dataloader.next_prompts,
         )
@@ -861,18 +864,15 @@ class SingleController:
                 ]
         return _Selected(step, chosen, rows)
 
-    def _deterministic_order(self, group: ReplayGroup) -> tuple[int, int, int, int, int, str]:
-        """A timing-free sort key: the group's slot and replacement number in its step.
+    def _deterministic_order(self, group: ReplayGroup) -> tuple[int, int]:
+        """A timing-free sort key: the group's prompt, ``(prompt_id, epoch)``.
 
-        A step trains at most one group per slot, so the slot decides; a group whose step
-        kept no reserve (admitted before a resume from an older checkpoint) sorts after, by
-        prompt (the group id only breaks ties such a legacy step could still have).
+        An epoch draws each prompt once and a step's groups are distinct drawn prompts (its
+        slots' own or their reserve prompts), so no two groups of a step share a key: no tie
+        is left for the random group ids to break.
         """
         prompt = self._prompt_of(group)
-        place = self._rollout_runtime.place_of(group.target_step, prompt.prompt_id, prompt.epoch)
-        if place is None:
-            return (1, 0, 0, prompt.prompt_id, prompt.epoch, group.group_id)
-        return (0, *place, prompt.prompt_id, prompt.epoch, group.group_id)
+        return (prompt.prompt_id, prompt.epoch)
 
     def _compute_gradients(self, selected: _Selected) -> dict[str, float]:
         """Forward, PPO-clip loss and backward over the step's rows (runs in a thread)."""

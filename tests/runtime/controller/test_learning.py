@@ -1,15 +1,20 @@
 """``rolloutrun train`` on the shipped examples learns: the mean reward of the last five
 steps is clearly above the first five.
 
-The test trains each example in deterministic mode (``checkpointing.deterministic: true``;
-``grpo.dropZeroVarianceGroups: false``, which bit-identity needs): the run is then a pure
-function of the config, so the margin below is the margin, not a sample of a noisy one.
-Asynchronous runs of the examples as shipped vary with machine load (tiny-grpo measured
-0.31-0.32 alone and 0.17 on a machine busy with other runs).
+The test trains each example in deterministic mode (``checkpointing.deterministic: true``):
+the run is then a pure function of the config, so the margin below is the margin, not a
+sample of a noisy one. Asynchronous runs of the examples as shipped vary with machine load
+(tiny-grpo measured 0.31-0.32 alone and 0.17 on a machine busy with other runs).
 
-Measured (2 CPU cores, identical over repeated runs, final weights bit-identical):
-tiny-grpo 0.074 -> 0.392 (margin 0.318, about 15 s); tiny-multiturn 0.182 -> 0.417
-(margin 0.235, about 32 s). The asserted margins sit a little below those.
+Zero-variance drops are on (the default): deterministic mode keeps bit-identity with them
+through the per-step spare reserves. Measured once each (2 shared CPU cores; a deterministic
+run repeats itself): tiny-grpo 0.087 -> 0.369 (margin 0.282; 5 groups replaced over 30
+steps, about 30 s of steps); tiny-multiturn 0.233 -> 0.464 (margin 0.231; no zero-variance
+group at groupSize 8, about 85 s). The asserted margins sit a little below those. These tiny
+runs' margins move with incidental changes to which prompts a step trains and in what order
+(tiny-multiturn measured 0.151 with the same prompts trained in slot order, and 0.235 before
+the reserves changed which prompts the dataloader hands out), so a change that moves them is
+a reason to look, and a lowered threshold needs its measurement.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ def deterministic_copy(example: Path, directory: Path) -> Path:
     document = yaml.safe_load(example.read_text())
     run = document["spec"]["run"]
     run.setdefault("checkpointing", {})["deterministic"] = True
-    run.setdefault("grpo", {})["dropZeroVarianceGroups"] = False
     path = directory / example.name
     path.write_text(yaml.safe_dump(document))
     return path

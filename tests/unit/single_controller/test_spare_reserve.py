@@ -179,6 +179,15 @@ def test_two_reserve_prompts_per_slot_are_used_in_order() -> None:
     assert record.next_unused(1) == 3 and record.next_unused(0) == 0
 
 
+def test_without_drops_a_step_records_its_slots_and_draws_no_reserve() -> None:
+    state = RolloutRuntimeState()
+    loader = _Loader()
+    record = state.reserve_step(1, _refs(1, 2), 0, newest_trained=0, draw=loader.draw)
+    assert loader.drawn == [] and record.per_slot == 0
+    assert record.next_unused(0) is None and record.place_of(2, 0) == (1, 0)
+    assert state.commit_reserve(1) == [] and state.reserved_prompts() == []
+
+
 # --------------------------------------------------------------------------- saved form
 def test_reserves_and_leftovers_survive_a_round_trip() -> None:
     state = RolloutRuntimeState()
