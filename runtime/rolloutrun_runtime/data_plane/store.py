@@ -10,6 +10,13 @@ replay metadata reference, and a restore can check the two against each other.
 Rows are flat mappings of field name to a numpy array or a scalar (int, float, str, bool).
 Saved checkpoints are one ``rows.npz`` (no pickle) plus ``metadata.json``; both are plain
 bytes so the caller can publish them through any ``CheckpointStorage``.
+
+Why columns (format 2): a rollout snapshot is taken every few seconds and writes every row
+kept for replay, on the trainer's own interpreter. Format 1 stored one npz member per row
+field (thousands of tiny members, ~125 ms of GIL-bound work for 144 rows, enough to cost a
+tenth of the rollout throughput at one snapshot a second). Format 2 stores one column per
+(partition, field, kind, dtype): arrays concatenated flat with their shapes beside them,
+numeric scalars as one array, strings in the JSON index. Format 1 still reads.
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ logger = logging.getLogger(__name__)
 PARTITIONS = ("train", "staging")
 
 #: Format version of ``save_checkpoint``'s files; bump it when they change.
-DATA_PLANE_FORMAT = 1
+DATA_PLANE_FORMAT = 2
+#: Formats ``from_files`` reads.
+READABLE_FORMATS = (1, 2)
 
 ROWS_FILE = "rows.npz"
 METADATA_FILE = "metadata.json"
@@ -131,18 +140,9 @@ class DataPlane:
         and per-partition keys are added so ``from_files`` can check what it reads.
         """
         arrays: dict[str, np.ndarray] = {}
-        index: dict[str, dict[str, dict[str, str]]] = {}
+        index: dict[str, Any] = {}
         for partition, rows in self._rows.items():
-            index[partition] = {}
-            for key in sorted(rows):
-                kinds: dict[str, str] = {}
-                for field, value in rows[key].items():
-                    kind = _value_kind(key, field, value)
-                    kinds[field] = kind
-                    name = f"{len(arrays)}"
-                    arrays[name] = np.asarray(value)
-                    kinds[field] = f"{kind}:{name}"
-                index[partition][key] = kinds
+            index[partition] = _pack_partition(partition, rows, arrays)
         buffer = io.BytesIO()
         np.savez(buffer, allow_pickle=False, **arrays)
         rows_bytes = buffer.getvalue()
@@ -169,24 +169,23 @@ class DataPlane:
             meta = json.loads(meta_bytes)
         except ValueError as error:
             raise DataPlaneError(f"data-plane metadata is not valid JSON: {error}") from error
-        if meta.get("format") != DATA_PLANE_FORMAT:
+        if meta.get("format") not in READABLE_FORMATS:
             raise DataPlaneError(
                 f"data-plane checkpoint format {meta.get('format')!r} is not supported "
-                f"(this runtime reads format {DATA_PLANE_FORMAT})"
+                f"(this runtime reads formats {', '.join(map(str, READABLE_FORMATS))})"
             )
         if hashlib.sha256(rows_bytes).hexdigest() != meta.get("rows_sha256"):
             raise DataPlaneError("data-plane rows do not match the sha256 in their metadata")
         plane = cls()
-        with np.load(io.BytesIO(rows_bytes), allow_pickle=False) as arrays:
-            for partition, rows in meta["index"].items():
+        unpack = _unpack_partition if meta["format"] == 2 else _unpack_partition_v1
+        try:
+            with np.load(io.BytesIO(rows_bytes), allow_pickle=False) as npz:
+                arrays = {name: npz[name] for name in npz.files}
+            for partition, packed in meta["index"].items():
                 _check_partition(partition)
-                for key, kinds in rows.items():
-                    row: dict[str, RowValue] = {}
-                    for field, spec in kinds.items():
-                        kind, name = spec.split(":", 1)
-                        array = arrays[name]
-                        row[field] = array if kind == "array" else _scalar(kind, array)
-                    plane._rows[partition][key] = row
+                plane._rows[partition] = unpack(packed, arrays)
+        except (KeyError, ValueError, TypeError, IndexError) as error:
+            raise DataPlaneError(f"data-plane checkpoint is malformed: {error!r}") from error
         return plane, dict(meta["user"])
 
     def save_checkpoint(self, directory: str | Path, metadata: Mapping[str, Any]) -> None:
@@ -207,6 +206,100 @@ class DataPlane:
         self._rows = loaded._rows
         logger.info("loaded data plane from %s: %d rows", directory, len(self))
         return metadata
+
+
+#: numpy dtypes of the numeric scalar columns.
+_SCALAR_DTYPES = {"bool": np.bool_, "int": np.int64, "float": np.float64}
+
+
+def _pack_partition(
+    partition: str, rows: Mapping[str, Mapping[str, RowValue]], arrays: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """One partition's rows as columns; adds the column arrays to ``arrays``, returns the index.
+
+    A column holds one (field, kind, dtype, ndim) across the rows that have it, listed by
+    their position in the sorted keys.
+    """
+    keys = sorted(rows)
+    groups: dict[tuple[str, str, str, int], tuple[list[int], list[Any]]] = {}
+    for position, key in enumerate(keys):
+        for field, value in rows[key].items():
+            kind = _value_kind(key, field, value)
+            if kind == "array":
+                assert isinstance(value, np.ndarray)
+                column = (field, kind, value.dtype.str, value.ndim)
+            else:
+                column = (field, kind, "", 0)
+            members = groups.setdefault(column, ([], []))
+            members[0].append(position)
+            members[1].append(value)
+    columns: list[dict[str, Any]] = []
+    for (field, kind, dtype, ndim), (positions, values) in sorted(groups.items()):
+        name = f"{partition}.{len(columns)}"
+        entry: dict[str, Any] = {"field": field, "kind": kind, "rows": positions}
+        if kind == "array":
+            entry.update(dtype=dtype, data=name, shapes=f"{name}.shapes")
+            arrays[name] = np.concatenate([v.ravel() for v in values]).astype(dtype, copy=False)
+            arrays[f"{name}.shapes"] = np.array([v.shape for v in values], np.int64).reshape(
+                len(values), ndim
+            )
+        elif kind == "str":
+            entry["values"] = values
+        else:
+            try:
+                arrays[name] = np.array(values, dtype=_SCALAR_DTYPES[kind])
+            except OverflowError as error:
+                raise DataPlaneError(
+                    f"partition {partition!r} field {field!r}: an int does not fit 64 bits"
+                ) from error
+            entry["data"] = name
+        columns.append(entry)
+    return {"keys": keys, "columns": columns}
+
+
+def _unpack_partition(
+    packed: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+) -> dict[str, dict[str, RowValue]]:
+    keys: list[str] = packed["keys"]
+    rows: list[dict[str, RowValue]] = [{} for _ in keys]
+    for column in packed["columns"]:
+        field, kind, positions = column["field"], column["kind"], column["rows"]
+        if kind == "array":
+            flat, shapes = arrays[column["data"]], arrays[column["shapes"]]
+            if flat.dtype.str != column["dtype"] or len(shapes) != len(positions):
+                raise ValueError(f"column {column['data']} does not match its index")
+            sizes = np.prod(shapes, axis=1, dtype=np.int64) if len(shapes) else shapes
+            ends = np.cumsum(sizes)
+            if len(ends) and ends[-1] != flat.size:
+                raise ValueError(f"column {column['data']}: shapes do not cover its data")
+            start = 0
+            for position, shape, end in zip(positions, shapes.tolist(), ends.tolist(), strict=True):
+                rows[position][field] = flat[start:end].reshape(shape)
+                start = end
+        elif kind == "str":
+            for position, text in zip(positions, column["values"], strict=True):
+                rows[position][field] = str(text)
+        else:
+            convert = {"bool": bool, "int": int, "float": float}[kind]
+            values = arrays[column["data"]].tolist()
+            for position, value in zip(positions, values, strict=True):
+                rows[position][field] = convert(value)
+    return dict(zip(keys, rows, strict=True))
+
+
+def _unpack_partition_v1(
+    packed: Mapping[str, Mapping[str, str]], arrays: Mapping[str, np.ndarray]
+) -> dict[str, dict[str, RowValue]]:
+    """Format 1: one npz member per row field, named in ``"<kind>:<member>"`` specs."""
+    rows: dict[str, dict[str, RowValue]] = {}
+    for key, kinds in packed.items():
+        row: dict[str, RowValue] = {}
+        for field, spec in kinds.items():
+            kind, name = spec.split(":", 1)
+            array = arrays[name]
+            row[field] = array if kind == "array" else _scalar(kind, array)
+        rows[key] = row
+    return rows
 
 
 def _scalar(kind: str, array: np.ndarray) -> RowValue:
