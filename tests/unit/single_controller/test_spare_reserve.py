@@ -204,6 +204,52 @@ def test_reserves_and_leftovers_survive_a_round_trip() -> None:
     assert RolloutRuntimeState.keeps_reserves(data)
 
 
+#: ``runtime_state.json`` as the schema-2 runtime (commit c0f7141, before the reserves) wrote
+#: it: a deterministic run resumed from it must go on.
+SCHEMA_2_STATE = {
+    "batch_shortfall": {"3": 1},
+    "finalizer_results": [
+        {
+            "group_id": "pgold0000001",
+            "model_tokens": 8,
+            "rewards": [0.1, 0.6],
+            "target_step": 3,
+            "tokens_by_version": {"1": 8},
+        }
+    ],
+    "journal": [
+        {
+            "dropped": [{"epoch": 0, "prompt_id": 2}],
+            "groups": [{"epoch": 0, "group_id": "pgold0000000", "prompt_id": 5, "target_step": 1}],
+            "row_groups": [],
+            "step": 1,
+            "weight_version_before": 0,
+        }
+    ],
+    "pending_drops": [{"epoch": 0, "index": 7, "prompt_id": 11}],
+    "replacements": {"3": 2},
+    "replay_after": 1,
+    "sampler_stamps_target_steps": True,
+    "schema": 2,
+    "spare_prompts": [
+        {"epoch": 0, "index": 9, "prompt_id": 17},
+        {"epoch": 0, "index": 10, "prompt_id": 4},
+    ],
+}
+
+
+def test_a_schema_2_state_reads_and_its_spare_pool_feeds_the_first_reserve() -> None:
+    state = RolloutRuntimeState.from_json(SCHEMA_2_STATE)
+    assert not RolloutRuntimeState.keeps_reserves(SCHEMA_2_STATE)
+    assert state.step_reserves == {} and state.leftovers == []
+    assert state.replacements == {3: 2} and state.pending_drops == [PromptRef(11, 0, 7)]
+    loader = _Loader()
+    record = state.reserve_step(4, _refs(1, 2, 3), 3, newest_trained=2, draw=loader.draw)
+    assert record.reserve == (PromptRef(17, 0, 9), PromptRef(4, 0, 10), PromptRef(100, 0, 100))
+    assert state.spare_prompts == [] and loader.drawn == [100]
+    assert RolloutRuntimeState.from_json(state.to_json()).step_reserves == state.step_reserves
+
+
 def test_a_state_saved_before_reserves_existed_reads_with_none() -> None:
     old = RolloutRuntimeState(spare_prompts=_refs(7)).to_json()
     del old["step_reserves"], old["leftovers"]
