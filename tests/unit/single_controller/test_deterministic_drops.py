@@ -4,8 +4,9 @@ function of the config, not of timing.
 Two runs of one config, the second with random Gym latency injected, finish their rollouts
 in different orders; zero-variance groups are dropped, replaced and given up in both (the
 step records count them), yet both train the same prompts in the same order and end with
-bit-identical weights. A resume from a snapshot written before reserves existed (schema 2
-runtime state) still completes, with every step trained once and no prompt twice.
+bit-identical weights; so does a run stopped mid-way and resumed from a snapshot. A resume
+from a snapshot written before reserves existed (schema 2 runtime state) still completes,
+with every step trained once and no prompt twice.
 """
 
 from __future__ import annotations
@@ -100,6 +101,49 @@ async def test_drops_with_different_timing_end_bit_identical(tmp_path: Path) -> 
             b["shortfall"],
         ), a["step"]
     assert digest_a == digest_b
+
+
+async def test_resume_mid_run_with_drops_is_bit_identical(tmp_path: Path) -> None:
+    """Stop after step 3 (snapshot after step 2, groups of later steps in flight), resume:
+    every relaunched group gets its slot back from the saved reserves, and the run ends with
+    an uninterrupted run's weights."""
+    async with harness() as h:
+        base = await h.start_gyms(tiny_config(tmp_path / "a", **SECTIONS))
+        straight = await h.controller(base)
+        await run_to_end(straight)
+        assert sum(r["replacements"] for r in straight.history) > 0
+
+        cfg = base.model_copy(update={"log_dir": str(tmp_path / "b" / "run")})
+        first = await h.controller(cfg)
+        outcomes: list = []
+        stop = snapshot_after_commits(first, {2}, outcomes, stop={3})
+        await run_until_stopped(first, stop)
+        assert outcomes == [SnapshotOutcome.PUBLISHED]
+        second = await h.controller(cfg)
+        restored = await second.restore()
+        assert restored is not None and restored.train_step == 2
+        assert second.runtime_state.step_reserves, "the snapshot kept no reserve"
+        # Step 3's groups wait for version 2, which no worker served before the snapshot:
+        # all of them are in the snapshot's ledger and relaunched before the pump starts.
+        relaunched: list[tuple[int, int | None]] = []
+        run_group, pump = second._run_group, second._rollout_pump
+        pumping = False
+
+        def recording(run):  # type: ignore[no-untyped-def]
+            if not pumping:
+                relaunched.append((run.target_step, run.slot))
+            return run_group(run)
+
+        async def starting_pump() -> None:
+            nonlocal pumping
+            pumping = True
+            await pump()
+
+        second._run_group = recording  # type: ignore[method-assign]
+        second._rollout_pump = starting_pump  # type: ignore[method-assign]
+        await run_to_end(second)
+        assert sorted(relaunched) == [(3, slot) for slot in range(4)], relaunched
+        assert weights_digest(second) == weights_digest(straight)
 
 
 async def test_resume_from_a_snapshot_without_reserves_completes(tmp_path, caplog) -> None:
