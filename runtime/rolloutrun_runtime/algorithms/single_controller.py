@@ -112,7 +112,8 @@ from rolloutrun_runtime.workers import PolicyWorkers
 
 logger = logging.getLogger(__name__)
 
-#: Most dropped groups of one step that are replaced from the spare pool, per prompt.
+#: Most dropped groups of one step that are replaced from the spare pool, per prompt (in
+#: deterministic mode: the reserve prompts each slot gets).
 REPLACEMENTS_PER_PROMPT = 1
 #: Rows per forward pass in a train step (larger steps are split, the loss normalized once).
 MICRO_BATCH_ROWS = 512
