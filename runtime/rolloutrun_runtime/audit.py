@@ -662,6 +662,7 @@ def load_durable_state(
     (a run stopped between trainer checkpoints); after a completed run it is the final
     trainer checkpoint.
     """
+    from rolloutrun_runtime.data_plane.store import DataPlaneError, row_keys_in
     from rolloutrun_runtime.experience.rollout_recovery import (
         LedgerSidecarError,
         read_recovery_sidecar,
@@ -730,7 +731,10 @@ def load_durable_state(
         for group in entry_json.get("row_groups", [])
         for key in group.get("row_keys", [])
     ]
-    index = (data_plane or {}).get("index", {})
+    try:
+        row_keys = row_keys_in(data_plane) if data_plane else {}
+    except DataPlaneError as error:
+        raise AuditError(f"{source}: {error}") from error
     replay = (data_plane or {}).get("user", {}).get("replay", state.get("replay", []))
     loader = state["dataloader"]
     dataset_size = int(loader["dataset_size"])
@@ -749,8 +753,8 @@ def load_durable_state(
         spare=spare,
         reserved=reserved,
         replay=list(replay),
-        staging_keys=sorted(index.get("staging", {})),
-        train_keys=sorted(index.get("train", {})),
+        staging_keys=row_keys.get("staging", []),
+        train_keys=row_keys.get("train", []),
         retained_train_keys=retained,
         side_effects=effects,
         torn_audit_lines=torn,

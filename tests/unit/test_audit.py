@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rolloutrun_runtime import audit as A
+from rolloutrun_runtime.data_plane import DataPlane
 from rolloutrun_runtime.storage import open_storage, publish_entry
 
 SIZE = 6
@@ -285,9 +286,7 @@ def _write_run(run_dir: Path, *, trained_prompts: list[int], position: int) -> N
         A.TRAINER_STATE_FILE: json.dumps(state).encode(),
         A.JOURNAL_FILE: json.dumps(journal).encode(),
         A.LEDGER_FILE: sidecar,
-        A.DATA_PLANE_METADATA: json.dumps(
-            {"index": {"staging": {}, "train": {}}, "user": {"replay": []}}
-        ).encode(),
+        A.DATA_PLANE_METADATA: DataPlane().to_files({"replay": []})["metadata.json"],
     }
     publish_entry(storage, "step_1", files)
     (run_dir / "gym-0.audit.jsonl").write_text(

@@ -208,6 +208,22 @@ class DataPlane:
         return metadata
 
 
+def row_keys_in(metadata: Mapping[str, Any]) -> dict[str, list[str]]:
+    """A data-plane checkpoint's row keys by partition, from ``metadata.json`` alone.
+
+    For readers that check what a checkpoint holds without loading its rows (the audit).
+    """
+    if metadata.get("format") not in READABLE_FORMATS:
+        raise DataPlaneError(
+            f"data-plane checkpoint format {metadata.get('format')!r} is not supported "
+            f"(this runtime reads formats {', '.join(map(str, READABLE_FORMATS))})"
+        )
+    index = metadata.get("index", {})
+    if metadata["format"] == 1:
+        return {partition: sorted(rows) for partition, rows in index.items()}
+    return {partition: sorted(packed["keys"]) for partition, packed in index.items()}
+
+
 #: numpy dtypes of the numeric scalar columns.
 _SCALAR_DTYPES = {"bool": np.bool_, "int": np.int64, "float": np.float64}
 

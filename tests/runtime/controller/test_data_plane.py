@@ -14,6 +14,7 @@ from rolloutrun_runtime.data_plane import (
     DataPlaneError,
     RowNotFoundError,
 )
+from rolloutrun_runtime.data_plane.store import row_keys_in
 
 
 def _row(n: int) -> dict:
@@ -143,6 +144,9 @@ def test_checkpoints_of_format_1_still_read() -> None:
     files = {"rows.npz": rows, "metadata.json": json.dumps(meta).encode()}
     restored, _ = DataPlane.from_files(files)
     _assert_same_rows(plane, restored)
+    expected = {partition: plane.list(partition) for partition in ("train", "staging")}
+    assert row_keys_in(meta) == expected
+    assert row_keys_in(json.loads(plane.to_files({})["metadata.json"])) == expected
 
 
 def test_an_unknown_format_or_a_damaged_index_is_refused() -> None:
