@@ -8,6 +8,8 @@ backend's in-flight temporary files, which readers must never see.
 
 from __future__ import annotations
 
+import re
+
 from .errors import InvalidKeyError
 
 TMP_PREFIX = ".rr-tmp-"
@@ -15,6 +17,8 @@ TMP_PREFIX = ".rr-tmp-"
 
 MAX_KEY_BYTES = 900
 """GCS allows 1024 bytes per object name; leave room for the base prefix."""
+
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
 
 
 def key_problem(key: str) -> str | None:
@@ -27,7 +31,7 @@ def key_problem(key: str) -> str | None:
         return "key must be relative (no leading '/')"
     if len(key.encode("utf-8")) > MAX_KEY_BYTES:
         return f"key is longer than {MAX_KEY_BYTES} bytes"
-    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in key):
+    if _CONTROL_CHARACTER.search(key):
         return "key contains a control character"
     for part in key.split("/"):
         if not part:

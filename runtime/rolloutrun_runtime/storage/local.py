@@ -178,8 +178,18 @@ class LocalStorage:
     def delete_prefix(self, prefix: str) -> int:
         prefix = normalize_prefix(prefix, base_uri=self.base_uri)
         keys = self.list(prefix)
+        touched: set[Path] = set()
         for key in keys:
-            self.delete(key)
+            path = self.path_for(key)
+            with _translated(self.uri_for(key)):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+            touched.add(path.parent)
+        for directory in sorted(touched):  # one fsync per directory, not per object
+            with _translated(f"{self.base_uri}/{prefix}"):
+                _fsync_dir(directory)
         top = self.path_for(prefix) if prefix else self.root
         _prune_empty_dirs(top, keep=self.root)
         log.debug("deleted %d objects under %s/%s", len(keys), self.base_uri, prefix)
