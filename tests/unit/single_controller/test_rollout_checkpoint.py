@@ -186,7 +186,7 @@ def test_fence_failure_commits_nothing(storage, config):
 def test_losing_the_create_only_race_is_a_fencing_error(storage, config):
     store = ManifestStore(storage, "alpha")
     stale = ManifestStore(storage, "alpha")
-    stale.next_snapshot_id = lambda: 1  # a stale trainer that listed before the winner
+    stale.snapshot_ids = lambda: []  # a stale trainer that listed before the winner wrote
     publish(store, config, 0)
     with pytest.raises(PublicationFencedError, match="another publisher"):
         publish(stale, config, 0)

@@ -163,7 +163,8 @@ class SnapshotManifest:
     schema_version: int = MANIFEST_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
-        data = dataclasses.asdict(self)
+        # Field by field, not dataclasses.asdict: that deep-copies the config view first.
+        data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         data["anchor"] = self.anchor.to_json()
         return json.dumps(data, sort_keys=True, indent=1).encode()
 
@@ -251,6 +252,7 @@ class ManifestStore:
     def __init__(self, storage: CheckpointStorage, run_name: str) -> None:
         self.storage = storage
         self.run_name = run_name
+        self._view_cache: tuple[RunConfig, dict[str, Any], str] | None = None
 
     # ---------------------------------------------------------------- bootstrap anchor
     def ensure_bootstrap_anchor(self, config: RunConfig) -> None:
@@ -336,18 +338,19 @@ class ManifestStore:
         it raises, nothing is committed. A lost create-only race raises
         :class:`PublicationFencedError`.
         """
-        snapshot_id = self.next_snapshot_id()
+        known_ids = self.snapshot_ids()  # listed once: the next id and retention use it
+        snapshot_id = (known_ids[-1] + 1) if known_ids else 1
         entry = snapshot_dir(snapshot_id)
         checksums = {}
         for name, content in files.items():
             digest, size = sha256_of(content)
             checksums[name] = {"sha256": digest, "bytes": size}
-        view = rollout_config_view(config)
+        view, fingerprint = self._config_view(config)
         manifest = SnapshotManifest(
             run_name=self.run_name,
             snapshot_id=snapshot_id,
             anchor=anchor,
-            fingerprint=fingerprint_of(view),
+            fingerprint=fingerprint,
             config_view=view,
             train_step=train_step,
             mutation_version=mutation_version,
@@ -375,8 +378,20 @@ class ManifestStore:
         manifest_uri = self.storage.uri_for(join_key(entry, MANIFEST_NAME))
         self._write_latest(entry, manifest_uri)
         if keep_latest is not None:
-            self.apply_retention(keep_latest)
+            self.apply_retention(
+                keep_latest,
+                is_valid=lambda sid: sid == snapshot_id or self._manifest_parses(sid),
+                snapshot_ids=[*known_ids, snapshot_id],
+            )
         return Candidate(manifest=manifest, entry=entry, manifest_uri=manifest_uri)
+
+    def _config_view(self, config: RunConfig) -> tuple[dict[str, Any], str]:
+        """The rollout config view and its fingerprint, computed once per config object."""
+        cached = self._view_cache
+        if cached is None or cached[0] is not config:
+            view = rollout_config_view(config)
+            cached = self._view_cache = (config, view, fingerprint_of(view))
+        return cached[1], cached[2]
 
     def _write_latest(self, entry: str, manifest_uri: str) -> None:
         """LATEST is a hint for people and tools; readers verify and never trust it alone."""
@@ -500,18 +515,23 @@ class ManifestStore:
 
     # ---------------------------------------------------------------- retention
     def apply_retention(
-        self, keep_latest: int, *, is_valid: Callable[[int], bool] | None = None
+        self,
+        keep_latest: int,
+        *,
+        is_valid: Callable[[int], bool] | None = None,
+        snapshot_ids: list[int] | None = None,
     ) -> list[int]:
         """Delete committed snapshots beyond the newest ``keep_latest`` and stale leftovers.
 
         Never deletes the newest valid snapshot (``is_valid`` decides validity; by default a
         snapshot whose manifest parses). Uncommitted leftovers older than the newest committed
         snapshot are removed too (a killed publisher's partial files). Failed deletes are
-        logged and left for the next pass. Returns the ids deleted.
+        logged and left for the next pass. ``snapshot_ids`` spares a listing when the caller
+        just made one. Returns the ids deleted.
         """
         if keep_latest < 1:
             raise ValueError("keep_latest must be at least 1")
-        all_ids = self.snapshot_ids()
+        all_ids = sorted(snapshot_ids) if snapshot_ids is not None else self.snapshot_ids()
         committed = [sid for sid in all_ids if self._has_manifest(sid)]
         valid = is_valid or self._manifest_parses
         newest_valid = next((sid for sid in reversed(committed) if valid(sid)), None)
