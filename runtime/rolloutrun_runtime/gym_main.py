@@ -92,6 +92,7 @@ async def _serve(
     cfg: RunConfig, host: str, port: int, instance_id: str, effects: SideEffectLog
 ) -> int:
     import asyncio
+    import gc
     import logging
     import signal
 
@@ -104,6 +105,8 @@ async def _serve(
     control = GymCheckpointControl(server)  # token from ROLLOUTRUN_GYM_CONTROL_TOKEN
     server.continue_restored = control.claim_restored
     runner, url = await serve_app(server.app, host, port, cancel_on_disconnect=True)
+    gc.collect()  # start-up objects leave future cyclic-GC passes (see trainer.py)
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
