@@ -3,8 +3,8 @@
 Everything is measured side by side in one run and printed as JSON, each goal next to its
 baseline from the same run:
 
-- **pause**: the rollout pump's pause per snapshot (admission closed + exclusive cut held,
-  ``timing/rollout_checkpoint.admission_closed_s``) with 100, 1,000 and 10,000 finalized
+- **pause**: the rollout pump's pause per snapshot (barrier wait + exclusive cut held,
+  ``timing/rollout_checkpoint.pump_paused_s``) with 100, 1,000 and 10,000 finalized
   groups buffered, on a real controller (ledger, replay buffer, data plane) and a real
   ``file://`` manifest store; p50/p99 over repeated forced snapshots. Goal: p99 <= 100 ms at
   1,000.
@@ -78,7 +78,6 @@ TINY: dict[str, Any] = {
         "maxSteps": 40,
         "learningRate": 0.003,
         "maxStaleness": 1,
-        "dropZeroVarianceGroups": False,
     },
     "rollout": {"maxInFlightGroups": 8},
     "checkpointing": {
@@ -201,7 +200,7 @@ async def _pause_samples(groups: int, repeats: int) -> dict[str, Any]:
         published = [r for r in records if r.get("rollout/checkpoint_outcome") == "published"]
         if not published:
             raise RuntimeError(f"no snapshot published at {groups} groups: {records[-1:]}")
-        pauses = [r["timing/rollout_checkpoint"]["admission_closed_s"] for r in published]
+        pauses = [r["timing/rollout_checkpoint"]["pump_paused_s"] for r in published]
         held = [r["timing/rollout_checkpoint"]["cut_held_s"] for r in published]
         writes = [
             r["timing/rollout_checkpoint"]["write_s"] + r["timing/rollout_checkpoint"]["publish_s"]
