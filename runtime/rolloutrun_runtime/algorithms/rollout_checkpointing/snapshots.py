@@ -251,7 +251,7 @@ class RolloutSnapshotter:
         files[RUNTIME_STATE_FILE] = json.dumps(captured.runtime_state, sort_keys=True).encode()
         files[JOURNAL_FILE] = json.dumps(captured.journal, sort_keys=True).encode()
         if captured.environment_snapshot is not None:
-            files[ENVIRONMENT_FILE] = captured.environment_snapshot
+            files[ENVIRONMENT_FILE] = captured.environment_snapshot.to_bytes()
         return files
 
     # ================================================================== bootstrap
@@ -375,7 +375,7 @@ class RolloutSnapshotter:
                     detail["env_records_dropped"] = len(env_snapshot.episodes()) - len(
                         kept.episodes()
                     )
-                    captured.environment_snapshot = kept.to_bytes()
+                    captured.environment_snapshot = kept
                 timings.cut_held_s = time.monotonic() - held_started
         finally:
             timings.pump_paused_s = time.monotonic() - wait_started

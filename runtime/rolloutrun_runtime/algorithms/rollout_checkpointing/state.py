@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader
     from rolloutrun_runtime.config import RunConfig
     from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
+    from rolloutrun_runtime.environments.checkpointing import EnvironmentSnapshot
     from rolloutrun_runtime.experience.rollout_recovery import RecoveryLedger
 
 #: Schema of ``RolloutRuntimeState.to_json``; bump it when the saved fields change.
@@ -531,4 +532,5 @@ class CapturedRolloutState:
     journal: dict[str, Any]
     ledger_document: dict[str, Any] | None = None
     """The ledger sidecar as dicts, taken under the cut; serialized after it."""
-    environment_snapshot: bytes | None = None
+    environment_snapshot: EnvironmentSnapshot | None = None
+    """The environment's records still out at the cut; encoded with the files, off the loop."""

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import enum
 import hmac
 import logging
@@ -202,7 +201,7 @@ class GymCheckpointControl:
         if task is not None and task in self._runs:
             self._runs[task] = episode.episode_id
         if self.copying:
-            self.copies[episode.episode_id] = copy_record(episode)
+            self.copies[episode.episode_id] = episode.to_record()
             if task is not None and task in self._awaiting:
                 self._awaiting.discard(task)
                 self._changed.set()
@@ -241,7 +240,7 @@ class GymCheckpointControl:
         driven = {episode_id for episode_id in self._runs.values() if episode_id is not None}
         for episode in self.server.live_episodes():
             if episode.episode_id not in driven:
-                self.copies[episode.episode_id] = copy_record(episode)
+                self.copies[episode.episode_id] = episode.to_record()
 
     # ------------------------------------------------------------------ plumbing
     def _guard(
@@ -528,11 +527,6 @@ class GymCheckpointControl:
             self._reopen(self.checkpoint_id, why="lease expired")
             return True
         return False
-
-
-def copy_record(episode: Episode) -> dict[str, Any]:
-    """The episode's record, sharing nothing with the live episode that runs on."""
-    return copy.deepcopy(episode.to_record())
 
 
 def resumable_phase(episode: Episode) -> Phase | None:

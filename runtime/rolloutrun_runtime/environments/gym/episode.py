@@ -11,6 +11,7 @@ attempt can never apply a revision its predecessor already applied.
 
 from __future__ import annotations
 
+import copy
 import enum
 import re
 import time
@@ -157,20 +158,24 @@ class Episode:
         }
 
     def to_record(self) -> dict[str, Any]:
-        """Everything needed to continue (or inspect) this episode, as JSON."""
+        """Everything needed to continue (or inspect) this episode, as JSON.
+
+        The record shares nothing the episode changes later (the task state is copied), so
+        a checkpoint can keep it while the episode runs on.
+        """
         return {
             "version": RECORD_VERSION,
             "episode_id": self.episode_id.to_json(),
             "prompt_id": self.prompt_id,
             "policy_url": self.policy_url,
             "sampling": self.sampling.to_json(),
-            "state": self.state,
+            "state": copy.deepcopy(self.state),
             "segments": [segment.to_json() for segment in self.segments],
             "phase": self.phase.value,
             "turn": self.turn,
             "revision": self.revision,
             "audit": list(self.audit),
-            "pending": self.pending,
+            "pending": dict(self.pending) if self.pending is not None else None,
             "reward": self.reward,
             "finish_reason": self.finish_reason,
             "error": self.error,
