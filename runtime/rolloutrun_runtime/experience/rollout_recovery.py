@@ -179,10 +179,12 @@ class RolloutAttempt:
         return EnvironmentEpisode(self.rollout_id, self.gym_attempt)
 
     def to_json(self) -> dict[str, Any]:
+        # str(member), not member.value: a StrEnum's value descriptor costs twice as much,
+        # and a capture under the cut calls this for every attempt of every group.
         return {
             "attempt_uuid": self.attempt_uuid,
             "rollout_id": self.rollout_id,
-            "status": self.status.value,
+            "status": str(self.status),
             "gym_instance_id": self.gym_instance_id,
             "gym_attempt": self.gym_attempt,
             "reward": self.reward,
@@ -273,10 +275,10 @@ class PromptGroupRecord:
             "prompt_ref": self.prompt.to_json(),
             "target_step": self.target_step,
             "start_weight_version": self.start_weight_version,
-            "recovery_granularity": self.granularity.value,
-            "restore_level": self.restore_level.value,
-            "phase": self.phase.value,
-            "status": self.status.value,
+            "recovery_granularity": str(self.granularity),
+            "restore_level": str(self.restore_level),
+            "phase": str(self.phase),
+            "status": str(self.status),
             "claimed_step": self.claimed_step,
             "siblings": [s.to_json() for s in self.siblings],
         }
