@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
+from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import SnapshotOutcome
 from rolloutrun_runtime.algorithms.single_controller import SingleController
 from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
 from rolloutrun_runtime.config import RunConfig
@@ -176,6 +177,17 @@ def snapshot_after_commits(
 
     controller._commit_step = commit_then_snapshot  # type: ignore[method-assign]
     return stopped
+
+
+async def crash_after_snapshot(
+    controller: SingleController, snapshot_at: int = 2, stop_at: int = 3
+) -> None:
+    """Snapshot right after step ``snapshot_at`` commits, then stop without a final save
+    after step ``stop_at`` (a crash); the snapshot must have published."""
+    outcomes: list[Any] = []
+    stop = snapshot_after_commits(controller, {snapshot_at}, outcomes, stop={stop_at})
+    await run_until_stopped(controller, stop)
+    assert outcomes == [SnapshotOutcome.PUBLISHED]
 
 
 def final_journal(cfg: RunConfig) -> dict[str, Any]:

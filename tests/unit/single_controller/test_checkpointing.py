@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from tests.unit.single_controller._rollout_checkpoints import (
     assert_each_step_once_no_prompt_twice,
+    crash_after_snapshot,
     final_journal,
     harness,
     run_to_end,
@@ -313,10 +314,7 @@ async def test_deterministic_resume_is_bit_identical(tmp_path) -> None:
 
         cfg = base.model_copy(update={"log_dir": str(tmp_path / "b" / "run")})
         first = await h.controller(cfg)
-        outcomes: list = []
-        stop = snapshot_after_commits(first, {2}, outcomes, stop={3})
-        await run_until_stopped(first, stop)
-        assert outcomes == [SnapshotOutcome.PUBLISHED]
+        await crash_after_snapshot(first)
         second = await h.controller(cfg)
         restored = await second.restore()
         assert restored is not None and restored.train_step == 2

@@ -20,11 +20,10 @@ from typing import Any
 
 from tests.unit.single_controller._rollout_checkpoints import (
     assert_each_step_once_no_prompt_twice,
+    crash_after_snapshot,
     final_journal,
     harness,
     run_to_end,
-    run_until_stopped,
-    snapshot_after_commits,
     tiny_config,
     weights_digest,
 )
@@ -33,7 +32,6 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     ManifestStore,
     snapshot_dir,
 )
-from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import SnapshotOutcome
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import RUNTIME_STATE_FILE
 from rolloutrun_runtime.algorithms.single_controller import SingleController
 from rolloutrun_runtime.storage import open_storage
@@ -115,10 +113,7 @@ async def test_resume_mid_run_with_drops_is_bit_identical(tmp_path: Path) -> Non
 
         cfg = base.model_copy(update={"log_dir": str(tmp_path / "b" / "run")})
         first = await h.controller(cfg)
-        outcomes: list = []
-        stop = snapshot_after_commits(first, {2}, outcomes, stop={3})
-        await run_until_stopped(first, stop)
-        assert outcomes == [SnapshotOutcome.PUBLISHED]
+        await crash_after_snapshot(first)
         second = await h.controller(cfg)
         restored = await second.restore()
         assert restored is not None and restored.train_step == 2
@@ -154,10 +149,7 @@ async def test_resume_from_a_snapshot_without_reserves_completes(tmp_path, caplo
     async with harness() as h:
         cfg = await h.start_gyms(tiny_config(tmp_path, **SECTIONS))
         first = await h.controller(cfg)
-        outcomes: list = []
-        stop = snapshot_after_commits(first, {2}, outcomes, stop={3})
-        await run_until_stopped(first, stop)
-        assert outcomes == [SnapshotOutcome.PUBLISHED]
+        await crash_after_snapshot(first)
 
         store = ManifestStore(open_storage(cfg.resolved_storage_uri()), cfg.name)
         newest = store.committed_ids()[-1]
