@@ -41,6 +41,17 @@ def test_write_read_overwrite(storage: CheckpointStorage) -> None:
     assert storage.read_bytes("empty") == b""
 
 
+def test_write_many_writes_every_object_whole(storage: CheckpointStorage) -> None:
+    storage.write_bytes("e/a", b"old")
+    items = {"e/a": b"new", "e/sub/b": b"\x00" * 1000, "top": b"", "e/sub/deeper/c": b"c"}
+    storage.write_many(items)
+    assert {key: storage.read_bytes(key) for key in items} == items
+    assert storage.list("e") == ["e/a", "e/sub/b", "e/sub/deeper/c"]  # no temporary files
+    storage.write_many({})
+    with pytest.raises(InvalidKeyError):
+        storage.write_many({"ok": b"1", "a/../b": b"2"})
+
+
 def test_read_missing_names_uri(storage: CheckpointStorage) -> None:
     with pytest.raises(ObjectNotFoundError) as info:
         storage.read_bytes("no/such/key")

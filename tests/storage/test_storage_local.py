@@ -195,3 +195,17 @@ def test_unreadable_object(tmp_path: Path) -> None:
             storage.read_bytes("k")
     finally:
         (tmp_path / "k").chmod(0o644)
+
+
+def test_write_many_syncs_each_directory_once(tmp_path: Path, monkeypatch) -> None:
+    from rolloutrun_runtime.storage import local
+
+    storage = LocalStorage(tmp_path)
+    storage.write_bytes("s/a", b"0")  # directories exist: only the batch's own syncs count
+    storage.write_bytes("s/x/b", b"0")
+    synced: list[Path] = []
+    real = local._fsync_dir
+    monkeypatch.setattr(local, "_fsync_dir", lambda path: (synced.append(path), real(path)))
+    storage.write_many({"s/a": b"1", "s/c": b"2", "s/x/b": b"3", "s/x/d": b"4"})
+    assert sorted(synced) == [tmp_path / "s", tmp_path / "s" / "x"]
+    assert storage.read_bytes("s/x/d") == b"4"

@@ -8,6 +8,7 @@ storage's base URI and are validated identically on every backend (see :mod:`.ke
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -29,6 +30,14 @@ class CheckpointStorage(Protocol):
 
     def write_bytes(self, key: str, data: bytes) -> None:
         """Create or atomically replace ``key``: readers see the old or new content, whole."""
+        ...
+
+    def write_many(self, items: Mapping[str, bytes]) -> None:
+        """:meth:`write_bytes` for several keys; all are durable when it returns.
+
+        Each object appears whole or not at all; if it raises, some may have been written.
+        Lets a backend batch its durability work (file:// syncs each directory once).
+        """
         ...
 
     def write_bytes_if_absent(self, key: str, data: bytes) -> None:

@@ -27,7 +27,7 @@ import os
 import threading
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -229,6 +229,11 @@ class GcsStorage:
             )
         except ObjectNotFoundError as exc:
             raise self._upload_404(exc) from exc
+
+    def write_many(self, items: Mapping[str, bytes]) -> None:
+        # Each upload is durable when it returns; nothing to batch.
+        for key, data in items.items():
+            self.write_bytes(key, data)
 
     def write_bytes_if_absent(self, key: str, data: bytes) -> None:
         uri = self.uri_for(key)

@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -60,6 +60,18 @@ class LocalStorage:
     def write_bytes(self, key: str, data: bytes) -> None:
         self._write_atomic(key, lambda f: f.write(data), exclusive=False)
 
+    def write_many(self, items: Mapping[str, bytes]) -> None:
+        """Each file whole (temporary file, fsync, rename), then each directory fsynced once."""
+        directories: set[Path] = set()
+        for key, data in items.items():
+            write = lambda f, data=data: f.write(data)  # noqa: E731 - binds this item's data
+            self._write_atomic(key, write, exclusive=False, sync_dir=False)
+            directories.add(self.path_for(key).parent)
+        for directory in sorted(directories):
+            where = directory.relative_to(self.root).as_posix()
+            with _translated(self.base_uri if where == "." else f"{self.base_uri}/{where}"):
+                _fsync_dir(directory)
+
     def write_bytes_if_absent(self, key: str, data: bytes) -> None:
         check_create_only_size(self.uri_for(key), len(data))
         self._write_atomic(key, lambda f: f.write(data), exclusive=True)
@@ -75,7 +87,12 @@ class LocalStorage:
         self._write_atomic(key, copy, exclusive=False)
 
     def _write_atomic(
-        self, key: str, fill: Callable[[BinaryIO], object], *, exclusive: bool
+        self,
+        key: str,
+        fill: Callable[[BinaryIO], object],
+        *,
+        exclusive: bool,
+        sync_dir: bool = True,
     ) -> None:
         path = self.path_for(key)
         uri = self.uri_for(key)
@@ -108,7 +125,8 @@ class LocalStorage:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-            _fsync_dir(path.parent)
+            if sync_dir:
+                _fsync_dir(path.parent)
 
     # -- reads ------------------------------------------------------------------------------
 

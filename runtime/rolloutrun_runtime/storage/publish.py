@@ -74,12 +74,16 @@ def publish_entry(
         keys[join_key(entry, name)] = content
     if storage.exists(marker):
         raise ObjectExistsError(storage.uri_for(marker), "entry is already committed")
+    batch: dict[str, bytes] = {}  # in key order; written together, durable before the marker
     for key in sorted(keys):
         content = keys[key]
         if isinstance(content, Path):
+            storage.write_many(batch)
+            batch = {}
             storage.upload_file(key, content)
         else:
-            storage.write_bytes(key, bytes(content))
+            batch[key] = bytes(content)
+    storage.write_many(batch)
     storage.write_bytes_if_absent(marker, marker_payload)
     uri = storage.uri_for(marker)
     log.info("published %d files and committed %s", len(keys), uri)
