@@ -1099,7 +1099,7 @@ class SingleController:
 
         Runs before ``run``: reads and checks everything first (nothing is installed on a
         refusal), installs it, retrains the steps a snapshot carries past its anchor, syncs
-        the generation workers, and (turn level) hands parked episodes back to the Gym.
+        the generation workers, and (turn level) hands copied episodes back to the Gym.
         """
         choice = await asyncio.to_thread(self.rollout_restorer.choose)
         restored = await asyncio.to_thread(self.rollout_restorer.restore, choice)

@@ -408,7 +408,7 @@ class RolloutRestorer:
 
     # ================================================================== environment
     async def restore_environment(self, restored: RestoredRolloutState) -> dict[str, str]:
-        """Install a snapshot's parked episodes; returns ``{rollout_id: instance_id}``.
+        """Install a snapshot's copied episodes; returns ``{rollout_id: instance_id}``.
 
         Refused episodes are logged; their siblings restart from turn 0 under a new rollout
         id (the ledger mints one for every dispatched attempt not in the returned map).
