@@ -126,7 +126,9 @@ class WatchHub:
     ) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        next_bookmark = loop.time() + self.bookmark_interval
+        # Without bookmarks there is nothing to wake for but the deadline and the liveness
+        # check: a bookmark time left in the past would make every wait zero (a busy loop).
+        next_bookmark = loop.time() + self.bookmark_interval if bookmarks else float("inf")
         # One pending get() is kept across timeouts: cancelling a get() that has just been
         # handed an item (what asyncio.wait_for does on a timeout in Python 3.11) would
         # drop that event from the stream.
@@ -143,7 +145,7 @@ class WatchHub:
                 wait = min(deadline, next_bookmark, now + 1.0) - now
                 done, _ = await asyncio.wait({getter}, timeout=max(wait, 0.0))
                 if not done:
-                    if bookmarks and loop.time() >= next_bookmark and watcher.queue.empty():
+                    if loop.time() >= next_bookmark and watcher.queue.empty():
                         await response.write(self._bookmark(rtype, self.store.resource_version))
                         next_bookmark = loop.time() + self.bookmark_interval
                     continue
