@@ -10,7 +10,11 @@ Zero-variance drops are on (the default): deterministic mode keeps bit-identity 
 through the per-step spare reserves. Measured once each (2 shared CPU cores; a deterministic
 run repeats itself): tiny-grpo 0.087 -> 0.369 (margin 0.282; 5 groups replaced over 30
 steps, about 30 s of steps); tiny-multiturn 0.233 -> 0.464 (margin 0.231; no zero-variance
-group at groupSize 8, about 85 s). The asserted margins sit a little below those. These tiny
+group at groupSize 8, about 85 s). A deterministic run repeats itself on one machine, not
+across processors: the first five steps agree bit for bit, but the floating-point kernels
+differ once training starts. On a Sapphire Rapids core (AVX-512, AMX) the same configs
+measured 0.087 -> 0.336 (margin 0.249) and 0.233 -> 0.451 (margin 0.218), so the asserted
+margins sit below the lowest measurement of each. These tiny
 runs' margins move with incidental changes to which prompts a step trains and in what order
 (tiny-multiturn measured 0.151 with the same prompts trained in slot order, and 0.235 before
 the reserves changed which prompts the dataloader hands out), so a change that moves them is
@@ -30,7 +34,7 @@ from rolloutrun_runtime.metrics import FINAL_WEIGHTS_FILE, REQUIRED_KEYS, read_m
 
 ROOT = Path(__file__).resolve().parents[3]
 
-MARGINS = {"tiny-grpo.yaml": 0.25, "tiny-multiturn.yaml": 0.18}
+MARGINS = {"tiny-grpo.yaml": 0.2, "tiny-multiturn.yaml": 0.18}
 
 
 def deterministic_copy(example: Path, directory: Path) -> Path:
