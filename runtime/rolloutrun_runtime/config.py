@@ -243,6 +243,15 @@ class CheckpointingConfig(_Model):
             "periodic snapshots off."
         ),
     )
+    snapshot_every_steps: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "Also attempt a rollout snapshot right after every this many train steps, "
+            "independent of savePeriod (1: after every step); 0 snapshots by time only."
+        ),
+    )
     keep_latest: int = Field(
         3,
         ge=1,

@@ -377,7 +377,10 @@ class SingleController:
             rollout = asyncio.create_task(self._rollout_pump(), name="rollout-pump")
             train = asyncio.create_task(self._train_pump(), name="train-pump")
             snapshots = asyncio.create_task(
-                self.rollout_snapshots.run_pump(self.cfg.checkpointing.snapshot_interval_seconds),
+                self.rollout_snapshots.run_pump(
+                    self.cfg.checkpointing.snapshot_interval_seconds,
+                    self.cfg.checkpointing.snapshot_every_steps,
+                ),
                 name="snapshot-pump",
             )
             try:
@@ -830,6 +833,9 @@ class SingleController:
             await self.finalize_deferred_checkpoint()
             if self.checkpointer is not None and step % self.cfg.checkpointing.save_period == 0:
                 await self.trainer_checkpoint()
+            self.rollout_snapshots.train_step_completed(
+                self.trainer_version, self.cfg.checkpointing.snapshot_every_steps
+            )
 
     async def _select_groups(self, step: int) -> _Selected:
         prompts = self.cfg.grpo.prompts_per_step

@@ -34,6 +34,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import (
     SnapshotError,
     SnapshotOutcome,
+    should_snapshot_after_step,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     CONTROLLER_STATE_FILE,
@@ -98,6 +99,34 @@ async def test_cadence_is_independent_of_save_period(tmp_path) -> None:
             "pump_paused_s",
         }
     assert [p["train_step"] for p in h.published] == [2, 4]
+
+
+@pytest.mark.parametrize(
+    ("step", "every", "expected"),
+    [(1, 1, True), (2, 1, True), (1, 2, False), (2, 2, True), (4, 2, True), (3, 0, False)],
+)
+def test_which_train_steps_snapshot(step: int, every: int, expected: bool) -> None:
+    assert should_snapshot_after_step(step, every) is expected
+
+
+async def test_snapshot_every_steps_without_a_timer(tmp_path) -> None:
+    """snapshotEverySteps 2 with the timer off: the pump is woken after steps 2 and 4, so
+    the snapshots it publishes capture step 2 or later, each recorded as a train_step one."""
+    async with harness() as h:
+        cfg = await h.start_gyms(
+            tiny_config(
+                tmp_path,
+                grpo={"maxSteps": 6},
+                checkpointing={"snapshotIntervalSeconds": 0, "snapshotEverySteps": 2},
+            )
+        )
+        await run_to_end(await h.controller(cfg))
+    published = [r for r in h.records if r["rollout/checkpoint_outcome"] == "published"]
+    assert published, h.records
+    assert {r["reason"] for r in h.records} == {"train_step"}
+    assert all(p["train_step"] >= 2 for p in h.published)
+    # Woken twice before the run's end (after steps 2 and 4); one attempt at most per wake.
+    assert len(h.records) <= 3
 
 
 async def test_capture_kinds_and_the_attempts_skips(tmp_path) -> None:

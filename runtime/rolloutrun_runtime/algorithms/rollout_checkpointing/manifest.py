@@ -72,6 +72,7 @@ OPERATIONAL_KEYS: frozenset[str] = frozenset(
         "checkpointing.storageUri",
         "checkpointing.resumeFrom",
         "checkpointing.snapshotIntervalSeconds",
+        "checkpointing.snapshotEverySteps",
         "checkpointing.keepLatest",
         "checkpointing.trace",
         "checkpointing.preemptionGraceSeconds",

@@ -3,7 +3,8 @@
 Why a snapshot besides trainer checkpoints: a trainer checkpoint costs a full model and
 optimizer write, so runs save one every ``savePeriod`` steps; everything generated in
 between (finished groups, sealed siblings, parked multi-turn episodes) would be lost at a
-preemption. A snapshot saves only the rollout state, often (``snapshotIntervalSeconds``),
+preemption. A snapshot saves only the rollout state, often (``snapshotIntervalSeconds``,
+``snapshotEverySteps``),
 and *references* the model state: it anchors to the newest durable trainer checkpoint
 ``step_<N>`` (or to the bootstrap anchor, the run's initial weights, before the first one),
 and carries the groups trained since N with their rows. A resume loads ``step_<N>``,
@@ -140,12 +141,17 @@ def dispatched_episodes(ledger: RecoveryLedger | None) -> list[EnvironmentEpisod
     return sorted(episodes)
 
 
+def should_snapshot_after_step(step: int, every_steps: int) -> bool:
+    """Whether train step ``step`` completing is a snapshot's moment (``snapshotEverySteps``)."""
+    return every_steps > 0 and step > 0 and step % every_steps == 0
+
+
 class RolloutSnapshotter:
     """Captures rollout state for both checkpoint kinds and runs snapshot attempts.
 
     Public methods (the controller calls only these): ``capture``,
-    ``write_controller_sidecars``, ``attempt``, ``run_pump``, ``trainer_checkpoint_published``
-    and ``ensure_bootstrap_anchor``.
+    ``write_controller_sidecars``, ``attempt``, ``run_pump``, ``trainer_checkpoint_published``,
+    ``train_step_completed`` and ``ensure_bootstrap_anchor``.
     """
 
     def __init__(
@@ -174,6 +180,8 @@ class RolloutSnapshotter:
         self._fenced: BaseException | None = None
         self._last_train_step: int | None = None
         self._wake = asyncio.Event()
+        #: What woke the pump ("trainer_checkpoint", "train_step"); None: the timer.
+        self._wake_reason: str | None = None
         self.outcomes: list[SnapshotOutcome] = []
         self.published: list[dict[str, Any]] = []
 
@@ -264,11 +272,23 @@ class RolloutSnapshotter:
     def trainer_checkpoint_published(self, step: int) -> None:
         """A trainer checkpoint is durable: snapshot soon, anchored to it."""
         logger.debug("trainer checkpoint step_%d published; waking the snapshot pump", step)
+        self._wake_reason = "trainer_checkpoint"
         self._wake.set()
 
-    async def run_pump(self, interval_s: float) -> None:
-        """Attempt a snapshot every ``interval_s`` seconds (and after each trainer save)."""
-        if self._manifests is None or interval_s <= 0:
+    def train_step_completed(self, step: int, every_steps: int) -> None:
+        """Step ``step`` is trained: snapshot soon when it is the ``every_steps``-th one."""
+        if should_snapshot_after_step(step, every_steps):
+            self._wake_reason = self._wake_reason or "train_step"
+            self._wake.set()
+
+    async def run_pump(self, interval_s: float, every_steps: int = 0) -> None:
+        """Attempt a snapshot every ``interval_s`` seconds, after each trainer save, and
+        after every ``every_steps``-th train step (woken by ``train_step_completed``).
+
+        ``interval_s`` 0 leaves only the wake-ups; with ``every_steps`` 0 too, periodic
+        snapshots are off (a forced one, e.g. on SIGTERM, still runs).
+        """
+        if self._manifests is None or (interval_s <= 0 and every_steps <= 0):
             return
         if self._parts.ledger is None:
             # Without the ledger nothing records in-flight groups: a snapshot would move the
@@ -280,11 +300,12 @@ class RolloutSnapshotter:
             # waiter is doing (3.11's wait_for can hold a cancelled task on its inner one).
             waiter = asyncio.ensure_future(self._wake.wait())
             try:
-                await asyncio.wait({waiter}, timeout=interval_s)
+                await asyncio.wait({waiter}, timeout=interval_s if interval_s > 0 else None)
             finally:
                 waiter.cancel()
+            reason, self._wake_reason = self._wake_reason or "periodic", None
             self._wake.clear()
-            await self.attempt(reason="periodic")
+            await self.attempt(reason=reason)
 
     # ================================================================== one attempt
     async def attempt(self, *, force: bool = False, reason: str = "periodic") -> SnapshotOutcome:
