@@ -258,12 +258,18 @@ async def _environment_checkpoint(cfg: RunConfig) -> Any:
     the ids come from the replicas' ``/healthz``, never from their order.
     """
     from rolloutrun_runtime.config import TargetLevel
+    from rolloutrun_runtime.coordination import ENV_INCARNATION
     from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint
 
     endpoints = {f"gym-{i}": url for i, url in enumerate(cfg.gym.endpoints)}
     if cfg.checkpointing.target_level is TargetLevel.TURN:
         endpoints = await _gym_instance_ids(list(cfg.gym.endpoints))
-    return build_environment_checkpoint(cfg, endpoints, os.environ.get(ENV_GYM_CONTROL_TOKEN))
+    return build_environment_checkpoint(
+        cfg,
+        endpoints,
+        os.environ.get(ENV_GYM_CONTROL_TOKEN),
+        incarnation=int(os.environ.get(ENV_INCARNATION, "0") or 0),
+    )
 
 
 async def _gym_instance_ids(urls: list[str]) -> dict[str, str]:

@@ -328,6 +328,64 @@ async def test_lease_expiry_resumes_the_gym_on_its_own(rig: Rig) -> None:
     assert status == 200
 
 
+@pytest.mark.parametrize("first_call", ["prepare", "restore"])
+async def test_a_newer_trainer_ends_the_checkpoint_a_killed_one_left_open(
+    rig: Rig, first_call: str
+) -> None:
+    """A trainer killed between prepare and resume left the Gym prepared: its successor's
+    first call (a snapshot's prepare, or the restore at start-up) ends that checkpoint at
+    once instead of being refused until the lease runs out; the old trainer is refused."""
+    await rig.start_gym()
+    control = rig.gyms["gym-0"][1]
+    old = rig.client()
+    run = rig.run("gym-0", "r0", prompt_id=LONG[0])
+    await rig.wait_live("gym-0", 1)
+    await old.prepare("ck-old", deadline(30.0))  # ... and the trainer is SIGKILLed here
+    assert control.phase is ControlPhase.PREPARED
+    new = rig.client()
+    assert new.trainer["started_ns"] > old.trainer["started_ns"]
+    if first_call == "prepare":
+        await new.prepare("ck-new", deadline())
+        assert control.phase is ControlPhase.PREPARED and control.checkpoint_id == "ck-new"
+        await new.commit("ck-new", deadline(), [EnvironmentEpisode("r0", 0, "gym-0")])
+        await new.resume("ck-new")
+    else:
+        await new.restore("ck-new", deadline(), GymSnapshot("ck-new", {}).to_bytes())
+    assert "ck-old" in control.resumed and control.phase is ControlPhase.IDLE
+    assert control.trainer is not None and control.trainer.id == new.trainer["id"]
+    with pytest.raises(EnvironmentCheckpointError, match="superseded by trainer"):
+        await old.commit("ck-old", deadline(), [])
+    with pytest.raises(EnvironmentCheckpointError, match="superseded by trainer"):
+        await old.prepare("ck-old-2", deadline())
+    status, _ = await run
+    assert status == 200
+
+
+async def test_a_prepare_ended_while_it_waits_marks_nothing_prepared(rig: Rig) -> None:
+    """An old trainer's prepare still waiting for a /run to reach a boundary when a newer
+    trainer takes over answers 409 and leaves the newer trainer's state alone."""
+    await rig.start_gym()
+    control = rig.gyms["gym-0"][1]
+    stuck = asyncio.get_running_loop().create_future()  # a /run that never reaches a boundary
+    control._runs[stuck] = None  # type: ignore[index]
+    try:
+        old = rig.client()
+        waiting = asyncio.create_task(old.prepare("ck-old", deadline(10.0)))
+        for _ in range(400):
+            if control.phase is ControlPhase.PREPARING:
+                break
+            await asyncio.sleep(0.005)
+        assert control.phase is ControlPhase.PREPARING
+        new = rig.client()
+        await new.restore("ck-new", deadline(), GymSnapshot("ck-new", {}).to_bytes())
+        with pytest.raises(EnvironmentCheckpointError, match="ck-old ended while preparing"):
+            await asyncio.wait_for(waiting, 5.0)
+        assert control.phase is ControlPhase.IDLE and control.checkpoint_id is None
+    finally:
+        del control._runs[stuck]  # type: ignore[arg-type]
+        stuck.cancel()
+
+
 async def test_retire_stops_an_attempt_and_refuses_it_until_forget(rig: Rig) -> None:
     await rig.start_gym()
     client = rig.client()

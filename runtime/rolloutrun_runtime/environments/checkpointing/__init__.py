@@ -20,11 +20,12 @@ from rolloutrun_runtime.environments.checkpointing.interfaces import (
 
 
 def build_environment_checkpoint(
-    config: RunConfig, endpoints: Mapping[str, str], token: str | None
+    config: RunConfig, endpoints: Mapping[str, str], token: str | None, *, incarnation: int = 0
 ) -> EnvironmentCheckpoint:
     """Gym's control plane for turn-level recovery, else the backend that keeps nothing.
 
-    ``endpoints`` maps each Gym instance id to its base URL; ``token`` is the control token.
+    ``endpoints`` maps each Gym instance id to its base URL; ``token`` is the control token;
+    ``incarnation`` is the trainer's (the operator's ``ROLLOUTRUN_INCARNATION``, 0 locally).
     """
     if config.checkpointing.target_level is TargetLevel.TURN:
         from rolloutrun_runtime.environments.checkpointing.nemo_gym import (
@@ -36,7 +37,7 @@ def build_environment_checkpoint(
                 "turn-level recovery needs the Gym control token "
                 "(ROLLOUTRUN_GYM_CONTROL_TOKEN); none is set"
             )
-        return GymEnvironmentCheckpoint(endpoints, token)
+        return GymEnvironmentCheckpoint(endpoints, token, incarnation=incarnation)
     return NoEnvironmentCheckpoint()
 
 

@@ -6,6 +6,11 @@ token and its record format. It fans each phase out to every replica concurrentl
 per-episode calls to the instance that owns the episode (a restored attempt must return to
 its owner), and turns any replica's refusal into :class:`EnvironmentCheckpointError`, so the
 snapshot attempt is discarded rather than published with a partial environment.
+
+Every call names this trainer (an id, its incarnation and its start time): a replica then
+ends at once a checkpoint that a killed predecessor left half done, instead of refusing this
+trainer's restore and snapshots until that checkpoint's lease runs out, and refuses an older
+trainer that is still calling.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +103,7 @@ class GymEnvironmentCheckpoint:
         *,
         request_timeout_s: float = 30.0,
         session: aiohttp.ClientSession | None = None,
+        incarnation: int = 0,
     ) -> None:
         if not endpoints:
             raise ValueError("GymEnvironmentCheckpoint needs at least one Gym endpoint")
@@ -107,6 +114,12 @@ class GymEnvironmentCheckpoint:
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._session = session
         self._owns_session = session is None
+        #: Sent with every call (the control plane's ``trainer``): who is driving the Gym.
+        self.trainer = {
+            "id": uuid.uuid4().hex[:16],
+            "incarnation": incarnation,
+            "started_ns": time.time_ns(),
+        }
 
     async def _post(self, instance: str, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
         if instance not in self.endpoints:
@@ -116,7 +129,10 @@ class GymEnvironmentCheckpoint:
         url = f"{self.endpoints[instance].rstrip('/')}{ROUTE_PREFIX}/{route}"
         try:
             async with self._session.post(
-                url, json=dict(body), headers=self._headers, timeout=self._timeout
+                url,
+                json={**body, "trainer": self.trainer},
+                headers=self._headers,
+                timeout=self._timeout,
             ) as response:
                 payload = await response.json(content_type=None)
                 if response.status != 200:

@@ -38,6 +38,11 @@ any phase to ``idle``.
   boundary) until **forget** drops the rollout.
 * **lease**: each call extends the lease to ``deadline_ts + grace``; if the trainer stops
   calling, a watchdog resumes the Gym on its own, so a vanished trainer never wedges it.
+* **trainer identity**: each call may name its trainer (``trainer``: an id, the
+  incarnation and the process start time). The first call of a newer trainer ends whatever
+  checkpoint an older one left open (it was killed mid-snapshot: its replacement must not
+  wait out that lease to restore or snapshot), and calls of an older trainer are refused
+  from then on (409), so a trainer that was replaced but still runs cannot drive the Gym.
 """
 
 from __future__ import annotations
@@ -91,10 +96,28 @@ class ControlError(Exception):
         self.status = status
 
 
+class TrainerIdentity(BaseModel):
+    """Who drives the control plane: one trainer process of one incarnation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
+    incarnation: int = Field(ge=0)
+    started_ns: int = Field(ge=0)
+
+    @property
+    def rank(self) -> tuple[int, int, str]:
+        """Newer trainers rank higher: a later incarnation, else a later process start."""
+        return (self.incarnation, self.started_ns, self.id)
+
+    def describe(self) -> str:
+        return f"{self.id} (incarnation {self.incarnation})"
+
+
 class _Call(BaseModel):
     model_config = ConfigDict(extra="forbid")
     checkpoint_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
     deadline_ts: float = Field(gt=0)
+    trainer: TrainerIdentity | None = None
 
 
 class _CommitCall(_Call):
@@ -117,6 +140,7 @@ class _ResumeCall(BaseModel):
     model_config = ConfigDict(extra="forbid")
     checkpoint_id: str = Field(min_length=1, max_length=128)
     deadline_ts: float | None = Field(None, gt=0)
+    trainer: TrainerIdentity | None = None
 
 
 def parse_row_key(row_key: str) -> EpisodeId:
@@ -155,6 +179,8 @@ class GymCheckpointControl:
         self.phase = ControlPhase.IDLE
         self.checkpoint_id: str | None = None
         self.lease_deadline: float | None = None
+        #: The newest trainer that called (None until one names itself).
+        self.trainer: TrainerIdentity | None = None
         self.resumed: collections.deque[str] = collections.deque(maxlen=REMEMBERED_RESUMES)
         self.retired: dict[str, int] = {}  # rollout_id -> highest refused attempt
         self.restored_unclaimed: set[EpisodeId] = set()
@@ -274,6 +300,27 @@ class GymCheckpointControl:
 
         return route
 
+    def _admit(self, trainer: TrainerIdentity | None) -> None:
+        """Let ``trainer`` drive the control plane: refuse an older trainer's call; a newer
+        trainer's first call ends the checkpoint its predecessor left open."""
+        if trainer is None:
+            return
+        current = self.trainer
+        if current is not None and trainer.id != current.id:
+            if trainer.rank < current.rank:
+                raise ControlError(
+                    409,
+                    f"trainer {trainer.describe()} was superseded by trainer {current.describe()}",
+                )
+            if self.phase is not ControlPhase.IDLE and self.checkpoint_id is not None:
+                self._reopen(
+                    self.checkpoint_id,
+                    why=f"ended: trainer {trainer.describe()} superseded {current.describe()}",
+                )
+        if current is None or trainer.id != current.id:
+            logger.info("gym %s: driven by trainer %s", self.server.instance_id, trainer.describe())
+        self.trainer = trainer
+
     def _extend_lease(self, deadline_ts: float) -> None:
         self.lease_deadline = deadline_ts + self.grace_s
 
@@ -297,6 +344,7 @@ class GymCheckpointControl:
             "phase": self.phase.value,
             "checkpoint_id": self.checkpoint_id,
             "lease_deadline": self.lease_deadline,
+            "trainer": self.trainer.model_dump() if self.trainer is not None else None,
             "copied": sorted(e.row_key for e in self.copies),
             "awaiting_copy": len(self._awaiting),
             "runs_in_flight": self.runs_in_flight,
@@ -308,6 +356,7 @@ class GymCheckpointControl:
 
     async def _prepare(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _Call.model_validate(body)
+        self._admit(call.trainer)
         repeat = self._check_id(
             call.checkpoint_id, allowed={ControlPhase.PREPARING, ControlPhase.PREPARED}
         )
@@ -323,7 +372,7 @@ class GymCheckpointControl:
                 len(self._awaiting),
             )
         self._extend_lease(call.deadline_ts)
-        while self._awaiting:
+        while self._awaiting and self.checkpoint_id == call.checkpoint_id:
             remaining = call.deadline_ts - self.clock()
             if remaining <= 0:
                 raise ControlError(
@@ -336,11 +385,16 @@ class GymCheckpointControl:
                 await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 0.5))
             except TimeoutError:
                 pass
+        if self.checkpoint_id != call.checkpoint_id:
+            # Ended while we waited (lease expired, or a newer trainer took over): never
+            # mark another checkpoint, or none, as prepared.
+            raise ControlError(409, f"checkpoint {call.checkpoint_id} ended while preparing")
         self.phase = ControlPhase.PREPARED
         return self._state()
 
     async def _renew(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _Call.model_validate(body)
+        self._admit(call.trainer)
         if self.phase is ControlPhase.IDLE or self.checkpoint_id != call.checkpoint_id:
             raise ControlError(409, f"checkpoint {call.checkpoint_id} is not in progress")
         self._extend_lease(call.deadline_ts)
@@ -348,6 +402,7 @@ class GymCheckpointControl:
 
     async def _commit(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _CommitCall.model_validate(body)
+        self._admit(call.trainer)
         repeat = self._check_id(
             call.checkpoint_id, allowed={ControlPhase.PREPARED, ControlPhase.COMMITTED}
         )
@@ -384,6 +439,7 @@ class GymCheckpointControl:
 
     async def _resume(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _ResumeCall.model_validate(body)
+        self._admit(call.trainer)
         if call.checkpoint_id in self.resumed:
             return self._state()
         if self.phase is not ControlPhase.IDLE and self.checkpoint_id != call.checkpoint_id:
@@ -409,6 +465,7 @@ class GymCheckpointControl:
 
     async def _restore(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _RestoreCall.model_validate(body)
+        self._admit(call.trainer)
         repeat = self._check_id(call.checkpoint_id, allowed={ControlPhase.RESTORED})
         self._extend_lease(call.deadline_ts)
         if repeat and self._restore_result is not None:
@@ -466,6 +523,7 @@ class GymCheckpointControl:
 
     async def _retire(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _RetireCall.model_validate(body)
+        self._admit(call.trainer)
         if self.phase is not ControlPhase.IDLE:
             self._extend_lease(call.deadline_ts)
         for key in call.episodes:
@@ -482,6 +540,7 @@ class GymCheckpointControl:
 
     async def _forget(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _ForgetCall.model_validate(body)
+        self._admit(call.trainer)
         forgotten = 0
         for rollout_id in call.rollout_ids:
             self.retired.pop(rollout_id, None)
