@@ -65,6 +65,8 @@ class CheckpointCut:
     def __init__(self, mutation_version: int) -> None:
         self.mutation_version = mutation_version
         self.live = True
+        #: ``time.monotonic()`` when the cut let mutations in again (None while held).
+        self.released_at: float | None = None
 
     def require_live(self) -> None:
         if not self.live:
@@ -139,6 +141,8 @@ class DataPlaneBarrier:
         started = time.monotonic()
         await self._wait_until(lambda: not self._cut_claimed)
         self._cut_claimed = True
+        cut: CheckpointCut | None = None
+        deferred_gc = False
         try:
             await self._wait_until(lambda: not any(self._active.values()))
             self._stats(CHECKPOINT_KIND).record(time.monotonic() - started)
@@ -146,19 +150,23 @@ class DataPlaneBarrier:
             token = _held.set(cut)
             # Every pump waits while the cut is held, and a capture allocates many small
             # objects: a cyclic-GC pass triggered inside it would hold the pumps for 100+ ms
-            # at 1,000 buffered groups. Defer automatic collection until the cut ends.
-            collecting = gc.isenabled()
+            # at 1,000 buffered groups. Defer automatic collection until the cut is released.
+            deferred_gc = gc.isenabled()
             gc.disable()
             try:
                 yield cut
             finally:
-                if collecting:
-                    gc.enable()
                 _held.reset(token)
                 cut.live = False
         finally:
             self._cut_claimed = False
+            if cut is not None:
+                cut.released_at = time.monotonic()
             self._wake()
+            # Only now: the collection the capture's allocations are due runs with the
+            # mutations already let in, never while they wait.
+            if deferred_gc:
+                gc.enable()
 
     # ------------------------------------------------------------------ internals
     def _refuse_nesting(self, what: str) -> None:

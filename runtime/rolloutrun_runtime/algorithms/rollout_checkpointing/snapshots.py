@@ -378,6 +378,7 @@ class RolloutSnapshotter:
         timings.env_phase_s = time.monotonic() - env_started
         # 4. the exclusive cut: re-check, keep the copies of episodes still out, capture
         wait_started = time.monotonic()
+        cut = None
         try:
             async with parts.barrier.checkpoint() as cut:
                 held_started = time.monotonic()
@@ -399,7 +400,11 @@ class RolloutSnapshotter:
                     captured.environment_snapshot = kept
                 timings.cut_held_s = time.monotonic() - held_started
         finally:
-            timings.pump_paused_s = time.monotonic() - wait_started
+            # Until the barrier let mutations in again; the cyclic-GC pass it deferred may
+            # run right after, with the pumps free to go on (it blocks the event loop like
+            # any other pass, which the trainer keeps short with gc.freeze at start-up).
+            released = cut.released_at if cut is not None else None
+            timings.pump_paused_s = (released or time.monotonic()) - wait_started
             # 5. leave the cut, then end the environment phase (before any disk write)
             if environment.holds_rollout_state:
                 await self._resume_environment(checkpoint_id)
