@@ -104,6 +104,29 @@ def test_deterministic_run_killed_ends_bit_identical(single_turn: Path, tmp_path
     assert result.audit["prompts"]["dropped"] > 0, result.audit
 
 
+def _assert_no_gym_left_busy(run_dir: Path) -> None:
+    """No incarnation was refused by a Gym still holding a killed trainer's checkpoint."""
+    logs = sorted(run_dir.glob("chaos-trainer-*.log")) + [run_dir / "snapshots.jsonl"]
+    for path in logs:
+        assert "busy with checkpoint" not in path.read_text(), path
+
+
+def test_a_kill_inside_the_gym_phase_leaves_the_next_trainer_free(
+    multi_turn: Path, tmp_path: Path
+) -> None:
+    """Killed between prepare and commit, the trainer leaves its Gym prepared: the next
+    incarnation's restore ends that checkpoint at once, restores the turn-level episodes and
+    publishes snapshots, instead of being refused until the lease runs out."""
+    site = "during_gym_commit:2"
+    result = _campaign(multi_turn, tmp_path / "run", kills=1, site=site, compare=False, seed=2)
+    _assert_whole(result, 1)
+    _assert_site_kill(result, site)
+    _assert_no_gym_left_busy(tmp_path / "run")
+    records = [json.loads(line) for line in (tmp_path / "run" / "snapshots.jsonl").open()]
+    after_kill = [r for r in records if r["t"] > result.kills[0].killed_at]
+    assert any(r["rollout/checkpoint_outcome"] == "published" for r in after_kill), after_kill
+
+
 @pytest.mark.chaos
 @pytest.mark.parametrize("site", OTHER_SITES)
 def test_kill_at_every_other_site(site: str, single_turn: Path, tmp_path: Path) -> None:
@@ -122,6 +145,7 @@ def test_kill_at_a_gym_site_of_a_turn_level_run(
     result = _campaign(multi_turn, tmp_path / "run", kills=kills, site=site, compare=False, seed=2)
     _assert_whole(result, kills)
     _assert_site_kill(result, site)
+    _assert_no_gym_left_busy(tmp_path / "run")
 
 
 @pytest.mark.chaos
