@@ -31,9 +31,9 @@ test: lint ## lint, then the whole default test suite (no cluster, no GPU needed
 	@echo "==> pytest"
 	$(BIN)/python -m pytest
 
-run: $(STAMP) ## examples/tiny-grpo.yaml on a local cluster with the operator, a pod deleted every 30 s
-	@# 120 steps instead of the example's 30 (about 13 s here): long enough to be preempted
-	$(BIN)/rolloutrun run examples/tiny-grpo.yaml --preempt-every 30 --max-steps 120 --summary runs/tiny-grpo-summary.json
+run: $(STAMP) ## examples/tiny-grpo.yaml on a local cluster with the operator, a pod deleted every 15 s
+	@# 300 steps instead of the example's 30 (about 3 s here): long enough to be preempted
+	$(BIN)/rolloutrun run examples/tiny-grpo.yaml --preempt-every 15 --max-steps 300 --summary runs/tiny-grpo-summary.json
 
 chaos: $(STAMP) ## the long crash campaign: every crash site, random multi-kill runs (tests/crash -m chaos)
 	@echo "==> pytest -m chaos"
