@@ -106,7 +106,7 @@ def test_deterministic_run_killed_ends_bit_identical(single_turn: Path, tmp_path
 
 def _assert_no_gym_left_busy(run_dir: Path) -> None:
     """No incarnation was refused by a Gym still holding a killed trainer's checkpoint."""
-    logs = sorted(run_dir.glob("chaos-trainer-*.log")) + [run_dir / "snapshots.jsonl"]
+    logs = [*sorted(run_dir.glob("chaos-trainer-*.log")), run_dir / "snapshots.jsonl"]
     for path in logs:
         assert "busy with checkpoint" not in path.read_text(), path
 
