@@ -36,7 +36,6 @@ async def test_gc_comes_back_when_the_holder_raises() -> None:
     assert gc.isenabled()
 
 
-
 async def test_collection_resumes_only_after_the_cut_is_released(monkeypatch) -> None:
     """The pass the cut deferred may run right after it, but never while mutations wait:
     the barrier is released (and records when) before GC is enabled again."""
