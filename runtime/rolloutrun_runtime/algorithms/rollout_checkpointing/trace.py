@@ -305,11 +305,17 @@ def plot_attempts(events: list[dict[str, Any]], out: Path) -> None:
                 label=None if label in seen else label,
             )
             seen.add(label)
-    first_seen: dict[str, float] = {}
+    last_seen: dict[str, float] = {}
     for event in events:
-        first_seen.setdefault(event["run_id"], event["t"])
-    for start in list(first_seen.values())[1:]:
-        axes.axvline(start - origin, color="tab:red", linewidth=1.5)
+        last_seen[event["run_id"]] = event["t"]
+    for stop in list(last_seen.values())[:-1]:  # every run but the last was stopped
+        axes.axvline(
+            stop - origin,
+            color="tab:red",
+            linewidth=1.5,
+            label=None if "stop" in seen else "stop (last event before a kill)",
+        )
+        seen.add("stop")
     axes.set_xlabel("seconds since the first event")
     axes.set_ylabel("rollout slot (prompt, generation)")
     axes.set_title("Rollout attempts: green sealed, orange abandoned, red failed")
@@ -340,6 +346,8 @@ def _render_text(report: TraceReport) -> str:
             f"{stop.abandoned_attempts} attempts abandoned, thrown away "
             f"{stop.thrown_away_s:.2f}s, {stop.restored_attempts} restored, lost progress {lost}"
         )
+    if any(stop.lost_progress_s is None for stop in report.stops):
+        lines.append("lost progress needs --baseline LOG_DIR (an uninterrupted run's trace)")
     if report.batch_age:
         ages = ", ".join(f"{step}:{age:.2f}" for step, age in report.batch_age.items())
         lines.append(f"batch age by step: {ages}")
