@@ -76,6 +76,9 @@ class Kill:
     incarnation_s: float
     thrown_away_s: float = 0.0
     rollout_work_lost_s: float = 0.0
+    #: The trace analyzer's lost progress against the uninterrupted reference run (None
+    #: without one): how much later the groups running at the kill were sealed.
+    lost_progress_s: float | None = None
     restored_from: str | None = None
     restored_snapshot_id: int | None = None
 
@@ -147,12 +150,17 @@ def rollout_work_lost(
     return lost
 
 
-def attribute_stops(kills: list[Kill], events: list[dict[str, Any]]) -> None:
-    """Fill each kill's thrown-away time, lost work and restore source from the trace."""
+def attribute_stops(
+    kills: list[Kill],
+    events: list[dict[str, Any]],
+    baseline: list[dict[str, Any]] | None = None,
+) -> None:
+    """Fill each kill's thrown-away time, lost work, lost progress (against ``baseline``,
+    an uninterrupted run's trace) and restore source from the trace."""
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import analyze
 
     events = sorted(events, key=lambda e: e["t"])
-    report = analyze(events)
+    report = analyze(events, baseline)
     cuts = restore_cut_times(events)
     by_run: dict[str, list[dict[str, Any]]] = {}
     for event in events:
@@ -166,6 +174,7 @@ def attribute_stops(kills: list[Kill], events: list[dict[str, Any]]) -> None:
             continue
         kill = owners[-1]
         kill.thrown_away_s = stop.thrown_away_s
+        kill.lost_progress_s = stop.lost_progress_s
         kill.rollout_work_lost_s = rollout_work_lost(
             by_run[stop.stopped_run_id], after, cuts.get(stop.resumed_run_id)
         )
@@ -310,6 +319,10 @@ class ChaosResult:
             "reference_weights_sha256": self.reference_weights_sha256,
             "thrown_away_s": [round(k.thrown_away_s, 6) for k in self.kills],
             "rollout_work_lost_s": [round(k.rollout_work_lost_s, 6) for k in self.kills],
+            "lost_progress_s": [
+                None if k.lost_progress_s is None else round(k.lost_progress_s, 6)
+                for k in self.kills
+            ],
             "kill_details": [dataclasses.asdict(k) for k in self.kills],
             "incarnations_launched_at": self.launched_at,
             "wall_s": round(self.wall_s, 3),
@@ -444,7 +457,9 @@ def run_chaos(
 
     trace = log_dir / TRACE_FILE
     if trace.exists():
-        attribute_stops(done_kills, list(read_events(trace)))
+        reference_trace = log_dir / REFERENCE_DIR / TRACE_FILE
+        baseline = list(read_events(reference_trace)) if reference_trace.exists() else None
+        attribute_stops(done_kills, list(read_events(trace)), baseline)
     try:
         report = run_audit(log_dir, config_file=run_config).to_json()
     except AuditError as error:

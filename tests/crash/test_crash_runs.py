@@ -99,6 +99,8 @@ def test_deterministic_run_killed_ends_bit_identical(single_turn: Path, tmp_path
     result = _campaign(single_turn, tmp_path / "run", kills=1, seed=3, compare=True)
     _assert_whole(result, 1)
     assert result.weights_match is True, result.to_json()
+    # The reference is also the baseline of the trace's lost progress, reported per kill.
+    assert result.to_json()["lost_progress_s"][0] is not None, result.to_json()
     reference = read_metrics(tmp_path / "run" / REFERENCE_DIR)
     assert sum(r["replacements"] for r in reference) > 0, reference
     assert result.audit["prompts"]["dropped"] > 0, result.audit
