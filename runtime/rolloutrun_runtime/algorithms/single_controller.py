@@ -471,7 +471,11 @@ class SingleController:
             )
             self.ledger.admit(cut, group_id)
             self.trace.emit(
-                "group_reserved", group_id=group_id, prompt_id=prompt.prompt_id, target_step=step
+                "group_reserved",
+                group_id=group_id,
+                prompt_id=prompt.prompt_id,
+                epoch=prompt.epoch,
+                target_step=step,
             )
         return _GroupRun(group_id, prompt, step, self.served_version, slot=slot)
 
@@ -635,6 +639,7 @@ class SingleController:
             event,
             group_id=run.group_id,
             prompt_id=run.prompt.prompt_id,
+            epoch=run.prompt.epoch,
             generation_index=index,
             attempt_uuid=attempt_uuid,
             **fields,
@@ -695,7 +700,10 @@ class SingleController:
                     if self.ledger is not None:
                         self.ledger.finish_finalize(cut, run.group_id)
                         self.trace.emit(
-                            "group_sealed", group_id=run.group_id, prompt_id=run.prompt.prompt_id
+                            "group_sealed",
+                            group_id=run.group_id,
+                            prompt_id=run.prompt.prompt_id,
+                            epoch=run.prompt.epoch,
                         )
                     self.buffer.add(
                         ReplayGroup(

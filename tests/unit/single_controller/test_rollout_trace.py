@@ -128,6 +128,18 @@ def test_lost_progress_against_a_baseline():
     assert stop.lost_progress_s == pytest.approx(12.0 - 5.0)
 
 
+def test_lost_progress_matches_a_prompt_of_the_same_epoch():
+    """A prompt drawn again in a later epoch is another group: the stopped run's epoch-0
+    group compares with the baseline's epoch-0 sealing, not the epoch-1 one."""
+    baseline = [
+        ev(0.0, "b", "run_started", incarnation=0, resumed_from=None, snapshot_id=None),
+        ev(5.0, "b", "group_sealed", group_id="x", prompt_id=7, epoch=0),
+        ev(11.0, "b", "group_sealed", group_id="y", prompt_id=7, epoch=1),
+    ]
+    (stop,) = analyze(stopped_trace(), baseline).stops
+    assert stop.lost_progress_s == pytest.approx(12.0 - 5.0)
+
+
 def test_batch_age_is_token_weighted():
     # Step 2 trains with version 1: version-0 tokens are 1 update old, version-1 tokens 0.
     assert batch_age_by_step(stopped_trace()) == {2: pytest.approx(10 / 40)}

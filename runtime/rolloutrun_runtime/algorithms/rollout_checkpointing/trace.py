@@ -172,13 +172,18 @@ def batch_age_by_step(events: Iterable[Mapping[str, Any]]) -> dict[int, float]:
     return {step: (num / den if den else 0.0) for step, (num, den) in sorted(totals.items())}
 
 
-def _sealed_offsets(events: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+def _prompt_key(event: Mapping[str, Any]) -> tuple[int, int]:
+    """A prompt across runs: its dataset index and epoch (traces before epochs: epoch 0)."""
+    return int(event["prompt_id"]), int(event.get("epoch") or 0)
+
+
+def _sealed_offsets(events: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], float]:
     """Seconds from the trace's first event to each prompt's group_sealed."""
     if not events:
         return {}
     start = events[0]["t"]
     return {
-        int(event["prompt_id"]): event["t"] - start
+        _prompt_key(event): event["t"] - start
         for event in events
         if event.get("event") == "group_sealed"
     }
@@ -210,7 +215,7 @@ def _stop_report(
     index: int,
     before: list[dict[str, Any]],
     after: list[dict[str, Any]],
-    baseline_sealed: dict[int, float],
+    baseline_sealed: dict[tuple[int, int], float],
     all_events: list[dict[str, Any]],
 ) -> StopReport:
     started = next((e for e in after if e["event"] == "run_started"), after[0])
@@ -230,15 +235,15 @@ def _stop_report(
     lost = None
     if baseline_sealed:
         origin = all_events[0]["t"]
-        running = {int(e["prompt_id"]) for e in before if e["event"] == "attempt_dispatched"} - {
-            int(e["prompt_id"]) for e in before if e["event"] == "group_sealed"
+        running = {_prompt_key(e) for e in before if e["event"] == "attempt_dispatched"} - {
+            _prompt_key(e) for e in before if e["event"] == "group_sealed"
         }
         delays = [
-            (e["t"] - origin) - baseline_sealed[int(e["prompt_id"])]
+            (e["t"] - origin) - baseline_sealed[_prompt_key(e)]
             for e in after
             if e["event"] == "group_sealed"
-            and int(e["prompt_id"]) in running
-            and int(e["prompt_id"]) in baseline_sealed
+            and _prompt_key(e) in running
+            and _prompt_key(e) in baseline_sealed
         ]
         lost = statistics.fmean(delays) if delays else 0.0
     return StopReport(
