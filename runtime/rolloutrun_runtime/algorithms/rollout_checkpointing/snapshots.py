@@ -4,12 +4,12 @@ Why a snapshot besides trainer checkpoints: a trainer checkpoint costs a full mo
 optimizer write, so runs save one every ``savePeriod`` steps; everything generated in
 between (finished groups, sealed siblings, parked multi-turn episodes) would be lost at a
 preemption. A snapshot saves only the rollout state, often (``snapshotIntervalSeconds``,
-``snapshotEverySteps``),
-and *references* the model state: it anchors to the newest durable trainer checkpoint
-``step_<N>`` (or to the bootstrap anchor, the run's initial weights, before the first one),
-and carries the groups trained since N with their rows. A resume loads ``step_<N>``,
-retrains those steps in their recorded order, then restores the rollout state — so the
-cadence is independent of ``savePeriod`` and no trained group is lost or trained twice.
+``snapshotEverySteps``), and *references* the model state: it anchors to the newest durable
+trainer checkpoint ``step_<N>`` (or to the bootstrap anchor, the run's initial weights,
+before the first one), and carries the groups trained since N with their rows. A resume
+loads ``step_<N>``, retrains those steps in their recorded order, then restores the rollout
+state — so the cadence is independent of ``savePeriod`` and no trained group is lost or
+trained twice.
 
 One ``capture(cut, kind)`` and one ``write_controller_sidecars`` serve trainer checkpoints
 and snapshots, so a new piece of rollout state is saved by both as soon as it exists. The
