@@ -113,6 +113,13 @@ class TrainerIdentity(BaseModel):
         return f"{self.id} (incarnation {self.incarnation})"
 
 
+class _Caller(BaseModel):
+    """The part of every control call the routes share: who sends it."""
+
+    model_config = ConfigDict(extra="ignore")
+    trainer: TrainerIdentity | None = None
+
+
 class _Call(BaseModel):
     model_config = ConfigDict(extra="forbid")
     checkpoint_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
@@ -288,6 +295,9 @@ class GymCheckpointControl:
                     return _fail(400, "request body must be a JSON object")
                 body = raw
             try:
+                # Every route, before its own checks: a newer trainer takes over, an older
+                # one is refused.
+                self._admit(_Caller.model_validate(body).trainer)
                 return web.json_response(await handler(body))
             except ValidationError as error:
                 where = "; ".join(
@@ -356,7 +366,6 @@ class GymCheckpointControl:
 
     async def _prepare(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _Call.model_validate(body)
-        self._admit(call.trainer)
         repeat = self._check_id(
             call.checkpoint_id, allowed={ControlPhase.PREPARING, ControlPhase.PREPARED}
         )
@@ -394,7 +403,6 @@ class GymCheckpointControl:
 
     async def _renew(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _Call.model_validate(body)
-        self._admit(call.trainer)
         if self.phase is ControlPhase.IDLE or self.checkpoint_id != call.checkpoint_id:
             raise ControlError(409, f"checkpoint {call.checkpoint_id} is not in progress")
         self._extend_lease(call.deadline_ts)
@@ -402,7 +410,6 @@ class GymCheckpointControl:
 
     async def _commit(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _CommitCall.model_validate(body)
-        self._admit(call.trainer)
         repeat = self._check_id(
             call.checkpoint_id, allowed={ControlPhase.PREPARED, ControlPhase.COMMITTED}
         )
@@ -439,7 +446,6 @@ class GymCheckpointControl:
 
     async def _resume(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _ResumeCall.model_validate(body)
-        self._admit(call.trainer)
         if call.checkpoint_id in self.resumed:
             return self._state()
         if self.phase is not ControlPhase.IDLE and self.checkpoint_id != call.checkpoint_id:
@@ -465,7 +471,6 @@ class GymCheckpointControl:
 
     async def _restore(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _RestoreCall.model_validate(body)
-        self._admit(call.trainer)
         repeat = self._check_id(call.checkpoint_id, allowed={ControlPhase.RESTORED})
         self._extend_lease(call.deadline_ts)
         if repeat and self._restore_result is not None:
@@ -523,7 +528,6 @@ class GymCheckpointControl:
 
     async def _retire(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _RetireCall.model_validate(body)
-        self._admit(call.trainer)
         if self.phase is not ControlPhase.IDLE:
             self._extend_lease(call.deadline_ts)
         for key in call.episodes:
@@ -540,7 +544,6 @@ class GymCheckpointControl:
 
     async def _forget(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _ForgetCall.model_validate(body)
-        self._admit(call.trainer)
         forgotten = 0
         for rollout_id in call.rollout_ids:
             self.retired.pop(rollout_id, None)
