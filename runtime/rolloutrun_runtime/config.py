@@ -33,6 +33,13 @@ STORAGE_URI_PATTERN = (
 )
 
 
+#: The trainer's exit code when no durable entry can ever be restored (every candidate was
+#: refused for a reason a restart cannot change: an incompatible config, a corrupt or
+#: foreign checkpoint). The operator maps it to ``Failed`` instead of restarting into the
+#: same refusal until ``maxRestarts`` (78 is ``EX_CONFIG`` of sysexits.h).
+UNRESTORABLE_EXIT_CODE = 78
+
+
 #: A base URL such as ``http://127.0.0.5:8000``.
 EndpointUrl = Annotated[
     str, StringConstraints(max_length=512, pattern=r"^https?://[^\s/]+(:[0-9]+)?(/[^\s]*)?$")
