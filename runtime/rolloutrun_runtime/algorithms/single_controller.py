@@ -56,7 +56,9 @@ from rolloutrun_runtime.algorithms.grpo import (
 from rolloutrun_runtime.algorithms.gym_client import (
     GymCallError,
     GymClient,
+    GymOutageError,
     GymReplica,
+    GymUnavailableError,
     rollout_seed,
 )
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer, ReplayGroup
@@ -206,9 +208,10 @@ class ControllerError(RuntimeError):
 
 @dataclass
 class _StepCounters:
-    """Per stamped step: every finished rollout's reward."""
+    """Per stamped step: every finished rollout's reward, and why groups were given up."""
 
     rewards: list[float] = field(default_factory=list)
+    given_up: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -270,6 +273,7 @@ class SingleController:
             timeout_s=cfg.rollout.rollout_timeout_seconds,
             max_seq_len=cfg.policy.max_seq_len,
             overhead=self.overhead,
+            unreachable_budget_s=cfg.rollout.gym_unreachable_seconds,
         )
 
         grpo = cfg.grpo
@@ -439,7 +443,7 @@ class SingleController:
     async def _wait_for(self, ready: Callable[[], bool]) -> None:
         while not ready():
             if self._fatal is not None:
-                raise ControllerError("a rollout task failed") from self._fatal
+                raise ControllerError(f"a rollout task failed: {self._fatal}") from self._fatal
             self._progress_changed.clear()
             if ready():
                 return
@@ -559,6 +563,8 @@ class SingleController:
                             siblings.create_task(self._run_sibling(run, index))
         except* _GroupGivenUp as given_up:
             reason = f"attempts exhausted: {given_up.exceptions[0]}"
+        except* GymOutageError as outage:
+            raise outage.exceptions[0] from None  # the member loss, named, stops the trainer
         if reason is not None:
             await self._drop_group(run, reason, failed=True)
         else:
@@ -574,6 +580,7 @@ class SingleController:
         sibling_id = f"{run.group_id}_g{index}"
         local_attempt = new_attempt(sibling_id) if self.ledger is None else None
         failures = 0
+        unreachable_tries = 0
         while True:
             async with self._dispatch_reservation("rollout_dispatch") as cut:
                 if self.ledger is not None:
@@ -595,6 +602,35 @@ class SingleController:
                     replica = self.gym.pick(None)
             try:
                 row = await self._call_gym(replica, run, index, attempt.episode)
+            except GymUnavailableError as error:
+                # Infrastructure, not a sample: no attempt of maxAttempts is spent; the sibling
+                # stays pending under a new attempt after a backoff (GymOutageError past the
+                # budget). A new attempt, because the lost replica may have started the old one.
+                spent = self.gym.outages.unreachable(replica.url, error)
+                unreachable_tries += 1
+                delay = self.gym.backoff(unreachable_tries)
+                logger.warning(
+                    "rollout %s: %s (unreachable for %.1fs); retrying in %.2fs",
+                    attempt.rollout_id,
+                    error,
+                    spent,
+                    delay,
+                )
+                async with self._dispatch_reservation("rollout_failures") as cut:
+                    if self.ledger is not None:
+                        self.ledger.abandon(cut, sibling_id, attempt.attempt_uuid, str(error))
+                        self._trace_attempt(
+                            "attempt_abandoned",
+                            run,
+                            index,
+                            attempt.attempt_uuid,
+                            reason="gym_unreachable",
+                        )
+                        self.ledger.retry(cut, sibling_id)
+                    else:
+                        local_attempt = new_attempt(sibling_id)
+                await asyncio.sleep(delay)
+                continue
             except GymCallError as error:
                 failures += 1
                 if self.ledger is not None:  # attempts failed before a restart count too
@@ -793,6 +829,8 @@ class SingleController:
                 else:
                     state.batch_shortfall[step] = state.shortfall(step) + 1
                     self.buffer.release_permit()
+                    if failed:
+                        self._step_counters[step].given_up.append(f"{run.group_id}: {reason}")
         logger.debug("group %s for step %d dropped (%s): %s", run.group_id, step, reason, action)
         if replacement is not None:
             self._launch(self._run_group(replacement), replacement.group_id)
@@ -853,6 +891,15 @@ class SingleController:
             return have + self._rollout_runtime.shortfall(step) >= prompts
 
         await self._wait_for(ready)
+        if not self.buffer.ready_for(step):
+            # Never an optimizer step over nothing recorded as reward 0 / loss 0: every group
+            # of the step failed as a sample (infrastructure never gives a group up).
+            reasons = self._step_counters[step].given_up
+            raise ControllerError(
+                f"step {step} has no group to train: all {prompts} were given up"
+                + (f" (last: {reasons[-1]})" if reasons else "")
+                + ": every one failed rollout.maxAttempts attempts"
+            )
         async with self.barrier.mutation("group_removals") as cut:
             with self.overhead:
                 stale = self.buffer.stale_before(step)
@@ -916,10 +963,8 @@ class SingleController:
         try:
             async with self.barrier.mutation("sample_clears") as cut:
                 crash_point("inside_optimizer_commit")
-                if selected.groups:
+                if selected.groups:  # always, from the train pump (see ``_select_groups``)
                     self.optimizer.step()
-                else:
-                    logger.warning("step %d closes with no groups (all given up)", step)
                 with self.overhead:
                     self._journal_step(selected)
                     if self.manifests is None:
