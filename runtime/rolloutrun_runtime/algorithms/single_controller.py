@@ -208,9 +208,8 @@ class ControllerError(RuntimeError):
 
 @dataclass
 class _StepCounters:
-    """Per stamped step: every finished rollout's reward, and why groups were given up."""
+    """Per stamped step: why its groups were given up (for the error when none is left)."""
 
-    rewards: list[float] = field(default_factory=list)
     given_up: list[str] = field(default_factory=list)
 
 
@@ -220,6 +219,8 @@ class _Selected:
     groups: list[ReplayGroup]
     rows: list[dict[str, Any]]
     results: list[FinalizerResult] = field(default_factory=list)
+    rollout_rewards: list[float] = field(default_factory=list)
+    """Every rollout of the step's finalized or dropped groups (taken at the commit)."""
 
 
 @contextlib.asynccontextmanager
@@ -695,7 +696,6 @@ class SingleController:
             replica, episode, run.prompt.prompt_id, self._policy_url(), sampling
         )
         self._generated_tokens += row["model_tokens"]
-        self._step_counters[run.target_step].rewards.append(row["reward"])
         return row
 
     async def _finalize_group(self, run: _GroupRun) -> None:
@@ -751,6 +751,7 @@ class SingleController:
                             model_tokens=model_tokens,
                         )
                     )
+                    self._record_rewards(run.target_step, rewards)
                     self._rollout_runtime.finalizer_results[run.group_id] = FinalizerResult(
                         group_id=run.group_id,
                         target_step=run.target_step,
@@ -763,6 +764,12 @@ class SingleController:
                         self.ledger.finalization_unknown(cut, run.group_id)
                     raise
         self._signal()
+
+    def _record_rewards(self, step: int, rewards: list[float]) -> None:
+        """Count a finalized or dropped group's rollouts toward its step's ``reward_mean``
+        (call inside the mutation that finalizes or drops it: a cut saves them with it)."""
+        if step > self.trainer_version:
+            self._rollout_runtime.step_rewards.setdefault(step, []).extend(rewards)
 
     def _decide_drop(self, run: _GroupRun, *, failed: bool) -> DropAction:
         """The drop decision: slot-bound for a deterministic step with a reserve, else by
@@ -811,6 +818,9 @@ class SingleController:
         replacement: _GroupRun | None = None
         async with self.barrier.mutation("group_discards") as cut:
             with self.overhead:
+                staged = [k for k in run.staged.values() if self.data_plane.contains("staging", k)]
+                rows = self.data_plane.get_many("staging", staged)
+                self._record_rewards(step, [float(row["reward"]) for row in rows])
                 self.data_plane.clear("staging", run.staged.values())
                 self._discard_prompt_group(cut, run.group_id, reason)
                 state.pending_drops.append(run.prompt)
@@ -966,6 +976,7 @@ class SingleController:
                 if selected.groups:  # always, from the train pump (see ``_select_groups``)
                     self.optimizer.step()
                 with self.overhead:
+                    selected.rollout_rewards = self._rollout_runtime.step_rewards.pop(step, [])
                     self._journal_step(selected)
                     if self.manifests is None:
                         for group in selected.groups:
@@ -1049,12 +1060,14 @@ class SingleController:
                 versions[version] += count
         step_max_age = (step - 1) - min(versions) if versions else 0
         self.max_observed_age = max(self.max_observed_age, step_max_age)
-        counters = self._step_counters.pop(step, _StepCounters())
+        self._step_counters.pop(step, None)
+        # Sorted: the mean must not depend on the order groups finished in.
+        rewards = sorted(selected.rollout_rewards)
         trained_rewards = [r for g in selected.groups for r in g.rewards]
         overhead_s = self.overhead.take()
         record: dict[str, Any] = {
             "step": step,
-            "reward_mean": float(np.mean(counters.rewards)) if counters.rewards else 0.0,
+            "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
             "trained_reward_mean": float(np.mean(trained_rewards)) if trained_rewards else 0.0,
             "loss": stats["loss"],
             "clip_fraction": stats["clip_fraction"],
@@ -1067,7 +1080,7 @@ class SingleController:
             "prompt_ids": [g.prompt_id for g in selected.groups],
             "shortfall": state.shortfall(step),
             "replacements": state.replacements.get(step, 0),
-            "rollouts": len(counters.rewards),
+            "rollouts": len(rewards),
             "batch_age": batch_age(versions, step - 1),
             "max_token_age": step_max_age,
             "train_compute_s": compute_s,
