@@ -62,6 +62,9 @@ UNREACHABLE_STATUSES = frozenset({502, 503, 504})
 #: Backoff between attempts against an unreachable endpoint: the first delay, and the most.
 BACKOFF_FIRST_S = 0.25
 BACKOFF_MAX_S = 5.0
+#: Longest wait for a connection to a replica (a blackholed address is unreachable, not an
+#: episode running past ``rolloutTimeoutSeconds``).
+CONNECT_TIMEOUT_S = 10.0
 
 
 def is_unreachable(error: BaseException) -> bool:
@@ -237,7 +240,9 @@ class GymClient:
 
     async def open(self) -> None:
         """Open the HTTP session and learn each replica's instance id from ``/healthz``."""
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        timeout = aiohttp.ClientTimeout(
+            total=self.timeout_s, sock_connect=min(self.timeout_s, CONNECT_TIMEOUT_S)
+        )
         self._session = aiohttp.ClientSession(
             timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
         )

@@ -610,7 +610,8 @@ class SingleController:
                 spent = self.gym.outages.unreachable(replica.url, error)
                 unreachable_tries += 1
                 delay = self.gym.backoff(unreachable_tries)
-                logger.warning(
+                logger.log(
+                    logging.WARNING if unreachable_tries == 1 else logging.DEBUG,
                     "rollout %s: %s (unreachable for %.1fs); retrying in %.2fs",
                     attempt.rollout_id,
                     error,
