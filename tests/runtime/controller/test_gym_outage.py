@@ -149,7 +149,8 @@ async def test_gyms_that_stay_gone_stop_the_trainer_naming_the_endpoint(tmp_path
     assert outage is not None, f"the trainer stopped for another reason: {failed.value!r}"
     assert any(url in str(outage) for url in gyms.urls)
     assert "unreachable for" in str(outage)
-    # Only step 1 (before the outage) was recorded: no step closed on groups lost to it.
-    rows = read_metrics(tmp_path / "run")
-    assert [row["step"] for row in rows] == [1]
-    assert all(row["groups"] > 0 for row in rows)
+    # Only steps whose rollouts ran before the outage were recorded (step 1, maybe step 2):
+    # no step closed on groups lost to it.
+    steps = [row["step"] for row in read_metrics(tmp_path / "run")]
+    assert steps in ([1], [1, 2])
+    assert all(row["groups"] > 0 for row in read_metrics(tmp_path / "run"))

@@ -60,13 +60,16 @@ async def test_a_step_trained_after_a_restore_reports_the_reference_metrics(
     reference = await _run(reference_cfg)
     expected = {r["step"]: r for r in reference.history}
 
-    # Preempt (forced snapshot, then stop) right after the first group of step 5 finalizes:
-    # the snapshot holds some of step 5's rollouts, the resumed run generates the rest.
+    # Preempt (forced snapshot, then stop) right after the first group of step 5 finalizes,
+    # holding back every later finalization until the stop: the snapshot holds some of step
+    # 5's rollouts, the resumed run generates the rest.
     preemption = asyncio.Event()
     finalize = SingleController._finalize_group
     finalized: list[int] = []
 
     async def finalize_then_preempt(self: SingleController, run: Any) -> None:
+        if preemption.is_set():
+            await asyncio.Event().wait()  # until the preemption cancels the run
         await finalize(self, run)
         finalized.append(run.target_step)
         if run.target_step == PREEMPTED_STEP:
@@ -77,14 +80,15 @@ async def test_a_step_trained_after_a_restore_reports_the_reference_metrics(
     with pytest.raises(asyncio.CancelledError):
         await asyncio.ensure_future(_run(cfg, preemption=preemption))
     monkeypatch.undo()
-    assert PREEMPTED_STEP in finalized
+    assert finalized.count(PREEMPTED_STEP) == 1
+    first = read_metrics(cfg.log_dir)
+    assert [row["step"] for row in first] == list(range(1, PREEMPTED_STEP))
 
     resumed = await _run(cfg)
     assert resumed.resumed_from is not None and "rollout_snapshots" in resumed.resumed_from
     assert resumed.final_weights_sha256 == reference.final_weights_sha256
-    rows = read_metrics(cfg.log_dir)  # a step recorded before the preemption may repeat
-    steps = [row["step"] for row in rows]
-    assert steps == sorted(steps) and set(steps) == set(expected)
+    rows = read_metrics(cfg.log_dir)
+    assert [row["step"] for row in rows] == sorted(expected)
     for row in rows:
         want = expected[row["step"]]
         for key in SAME_AS_REFERENCE + SAME_REWARDS:
