@@ -909,7 +909,6 @@ class SingleController:
             raise ControllerError(
                 f"step {step} has no group to train: all {prompts} were given up"
                 + (f" (last: {reasons[-1]})" if reasons else "")
-                + ": every one failed rollout.maxAttempts attempts"
             )
         async with self.barrier.mutation("group_removals") as cut:
             with self.overhead:
