@@ -224,6 +224,17 @@ class RolloutConfig(_Model):
         le=100,
         description="Attempts per sibling before its group is given up (counted as shortfall).",
     )
+    gym_unreachable_seconds: int = Field(
+        120,
+        ge=1,
+        le=86_400,
+        description=(
+            "How long a Gym replica may stay unreachable (connection refused or reset, DNS, "
+            "connect timeout, 502/503/504 not answered by the Gym) before the trainer fails "
+            "naming it. Attempts against it back off meanwhile and do not count against "
+            "maxAttempts: a lost member is not a failed sample."
+        ),
+    )
 
 
 class CheckpointingConfig(_Model):

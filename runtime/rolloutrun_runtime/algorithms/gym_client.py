@@ -4,14 +4,24 @@ Why separate from the pumps: the wire format (an episode id, a prompt id, the po
 and sampling settings in; reward and token segments out) and its conversion into aligned
 training arrays are pure and tested alone; the pumps only decide *when* to call a replica
 and what to record in the ledger around the call.
+
+Two kinds of failed call, told apart here because they are handled differently: the Gym
+answered about the episode (an error status with its JSON error body, a malformed result,
+an episode over ``rolloutTimeoutSeconds``) is a failed *sample*, retried under the sibling's
+``maxAttempts``; the endpoint could not be reached at all (connection refused or reset, DNS,
+connect timeout, the replica closing the connection, 502/503/504 that the Gym did not write)
+is *infrastructure*: a lost member is not a sample, so the attempt backs off and stays
+pending, and only an endpoint unreachable for longer than ``rollout.gymUnreachableSeconds``
+stops the trainer (``GymOutageError``), for the operator to restart it from a snapshot.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +42,109 @@ class GymCallError(GymError):
 
 class GymUnavailableError(GymError):
     """A Gym replica cannot be used at all (unhealthy, unknown owner, client not open)."""
+
+
+class GymUnreachableError(GymUnavailableError):
+    """A ``/run`` call never reached a Gym that could answer it (infrastructure, not a sample)."""
+
+    def __init__(self, endpoint: str, detail: str) -> None:
+        super().__init__(f"Gym replica {endpoint} is unreachable: {detail}")
+        self.endpoint = endpoint
+
+
+class GymOutageError(GymUnavailableError):
+    """A Gym replica stayed unreachable past ``rollout.gymUnreachableSeconds`` (member lost)."""
+
+
+#: Statuses a proxy or a replica going away answers with; only the Gym's own JSON error body
+#: (its 502 for a policy error, its 503 for side-effect storage) makes them about the episode.
+UNREACHABLE_STATUSES = frozenset({502, 503, 504})
+#: Backoff between attempts against an unreachable endpoint: the first delay, and the most.
+BACKOFF_FIRST_S = 0.25
+BACKOFF_MAX_S = 5.0
+#: Longest wait for a connection to a replica (a blackholed address is unreachable, not an
+#: episode running past ``rolloutTimeoutSeconds``).
+CONNECT_TIMEOUT_S = 10.0
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """Whether a transport error means the endpoint was not there (not the episode's fault).
+
+    A plain timeout is the episode running past ``rolloutTimeoutSeconds`` (a failed sample);
+    a timeout while *connecting* is not.
+    """
+    if isinstance(error, aiohttp.ConnectionTimeoutError):
+        return True
+    if isinstance(error, TimeoutError):
+        return False
+    return isinstance(
+        error,
+        aiohttp.ClientConnectorError
+        | aiohttp.ServerDisconnectedError
+        | aiohttp.ClientOSError
+        | ConnectionError,
+    )
+
+
+def is_unreachable_status(status: int, body: bytes) -> bool:
+    """Whether an HTTP error status came from something other than the Gym (a proxy, a replica
+    going away): 502/503/504 without the Gym's ``{"error": {...}}`` body."""
+    if status not in UNREACHABLE_STATUSES:
+        return False
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return True
+    return not (isinstance(document, dict) and isinstance(document.get("error"), dict))
+
+
+def backoff_delay(tries: int, unit: float) -> float:
+    """Seconds to wait before try ``tries + 1`` against an unreachable endpoint.
+
+    Exponential from ``BACKOFF_FIRST_S``, capped at ``BACKOFF_MAX_S``, with jitter: ``unit``
+    (a draw in [0, 1)) picks a point in the upper half, so siblings that failed together do
+    not come back together.
+    """
+    if tries < 1:
+        raise ValueError(f"tries must be at least 1, not {tries}")
+    if not 0.0 <= unit < 1.0:
+        raise ValueError(f"unit must be in [0, 1), not {unit}")
+    ceiling = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** min(tries - 1, 32))
+    return ceiling * (0.5 + 0.5 * unit)
+
+
+class OutageBudget:
+    """Per endpoint: since when it has been unreachable with no answer in between.
+
+    ``unreachable`` raises ``GymOutageError`` once an endpoint's outage has lasted
+    ``budget_s``; any answer from it (even an error about an episode) ends the outage.
+    """
+
+    def __init__(self, budget_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if budget_s <= 0:
+            raise ValueError(f"the unreachable budget must be positive, not {budget_s}")
+        self.budget_s = budget_s
+        self._clock = clock
+        self._since: dict[str, float] = {}
+
+    def unreachable(self, endpoint: str, error: BaseException) -> float:
+        """Record a failed reach; the seconds the outage has lasted (raises when spent)."""
+        now = self._clock()
+        spent = now - self._since.setdefault(endpoint, now)
+        if spent >= self.budget_s:
+            raise GymOutageError(
+                f"Gym replica {endpoint} has been unreachable for {spent:.1f}s "
+                f"(rollout.gymUnreachableSeconds {self.budget_s:g}); last error: {error}. "
+                "A member is lost: restart from the latest snapshot"
+            ) from error
+        return spent
+
+    def answered(self, endpoint: str) -> None:
+        self._since.pop(endpoint, None)
+
+    def outages(self) -> dict[str, float]:
+        """The endpoints unreachable now, and since when (the clock's time)."""
+        return dict(self._since)
 
 
 @dataclass
@@ -105,6 +218,7 @@ class GymClient:
         timeout_s: float,
         max_seq_len: int,
         overhead: OverheadClock,
+        unreachable_budget_s: float = 120.0,
     ) -> None:
         if not endpoints:
             raise GymUnavailableError("no Gym endpoints: set gym.endpoints or start Gym replicas")
@@ -115,10 +229,20 @@ class GymClient:
         self.env_seconds = 0.0
         self._next = 0
         self._session: aiohttp.ClientSession | None = None
+        self.outages = OutageBudget(unreachable_budget_s)
+        # Its own generator: the global ``random`` state is training state (checkpointed with
+        # the trainer), and a backoff must never move it.
+        self._jitter = random.Random()
+
+    def backoff(self, tries: int) -> float:
+        """The delay before the next try of an attempt that found its endpoint unreachable."""
+        return backoff_delay(tries, self._jitter.random())
 
     async def open(self) -> None:
         """Open the HTTP session and learn each replica's instance id from ``/healthz``."""
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        timeout = aiohttp.ClientTimeout(
+            total=self.timeout_s, sock_connect=min(self.timeout_s, CONNECT_TIMEOUT_S)
+        )
         self._session = aiohttp.ClientSession(
             timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
         )
@@ -174,11 +298,19 @@ class GymClient:
             async with self._session.post(f"{replica.url}/run", json=body) as response:
                 raw = await response.read()
                 status = response.status
-        except (aiohttp.ClientError, TimeoutError) as error:
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            if is_unreachable(error):
+                raise GymUnreachableError(
+                    replica.url, f"{type(error).__name__}: {error}"
+                ) from error
+            self.outages.answered(replica.url)
             raise GymCallError(f"{replica.url}/run: {error!r}") from error
         finally:
             self.env_seconds += time.perf_counter() - started
         with self.overhead:
+            if is_unreachable_status(status, raw):
+                raise GymUnreachableError(replica.url, f"answered {status}: {raw[:300]!r}")
+            self.outages.answered(replica.url)
             if status >= 400:
                 raise GymCallError(f"{replica.url}/run answered {status}: {raw[:300]!r}")
             try:

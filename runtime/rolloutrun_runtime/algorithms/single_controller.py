@@ -56,7 +56,9 @@ from rolloutrun_runtime.algorithms.grpo import (
 from rolloutrun_runtime.algorithms.gym_client import (
     GymCallError,
     GymClient,
+    GymOutageError,
     GymReplica,
+    GymUnavailableError,
     rollout_seed,
 )
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer, ReplayGroup
@@ -206,9 +208,9 @@ class ControllerError(RuntimeError):
 
 @dataclass
 class _StepCounters:
-    """Per stamped step: every finished rollout's reward."""
+    """Per stamped step: why its groups were given up (for the error when none is left)."""
 
-    rewards: list[float] = field(default_factory=list)
+    given_up: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -217,6 +219,8 @@ class _Selected:
     groups: list[ReplayGroup]
     rows: list[dict[str, Any]]
     results: list[FinalizerResult] = field(default_factory=list)
+    rollout_rewards: list[float] = field(default_factory=list)
+    """Every rollout of the step's finalized or dropped groups (taken at the commit)."""
 
 
 @contextlib.asynccontextmanager
@@ -270,6 +274,7 @@ class SingleController:
             timeout_s=cfg.rollout.rollout_timeout_seconds,
             max_seq_len=cfg.policy.max_seq_len,
             overhead=self.overhead,
+            unreachable_budget_s=cfg.rollout.gym_unreachable_seconds,
         )
 
         grpo = cfg.grpo
@@ -439,7 +444,7 @@ class SingleController:
     async def _wait_for(self, ready: Callable[[], bool]) -> None:
         while not ready():
             if self._fatal is not None:
-                raise ControllerError("a rollout task failed") from self._fatal
+                raise ControllerError(f"a rollout task failed: {self._fatal}") from self._fatal
             self._progress_changed.clear()
             if ready():
                 return
@@ -559,6 +564,8 @@ class SingleController:
                             siblings.create_task(self._run_sibling(run, index))
         except* _GroupGivenUp as given_up:
             reason = f"attempts exhausted: {given_up.exceptions[0]}"
+        except* GymOutageError as outage:
+            raise outage.exceptions[0] from None  # the member loss, named, stops the trainer
         if reason is not None:
             await self._drop_group(run, reason, failed=True)
         else:
@@ -574,6 +581,7 @@ class SingleController:
         sibling_id = f"{run.group_id}_g{index}"
         local_attempt = new_attempt(sibling_id) if self.ledger is None else None
         failures = 0
+        unreachable_tries = 0
         while True:
             async with self._dispatch_reservation("rollout_dispatch") as cut:
                 if self.ledger is not None:
@@ -595,6 +603,36 @@ class SingleController:
                     replica = self.gym.pick(None)
             try:
                 row = await self._call_gym(replica, run, index, attempt.episode)
+            except GymUnavailableError as error:
+                # Infrastructure, not a sample: no attempt of maxAttempts is spent; the sibling
+                # stays pending under a new attempt after a backoff (GymOutageError past the
+                # budget). A new attempt, because the lost replica may have started the old one.
+                spent = self.gym.outages.unreachable(replica.url, error)
+                unreachable_tries += 1
+                delay = self.gym.backoff(unreachable_tries)
+                logger.log(
+                    logging.WARNING if unreachable_tries == 1 else logging.DEBUG,
+                    "rollout %s: %s (unreachable for %.1fs); retrying in %.2fs",
+                    attempt.rollout_id,
+                    error,
+                    spent,
+                    delay,
+                )
+                async with self._dispatch_reservation("rollout_failures") as cut:
+                    if self.ledger is not None:
+                        self.ledger.abandon(cut, sibling_id, attempt.attempt_uuid, str(error))
+                        self._trace_attempt(
+                            "attempt_abandoned",
+                            run,
+                            index,
+                            attempt.attempt_uuid,
+                            reason="gym_unreachable",
+                        )
+                        self.ledger.retry(cut, sibling_id)
+                    else:
+                        local_attempt = new_attempt(sibling_id)
+                await asyncio.sleep(delay)
+                continue
             except GymCallError as error:
                 failures += 1
                 if self.ledger is not None:  # attempts failed before a restart count too
@@ -659,7 +697,6 @@ class SingleController:
             replica, episode, run.prompt.prompt_id, self._policy_url(), sampling
         )
         self._generated_tokens += row["model_tokens"]
-        self._step_counters[run.target_step].rewards.append(row["reward"])
         return row
 
     async def _finalize_group(self, run: _GroupRun) -> None:
@@ -715,6 +752,7 @@ class SingleController:
                             model_tokens=model_tokens,
                         )
                     )
+                    self._record_rewards(run.target_step, rewards)
                     self._rollout_runtime.finalizer_results[run.group_id] = FinalizerResult(
                         group_id=run.group_id,
                         target_step=run.target_step,
@@ -727,6 +765,12 @@ class SingleController:
                         self.ledger.finalization_unknown(cut, run.group_id)
                     raise
         self._signal()
+
+    def _record_rewards(self, step: int, rewards: list[float]) -> None:
+        """Count a finalized or dropped group's rollouts toward its step's ``reward_mean``
+        (call inside the mutation that finalizes or drops it: a cut saves them with it)."""
+        if step > self.trainer_version:
+            self._rollout_runtime.step_rewards.setdefault(step, []).extend(rewards)
 
     def _decide_drop(self, run: _GroupRun, *, failed: bool) -> DropAction:
         """The drop decision: slot-bound for a deterministic step with a reserve, else by
@@ -775,6 +819,9 @@ class SingleController:
         replacement: _GroupRun | None = None
         async with self.barrier.mutation("group_discards") as cut:
             with self.overhead:
+                staged = [k for k in run.staged.values() if self.data_plane.contains("staging", k)]
+                rows = self.data_plane.get_many("staging", staged)
+                self._record_rewards(step, [float(row["reward"]) for row in rows])
                 self.data_plane.clear("staging", run.staged.values())
                 self._discard_prompt_group(cut, run.group_id, reason)
                 state.pending_drops.append(run.prompt)
@@ -793,6 +840,8 @@ class SingleController:
                 else:
                     state.batch_shortfall[step] = state.shortfall(step) + 1
                     self.buffer.release_permit()
+                    if failed:
+                        self._step_counters[step].given_up.append(f"{run.group_id}: {reason}")
         logger.debug("group %s for step %d dropped (%s): %s", run.group_id, step, reason, action)
         if replacement is not None:
             self._launch(self._run_group(replacement), replacement.group_id)
@@ -853,6 +902,14 @@ class SingleController:
             return have + self._rollout_runtime.shortfall(step) >= prompts
 
         await self._wait_for(ready)
+        if not self.buffer.ready_for(step):
+            # Never an optimizer step over nothing recorded as reward 0 / loss 0: every group
+            # of the step failed as a sample (infrastructure never gives a group up).
+            reasons = self._step_counters[step].given_up
+            raise ControllerError(
+                f"step {step} has no group to train: all {prompts} were given up"
+                + (f" (last: {reasons[-1]})" if reasons else "")
+            )
         async with self.barrier.mutation("group_removals") as cut:
             with self.overhead:
                 stale = self.buffer.stale_before(step)
@@ -916,11 +973,10 @@ class SingleController:
         try:
             async with self.barrier.mutation("sample_clears") as cut:
                 crash_point("inside_optimizer_commit")
-                if selected.groups:
+                if selected.groups:  # always, from the train pump (see ``_select_groups``)
                     self.optimizer.step()
-                else:
-                    logger.warning("step %d closes with no groups (all given up)", step)
                 with self.overhead:
+                    selected.rollout_rewards = self._rollout_runtime.step_rewards.pop(step, [])
                     self._journal_step(selected)
                     if self.manifests is None:
                         for group in selected.groups:
@@ -1004,12 +1060,14 @@ class SingleController:
                 versions[version] += count
         step_max_age = (step - 1) - min(versions) if versions else 0
         self.max_observed_age = max(self.max_observed_age, step_max_age)
-        counters = self._step_counters.pop(step, _StepCounters())
+        self._step_counters.pop(step, None)
+        # Sorted: the mean must not depend on the order groups finished in.
+        rewards = sorted(selected.rollout_rewards)
         trained_rewards = [r for g in selected.groups for r in g.rewards]
         overhead_s = self.overhead.take()
         record: dict[str, Any] = {
             "step": step,
-            "reward_mean": float(np.mean(counters.rewards)) if counters.rewards else 0.0,
+            "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
             "trained_reward_mean": float(np.mean(trained_rewards)) if trained_rewards else 0.0,
             "loss": stats["loss"],
             "clip_fraction": stats["clip_fraction"],
@@ -1022,7 +1080,7 @@ class SingleController:
             "prompt_ids": [g.prompt_id for g in selected.groups],
             "shortfall": state.shortfall(step),
             "replacements": state.replacements.get(step, 0),
-            "rollouts": len(counters.rewards),
+            "rollouts": len(rewards),
             "batch_age": batch_age(versions, step - 1),
             "max_token_age": step_max_age,
             "train_compute_s": compute_s,

@@ -1,5 +1,5 @@
 """The pumps' interplay with the real in-process backend: staleness bound, no group trained
-twice, shortfall closing a step, replay capacity never deadlocking, dispatch without the
+twice, a step never closed over no groups, replay capacity never deadlocking, dispatch without the
 ledger, trainer checkpoints and resume."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import (
     batch_age_by_step,
     read_events,
 )
-from rolloutrun_runtime.algorithms.single_controller import LEDGER_FILE
+from rolloutrun_runtime.algorithms.single_controller import LEDGER_FILE, ControllerError
 from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
 from rolloutrun_runtime.experience.rollout_recovery import (
     GroupStatus,
@@ -109,7 +109,7 @@ async def test_replay_capacity_of_one_step_never_deadlocks(tmp_path, gym_endpoin
     assert max(r["replay_groups"] for r in result.history) <= 3
 
 
-async def test_failed_rollouts_are_given_up_and_close_the_step_short(tmp_path, gym_endpoints):
+async def test_a_step_whose_groups_all_failed_stops_the_run_unrecorded(tmp_path, gym_endpoints):
     cfg = tiny_config(
         tmp_path,
         grpo={"maxSteps": 2, "promptsPerStep": 2, "groupSize": 2},
@@ -118,12 +118,11 @@ async def test_failed_rollouts_are_given_up_and_close_the_step_short(tmp_path, g
     )
     slow = cfg.model_copy(update={"task": cfg.task.model_copy(update={"turn_delay_ms": 3000})})
     cfg = await gym_endpoints(cfg, configs=[slow])
-    result = await _run(cfg)
-    assert result.steps == 2
-    for record in result.history:
-        assert record["groups"] == 0
-        assert record["shortfall"] == 2
-        assert record["replacements"] == 2
+    # Every episode runs past the timeout (a failed sample): groups are replaced, then given
+    # up, and the step is never closed over nothing as reward 0 / loss 0.
+    with pytest.raises(ControllerError, match="step 1 has no group to train: all 2 were given up"):
+        await _run(cfg)
+    assert read_metrics(cfg.log_dir) == []
 
 
 async def test_dispatch_without_the_ledger_takes_no_reservation_slots(tmp_path, gym_endpoints):

@@ -288,6 +288,10 @@ class RolloutRuntimeState:
     asynchronous mode."""
     leftovers: list[Leftover] = field(default_factory=list)
     """Deterministic mode: unused reserve prompts of committed steps, for later reserves."""
+    step_rewards: dict[int, list[float]] = field(default_factory=dict)
+    """Per stamped, uncommitted step, the rewards of its rollouts in groups finalized or
+    dropped so far (the step record's ``reward_mean``): saved, so that a step trained after
+    a restore reports the rollouts generated before it too."""
 
     def shortfall(self, step: int) -> int:
         return self.batch_shortfall.get(step, 0)
@@ -406,6 +410,7 @@ class RolloutRuntimeState:
                 str(step): record.to_json() for step, record in sorted(self.step_reserves.items())
             },
             "leftovers": [left.to_json() for left in self.leftovers],
+            "step_rewards": {str(k): v for k, v in sorted(self.step_rewards.items())},
         }
 
     @staticmethod
@@ -456,6 +461,10 @@ class RolloutRuntimeState:
                 Leftover.from_json(left, f"leftovers[{i}]")
                 for i, left in enumerate(data.get("leftovers", []))
             ],
+            step_rewards={
+                int(step): [float(r) for r in rewards]
+                for step, rewards in data.get("step_rewards", {}).items()
+            },
         )
 
 
