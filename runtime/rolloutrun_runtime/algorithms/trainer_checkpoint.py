@@ -104,9 +104,9 @@ class CheckpointClashError(TrainerCheckpointError):
     def __init__(self, uri: str, theirs: str, ours: str, differing: list[str]) -> None:
         self.uri, self.theirs, self.ours, self.differing = uri, theirs, ours, differing
         super().__init__(
-            f"{uri}: already committed by {theirs} with other content "
-            f"({', '.join(differing)} differ) than this writer, {ours}; its weights belong to "
-            "another trajectory and are not this run's anchor"
+            f"{uri}: already committed by {theirs}, differing in {', '.join(differing)} from "
+            f"what this writer, {ours}, holds; those weights belong to another trajectory and "
+            "are not this run's anchor"
         )
 
 
@@ -129,7 +129,7 @@ class CheckpointWriter:
         env = os.environ if environ is None else environ
         incarnation = int(env.get(ENV_INCARNATION, "0") or 0)
         pod = env.get(ENV_POD_NAME)
-        leased = bool(env.get(ENV_LEASE_NAME) and env.get(ENV_POD_NAMESPACE) and pod)
+        leased = env.get(ENV_LEASE_NAME) and env.get(ENV_POD_NAMESPACE)
         return cls(
             incarnation=incarnation,
             holder=holder_identity(pod, incarnation) if leased and pod else None,
