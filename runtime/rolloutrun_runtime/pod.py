@@ -135,16 +135,16 @@ def fenced_checkpointer(
     fence: Callable[[], None] | None,
     on_anchor: Callable[[int], None] | None,
 ) -> Any:
-    """A TrainerCheckpointer that asks ``fence`` before each commit and reports anchors."""
+    """A TrainerCheckpointer that asks ``fence`` at each commit point and reports anchors."""
     from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
 
     class PodCheckpointer(TrainerCheckpointer):
         def publish_files(self, step: int, files: Mapping[str, bytes]) -> str:
-            if fence is not None:
-                fence()  # a trainer whose lease was taken over never commits (fencing)
+            # The fence runs right before the marker: a trainer whose lease was taken over
+            # while it uploaded never commits (fencing).
             uri = super().publish_files(step, files)
             if on_anchor is not None:
                 on_anchor(step)
             return uri
 
-    return PodCheckpointer(storage, keep_latest)
+    return PodCheckpointer(storage, keep_latest, fence=fence)

@@ -203,6 +203,26 @@ def test_republish_loses_and_changes_nothing(storage: CheckpointStorage) -> None
     assert storage.read_bytes("e/1/a") == b"first"
 
 
+def test_before_commit_runs_after_every_file_and_can_refuse(
+    storage: CheckpointStorage, tmp_path: Path
+) -> None:
+    """The commit-point check sees every file durable, and a refusal commits nothing."""
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(b"w" * 1000)
+    seen: list[list[str]] = []
+
+    def refuse() -> None:
+        seen.append(storage.list("e"))
+        raise PermissionError("lease taken over by incarnation 9")
+
+    with pytest.raises(PermissionError, match="incarnation 9"):
+        publish_entry(storage, "e/1", {"a": b"A", "b/c": weights}, before_commit=refuse)
+    assert seen == [["e/1/a", "e/1/b/c"]]
+    assert not is_committed(storage, "e/1") and list_committed(storage, "e") == []
+    publish_entry(storage, "e/1", {"a": b"A2"}, before_commit=lambda: None)
+    assert storage.read_bytes("e/1/a") == b"A2" and is_committed(storage, "e/1")
+
+
 def test_custom_marker_and_nested_entries(storage: CheckpointStorage) -> None:
     publish_entry(storage, "r/x/a", {"f": b"1"}, marker_name="DONE")
     publish_entry(storage, "r/y", {"f": b"2"}, marker_name="DONE")

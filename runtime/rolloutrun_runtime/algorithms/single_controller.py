@@ -89,6 +89,7 @@ from rolloutrun_runtime.algorithms.samplers import (
     newest_trained_at_admission,
 )
 from rolloutrun_runtime.algorithms.trainer_checkpoint import (
+    CheckpointClashError,
     TrainerCapture,
     TrainerCheckpointer,
     restore_rng,
@@ -1146,7 +1147,14 @@ class SingleController:
         if self._fence is not None:
             self._fence()
         crash_point("during_trainer_checkpoint_finalize")
-        uri = await asyncio.to_thread(self.checkpointer.publish_files, step, files)
+        try:
+            uri = await asyncio.to_thread(self.checkpointer.publish_files, step, files)
+        except CheckpointClashError as error:
+            # Another trajectory's weights hold step_<N>: never anchor to them. The run goes
+            # on anchored to its last own step (snapshots keep the groups since) and the next
+            # trainer checkpoint anchors it again; see trainer_checkpoint.
+            logger.error("trainer checkpoint not anchored: %s", error)
+            return
         self._durable_step = step
         async with self.barrier.mutation("anchor_advances"):
             released = self._rollout_runtime.advance_replay_anchor(step)

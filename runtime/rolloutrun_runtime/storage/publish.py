@@ -11,7 +11,10 @@ with a create-only write, so:
   before touching any file, so nothing already published changes. (Two publishers racing on
   the same *uncommitted* entry may interleave their file writes; the trainer lease fences
   that case off, see ARCHITECTURE.md.)
-* deletion removes the marker first, so a half-deleted entry is no longer committed.
+* deletion removes the marker first, so a half-deleted entry is no longer committed;
+* a publisher's ``before_commit`` check (the trainer's lease: is it still the newest
+  incarnation?) runs after the last file and immediately before the marker, so a writer
+  that lost its right while uploading commits nothing, however long the upload took.
 
 On file:// every file and directory is fsynced before the marker's link, on gs:// the
 marker's ``ifGenerationMatch=0`` upload is the commit point.
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +55,15 @@ def publish_entry(
     *,
     marker_name: str = DEFAULT_MARKER,
     marker_payload: bytes = b"",
+    before_commit: Callable[[], None] | None = None,
 ) -> str:
     """Write ``files`` under ``entry_prefix/``, then commit with the marker; return its URI.
 
     ``files`` maps relative names (keys, may contain '/') to bytes or a local file to upload.
     Raises :class:`ObjectExistsError` if the entry is already committed (nothing is written)
-    or if a concurrent publisher committed it first.
+    or if a concurrent publisher committed it first. ``before_commit`` runs once every file
+    is durable, immediately before the marker: whatever it raises propagates and nothing is
+    committed (the files stay behind as an uncommitted leftover).
     """
     marker = _marker_key(storage, entry_prefix, marker_name)
     entry = marker.rsplit("/", 1)[0]
@@ -84,6 +90,8 @@ def publish_entry(
         else:
             batch[key] = bytes(content)
     storage.write_many(batch)
+    if before_commit is not None:
+        before_commit()
     storage.write_bytes_if_absent(marker, marker_payload)
     uri = storage.uri_for(marker)
     log.info("published %d files and committed %s", len(keys), uri)

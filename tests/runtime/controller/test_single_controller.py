@@ -17,12 +17,11 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import (
     read_events,
 )
 from rolloutrun_runtime.algorithms.single_controller import LEDGER_FILE, ControllerError
-from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
-from rolloutrun_runtime.experience.rollout_recovery import (
-    GroupStatus,
-    LedgerSidecarError,
-    read_recovery_sidecar,
+from rolloutrun_runtime.algorithms.trainer_checkpoint import (
+    CheckpointIntegrityError,
+    TrainerCheckpointer,
 )
+from rolloutrun_runtime.experience.rollout_recovery import GroupStatus, read_recovery_sidecar
 from rolloutrun_runtime.metrics import REQUIRED_KEYS, read_metrics
 from rolloutrun_runtime.storage import open_storage
 from rolloutrun_runtime.trainer import run_trainer
@@ -237,4 +236,6 @@ async def test_a_corrupt_ledger_sidecar_refuses_the_resume(tmp_path, gym_endpoin
     longer = cfg.model_copy(update={"grpo": cfg.grpo.model_copy(update={"max_steps": 3})})
     with pytest.raises(RestoreError, match="sha256") as refused:
         await _run(longer)
-    assert isinstance(refused.value.__cause__, LedgerSidecarError)
+    # The marker's checksum refuses the changed file before the sidecar's own check reads it.
+    assert isinstance(refused.value.__cause__, CheckpointIntegrityError)
+    assert LEDGER_FILE in str(refused.value)

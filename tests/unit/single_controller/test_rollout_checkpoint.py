@@ -183,6 +183,48 @@ def test_fence_failure_commits_nothing(storage, config):
     assert store.committed_ids() == []
 
 
+class _LeaseLostDuringUpload:
+    """A storage whose first file write hands the lease to a newer incarnation."""
+
+    def __init__(self, storage) -> None:
+        self._storage = storage
+        self.lease_lost = False
+
+    def __getattr__(self, name):
+        return getattr(self._storage, name)
+
+    def write_many(self, items) -> None:
+        self._storage.write_many(items)
+        self.lease_lost = True
+
+    def upload_file(self, key, local_path) -> None:
+        self._storage.upload_file(key, local_path)
+        self.lease_lost = True
+
+
+def test_a_fence_lost_during_the_upload_commits_nothing(storage, config):
+    # The fence passes when the publication starts; a newer incarnation takes the lease
+    # while the files upload: the check at the commit point must see it.
+    flaky = _LeaseLostDuringUpload(storage)
+    store = ManifestStore(flaky, "alpha")
+
+    def fence():
+        if flaky.lease_lost:
+            raise RuntimeError("lease held by incarnation 4")
+
+    with pytest.raises(RuntimeError, match="incarnation 4"):
+        store.publish(
+            config=config,
+            anchor=BOOTSTRAP_ANCHOR,
+            files={"a": b"1", "b": b"2"},
+            train_step=0,
+            mutation_version=0,
+            cut_time=0.0,
+            fence=fence,
+        )
+    assert flaky.lease_lost and ManifestStore(storage, "alpha").committed_ids() == []
+
+
 def test_losing_the_create_only_race_is_a_fencing_error(storage, config):
     store = ManifestStore(storage, "alpha")
     stale = ManifestStore(storage, "alpha")

@@ -335,9 +335,10 @@ class ManifestStore:
     ) -> Candidate:
         """Publish one snapshot: files first, the manifest last; then LATEST and retention.
 
-        ``fence`` runs right before the manifest is written (the trainer's lease check): if
-        it raises, nothing is committed. A lost create-only race raises
-        :class:`PublicationFencedError`.
+        ``fence`` (the trainer's lease check) runs at the commit point: after every file is
+        written, immediately before the create-only manifest, so a trainer whose lease was
+        taken over while it uploaded commits nothing; if it raises, its error propagates
+        unchanged. A lost create-only race raises :class:`PublicationFencedError`.
         """
         known_ids = self.snapshot_ids()  # listed once: the next id and retention use it
         snapshot_id = (known_ids[-1] + 1) if known_ids else 1
@@ -361,8 +362,6 @@ class ManifestStore:
             incarnation=incarnation,
             extra=dict(extra or {}),
         )
-        if fence is not None:
-            fence()
         try:
             publish_entry(
                 self.storage,
@@ -370,6 +369,7 @@ class ManifestStore:
                 files,
                 marker_name=MANIFEST_NAME,
                 marker_payload=manifest.to_bytes(),
+                before_commit=fence,
             )
         except ObjectExistsError as error:
             raise PublicationFencedError(
