@@ -71,6 +71,7 @@ OPERATIONAL_KEYS: frozenset[str] = frozenset(
         "rollout.rolloutTimeoutSeconds",
         "checkpointing.storageUri",
         "checkpointing.resumeFrom",
+        "checkpointing.resumeHint",
         "checkpointing.snapshotIntervalSeconds",
         "checkpointing.snapshotEverySteps",
         "checkpointing.keepLatest",
@@ -197,11 +198,55 @@ class SnapshotManifest:
                 f"{source}: malformed manifest (unknown fields: {unknown or 'none'}, "
                 f"missing fields: {missing or 'none'})"
             )
+        wrong = _wrong_field_types(data)
+        if wrong:
+            raise ManifestError(f"{source}: malformed manifest ({'; '.join(wrong)})")
         try:
             data["anchor"] = Anchor.from_json(data["anchor"])
             return cls(**data)
         except (KeyError, TypeError, ValueError) as error:
             raise ManifestError(f"{source}: malformed manifest ({error})") from error
+
+
+#: The JSON type each manifest field must have (bool is not an int here: JSON ``true`` is not
+#: a step). A field of another type is a refusal naming it, never a ``TypeError`` later.
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "run_name": str,
+    "snapshot_id": int,
+    "anchor": dict,
+    "fingerprint": str,
+    "config_view": dict,
+    "train_step": int,
+    "mutation_version": int,
+    "files": dict,
+    "created_at": (int, float),
+    "cut_time": (int, float),
+    "incarnation": int,
+    "extra": dict,
+    "schema_version": int,
+}
+
+
+def _wrong_field_types(data: Mapping[str, Any]) -> list[str]:
+    """``"field X is T, expected U"`` for each manifest field (and file record) of a wrong type."""
+    wrong = []
+    for name, expected in _FIELD_TYPES.items():
+        value = data.get(name)
+        if name in data and (isinstance(value, bool) or not isinstance(value, expected)):
+            wanted = " or ".join(
+                t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,))
+            )
+            wrong.append(f"field {name} is {type(value).__name__}, expected {wanted}")
+    files = data.get("files")
+    for file_name, record in files.items() if isinstance(files, dict) else ():
+        if not (
+            isinstance(record, dict)
+            and isinstance(record.get("sha256"), str)
+            and isinstance(record.get("bytes"), int)
+            and not isinstance(record.get("bytes"), bool)
+        ):
+            wrong.append(f"field files[{file_name!r}] is not {{sha256: str, bytes: int}}")
+    return wrong
 
 
 def sha256_of(content: bytes | Path) -> tuple[str, int]:
