@@ -331,12 +331,14 @@ class RolloutRestorer:
                 logger.info("%s", note)
         for uri, why in refused:
             self._refuse(uri, why)
+        newest_refusal: BaseException | None = None
         for entry in ordered:
             try:
                 restored, candidate = self._read(entry)
             except RestoreError as error:
                 refused.append((entry.uri, str(error)))
                 self._refuse(entry.uri, str(error))
+                newest_refusal = newest_refusal or error.__cause__ or error
                 continue
             newest = newest_first(found)[0]
             if pin and newest is not entry:
@@ -365,7 +367,7 @@ class RolloutRestorer:
                 restored=restored,
             )
         if ordered or refused:
-            raise UnrestorableError(refused, pinned=pin)
+            raise UnrestorableError(refused, pinned=pin) from newest_refusal
         return ResumeChoice(kind=ResumeKind.FRESH)
 
     def choose(self) -> ResumeChoice:
