@@ -13,11 +13,12 @@ fingerprint of the rollout-relevant config); afterwards the newest durable ``ste
 snapshot cadence is independent of the trainer-checkpoint cadence: a snapshot taken at step
 ``N + k`` anchors to ``step_<N>`` and carries the groups trained since N for replay.
 
-Resume selection is read-only and fails closed: newest first, a candidate is skipped (with
-the reason logged) when its manifest is unreadable, of an unknown schema, of another run,
-missing a file, failing a checksum, or anchored to a trainer checkpoint that is not durable.
-A config whose fingerprint differs refuses the restore outright, naming the differing keys,
-because every older snapshot of the run would differ the same way.
+Verification is read-only and fails closed: a snapshot is refused when its manifest is
+unreadable, of an unknown schema or a wrong field type, of another run, missing a file,
+failing a checksum, anchored to a trainer checkpoint that is not durable, or taken with a
+config whose fingerprint differs (naming the differing keys). The restorer
+(``restore.RolloutRestorer.plan``) weighs the snapshots against the trainer checkpoints;
+``select`` is the snapshots-only choice (tools and tests).
 
 Retention keeps the newest ``keep_latest`` committed snapshots and never deletes the newest
 valid one; a failed delete is logged and retried at the next publication.

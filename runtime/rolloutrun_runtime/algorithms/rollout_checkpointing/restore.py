@@ -170,7 +170,13 @@ def newest_first(entries: list[DurableEntry]) -> list[DurableEntry]:
 def pinned_entries(entries: list[DurableEntry], pin: str) -> list[DurableEntry]:
     """The entry a user's pin names (a manifest or ``step_<N>`` URI); refused when none."""
     pin = pin.rstrip("/")
-    named = [e for e in entries if pin in {e.uri, e.uri.rsplit("/", 1)[0]}]
+
+    def names(entry: DurableEntry) -> set[str]:
+        if entry.kind is ResumeKind.SNAPSHOT:  # the manifest or its snapshot directory
+            return {entry.uri, entry.uri.rsplit("/", 1)[0]}
+        return {entry.uri}
+
+    named = [e for e in entries if pin in names(e)]
     if not named:
         raise UnrestorableError(
             [(pin, "names no committed snapshot manifest or trainer checkpoint of this storage")],
