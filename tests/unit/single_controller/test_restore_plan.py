@@ -192,7 +192,7 @@ async def test_an_incompatible_trainer_checkpoint_is_refused_for_an_older_entry(
         assert choice.candidate.manifest.snapshot_id == store.committed_ids()[-1]
         assert [uri for uri, _ in choice.skipped] == [foreign]
         assert "different rollout-relevant config" in choice.skipped[0][1]
-        assert f"passing over {foreign}" in caplog.text
+        assert "passing over trainer checkpoint step_3: " in caplog.text
 
 
 async def test_a_manifest_with_a_wrong_field_type_falls_back(tmp_path) -> None:

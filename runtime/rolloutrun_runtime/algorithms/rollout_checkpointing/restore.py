@@ -157,6 +157,13 @@ class DurableEntry:
     snapshot_id: int | None = None
 
     @property
+    def label(self) -> str:
+        """How logs name it: ``snapshot rollout_snapshots/snapshot_…`` or ``… step_<N>``."""
+        if self.snapshot_id is not None:
+            return f"snapshot {snapshot_dir(self.snapshot_id)}"
+        return f"trainer checkpoint {step_entry(self.resume_step)}"
+
+    @property
     def progress(self) -> tuple[int, bool, int]:
         """Training progress: the step, then a snapshot over a bare checkpoint, then the id."""
         return (self.resume_step, self.kind is ResumeKind.SNAPSHOT, self.snapshot_id or 0)
@@ -308,6 +315,7 @@ class RolloutRestorer:
                     manifest = self._manifests.load_manifest(snapshot_id)
                 except (ManifestError, ObjectNotFoundError) as error:
                     unlisted.append((uri, str(error)))
+                    self._refuse(f"snapshot {snapshot_dir(snapshot_id)}", uri, str(error))
                     continue
                 found.append(
                     DurableEntry(ResumeKind.SNAPSHOT, uri, manifest.train_step, snapshot_id)
@@ -335,15 +343,13 @@ class RolloutRestorer:
             note = hint_note(ordered, checkpointing.resume_hint)
             if note:
                 logger.info("%s", note)
-        for uri, why in refused:
-            self._refuse(uri, why)
         newest_refusal: BaseException | None = None
         for entry in ordered:
             try:
                 restored, candidate = self._read(entry)
             except RestoreError as error:
                 refused.append((entry.uri, str(error)))
-                self._refuse(entry.uri, str(error))
+                self._refuse(entry.label, entry.uri, str(error))
                 newest_refusal = newest_refusal or error.__cause__ or error
                 continue
             newest = newest_first(found)[0]
@@ -380,8 +386,8 @@ class RolloutRestorer:
         """The plan (kept under its old name: it now reads and decides the whole entry)."""
         return self.plan()
 
-    def _refuse(self, uri: str, why: str) -> None:
-        logger.warning("passing over %s: %s", uri, why)
+    def _refuse(self, label: str, uri: str, why: str) -> None:
+        logger.warning("passing over %s: %s", label, why)
         self._trace.emit("restore_refused", entry=uri, reason=why)
 
     def _read(self, entry: DurableEntry) -> tuple[RestoredRolloutState, Candidate | None]:
