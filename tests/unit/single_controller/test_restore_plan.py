@@ -30,8 +30,10 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
     DurableEntry,
+    RestoreError,
     ResumeKind,
     UnrestorableError,
+    check_capacity,
     hint_note,
     newest_first,
 )
@@ -105,6 +107,9 @@ def test_candidates_are_tried_by_training_progress() -> None:
     assert hint_note(ordered, "c3") is None
     note = hint_note(ordered, "s1")
     assert note is not None and "lags" in note and "c3" in note
+    check_capacity(2, 14, 16)
+    with pytest.raises(RestoreError, match=r"rollout\.replayCapacity"):
+        check_capacity(3, 14, 16)
 
 
 def test_a_manifest_field_of_the_wrong_type_is_refused_by_name() -> None:
