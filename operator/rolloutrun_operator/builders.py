@@ -164,7 +164,11 @@ def gym_service(run: RolloutRun) -> Manifest:
 def render_run_config(
     run: RolloutRun, endpoints: list[str] | None = None, resume_from: str | None = None
 ) -> RunConfig:
-    """``spec.run`` with what the operator owns filled in: name, replicas, storage, endpoints."""
+    """``spec.run`` with what the operator owns filled in: name, replicas, storage, endpoints.
+
+    ``resume_from`` (the Lease's latest manifest, which may lag the storage) is rendered as
+    ``checkpointing.resumeHint``; a ``resumeFrom`` the user wrote stays theirs (a pin).
+    """
     data = run.spec.run.to_yaml_dict()
     if "name" not in run.spec.run.model_fields_set:
         data["name"] = run_name(run)
@@ -173,9 +177,9 @@ def render_run_config(
     checkpointing = data.setdefault("checkpointing", {})
     checkpointing["storageUri"] = run.spec.storage.uri
     if resume_from:
-        checkpointing["resumeFrom"] = resume_from
+        checkpointing["resumeHint"] = resume_from
     else:
-        checkpointing.pop("resumeFrom", None)
+        checkpointing.pop("resumeHint", None)
     return parse_run_config(data, source=f"RolloutRun {run_name(run)}: spec.run")
 
 

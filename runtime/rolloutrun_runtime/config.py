@@ -302,8 +302,17 @@ class CheckpointingConfig(_Model):
         None,
         max_length=2048,
         description=(
-            "Manifest URI to resume from; the runtime verifies it and falls back to the "
-            "newest valid snapshot. Default: the latest published one."
+            "Pin: the snapshot manifest or step_<N> URI to resume from, at every start while "
+            "set; if it cannot be restored the run fails. Default: the newest restorable "
+            "entry of the storage."
+        ),
+    )
+    resume_hint: str | None = Field(
+        None,
+        max_length=2048,
+        description=(
+            "Set by the operator (the latest published manifest it knows of): a hint only; "
+            "the runtime still resumes from the newest restorable entry."
         ),
     )
 

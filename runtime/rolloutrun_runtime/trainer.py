@@ -57,7 +57,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rolloutrun_runtime.config import ConfigError, load_run_config
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import UnrestorableError
+    from rolloutrun_runtime.config import UNRESTORABLE_EXIT_CODE, ConfigError, load_run_config
     from rolloutrun_runtime.coordination import (
         FencedError,
         LeaseError,
@@ -89,6 +90,9 @@ def main(args: argparse.Namespace) -> int:
     except (FencedError, LeaseError) as error:
         print(f"rolloutrun trainer: {error}", file=sys.stderr)
         return EXIT_FENCED
+    except UnrestorableError as error:  # a restart would refuse the same entries: no loop
+        print(f"rolloutrun trainer: {error}", file=sys.stderr)
+        return UNRESTORABLE_EXIT_CODE
 
 
 async def _run_until_signalled(cfg: RunConfig, pod: PodLease | None = None) -> int:

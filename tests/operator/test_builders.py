@@ -164,12 +164,26 @@ def test_the_rendered_config_is_a_bare_run_config_with_what_the_operator_owns():
     assert trainer.gym.endpoints == ["http://127.0.0.10:8000", "http://127.0.0.11:8000"]
     assert trainer.gym.replicas == 2
     assert trainer.checkpointing.storage_uri == "file:///data/demo"
-    assert trainer.checkpointing.resume_from == "file:///data/demo/m.json"
+    # the Lease's manifest is a hint (it may lag the storage), never the user's pin
+    assert trainer.checkpointing.resume_hint == "file:///data/demo/m.json"
+    assert trainer.checkpointing.resume_from is None
     assert trainer.grpo.max_steps == 30
-    assert gym.gym.endpoints == [] and gym.checkpointing.resume_from == "file:///data/demo/m.json"
+    assert gym.gym.endpoints == [] and gym.checkpointing.resume_hint == "file:///data/demo/m.json"
     fresh = builders.config_data(run, None, None)
     assert set(fresh) == {"gym.yaml"}
-    assert "resumeFrom" not in yaml.safe_load(fresh["gym.yaml"])["checkpointing"]
+    assert "resumeHint" not in yaml.safe_load(fresh["gym.yaml"])["checkpointing"]
+
+
+def test_a_resume_pin_the_user_wrote_survives_the_operators_hint():
+    run = make_run(
+        storage={"uri": "file:///data/demo"},
+        run={"checkpointing": {"resumeFrom": "file:///data/demo/step_4"}},
+    )
+    for hint in ("file:///data/demo/m.json", None):
+        data = builders.config_data(run, ["http://127.0.0.10:8000", "http://127.0.0.11:8000"], hint)
+        trainer = RunConfig.model_validate(yaml.safe_load(data["run.yaml"]))
+        assert trainer.checkpointing.resume_from == "file:///data/demo/step_4"
+        assert trainer.checkpointing.resume_hint == hint
 
 
 def test_an_explicit_run_name_wins_and_ipv6_endpoints_are_bracketed():

@@ -311,7 +311,7 @@ def test_the_next_incarnation_resumes_from_the_latest_manifest():
     assert cond(result, "Restarting") == ("False", "Started")
     config = next(a for a in result.actions if a.kind == "ConfigMap").manifest or {}
     gym_config = yaml.safe_load(config["data"][naming.GYM_CONFIG_KEY])
-    assert gym_config["checkpointing"]["resumeFrom"].endswith("s3/manifest.json")
+    assert gym_config["checkpointing"]["resumeHint"].endswith("s3/manifest.json")
     assert config["metadata"]["annotations"][naming.ANNOTATION_CONFIG_INCARNATION] == "2"
     assert {a.name for a in result.actions if a.kind == "Pod"} == {"demo-i2-gym-0", "demo-i2-gym-1"}
 

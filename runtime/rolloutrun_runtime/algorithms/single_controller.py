@@ -1177,12 +1177,14 @@ class SingleController:
     async def restore(self) -> RestoredRolloutState | None:
         """Resume from the best source (see ``RolloutRestorer``); None for a fresh run.
 
-        Runs before ``run``: reads and checks everything first (nothing is installed on a
-        refusal), installs it, retrains the steps a snapshot carries past its anchor, syncs
-        the generation workers, and (turn level) hands copied episodes back to the Gym.
+        Runs before ``run``: the restorer reads, verifies and decides the newest restorable
+        entry first (a refused one is skipped, nothing of it installed; every one refused
+        raises ``UnrestorableError``), then this installs it, retrains the steps a snapshot
+        carries past its anchor, syncs the generation workers, and (turn level) hands copied
+        episodes back to the Gym.
         """
-        choice = await asyncio.to_thread(self.rollout_restorer.choose)
-        restored = await asyncio.to_thread(self.rollout_restorer.restore, choice)
+        choice = await asyncio.to_thread(self.rollout_restorer.plan)
+        restored = choice.restored
         if restored is None:
             return None
         self.install_restored(restored)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -23,13 +24,12 @@ from tests.unit.single_controller._rollout_checkpoints import (
 )
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
-    FingerprintMismatchError,
     ManifestStore,
     snapshot_dir,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
-    RestoreError,
     ResumeKind,
+    UnrestorableError,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import (
     SnapshotError,
@@ -239,15 +239,19 @@ async def test_restore_refusals_and_fallbacks(tmp_path, caplog) -> None:
         newest = store.committed_ids()[-1]
         ledger = store.storage.read_bytes(f"{snapshot_dir(newest)}/{LEDGER_FILE}")
 
-        async def restore_fails(match: str) -> None:
+        async def refused_for_an_older_entry(match: str, refused_uri: str) -> None:
+            """The newest entry is refused (its reason logged); the next older one restores."""
+            caplog.clear()
             fresh = await h.controller(cfg)
-            with pytest.raises(RestoreError, match=match):
-                await fresh.restore()
-            assert fresh.trainer_version == 0 and fresh.resume.fresh  # nothing installed
+            restored = await fresh.restore()
+            assert restored is not None and restored.source.path != refused_uri
+            assert restored.train_step == 2 and fresh.trainer_version == 2
+            refused = refused_uri.rsplit("/", 2)[-2]  # snapshot_<id>
+            assert re.search(f"passing over snapshot .*{refused}: .*{match}", caplog.text)
 
-        # truncated sidecar (its checksum in the manifest matches): a clear error
-        _republish(store, cfg, newest, **{LEDGER_FILE: ledger[: len(ledger) // 2]})
-        await restore_fails("sha256")
+        # truncated sidecar (its checksum in the manifest matches): refused, named, fallback
+        bad = _republish(store, cfg, newest, **{LEDGER_FILE: ledger[: len(ledger) // 2]})
+        await refused_for_an_older_entry("sha256", bad.manifest_uri)
         store.storage.delete(f"{snapshot_dir(newest + 1)}/MANIFEST.json")
         # unknown sidecar schema, recorded consistently: refused, naming the schema
         document = json.loads(ledger)
@@ -257,13 +261,13 @@ async def test_restore_refusals_and_fallbacks(tmp_path, caplog) -> None:
             store.storage.read_bytes(f"{snapshot_dir(newest)}/{CONTROLLER_STATE_FILE}")
         )
         controller_state.pop("rollout_recovery", None)
-        _republish(
+        republished = _republish(
             store,
             cfg,
             newest,
             **{LEDGER_FILE: bad, CONTROLLER_STATE_FILE: json.dumps(controller_state).encode()},
         )
-        await restore_fails("schema 99")
+        await refused_for_an_older_entry("schema 99", republished.manifest_uri)
         store.storage.delete(f"{snapshot_dir(newest + 2)}/MANIFEST.json")
 
         # a missing anchor: the newest snapshot (anchored to step_2) is passed over, the older
@@ -288,10 +292,12 @@ async def test_restore_refusals_and_fallbacks(tmp_path, caplog) -> None:
         other = cfg.model_copy(update={"name": "other"})
         with pytest.raises(Exception, match="belongs to run"):
             (await h.controller(other)).rollout_snapshots.ensure_bootstrap_anchor()
-        # a changed rollout-relevant config: the restore is refused, naming the key
+        # a changed rollout-relevant config: every entry is refused (snapshots naming the key),
+        # which no restart can change
         changed = cfg.model_copy(update={"seed": cfg.seed + 1})
-        with pytest.raises(FingerprintMismatchError, match="seed"):
+        with pytest.raises(UnrestorableError, match="seed") as refused:
             (await h.controller(changed)).rollout_restorer.choose()
+        assert all("config" in why for _, why in refused.value.refused)
 
 
 async def test_schema_4_sidecar_fixture_still_restores(tmp_path) -> None:

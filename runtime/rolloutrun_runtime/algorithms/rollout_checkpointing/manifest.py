@@ -13,11 +13,12 @@ fingerprint of the rollout-relevant config); afterwards the newest durable ``ste
 snapshot cadence is independent of the trainer-checkpoint cadence: a snapshot taken at step
 ``N + k`` anchors to ``step_<N>`` and carries the groups trained since N for replay.
 
-Resume selection is read-only and fails closed: newest first, a candidate is skipped (with
-the reason logged) when its manifest is unreadable, of an unknown schema, of another run,
-missing a file, failing a checksum, or anchored to a trainer checkpoint that is not durable.
-A config whose fingerprint differs refuses the restore outright, naming the differing keys,
-because every older snapshot of the run would differ the same way.
+Verification is read-only and fails closed: a snapshot is refused when its manifest is
+unreadable, of an unknown schema or a wrong field type, of another run, missing a file,
+failing a checksum, anchored to a trainer checkpoint that is not durable, or taken with a
+config whose fingerprint differs (naming the differing keys). The restorer
+(``restore.RolloutRestorer.plan``) weighs the snapshots against the trainer checkpoints;
+``select`` is the snapshots-only choice (tools and tests).
 
 Retention keeps the newest ``keep_latest`` committed snapshots and never deletes the newest
 valid one; a failed delete is logged and retried at the next publication.
@@ -71,6 +72,7 @@ OPERATIONAL_KEYS: frozenset[str] = frozenset(
         "rollout.rolloutTimeoutSeconds",
         "checkpointing.storageUri",
         "checkpointing.resumeFrom",
+        "checkpointing.resumeHint",
         "checkpointing.snapshotIntervalSeconds",
         "checkpointing.snapshotEverySteps",
         "checkpointing.keepLatest",
@@ -197,11 +199,55 @@ class SnapshotManifest:
                 f"{source}: malformed manifest (unknown fields: {unknown or 'none'}, "
                 f"missing fields: {missing or 'none'})"
             )
+        wrong = _wrong_field_types(data)
+        if wrong:
+            raise ManifestError(f"{source}: malformed manifest ({'; '.join(wrong)})")
         try:
             data["anchor"] = Anchor.from_json(data["anchor"])
             return cls(**data)
         except (KeyError, TypeError, ValueError) as error:
             raise ManifestError(f"{source}: malformed manifest ({error})") from error
+
+
+#: The JSON type each manifest field must have (bool is not an int here: JSON ``true`` is not
+#: a step). A field of another type is a refusal naming it, never a ``TypeError`` later.
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "run_name": str,
+    "snapshot_id": int,
+    "anchor": dict,
+    "fingerprint": str,
+    "config_view": dict,
+    "train_step": int,
+    "mutation_version": int,
+    "files": dict,
+    "created_at": (int, float),
+    "cut_time": (int, float),
+    "incarnation": int,
+    "extra": dict,
+    "schema_version": int,
+}
+
+
+def _wrong_field_types(data: Mapping[str, Any]) -> list[str]:
+    """``"field X is T, expected U"`` for each manifest field (and file record) of a wrong type."""
+    wrong = []
+    for name, expected in _FIELD_TYPES.items():
+        value = data.get(name)
+        if name in data and (isinstance(value, bool) or not isinstance(value, expected)):
+            wanted = " or ".join(
+                t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,))
+            )
+            wrong.append(f"field {name} is {type(value).__name__}, expected {wanted}")
+    files = data.get("files")
+    for file_name, record in files.items() if isinstance(files, dict) else ():
+        if not (
+            isinstance(record, dict)
+            and isinstance(record.get("sha256"), str)
+            and isinstance(record.get("bytes"), int)
+            and not isinstance(record.get("bytes"), bool)
+        ):
+            wrong.append(f"field files[{file_name!r}] is not {{sha256: str, bytes: int}}")
+    return wrong
 
 
 def sha256_of(content: bytes | Path) -> tuple[str, int]:

@@ -6,11 +6,22 @@ group count against the checkpoint's own record, the data-plane inventory, the s
 cursor, the steps to replay) into a :class:`RestoredRolloutState` before the controller
 installs any of it; a check that fails raises :class:`RestoreError` naming the problem.
 
-What to resume from (``choose``), in order: ``checkpointing.resumeFrom`` when it verifies
-(else the reason is logged and the chain goes on), the newest valid snapshot, the newest
-committed trainer checkpoint, a fresh start. A trainer checkpoint newer than the chosen
-snapshot's train step wins (it holds more trained steps, and the snapshot's rollout state
-would be older than its weights).
+What to resume from (``plan``): every durable entry (committed snapshot manifests and
+committed trainer checkpoints) is a candidate, newest first by training progress (the step it
+resumes at; at equal step the snapshot, which also holds the rollout state). Each candidate is
+read, verified and decided whole (config compatibility on every resume kind, manifest field
+types, checksums, ledger normalization, replay capacity, inventory, cursor) with no side
+effect; the first that passes is the plan, a refused one is logged (and traced) with its
+reason and the next older one is tried. When every candidate is refused for a reason a
+restart cannot change, :class:`UnrestorableError` lists them (the trainer exits
+``UNRESTORABLE_EXIT_CODE``); a storage that holds no entry is a fresh start. A storage error
+other than a missing object is not a refusal: it propagates, so a restart retries.
+
+``checkpointing.resumeHint`` (rendered by the operator from its Lease annotation, which lags
+the storage) is only a hint: it is logged when a newer entry exists and decides nothing.
+``checkpointing.resumeFrom`` is the user's pin: only the entry it names is tried, and the
+choice is reported as pinned; a pin that names no durable entry, or one that is refused, is
+unrestorable.
 
 A snapshot anchored to ``step_<N>`` (or to the bootstrap anchor, N = 0) at train step
 ``N + k`` restores the weights of N and lists the k steps to retrain (``replay_steps``,
@@ -21,6 +32,7 @@ weights bit for bit.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import json
@@ -35,12 +47,14 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
     take_inventory,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
+    MANIFEST_NAME,
     Anchor,
     Candidate,
     ManifestError,
     ManifestStore,
     fingerprint_of,
     rollout_config_view,
+    snapshot_dir,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     CONTROLLER_STATE_FILE,
@@ -59,6 +73,7 @@ from rolloutrun_runtime.algorithms.trainer_checkpoint import (
     LoadedTrainerCheckpoint,
     TrainerCheckpointer,
     TrainerCheckpointError,
+    step_entry,
 )
 from rolloutrun_runtime.config import RunConfig
 from rolloutrun_runtime.crash import crash_point
@@ -70,12 +85,13 @@ from rolloutrun_runtime.environments.checkpointing import (
     NoEnvironmentCheckpoint,
 )
 from rolloutrun_runtime.experience.rollout_recovery import (
+    GroupStatus,
     LedgerError,
     PromptRef,
     RecoveryLedger,
     read_recovery_sidecar,
 )
-from rolloutrun_runtime.storage import StorageError
+from rolloutrun_runtime.storage import ObjectNotFoundError, join_key
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +113,19 @@ class RestoreError(RuntimeError):
     """A checkpoint cannot be restored; nothing of it was installed."""
 
 
+class UnrestorableError(RestoreError):
+    """Every durable entry was refused for a reason a restart cannot change."""
+
+    def __init__(self, refused: list[tuple[str, str]], *, pinned: str | None = None) -> None:
+        self.refused = list(refused)
+        head = (
+            f"the pinned entry {pinned} (checkpointing.resumeFrom) cannot be restored"
+            if pinned
+            else f"none of the {len(refused)} durable entries can be restored"
+        )
+        super().__init__(head + "".join(f"\n  {uri}: {why}" for uri, why in refused))
+
+
 class ResumeKind(enum.StrEnum):
     FRESH = "fresh"
     SNAPSHOT = "snapshot"
@@ -105,25 +134,115 @@ class ResumeKind(enum.StrEnum):
 
 @dataclasses.dataclass
 class ResumeChoice:
-    """What ``choose`` picked, and what it passed over (and why)."""
+    """What ``plan`` picked, and what it passed over (and why)."""
 
     kind: ResumeKind
     candidate: Candidate | None = None
     trainer_step: int | None = None
     skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    pinned: bool = False
+    """True when ``checkpointing.resumeFrom`` (the user's pin) named this entry."""
+    restored: RestoredRolloutState | None = dataclasses.field(default=None, repr=False)
+    """The planned restore, read and checked (None: fresh, or not read yet)."""
 
 
-def prefer(
-    snapshot_train_step: int | None, trainer_step: int | None, *, snapshot_preferred: bool
-) -> ResumeKind:
-    """Snapshot or trainer checkpoint: the one holding more trained steps (ties: snapshot)."""
-    if snapshot_train_step is not None and (
-        snapshot_preferred or trainer_step is None or trainer_step <= snapshot_train_step
-    ):
-        return ResumeKind.SNAPSHOT
-    if trainer_step is not None:
-        return ResumeKind.TRAINER_CHECKPOINT
-    return ResumeKind.FRESH
+@dataclasses.dataclass(frozen=True)
+class DurableEntry:
+    """A committed entry a run may resume from, before it is read."""
+
+    kind: ResumeKind
+    uri: str
+    resume_step: int
+    """The train step a resume from it continues at."""
+    snapshot_id: int | None = None
+
+    @property
+    def label(self) -> str:
+        """How logs name it: ``snapshot rollout_snapshots/snapshot_…`` or ``… step_<N>``."""
+        if self.snapshot_id is not None:
+            return f"snapshot {snapshot_dir(self.snapshot_id)}"
+        return f"trainer checkpoint {step_entry(self.resume_step)}"
+
+    @property
+    def progress(self) -> tuple[int, bool, int]:
+        """Training progress: the step, then a snapshot over a bare checkpoint, then the id."""
+        return (self.resume_step, self.kind is ResumeKind.SNAPSHOT, self.snapshot_id or 0)
+
+
+def newest_first(entries: list[DurableEntry]) -> list[DurableEntry]:
+    """The order candidates are tried in: the most training progress first."""
+    return sorted(entries, key=lambda entry: entry.progress, reverse=True)
+
+
+def pinned_entries(entries: list[DurableEntry], pin: str) -> list[DurableEntry]:
+    """The entry a user's pin names (a manifest or ``step_<N>`` URI); refused when none."""
+    pin = pin.rstrip("/")
+
+    def names(entry: DurableEntry) -> set[str]:
+        if entry.kind is ResumeKind.SNAPSHOT:  # the manifest or its snapshot directory
+            return {entry.uri, entry.uri.rsplit("/", 1)[0]}
+        return {entry.uri}
+
+    named = [e for e in entries if pin in names(e)]
+    if not named:
+        raise UnrestorableError(
+            [(pin, "names no committed snapshot manifest or trainer checkpoint of this storage")],
+            pinned=pin,
+        )
+    return named[:1]
+
+
+def hint_note(ordered: list[DurableEntry], hint: str | None) -> str | None:
+    """Why the operator's hint is not what is tried first (None: it is, or there is none)."""
+    if not hint or not ordered or ordered[0].uri == hint:
+        return None
+    hinted = next((e for e in ordered if e.uri == hint), None)
+    if hinted is None:
+        return f"the resume hint {hint} names no committed entry; trying the newest first"
+    newest = ordered[0]
+    return (
+        f"the resume hint {hint} (train step {hinted.resume_step}) lags the storage: "
+        f"{newest.uri} (train step {newest.resume_step}) is newer and is tried first"
+    )
+
+
+def relaunch_count(ledger: RecoveryLedger | None) -> int:
+    """Groups a restart relaunches, after a dry run of its normalization on a copy."""
+    if ledger is None:
+        return 0
+    trial = copy.deepcopy(ledger)
+    trial.prepare_for_restart(_PlanningCut())
+    return len(trial.with_status(GroupStatus.GENERATING, GroupStatus.READY_TO_FINALIZE))
+
+
+def check_capacity(relaunched: int, replayed: int, capacity: int) -> None:
+    """The restored groups (relaunched + in replay) must fit ``rollout.replayCapacity``."""
+    if relaunched + replayed > capacity:
+        raise RestoreError(
+            f"restored work exceeds rollout.replayCapacity ({relaunched} groups to relaunch + "
+            f"{replayed} in replay > {capacity})"
+        )
+
+
+class _PlanningCut:
+    """Stands for the barrier cut in a dry run on a copy (nothing shared is mutated)."""
+
+    def require_live(self) -> None:
+        return None
+
+
+#: Errors of a candidate's content: it is refused and the next older one is tried. A
+#: storage error other than a missing object is not among them (a restart may not see it).
+_REFUSALS = (
+    ManifestError,
+    ObjectNotFoundError,
+    TrainerCheckpointError,
+    DataPlaneError,
+    LedgerError,
+    ValueError,
+    KeyError,
+    TypeError,
+)
 
 
 def check_cursor(prompts: list[PromptRef], dataloader_state: Mapping[str, Any]) -> None:
@@ -184,46 +303,118 @@ class RolloutRestorer:
             return True
         return self._checkpointer is not None and self._checkpointer.is_durable(anchor.step)
 
-    def choose(self) -> ResumeChoice:
-        """The resume chain: resumeFrom, newest valid snapshot, newest trainer checkpoint."""
-        preferred = self._config.checkpointing.resume_from
-        candidate = None
-        skipped: list[tuple[str, str]] = []
+    def entries(self) -> tuple[list[DurableEntry], list[tuple[str, str]]]:
+        """Every committed entry of the storage, and the manifests that cannot be listed."""
+        found: list[DurableEntry] = []
+        unlisted: list[tuple[str, str]] = []
         if self._manifests is not None:
-            report = self._manifests.select(
-                config=self._config,
-                anchor_is_durable=self.anchor_is_durable,
-                preferred_uri=preferred,
-            )
-            candidate, skipped = report.chosen, report.skipped
-        trainer_step = self._checkpointer.latest_step() if self._checkpointer else None
-        kind = prefer(
-            candidate.manifest.train_step if candidate else None,
-            trainer_step,
-            snapshot_preferred=bool(
-                preferred and candidate and candidate.manifest_uri == preferred
-            ),
-        )
-        if kind is ResumeKind.TRAINER_CHECKPOINT and candidate is not None:
+            storage = self._manifests.storage
+            for snapshot_id in self._manifests.committed_ids():
+                uri = storage.uri_for(join_key(snapshot_dir(snapshot_id), MANIFEST_NAME))
+                try:
+                    manifest = self._manifests.load_manifest(snapshot_id)
+                except (ManifestError, ObjectNotFoundError) as error:
+                    unlisted.append((uri, str(error)))
+                    self._refuse(f"snapshot {snapshot_dir(snapshot_id)}", uri, str(error))
+                    continue
+                found.append(
+                    DurableEntry(ResumeKind.SNAPSHOT, uri, manifest.train_step, snapshot_id)
+                )
+        if self._checkpointer is not None:
+            storage = self._checkpointer.storage
+            for step in self._checkpointer.committed_steps():
+                uri = storage.uri_for(step_entry(step))
+                found.append(DurableEntry(ResumeKind.TRAINER_CHECKPOINT, uri, step))
+        return found, unlisted
+
+    def plan(self) -> ResumeChoice:
+        """Read, verify and decide the newest restorable entry; nothing is installed.
+
+        Raises :class:`UnrestorableError` when entries exist and every one is refused.
+        """
+        crash_point("during_restore")
+        checkpointing = self._config.checkpointing
+        found, refused = self.entries()
+        ordered = newest_first(found)
+        pin = checkpointing.resume_from
+        if pin:
+            ordered = pinned_entries(ordered, pin)
+        else:
+            note = hint_note(ordered, checkpointing.resume_hint)
+            if note:
+                logger.info("%s", note)
+        newest_refusal: BaseException | None = None
+        for entry in ordered:
+            try:
+                restored, candidate = self._read(entry)
+            except RestoreError as error:
+                refused.append((entry.uri, str(error)))
+                self._refuse(entry.label, entry.uri, str(error))
+                newest_refusal = newest_refusal or error.__cause__ or error
+                continue
+            newest = newest_first(found)[0]
+            if pin and newest is not entry:
+                logger.warning(
+                    "resuming from %s as pinned by checkpointing.resumeFrom, although %s "
+                    "(train step %d) is newer",
+                    entry.uri,
+                    newest.uri,
+                    newest.resume_step,
+                )
             logger.info(
-                "trainer checkpoint step_%d is newer than snapshot %d (train step %d)",
-                trainer_step,
-                candidate.manifest.snapshot_id,
-                candidate.manifest.train_step,
+                "resuming from %s (%s, train step %d%s)",
+                entry.uri,
+                entry.kind.value,
+                entry.resume_step,
+                ", pinned" if pin else "",
             )
-        return ResumeChoice(
-            kind=kind,
-            candidate=candidate if kind is ResumeKind.SNAPSHOT else None,
-            trainer_step=trainer_step if kind is ResumeKind.TRAINER_CHECKPOINT else None,
-            skipped=skipped,
-        )
+            return ResumeChoice(
+                kind=entry.kind,
+                candidate=candidate,
+                trainer_step=(
+                    entry.resume_step if entry.kind is ResumeKind.TRAINER_CHECKPOINT else None
+                ),
+                skipped=refused,
+                pinned=bool(pin),
+                restored=restored,
+            )
+        if ordered or refused:
+            raise UnrestorableError(refused, pinned=pin) from newest_refusal
+        return ResumeChoice(kind=ResumeKind.FRESH)
+
+    def choose(self) -> ResumeChoice:
+        """The plan (kept under its old name: it now reads and decides the whole entry)."""
+        return self.plan()
+
+    def _refuse(self, label: str, uri: str, why: str) -> None:
+        logger.warning("passing over %s: %s", label, why)
+        self._trace.emit("restore_refused", entry=uri, reason=why)
+
+    def _read(self, entry: DurableEntry) -> tuple[RestoredRolloutState, Candidate | None]:
+        """One entry, read and decided whole, or a RestoreError saying why it is refused."""
+        try:
+            if entry.kind is ResumeKind.SNAPSHOT:
+                assert self._manifests is not None and entry.snapshot_id is not None
+                candidate = self._manifests.verify(
+                    entry.snapshot_id,
+                    config=self._config,
+                    anchor_is_durable=self.anchor_is_durable,
+                )
+                return self._from_snapshot(candidate), candidate
+            return self._from_trainer_checkpoint(entry.resume_step), None
+        except RestoreError:
+            raise
+        except _REFUSALS as error:
+            raise RestoreError(f"cannot restore ({entry.kind.value}): {error}") from error
 
     # ================================================================== restore
     def restore(self, choice: ResumeChoice) -> RestoredRolloutState | None:
-        """Read and check everything ``choice`` names (blocking); None for a fresh start."""
-        crash_point("during_restore")
+        """The planned restore, or read and check what ``choice`` names; None when fresh."""
         if choice.kind is ResumeKind.FRESH:
             return None
+        if choice.restored is not None:
+            return choice.restored
+        crash_point("during_restore")
         try:
             if choice.kind is ResumeKind.SNAPSHOT:
                 assert choice.candidate is not None
@@ -232,15 +423,7 @@ class RolloutRestorer:
             return self._from_trainer_checkpoint(choice.trainer_step)
         except RestoreError:
             raise
-        except (
-            ManifestError,
-            StorageError,
-            TrainerCheckpointError,
-            DataPlaneError,
-            LedgerError,
-            ValueError,
-            KeyError,
-        ) as error:
+        except _REFUSALS as error:
             raise RestoreError(f"cannot restore ({choice.kind.value}): {error}") from error
 
     def _from_snapshot(self, candidate: Candidate) -> RestoredRolloutState:
@@ -274,11 +457,11 @@ class RolloutRestorer:
         assert self._checkpointer is not None
         loaded = self._checkpointer.load(step, extra_names=ROLLOUT_FILES)
         saved = loaded.trainer_state.get("config_fingerprint")
-        if saved != fingerprint_of(rollout_config_view(self._config)):
-            logger.warning(
-                "resuming %s with a different rollout-relevant config (fingerprint %s)",
-                loaded.uri,
-                str(saved)[:12],
+        current = fingerprint_of(rollout_config_view(self._config))
+        if saved != current:
+            raise RestoreError(
+                f"{loaded.uri}: written with a different rollout-relevant config (config "
+                f"fingerprint {str(saved)[:12]}…, this run's {current[:12]}…)"
             )
         return self._assemble(
             loaded.files,
@@ -389,6 +572,12 @@ class RolloutRestorer:
         if ledger is not None:
             prompts.extend(group.prompt for group in ledger.groups())
         check_cursor(prompts, controller["dataloader"])
+        # what the relaunch will do, tried on a copy: normalization, then the capacity
+        try:
+            relaunched = relaunch_count(ledger)
+        except LedgerError as error:
+            raise RestoreError(f"{where}: {error}") from error
+        check_capacity(relaunched, len(replay_groups), self._config.rollout.replay_capacity)
         return RestoredRolloutState(
             source=dataclasses.replace(source, data_plane_metadata=dp_metadata),
             anchor_step=anchor_step,
@@ -432,11 +621,17 @@ class RolloutRestorer:
 
 
 __all__ = [
+    "DurableEntry",
     "RestoreError",
     "RestoredRolloutState",
     "ResumeChoice",
     "ResumeKind",
     "RolloutRestorer",
+    "UnrestorableError",
+    "check_capacity",
     "check_cursor",
-    "prefer",
+    "hint_note",
+    "newest_first",
+    "pinned_entries",
+    "relaunch_count",
 ]

@@ -42,6 +42,7 @@ TRACE_FILE = "rollout_trace.jsonl"
 #: Every event the runtime writes, with the fields it carries (besides t, run_id, event).
 EVENTS: dict[str, tuple[str, ...]] = {
     "run_started": ("incarnation", "resumed_from", "snapshot_id", "cut_time"),
+    "restore_refused": ("entry", "reason"),
     "group_reserved": ("group_id", "prompt_id", "target_step"),
     "attempt_dispatched": (
         "group_id",
