@@ -25,6 +25,11 @@ from rolloutrun_runtime.environments.checkpointing import (
     NoEnvironmentCheckpoint,
     build_environment_checkpoint,
 )
+from rolloutrun_runtime.environments.checkpointing.interfaces import (
+    ExportMismatchError,
+    check_export,
+    restore_scope,
+)
 from rolloutrun_runtime.environments.checkpointing.nemo_gym import (
     GymEnvironmentCheckpoint,
     GymSnapshot,
@@ -226,8 +231,9 @@ async def test_prepare_copies_a_restored_episode_no_run_drives(rig: Rig) -> None
     await rig.start_gym()
     client = rig.client()
     snapshot = await _snapshot_two_running(rig, client)
-    await client.restore("ck-restore", deadline(), snapshot.to_bytes())
-    await client.prepare("ck2", deadline(1.0))  # answers at once: nothing runs
+    async with restore_scope(client, "ck-restore", deadline(), snapshot.to_bytes()):
+        pass
+    assert await client.prepare("ck2", deadline(1.0)) == {}  # answers at once: nothing runs
     copies = rig.gyms["gym-0"][1].copies
     assert sorted(e.row_key for e in copies) == ["r0-a1", "r1-a1"]
     await client.resume("ck2")
@@ -276,15 +282,14 @@ async def test_ids_are_idempotent_and_a_resumed_id_stays_closed(rig: Rig) -> Non
     url = await rig.start_gym()
     client = rig.client()
     await client.prepare("ck1", deadline())
-    await client.prepare("ck1", deadline())  # repeated: same answer
-    with pytest.raises(EnvironmentCheckpointError, match="busy with checkpoint ck1"):
-        await client.prepare("ck2", deadline())
+    assert await client.prepare("ck1", deadline()) == {}  # repeated: same answer
+    refused = await client.prepare("ck2", deadline())
+    assert "busy with checkpoint ck1" in refused["gym-0"]
     first = await client.commit("ck1", deadline(), [])
     assert (await client.commit("ck1", deadline(), [])).to_bytes() == first.to_bytes()
     await client.resume("ck1")
     await client.resume("ck1")
-    with pytest.raises(EnvironmentCheckpointError, match="already resumed"):
-        await client.prepare("ck1", deadline())
+    assert "already resumed" in (await client.prepare("ck1", deadline()))["gym-0"]
     async with rig.session.get(url + ROUTE_PREFIX + "/status") as response:
         assert response.status == 401
 
@@ -351,12 +356,12 @@ async def test_a_newer_trainer_ends_the_checkpoint_a_killed_one_left_open(
         await new.resume("ck-new")
     else:
         await new.restore("ck-new", deadline(), GymSnapshot("ck-new", {}).to_bytes())
+        await new.end_restore("ck-new", keep=True)
     assert "ck-old" in control.resumed and control.phase is ControlPhase.IDLE
     assert control.trainer is not None and control.trainer.id == new.trainer["id"]
-    with pytest.raises(EnvironmentCheckpointError, match="superseded by trainer"):
-        await old.commit("ck-old", deadline(), [])
-    with pytest.raises(EnvironmentCheckpointError, match="superseded by trainer"):
-        await old.prepare("ck-old-2", deadline())
+    stale = await old.commit("ck-old", deadline(), [])
+    assert "superseded by trainer" in stale.unavailable["gym-0"] and not stale.episodes()
+    assert "superseded by trainer" in (await old.prepare("ck-old-2", deadline()))["gym-0"]
     status, _ = await run
     assert status == 200
 
@@ -378,8 +383,9 @@ async def test_a_prepare_ended_while_it_waits_marks_nothing_prepared(rig: Rig) -
         assert control.phase is ControlPhase.PREPARING
         new = rig.client()
         await new.restore("ck-new", deadline(), GymSnapshot("ck-new", {}).to_bytes())
-        with pytest.raises(EnvironmentCheckpointError, match="ck-old ended while preparing"):
-            await asyncio.wait_for(waiting, 5.0)
+        await new.end_restore("ck-new", keep=True)
+        failed = await asyncio.wait_for(waiting, 5.0)
+        assert "ck-old ended while preparing" in failed["gym-0"]
         assert control.phase is ControlPhase.IDLE and control.checkpoint_id is None
     finally:
         del control._runs[stuck]  # type: ignore[arg-type]
@@ -433,9 +439,10 @@ async def test_restore_continues_the_same_replica_episode_under_attempt_plus_one
         if all(e.error == CANCELLED_REASON for e in server.episodes.values()):
             break
         await asyncio.sleep(0.01)
-    outcome = await client.restore("ck-restore", deadline(), snapshot.to_bytes())
+    async with restore_scope(client, "ck-restore", deadline(), snapshot.to_bytes()) as outcome:
+        assert rig.gyms["gym-0"][1].phase is ControlPhase.RESTORED
     assert [e.row_key for e in outcome.restored] == ["r0-a1", "r1-a1"] and not outcome.refused
-    # The restore leaves the replica idle: the next snapshot may prepare right away.
+    # The kept restore leaves the replica idle: the next snapshot may prepare right away.
     assert rig.gyms["gym-0"][1].phase is ControlPhase.IDLE
     await client.prepare("ck-next", deadline())
     await client.resume("ck-next")
