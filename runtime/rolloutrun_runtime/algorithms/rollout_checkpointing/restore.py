@@ -424,7 +424,9 @@ class RolloutRestorer:
         if data is None or not self._environment.holds_rollout_state:
             yield {}
             return
-        checkpoint_id = f"restore-{restored.snapshot_id}-{int(time.time())}"
+        # Unique per attempt: a restore of the same snapshot in the same second (an incarnation
+        # that failed fast) must not reuse an id the Gym already ended.
+        checkpoint_id = f"restore-{restored.snapshot_id}-{time.time_ns()}"
         async with contextlib.AsyncExitStack() as stack:
             try:
                 outcome = await stack.enter_async_context(
