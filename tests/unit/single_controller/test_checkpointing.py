@@ -654,12 +654,14 @@ async def _stop_after_a_snapshot_with_episodes(h, cfg) -> None:
     assert exported and exported[-1] > 0, "no live episode was exported"
 
 
-async def test_a_restore_the_ledger_refuses_leaves_the_gym_as_before(tmp_path) -> None:
+async def test_a_restore_the_ledger_refuses_leaves_the_gym_as_before(tmp_path, caplog) -> None:
     """Issue 10, finding 11 (a) through the controller: the Gym's episodes are restored inside
     its restore scope, which ends only once the ledger accepted them. When the ledger refuses
     (here: an injected LedgerRestartError), the scope drops what the Gym installed: no
     attempt 1 is left installed (nor its predecessor retired) for a restore that never
-    happened, and the next incarnation restores the same episodes and finishes."""
+    happened, and the next incarnation restores the same episodes and finishes. (The killed
+    trainer's /runs go on in this harness, so an episode that applied a side effect past the
+    snapshot meanwhile is refused for that reason, never as "already ran here".)"""
     async with harness() as h:
         cfg = await h.start_gyms(_turn_config(tmp_path, max_steps=6))
         await _stop_after_a_snapshot_with_episodes(h, cfg)
@@ -683,8 +685,14 @@ async def test_a_restore_the_ledger_refuses_leaves_the_gym_as_before(tmp_path) -
                 attempts = [e["episode_id"]["attempt"] for e in held]
                 assert attempts == [0], f"{rollout_id} on {instance}: attempts {attempts}"
 
+        caplog.clear()
         third = await h.controller(cfg)
         assert await third.restore() is not None
-        assert third._restored_episodes == handed_back
+        assert set(third._restored_episodes.items()) <= set(handed_back.items())
+        refusals = [
+            r.getMessage() for r in caplog.records if "restarts from turn 0" in r.getMessage()
+        ]
+        assert len(refusals) == len(handed_back) - len(third._restored_episodes)
+        assert all("continuing would repeat one" in message for message in refusals), refusals
         await run_to_end(third)
     assert_each_step_once_no_prompt_twice(final_journal(cfg), cfg.grpo.max_steps)
