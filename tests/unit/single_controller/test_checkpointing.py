@@ -689,10 +689,15 @@ async def test_a_restore_the_ledger_refuses_leaves_the_gym_as_before(tmp_path, c
         third = await h.controller(cfg)
         assert await third.restore() is not None
         assert set(third._restored_episodes.items()) <= set(handed_back.items())
-        refusals = [
-            r.getMessage() for r in caplog.records if "restarts from turn 0" in r.getMessage()
-        ]
-        assert len(refusals) == len(handed_back) - len(third._restored_episodes)
-        assert all("continuing would repeat one" in message for message in refusals), refusals
+        # refusals name the rollout: "episode <rollout_id> restarts from turn 0: <why>"
+        refusals = {
+            message.split()[1]: message
+            for message in (r.getMessage() for r in caplog.records)
+            if "restarts from turn 0" in message
+        }
+        assert all("already ran here" not in message for message in refusals.values())
+        lost = set(handed_back) - set(third._restored_episodes)
+        assert lost <= set(refusals)
+        assert all("continuing would repeat one" in refusals[r] for r in lost), refusals
         await run_to_end(third)
     assert_each_step_once_no_prompt_twice(final_journal(cfg), cfg.grpo.max_steps)
