@@ -8,11 +8,13 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
 import pytest
 from tests.unit.single_controller._rollout_checkpoints import (
+    GYM_TOKEN,
     assert_each_step_once_no_prompt_twice,
     crash_after_snapshot,
     final_journal,
@@ -701,3 +703,60 @@ async def test_a_restore_the_ledger_refuses_leaves_the_gym_as_before(tmp_path, c
         assert all("continuing would repeat one" in refusals[r] for r in lost), refusals
         await run_to_end(third)
     assert_each_step_once_no_prompt_twice(final_journal(cfg), cfg.grpo.max_steps)
+
+
+async def test_a_preemption_snapshot_with_a_gym_failing_publishes_and_the_run_resumes(
+    tmp_path, monkeypatch
+) -> None:
+    """Issue 10, finding 2 end to end (SIGTERM's path): at the preemption notice one Gym
+    replica no longer answers its control plane. The forced snapshot still publishes
+    (published_partial_env, not discarded_env); the next incarnation resumes from it: the other
+    replica's episodes continue at turn level, the failed replica's restart as new attempts,
+    the run finishes with every step once, and no side effect is applied twice."""
+    from rolloutrun_runtime.environments.gym import GymServer
+    from rolloutrun_runtime.environments.gym.control import GymCheckpointControl
+    from rolloutrun_runtime.policy.http import serve_app
+    from rolloutrun_runtime.trainer import SNAPSHOTS_LOG, run_trainer
+
+    monkeypatch.setenv("ROLLOUTRUN_GYM_CONTROL_TOKEN", GYM_TOKEN)
+    cfg = _turn_config(tmp_path, max_steps=6)
+    async with harness() as h:
+        controls = {}
+        urls = []
+        for index in range(cfg.gym.replicas):
+            instance = f"gym-{index}"
+            server = GymServer(instance, cfg, tmp_path / f"{instance}.audit.jsonl")
+            controls[instance] = GymCheckpointControl(server, GYM_TOKEN)
+            server.continue_restored = controls[instance].claim_restored
+            runner, url = await serve_app(server.app)
+            h.runners.append(runner)
+            urls.append(url)
+        cfg = cfg.model_copy(update={"gym": cfg.gym.model_copy(update={"endpoints": urls})})
+        notice = asyncio.Event()
+
+        def on_step(record):
+            if record["step"] == 2:
+                controls["gym-1"].token = None  # its control plane answers 403 from now on
+                notice.set()
+
+        run = asyncio.ensure_future(run_trainer(cfg, on_step=on_step, preemption=notice))
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(run, 120)
+        lines = (Path(cfg.log_dir) / SNAPSHOTS_LOG).read_text().splitlines()
+        preemption = [json.loads(line) for line in lines if '"preemption"' in line]
+        assert [r["rollout/checkpoint_outcome"] for r in preemption] == ["published_partial_env"]
+        assert "checkpoint control is disabled" in preemption[0]["env_unavailable"]["gym-1"]
+
+        controls["gym-1"].token = GYM_TOKEN  # the replacement replica answers again
+        resumed = await h.controller(cfg)
+        restored = await resumed.restore()
+        assert restored is not None
+        assert set(resumed._restored_episodes.values()) <= {"gym-0"}
+        await run_to_end(resumed)
+    assert_each_step_once_no_prompt_twice(final_journal(cfg), cfg.grpo.max_steps)
+    applied: Counter[tuple[str, int]] = Counter()
+    for path in tmp_path.glob("*.audit.jsonl"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            applied[(entry["rollout_id"], entry["revision"])] += 1
+    assert applied and max(applied.values()) == 1, "a side effect was applied twice"
