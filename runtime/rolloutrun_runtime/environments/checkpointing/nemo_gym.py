@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 ROUTE_PREFIX = "/ng-control/v1/checkpoint"
 SNAPSHOT_FORMAT = "gym-episodes/1"
+#: Seconds a replica may take to answer ``resume``: one that hangs must not hold a
+#: preemption snapshot past its grace (its checkpoint lease resumes it anyway).
+RESUME_TIMEOUT_S = 5.0
 
 
 def _episode_of(record: Mapping[str, Any], instance: str) -> EnvironmentEpisode:
@@ -262,7 +265,7 @@ class GymEnvironmentCheckpoint:
         )
 
     async def resume(self, checkpoint_id: str) -> None:
-        body = {"checkpoint_id": checkpoint_id}
+        body = {"checkpoint_id": checkpoint_id, "deadline_ts": time.time() + RESUME_TIMEOUT_S}
         await self._fan_out("resume", {instance: body for instance in self.endpoints})
 
     async def restore(
@@ -309,7 +312,7 @@ class GymEnvironmentCheckpoint:
             # and the replicas return to idle, so the next snapshot's prepare may follow.
             await self.resume(checkpoint_id)
             return
-        body = {"checkpoint_id": checkpoint_id}
+        body = {"checkpoint_id": checkpoint_id, "deadline_ts": time.time() + RESUME_TIMEOUT_S}
         await self._fan_out("drop", {instance: body for instance in self.endpoints})
 
     async def _end_restore_quietly(self, checkpoint_id: str) -> None:
