@@ -542,6 +542,16 @@ async def test_a_lost_gym_costs_the_snapshot_only_its_own_episodes(tmp_path) -> 
         assert relaunched.rollout_id in report.minted
         assert relaunched.rollout_id != on_1.rollout_id  # a new attempt, from turn 0
 
+        # every replica gone: still published, every turn-level episode out restarts
+        controller.environment.endpoints["gym-0"] = "http://127.0.0.1:9"
+        outcome = await controller.rollout_snapshots.attempt(force=True, reason="preemption")
+        assert outcome is SnapshotOutcome.PUBLISHED_PARTIAL_ENV
+        assert sorted(h.records[-1]["env_unavailable"]) == ["gym-0", "gym-1"]
+        saved = _published_ledger(cfg)
+        for attempt in (on_0, on_1):
+            current = saved.sibling(attempt.rollout_id.rsplit("_a", 1)[0]).current
+            assert current.status is AttemptStatus.ABANDONED
+
 
 async def test_abandoned_attempts_are_retired_before_prepare_once(tmp_path) -> None:
     """Issue 10, finding 11 (b): the environment phase retires the attempts the ledger gave up
