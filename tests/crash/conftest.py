@@ -50,6 +50,17 @@ MULTI_TURN = {
     "checkpointing": {**SINGLE_TURN["checkpointing"], "targetLevel": "turn"},
 }
 
+#: Asynchronous turn level over two Gym replicas (an episode may land on either after a
+#: restart): what users run; weights are not compared (asynchronous mode is not replayable),
+#: the audit is.
+ASYNC_MULTI_TURN = {
+    **MULTI_TURN,
+    "seed": 6,
+    "grpo": {**MULTI_TURN["grpo"], "maxSteps": 6},
+    "checkpointing": {**MULTI_TURN["checkpointing"], "deterministic": False},
+    "gym": {"replicas": 2},
+}
+
 #: Per incarnation; a healthy tiny run takes well under a minute.
 INCARNATION_TIMEOUT_S = 150.0
 
@@ -70,3 +81,8 @@ def single_turn(tmp_path: Path) -> Path:
 @pytest.fixture
 def multi_turn(tmp_path: Path) -> Path:
     return write_config(tmp_path / "multi-turn.yaml", MULTI_TURN)
+
+
+@pytest.fixture
+def async_multi_turn(tmp_path: Path) -> Path:
+    return write_config(tmp_path / "async-multi-turn.yaml", ASYNC_MULTI_TURN)

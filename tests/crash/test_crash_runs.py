@@ -129,6 +129,19 @@ def test_a_kill_inside_the_gym_phase_leaves_the_next_trainer_free(
     assert any(r["rollout/checkpoint_outcome"] == "published" for r in after_kill), after_kill
 
 
+def test_an_asynchronous_turn_level_run_killed_at_random_audits_clean(
+    async_multi_turn: Path, tmp_path: Path
+) -> None:
+    """Issue 10, finding 11: an asynchronous turn-level run (two Gym replicas) killed at two
+    random moments resumes each time and its audit holds: no prompt lost or trained twice,
+    no side effect applied twice, every gym_attempt consistent, no orphaned row."""
+    result = _campaign(async_multi_turn, tmp_path / "run", kills=2, seed=7, compare=False)
+    _assert_whole(result, 2)
+    audit = result.audit
+    assert audit["side_effects_duplicated"] == 0 and audit["side_effects"]["ok"], audit
+    assert audit["side_effects"]["applied"] > 0 and audit["gym_attempts"]["ok"], audit
+
+
 @pytest.mark.chaos
 @pytest.mark.parametrize("site", OTHER_SITES)
 def test_kill_at_every_other_site(site: str, single_turn: Path, tmp_path: Path) -> None:

@@ -318,6 +318,8 @@ class SingleController:
         self.history: list[dict[str, Any]] = []
         self.max_observed_age = 0
         self._restored_episodes: dict[str, str] = {}
+        #: The environment's restore scope: open from restore() until the ledger accepted it.
+        self._environment_restore = contextlib.AsyncExitStack()
         self._restored_from: RestoredRolloutState | None = None
         self.rollout_restorer = RolloutRestorer(
             cfg,
@@ -1189,7 +1191,9 @@ class SingleController:
             return None
         self.install_restored(restored)
         await self.workers.refit(self._weights_for_refit(), self.trainer_version)
-        self._restored_episodes = await self.rollout_restorer.restore_environment(restored)
+        self._restored_episodes = await self._environment_restore.enter_async_context(
+            self.rollout_restorer.environment_restore_scope(restored)
+        )
         return restored
 
     def install_restored(self, restored: RestoredRolloutState) -> None:
@@ -1239,7 +1243,8 @@ class SingleController:
         ledger = self.ledger
         runs: list[_GroupRun] = []
         async with self.barrier.checkpoint() as cut:
-            report = ledger.prepare_for_restart(cut, self._restored_episodes)
+            async with self._environment_restore:  # kept; dropped if the ledger refuses it
+                report = ledger.prepare_for_restart(cut, self._restored_episodes)
             for resumed in report.resumed:
                 sibling_id, attempt_uuid = resumed.rollout_id.rsplit("_a", 1)
                 group = ledger.group_of(sibling_id)

@@ -25,6 +25,11 @@ from rolloutrun_runtime.environments.checkpointing import (
     NoEnvironmentCheckpoint,
     build_environment_checkpoint,
 )
+from rolloutrun_runtime.environments.checkpointing.interfaces import (
+    ExportMismatchError,
+    check_export,
+    restore_scope,
+)
 from rolloutrun_runtime.environments.checkpointing.nemo_gym import (
     GymEnvironmentCheckpoint,
     GymSnapshot,
@@ -226,8 +231,9 @@ async def test_prepare_copies_a_restored_episode_no_run_drives(rig: Rig) -> None
     await rig.start_gym()
     client = rig.client()
     snapshot = await _snapshot_two_running(rig, client)
-    await client.restore("ck-restore", deadline(), snapshot.to_bytes())
-    await client.prepare("ck2", deadline(1.0))  # answers at once: nothing runs
+    async with restore_scope(client, "ck-restore", deadline(), snapshot.to_bytes()):
+        pass
+    assert await client.prepare("ck2", deadline(1.0)) == {}  # answers at once: nothing runs
     copies = rig.gyms["gym-0"][1].copies
     assert sorted(e.row_key for e in copies) == ["r0-a1", "r1-a1"]
     await client.resume("ck2")
@@ -276,15 +282,14 @@ async def test_ids_are_idempotent_and_a_resumed_id_stays_closed(rig: Rig) -> Non
     url = await rig.start_gym()
     client = rig.client()
     await client.prepare("ck1", deadline())
-    await client.prepare("ck1", deadline())  # repeated: same answer
-    with pytest.raises(EnvironmentCheckpointError, match="busy with checkpoint ck1"):
-        await client.prepare("ck2", deadline())
+    assert await client.prepare("ck1", deadline()) == {}  # repeated: same answer
+    refused = await client.prepare("ck2", deadline())
+    assert "busy with checkpoint ck1" in refused["gym-0"]
     first = await client.commit("ck1", deadline(), [])
     assert (await client.commit("ck1", deadline(), [])).to_bytes() == first.to_bytes()
     await client.resume("ck1")
     await client.resume("ck1")
-    with pytest.raises(EnvironmentCheckpointError, match="already resumed"):
-        await client.prepare("ck1", deadline())
+    assert "already resumed" in (await client.prepare("ck1", deadline()))["gym-0"]
     async with rig.session.get(url + ROUTE_PREFIX + "/status") as response:
         assert response.status == 401
 
@@ -351,12 +356,12 @@ async def test_a_newer_trainer_ends_the_checkpoint_a_killed_one_left_open(
         await new.resume("ck-new")
     else:
         await new.restore("ck-new", deadline(), GymSnapshot("ck-new", {}).to_bytes())
+        await new.end_restore("ck-new", keep=True)
     assert "ck-old" in control.resumed and control.phase is ControlPhase.IDLE
     assert control.trainer is not None and control.trainer.id == new.trainer["id"]
-    with pytest.raises(EnvironmentCheckpointError, match="superseded by trainer"):
-        await old.commit("ck-old", deadline(), [])
-    with pytest.raises(EnvironmentCheckpointError, match="superseded by trainer"):
-        await old.prepare("ck-old-2", deadline())
+    stale = await old.commit("ck-old", deadline(), [])
+    assert "superseded by trainer" in stale.unavailable["gym-0"] and not stale.episodes()
+    assert "superseded by trainer" in (await old.prepare("ck-old-2", deadline()))["gym-0"]
     status, _ = await run
     assert status == 200
 
@@ -378,8 +383,9 @@ async def test_a_prepare_ended_while_it_waits_marks_nothing_prepared(rig: Rig) -
         assert control.phase is ControlPhase.PREPARING
         new = rig.client()
         await new.restore("ck-new", deadline(), GymSnapshot("ck-new", {}).to_bytes())
-        with pytest.raises(EnvironmentCheckpointError, match="ck-old ended while preparing"):
-            await asyncio.wait_for(waiting, 5.0)
+        await new.end_restore("ck-new", keep=True)
+        failed = await asyncio.wait_for(waiting, 5.0)
+        assert "ck-old ended while preparing" in failed["gym-0"]
         assert control.phase is ControlPhase.IDLE and control.checkpoint_id is None
     finally:
         del control._runs[stuck]  # type: ignore[arg-type]
@@ -433,9 +439,10 @@ async def test_restore_continues_the_same_replica_episode_under_attempt_plus_one
         if all(e.error == CANCELLED_REASON for e in server.episodes.values()):
             break
         await asyncio.sleep(0.01)
-    outcome = await client.restore("ck-restore", deadline(), snapshot.to_bytes())
+    async with restore_scope(client, "ck-restore", deadline(), snapshot.to_bytes()) as outcome:
+        assert rig.gyms["gym-0"][1].phase is ControlPhase.RESTORED
     assert [e.row_key for e in outcome.restored] == ["r0-a1", "r1-a1"] and not outcome.refused
-    # The restore leaves the replica idle: the next snapshot may prepare right away.
+    # The kept restore leaves the replica idle: the next snapshot may prepare right away.
     assert rig.gyms["gym-0"][1].phase is ControlPhase.IDLE
     await client.prepare("ck-next", deadline())
     await client.resume("ck-next")
@@ -542,3 +549,141 @@ def test_snapshot_bytes_of_a_foreign_format_are_refused() -> None:
         GymSnapshot.from_bytes(b'{"format": "other/9"}')
     with pytest.raises(EnvironmentCheckpointError, match="not valid JSON"):
         GymSnapshot.from_bytes(b"{")
+
+
+# ---------------------------------------------------------------------------- issue 10
+async def test_a_restore_scope_that_fails_drops_what_it_installed(rig: Rig) -> None:
+    """Issue 10, finding 11 (a): episodes restored inside the restore scope are dropped when
+    the restore fails later (the ledger refuses them, say): the attempts they replaced are not
+    retired any more and the same snapshot restores again, instead of being refused as
+    "attempt 1 already ran here" and restarting from turn 0."""
+    await rig.start_gym()
+    client = rig.client()
+    snapshot = await _snapshot_two_running(rig, client)
+    server, control, _ = rig.gyms["gym-0"]
+    for _ in range(100):
+        if all(e.error == CANCELLED_REASON for e in server.episodes.values()):
+            break
+        await asyncio.sleep(0.01)
+    before = {key: (e.phase, e.error) for key, e in server.episodes.items()}
+
+    class LaterStepFailed(Exception):
+        pass
+
+    with pytest.raises(LaterStepFailed):
+        async with restore_scope(client, "ck-r1", deadline(), snapshot.to_bytes()) as outcome:
+            assert [e.row_key for e in outcome.restored] == ["r0-a1", "r1-a1"]
+            assert control.restored_unclaimed
+            raise LaterStepFailed
+    assert control.phase is ControlPhase.IDLE and "ck-r1" in control.dropped
+    assert not control.restored_unclaimed and not control.retired
+    assert {key: (e.phase, e.error) for key, e in server.episodes.items()} == before
+    async with restore_scope(client, "ck-r2", deadline(), snapshot.to_bytes()) as again:
+        assert [e.row_key for e in again.restored] == ["r0-a1", "r1-a1"] and not again.refused
+    assert control.phase is ControlPhase.IDLE and "ck-r2" not in control.dropped
+    results = [await rig.run("gym-0", f"r{i}", prompt_id=LONG[i], attempt=1) for i in range(2)]
+    assert [status for status, _ in results] == [200, 200]
+    assert max(rig.audit_revisions().values()) == 1, "a side effect was applied twice"
+
+
+async def test_a_restore_scope_its_trainer_abandons_is_dropped_by_the_lease(rig: Rig) -> None:
+    """A trainer that dies inside its restore scope never kept it: the lease drops it."""
+    await rig.start_gym()
+    client = rig.client()
+    snapshot = await _snapshot_two_running(rig, client)
+    control = rig.gyms["gym-0"][1]
+    await client.restore("ck-r1", deadline(2.0), snapshot.to_bytes())
+    assert control.phase is ControlPhase.RESTORED and control.restored_unclaimed
+    rig.clock.offset = 10.0  # no renew, no resume: deadline + grace passes
+    assert control.expire_lease_if_due()
+    assert control.phase is ControlPhase.IDLE and "ck-r1" in control.dropped
+    assert not control.restored_unclaimed and not control.retired
+    with pytest.raises(EnvironmentCheckpointError, match="ck-r1 was already resumed"):
+        await client.restore("ck-r1", deadline(), snapshot.to_bytes())
+
+
+async def test_a_kept_restore_cannot_be_dropped_afterwards(rig: Rig) -> None:
+    await rig.start_gym()
+    client = rig.client()
+    async with restore_scope(client, "ck-r1", deadline(), GymSnapshot("ck-r1", {}).to_bytes()):
+        pass
+    with pytest.raises(EnvironmentCheckpointError, match="already kept"):
+        await client.end_restore("ck-r1", keep=False)
+
+
+async def test_retire_forgets_a_restored_episode_no_run_claimed(rig: Rig) -> None:
+    """Issue 10, finding 11 (b): retiring an abandoned attempt makes the Gym forget its
+    episode when no /run drives it, so the next snapshot's prepare does not copy it."""
+    await rig.start_gym()
+    client = rig.client()
+    snapshot = await _snapshot_two_running(rig, client)
+    async with restore_scope(client, "ck-r", deadline(), snapshot.to_bytes()):
+        pass
+    server, control, _ = rig.gyms["gym-0"]
+    await client.retire([EnvironmentEpisode("r0", 1, "gym-0")])
+    assert EpisodeId("r0", 1) not in server.episodes and EpisodeId("r0", 0) not in server.episodes
+    assert EpisodeId("r0", 1) not in control.restored_unclaimed
+    assert await client.prepare("ck-next", deadline(1.0)) == {}
+    assert sorted(e.row_key for e in control.copies) == ["r1-a1"]
+    await client.resume("ck-next")
+
+
+async def test_a_lost_replica_is_reported_unavailable_not_fatal(rig: Rig) -> None:
+    """Issue 10, finding 2: prepare and commit report a replica that is gone (connection
+    refused) as unavailable and go on with the others; the snapshot names it."""
+    await rig.start_gym("gym-0")
+    await rig.start_gym("gym-1")
+    run = rig.run("gym-0", "r0", prompt_id=LONG[0])
+    await rig.wait_live("gym-0", 1)
+    client = rig.client()
+    client.endpoints["gym-1"] = "http://127.0.0.1:9"  # its pod was deleted
+    wanted = [EnvironmentEpisode("r0", 0, "gym-0"), EnvironmentEpisode("lost", 0, "gym-1")]
+    failed = await client.prepare("ck1", deadline(), retire=[wanted[1]])
+    assert list(failed) == ["gym-1"] and "gym-1 retire failed" in failed["gym-1"]
+    snapshot = await client.commit("ck1", deadline(), wanted, failed)
+    assert isinstance(snapshot, GymSnapshot)
+    assert snapshot.episodes() == [wanted[0]] and list(snapshot.unavailable) == ["gym-1"]
+    assert GymSnapshot.from_bytes(snapshot.to_bytes()).unavailable == snapshot.unavailable
+    check = check_export(snapshot, wanted, wanted)
+    assert check.kept.episodes() == [wanted[0]] and check.without_record == (wanted[1],)
+    with pytest.raises(EnvironmentCheckpointError, match="gym-1 resume failed"):
+        await client.resume("ck1")
+    status, _ = await run
+    assert status == 200
+
+
+def _record(rollout_id: str, attempt: int = 0) -> dict[str, Any]:
+    return {"episode_id": {"rollout_id": rollout_id, "attempt": attempt}}
+
+
+def test_check_export_keeps_what_ran_on_and_refuses_what_the_cut_does_not_know() -> None:
+    """Issue 10, finding 11 (c), the rule table: the export is checked against the cut."""
+    a, b, c = (EnvironmentEpisode(r, 0, "gym-0") for r in "abc")
+    late = EnvironmentEpisode("late", 0, "gym-0")
+    lost = EnvironmentEpisode("lost", 0, "gym-1")
+    snapshot = GymSnapshot(
+        "ck",
+        {"gym-0": [_record("a"), _record("b")]},
+        unavailable={"gym-1": "connection refused"},
+        copy_missing=(c,),
+    )
+    # b finished since its copy (dropped); c was not copied and late was dispatched after
+    # the commit (no record, turn 0); lost is on an unavailable replica (no record, turn 0)
+    check = check_export(snapshot, [a, b, c, lost], [a, c, late, lost])
+    assert check.kept.episodes() == [a] and check.finished_since_copy == 1
+    assert check.without_record == tuple(sorted([c, late, lost]))
+    with pytest.raises(ExportMismatchError, match=r"does not know, e\.g\. b on gym-0"):
+        check_export(snapshot, [a, c], [a])  # a record nobody asked for
+    stale = GymSnapshot("ck", {"gym-0": [_record("a", 1)]})
+    with pytest.raises(ExportMismatchError, match=r"does not know, e\.g\. a-a1"):
+        check_export(stale, [a], [a])  # another attempt than the ledger's
+    elsewhere = GymSnapshot("ck", {"gym-1": [_record("a")]})
+    with pytest.raises(ExportMismatchError, match="does not know"):
+        check_export(elsewhere, [a], [a])  # another instance than the ledger's
+    twice = GymSnapshot("ck", {"gym-0": [_record("a"), _record("a")]})
+    with pytest.raises(ExportMismatchError, match="2 times"):
+        check_export(twice, [a], [a])
+    silent = GymSnapshot("ck", {"gym-0": [_record("a")]})
+    with pytest.raises(ExportMismatchError, match=r"missing 1 episodes the cut expects, e\.g\. b"):
+        check_export(silent, [a, b], [a, b])
+    assert check_export(silent, [a, b], [a]).kept.episodes() == [a]  # b is not out any more

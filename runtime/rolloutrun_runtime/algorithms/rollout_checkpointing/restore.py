@@ -32,13 +32,14 @@ weights bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import enum
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
@@ -84,6 +85,7 @@ from rolloutrun_runtime.environments.checkpointing import (
     EnvironmentCheckpointError,
     NoEnvironmentCheckpoint,
 )
+from rolloutrun_runtime.environments.checkpointing.interfaces import restore_scope
 from rolloutrun_runtime.experience.rollout_recovery import (
     GroupStatus,
     LedgerError,
@@ -280,7 +282,7 @@ class RestoredRolloutState:
 
 class RolloutRestorer:
     """Chooses a resume source and reads it whole (public: ``choose``, ``restore``,
-    ``restore_environment``)."""
+    ``environment_restore_scope``)."""
 
     def __init__(
         self,
@@ -596,28 +598,42 @@ class RolloutRestorer:
         )
 
     # ================================================================== environment
-    async def restore_environment(self, restored: RestoredRolloutState) -> dict[str, str]:
-        """Install a snapshot's copied episodes; returns ``{rollout_id: instance_id}``.
+    @contextlib.asynccontextmanager
+    async def environment_restore_scope(
+        self, restored: RestoredRolloutState
+    ) -> AsyncIterator[dict[str, str]]:
+        """Install a snapshot's copied episodes for the ``async with`` body, which gets
+        ``{rollout_id: instance_id}``: the environment keeps them when the body completes and
+        drops them when it raises (the seed's restore scope; see ``restore_scope``).
 
         Refused episodes are logged; their siblings restart from turn 0 under a new rollout
-        id (the ledger mints one for every dispatched attempt not in the returned map).
+        id (the ledger mints one for every dispatched attempt not in the map).
         """
         data = restored.environment_snapshot
         if data is None or not self._environment.holds_rollout_state:
-            return {}
-        checkpoint_id = f"restore-{restored.snapshot_id}-{int(time.time())}"
-        try:
-            outcome = await self._environment.restore(
-                checkpoint_id, time.time() + ENV_RESTORE_TIMEOUT_S, data
-            )
-        except EnvironmentCheckpointError as error:
-            logger.warning(
-                "environment restore failed; its episodes restart from turn 0: %s", error
-            )
-            return {}
-        for episode, why in outcome.refused:
-            logger.warning("episode %s restarts from turn 0: %s", episode.rollout_id, why)
-        return {episode.rollout_id: episode.instance_id for episode in outcome.restored}
+            yield {}
+            return
+        # Unique per attempt: a restore of the same snapshot in the same second (an incarnation
+        # that failed fast) must not reuse an id the Gym already ended.
+        checkpoint_id = f"restore-{restored.snapshot_id}-{time.time_ns()}"
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                outcome = await stack.enter_async_context(
+                    restore_scope(
+                        self._environment, checkpoint_id, time.time() + ENV_RESTORE_TIMEOUT_S, data
+                    )
+                )
+            except EnvironmentCheckpointError as error:
+                logger.warning(
+                    "environment restore failed; its episodes restart from turn 0: %s", error
+                )
+                outcome = None
+            if outcome is None:
+                yield {}
+                return
+            for episode, why in outcome.refused:
+                logger.warning("episode %s restarts from turn 0: %s", episode.rollout_id, why)
+            yield {episode.rollout_id: episode.instance_id for episode in outcome.restored}
 
 
 __all__ = [

@@ -18,6 +18,13 @@ groups into its replay view and captures the environment; a trainer checkpoint r
 taken inside a step and never touches the environment.
 
 A snapshot attempt runs the seed's six steps under the one save lock (see ``attempt``).
+Its environment phase first retires the attempts the ledger abandoned, and the environment's
+export is checked against the cut, not trimmed to it: an export that holds an episode the cut
+does not know, or lacks one it expects, discards the attempt (``discarded_env``). A Gym
+replica that fails the phase (its pod is gone at a preemption) costs only its own episodes:
+the snapshot still publishes the buffer, ledger and spare pool (``published_partial_env``),
+and the ledger it saves marks those episodes' attempts abandoned, so a restore relaunches
+their siblings as new attempts from turn 0 instead of expecting a record.
 Every attempt records its outcome (``rollout/checkpoint_outcome``), every published one its
 timings (``timing/rollout_checkpoint``), through ``on_record`` (the trainer appends them to
 ``DIR/snapshots.jsonl``) and the trace.
@@ -68,6 +75,10 @@ from rolloutrun_runtime.environments.checkpointing import (
     EnvironmentEpisode,
     NoEnvironmentCheckpoint,
 )
+from rolloutrun_runtime.environments.checkpointing.interfaces import (
+    ExportMismatchError,
+    check_export,
+)
 from rolloutrun_runtime.experience.rollout_recovery import (
     AttemptStatus,
     RecoveryLedger,
@@ -89,6 +100,8 @@ class SnapshotOutcome(enum.StrEnum):
     """``rollout/checkpoint_outcome`` values."""
 
     PUBLISHED = "published"
+    PUBLISHED_PARTIAL_ENV = "published_partial_env"
+    """Published without the records of the environment instances that failed the phase."""
     SKIPPED_UNCHANGED = "skipped_unchanged"
     SKIPPED_COMMIT_WINDOW = "skipped_commit_window"
     SKIPPED_ANCHOR_NOT_DURABLE = "skipped_anchor_not_durable"
@@ -141,6 +154,48 @@ def dispatched_episodes(ledger: RecoveryLedger | None) -> list[EnvironmentEpisod
     return sorted(episodes)
 
 
+def abandoned_episodes(ledger: RecoveryLedger | None) -> set[EnvironmentEpisode]:
+    """The attempts the ledger gave up (abandoned or failed) that ran on an instance: the
+    environment may still hold or run their episodes until they are retired."""
+    if ledger is None:
+        return set()
+    given_up = (AttemptStatus.ABANDONED, AttemptStatus.FAILED)
+    return {
+        EnvironmentEpisode(attempt.rollout_id, attempt.gym_attempt, attempt.gym_instance_id)
+        for group in ledger.groups()
+        for sibling in group.siblings
+        for attempt in sibling.attempts
+        if attempt.status in given_up and attempt.gym_instance_id
+    }
+
+
+def mark_restart_from_turn_zero(
+    ledger_document: Mapping[str, Any], episodes: Mapping[EnvironmentEpisode, str]
+) -> int:
+    """In a captured ledger document, mark the dispatched attempts of ``episodes`` (episode →
+    why it has no record) abandoned, so a restore relaunches their siblings as new attempts
+    instead of expecting a record; returns how many it marked. The live ledger is untouched:
+    the episodes run on in this incarnation."""
+    by_rollout = {episode.rollout_id: (episode, why) for episode, why in episodes.items()}
+    marked = 0
+    for group in ledger_document.get("groups", []):
+        for sibling in group["siblings"]:
+            attempt = sibling["attempts"][-1]
+            found = by_rollout.get(attempt["rollout_id"])
+            if found is None or attempt["status"] != str(AttemptStatus.DISPATCHED):
+                continue
+            episode, why = found
+            if (attempt["gym_attempt"], attempt["gym_instance_id"]) != (
+                episode.attempt,
+                episode.instance_id,
+            ):
+                continue
+            attempt["status"] = str(AttemptStatus.ABANDONED)
+            attempt["failure"] = f"restart: no environment record ({why})"
+            marked += 1
+    return marked
+
+
 def should_snapshot_after_step(step: int, every_steps: int) -> bool:
     """Whether train step ``step`` completing is a snapshot's moment (``snapshotEverySteps``)."""
     return every_steps > 0 and step > 0 and step % every_steps == 0
@@ -179,6 +234,8 @@ class RolloutSnapshotter:
         self._last_mutation_version: int | None = None
         self._fenced: BaseException | None = None
         self._last_train_step: int | None = None
+        #: Abandoned attempts the environment has retired (each is retired once).
+        self._retired: set[EnvironmentEpisode] = set()
         self._wake = asyncio.Event()
         #: What woke the pump ("trainer_checkpoint", "train_step"); None: the timer.
         self._wake_reason: str | None = None
@@ -358,17 +415,22 @@ class RolloutSnapshotter:
         environment = self._environment
         checkpoint_id = f"snap-{uuid.uuid4().hex[:12]}"
         env_snapshot = None
+        requested: list[EnvironmentEpisode] = []
         detail: dict[str, Any] = {}
         env_started = time.monotonic()
         if environment.holds_rollout_state:
             deadline = time.time() + ENV_PHASE_TIMEOUT_S
+            given_up = abandoned_episodes(parts.ledger)
+            self._retired &= given_up  # forget those whose group left the ledger
+            retire = sorted(given_up - self._retired)
             try:
                 crash_point("during_gym_prepare")
-                await environment.prepare(checkpoint_id, deadline)
+                failed = await environment.prepare(checkpoint_id, deadline, retire)
+                self._retired.update(e for e in retire if e.instance_id not in failed)
                 # Everything out now; one dispatched later has no copy and restarts from turn 0.
-                out = dispatched_episodes(parts.ledger)
+                requested = dispatched_episodes(parts.ledger)
                 crash_point("during_gym_commit")
-                env_snapshot = await environment.commit(checkpoint_id, deadline, out)
+                env_snapshot = await environment.commit(checkpoint_id, deadline, requested, failed)
             except EnvironmentCheckpointError as error:
                 await self._resume_environment(checkpoint_id)
                 return SnapshotOutcome.DISCARDED_ENV, {"error": str(error)}
@@ -376,7 +438,8 @@ class RolloutSnapshotter:
                 await self._resume_environment(checkpoint_id)
                 return SnapshotOutcome.DISCARDED_ENV, {"error": "a train step began committing"}
         timings.env_phase_s = time.monotonic() - env_started
-        # 4. the exclusive cut: re-check, keep the copies of episodes still out, capture
+        unavailable = dict(env_snapshot.unavailable) if env_snapshot is not None else {}
+        # 4. the exclusive cut: re-check, check the export against the cut, capture
         wait_started = time.monotonic()
         cut = None
         try:
@@ -389,16 +452,26 @@ class RolloutSnapshotter:
                 captured = self.capture(cut, CaptureKind.ROLLOUT_SNAPSHOT)
                 if env_snapshot is not None:
                     # Episodes ran on after their copies: one that finished (its result is in
-                    # this capture) or was given up since is not out any more and needs no
-                    # record; one dispatched without a copy restarts from turn 0 on restore.
-                    still_out = dispatched_episodes(parts.ledger)
-                    kept = env_snapshot.restricted_to(still_out)
-                    detail["env_records"] = len(kept.episodes())
-                    detail["env_records_dropped"] = len(env_snapshot.episodes()) - len(
-                        kept.episodes()
-                    )
-                    captured.environment_snapshot = kept
+                    # this capture) or was given up since needs no record; one dispatched
+                    # without a copy restarts from turn 0 on restore. Anything else that
+                    # differs discards the attempt (ExportMismatchError).
+                    check = check_export(env_snapshot, requested, dispatched_episodes(parts.ledger))
+                    captured.environment_snapshot = check.kept
+                    detail["env_records"] = len(check.kept.episodes())
+                    detail["env_records_dropped"] = check.finished_since_copy
+                    if unavailable and captured.ledger_document is not None:
+                        lost = {
+                            e: f"Gym {e.instance_id} unavailable: {unavailable[e.instance_id]}"
+                            for e in check.without_record
+                            if e.instance_id in unavailable
+                        }
+                        detail["env_restart_from_turn_0"] = mark_restart_from_turn_zero(
+                            captured.ledger_document, lost
+                        )
                 timings.cut_held_s = time.monotonic() - held_started
+        except ExportMismatchError as error:
+            logger.warning("rollout snapshot %s discarded: %s", checkpoint_id, error)
+            return SnapshotOutcome.DISCARDED_ENV, {"error": str(error)}
         finally:
             # Until the barrier let mutations in again; the cyclic-GC pass it deferred may
             # run right after, with the pumps free to go on (it blocks the event loop like
@@ -425,16 +498,23 @@ class RolloutSnapshotter:
             "published_at": time.time(),
         }
         self.published.append(published)
+        outcome = (
+            SnapshotOutcome.PUBLISHED_PARTIAL_ENV if unavailable else SnapshotOutcome.PUBLISHED
+        )
+        if unavailable:
+            detail["env_unavailable"] = dict(sorted(unavailable.items()))
         self._trace.emit(
             "snapshot_published",
             snapshot_id=candidate.manifest.snapshot_id,
             anchor=anchor.name,
             cut_time=captured.cut_time,
             manifest_uri=candidate.manifest_uri,
+            outcome=outcome.value,
+            env_unavailable=sorted(unavailable),
         )
         if self._on_published is not None:
             self._on_published(dict(published))
-        return SnapshotOutcome.PUBLISHED, {
+        return outcome, {
             **detail,
             "snapshot_id": candidate.manifest.snapshot_id,
             "anchor": anchor.name,
@@ -495,16 +575,20 @@ class RolloutSnapshotter:
             "rollout/checkpoint_outcome": outcome.value,
             **detail,
         }
-        if outcome is SnapshotOutcome.PUBLISHED:
+        if outcome in (SnapshotOutcome.PUBLISHED, SnapshotOutcome.PUBLISHED_PARTIAL_ENV):
             record["timing/rollout_checkpoint"] = {
                 k: round(v, 6) for k, v in dataclasses.asdict(timings).items()
             }
             logger.info(
-                "rollout snapshot %s published (train step %s, anchor %s, cut held %.4fs)",
+                "rollout snapshot %s %s (train step %s, anchor %s, cut held %.4fs%s)",
                 detail.get("snapshot_id"),
+                outcome.value,
                 detail.get("train_step"),
                 detail.get("anchor"),
                 timings.cut_held_s,
+                f"; environment instances unavailable: {sorted(detail['env_unavailable'])}"
+                if "env_unavailable" in detail
+                else "",
             )
         else:
             self._trace.emit("snapshot_skipped", reason=outcome.value)

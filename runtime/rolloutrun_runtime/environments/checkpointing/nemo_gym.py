@@ -4,8 +4,10 @@ Why a separate client: the controller speaks only :class:`EnvironmentCheckpoint`
 is the one place that knows the Gym's routes (``/ng-control/v1/checkpoint/*``), its bearer
 token and its record format. It fans each phase out to every replica concurrently, routes
 per-episode calls to the instance that owns the episode (a restored attempt must return to
-its owner), and turns any replica's refusal into :class:`EnvironmentCheckpointError`, so the
-snapshot attempt is discarded rather than published with a partial environment.
+its owner). A snapshot's phases (retire, prepare, commit) report a replica that fails as
+*unavailable* instead of failing the whole attempt: a lost Gym pod costs only its own
+episodes' turns (they restart from turn 0), not the rest of the rollout state. Restore and
+the other calls still turn any replica's refusal into :class:`EnvironmentCheckpointError`.
 
 Every call names this trainer (an id, its incarnation and its start time): a replica then
 ends at once a checkpoint that a killed predecessor left half done, instead of refusing this
@@ -21,7 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -38,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 ROUTE_PREFIX = "/ng-control/v1/checkpoint"
 SNAPSHOT_FORMAT = "gym-episodes/1"
+#: Seconds a replica may take to answer ``resume``: one that hangs must not hold a
+#: preemption snapshot past its grace (its checkpoint lease resumes it anyway).
+RESUME_TIMEOUT_S = 5.0
 
 
 def _episode_of(record: Mapping[str, Any], instance: str) -> EnvironmentEpisode:
@@ -47,10 +52,20 @@ def _episode_of(record: Mapping[str, Any], instance: str) -> EnvironmentEpisode:
 
 @dataclass(frozen=True)
 class GymSnapshot:
-    """The Gym's part of a rollout snapshot: exported records by owning instance."""
+    """The Gym's part of a rollout snapshot: exported records by owning instance.
+
+    ``unavailable`` (instance → why) names the replicas whose phase failed (their episodes
+    have no record); ``not_copied`` the requested episodes a replica had no copy of. Only the
+    records and ``unavailable`` are written (``not_copied`` matters only to the cut check).
+    """
 
     checkpoint_id: str
     records: Mapping[str, Sequence[Mapping[str, Any]]]
+    unavailable: Mapping[str, str] = field(default_factory=dict)
+    copy_missing: tuple[EnvironmentEpisode, ...] = ()
+
+    def not_copied(self) -> list[EnvironmentEpisode]:
+        return sorted(self.copy_missing)
 
     def episodes(self) -> list[EnvironmentEpisode]:
         return sorted(
@@ -67,14 +82,18 @@ class GymSnapshot:
                 instance: [r for r in records if _episode_of(r, instance) in keep]
                 for instance, records in self.records.items()
             },
+            unavailable=self.unavailable,
+            copy_missing=tuple(e for e in self.copy_missing if e in keep),
         )
 
     def to_bytes(self) -> bytes:
-        body = {
+        body: dict[str, Any] = {
             "format": SNAPSHOT_FORMAT,
             "checkpoint_id": self.checkpoint_id,
             "records": {k: list(v) for k, v in sorted(self.records.items())},
         }
+        if self.unavailable:  # absent when every replica answered (the bytes stay as before)
+            body["unavailable"] = dict(sorted(self.unavailable.items()))
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -88,7 +107,14 @@ class GymSnapshot:
             raise EnvironmentCheckpointError(
                 f"Gym snapshot format {found!r} is not {SNAPSHOT_FORMAT!r}"
             )
-        return cls(checkpoint_id=str(body["checkpoint_id"]), records=body["records"])
+        unavailable = body.get("unavailable", {})
+        if not isinstance(unavailable, dict):
+            raise EnvironmentCheckpointError("Gym snapshot: unavailable must be an object")
+        return cls(
+            checkpoint_id=str(body["checkpoint_id"]),
+            records=body["records"],
+            unavailable={str(k): str(v) for k, v in unavailable.items()},
+        )
 
 
 class GymEnvironmentCheckpoint:
@@ -127,12 +153,19 @@ class GymEnvironmentCheckpoint:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         url = f"{self.endpoints[instance].rstrip('/')}{ROUTE_PREFIX}/{route}"
+        timeout = self._timeout
+        deadline_ts = body.get("deadline_ts")
+        if isinstance(deadline_ts, int | float) and self._timeout.total is not None:
+            # A replica that hangs must not hold the phase past its deadline (a preemption
+            # snapshot has only its grace period); a second more lets the replica say why.
+            left = max(deadline_ts - time.time(), 0.0) + 1.0
+            timeout = aiohttp.ClientTimeout(total=min(self._timeout.total, left))
         try:
             async with self._session.post(
                 url,
                 json={**body, "trainer": self.trainer},
                 headers=self._headers,
-                timeout=self._timeout,
+                timeout=timeout,
             ) as response:
                 payload = await response.json(content_type=None)
                 if response.status != 200:
@@ -146,37 +179,69 @@ class GymEnvironmentCheckpoint:
             raise EnvironmentCheckpointError(f"Gym {instance} {route}: malformed answer")
         return payload
 
-    async def _fan_out(
+    async def _fan_out_each(
         self, route: str, bodies: Mapping[str, Mapping[str, Any]]
-    ) -> dict[str, dict[str, Any]]:
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        """Each replica's answer, and each failed replica's error (instance → message)."""
         results = await asyncio.gather(
             *(self._post(instance, route, body) for instance, body in bodies.items()),
             return_exceptions=True,
         )
-        failures = [r for r in results if isinstance(r, BaseException)]
+        answers: dict[str, dict[str, Any]] = {}
+        failures: dict[str, str] = {}
+        for instance, result in zip(bodies, results, strict=True):
+            if isinstance(result, dict):
+                answers[instance] = result
+            elif isinstance(result, EnvironmentCheckpointError):
+                failures[instance] = str(result)
+            elif isinstance(result, BaseException):
+                raise result  # a bug or a cancel, not a replica's failure
+        return answers, failures
+
+    async def _fan_out(
+        self, route: str, bodies: Mapping[str, Mapping[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
+        answers, failures = await self._fan_out_each(route, bodies)
         if failures:
-            raise EnvironmentCheckpointError("; ".join(str(f) for f in failures)) from failures[0]
-        return {
-            instance: result
-            for instance, result in zip(bodies, results, strict=True)
-            if isinstance(result, dict)
-        }
+            raise EnvironmentCheckpointError("; ".join(failures.values()))
+        return answers
 
     async def prepare(
         self,
         checkpoint_id: str,
         deadline_ts: float,
         retire: Sequence[EnvironmentEpisode] = (),
-    ) -> None:
-        if retire:
-            await self._retire(checkpoint_id, deadline_ts, retire)
+    ) -> dict[str, str]:
+        failed: dict[str, str] = {}
+        # An abandoned attempt of an instance this run no longer has needs no retiring.
+        known = [e for e in retire if e.instance_id in self.endpoints]
+        if known:
+            _, failed = await self._fan_out_each(
+                "retire", self._retire_bodies(checkpoint_id, deadline_ts, known)
+            )
         body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline_ts}
-        await self._fan_out("prepare", {instance: body for instance in self.endpoints})
+        _, not_prepared = await self._fan_out_each(
+            "prepare", {instance: body for instance in self.endpoints if instance not in failed}
+        )
+        failed.update(not_prepared)
+        for instance, why in sorted(failed.items()):
+            logger.warning(
+                "Gym %s is unavailable to checkpoint %s: %s", instance, checkpoint_id, why
+            )
+        return failed
 
     async def commit(
-        self, checkpoint_id: str, deadline_ts: float, episodes: Iterable[EnvironmentEpisode]
+        self,
+        checkpoint_id: str,
+        deadline_ts: float,
+        episodes: Iterable[EnvironmentEpisode],
+        unavailable: Mapping[str, str] | None = None,
     ) -> EnvironmentSnapshot:
         wanted = group_by_instance(episodes)
+        failed = dict(unavailable or {})
+        for instance in wanted:
+            if instance not in self.endpoints:
+                failed[instance] = f"no Gym endpoint for instance {instance!r}"
         bodies = {
             instance: {
                 "checkpoint_id": checkpoint_id,
@@ -184,15 +249,23 @@ class GymEnvironmentCheckpoint:
                 "episodes": [e.row_key for e in wanted.get(instance, [])],
             }
             for instance in self.endpoints
+            if instance not in failed
         }
-        answers = await self._fan_out("commit", bodies)
+        answers, not_committed = await self._fan_out_each("commit", bodies)
+        failed.update(not_committed)
         return GymSnapshot(
             checkpoint_id=checkpoint_id,
             records={instance: answer["records"] for instance, answer in answers.items()},
+            unavailable=failed,
+            copy_missing=tuple(
+                EnvironmentEpisode.from_row_key(str(item["episode"]), instance)
+                for instance, answer in answers.items()
+                for item in answer.get("not_copied", [])
+            ),
         )
 
     async def resume(self, checkpoint_id: str) -> None:
-        body = {"checkpoint_id": checkpoint_id}
+        body = {"checkpoint_id": checkpoint_id, "deadline_ts": time.time() + RESUME_TIMEOUT_S}
         await self._fan_out("resume", {instance: body for instance in self.endpoints})
 
     async def restore(
@@ -214,11 +287,13 @@ class GymEnvironmentCheckpoint:
             }
             for instance in self.endpoints
         }
-        answers = await self._fan_out("restore", bodies)
-        # The restore's scope ends here: the restored episodes stay installed (a /run for
-        # attempt + 1 continues them) and the replicas return to idle, so the next snapshot's
-        # prepare is not refused as "busy with checkpoint restore-…".
-        await self.resume(checkpoint_id)
+        answers, failures = await self._fan_out_each("restore", bodies)
+        if failures:
+            # All or nothing: the replicas that installed drop it again.
+            await self._end_restore_quietly(checkpoint_id)
+            raise EnvironmentCheckpointError("; ".join(failures.values()))
+        # The restore scope stays open (``end_restore`` keeps or drops what it installed); a
+        # trainer that dies inside it leaves it to the replicas' lease, which drops it.
         restored: list[EnvironmentEpisode] = []
         refused: list[tuple[EnvironmentEpisode, str]] = []
         for instance, answer in answers.items():
@@ -231,13 +306,32 @@ class GymEnvironmentCheckpoint:
             )
         return EpisodeRestoreOutcome(restored=tuple(sorted(restored)), refused=tuple(refused))
 
-    async def retire(self, episodes: Iterable[EnvironmentEpisode]) -> None:
-        await self._retire(f"retire-{time.time_ns()}", time.time() + 30.0, list(episodes))
+    async def end_restore(self, checkpoint_id: str, *, keep: bool) -> None:
+        if keep:
+            # The restored episodes stay installed (a /run for attempt + 1 continues them)
+            # and the replicas return to idle, so the next snapshot's prepare may follow.
+            await self.resume(checkpoint_id)
+            return
+        body = {"checkpoint_id": checkpoint_id, "deadline_ts": time.time() + RESUME_TIMEOUT_S}
+        await self._fan_out("drop", {instance: body for instance in self.endpoints})
 
-    async def _retire(
-        self, checkpoint_id: str, deadline_ts: float, episodes: Sequence[EnvironmentEpisode]
-    ) -> None:
-        bodies = {
+    async def _end_restore_quietly(self, checkpoint_id: str) -> None:
+        try:
+            await self.end_restore(checkpoint_id, keep=False)
+        except EnvironmentCheckpointError as error:
+            logger.warning(
+                "dropping restore %s failed (its lease drops it): %s", checkpoint_id, error
+            )
+
+    async def retire(self, episodes: Iterable[EnvironmentEpisode]) -> None:
+        bodies = self._retire_bodies(f"retire-{time.time_ns()}", time.time() + 30.0, episodes)
+        await self._fan_out("retire", bodies)
+
+    def _retire_bodies(
+        self, checkpoint_id: str, deadline_ts: float, episodes: Iterable[EnvironmentEpisode]
+    ) -> dict[str, dict[str, Any]]:
+        """One retire call per instance that holds some of ``episodes``."""
+        return {
             instance: {
                 "checkpoint_id": checkpoint_id,
                 "deadline_ts": deadline_ts,
@@ -245,7 +339,6 @@ class GymEnvironmentCheckpoint:
             }
             for instance, items in group_by_instance(episodes).items()
         }
-        await self._fan_out("retire", bodies)
 
     async def forget(self, rollout_ids: Iterable[str]) -> None:
         ids = sorted(set(rollout_ids))

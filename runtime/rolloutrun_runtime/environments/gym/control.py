@@ -7,7 +7,7 @@ point and continue it after a restart. The trainer drives it over bearer-token r
 ``deadline_ts``, and prepare, commit and restore are idempotent for the same id.
 
 Phases: ``idle → preparing → prepared → committed``, ``idle → restored``; ``resume`` returns
-any phase to ``idle``.
+any phase to ``idle``; ``drop`` returns ``restored`` to ``idle`` undoing the restore.
 
 * **prepare** opens a copy window: every running episode, at its next turn boundary (before a
   model call, after a tool round, where it holds no half-done work), leaves a copy of its
@@ -33,9 +33,15 @@ any phase to ``idle``.
   the record's revision (an older attempt ran on after the snapshot) is refused: continuing
   it would repeat a side effect, so its sibling restarts from turn 0 under a new rollout id.
   An episode that ran on after its copy is continued from the replica's own newer state
-  when that state is consistent (see :func:`choose_restore_source`).
+  when that state is consistent (see :func:`choose_restore_source`). The restore is the
+  trainer's *restore scope*: ``resume`` keeps what it installed, ``drop`` (the trainer's
+  restore failed later, e.g. its ledger refused the episodes) removes the installed attempts
+  and undoes the retirement of the ones they replaced, so the same snapshot can be restored
+  again. A scope that ends any other way (its lease expires, a newer trainer takes over) is
+  dropped too: the trainer that opened it never finished its restore.
 * **retire** refuses an attempt and all earlier ones of its rollout (they stop at their next
-  boundary) until **forget** drops the rollout.
+  boundary) until **forget** drops the rollout, and forgets their episodes that no ``/run``
+  drives (finished, ended, or restored and never claimed), so no later copy includes them.
 * **lease**: each call extends the lease to ``deadline_ts + grace``; if the trainer stops
   calling, a watchdog resumes the Gym on its own, so a vanished trainer never wedges it.
 * **trainer identity**: each call may name its trainer (``trainer``: an id, the
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import enum
 import hmac
 import logging
@@ -74,6 +81,16 @@ logger = logging.getLogger(__name__)
 ROUTE_PREFIX = "/ng-control/v1/checkpoint"
 TOKEN_ENV = "ROLLOUTRUN_GYM_CONTROL_TOKEN"
 REMEMBERED_RESUMES = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class _Installed:
+    """What one restored record changed, so a dropped restore can undo it."""
+
+    previous: EpisodeId
+    successor: EpisodeId
+    retired_before: int | None
+    previous_state: tuple[Phase, str | None] | None
 
 
 class ControlPhase(enum.StrEnum):
@@ -189,6 +206,10 @@ class GymCheckpointControl:
         #: The newest trainer that called (None until one names itself).
         self.trainer: TrainerIdentity | None = None
         self.resumed: collections.deque[str] = collections.deque(maxlen=REMEMBERED_RESUMES)
+        #: The resumed ids whose restore was dropped rather than kept.
+        self.dropped: collections.deque[str] = collections.deque(maxlen=REMEMBERED_RESUMES)
+        #: What the open restore installed (undone by a drop).
+        self._installed: list[_Installed] = []
         self.retired: dict[str, int] = {}  # rollout_id -> highest refused attempt
         self.restored_unclaimed: set[EpisodeId] = set()
         #: The copy window's records, the newest per episode (prepare until commit).
@@ -209,6 +230,7 @@ class GymCheckpointControl:
             ("POST", "renew", self._renew),
             ("POST", "commit", self._commit),
             ("POST", "resume", self._resume),
+            ("POST", "drop", self._drop),
             ("POST", "restore", self._restore),
             ("POST", "retire", self._retire),
             ("POST", "forget", self._forget),
@@ -272,8 +294,12 @@ class GymCheckpointControl:
         """Copy the live episodes no ``/run`` drives: they rest at a boundary already."""
         driven = {episode_id for episode_id in self._runs.values() if episode_id is not None}
         for episode in self.server.live_episodes():
-            if episode.episode_id not in driven:
+            if episode.episode_id not in driven and not self._is_retired(episode.episode_id):
                 self.copies[episode.episode_id] = episode.to_record()
+
+    def _is_retired(self, episode_id: EpisodeId) -> bool:
+        refused = self.retired.get(episode_id.rollout_id)
+        return refused is not None and episode_id.attempt <= refused
 
     # ------------------------------------------------------------------ plumbing
     def _guard(
@@ -326,6 +352,7 @@ class GymCheckpointControl:
                 self._reopen(
                     self.checkpoint_id,
                     why=f"ended: trainer {trainer.describe()} superseded {current.describe()}",
+                    drop_restore=True,
                 )
         if current is None or trainer.id != current.id:
             logger.info("gym %s: driven by trainer %s", self.server.instance_id, trainer.describe())
@@ -455,9 +482,30 @@ class GymCheckpointControl:
         self._reopen(call.checkpoint_id, why="resumed")
         return self._state()
 
-    def _reopen(self, checkpoint_id: str, why: str) -> None:
+    async def _drop(self, body: dict[str, Any]) -> dict[str, Any]:
+        """End a restore scope undoing it: the trainer's restore failed after this one."""
+        call = _ResumeCall.model_validate(body)
+        if call.checkpoint_id in self.resumed:
+            if call.checkpoint_id in self.dropped:
+                return self._state()
+            raise ControlError(409, f"restore {call.checkpoint_id} was already kept")
+        if self.phase is not ControlPhase.RESTORED or self.checkpoint_id != call.checkpoint_id:
+            raise ControlError(
+                409,
+                f"{call.checkpoint_id} is not an open restore "
+                f"(phase {self.phase.value}, checkpoint {self.checkpoint_id})",
+            )
+        self._reopen(call.checkpoint_id, why="dropped", drop_restore=True)
+        return self._state()
+
+    def _reopen(self, checkpoint_id: str, why: str, *, drop_restore: bool = False) -> None:
+        """Return to idle; an open restore is kept, or undone with ``drop_restore``."""
         self.resumed.append(checkpoint_id)
         previous = self.phase
+        if previous is ControlPhase.RESTORED and drop_restore:
+            self._undo_restore()
+            self.dropped.append(checkpoint_id)
+        self._installed = []
         self.phase, self.checkpoint_id, self.lease_deadline = ControlPhase.IDLE, None, None
         self.copies, self._awaiting = {}, set()
         self._commit_result = self._restore_result = None
@@ -476,6 +524,8 @@ class GymCheckpointControl:
         if repeat and self._restore_result is not None:
             return self._restore_result
         self.phase, self.checkpoint_id = ControlPhase.RESTORED, call.checkpoint_id
+        if not repeat:
+            self._installed = []
         restored, refused = [], []
         for record in call.records:
             try:
@@ -511,12 +561,46 @@ class GymCheckpointControl:
     def _install(self, previous: EpisodeId, episode: Episode) -> None:
         """Retire the older attempt (and stop it if still running); install the new one."""
         rollout_id = previous.rollout_id
-        self.retired[rollout_id] = max(self.retired.get(rollout_id, -1), previous.attempt)
         old = self.server.episodes.get(previous)
+        self._installed.append(
+            _Installed(
+                previous=previous,
+                successor=episode.episode_id,
+                retired_before=self.retired.get(rollout_id),
+                previous_state=(old.phase, old.error) if old is not None else None,
+            )
+        )
+        self.retired[rollout_id] = max(self.retired.get(rollout_id, -1), previous.attempt)
         if old is not None and old.phase in LIVE_PHASES:
             old.phase, old.error = Phase.ABANDONED, "superseded by a restore"
         self.server.episodes[episode.episode_id] = episode
         self.restored_unclaimed.add(episode.episode_id)
+
+    def _undo_restore(self) -> None:
+        """Remove what the open restore installed; the replaced attempts are as before."""
+        for installed in reversed(self._installed):
+            successor = installed.successor
+            if successor not in self.restored_unclaimed:
+                # A /run already continues it (or a retire refused it): nothing to undo.
+                logger.warning(
+                    "gym %s: restored episode %s is no longer unclaimed; kept",
+                    self.server.instance_id,
+                    successor.row_key,
+                )
+                continue
+            self.restored_unclaimed.discard(successor)
+            self.server.episodes.pop(successor, None)
+            rollout_id = installed.previous.rollout_id
+            if installed.retired_before is None:
+                self.retired.pop(rollout_id, None)
+            else:
+                self.retired[rollout_id] = installed.retired_before
+            old = self.server.episodes.get(installed.previous)
+            if old is not None and installed.previous_state is not None:
+                old.phase, old.error = installed.previous_state
+        logger.info(
+            "gym %s: dropped %d restored episodes", self.server.instance_id, len(self._installed)
+        )
 
     def claim_restored(self, episode_id: EpisodeId) -> Episode | None:
         """The restored episode a ``/run`` for ``episode_id`` continues, once."""
@@ -530,17 +614,30 @@ class GymCheckpointControl:
         call = _RetireCall.model_validate(body)
         if self.phase is not ControlPhase.IDLE:
             self._extend_lease(call.deadline_ts)
+        forgotten = 0
         for key in call.episodes:
             episode_id = parse_row_key(key)
             refused = max(self.retired.get(episode_id.rollout_id, -1), episode_id.attempt)
             self.retired[episode_id.rollout_id] = refused
-            self.restored_unclaimed = {
-                e
-                for e in self.restored_unclaimed
-                if e.rollout_id != episode_id.rollout_id or e.attempt > refused
-            }
+            forgotten += self._forget_retired(episode_id.rollout_id, refused)
         # Running retired episodes stop at their next boundary.
-        return {**self._state(), "retired": sorted(call.episodes)}
+        return {**self._state(), "retired": sorted(call.episodes), "forgotten": forgotten}
+
+    def _forget_retired(self, rollout_id: str, refused: int) -> int:
+        """Drop the episodes of ``rollout_id`` up to attempt ``refused`` that no ``/run``
+        drives (ended, or restored and never claimed); returns how many."""
+        forgotten = 0
+        for key in [k for k in self.server.episodes if k.rollout_id == rollout_id]:
+            if key.attempt > refused:
+                continue
+            unclaimed = key in self.restored_unclaimed
+            if self.server.episodes[key].phase in LIVE_PHASES and not unclaimed:
+                continue  # its /run stops it at the next boundary
+            self.restored_unclaimed.discard(key)
+            self.copies.pop(key, None)
+            del self.server.episodes[key]
+            forgotten += 1
+        return forgotten
 
     async def _forget(self, body: dict[str, Any]) -> dict[str, Any]:
         call = _ForgetCall.model_validate(body)
@@ -586,7 +683,7 @@ class GymCheckpointControl:
                 self.server.instance_id,
                 self.checkpoint_id,
             )
-            self._reopen(self.checkpoint_id, why="lease expired")
+            self._reopen(self.checkpoint_id, why="lease expired", drop_restore=True)
             return True
         return False
 
