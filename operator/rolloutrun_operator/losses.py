@@ -75,8 +75,9 @@ def unrestorable(pod: PodView, detail: str) -> Loss:
     """The trainer refused every durable entry for a reason a restart cannot change (exit
     ``UNRESTORABLE_EXIT_CODE``): restarting would only refuse again until ``maxRestarts``."""
     message = f"{pod.name}: {detail}: no durable entry of the run can be restored"
-    if pod.terminated_message:
-        message += f": {pod.terminated_message.strip()[-2048:]}"
+    last = (pod.terminated_message or "").strip().splitlines()
+    if last:
+        message += f": {last[-1].strip()[-1024:]}"
     return Loss("Unrestorable", pod.name, LossKind.UNRECOVERABLE, message)
 
 

@@ -605,7 +605,12 @@ UNRESTORABLE = [
     # (what exited, pod, reason, failed for good)
     (
         "trainer exit 78",
-        trainer(1, phase="Failed", exit_code=78, terminated_message="config changed: nHeads"),
+        trainer(
+            1,
+            phase="Failed",
+            exit_code=78,
+            terminated_message="INFO restore: trying s7\nrefused: config changed: nHeads\n",
+        ),
         "Unrestorable",
         True,
     ),
@@ -634,7 +639,7 @@ def test_an_unrestorable_trainer_fails_the_run_instead_of_restarting(pod, reason
         return
     assert cond(result, "Failed") == ("True", "Unrestorable")
     message = next(c.message for c in result.status.conditions if c.type == "Failed")
-    assert "exit code 78" in message and "config changed: nHeads" in message
+    assert "exit code 78" in message and message.endswith(": refused: config changed: nHeads")
     assert cond(result, "Restarting") == ("False", "Failed")
     assert cond(result, "Progressing") == ("False", "Failed")
     assert (result.status.restarts, result.status.next_start_time) == (0, None)

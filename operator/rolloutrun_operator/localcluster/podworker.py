@@ -233,7 +233,17 @@ class PodWorker:
         processes.kill_tagged(processes.container_tag(self.uid, record.name), [process.pid])
         self.processes.pop(record.name, None)
         code = podspec.exit_code_of(returncode)
-        return self._terminated(record, code, "Completed" if code == 0 else "Error", "")
+        message = podspec.termination_message(spec, code, self._log_tail(record.name))
+        return self._terminated(record, code, "Completed" if code == 0 else "Error", message)
+
+    def _log_tail(self, container: str) -> bytes:
+        try:
+            with open(self.log_path(container), "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(log.tell() - 4 * podspec.TERMINATION_MESSAGE_BYTES, 0))
+                return log.read()
+        except OSError:
+            return b""
 
     def _terminated(self, record: ContainerRecord, code: int, reason: str, message: str) -> int:
         record.state, record.exit_code, record.reason, record.message = (
