@@ -17,7 +17,8 @@ The life of a run, as the conditions tell it:
   ends the incarnation and ``Restarting`` turns True. Its pods stop trainer first: the trainer
   gets SIGTERM (its own grace period) and publishes its forced snapshot while the Gyms still
   alive keep their episodes; those Gym pods are deleted in the pass that sees the trainer
-  exited (its pod event wakes the run). A pod still terminating ``STUCK_TERMINATING_SECONDS``
+  exited (its pod event wakes the run); a trainer lost by its Lease (hung) cannot snapshot,
+  so then every pod goes at once. A pod still terminating ``STUCK_TERMINATING_SECONDS``
   after its grace period is force-deleted and named in an Event and in ``Progressing``.
 - a preemption starts the next incarnation as soon as the old pods are gone; a failure waits
   an exponential backoff (over failures in a row, reset after ``stablePeriodSeconds`` of
@@ -56,6 +57,9 @@ from rolloutrun_operator.problems import spec_problems
 
 #: How long a healthy run waits before looking again without any event.
 IDLE_REQUEUE_SECONDS = 30.0
+#: Losses that say the trainer cannot snapshot (hung, partitioned from the API, stuck at
+#: startup): its Gym pods are not kept for it.
+TRAINER_UNRESPONSIVE = frozenset({"LeaseExpired", "LeaseNotAcquired"})
 
 
 @dataclass
@@ -294,7 +298,10 @@ def _succeed(p: Pass, members: list[PodView]) -> None:
 def _end_incarnation(p: Pass, members: list[PodView], loss: Loss) -> None:
     policy = p.run.spec.recovery
     status = p.status
-    _stop(p, members)
+    if loss.reason in TRAINER_UNRESPONSIVE:
+        p.delete_pods(members)
+    else:
+        _stop(p, members)
     started = parse_time(status.incarnation_start_time)
     if started is not None and p.now - started >= dt.timedelta(
         seconds=policy.stable_period_seconds

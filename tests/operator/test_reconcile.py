@@ -181,13 +181,13 @@ LOSSES = [
         True,
         {"trainer", "gym-0"},
     ),
-    (
+    (  # a hung trainer publishes no snapshot: nothing to keep its Gyms for
         "lease expired",
         members(1),
         {"lease": lease(1, NOW - dt.timedelta(seconds=20))},
         "LeaseExpired",
         True,
-        {"trainer"},
+        {"trainer", "gym-0", "gym-1"},
     ),
     (
         "trainer never took its lease",
@@ -195,7 +195,7 @@ LOSSES = [
         {"lease": lease(0, NOW)},
         "LeaseNotAcquired",
         True,
-        {"trainer"},
+        {"trainer", "gym-0", "gym-1"},
     ),
     (
         "node lost",
