@@ -393,6 +393,8 @@ def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:
         "name": "trainer",
         "command": ["rolloutrun", "trainer", "--config", naming.CONFIG_PATH],
         "ports": [{"name": "generation", "containerPort": port}],
+        # why it failed, in the pod's status (the operator quotes it when the run fails)
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod = _pod(
         run,

@@ -70,6 +70,15 @@ class Wakers:
         self._events.pop((namespace, name), None)
 
 
+def next_pass_delay(requeue_after: float | None) -> float:
+    """How long the daemon waits for a wake-up before its next pass: what the pass asked for
+    (0 means at once: a backoff that ended, a preemption's restart), at most
+    ``MAX_IDLE_SECONDS``."""
+    if requeue_after is None:
+        return MAX_IDLE_SECONDS
+    return min(max(requeue_after, 0.0), MAX_IDLE_SECONDS)
+
+
 async def wait_for_wake(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
     """Until ``wake`` is set, the daemon is stopped, or ``timeout`` passes; then clear."""
 
@@ -169,8 +178,7 @@ async def keep_running(
         for event in result.events:
             body = cast(kopf.Body, outcome.body)
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-        delay = min(result.requeue_after or MAX_IDLE_SECONDS, MAX_IDLE_SECONDS)
-        await wait_for_wake(wake, stopped, delay)
+        await wait_for_wake(wake, stopped, next_pass_delay(result.requeue_after))
     metrics.forget_run(namespace, name)
     wakers.forget(namespace, name)
 

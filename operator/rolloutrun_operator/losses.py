@@ -13,6 +13,7 @@ import datetime as dt
 from rolloutrun_operator import naming
 from rolloutrun_operator.observe import PodView, format_time
 from rolloutrun_operator.plan import Loss, LossKind, Pass
+from rolloutrun_runtime.config import UNRESTORABLE_EXIT_CODE
 
 #: Reasons (pod ``status.reason`` or ``DisruptionTarget``) that are preemption, not failure.
 PREEMPTION_REASONS = frozenset(
@@ -52,6 +53,8 @@ def pod_loss(p: Pass, pod: PodView) -> Loss | None:
             detail += f" ({pod.terminated_reason})"
         if preempted:
             return Loss(preempted, pod.name, LossKind.PREEMPTION, f"{pod.name}: {detail}")
+        if pod.role == naming.Role.TRAINER and pod.exit_code == UNRESTORABLE_EXIT_CODE:
+            return unrestorable(pod, detail)
         return Loss(f"{role}Failed", pod.name, LossKind.FAILURE, f"{pod.name}: {detail}")
     if pod.phase == "Succeeded":
         if preempted:
@@ -66,6 +69,16 @@ def pod_loss(p: Pass, pod: PodView) -> Loss | None:
             return Loss("NodeLost", pod.name, LossKind.PREEMPTION, message)
         p.look_again_at(since + timeout)
     return None
+
+
+def unrestorable(pod: PodView, detail: str) -> Loss:
+    """The trainer refused every durable entry for a reason a restart cannot change (exit
+    ``UNRESTORABLE_EXIT_CODE``): restarting would only refuse again until ``maxRestarts``."""
+    message = f"{pod.name}: {detail}: no durable entry of the run can be restored"
+    last = (pod.terminated_message or "").strip().splitlines()
+    if last:
+        message += f": {last[-1].strip()[-1024:]}"
+    return Loss("Unrestorable", pod.name, LossKind.UNRECOVERABLE, message)
 
 
 def find_loss(

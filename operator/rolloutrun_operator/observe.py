@@ -61,6 +61,9 @@ class PodView:
     """``status.reason``, e.g. ``Evicted`` or ``NodeLost``."""
     exit_code: int | None = None
     terminated_reason: str | None = None
+    terminated_message: str | None = None
+    """The container's termination message (``terminationMessagePath``, or the tail of its
+    log with ``FallbackToLogsOnError``), if it wrote one."""
     ready: bool = False
     started: dt.datetime | None = None
     """When its container started running (``state.running.startedAt``)."""
@@ -81,7 +84,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
             disruption = condition.get("reason") or "DisruptionTarget"
         if condition.get("type") == "Ready" and condition.get("status") == "True":
             ready = True
-    exit_code = terminated_reason = None
+    exit_code = terminated_reason = terminated_message = None
     started = None
     for container in status.get("containerStatuses") or []:
         running = (container.get("state") or {}).get("running")
@@ -91,6 +94,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         if terminated:
             exit_code = _int(terminated.get("exitCode"))
             terminated_reason = terminated.get("reason")
+            terminated_message = terminated.get("message") or None
             if exit_code:
                 break
     return PodView(
@@ -106,6 +110,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         status_reason=status.get("reason") or None,
         exit_code=exit_code,
         terminated_reason=terminated_reason,
+        terminated_message=terminated_message,
         ready=ready,
         started=started,
     )

@@ -61,10 +61,14 @@ class Event:
 
 
 class LossKind(enum.StrEnum):
-    """Whether a lost member counts against ``maxRestarts``."""
+    """What a lost member costs: a restart with backoff, a free restart, or the run."""
 
     FAILURE = "failure"
+    """Counts against ``maxRestarts`` and grows the backoff."""
     PREEMPTION = "preemption"
+    """The next incarnation starts as soon as the old pods are gone: no backoff, no count."""
+    UNRECOVERABLE = "unrecoverable"
+    """A restart cannot help (the trainer found nothing it can ever restore): ``Failed``."""
 
 
 @dataclass(frozen=True)
@@ -77,12 +81,22 @@ class Loss:
     message: str
 
 
-def backoff_seconds(policy: RecoveryPolicy, consecutive_losses: int) -> int:
-    """``backoffSeconds * 2^(k-1)`` for the k-th loss in a row, capped at ``maxBackoffSeconds``."""
-    if consecutive_losses <= 0 or policy.backoff_seconds == 0:
+def backoff_seconds(policy: RecoveryPolicy, consecutive_failures: int) -> int:
+    """``backoffSeconds * 2^(k-1)`` for the k-th failure in a row, capped at
+    ``maxBackoffSeconds``. Only failures back off: a preempted incarnation did nothing wrong,
+    and waiting after it only adds to the rollout time the preemption already cost."""
+    if consecutive_failures <= 0 or policy.backoff_seconds == 0:
         return 0
-    exponent = min(consecutive_losses - 1, 32)
+    exponent = min(consecutive_failures - 1, 32)
     return min(policy.backoff_seconds * 2**exponent, policy.max_backoff_seconds)
+
+
+def restart_delay(policy: RecoveryPolicy, kind: LossKind, consecutive_failures: int) -> int:
+    """Seconds between the end of an incarnation lost to ``kind`` and the next one's start
+    (``consecutive_failures`` already counts this loss when it is a failure)."""
+    if kind is not LossKind.FAILURE:
+        return 0
+    return backoff_seconds(policy, consecutive_failures)
 
 
 @dataclass
@@ -97,6 +111,8 @@ class Pass:
     events: list[Event] = field(default_factory=list)
     desired: dict[ConditionType, Desired] = field(default_factory=dict)
     requeue: float | None = None
+    forced: list[str] = field(default_factory=list)
+    """Pods force-deleted in this pass because they outlived their grace period."""
 
     @property
     def name(self) -> str:
@@ -130,6 +146,8 @@ class Pass:
                 deadline = pod.deletion_time + dt.timedelta(seconds=STUCK_TERMINATING_SECONDS)
                 if self.now >= deadline or node_lost:
                     self.actions.append(Action(Verb.DELETE, "Pod", pod.name, grace_seconds=0))
+                    if not node_lost:
+                        self.forced.append(pod.name)
                 else:
                     self.look_again_at(deadline)
         if pods:

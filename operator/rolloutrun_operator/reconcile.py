@@ -14,14 +14,22 @@ The life of a run, as the conditions tell it:
   to resume from, and the trainer pod starts.
 - **running**: any member lost (see :mod:`losses`: deleted, failed, evicted, preempted, on a
   node NotReady past ``nodeLossTimeoutSeconds``, the trainer's Lease expired or never taken)
-  ends the incarnation: its pods are deleted and ``Restarting`` turns True; after an
-  exponential backoff (reset after ``stablePeriodSeconds`` of stable running) the next
-  incarnation number is taken, never to be reused whatever then delays its start.
-  Preemptions do not count against ``maxRestarts``; failures do, and past it the run is
-  ``Failed``.
+  ends the incarnation and ``Restarting`` turns True. Its pods stop trainer first: the trainer
+  gets SIGTERM (its own grace period) and publishes its forced snapshot while the Gyms still
+  alive keep their episodes; those Gym pods are deleted in the pass that sees the trainer
+  exited (its pod event wakes the run); a trainer lost by its Lease (hung) cannot snapshot,
+  so then every pod goes at once. A pod still terminating ``STUCK_TERMINATING_SECONDS``
+  after its grace period is force-deleted and named in an Event and in ``Progressing``.
+- a preemption starts the next incarnation as soon as the old pods are gone; a failure waits
+  an exponential backoff (over failures in a row, reset after ``stablePeriodSeconds`` of
+  stable running). The next incarnation number is taken then, never to be reused whatever
+  delays its start. Preemptions do not count against ``maxRestarts``; failures do, and past
+  it the run is ``Failed``.
+- the trainer exiting ``UNRESTORABLE_EXIT_CODE`` (no durable entry can ever be restored)
+  ends the run ``Failed`` (``Unrestorable``) at once: a restart would refuse the same way.
 - the trainer exiting 0 means ``maxSteps`` were trained: ``Succeeded``, Gym pods removed.
-- ``suspend``: pods deleted (SIGTERM: the forced snapshot), ``Suspended``; unsuspending starts
-  the next incarnation from the latest manifest.
+- ``suspend``: pods stopped the same way (the trainer first: its forced snapshot),
+  ``Suspended``; unsuspending starts the next incarnation from the latest manifest.
 """
 
 from __future__ import annotations
@@ -36,18 +44,22 @@ from rolloutrun_operator.conditions import Desired, find, is_true, merge
 from rolloutrun_operator.losses import find_loss, serving
 from rolloutrun_operator.observe import Observed, PodView, format_time, parse_time
 from rolloutrun_operator.plan import (
+    STUCK_TERMINATING_SECONDS,
     Action,
     Event,
     Loss,
     LossKind,
     Pass,
     Verb,
-    backoff_seconds,
+    restart_delay,
 )
 from rolloutrun_operator.problems import spec_problems
 
 #: How long a healthy run waits before looking again without any event.
 IDLE_REQUEUE_SECONDS = 30.0
+#: Losses that say the trainer cannot snapshot (hung, partitioned from the API, stuck at
+#: startup): its Gym pods are not kept for it.
+TRAINER_UNRESPONSIVE = frozenset({"LeaseExpired", "LeaseNotAcquired"})
 
 
 @dataclass
@@ -67,6 +79,7 @@ def reconcile(run: RolloutRun, observed: Observed, now: dt.datetime) -> Result:
     generation = run.metadata.get("generation")
     _mirror_lease(p)
     _decide(p)
+    _report_forced(p)
     status.observed_generation = generation
     status.conditions = merge(status.conditions, p.desired, now, generation)
     return Result(p.actions, status, p.events, p.requeue)
@@ -99,7 +112,7 @@ def _decide(p: Pass) -> None:
         p.delete_pods([pod for pod in p.observed.pods if pod.role == naming.Role.GYM])
         return
     if is_true(conditions, C.FAILED):
-        p.delete_pods(list(p.observed.pods))
+        _stop(p, list(p.observed.pods))
         return
     p.say(succeeded=Desired(False, "Running"), failed=Desired(False, "Running"))
     if p.run.spec.suspend:
@@ -117,9 +130,7 @@ def _decide(p: Pass) -> None:
 
 
 def _suspend(p: Pass) -> None:
-    pods = [pod for pod in p.observed.pods if not pod.terminated]
-    gone = [pod for pod in p.observed.pods if pod.terminated]
-    remaining = p.delete_pods(pods) | p.delete_pods(gone)
+    remaining = _stop(p, list(p.observed.pods))
     reason = "Suspending" if remaining else "Suspended"
     before = find(p.status.conditions, C.SUSPENDED)
     if not remaining and (before is None or before.reason != "Suspended"):
@@ -130,9 +141,10 @@ def _suspend(p: Pass) -> None:
 
 
 def _wait_for_backoff(p: Pass) -> None:
-    p.delete_pods(list(p.observed.pods))
-    # The next incarnation is numbered once the old Gym pods are gone; an old trainer still
-    # publishing its forced snapshot holds back only the new trainer (_run_incarnation).
+    _stop(p, list(p.observed.pods))
+    # The next incarnation is numbered once the old Gym pods are gone (they go once the old
+    # trainer exited, _stop); a trainer that lingers without its Gyms (force-deleted Gyms
+    # on a lost node) holds back only the new trainer (_run_incarnation).
     remaining = any(pod.role == naming.Role.GYM for pod in p.observed.pods)
     start = parse_time(p.status.next_start_time)
     loss = p.status.last_failure
@@ -198,7 +210,7 @@ def _put_config(p: Pass, endpoints: list[str] | None) -> None:
 def _run_incarnation(p: Pass) -> None:
     n = p.status.incarnation
     stale = [pod for pod in p.observed.pods if pod.incarnation != n]
-    p.delete_pods(stale)
+    _stop(p, stale)
     members = p.observed.members(n)
     trainer = next((pod for pod in members if pod.role == naming.Role.TRAINER), None)
     gyms = {pod.gym_index: pod for pod in members if pod.role == naming.Role.GYM}
@@ -286,7 +298,10 @@ def _succeed(p: Pass, members: list[PodView]) -> None:
 def _end_incarnation(p: Pass, members: list[PodView], loss: Loss) -> None:
     policy = p.run.spec.recovery
     status = p.status
-    p.delete_pods(members)
+    if loss.reason in TRAINER_UNRESPONSIVE:
+        p.delete_pods(members)
+    else:
+        _stop(p, members)
     started = parse_time(status.incarnation_start_time)
     if started is not None and p.now - started >= dt.timedelta(
         seconds=policy.stable_period_seconds
@@ -296,6 +311,10 @@ def _end_incarnation(p: Pass, members: list[PodView], loss: Loss) -> None:
         reason=loss.reason, pod=loss.pod, time=format_time(p.now), message=loss.message[:4096]
     )
     status.incarnation_start_time = None
+    if loss.kind is LossKind.UNRECOVERABLE:
+        p.say(failed=Desired(True, loss.reason, loss.message), **_stopped("Failed"))
+        p.events.append(Event("Warning", loss.reason, loss.message[:1024]))
+        return
     if loss.kind is LossKind.FAILURE and status.restarts >= policy.max_restarts:
         message = (
             f"{status.restarts} restarts after failures (maxRestarts {policy.max_restarts}); "
@@ -306,10 +325,10 @@ def _end_incarnation(p: Pass, members: list[PodView], loss: Loss) -> None:
         return
     if loss.kind is LossKind.FAILURE:
         status.restarts += 1
+        status.consecutive_losses += 1
     else:
         status.preemptions += 1
-    status.consecutive_losses += 1
-    delay = backoff_seconds(policy, status.consecutive_losses)
+    delay = restart_delay(policy, loss.kind, status.consecutive_losses)
     start = p.now + dt.timedelta(seconds=delay)
     status.next_start_time = format_time(start)
     p.look_again(delay)
@@ -320,3 +339,52 @@ def _end_incarnation(p: Pass, members: list[PodView], loss: Loss) -> None:
         progressing=Desired(True, "Restarting", message),
     )
     p.events.append(Event("Warning", loss.reason, message))
+
+
+def _stop(p: Pass, pods: list[PodView]) -> bool:
+    """Delete ``pods`` trainer first; True while any of them still exists.
+
+    A Gym pod is kept while the trainer of its incarnation may still be publishing its
+    forced snapshot (deleted or not, not yet exited, on a Ready node): that snapshot asks
+    every Gym for its episodes, and a Gym deleted with it would make it ``discarded_env``.
+    The Gym pods go in the pass that sees that trainer exited or gone (its pod event wakes
+    the run). A Gym pod that is already terminating, finished or on a lost node serves
+    nothing and goes at once; a trainer that will not exit is force-deleted after its grace
+    period (:meth:`Pass.delete_pods`), which then releases its Gyms.
+    """
+    snapshotting = {
+        pod.incarnation
+        for pod in pods
+        if pod.role == naming.Role.TRAINER and not pod.terminated and _node_ready(p, pod)
+    }
+    held = [
+        pod
+        for pod in pods
+        if pod.role == naming.Role.GYM
+        and pod.incarnation in snapshotting
+        and pod.deletion_time is None
+        and not pod.terminated
+        and _node_ready(p, pod)
+    ]
+    p.delete_pods([pod for pod in pods if pod not in held])
+    return bool(pods)
+
+
+def _node_ready(p: Pass, pod: PodView) -> bool:
+    node = p.observed.nodes.get(pod.node_name or "")
+    return node is None or node.ready
+
+
+def _report_forced(p: Pass) -> None:
+    """Name each member force-deleted in this pass: an Event, and in ``Progressing``."""
+    if not p.forced:
+        return
+    message = (
+        f"force-deleted {', '.join(p.forced)}: still terminating {STUCK_TERMINATING_SECONDS}s "
+        "after its grace period ended"
+    )
+    p.events.append(Event("Warning", "StuckTerminating", message))
+    progressing = p.desired.get(C.PROGRESSING)
+    if progressing is not None:
+        text = f"{progressing.message}; {message}" if progressing.message else message
+        p.desired[C.PROGRESSING] = Desired(progressing.status, progressing.reason, text)

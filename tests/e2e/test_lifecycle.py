@@ -134,3 +134,33 @@ def test_node_loss_moves_the_run_to_another_node(start_run):
     summary = finish(run)
     assert_recovered_cleanly(run, summary)
     assert run.cluster.node_of("default", "tiny-i2-trainer") != node
+
+
+def _logged_at(log: str, marker: str) -> str:
+    """The timestamp (``YYYY-MM-DD HH:MM:SS,mmm``, sortable) of the first line with ``marker``."""
+    line = next((line for line in log.splitlines() if marker in line), None)
+    assert line is not None, f"no {marker!r} in:\n{log[-2000:]}"
+    return line[:23]
+
+
+def test_a_deleted_gym_pod_stops_the_trainer_before_the_other_gym(start_run):
+    """Issue 10, finding 2: the trainer's forced snapshot runs while the Gym still alive is
+    up; that Gym is stopped only after the trainer."""
+    document = tiny()
+    document["spec"]["run"]["grpo"]["maxSteps"] = 400  # still training when the pod goes
+    run = start_run(document)
+    wait_for_snapshot(run)
+    assert run.cluster is not None
+    trainer_dir = run.cluster.pod_dir("default", "tiny-i1-trainer")
+    survivor_dir = run.cluster.pod_dir("default", "tiny-i1-gym-0")
+    assert trainer_dir is not None and survivor_dir is not None
+    run.delete_pod("tiny-i1-gym-1")
+    eventually(
+        lambda: run.status().get("incarnation") == 2, timeout=120, what="incarnation 2 started"
+    )
+    status = run.status()
+    assert status["lastFailure"]["pod"] == "tiny-i1-gym-1"
+    assert (status["preemptions"], status["restarts"]) == (1, 0)
+    notice = _logged_at((trainer_dir / "logs" / "trainer.log").read_text(), "preemption notice")
+    stopped = _logged_at((survivor_dir / "logs" / "gym.log").read_text(), "stopping")
+    assert notice <= stopped, (notice, stopped)

@@ -278,6 +278,21 @@ def test_config_errors_and_missing_executables(client: Any, namespace: str) -> N
     assert "executable file not found in $PATH" in terminated.message
 
 
+def test_a_failed_container_reports_the_end_of_its_log_as_its_termination_message(
+    client: Any, namespace: str
+) -> None:
+    core: Any = k8s.CoreV1Api(client)
+    script = "echo restoring; echo 'refused: config changed'; exit 78"
+    fallback = {"terminationMessagePolicy": "FallbackToLogsOnError"}
+    core.create_namespaced_pod(namespace, _pod("unrestorable", ["sh", "-c", script], **fallback))
+    failed = eventually(
+        lambda: _phase(core, namespace, "unrestorable", "Failed"), what="exit 78 reported"
+    )
+    terminated = failed.status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.reason) == (78, "Error")
+    assert terminated.message == "restoring\nrefused: config changed\n"
+
+
 def test_follow_logs_streams_until_the_container_exits(client: Any, namespace: str) -> None:
     core: Any = k8s.CoreV1Api(client)
     core.create_namespaced_pod(

@@ -327,6 +327,17 @@ def test_env_expansion_and_restart_rules() -> None:
         )
 
 
+def test_termination_messages_fall_back_to_the_end_of_a_failed_containers_log() -> None:
+    fallback = {"terminationMessagePolicy": "FallbackToLogsOnError"}
+    log = b"".join(b"line %d\n" % i for i in range(200))
+    message = podspec.termination_message(fallback, 78, log)
+    assert message.splitlines() == [f"line {i}" for i in range(120, 200)]  # the last 80 lines
+    assert podspec.termination_message(fallback, 0, log) == ""  # only on failure
+    assert podspec.termination_message({}, 1, log) == ""  # the default policy is File
+    long = podspec.termination_message(fallback, 1, b"x" * 5000 + b"\nwhy\n")
+    assert len(long) == 2048 and long.endswith("\nwhy\n")
+
+
 def test_pod_phases() -> None:
     record = podspec.ContainerRecord
     running = record("a", state="running")

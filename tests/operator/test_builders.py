@@ -73,6 +73,7 @@ def test_the_trainer_pod_carries_the_contract():
     assert labels[naming.LABEL_ROLE] == "trainer" and labels[naming.LABEL_INCARNATION] == "3"
     container = pod["spec"]["containers"][0]
     assert container["command"] == ["rolloutrun", "trainer", "--config", "/etc/rolloutrun/run.yaml"]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     env = env_of(pod)
     assert env["ROLLOUTRUN_INCARNATION"]["value"] == "3"
     assert env["ROLLOUTRUN_LEASE_NAME"]["value"] == "demo-trainer"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rolloutrun_operator.handlers import Options
+from rolloutrun_operator.handlers import MAX_IDLE_SECONDS, Options, next_pass_delay
 from rolloutrun_operator.localcluster.cluster import LocalCluster
 from rolloutrun_operator.localcluster.testing import api_client, eventually, local_cluster
 from rolloutrun_operator.runner import OperatorConfig, OperatorThread
@@ -84,6 +84,13 @@ def rolloutrun(name: str) -> dict[str, Any]:
             "run": {"workers": {"backend": "inprocess"}},
         },
     }
+
+
+def test_a_pass_asking_to_look_again_at_once_is_not_left_idle():
+    # 0 is a preemption's restart or an elapsed backoff: the next pass runs at once
+    assert next_pass_delay(0.0) == 0.0
+    assert next_pass_delay(None) == MAX_IDLE_SECONDS
+    assert next_pass_delay(2.5) == 2.5 and next_pass_delay(1e6) == MAX_IDLE_SECONDS
 
 
 def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):

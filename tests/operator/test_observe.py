@@ -44,6 +44,26 @@ def test_a_preempted_pod_is_read_with_its_reasons():
     assert view.exit_code == 143 and view.terminated_reason == "Error"
     assert view.deletion_time == dt.datetime(2026, 1, 1, 12, 0, 30, tzinfo=dt.UTC)
     assert view.node_name == "spot-1" and view.pod_ip == "10.0.0.7" and not view.ready
+    assert view.terminated_message is None
+
+
+def test_a_termination_message_is_read():
+    pod = {
+        "metadata": {"name": "demo-i2-trainer"},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "state": {
+                        "terminated": {"exitCode": 78, "reason": "Error", "message": "no entry"}
+                    },
+                }
+            ],
+        },
+    }
+    view = pod_view(pod)
+    assert (view.exit_code, view.terminated_message) == (78, "no entry")
 
 
 def test_a_bare_pod_reads_as_pending_and_bad_labels_as_unknown():

@@ -137,16 +137,25 @@ def test_lease_annotations_are_mirrored_into_status():
 
 
 LOSSES = [
-    # (what happened, pods, extra observed fields, reason, counts as failure)
-    ("trainer failed", (trainer(1, phase="Failed", exit_code=1),), {}, "TrainerFailed", True),
-    ("gym pod deleted", (trainer(1), gym(1, 0)), {}, "PodDeleted", False),
-    ("trainer deleted", (gym(1, 0), gym(1, 1)), {}, "PodDeleted", False),
+    # (what happened, pods, extra observed fields, reason, counts as failure, deleted now):
+    # the trainer goes first; a live Gym pod stays while its trainer may still snapshot
+    (
+        "trainer failed",
+        (trainer(1, phase="Failed", exit_code=1),),
+        {},
+        "TrainerFailed",
+        True,
+        {"trainer"},
+    ),
+    ("gym pod deleted", (trainer(1), gym(1, 0)), {}, "PodDeleted", False, {"trainer"}),
+    ("trainer deleted", (gym(1, 0), gym(1, 1)), {}, "PodDeleted", False, {"gym-0", "gym-1"}),
     (
         "trainer preempted",
         (trainer(1, phase="Failed", exit_code=143, disruption="PreemptionByScheduler"),),
         {},
         "PreemptionByScheduler",
         False,
+        {"trainer"},
     ),
     (
         "gym evicted",
@@ -154,6 +163,7 @@ LOSSES = [
         {},
         "Evicted",
         False,
+        {"trainer", "gym-0"},
     ),
     (
         "gym terminating",
@@ -161,6 +171,7 @@ LOSSES = [
         {},
         "PodDeleted",
         False,
+        {"trainer"},
     ),
     (
         "gym exited",
@@ -168,13 +179,15 @@ LOSSES = [
         {},
         "GymExited",
         True,
+        {"trainer", "gym-0"},
     ),
-    (
+    (  # a hung trainer publishes no snapshot: nothing to keep its Gyms for
         "lease expired",
         members(1),
         {"lease": lease(1, NOW - dt.timedelta(seconds=20))},
         "LeaseExpired",
         True,
+        {"trainer", "gym-0", "gym-1"},
     ),
     (
         "trainer never took its lease",
@@ -182,6 +195,7 @@ LOSSES = [
         {"lease": lease(0, NOW)},
         "LeaseNotAcquired",
         True,
+        {"trainer", "gym-0", "gym-1"},
     ),
     (
         "node lost",
@@ -189,16 +203,17 @@ LOSSES = [
         {"nodes": {"node-a": NodeView("node-a", False, NOW - dt.timedelta(seconds=41))}},
         "NodeLost",
         False,
+        {"trainer", "gym-0", "gym-1"},
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("pods", "extra", "reason", "failure"),
+    ("pods", "extra", "reason", "failure", "deleted"),
     [row[1:] for row in LOSSES],
     ids=[row[0] for row in LOSSES],
 )
-def test_any_lost_member_ends_the_incarnation(pods, extra, reason, failure):
+def test_any_lost_member_ends_the_incarnation(pods, extra, reason, failure, deleted):
     result = reconcile(make_run(running_status()), observed(pods, **extra), NOW)
     status = result.status
     assert cond(result, "Restarting") == ("True", reason)
@@ -207,12 +222,14 @@ def test_any_lost_member_ends_the_incarnation(pods, extra, reason, failure):
     assert status.last_failure is not None and status.last_failure.reason == reason
     assert status.last_failure.time == "2026-01-01T12:01:00Z"
     assert status.incarnation == 1 and status.incarnation_start_time is None
-    assert status.next_start_time == "2026-01-01T12:01:05Z"  # backoffSeconds: 5
-    assert status.consecutive_losses == 1
-    deleted = {a.name for a in result.actions if a.verb is Verb.DELETE}
-    assert deleted == {pod.name for pod in pods if pod.deletion_time is None}
+    # only a failure backs off (backoffSeconds: 5) and counts as a loss in a row
+    assert status.next_start_time == ("2026-01-01T12:01:05Z" if failure else "2026-01-01T12:01:00Z")
+    assert status.consecutive_losses == (1 if failure else 0)
+    assert {a.name for a in result.actions if a.verb is Verb.DELETE} == {
+        f"demo-i1-{short}" for short in deleted
+    }
     assert [(e.type, e.reason) for e in result.events] == [("Warning", reason)]
-    assert result.requeue_after == 5
+    assert result.requeue_after == (5 if failure else 0)
 
 
 def test_pods_on_a_lost_node_are_force_deleted():
@@ -260,7 +277,9 @@ def test_failures_past_max_restarts_fail_the_run_but_preemptions_never_do():
 def test_a_failed_run_stays_failed_and_removes_leftover_pods():
     status = running_status(conditions=[{"type": "Failed", "status": "True", "reason": "X"}])
     result = reconcile(make_run(status), observed(members(1)), NOW)
-    assert verbs(result) == sorted(f"delete Pod/{p.name}" for p in members(1))
+    assert verbs(result) == ["delete Pod/demo-i1-trainer"]  # the trainer first
+    result = reconcile(make_run(status), observed(members(1)[1:]), NOW)
+    assert verbs(result) == ["delete Pod/demo-i1-gym-0", "delete Pod/demo-i1-gym-1"]
     assert result.status.incarnation == 1
 
 
@@ -356,9 +375,16 @@ def test_trainer_exit_zero_succeeds_and_removes_the_gym_pods():
 def test_suspend_stops_the_pods_then_reports_suspended_and_resume_starts_anew():
     run = make_run(running_status(), suspend=True)
     stopping = reconcile(run, observed(members(1)), NOW)
-    assert {a.verb for a in stopping.actions} == {Verb.DELETE} and len(stopping.actions) == 3
-    assert all(a.grace_seconds is None for a in stopping.actions)  # SIGTERM: forced snapshot
+    # SIGTERM to the trainer: its forced snapshot still reaches the Gyms
+    assert [str(a) for a in stopping.actions] == ["delete Pod/demo-i1-trainer"]
     assert cond(stopping, "Suspended") == ("True", "Suspending")
+    snapshotted = reconcile(
+        make_run(stopping.status.model_dump(by_alias=True), suspend=True),
+        observed((trainer(1, phase="Failed", exit_code=143, deletion_time=NOW), *members(1)[1:])),
+        NOW,
+    )
+    assert verbs(snapshotted) == ["delete Pod/demo-i1-gym-0", "delete Pod/demo-i1-gym-1"]
+    assert cond(snapshotted, "Suspended") == ("True", "Suspending")
     stopped = reconcile(
         make_run(stopping.status.model_dump(by_alias=True), suspend=True), observed(), NOW
     )
@@ -497,3 +523,126 @@ def test_a_trainer_starting_within_the_acquire_timeout_is_waited_for():
     off = make_run(running_status(), recovery={"leaseAcquireTimeoutSeconds": 0})
     late = (trainer(1, started=NOW - dt.timedelta(days=1)), gym(1, 0), gym(1, 1))
     assert reconcile(off, observed(late), NOW).actions == []
+
+
+def test_the_trainer_stops_first_and_its_gyms_only_after_it_exited():
+    """Finding 2: a Gym deleted under a live trainer leaves the other Gyms up until the
+    trainer's forced snapshot is done, then the next incarnation starts at once."""
+    lost = reconcile(make_run(running_status()), observed((trainer(1), gym(1, 1))), NOW)
+    assert [str(a) for a in lost.actions] == ["delete Pod/demo-i1-trainer"]  # SIGTERM, own grace
+    status = lost.status.model_dump(by_alias=True)
+
+    snapshotting = (trainer(1, deletion_time=NOW + dt.timedelta(seconds=30)), gym(1, 1))
+    held = reconcile(make_run(status), observed(snapshotting), NOW)
+    assert held.actions == [] and held.status.incarnation == 1
+
+    exited = (trainer(1, phase="Failed", exit_code=143, deletion_time=NOW), gym(1, 1))
+    released = reconcile(make_run(status), observed(exited), NOW)
+    assert verbs(released) == ["delete Pod/demo-i1-gym-1"]
+    assert released.status.incarnation == 1
+    trainer_gone = reconcile(make_run(status), observed((gym(1, 1),)), NOW)
+    assert verbs(trainer_gone) == ["delete Pod/demo-i1-gym-1"]
+
+    # the pass that sees the last old pod gone starts the next incarnation (no backoff)
+    later = NOW + dt.timedelta(seconds=1)
+    started = reconcile(make_run(status), observed(), later)
+    assert started.status.incarnation == 2
+    new_pods = {a.name for a in started.actions if a.kind == "Pod"}
+    assert new_pods == {"demo-i2-gym-0", "demo-i2-gym-1"}
+
+
+def test_gyms_of_an_older_incarnation_wait_for_its_trainer_too():
+    run = make_run(running_status(2))
+    pods = (trainer(1, deletion_time=NOW), gym(1, 0), *members(2))
+    assert reconcile(run, observed(pods), NOW).actions == []
+    assert verbs(reconcile(run, observed((gym(1, 0), *members(2))), NOW)) == [
+        "delete Pod/demo-i1-gym-0"
+    ]
+
+
+def test_preemptions_do_not_back_off_and_failures_still_do():
+    preempted = (trainer(1), gym(1, 1))  # gym-0 deleted
+    failed = (trainer(1, phase="Failed", exit_code=1), gym(1, 0), gym(1, 1))
+    status = running_status()
+    for _ in range(5):
+        result = reconcile(make_run(status), observed(preempted), NOW)
+        assert result.status.next_start_time == "2026-01-01T12:01:00Z"  # at once
+        assert result.status.consecutive_losses == 0 and result.requeue_after == 0
+        status = {**result.status.model_dump(by_alias=True), **running_status()}
+    assert result.status.preemptions == 5
+    status = running_status(restarts=0)
+    waits = []
+    for _ in range(2):
+        result = reconcile(make_run(status, recovery={"maxRestarts": 9}), observed(failed), NOW)
+        waits.append(result.status.next_start_time)
+        status = {**result.status.model_dump(by_alias=True), **running_status()}
+        status["restarts"] = result.status.restarts
+        status["consecutiveLosses"] = result.status.consecutive_losses
+    assert waits == ["2026-01-01T12:01:05Z", "2026-01-01T12:01:10Z"]
+    # a preemption between failures neither waits nor resets the failures' backoff
+    between = reconcile(make_run(status), observed(preempted), NOW).status
+    assert between.next_start_time == "2026-01-01T12:01:00Z"
+    assert between.consecutive_losses == 2
+
+
+def test_a_member_that_will_not_exit_is_force_deleted_and_named():
+    stuck = (trainer(1, deletion_time=NOW - dt.timedelta(seconds=31)), gym(1, 1))
+    result = reconcile(make_run(restarting("2026-01-01T12:00:30Z")), observed(stuck), NOW)
+    assert [str(a) for a in result.actions] == ["delete Pod/demo-i1-trainer (grace 0s)"]
+    events = [(e.type, e.reason) for e in result.events]
+    assert events == [("Warning", "StuckTerminating")]
+    assert "demo-i1-trainer" in result.events[0].message
+    progressing = next(c for c in result.status.conditions if c.type == "Progressing")
+    assert "force-deleted demo-i1-trainer" in progressing.message
+    # within its deadline it is waited for, and nothing is reported
+    waiting = (trainer(1, deletion_time=NOW - dt.timedelta(seconds=29)), gym(1, 1))
+    quiet = reconcile(make_run(restarting("2026-01-01T12:00:30Z")), observed(waiting), NOW)
+    assert quiet.actions == [] and quiet.events == []
+    assert quiet.requeue_after == pytest.approx(1.0)
+
+
+UNRESTORABLE = [
+    # (what exited, pod, reason, failed for good)
+    (
+        "trainer exit 78",
+        trainer(
+            1,
+            phase="Failed",
+            exit_code=78,
+            terminated_message="INFO restore: trying s7\nrefused: config changed: nHeads\n",
+        ),
+        "Unrestorable",
+        True,
+    ),
+    ("trainer exit 1", trainer(1, phase="Failed", exit_code=1), "TrainerFailed", False),
+    (
+        "trainer exit 78 while preempted",
+        trainer(1, phase="Failed", exit_code=78, disruption="PreemptionByScheduler"),
+        "PreemptionByScheduler",
+        False,
+    ),
+    ("gym exit 78", gym(1, 0, phase="Failed", exit_code=78), "GymFailed", False),
+]
+
+
+@pytest.mark.parametrize(
+    ("pod", "reason", "final"), [row[1:] for row in UNRESTORABLE], ids=[r[0] for r in UNRESTORABLE]
+)
+def test_an_unrestorable_trainer_fails_the_run_instead_of_restarting(pod, reason, final):
+    others = tuple(p for p in members(1) if p.name != pod.name)
+    result = reconcile(make_run(running_status()), observed((pod, *others)), NOW)
+    assert result.status.last_failure is not None and result.status.last_failure.reason == reason
+    assert result.events[-1].reason == reason
+    if not final:
+        assert cond(result, "Failed")[0] == "False"
+        assert cond(result, "Restarting") == ("True", reason)
+        return
+    assert cond(result, "Failed") == ("True", "Unrestorable")
+    message = next(c.message for c in result.status.conditions if c.type == "Failed")
+    assert "exit code 78" in message and message.endswith(": refused: config changed: nHeads")
+    assert cond(result, "Restarting") == ("False", "Failed")
+    assert cond(result, "Progressing") == ("False", "Failed")
+    assert (result.status.restarts, result.status.next_start_time) == (0, None)
+    again = reconcile(make_run(result.status.model_dump(by_alias=True)), observed(others), NOW)
+    assert again.status.incarnation == 1 and cond(again, "Failed")[0] == "True"
+    assert not [a for a in again.actions if a.verb is Verb.CREATE]

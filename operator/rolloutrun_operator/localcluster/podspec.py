@@ -156,6 +156,23 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+#: What ``FallbackToLogsOnError`` keeps of a failed container's log: the smaller of these.
+TERMINATION_MESSAGE_LINES = 80
+TERMINATION_MESSAGE_BYTES = 2048
+
+
+def termination_message(container: Mapping[str, Any], exit_code: int, log_tail: bytes) -> str:
+    """A terminated container's ``message``: with ``terminationMessagePolicy:
+    FallbackToLogsOnError`` and a failure, the end of its log (the last 80 lines or 2048
+    bytes, whichever is smaller), as the kubelet reports it. ``terminationMessagePath`` files
+    are not read (a process kubelet has no per-container ``/dev``)."""
+    if exit_code == 0 or container.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+        return ""
+    lines = log_tail.splitlines(keepends=True)[-TERMINATION_MESSAGE_LINES:]
+    tail = b"".join(lines)[-TERMINATION_MESSAGE_BYTES:]
+    return tail.decode("utf-8", errors="replace")
+
+
 @dataclass
 class ContainerRecord:
     """What the kubelet knows about one container, enough to report its status."""

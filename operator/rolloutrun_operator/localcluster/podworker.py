@@ -31,6 +31,14 @@ logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    """Until ``event`` is set or ``seconds`` passed. ``asyncio.timeout``, not ``wait_for``:
+    Python 3.11's ``wait_for`` can swallow a cancellation (see :mod:`.probes`)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+
+
 class PodWorker:
     def __init__(self, kubelet: Kubelet, pod: Obj, ip: str) -> None:
         meta = pod["metadata"]
@@ -138,8 +146,7 @@ class PodWorker:
             f"back-off {delay:g}s restarting failed container={record.name} pod={self.name}",
         )
         self.report()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.terminating.wait(), delay)
+        await _wait(self.terminating, delay)
         record.restart_count += 1
         log = self.log_path(record.name)
         if log.exists():
@@ -181,8 +188,7 @@ class PodWorker:
                     str(error),
                 )
                 self.report()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.terminating.wait(), 1.0)
+                await _wait(self.terminating, 1.0)
         argv = podspec.container_argv(spec, env)
         env[processes.CONTAINER_TAG] = f"{self.uid}/{record.name}"
         executable = None
@@ -206,12 +212,15 @@ class PodWorker:
             return self._terminated(record, 128, "StartError", str(error))
         self.processes[record.name] = process
         self.sessions.add(process.pid)
+        if self.terminating.is_set():  # deleted while it started: terminate() missed it
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
         record.state, record.reason, record.message = "running", "", ""
         record.pid, record.started_at, record.exit_code = process.pid, now_iso(), 0
         record.ready = "readinessProbe" not in spec
         probe_task = None
         if "readinessProbe" in spec:
-            probe_task = asyncio.create_task(self._probe(spec, record, env))
+            probe_task = asyncio.create_task(self._probe(spec, record, env, process))
         self.report()
         try:
             returncode = await process.wait()
@@ -224,7 +233,17 @@ class PodWorker:
         processes.kill_tagged(processes.container_tag(self.uid, record.name), [process.pid])
         self.processes.pop(record.name, None)
         code = podspec.exit_code_of(returncode)
-        return self._terminated(record, code, "Completed" if code == 0 else "Error", "")
+        message = podspec.termination_message(spec, code, self._log_tail(record.name))
+        return self._terminated(record, code, "Completed" if code == 0 else "Error", message)
+
+    def _log_tail(self, container: str) -> bytes:
+        try:
+            with open(self.log_path(container), "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(log.tell() - 4 * podspec.TERMINATION_MESSAGE_BYTES, 0))
+                return log.read()
+        except OSError:
+            return b""
 
     def _terminated(self, record: ContainerRecord, code: int, reason: str, message: str) -> int:
         record.state, record.exit_code, record.reason, record.message = (
@@ -238,12 +257,17 @@ class PodWorker:
             record.started_at = record.finished_at
         return code
 
-    async def _probe(self, spec: Obj, record: ContainerRecord, env: dict[str, str]) -> None:
+    async def _probe(
+        self, spec: Obj, record: ContainerRecord, env: dict[str, str], process: Any
+    ) -> None:
+        """Probe readiness while ``process`` (the container's main process) runs. The loop
+        also ends by itself once the process exited: its task is awaited before the pod can
+        finish, so a cancellation lost anywhere in a probe must not keep it alive."""
         probe = spec["readinessProbe"]
         tracker = probes.ReadinessTracker(probe)
         await asyncio.sleep(float(probe.get("initialDelaySeconds", 0)))
         period = max(float(probe.get("periodSeconds", 10)), self.kubelet.min_probe_period)
-        while True:
+        while process.returncode is None:
             await self.kubelet.node_up()
             ok = await probes.probe_once(probe, spec, self.ip, env, self._workdir(spec))
             if tracker.record(ok):
@@ -259,8 +283,7 @@ class PodWorker:
             for process in list(self.processes.values()):
                 with contextlib.suppress(ProcessLookupError):
                     process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.finished.wait(), grace)
+        await _wait(self.finished, grace)
         self.kill()
         await self.finished.wait()
 

@@ -2,6 +2,10 @@
 
 A Service's endpoints list only ready pods; a Gym server with an HTTP readiness probe joins
 its Service when it answers, as on a cluster. Liveness and startup probes are not run.
+
+Timeouts use ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11 ``wait_for``
+swallows a cancellation that arrives in the loop iteration in which the awaited connection
+completes, and a probe that survives its cancellation kept its pod from ever finishing.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ async def probe_once(
                 start_new_session=True,
             )
             try:
-                return await asyncio.wait_for(process.wait(), timeout) == 0
+                async with asyncio.timeout(timeout):
+                    return await process.wait() == 0
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
@@ -70,9 +75,8 @@ async def probe_once(
         if "tcpSocket" in probe:
             spec = probe["tcpSocket"]
             port = resolve_port(spec.get("port"), container)
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(spec.get("host") or pod_ip, port), timeout
-            )
+            async with asyncio.timeout(timeout):
+                _, writer = await asyncio.open_connection(spec.get("host") or pod_ip, port)
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
