@@ -381,7 +381,10 @@ class RolloutRunStatus(_Model):
         0,
         ge=0,
         le=2**31,
-        description="Incarnations lost since the last stable one; the backoff's exponent.",
+        description=(
+            "Incarnations lost to failures since the last stable one (preemptions restart "
+            "without backoff and do not count); the backoff's exponent."
+        ),
     )
 
 
