@@ -22,8 +22,16 @@ from tests.unit.single_controller._rollout_checkpoints import (
     tiny_config,
 )
 
+from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import dispatched_episodes
+from rolloutrun_runtime.data_plane import MutationCut
+from rolloutrun_runtime.environments.checkpointing import EnvironmentEpisode
 from rolloutrun_runtime.environments.gym import GymServer
 from rolloutrun_runtime.environments.gym.episode import EpisodeId
+from rolloutrun_runtime.experience.rollout_recovery import (
+    PromptRef,
+    RecoveryLedger,
+    RestoreLevel,
+)
 
 
 async def test_a_restart_relaunches_every_unrestored_episode_under_a_new_id(
@@ -61,3 +69,26 @@ async def test_a_restart_relaunches_every_unrestored_episode_under_a_new_id(
     assert ran_after_cut, "the first incarnation ran none of them after the cut"
     assert not first_ids & set(second_ids), "an episode was relaunched under the same id"
     assert max(Counter(second_ids).values()) == 1
+
+
+def test_a_snapshot_exports_restored_episodes_awaiting_their_dispatch() -> None:
+    """A restored episode not yet dispatched again is out on its instance: the snapshot
+    keeps its record, so the next restart continues it instead of relaunching it."""
+    ledger = RecoveryLedger()
+    cut = MutationCut("test")
+    ledger.reserve_group(
+        cut,
+        group_id="grp",
+        admission_id="adm",
+        prompt=PromptRef(prompt_id=1, epoch=0, index=0),
+        target_step=1,
+        start_weight_version=0,
+        group_size=2,
+        restore_level=RestoreLevel.TURN,
+    )
+    ledger.admit(cut, "grp")
+    resumed = ledger.sibling("grp_g0").current
+    ledger.dispatch(cut, "grp_g0", resumed.attempt_uuid, "gym-1")
+    ledger.prepare_for_restart(cut, {resumed.rollout_id: "gym-1"})
+    assert (resumed.status.value, resumed.gym_attempt) == ("reserved", 1)
+    assert dispatched_episodes(ledger) == [EnvironmentEpisode(resumed.rollout_id, 1, "gym-1")]
