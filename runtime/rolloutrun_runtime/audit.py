@@ -18,7 +18,12 @@ table-tested against doctored states:
   within an epoch; ``undrawn`` counts trained or pending prompts beyond the cursor (a cursor
   that went backwards).
 * **side effects** — no ``(rollout_id, revision)`` appears twice across the Gym audit files
-  and the ``gym-audit/`` objects of the run's storage (also across replicas).
+  and the ``gym-audit/`` objects of the run's storage (across replicas, in the run-wide
+  ``<rollout>/<revision>.json`` layout and the older per-replica one). An unreadable line
+  inside an audit file, or an unreadable object, fails the audit (named by file and line,
+  or key): a record that cannot be read may hide a duplicate. An audit file's unterminated
+  last line is a torn tail (a crash mid-append; its effect was never applied, and the
+  writer cuts it when it reopens the file): reported, tolerated, not counted as applied.
 * **gym attempts** — per rollout, the environment attempt recorded with its effects never
   goes back (one more per turn-level restore; an older attempt applying an effect after a
   newer one is a zombie), the ledger's ``gym_attempt`` is never behind what the environment
@@ -101,6 +106,18 @@ class SideEffect:
 
 
 @dataclass
+class TornRecords:
+    """Side-effect records that cannot be read (see the module doc).
+
+    ``places`` (``file:line`` inside an audit file, or an object's key) fail the audit;
+    ``tails`` (an audit file's unterminated last line) are reported and tolerated.
+    """
+
+    places: list[str] = field(default_factory=list)
+    tails: list[str] = field(default_factory=list)
+
+
+@dataclass
 class DurableState:
     """Everything the audit reads, already parsed (the checks never touch storage)."""
 
@@ -123,7 +140,7 @@ class DurableState:
     train_keys: list[str] = field(default_factory=list)
     retained_train_keys: list[str] = field(default_factory=list)
     side_effects: list[SideEffect] = field(default_factory=list)
-    torn_audit_lines: int = 0
+    torn_audit: TornRecords = field(default_factory=TornRecords)
     max_steps: int | None = None
 
 
@@ -235,14 +252,21 @@ class SideEffectReport:
     duplicated: int
     duplicated_examples: list[dict[str, Any]]
     torn_lines: int
+    torn_examples: list[str] = field(default_factory=list)
+    torn_tails: int = 0
+    torn_tail_examples: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.duplicated == 0
+        return self.duplicated == 0 and self.torn_lines == 0
 
 
-def check_side_effects(effects: Sequence[SideEffect], torn_lines: int = 0) -> SideEffectReport:
-    """No ``(rollout_id, revision)`` applied twice, across every replica's audit file."""
+def check_side_effects(
+    effects: Sequence[SideEffect], torn: TornRecords | None = None
+) -> SideEffectReport:
+    """No ``(rollout_id, revision)`` applied twice, across every replica's audit file, and
+    no unreadable record but a torn tail."""
+    torn = torn if torn is not None else TornRecords()
     seen: dict[tuple[str, int], list[str]] = defaultdict(list)
     for effect in effects:
         seen[(effect.rollout_id, effect.revision)].append(effect.source)
@@ -256,7 +280,10 @@ def check_side_effects(effects: Sequence[SideEffect], torn_lines: int = 0) -> Si
         rollouts=len({e.rollout_id for e in effects}),
         duplicated=len(duplicates),
         duplicated_examples=duplicates[:EXAMPLES],
-        torn_lines=torn_lines,
+        torn_lines=len(torn.places),
+        torn_examples=torn.places[:EXAMPLES],
+        torn_tails=len(torn.tails),
+        torn_tail_examples=torn.tails[:EXAMPLES],
     )
 
 
@@ -409,7 +436,7 @@ def audit(state: DurableState) -> AuditReport:
         step=state.step,
         max_steps=state.max_steps,
         prompts=check_prompts(state),
-        side_effects=check_side_effects(state.side_effects, state.torn_audit_lines),
+        side_effects=check_side_effects(state.side_effects, state.torn_audit),
         gym_attempts=check_gym_attempts(state.side_effects, state.ledger),
         rows=check_rows(state),
     )
@@ -503,10 +530,28 @@ def parse_side_effects(lines: Iterable[str], source: str) -> tuple[list[SideEffe
     return effects, torn
 
 
+def parse_audit_file(text: str, source: str) -> tuple[list[SideEffect], TornRecords]:
+    """An audit file's records; each unreadable line is named ``<source>:<line>``, as a
+    torn tail when it is the unterminated last one (not counted as applied: the writer
+    never finished it, and cuts it when it reopens the file)."""
+    *complete, tail = text.split("\n")
+    effects: list[SideEffect] = []
+    torn = TornRecords()
+    for number, line in enumerate(complete, 1):
+        parsed, bad = parse_side_effects([line], source)
+        effects += parsed
+        if bad:
+            torn.places.append(f"{source}:{number}")
+    if tail.strip():
+        torn.tails.append(f"{source}:{len(complete) + 1}")
+    return effects, torn
+
+
 def parse_side_effect_object(raw: bytes, key: str, source: str) -> SideEffect | None:
-    """One ``--audit-uri`` object at ``key`` (``<instance>/<rollout>/<revision>.json``, the
-    JSON of one audit line); ``None`` if torn. An object whose content names another
-    ``(rollout_id, revision)`` than its key is not trusted either.
+    """One ``--audit-uri`` object at ``key`` (``<rollout>/<revision>.json``, or the older
+    ``<instance>/<rollout>/<revision>.json``; the JSON of one audit line); ``None`` if torn.
+    An object whose content names another ``(rollout_id, revision)`` than its key is not
+    trusted either.
     """
     from rolloutrun_runtime.environments.gym.effects import parse_effect_key
 
@@ -522,13 +567,14 @@ def parse_side_effect_object(raw: bytes, key: str, source: str) -> SideEffect | 
 
 def load_side_effects(
     run_dir: Path, storage: Any, *, threads: int = 16
-) -> tuple[list[SideEffect], int]:
+) -> tuple[list[SideEffect], TornRecords]:
     """Side effects from ``RUN_DIR/gym-*.audit.jsonl`` and from the storage's objects.
 
     ``rolloutrun gym --audit-uri <storage>/gym-audit`` (gs:// cluster runs) writes one
-    object per effect at ``gym-audit/<instance>/<rollout>/<revision>.json``; they are read
-    in parallel. Returns ``(effects, torn)``: an unreadable object counts like a torn line.
-    A storage that cannot be listed is an :class:`AuditError`.
+    object per effect at ``gym-audit/<rollout>/<revision>.json`` (older versions:
+    ``gym-audit/<instance>/<rollout>/<revision>.json``); they are read in parallel. Returns
+    ``(effects, torn)``: an unreadable object counts like a torn line inside a file. A
+    storage that cannot be listed is an :class:`AuditError`.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -536,11 +582,13 @@ def load_side_effects(
     from rolloutrun_runtime.storage import StorageError
 
     effects: list[SideEffect] = []
-    torn = 0
+    torn = TornRecords()
     for path in sorted(run_dir.glob(GYM_AUDIT_GLOB)):
-        lines, bad = parse_side_effects(path.read_text(encoding="utf-8").splitlines(), path.name)
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        lines, bad = parse_audit_file(text, path.name)
         effects += lines
-        torn += bad
+        torn.places += bad.places
+        torn.tails += bad.tails
     start = len(GYM_AUDIT_PREFIX) + 1
     try:
         keys = [
@@ -560,9 +608,9 @@ def load_side_effects(
         return parse_side_effect_object(raw, key[start:], key)
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        for effect in pool.map(read, keys):
+        for key, effect in zip(keys, pool.map(read, keys), strict=True):
             if effect is None:
-                torn += 1
+                torn.places.append(key)
             else:
                 effects.append(effect)
     return effects, torn
@@ -757,7 +805,7 @@ def load_durable_state(
         train_keys=row_keys.get("train", []),
         retained_train_keys=retained,
         side_effects=effects,
-        torn_audit_lines=torn,
+        torn_audit=torn,
         max_steps=max_steps,
     )
 
@@ -799,13 +847,17 @@ def _render_text(report: AuditReport) -> str:
         f"{p.dropped}; lost {p.lost}, duplicated {p.duplicated}, undrawn {p.undrawn} "
         f"(drawn set from the {p.drawn_from})",
         f"  side effects: {report.side_effects.applied} applied, "
-        f"{report.side_effects.duplicated} applied twice",
+        f"{report.side_effects.duplicated} applied twice, "
+        f"{report.side_effects.torn_lines} unreadable, "
+        f"{report.side_effects.torn_tails} torn tails (tolerated)",
         f"  gym attempts: {report.gym_attempts.turn_restores} turn restores, "
         f"{report.gym_attempts.violations} violations",
         f"  rows: {report.rows.orphaned_staging} orphaned staging, "
         f"{report.rows.orphaned_train} orphaned train, replay/ledger mismatches "
         f"{report.rows.replay_not_finalized + report.rows.finalized_not_in_replay}",
     ]
+    lines += [f"    unreadable: {place}" for place in report.side_effects.torn_examples]
+    lines += [f"    torn tail: {place}" for place in report.side_effects.torn_tail_examples]
     lines += [f"    {example}" for example in report.gym_attempts.examples[:EXAMPLES]]
     lines += [f"    {example}" for example in report.rows.examples]
     return "\n".join(lines)

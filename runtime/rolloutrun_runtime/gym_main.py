@@ -3,10 +3,11 @@
 Why a READY line: the local launcher and the tests start replicas as subprocesses on port 0
 and need the bound URL; printing ``READY <url>`` once the socket listens is the cheapest
 handshake that works the same on a laptop and in a pod. SIGTERM (pod deletion, preemption)
-stops the server cleanly: the audit file is flushed line by line and ``--audit-uri`` objects
-are written before their effect is applied, so nothing is lost. A side-effect store that
-cannot be read at startup (bucket missing, no permission) exits 1 before serving: a replica
-that cannot tell which effects its predecessor applied must not run episodes.
+stops the server cleanly: audit-file lines are fsynced and ``--audit-uri`` objects written
+before their effect is applied, so nothing is lost. A side-effect store that cannot be read
+at startup (bucket missing, no permission, an audit file another writer still holds after
+:data:`AUDIT_LOCK_WAIT_S`) exits 1 before serving: a replica that cannot tell which effects
+the run applied must not run episodes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
     from rolloutrun_runtime.config import RunConfig
     from rolloutrun_runtime.environments.gym.effects import SideEffectLog
 
+#: How long a replica waits for its audit file's previous writer (a replaced pod that is
+#: still exiting) before it gives up naming that writer.
+AUDIT_LOCK_WAIT_S = 30.0
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     """Serve one Gym environment replica; prints READY <url> when listening."""
@@ -34,13 +39,17 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     audit = parser.add_mutually_exclusive_group()
     audit.add_argument(
-        "--audit-file", default=None, help="append every applied side effect here (JSON lines)"
+        "--audit-file",
+        default=None,
+        help="append every applied side effect here (JSON lines, fsynced; checked against "
+        "every *.audit.jsonl of its directory, the run's other replicas)",
     )
     audit.add_argument(
         "--audit-uri",
         default=None,
         help="record every side effect, before applying it, as a create-only object under "
-        "this storage URI (file:///dir or gs://bucket/prefix): <uri>/<instance-id>/...",
+        "this storage URI (file:///dir or gs://bucket/prefix), shared by the run's replicas: "
+        "<uri>/<rollout-id>/<revision>.json",
     )
     parser.set_defaults(handler=run)
 
@@ -74,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
     instance_id = args.instance_id or default_instance_id(args.port)
     audit = Path(args.audit_file) if args.audit_file else None
     try:
-        store = open_effect_store(instance_id, audit_file=audit, audit_uri=args.audit_uri)
+        store = open_effect_store(
+            instance_id, audit_file=audit, audit_uri=args.audit_uri, lock_wait_s=AUDIT_LOCK_WAIT_S
+        )
         effects = SideEffectLog(instance_id, store=store)
     except (StorageError, OSError, ValueError) as error:
         logging.getLogger(__name__).error("gym side-effect store unusable: %s", error)

@@ -423,3 +423,36 @@ def test_side_effect_files_and_storage_in_different_places(
     report = json.loads(capsys.readouterr().out)
     assert report["source"] == uri + "/step_1"
     assert report["side_effects"]["applied"] == 1
+
+
+class _NoObjects:
+    def list(self, prefix: str = "") -> list[str]:
+        return []
+
+
+def _effect_line(revision: int) -> str:
+    return json.dumps({"rollout_id": "r", "attempt": 0, "revision": revision, "turn": 0}) + "\n"
+
+
+def test_a_torn_line_inside_an_audit_file_fails_naming_file_and_line(tmp_path: Path) -> None:
+    """Issue 10, finding 10: a torn line may hide a duplicated effect, so it fails the audit
+    (before, torn lines were counted and ignored)."""
+    (tmp_path / "gym-0.audit.jsonl").write_text(
+        _effect_line(1) + '{"rollout_id": "r", "rev' + "\n" + _effect_line(3)
+    )
+    effects, torn = A.load_side_effects(tmp_path, _NoObjects())
+    report = A.check_side_effects(effects, torn)
+    assert [e.revision for e in effects] == [1, 3]
+    assert not report.ok and report.torn_lines == 1
+    assert report.torn_examples == ["gym-0.audit.jsonl:2"]
+
+
+def test_a_torn_tail_is_reported_and_tolerated(tmp_path: Path) -> None:
+    """The last line cut short by a crash mid-append: its effect was never applied."""
+    (tmp_path / "gym-1.audit.jsonl").write_text(_effect_line(1) + _effect_line(2)[:10])
+    (tmp_path / "gym-0.audit.jsonl").write_text(_effect_line(2))
+    effects, torn = A.load_side_effects(tmp_path, _NoObjects())
+    report = A.check_side_effects(effects, torn)
+    assert report.ok and report.applied == 2 and report.duplicated == 0
+    assert (report.torn_lines, report.torn_tails) == (0, 1)
+    assert report.torn_tail_examples == ["gym-1.audit.jsonl:2"]

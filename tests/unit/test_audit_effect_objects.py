@@ -2,8 +2,8 @@
 
 Gym replicas of gs:// runs record each effect as a create-only object
 (``rolloutrun gym --audit-uri <storage>/gym-audit``); the audit must see them on file:// and
-on a real fake-gcs-server, count a torn object like a torn line, and catch one effect
-recorded under two replicas' prefixes.
+on a real fake-gcs-server, in the run-wide layout and the older per-replica one, fail on a
+torn object as on a torn line inside a file, and catch one effect recorded twice.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.storage.storage_params import BUCKET
 from tests.unit.test_audit import _perm, _write_run
 
 from rolloutrun_runtime import audit as A
-from rolloutrun_runtime.environments.gym.effects import effect_key
+from rolloutrun_runtime.environments.gym.effects import effect_key, legacy_effect_key
 from rolloutrun_runtime.storage import CheckpointStorage, open_storage
 
 
@@ -36,10 +36,20 @@ def _entry(instance: str, rollout_id: str, revision: int, attempt: int = 0) -> d
     }
 
 
-def _put(storage: CheckpointStorage, entry: dict[str, Any], body: bytes | None = None) -> str:
-    key = f"{A.GYM_AUDIT_PREFIX}/" + effect_key(
-        entry["instance_id"], entry["rollout_id"], entry["revision"]
+def _put(
+    storage: CheckpointStorage,
+    entry: dict[str, Any],
+    body: bytes | None = None,
+    *,
+    legacy: bool = True,
+) -> str:
+    """Write ``entry`` as an effect object: the older per-replica layout, or run-wide."""
+    name = (
+        legacy_effect_key(entry["instance_id"], entry["rollout_id"], entry["revision"])
+        if legacy
+        else effect_key(entry["rollout_id"], entry["revision"])
     )
+    key = f"{A.GYM_AUDIT_PREFIX}/{name}"
     storage.write_bytes_if_absent(key, body if body is not None else json.dumps(entry).encode())
     return key
 
@@ -53,34 +63,37 @@ def test_effect_objects_are_loaded_with_the_audit_files(
     for revision in (1, 2):
         _put(storage, _entry("demo-gym-0", "pg1_g0_aA", revision))
     _put(storage, _entry("demo-gym-1", ".dotted", 1))
+    _put(storage, _entry("demo-gym-1", "pg1_g1_aB", 1), legacy=False)
     # Neither effect objects nor audit lines: a file:// cluster run's audit files live here.
     storage.write_bytes(f"{A.GYM_AUDIT_PREFIX}/gym-0.audit.jsonl", b"not read as an object\n")
     storage.write_bytes("step_1/unrelated.json", b"{}")
 
     effects, torn = A.load_side_effects(run_dir, storage)
-    assert torn == 0
+    assert torn == A.TornRecords()
     got = sorted((e.rollout_id, e.revision, e.source) for e in effects)
     assert got == [
         (".dotted", 1, "gym-audit/demo-gym-1/%2Edotted/000000001.json"),
         ("local", 1, "gym-0.audit.jsonl"),
         ("pg1_g0_aA", 1, "gym-audit/demo-gym-0/pg1_g0_aA/000000001.json"),
         ("pg1_g0_aA", 2, "gym-audit/demo-gym-0/pg1_g0_aA/000000002.json"),
+        ("pg1_g1_aB", 1, "gym-audit/pg1_g1_aB/000000001.json"),
     ]
     assert A.check_side_effects(effects, torn).ok
 
 
-def test_torn_and_mismatched_objects_count_as_torn(
+def test_torn_and_mismatched_objects_fail_the_audit(
     storage: CheckpointStorage, tmp_path: Path
 ) -> None:
     _put(storage, _entry("demo-gym-0", "r", 1))
     _put(storage, _entry("demo-gym-0", "r", 2), body=b'{"rollout_id": "r", "rev')
     _put(storage, _entry("demo-gym-0", "r", 3), body=json.dumps(_entry("x", "r", 9)).encode())
-    _put(storage, _entry("demo-gym-0", "r", 4), body=b"\xff\xfe not json")
+    bad = _put(storage, _entry("demo-gym-0", "r", 4), body=b"\xff\xfe not json", legacy=False)
     effects, torn = A.load_side_effects(tmp_path, storage)
     assert [e.revision for e in effects] == [1]
-    assert torn == 3
+    assert len(torn.places) == 3 and bad in torn.places and torn.tails == []
     report = A.check_side_effects(effects, torn)
     assert report.torn_lines == 3 and report.applied == 1
+    assert not report.ok and bad in report.torn_examples
 
 
 def test_one_effect_under_two_replicas_prefixes_is_a_duplicate(
@@ -97,6 +110,14 @@ def test_one_effect_under_two_replicas_prefixes_is_a_duplicate(
     assert report.duplicated_examples == [
         {"rollout_id": "r", "revision": 1, "applied": 2, "files": [first, second]}
     ]
+    # An older replica's object and the run-wide one of the same effect: also twice.
+    third = _put(storage, _entry("demo-gym-0", "r", 2), legacy=False)
+    effects, torn = A.load_side_effects(tmp_path, storage)
+    report = A.check_side_effects(effects, torn)
+    assert report.duplicated == 2
+    assert report.duplicated_examples[1]["files"] == sorted(
+        [third, f"{A.GYM_AUDIT_PREFIX}/" + legacy_effect_key("demo-gym-1", "r", 2)]
+    )
 
 
 def test_the_cli_audits_a_gcs_run_from_its_storage(

@@ -367,6 +367,14 @@ def new_uuid_hex() -> str:
     return uuid.UUID(int=_IDS.getrandbits(128), version=4).hex
 
 
+def relaunch_reason(status: AttemptStatus) -> str:
+    """Why a restart abandons an attempt in ``status`` that the environment did not restore
+    (its sibling is relaunched under a new rollout id, a fresh side-effect revision space)."""
+    if status is AttemptStatus.RESERVED:
+        return "restart: reserved at the cut (it may have run after it); relaunched as new"
+    return "restart"
+
+
 def new_attempt(sibling_id: str, attempt_uuid: str | None = None) -> RolloutAttempt:
     """A fresh reserved attempt with a physical rollout id ``<sibling_id>_a<uuidhex>``."""
     attempt_uuid = attempt_uuid or new_uuid_hex()
@@ -663,8 +671,10 @@ class RecoveryLedger:
 
         ``restored_episodes`` maps rollout ids the environment restored (turn level) to the
         instance that holds them. Such an attempt keeps its uuid, gets ``gym_attempt + 1``
-        and goes back to reserved, bound to that instance; other dispatched attempts are
-        abandoned and their siblings get fresh attempts. Claimed groups return to finalized.
+        and goes back to reserved, bound to that instance; every other dispatched or reserved
+        attempt is abandoned and its sibling gets a fresh attempt (a new rollout id): a
+        relaunch from turn 0 never reuses a rollout id that may have applied side effects.
+        Claimed groups return to finalized.
         """
         cut.require_live()
         restored = dict(restored_episodes or {})
@@ -711,7 +721,12 @@ class RecoveryLedger:
             attempt.status = AttemptStatus.ABANDONED
             attempt.failure = "restart: prompt-group granularity"
             report.abandoned.append(attempt.episode)
-        elif attempt.status is AttemptStatus.DISPATCHED:
+        elif attempt.status in (AttemptStatus.DISPATCHED, AttemptStatus.RESERVED):
+            # A reserved attempt may have been dispatched after the cut by the incarnation
+            # that was lost, and applied side effects on some replica: relaunching it under
+            # the same rollout id from turn 0 would repeat them. Only an episode the
+            # environment restored from its own record continues; every other gets a new
+            # rollout id (see relaunch_reason).
             owner = restored.get(attempt.rollout_id)
             if (
                 owner is not None
@@ -728,11 +743,9 @@ class RecoveryLedger:
                 attempt.status = AttemptStatus.RESERVED
                 report.resumed.append(attempt.episode)
                 return
+            attempt.failure = relaunch_reason(attempt.status)
             attempt.status = AttemptStatus.ABANDONED
-            attempt.failure = "restart"
             report.abandoned.append(attempt.episode)
-        elif attempt.status is AttemptStatus.RESERVED:
-            return
         fresh = new_attempt(sibling.sibling_id)
         sibling.attempts.append(fresh)
         report.minted.append(fresh.rollout_id)

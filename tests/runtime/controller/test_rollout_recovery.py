@@ -270,3 +270,42 @@ def test_sidecar_schema_4_reads_without_spare_pool_and_unknowns_are_rejected() -
     bad_status["groups"][0]["status"] = "exploded"
     with pytest.raises(LedgerSidecarError, match="GroupStatus"):
         read_recovery_sidecar(json.dumps(bad_status).encode())
+
+
+def test_a_reserved_attempt_is_relaunched_under_a_new_rollout_id() -> None:
+    """Issue 10, finding 1: an attempt reserved at the cut may have been dispatched after it
+    (and applied side effects) by the incarnation that was lost; relaunched from turn 0 under
+    the same rollout id at gym attempt 0, it repeated them on whichever replica it landed."""
+    ledger = _ledger(size=2, level=RestoreLevel.TURN)
+    _run(ledger, "grp_g1")
+    reserved = ledger.sibling("grp_g0").current
+    report = ledger.prepare_for_restart(_cut())
+    assert reserved.status is AttemptStatus.ABANDONED
+    assert "reserved at the cut" in (reserved.failure or "")
+    fresh = ledger.sibling("grp_g0").current
+    assert fresh.status is AttemptStatus.RESERVED and fresh.gym_attempt == 0
+    assert fresh.rollout_id != reserved.rollout_id
+    assert report.abandoned == [EnvironmentEpisode(reserved.rollout_id, 0)]
+    assert report.minted == [fresh.rollout_id]
+    assert ledger.sibling("grp_g1").current.status is AttemptStatus.SEALED
+
+
+def test_a_reserved_resumed_attempt_continues_only_from_its_own_restored_record() -> None:
+    """Resumed at turn level, then cut again before its dispatch: restored once more, it
+    takes the next gym attempt; not restored, its sibling gets a new rollout id."""
+    for restored_again in (True, False):
+        ledger = _ledger(size=1, level=RestoreLevel.TURN)
+        attempt = ledger.sibling("grp_g0").current
+        ledger.dispatch(_cut(), "grp_g0", attempt.attempt_uuid, "gym-1")
+        ledger.prepare_for_restart(_cut(), {attempt.rollout_id: "gym-1"})
+        assert (attempt.status, attempt.gym_attempt) == (AttemptStatus.RESERVED, 1)
+        report = ledger.prepare_for_restart(
+            _cut(), {attempt.rollout_id: "gym-1"} if restored_again else {}
+        )
+        current = ledger.sibling("grp_g0").current
+        if restored_again:
+            assert current is attempt and attempt.gym_attempt == 2
+            assert report.resumed == [EnvironmentEpisode(attempt.rollout_id, 2)]
+        else:
+            assert attempt.status is AttemptStatus.ABANDONED
+            assert current.rollout_id != attempt.rollout_id and current.gym_attempt == 0

@@ -48,6 +48,7 @@ from rolloutrun_runtime.environments.gym.effects import (
     StorageEffectStore,
     effect_key,
     highest_revisions,
+    legacy_effect_key,
     open_effect_store,
     parse_effect_key,
 )
@@ -114,29 +115,33 @@ def fresh_episode(loop: AgentLoop, rollout_id: str, attempt: int = 0) -> Episode
 
 
 def stored(storage: CheckpointStorage, rollout_id: str) -> list[dict[str, Any]]:
-    keys = storage.list(f"{INSTANCE}/{rollout_id}/")
+    keys = storage.list(f"{rollout_id}/")
     return [json.loads(storage.read_bytes(key)) for key in keys]
 
 
 # --------------------------------------------------------------------------- pure parts
 @pytest.mark.parametrize("rollout_id", ["pg1_g0_aX", ".", "..", ".rr-tmp-x", "a:b~c.d"])
 def test_effect_keys_round_trip_and_are_valid_keys(rollout_id: str, tmp_path: Path) -> None:
-    key = effect_key(INSTANCE, rollout_id, 42)
-    assert key.endswith("/000000042.json")
-    assert parse_effect_key(key) == (INSTANCE, rollout_id, 42)
-    open_storage(f"file://{tmp_path}").write_bytes_if_absent(key, b"{}")  # a valid key
+    key = effect_key(rollout_id, 42)
+    assert key.endswith("/000000042.json") and key.count("/") == 1
+    assert parse_effect_key(key) == (None, rollout_id, 42)
+    legacy = legacy_effect_key(INSTANCE, rollout_id, 42)
+    assert parse_effect_key(legacy) == (INSTANCE, rollout_id, 42)
+    for valid in (key, legacy):
+        open_storage(f"file://{tmp_path}").write_bytes_if_absent(valid, b"{}")
 
 
-def test_highest_revisions_use_names_only_and_skip_strangers() -> None:
+def test_highest_revisions_use_names_only_of_both_layouts_and_every_replica() -> None:
     keys = [
-        effect_key(INSTANCE, "r", 1),
-        effect_key(INSTANCE, "r", 3),
-        effect_key(INSTANCE, "s", 2),
+        effect_key("r", 1),
+        effect_key("r", 3),
+        legacy_effect_key(INSTANCE, "s", 2),
         f"{INSTANCE}/r/notes.txt",
-        f"{INSTANCE}/stray",
-        effect_key("other-gym", "r", 9),
+        "stray",
+        legacy_effect_key("other-gym", "t", 9),
+        "gym-0.audit.jsonl",
     ]
-    assert highest_revisions(keys, INSTANCE, "test") == {"r": 3, "s": 2}
+    assert highest_revisions(keys, "test") == {"r": 3, "s": 2, "t": 9}
 
 
 def test_an_instance_id_that_cannot_name_a_prefix_is_refused(tmp_path: Path) -> None:
@@ -162,7 +167,8 @@ async def test_a_replaced_pod_refuses_what_its_predecessor_applied(
     # The replacement pod: same instance id, same URI, nothing in memory.
     replacement = new_log(reopen())
     assert replacement.applied_revision("r1") == 3
-    assert new_log(reopen(), "demo-gym-1").applied_revision("r1") == 0  # its own prefix only
+    # Any replica of the run: the key is run-wide, not the replica's own.
+    assert new_log(reopen(), "demo-gym-1").applied_revision("r1") == 3
     # A snapshot record older than what was applied is refused by the restore, with why.
     snapshot = Episode.from_record({**done.to_record(), "phase": "await_model", "revision": 1})
     source, reason = choose_restore_source(snapshot, None, 3, successor_exists=False)
@@ -274,8 +280,8 @@ async def test_a_storage_error_fails_that_episode_only_and_names_the_object(
     tmp_path: Path, engine: GenerationEngine, session: aiohttp.ClientSession
 ) -> None:
     root = tmp_path / "store"
-    (root / INSTANCE).mkdir(parents=True)
-    (root / INSTANCE / "broken").write_text("a file where a directory must go")
+    root.mkdir(parents=True)
+    (root / "broken").write_text("a file where a directory must go")
     server = GymServer(
         INSTANCE, CFG, audit_uri=f"file://{root}", policy=LocalPolicyClient(engine.generate)
     )
@@ -286,7 +292,7 @@ async def test_a_storage_error_fails_that_episode_only_and_names_the_object(
         )
         assert bad_status == 503, bad
         message = bad["error"]["message"]
-        assert f"file://{root}/{INSTANCE}/broken/000000001.json" in message
+        assert f"file://{root}/broken/000000001.json" in message
         assert "not a directory" in message and "the effect was not applied" in message
         assert (ok_status, ok["reward"], ok["side_effects"]) == (200, 1.0, 3)
         episode = server.episodes[EpisodeId("broken")]
@@ -321,7 +327,7 @@ async def test_a_gcs_error_fails_the_episode_and_the_server_goes_on(
         proxy.deny(403)
         status, body = await post_run(session, url, "denied")
         assert status == 503, body
-        assert f"{base}/{INSTANCE}/denied/000000001.json" in body["error"]["message"]
+        assert f"{base}/denied/000000001.json" in body["error"]["message"]
         assert "permission denied" in body["error"]["message"]
         proxy.deny(None)
         status, body = await post_run(session, url, "allowed")
@@ -408,8 +414,9 @@ def test_the_gym_entry_point_reloads_what_its_audit_uri_holds(
 ) -> None:
     uri = f"gs://{BUCKET}/cli-{uuid.uuid4().hex[:12]}/gym-audit"
     storage = open_storage(uri, client=fake_gcs.client())
-    for revision in (1, 2):
-        storage.write_bytes_if_absent(effect_key(INSTANCE, "r", revision), b"{}")
+    # Revision 1 in the older per-replica layout (another replica's), 2 in the run-wide one.
+    storage.write_bytes_if_absent(legacy_effect_key("demo-gym-1", "r", 1), b"{}")
+    storage.write_bytes_if_absent(effect_key("r", 2), b"{}")
     config = tmp_path / "run.yaml"
     config.write_text("task: {name: reach_target}\n")
     env = {
@@ -436,7 +443,7 @@ def test_the_gym_entry_point_reloads_what_its_audit_uri_holds(
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
-    assert f"loaded 2 applied side effects of 1 rollouts from {uri}/{INSTANCE}/" in log.read_text()
+    assert f"loaded 2 applied side effects of 1 rollouts from {uri}/ " in log.read_text()
 
 
 def test_the_gym_entry_point_refuses_to_start_without_its_side_effect_store(
@@ -455,3 +462,69 @@ def test_the_gym_entry_point_refuses_to_start_without_its_side_effect_store(
     with pytest.raises(SystemExit) as both:
         parser.parse_args([*base, "--audit-uri", "gs://b/x", "--audit-file", "a.jsonl"])
     assert both.value.code == 2
+
+
+# --------------------------------------------------------------------------- run-wide keys
+async def test_an_effect_applied_on_one_replica_is_refused_on_another(
+    storage: CheckpointStorage, reopen: Any, engine: GenerationEngine
+) -> None:
+    """Issue 10, finding 1: an episode relaunched from turn 0 under the same attempt on
+    another replica (both replicas up, the second started before the first applied)."""
+    gym0, gym1 = new_log(storage, "demo-gym-0"), new_log(reopen(), "demo-gym-1")
+    done = await agent(engine, gym0).run(fresh_episode(agent(engine, gym0), "r"))
+    assert done.revision == 3
+    relaunched = fresh_episode(agent(engine, gym1), "r")
+    with pytest.raises(SideEffectReplayError, match="revision 1 was already applied in this run"):
+        await agent(engine, gym1).run(relaunched)
+    assert relaunched.phase is Phase.FAILED and relaunched.state["counter"] == 0
+    assert [r["instance_id"] for r in stored(storage, "r")] == ["demo-gym-0"] * 3
+    # A replica started later sees every replica's effects from its startup listing.
+    assert new_log(reopen(), "demo-gym-2").applied_revision("r") == 3
+
+
+async def test_effects_of_the_older_per_replica_layout_are_refused_too(
+    storage: CheckpointStorage, engine: GenerationEngine
+) -> None:
+    """A run started by an older version: its objects name the replica; any replica reads
+    them at startup and refuses those revisions."""
+    entry = {"rollout_id": "old", "revision": 1, "attempt": 0, "turn": 0}
+    storage.write_bytes_if_absent(
+        legacy_effect_key("demo-gym-0", "old", 1), json.dumps(entry).encode()
+    )
+    gym1 = new_log(storage, "demo-gym-1")
+    assert gym1.applied_revision("old") == 1
+    with pytest.raises(SideEffectReplayError, match="revision 1 was already applied"):
+        await agent(engine, gym1).run(fresh_episode(agent(engine, gym1), "old"))
+
+
+async def test_a_restore_is_refused_when_another_replica_applied_past_the_record(
+    storage: CheckpointStorage, reopen: Any, engine: GenerationEngine
+) -> None:
+    """The record's owner was started before another replica applied the rollout's later
+    revisions: the restore consults the whole run, and refuses with the reason."""
+    writer = new_log(storage, "demo-gym-0")
+    episode = fresh_episode(agent(engine, writer), "r4")
+    loop = agent(engine, writer)
+    await loop.step(episode)  # model
+    await loop.step(episode)  # tool: revision 1
+    snapshot = episode.to_record()
+    owner = GymServer("demo-gym-1", CFG, effects=new_log(reopen(), "demo-gym-1"))
+    await loop.run(episode)  # revisions 2 and 3, on demo-gym-0, after the owner started
+    control = GymCheckpointControl(owner, "t0ken")
+    owner.continue_restored = control.claim_restored
+    runner, url = await serve(owner)
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = {"checkpoint_id": "ck1", "deadline_ts": time.time() + 30, "records": [snapshot]}
+            headers = {"Authorization": "Bearer t0ken"}
+            async with session.post(
+                f"{url}{ROUTE_PREFIX}/restore", json=body, headers=headers
+            ) as response:
+                assert response.status == 200
+                answer = await response.json()
+        assert answer["restored"] == []
+        (refusal,) = answer["refused"]
+        assert refusal["episode"] == "r4"
+        assert "applied side effects up to revision 3, past the snapshot's 1" in refusal["reason"]
+    finally:
+        await runner.cleanup()

@@ -33,6 +33,7 @@ from rolloutrun_runtime.environments.gym import (
     make_env,
     score,
 )
+from rolloutrun_runtime.environments.gym.effects import AuditFileBusyError
 from rolloutrun_runtime.policy.generation import (
     GenerationEngine,
     build_generation_app,
@@ -216,6 +217,10 @@ async def test_reach_target_multi_turn_exactly_once_with_durable_audit(
             0,
         )
         stale.segments = stale.segments[:1]
+        # One writer per audit file: a second one is refused while the replica lives.
+        with pytest.raises(AuditFileBusyError, match="another writer holds"):
+            SideEffectLog("gym-r", audit)
+        server.effects.close()  # the replica stops (its pod is replaced)
         reopened = SideEffectLog("gym-r", audit)
         assert reopened.applied_revision("m5") == record["revision"]
         async with aiohttp.ClientSession() as session:

@@ -138,14 +138,20 @@ def resolve_anchor(trainer_version: int, durable_step: int | None) -> Anchor:
 
 
 def dispatched_episodes(ledger: RecoveryLedger | None) -> list[EnvironmentEpisode]:
-    """The episodes the ledger has out on an environment instance (what a commit exports)."""
+    """The episodes the ledger has out on an environment instance (what a commit exports):
+    dispatched ones, and restored ones awaiting their dispatch (reserved under
+    ``gym_attempt > 0``; their instance holds them, and a restart continues them only from
+    a record, else relaunches them under a new rollout id)."""
     if ledger is None:
         return []
     episodes = []
     for group in ledger.groups():
         for sibling in group.siblings:
             attempt = sibling.current
-            if attempt.status is AttemptStatus.DISPATCHED and attempt.gym_instance_id:
+            out = attempt.status is AttemptStatus.DISPATCHED or (
+                attempt.status is AttemptStatus.RESERVED and attempt.gym_attempt > 0
+            )
+            if out and attempt.gym_instance_id:
                 episodes.append(
                     EnvironmentEpisode(
                         attempt.rollout_id, attempt.gym_attempt, attempt.gym_instance_id

@@ -526,6 +526,8 @@ class GymCheckpointControl:
         self.phase, self.checkpoint_id = ControlPhase.RESTORED, call.checkpoint_id
         if not repeat:
             self._installed = []
+        # Decide against every effect the run applied, on any replica, up to now.
+        await asyncio.to_thread(self.server.effects.refresh)
         restored, refused = [], []
         for record in call.records:
             try:
@@ -543,6 +545,12 @@ class GymCheckpointControl:
                 successor_exists=successor in self.server.episodes,
             )
             if source is None:
+                logger.warning(
+                    "gym %s: restore of %s refused: %s",
+                    self.server.instance_id,
+                    previous.episode_id.row_key,
+                    reason,
+                )
                 refused.append({"episode": previous.episode_id.row_key, "reason": reason})
                 continue
             episode = Episode.from_record(source, attempt=successor.attempt)
