@@ -375,9 +375,9 @@ def gym_audit_path(run: RolloutRun, index: int) -> str | None:
 
 def gym_audit_uri(run: RolloutRun) -> str | None:
     """With ``gs://`` storage: ``<storage uri>/gym-audit``, where every Gym replica writes
-    one create-only object per side effect under its instance id (``rolloutrun gym
-    --audit-uri``), before applying it; ``rolloutrun audit`` reads them there. A replaced
-    Gym pod (same instance id) reloads them and refuses what its predecessor applied.
+    one create-only object per side effect, keyed run-wide by rollout and revision
+    (``rolloutrun gym --audit-uri``), before applying it; ``rolloutrun audit`` reads them
+    there. Every replica, a replacement pod included, refuses what any replica applied.
     """
     uri = run.spec.storage.uri
     if not uri.startswith("gs://"):

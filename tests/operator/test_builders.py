@@ -208,8 +208,8 @@ def test_gym_pods_record_side_effects_under_the_gcs_storage_with_its_credentials
     pod = builders.gym_pod(run, 1, 0)
     command = pod["spec"]["containers"][0]["command"]
     assert "--audit-file" not in command
-    # Every Gym replica writes under <storage>/gym-audit/<instance id>/: a replacement pod
-    # of the same replica reloads what its predecessor applied.
+    # Every Gym replica writes under <storage>/gym-audit/, keyed run-wide: any replica, a
+    # replacement pod included, refuses what another applied.
     assert command[-2:] == ["--audit-uri", "gs://bucket-x/runs/gym-audit"]
     assert builders.gym_pod(run, 4, 1)["spec"]["containers"][0]["command"][-2:] == command[-2:]
     env = env_of(pod)
