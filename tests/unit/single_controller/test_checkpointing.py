@@ -392,36 +392,7 @@ async def test_turn_level_capture_and_restore_through_the_gym_control_plane(tmp_
     )
     async with harness() as h:
         cfg = await h.start_gyms(cfg)
-        ref: list = []
-        exported: list[int] = []
-        stop = asyncio.Event()
-
-        async def snapshot_with_episodes() -> None:
-            # a commit racing an episode's last turn is discarded, and a snapshot may find no
-            # episode out: attempt until one exports live episodes
-            store = ManifestStore(open_storage(cfg.resolved_storage_uri()), cfg.name)
-            for _ in range(20):
-                outcome = await ref[0].rollout_snapshots.attempt(force=True, reason="test")
-                if outcome is not SnapshotOutcome.PUBLISHED:
-                    continue
-                entry = snapshot_dir(store.committed_ids()[-1])
-                data = store.storage.read_bytes(f"{entry}/environment/episodes.json")
-                exported.append(sum(len(r) for r in json.loads(data)["records"].values()))
-                if exported[-1] > 0:
-                    break
-            stop.set()
-
-        snapshotting: list[asyncio.Future] = []
-
-        def on_step(record):
-            if record["step"] == 1:
-                snapshotting.append(asyncio.ensure_future(snapshot_with_episodes()))
-
-        first = await h.controller(cfg, on_step=on_step)
-        ref.append(first)
-        await run_until_stopped(first, stop)
-        await asyncio.gather(*snapshotting)
-        assert exported and exported[-1] > 0, "no live episode was exported"
+        await _stop_after_a_snapshot_with_episodes(h, cfg)
 
         second = await h.controller(cfg)
         restored = await second.restore()
