@@ -35,9 +35,9 @@ run: $(STAMP) ## examples/tiny-grpo.yaml on a local cluster with the operator, a
 	@# 300 steps instead of the example's 30 (about 3 s here): long enough to be preempted
 	$(BIN)/rolloutrun run examples/tiny-grpo.yaml --preempt-every 15 --max-steps 300 --summary runs/tiny-grpo-summary.json
 
-chaos: $(STAMP) ## the long crash campaign: every crash site, random multi-kill runs (tests/crash -m chaos)
+chaos: $(STAMP) ## the long crash campaign: every crash site, random multi-kill runs, the long operator oracle (-m chaos)
 	@echo "==> pytest -m chaos"
-	$(BIN)/python -m pytest tests/crash -m chaos -v
+	$(BIN)/python -m pytest tests/crash tests/oracle -m chaos -v
 
 manifests: $(STAMP) ## regenerate the CRD in crds/ (and the chart's copy) from the pydantic models
 	$(BIN)/rolloutrun crd > crds/rolloutruns.rolloutrun.dev.yaml

@@ -161,6 +161,29 @@ class Preemptions:
     done: list[tuple[float, str]] = field(default_factory=list)
 
 
+@dataclass
+class TrainingClock:
+    """Whether the current incarnation trains, for ``--preempt-while-training``.
+
+    Why: an incarnation takes seconds to start (pods, interpreters, torch, restore), so a
+    fixed interval shorter than that deletes pods that never trained and proves nothing
+    about recovery. An incarnation trains once its trainer holds the Lease and has moved
+    the Lease's train-step annotation off the value it first wrote there.
+    """
+
+    holder: str | None = None
+    first_step: str | None = None
+    training: bool = False
+
+    def observe(self, holder: str | None, step: str | None) -> bool:
+        """Feed the current incarnation's Lease holder (None if another holds it) and step."""
+        if holder != self.holder:
+            self.holder, self.first_step, self.training = holder, step, False
+        elif holder is not None and step != self.first_step:
+            self.training = True
+        return self.training
+
+
 class EmbeddedRun:
     """A local cluster, the operator and one RolloutRun; a context manager.
 
@@ -331,6 +354,8 @@ class EmbeddedRun:
         self,
         *,
         preempt_every: float | None = None,
+        max_preemptions: int | None = None,
+        while_training: bool = False,
         timeout: float | None = None,
         rng: random.Random | None = None,
         on_tick: Callable[[EmbeddedRun, dict[str, Any]], None] | None = None,
@@ -338,11 +363,16 @@ class EmbeddedRun:
     ) -> tuple[str, Preemptions]:
         """Poll until the run Succeeds or Fails; preempt a random member every so often.
 
+        With ``max_preemptions`` the deletions stop after that many, so a run whose
+        incarnations start more slowly than ``preempt_every`` still reaches its end. With
+        ``while_training`` the interval counts only while the current incarnation trains
+        (:class:`TrainingClock`): each deletion lands ``preempt_every`` seconds into training.
         Returns the outcome (``Succeeded``, ``Failed``, or ``TimedOut``) and the deletions.
         """
         rng = rng or random.Random()
         preempted = Preemptions()
         next_preemption = self.elapsed() + preempt_every if preempt_every else None
+        clock = TrainingClock()
         while True:
             status = self.status()
             if on_tick is not None:
@@ -356,7 +386,10 @@ class EmbeddedRun:
             now = self.elapsed()
             if timeout is not None and now > timeout:
                 return "TimedOut", preempted
-            if next_preemption is not None and preempt_every and now >= next_preemption:
+            if while_training and next_preemption and not self._training(clock, status):
+                next_preemption = now + (preempt_every or 0.0)
+            budget_left = max_preemptions is None or len(preempted.done) < max_preemptions
+            if next_preemption and preempt_every and budget_left and now >= next_preemption:
                 already = {name for _, name in preempted.done}
                 members = [m for m in self.serving_members() if m not in already]
                 if members:
@@ -366,6 +399,14 @@ class EmbeddedRun:
                     preempted.done.append((round(now, 2), victim))
                     next_preemption = now + preempt_every
             time.sleep(interval)
+
+    def _training(self, clock: TrainingClock, status: dict[str, Any]) -> bool:
+        lease = self.lease()
+        holder = None if lease is None else lease.spec.holder_identity
+        if not (holder or "").endswith(f"/{status.get('incarnation')}"):
+            holder = None
+        annotations = (lease.metadata.annotations or {}) if lease is not None else {}
+        return clock.observe(holder, annotations.get(naming.ANNOTATION_TRAIN_STEP))
 
     def _settle(self, interval: float, bound: float = SETTLE_S) -> None:
         """Wait (a little) until the status mirrors the Lease's final progress annotations.
@@ -431,6 +472,19 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SECONDS",
         help="delete a random member pod at this interval, as a spot reclaim does",
+    )
+    parser.add_argument(
+        "--max-preemptions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop deleting pods after N deletions (default: no limit)",
+    )
+    parser.add_argument(
+        "--preempt-while-training",
+        action="store_true",
+        help="count the interval only while the current incarnation trains (each deletion "
+        "lands that far into training, never into a start-up)",
     )
     parser.add_argument(
         "--summary", default=None, metavar="FILE.json", help="also write the summary here"
@@ -524,6 +578,8 @@ def main(args: argparse.Namespace) -> int:
         with EmbeddedRun(document, work_dir, cluster_options=_cluster_env()) as run:
             result, preempted = run.follow(
                 preempt_every=args.preempt_every,
+                max_preemptions=args.max_preemptions,
+                while_training=args.preempt_while_training,
                 timeout=args.timeout,
                 rng=rng,
                 on_tick=Display(),
