@@ -42,13 +42,13 @@ def test_tiny_multiturn_through_the_operator_ends_bit_identical_with_no_side_eff
     oracle = run_oracle(
         "tiny-multiturn",
         tmp_path,
-        max_steps=10,
-        preempt_every=5,
+        max_steps=24,
+        preempt_every=3,
         while_training=True,
         max_preemptions=3,
         seed=5,
     )
-    assert_oracle_holds(oracle, max_steps=10, min_preemptions=3)
+    assert_oracle_holds(oracle, max_steps=24, min_preemptions=3)
 
 
 @pytest.mark.chaos
