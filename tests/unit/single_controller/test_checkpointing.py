@@ -376,20 +376,7 @@ async def test_turn_level_capture_and_restore_through_the_gym_control_plane(tmp_
     """targetLevel turn, multi-turn episodes: a snapshot parks live episodes and exports
     them; after a stop, the resumed run hands them back to their Gym instances and continues
     them under attempt + 1 (not from turn 0); the run finishes with every step once."""
-    cfg = tiny_config(
-        tmp_path,
-        policy={"maxSeqLen": 64},
-        task={
-            "name": "reach_target",
-            "datasetSize": 96,
-            "maxOperand": 9,
-            "maxTurns": 4,
-            "maxNewTokens": 3,
-            "turnDelayMs": 30,
-        },
-        grpo={"maxSteps": 8},
-        checkpointing={"targetLevel": "turn"},
-    )
+    cfg = _turn_config(tmp_path, max_steps=8)
     async with harness() as h:
         cfg = await h.start_gyms(cfg)
         await _stop_after_a_snapshot_with_episodes(h, cfg)
