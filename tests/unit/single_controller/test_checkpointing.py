@@ -289,7 +289,7 @@ async def test_restore_refusals_and_fallbacks(tmp_path, caplog) -> None:
         # one (bootstrap anchor, train step 1) ties with step_1 and is preferred
         marker = store.storage.read_bytes("step_2/COMMITTED")
         store.storage.delete("step_2/COMMITTED")
-        choice = (await h.controller(cfg)).rollout_restorer.choose()
+        choice = (await h.controller(cfg)).rollout_restorer.plan()
         assert any("not durable" in why for _, why in choice.skipped)
         assert choice.kind is ResumeKind.SNAPSHOT and choice.candidate is not None
         assert choice.candidate.manifest.train_step == 1
@@ -298,7 +298,7 @@ async def test_restore_refusals_and_fallbacks(tmp_path, caplog) -> None:
         # a file changed after publication: passed over (logged), the trainer checkpoint wins
         store.storage.write_bytes(f"{snapshot_dir(newest)}/{LEDGER_FILE}", ledger + b" ")
         caplog.clear()
-        choice = (await h.controller(cfg)).rollout_restorer.choose()
+        choice = (await h.controller(cfg)).rollout_restorer.plan()
         assert any("checksum mismatch" in why for _, why in choice.skipped)
         assert "checksum mismatch" in caplog.text
         assert choice.kind is ResumeKind.TRAINER_CHECKPOINT and choice.trainer_step == 2
@@ -311,7 +311,7 @@ async def test_restore_refusals_and_fallbacks(tmp_path, caplog) -> None:
         # which no restart can change
         changed = cfg.model_copy(update={"seed": cfg.seed + 1})
         with pytest.raises(UnrestorableError, match="seed") as refused:
-            (await h.controller(changed)).rollout_restorer.choose()
+            (await h.controller(changed)).rollout_restorer.plan()
         assert all("config" in why for _, why in refused.value.refused)
 
 
@@ -414,7 +414,7 @@ async def test_preemption_notice_publishes_a_snapshot_then_stops_the_run(tmp_pat
         preemption = [r for r in records if r["reason"] == "preemption"]
         assert [r["rollout/checkpoint_outcome"] for r in preemption] == ["published"]
         resumed = await h.controller(cfg)
-        choice = resumed.rollout_restorer.choose()
+        choice = resumed.rollout_restorer.plan()
         assert choice.kind is ResumeKind.SNAPSHOT and choice.candidate is not None
         assert choice.candidate.manifest_uri == preemption[0]["manifest_uri"]
         assert choice.candidate.manifest.train_step >= 2

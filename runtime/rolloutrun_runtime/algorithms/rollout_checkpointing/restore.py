@@ -281,7 +281,7 @@ class RestoredRolloutState:
 
 
 class RolloutRestorer:
-    """Chooses a resume source and reads it whole (public: ``choose``, ``restore``,
+    """Chooses a resume source and reads it whole (public: ``plan``, ``restore``,
     ``environment_restore_scope``)."""
 
     def __init__(
@@ -299,7 +299,7 @@ class RolloutRestorer:
         self._environment = environment or NoEnvironmentCheckpoint()
         self._trace = trace or TraceWriter(None)
 
-    # ================================================================== choose
+    # ================================================================== plan
     def anchor_is_durable(self, anchor: Anchor) -> bool:
         if anchor.kind == "bootstrap":
             return True
@@ -383,10 +383,6 @@ class RolloutRestorer:
         if ordered or refused:
             raise UnrestorableError(refused, pinned=pin) from newest_refusal
         return ResumeChoice(kind=ResumeKind.FRESH)
-
-    def choose(self) -> ResumeChoice:
-        """The plan (kept under its old name: it now reads and decides the whole entry)."""
-        return self.plan()
 
     def _refuse(self, label: str, uri: str, why: str) -> None:
         logger.warning("passing over %s: %s", label, why)
