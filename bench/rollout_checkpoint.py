@@ -51,7 +51,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import (  # noqa:
 from rolloutrun_runtime.algorithms.single_controller import SingleController  # noqa: E402
 from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer  # noqa: E402
 from rolloutrun_runtime.chaos import run_chaos  # noqa: E402
-from rolloutrun_runtime.config import RunConfig  # noqa: E402
+from rolloutrun_runtime.contract.run_config import RunConfig  # noqa: E402
 from rolloutrun_runtime.experience.rollout_recovery import (  # noqa: E402
     Granularity,
     PromptRef,

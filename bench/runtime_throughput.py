@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from rolloutrun_runtime.config import RunConfig, load_run_config
+from rolloutrun_runtime.contract.run_config import RunConfig, load_run_config
 from rolloutrun_runtime.launcher import start_gym, stop_process
 from rolloutrun_runtime.policy.model import build_model
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER

@@ -70,9 +70,9 @@ def operator_rule(source: str, name: str) -> str | None:
     if _top(name) in {"torch", "ray"} or name.startswith("google.cloud"):
         return "the operator never imports torch, ray or google.cloud"
     if _top(name) == "rolloutrun_runtime" and not (
-        name == "rolloutrun_runtime" or name.startswith("rolloutrun_runtime.config")
+        name == "rolloutrun_runtime" or name.startswith("rolloutrun_runtime.contract")
     ):
-        return "the operator reaches the runtime only through rolloutrun_runtime.config"
+        return "the operator reaches the runtime only through rolloutrun_runtime.contract"
     if name.startswith("rolloutrun_operator.localcluster") and not source.startswith(
         LOCALCLUSTER_USERS
     ):
@@ -132,7 +132,7 @@ def test_the_rule_checker_catches_a_lazy_forbidden_import(tmp_path):
     assert runtime_rule("rolloutrun_runtime.x", "kopf")
     assert operator_rule("rolloutrun_operator.x", "torch.nn")
     assert operator_rule("rolloutrun_operator.x", "rolloutrun_runtime.trainer")
-    assert operator_rule("rolloutrun_operator.x", "rolloutrun_runtime.config") is None
+    assert operator_rule("rolloutrun_operator.x", "rolloutrun_runtime.contract.run_config") is None
     assert runtime_rule(
         "rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots",
         "rolloutrun_runtime.algorithms.rollout_checkpointing.restore",

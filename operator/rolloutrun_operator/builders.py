@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from rolloutrun_operator import naming
 from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, PodSettings, RolloutRun
-from rolloutrun_runtime.config import RunConfig, parse_run_config
+from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
 
 Manifest = dict[str, Any]
 

@@ -13,7 +13,7 @@ import datetime as dt
 from rolloutrun_operator import naming
 from rolloutrun_operator.observe import PodView, format_time
 from rolloutrun_operator.plan import Loss, LossKind, Pass
-from rolloutrun_runtime.config import UNRESTORABLE_EXIT_CODE
+from rolloutrun_runtime.contract.run_config import UNRESTORABLE_EXIT_CODE
 
 #: Reasons (pod ``status.reason`` or ``DisruptionTarget``) that are preemption, not failure.
 PREEMPTION_REASONS = frozenset(

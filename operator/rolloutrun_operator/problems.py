@@ -10,7 +10,7 @@ from __future__ import annotations
 from rolloutrun_operator import builders, naming
 from rolloutrun_operator.api.v1alpha1 import RolloutRun
 from rolloutrun_operator.observe import Observed
-from rolloutrun_runtime.config import ConfigError
+from rolloutrun_runtime.contract.run_config import ConfigError
 
 #: (reason, message) pairs, reasons CamelCase as conditions want them.
 Problem = tuple[str, str]

@@ -816,7 +816,7 @@ def run_audit(
     """Load and audit ``run_dir``; ``config_file`` supplies the seed and the storage URI."""
     seed = max_steps = None
     if config_file is not None:
-        from rolloutrun_runtime.config import load_run_config
+        from rolloutrun_runtime.contract.run_config import load_run_config
 
         cfg = load_run_config(config_file)
         cfg = cfg.model_copy(update={"log_dir": str(run_dir)})

@@ -207,7 +207,7 @@ def write_chaos_config(config_file: Path, log_dir: Path, endpoints: list[str]) -
     """The run's config with the harness's log dir, storage under it, and the Gym endpoints."""
     import yaml
 
-    from rolloutrun_runtime.config import RunConfig, load_run_config
+    from rolloutrun_runtime.contract.run_config import RunConfig, load_run_config
 
     cfg = load_run_config(config_file)
     data = cfg.to_yaml_dict()
@@ -343,7 +343,7 @@ def run_chaos(
     """Run ``config_file`` to ``maxSteps`` under ``kills`` SIGKILLs; audit; compare weights."""
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TRACE_FILE, read_events
     from rolloutrun_runtime.audit import AuditError, run_audit
-    from rolloutrun_runtime.config import load_run_config
+    from rolloutrun_runtime.contract.run_config import load_run_config
     from rolloutrun_runtime.crash import ENV_VAR, CrashConfigError, parse_crash_at
     from rolloutrun_runtime.launcher import ENV_GYM_CONTROL_TOKEN, start_gym, stop_process
     from rolloutrun_runtime.metrics import FINAL_WEIGHTS_FILE, METRICS_FILE

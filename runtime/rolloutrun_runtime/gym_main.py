@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rolloutrun_runtime.config import RunConfig
+    from rolloutrun_runtime.contract.run_config import RunConfig
     from rolloutrun_runtime.environments.gym.effects import SideEffectLog
 
 #: How long a replica waits for its audit file's previous writer (a replaced pod that is
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
 
-    from rolloutrun_runtime.config import ConfigError, load_run_config
+    from rolloutrun_runtime.contract.run_config import ConfigError, load_run_config
     from rolloutrun_runtime.environments.gym.effects import SideEffectLog, open_effect_store
     from rolloutrun_runtime.pod import resolve_config_path
     from rolloutrun_runtime.storage import StorageError

@@ -126,7 +126,7 @@ def stop_process(process: subprocess.Popen[str]) -> None:
 def main(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rolloutrun_runtime.config import ConfigError, load_run_config
+    from rolloutrun_runtime.contract.run_config import ConfigError, load_run_config
     from rolloutrun_runtime.metrics import format_progress
     from rolloutrun_runtime.storage import StorageError
     from rolloutrun_runtime.trainer import run_trainer

@@ -14,7 +14,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 
-from rolloutrun_runtime.config import TaskConfig, TaskName
+from rolloutrun_runtime.contract.run_config import TaskConfig, TaskName
 
 
 class TaskError(ValueError):

@@ -29,7 +29,7 @@ from rolloutrun_runtime.pod import (
 )
 
 if TYPE_CHECKING:
-    from rolloutrun_runtime.config import RunConfig
+    from rolloutrun_runtime.contract.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import UnrestorableError
-    from rolloutrun_runtime.config import UNRESTORABLE_EXIT_CODE, ConfigError, load_run_config
+    from rolloutrun_runtime.contract.run_config import (
+        UNRESTORABLE_EXIT_CODE,
+        ConfigError,
+        load_run_config,
+    )
     from rolloutrun_runtime.coordination import (
         FencedError,
         LeaseError,
@@ -261,7 +265,7 @@ async def _environment_checkpoint(cfg: RunConfig) -> Any:
     id each replica reports (``gym-<i>`` from the launcher, ``<run>-gym-<k>`` in pods), so
     the ids come from the replicas' ``/healthz``, never from their order.
     """
-    from rolloutrun_runtime.config import TargetLevel
+    from rolloutrun_runtime.contract.run_config import TargetLevel
     from rolloutrun_runtime.coordination import ENV_INCARNATION
     from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutrun_runtime.config import (
+from rolloutrun_runtime.contract.run_config import (
     ConfigError,
     RunConfig,
     TargetLevel,

@@ -15,7 +15,7 @@ from rolloutrun_operator.api.validation import (
     load_rolloutruns,
     parse_rolloutrun,
 )
-from rolloutrun_runtime.config import ConfigError, load_run_config
+from rolloutrun_runtime.contract.run_config import ConfigError, load_run_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

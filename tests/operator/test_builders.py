@@ -8,7 +8,7 @@ import yaml
 from rr_fixtures import make_run
 
 from rolloutrun_operator import builders, naming
-from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig
 
 K8S_VERSION = "1.33.0"
 

@@ -3,7 +3,7 @@
 These models are the single source of truth for the API. The CRD in ``crds/`` (and the Helm
 chart's copy) is generated from them by :mod:`rolloutrun_operator.api.crdgen`, and a test fails
 when the checked-in YAML drifts. The embedded ``spec.run`` is the runtime's own
-:class:`~rolloutrun_runtime.config.RunConfig`, so the pod contract is defined once.
+:class:`~rolloutrun_runtime.contract.run_config.RunConfig`, so the pod contract is defined once.
 
 Every field carries a description (it becomes the CRD's documentation, shown by
 ``kubectl explain``) and bounds; counts are integers, never floats.
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonDict
 
-from rolloutrun_runtime.config import STORAGE_URI_PATTERN, RunConfig
+from rolloutrun_runtime.contract.run_config import STORAGE_URI_PATTERN, RunConfig
 
 GROUP = "rolloutrun.dev"
 VERSION = "v1alpha1"

@@ -94,7 +94,7 @@ from rolloutrun_runtime.algorithms.trainer_checkpoint import (
     TrainerCheckpointer,
     restore_rng,
 )
-from rolloutrun_runtime.config import RunConfig, TargetLevel
+from rolloutrun_runtime.contract.run_config import RunConfig, TargetLevel
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
 from rolloutrun_runtime.environments.checkpointing import EnvironmentCheckpoint

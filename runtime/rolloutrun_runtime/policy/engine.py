@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rolloutrun_runtime.config import PolicyConfig
+from rolloutrun_runtime.contract.run_config import PolicyConfig
 from rolloutrun_runtime.policy.http import GenerationRequest, GenerationResult
 from rolloutrun_runtime.policy.model import TinyCausalLM, build_model, resolve_device
 

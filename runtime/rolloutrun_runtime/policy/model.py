@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rolloutrun_runtime.config import Device, PolicyConfig
+from rolloutrun_runtime.contract.run_config import Device, PolicyConfig
 
 
 class ModelError(ValueError):

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import torch
 
-from rolloutrun_runtime.config import PolicyConfig
+from rolloutrun_runtime.contract.run_config import PolicyConfig
 from rolloutrun_runtime.policy.model import build_model
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from rolloutrun_runtime.config import RunConfig, WorkerBackend
+from rolloutrun_runtime.contract.run_config import RunConfig, WorkerBackend
 
 if TYPE_CHECKING:
     import torch

@@ -12,7 +12,7 @@ import logging
 import torch
 from aiohttp import web
 
-from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.policy.generation import GenerationEngine, build_generation_app
 from rolloutrun_runtime.policy.http import serve_app
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER

@@ -19,7 +19,7 @@ from typing import Any
 import ray
 import torch
 
-from rolloutrun_runtime.config import Device, RunConfig
+from rolloutrun_runtime.contract.run_config import Device, RunConfig
 from rolloutrun_runtime.workers import WorkerError
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig
 
 RunTrainer = Callable[..., Awaitable[Any]]
 

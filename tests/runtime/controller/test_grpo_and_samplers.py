@@ -143,7 +143,7 @@ def test_segments_to_row_masks_only_model_tokens() -> None:
 
 def test_accumulate_policy_gradients_micro_batches_match_one_batch() -> None:
     from rolloutrun_runtime.algorithms.grpo import accumulate_policy_gradients
-    from rolloutrun_runtime.config import PolicyConfig
+    from rolloutrun_runtime.contract.run_config import PolicyConfig
     from rolloutrun_runtime.policy.model import build_model
 
     cfg = PolicyConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=16)

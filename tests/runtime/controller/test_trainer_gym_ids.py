@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aiohttp import web
 
-from rolloutrun_runtime.config import parse_run_config
+from rolloutrun_runtime.contract.run_config import parse_run_config
 from rolloutrun_runtime.environments.gym import GymServer
 from rolloutrun_runtime.policy.http import serve_app
 from rolloutrun_runtime.trainer import _gym_instance_ids

@@ -27,7 +27,7 @@ from tests.gcs_emulator import FakeGcs, FaultProxy
 from tests.storage.storage_params import BUCKET, FAST_RETRY
 
 from rolloutrun_runtime import gym_main
-from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.environments.gym import (
     AgentLoop,
     Episode,

@@ -13,7 +13,7 @@ import statistics
 
 import torch
 
-from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.environments.gym import (
     AgentLoop,
     Episode,

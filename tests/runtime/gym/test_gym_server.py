@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 import yaml
 
-from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.environments.gym import (
     AgentLoop,
     Episode,

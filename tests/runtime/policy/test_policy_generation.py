@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 import torch
 
-from rolloutrun_runtime.config import PolicyConfig
+from rolloutrun_runtime.contract.run_config import PolicyConfig
 from rolloutrun_runtime.policy.engine import EngineClosedError
 from rolloutrun_runtime.policy.generation import (
     GenerationEngine,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rolloutrun_runtime.config import PolicyConfig, TaskConfig, TaskName
+from rolloutrun_runtime.contract.run_config import PolicyConfig, TaskConfig, TaskName
 from rolloutrun_runtime.policy.model import (
     ModelError,
     build_model,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig
 
 
 @pytest.mark.ray

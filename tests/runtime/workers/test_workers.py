@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.policy.model import build_model
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 from rolloutrun_runtime.workers import PolicyWorkers, WorkerError, build_workers
@@ -69,7 +69,7 @@ async def test_ray_workers_refit_and_endpoints(ray_session: None) -> None:
 
 
 def test_ray_actors_ask_for_gpus_only_when_they_compute_on_them() -> None:
-    from rolloutrun_runtime.config import Device
+    from rolloutrun_runtime.contract.run_config import Device
     from rolloutrun_runtime.workers.ray_workers import actor_gpus
 
     assert actor_gpus(Device.CPU, 8, 2) == 0.0

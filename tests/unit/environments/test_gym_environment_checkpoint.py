@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from rolloutrun_runtime.config import RunConfig, parse_run_config
+from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
 from rolloutrun_runtime.environments.checkpointing import (
     EnvironmentCheckpointError,
     EnvironmentEpisode,

@@ -22,7 +22,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import Manifes
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import SnapshotOutcome
 from rolloutrun_runtime.algorithms.single_controller import SingleController
 from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
-from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint
 from rolloutrun_runtime.policy.model import build_model, state_sha256
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER

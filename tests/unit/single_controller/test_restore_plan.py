@@ -42,7 +42,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     LEDGER_FILE,
 )
 from rolloutrun_runtime.algorithms.trainer_checkpoint import STATE_FILE, TrainerCheckpointer
-from rolloutrun_runtime.config import UNRESTORABLE_EXIT_CODE, RunConfig
+from rolloutrun_runtime.contract.run_config import UNRESTORABLE_EXIT_CODE, RunConfig
 from rolloutrun_runtime.storage import open_storage
 
 

@@ -19,7 +19,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     PublicationFencedError,
     snapshot_dir,
 )
-from rolloutrun_runtime.config import RunConfig, parse_run_config
+from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
 from rolloutrun_runtime.storage import join_key
 
 

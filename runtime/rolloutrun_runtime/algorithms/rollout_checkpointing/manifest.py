@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rolloutrun_runtime.config import RunConfig, fingerprint_of, flatten
+from rolloutrun_runtime.contract.run_config import RunConfig, fingerprint_of, flatten
 from rolloutrun_runtime.storage import (
     CheckpointStorage,
     ObjectExistsError,

@@ -76,7 +76,7 @@ from rolloutrun_runtime.algorithms.trainer_checkpoint import (
     TrainerCheckpointError,
     step_entry,
 )
-from rolloutrun_runtime.config import RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.data_plane import DataPlane, DataPlaneError
 from rolloutrun_runtime.data_plane.store import METADATA_FILE, ROWS_FILE

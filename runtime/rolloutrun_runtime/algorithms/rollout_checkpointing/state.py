@@ -30,7 +30,7 @@ from rolloutrun_runtime.experience.rollout_recovery import PromptRef
 if TYPE_CHECKING:
     from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer
     from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader
-    from rolloutrun_runtime.config import RunConfig
+    from rolloutrun_runtime.contract.run_config import RunConfig
     from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
     from rolloutrun_runtime.environments.checkpointing import EnvironmentSnapshot
     from rolloutrun_runtime.experience.rollout_recovery import RecoveryLedger

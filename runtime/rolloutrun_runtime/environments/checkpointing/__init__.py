@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rolloutrun_runtime.config import RunConfig, TargetLevel
+from rolloutrun_runtime.contract.run_config import RunConfig, TargetLevel
 from rolloutrun_runtime.environments.checkpointing.interfaces import (
     EnvironmentCheckpoint,
     EnvironmentCheckpointError,

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import aiohttp
 
-from rolloutrun_runtime.config import TaskConfig
+from rolloutrun_runtime.contract.run_config import TaskConfig
 from rolloutrun_runtime.environments.gym.effects import (
     SideEffectLog,
     SideEffectReplayError,

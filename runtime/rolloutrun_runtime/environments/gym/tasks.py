@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rolloutrun_runtime.config import TaskConfig, TaskName
+from rolloutrun_runtime.contract.run_config import TaskConfig, TaskName
 from rolloutrun_runtime.tasks import (
     ArithmeticProblem,
     Problem,
