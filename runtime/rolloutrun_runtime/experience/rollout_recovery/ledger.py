@@ -28,21 +28,23 @@ import enum
 import hashlib
 import json
 import logging
-import os
-import random
-import re
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from rolloutrun_runtime.experience.rollout_recovery.ids import (
+    RolloutIdError,
+    new_uuid_hex,
+    rollout_id_for,
+    row_key_for,
+    sibling_id_for,
+)
 
 logger = logging.getLogger(__name__)
 
 LEDGER_SCHEMA_VERSION = 5
 READABLE_SCHEMA_VERSIONS = (4, 5)
 SIDECAR_NAME = "rollout_recovery.json"
-
-_ATTEMPT_SUFFIX = re.compile(r"-a\d+$")
 
 
 class LedgerError(RuntimeError):
@@ -158,7 +160,7 @@ class EnvironmentEpisode:
     @property
     def capture_key(self) -> str:
         """The row key: the bare rollout id at attempt 0, ``<rollout_id>-a<attempt>`` after."""
-        return self.rollout_id if self.attempt == 0 else f"{self.rollout_id}-a{self.attempt}"
+        return row_key_for(self.rollout_id, self.attempt)
 
 
 @dataclass
@@ -352,21 +354,6 @@ class RestartReport:
 
 
 # ---------------------------------------------------------------------- the ledger
-def sibling_id_for(group_id: str, index: int) -> str:
-    return f"{group_id}_g{index}"
-
-
-#: Attempt uuids come from a generator seeded once from the OS: random 128-bit ids like
-#: ``uuid4`` without a system call per attempt (the rollout pump mints one per sibling).
-_IDS = random.Random(os.urandom(32))
-os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(32)))
-
-
-def new_uuid_hex() -> str:
-    """A random 128-bit id as 32 hex digits (``uuid4().hex`` format, version bits set)."""
-    return uuid.UUID(int=_IDS.getrandbits(128), version=4).hex
-
-
 def relaunch_reason(status: AttemptStatus) -> str:
     """Why a restart abandons an attempt in ``status`` that the environment did not restore
     (its sibling is relaunched under a new rollout id, a fresh side-effect revision space)."""
@@ -378,9 +365,10 @@ def relaunch_reason(status: AttemptStatus) -> str:
 def new_attempt(sibling_id: str, attempt_uuid: str | None = None) -> RolloutAttempt:
     """A fresh reserved attempt with a physical rollout id ``<sibling_id>_a<uuidhex>``."""
     attempt_uuid = attempt_uuid or new_uuid_hex()
-    rollout_id = f"{sibling_id}_a{attempt_uuid}"
-    if _ATTEMPT_SUFFIX.search(rollout_id):
-        raise LedgerError(f"rollout id {rollout_id!r} may not end in '-a<N>'")
+    try:
+        rollout_id = rollout_id_for(sibling_id, attempt_uuid)
+    except RolloutIdError as error:
+        raise LedgerError(str(error)) from None
     return RolloutAttempt(attempt_uuid=attempt_uuid, rollout_id=rollout_id)
 
 

@@ -1,0 +1,115 @@
+"""The storage layout: every name and format version a run writes to its storage.
+
+Why one module: the trainer checkpointer, the snapshotter, restore and the audit all read
+and write the same tree, and the audit must find what the others wrote without importing
+them. A name spelled twice drifts (a snapshot file added to the writer but not to restore's
+list is silently not restored), so each is spelled here once and every reader imports it.
+
+    <storage>/
+      step_<N>/                           one trainer checkpoint (format TRAINER_CHECKPOINT_FORMAT)
+        model.pt  optimizer.pt  rng.json  trainer_state.json  training_journal.json
+        COMMITTED                         written last: writer, per-file sha256 (the commit)
+      bootstrap/ANCHOR.json               the anchor before step 1 (config fingerprint)
+      rollout_snapshots/
+        snapshot_<000042>/                one rollout snapshot
+          rollout/{controller_state,runtime_state,rollout_recovery}.json
+          training_journal.json  environment/episodes.json
+          data_plane/{rows.npz,metadata.json}
+          MANIFEST.json                   written last (create-only on GCS): the commit
+        LATEST                            POSIX only: a hint, never trusted over listing
+      gym-audit/<rollout>/<revision>.json one object per environment side effect (gs://)
+
+Format versions are the writers' current versions; each reader says which older ones it
+still reads beside its parser.
+"""
+
+from __future__ import annotations
+
+import re
+
+# ------------------------------------------------------------------ trainer checkpoints
+#: Format of a ``step_<N>`` entry: 2 adds the ``COMMITTED`` marker with per-file checksums.
+TRAINER_CHECKPOINT_FORMAT = 2
+#: The format before the commit marker (still read: no checksums to verify).
+LEGACY_TRAINER_CHECKPOINT_FORMAT = 1
+MODEL_FILE = "model.pt"
+OPTIMIZER_FILE = "optimizer.pt"
+RNG_FILE = "rng.json"
+#: Format 1's RNG file: a pickle, so it is refused rather than read (nothing is unpickled).
+LEGACY_RNG_FILE = "rng.pt"
+TRAINER_STATE_FILE = "trainer_state.json"
+#: Trained steps since the run began: one entry per step with its groups and reward.
+JOURNAL_FILE = "training_journal.json"
+#: The marker ``publish_entry`` writes last; a directory without it was never committed.
+COMMIT_MARKER = "COMMITTED"
+STEP_ENTRY = re.compile(r"^step_(\d+)$")
+
+
+def step_entry(step: int) -> str:
+    """The directory of the trainer checkpoint after ``step`` optimizer steps."""
+    return f"step_{step}"
+
+
+# ------------------------------------------------------------------ rollout snapshots
+MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_NAME = "MANIFEST.json"
+SNAPSHOTS_PREFIX = "rollout_snapshots"
+BOOTSTRAP_KEY = "bootstrap/ANCHOR.json"
+LATEST_KEY = f"{SNAPSHOTS_PREFIX}/LATEST"
+SNAPSHOT_DIR = re.compile(r"^snapshot_(\d{6,})$")
+CONTROLLER_STATE_FILE = "rollout/controller_state.json"
+RUNTIME_STATE_FILE = "rollout/runtime_state.json"
+LEDGER_FILE = "rollout/rollout_recovery.json"
+ENVIRONMENT_FILE = "environment/episodes.json"
+DATA_PLANE_PREFIX = "data_plane/"
+
+
+def snapshot_dir(snapshot_id: int) -> str:
+    """The directory of rollout snapshot ``snapshot_id`` under the run's storage."""
+    return f"{SNAPSHOTS_PREFIX}/snapshot_{snapshot_id:06d}"
+
+
+# ------------------------------------------------------------------ data plane (TQ)
+#: Format of a data-plane checkpoint; readers accept ``READABLE_DATA_PLANE_FORMATS``.
+DATA_PLANE_FORMAT = 2
+READABLE_DATA_PLANE_FORMATS = (1, 2)
+ROWS_FILE = "rows.npz"
+DATA_PLANE_METADATA_FILE = "metadata.json"
+
+# ------------------------------------------------------------------ recovery ledger
+#: Sidecar schema 5 adds the spare-prompt pool (always present, possibly empty).
+LEDGER_SCHEMA_VERSION = 5
+READABLE_LEDGER_SCHEMA_VERSIONS = (4, 5)
+LEDGER_SIDECAR_NAME = "rollout_recovery.json"
+
+#: Every file of a rollout snapshot that restore installs (the manifest lists their digests).
+ROLLOUT_FILES = (
+    CONTROLLER_STATE_FILE,
+    RUNTIME_STATE_FILE,
+    LEDGER_FILE,
+    JOURNAL_FILE,
+    ENVIRONMENT_FILE,
+    DATA_PLANE_PREFIX + ROWS_FILE,
+    DATA_PLANE_PREFIX + DATA_PLANE_METADATA_FILE,
+)
+
+# ------------------------------------------------------------------ environments (Gym)
+#: Version of a Gym episode record (``Episode.to_record``); restore refuses others.
+EPISODE_RECORD_VERSION = 1
+#: Format tag of the episodes a Gym exports into ``environment/episodes.json``.
+GYM_SNAPSHOT_FORMAT = "gym-episodes/1"
+#: Under the run's storage: one object per side effect, ``<rollout>/<revision>.json``.
+GYM_AUDIT_PREFIX = "gym-audit"
+#: file:// audits: every file of the audit directory whose name ends so (one per replica).
+AUDIT_FILE_SUFFIX = ".audit.jsonl"
+GYM_AUDIT_GLOB = f"gym-*{AUDIT_FILE_SUFFIX}"
+#: In the audit files' directory: the lock every replica's check-and-append takes.
+AUDIT_RUN_LOCK_NAME = ".side-effects.lock"
+#: Next to an audit file: the lock its single writer holds (the file names the holder).
+AUDIT_WRITER_LOCK_SUFFIX = ".lock"
+
+# ------------------------------------------------------------------ run logs
+TRACE_FILE = "rollout_trace.jsonl"
+METRICS_FILE = "metrics.jsonl"
+FINAL_WEIGHTS_FILE = "final_weights.sha256"
+SNAPSHOTS_LOG = "snapshots.jsonl"
