@@ -63,7 +63,7 @@ def _top(name: str) -> str:
 
 #: Only the local cluster itself and the embedded default (`rolloutrun run`) may import it;
 #: the operator's reconcile code, builders and handlers must run unchanged on a real cluster.
-LOCALCLUSTER_USERS = ("rolloutrun_operator.localcluster", "rolloutrun_operator.embedded")
+LOCALCLUSTER_USERS = ("rolloutrun_localcluster", "rolloutrun_localcluster.embedded")
 
 
 def operator_rule(source: str, name: str) -> str | None:
@@ -73,9 +73,7 @@ def operator_rule(source: str, name: str) -> str | None:
         name == "rolloutrun_runtime" or name.startswith("rolloutrun_runtime.contract")
     ):
         return "the operator reaches the runtime only through rolloutrun_runtime.contract"
-    if name.startswith("rolloutrun_operator.localcluster") and not source.startswith(
-        LOCALCLUSTER_USERS
-    ):
+    if name.startswith("rolloutrun_localcluster") and not source.startswith(LOCALCLUSTER_USERS):
         return "reconcile code never imports the local cluster"
     return None
 
