@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SOURCES := operator/rolloutrun_operator runtime/rolloutrun_runtime
+SOURCES := operator/rolloutrun_operator operator/rolloutrun_localcluster runtime/rolloutrun_runtime
 
 .DEFAULT_GOAL := help
 
@@ -12,20 +12,22 @@ help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml constraints.txt
-	@echo "==> creating $(VENV) and installing rolloutrun[operator,runtime,test] (CPU torch)"
+	@echo "==> creating $(VENV) and installing rolloutrun[operator,runtime,localcluster,test] (CPU torch)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[operator,runtime,test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[operator,runtime,localcluster,test]'
 	@touch $(STAMP)
 
 venv: $(STAMP) ## create or refresh .venv
 
-lint: $(STAMP) ## ruff, mypy on both packages
+lint: $(STAMP) ## ruff, mypy on the packages, import-linter's contracts (pyproject.toml)
 	@echo "==> ruff"
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	@echo "==> mypy"
 	$(BIN)/mypy $(SOURCES)
+	@echo "==> lint-imports (the import rules of docs/architecture.md)"
+	$(BIN)/lint-imports
 
 test: lint ## lint, then the whole default test suite (no cluster, no GPU needed)
 	@echo "==> pytest"

@@ -27,7 +27,7 @@ import aiohttp
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "operator")]
 
-from rolloutrun_operator.localcluster.cluster import LocalCluster  # noqa: E402
+from rolloutrun_localcluster.cluster import LocalCluster  # noqa: E402
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:

@@ -36,12 +36,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "runtime")]
 
-from rolloutrun_operator.embedded import EmbeddedRun  # noqa: E402
-from rolloutrun_operator.localcluster import LocalCluster  # noqa: E402
-from rolloutrun_operator.localcluster.testing import (  # noqa: E402
-    api_client,
-    free_pod_network,
-)
+from rolloutrun_localcluster import LocalCluster  # noqa: E402
+from rolloutrun_localcluster.embedded import EmbeddedRun  # noqa: E402
+from rolloutrun_localcluster.kubelet import free_pod_network  # noqa: E402
+from rolloutrun_localcluster.testing import api_client  # noqa: E402
 
 POLL_S = 0.02
 LEASE_DURATION_S = 4

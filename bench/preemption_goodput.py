@@ -2,7 +2,7 @@
 
 What a user of spot capacity pays for preemptions is the training rate they lose, not any
 one recovery timing. So this runs a RolloutRun end to end through ``rolloutrun run``'s
-machinery (:class:`~rolloutrun_operator.embedded.EmbeddedRun`: local cluster, operator,
+machinery (:class:`~rolloutrun_localcluster.embedded.EmbeddedRun`: local cluster, operator,
 trainer and Gym pods) to ``maxSteps`` and measures train steps per minute, all in one
 invocation, each number next to its baseline from the same machine and moment:
 
@@ -48,7 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "runtime")]
 
-from rolloutrun_operator.embedded import EmbeddedRun, load_document  # noqa: E402
+from rolloutrun_localcluster.embedded import EmbeddedRun, load_document  # noqa: E402
 
 DEFAULT_CONFIG = ROOT / "examples" / "tiny-multiturn.yaml"
 INTERVALS_S = (15.0, 30.0, 60.0)

@@ -28,7 +28,12 @@ from rolloutrun_operator.conditions import ConditionType, Desired, merge
 from rolloutrun_operator.kube import Json, Kube
 from rolloutrun_operator.observe import Observed, observed_from
 from rolloutrun_operator.plan import Action, Event, Verb
-from rolloutrun_operator.reconcile import IDLE_REQUEUE_SECONDS, Result, reconcile
+from rolloutrun_operator.reconcile import (
+    IDLE_REQUEUE_SECONDS,
+    Result,
+    reconcile,
+    static_child_refs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,24 +48,10 @@ class Outcome:
     wrote_status: bool
 
 
-def _static_children(run: RolloutRun) -> list[tuple[str, str]]:
-    name = builders.run_name(run)
-    children = [
-        ("Secret", naming.gym_token_secret_name(name)),
-        ("Lease", naming.lease_name(name)),
-        ("Service", naming.trainer_service_name(name)),
-        ("Service", naming.gym_service_name(name)),
-    ]
-    if run.spec.service_account_name is None:
-        account = naming.member_account_name(name)
-        children += [("ServiceAccount", account), ("Role", account), ("RoleBinding", account)]
-    return children
-
-
 async def observe(kube: Kube, run: RolloutRun) -> Observed:
     """Everything the reconcile needs to know about ``run``'s children, fetched concurrently."""
     name, namespace = builders.run_name(run), builders.run_namespace(run)
-    static = _static_children(run)
+    static = static_child_refs(run)
     user_secrets = builders.referenced_secrets(run)
     gets = [
         ("Lease", naming.lease_name(name)),

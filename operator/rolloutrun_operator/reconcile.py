@@ -175,10 +175,13 @@ def _start_next(p: Pass, after: str) -> None:
     _run_incarnation(p)
 
 
-def _ensure_static_children(p: Pass) -> None:
-    run, present = p.run, p.observed.present
+def static_children(run: RolloutRun, token: str) -> list[builders.Manifest]:
+    """The children that live as long as the run, in creation order (the members' RBAC
+    first, unless the spec names its own service account; then the token Secret, the Lease,
+    the Services). The one list of them: :func:`static_child_refs` (what the actuator
+    fetches) is read off it, so what is observed and what is created cannot disagree."""
     wanted = [
-        builders.gym_token_secret(run, p.observed.new_token),
+        builders.gym_token_secret(run, token),
         builders.trainer_lease(run),
         builders.trainer_service(run),
         builders.gym_service(run),
@@ -189,8 +192,18 @@ def _ensure_static_children(p: Pass) -> None:
             builders.member_role(run),
             builders.member_role_binding(run),
         ]
-    for manifest in wanted:
-        if f"{manifest['kind']}/{manifest['metadata']['name']}" not in present:
+    return wanted
+
+
+def static_child_refs(run: RolloutRun) -> list[tuple[str, str]]:
+    """``(kind, name)`` of each of :func:`static_children`: what a pass fetches to fill
+    :attr:`Observed.present <rolloutrun_operator.observe.Observed.present>`."""
+    return [(m["kind"], m["metadata"]["name"]) for m in static_children(run, token="")]
+
+
+def _ensure_static_children(p: Pass) -> None:
+    for manifest in static_children(p.run, p.observed.new_token):
+        if f"{manifest['kind']}/{manifest['metadata']['name']}" not in p.observed.present:
             p.create(manifest)
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from rolloutrun_operator.localcluster.cluster import LocalCluster
-from rolloutrun_operator.localcluster.testing import api_client, local_cluster
+from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.testing import api_client, local_cluster
 from rolloutrun_runtime.coordination import (
     FencedError,
     KubernetesLease,

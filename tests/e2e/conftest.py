@@ -1,6 +1,6 @@
 """End-to-end runs: the local cluster, the operator, and the real runtime in its pods.
 
-Each test starts its own :class:`~rolloutrun_operator.embedded.EmbeddedRun` (a cluster
+Each test starts its own :class:`~rolloutrun_localcluster.embedded.EmbeddedRun` (a cluster
 costs well under a second) with a tiny run, so a disruption in one test never leaks into
 another. Waits are polls with generous bounds that only catch hangs; nothing is timed.
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from rolloutrun_operator.embedded import EmbeddedRun, condition_of
-from rolloutrun_operator.localcluster.testing import eventually
+from rolloutrun_localcluster.embedded import EmbeddedRun, condition_of
+from rolloutrun_localcluster.testing import eventually
 
 #: A run that trains in seconds on 2 cores: 24 steps, snapshots every second, a trainer
 #: checkpoint every 4 steps (so snapshots replay trained groups), short grace and lease.

@@ -23,7 +23,7 @@ from tests.e2e.conftest import (
     wait_for_snapshot,
 )
 
-from rolloutrun_operator.localcluster.testing import eventually
+from rolloutrun_localcluster.testing import eventually
 
 MAX_STEPS = TINY["spec"]["run"]["grpo"]["maxSteps"]
 

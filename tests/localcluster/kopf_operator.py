@@ -14,8 +14,8 @@ from typing import Any
 
 import kopf
 
-from rolloutrun_operator.localcluster.cluster import LocalCluster
-from rolloutrun_operator.localcluster.testing import kopf_login
+from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.testing import kopf_login
 
 GROUP, VERSION, PLURAL = "test.rolloutrun.dev", "v1", "widgets"
 

@@ -16,9 +16,9 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config
 
-from rolloutrun_operator.localcluster.cluster import LocalCluster
-from rolloutrun_operator.localcluster.processes import pod_tag, tagged_pids
-from rolloutrun_operator.localcluster.testing import eventually
+from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.processes import pod_tag, tagged_pids
+from rolloutrun_localcluster.testing import eventually
 
 
 def _rolloutrun() -> str:

@@ -8,8 +8,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from rolloutrun_operator.localcluster.cluster import LocalCluster
-from rolloutrun_operator.localcluster.testing import eventually
+from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.testing import eventually
 
 from .kopf_operator import GROUP, PLURAL, VERSION, KopfThread
 

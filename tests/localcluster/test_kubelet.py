@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from rolloutrun_operator.localcluster.cluster import LocalCluster
-from rolloutrun_operator.localcluster.testing import eventually
+from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.testing import eventually
 
 PY = sys.executable
 
@@ -355,7 +355,8 @@ def test_node_loss_kill_reports_the_deaths_on_restore(
 
 
 def test_two_nodes_replacements_schedule_away_from_a_lost_node(tmp_path: Path) -> None:
-    from rolloutrun_operator.localcluster.testing import api_client, free_pod_network
+    from rolloutrun_localcluster.kubelet import free_pod_network
+    from rolloutrun_localcluster.testing import api_client
 
     options: dict[str, Any] = {"nodes": 2, "restart_backoff": (0.2, 2.0)}
     with LocalCluster(tmp_path, pod_network=free_pod_network(), **options) as cluster:

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from rolloutrun_operator.localcluster import podspec, probes
-from rolloutrun_operator.localcluster.podworker import PodWorker
+from rolloutrun_localcluster import podspec, probes
+from rolloutrun_localcluster.podworker import PodWorker
 
 
 class _Writer:

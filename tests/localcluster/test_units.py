@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from rolloutrun_operator.localcluster import gc, patches, podspec, schema, selectors
-from rolloutrun_operator.localcluster.errors import ApiError
-from rolloutrun_operator.localcluster.store import transition
+from rolloutrun_localcluster import gc, patches, podspec, schema, selectors
+from rolloutrun_localcluster.errors import ApiError
+from rolloutrun_localcluster.store import transition
 
 
 @pytest.mark.parametrize(
@@ -354,7 +354,7 @@ def test_pod_phases() -> None:
 
 
 def test_scheduler_chooses_a_fitting_least_loaded_node() -> None:
-    from rolloutrun_operator.localcluster.scheduler import choose_node
+    from rolloutrun_localcluster.scheduler import choose_node
 
     def node(
         name: str, ready: bool = True, taints: Sequence[dict[str, str]] = ()
@@ -389,7 +389,7 @@ def test_scheduler_chooses_a_fitting_least_loaded_node() -> None:
 
 
 def test_updates_finish_a_deletion_only_without_finalizers_and_grace() -> None:
-    from rolloutrun_operator.localcluster.store import should_delete_during_update
+    from rolloutrun_localcluster.store import should_delete_during_update
 
     def meta(**fields: Any) -> dict[str, Any]:
         return {"metadata": {"name": "x", **fields}}

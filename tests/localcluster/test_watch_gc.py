@@ -12,8 +12,8 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import watch
 
-from rolloutrun_operator.localcluster.cluster import LocalCluster
-from rolloutrun_operator.localcluster.testing import eventually
+from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.testing import eventually
 
 
 def _watch(cluster: LocalCluster, path: str, **params: str) -> list[dict[str, Any]]:

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rolloutrun_operator.embedded import Display, last_step
+from rolloutrun_localcluster.embedded import last_step
+from rolloutrun_localcluster.run_command import Display
 
 
 class _Run:

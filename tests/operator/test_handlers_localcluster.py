@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
+from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
 from rolloutrun_operator.handlers import MAX_IDLE_SECONDS, Options, next_pass_delay
-from rolloutrun_operator.localcluster.cluster import LocalCluster
-from rolloutrun_operator.localcluster.testing import api_client, eventually, local_cluster
 from rolloutrun_operator.runner import OperatorConfig, OperatorThread
 from rolloutrun_runtime.coordination import FencedError, KubernetesLease
 

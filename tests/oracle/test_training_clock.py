@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rolloutrun_operator.embedded import TrainingClock
+from rolloutrun_localcluster.embedded import TrainingClock
 
 
 def test_an_incarnation_trains_once_its_trainer_moved_the_step_it_first_wrote() -> None:

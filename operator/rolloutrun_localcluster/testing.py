@@ -1,5 +1,8 @@
 """Helpers for tests that need a local cluster: a fixture body, a client, a poller.
 
+Test-only: production code (``rolloutrun run``, ``rolloutrun cluster``) never imports it;
+what it needs lives in the modules it belongs to (the pod network in ``kubelet``).
+
 ``local_cluster`` is a plain generator so any conftest can wrap it at the scope it wants::
 
     @pytest.fixture(scope="session")
@@ -9,21 +12,15 @@
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .cluster import LocalCluster
+from .kubelet import free_pod_network
 
 T = TypeVar("T")
-
-
-def free_pod_network() -> str:
-    """A random loopback /16 (``127.X.0.0/16``, X in 16..239) for one test session's cluster,
-    so that clusters of test sessions running side by side give their pods distinct IPs."""
-    return f"127.{random.randint(16, 239)}.0.0/16"
 
 
 def local_cluster(directory: Path, **options: Any) -> Iterator[LocalCluster]:

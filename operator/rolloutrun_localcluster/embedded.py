@@ -8,15 +8,15 @@ the trainer and the Gym replicas run as pods (``rolloutrun trainer``, ``rolloutr
 processes). ``--preempt-every`` deletes a random member pod at that interval, as a spot
 reclaim does, and the operator recovers the run from its latest snapshot.
 
-The operator never imports the runtime beyond its config, so the audit and the trace
-analysis are read through their commands (``rolloutrun audit --json``, ``rolloutrun trace
---json``) as subprocesses. :class:`EmbeddedRun` is also what the end-to-end tests and
-``bench/operator_recovery.py`` drive.
+Like the operator, this package reaches the runtime only through its contract, so the
+audit and the trace analysis are read through their commands (``rolloutrun audit --json``,
+``rolloutrun trace --json``) as subprocesses. :class:`EmbeddedRun` is also what the
+end-to-end tests and ``bench/operator_recovery.py`` drive; the command around it (arguments,
+display, summary line) is :mod:`.run_command`.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import logging
@@ -37,9 +37,10 @@ from rolloutrun_operator.api.crdgen import build_crd
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 from rolloutrun_operator.builders import GYM_AUDIT_DIR
 from rolloutrun_operator.handlers import Options
-from rolloutrun_operator.localcluster import LocalCluster
-from rolloutrun_operator.localcluster.testing import free_pod_network
 from rolloutrun_operator.runner import OperatorConfig, OperatorThread
+
+from .cluster import LocalCluster
+from .kubelet import free_pod_network
 
 logger = logging.getLogger(__name__)
 
@@ -460,158 +461,3 @@ class EmbeddedRun:
             "wall_s": round(self.elapsed(), 2),
             "work_dir": str(self.work_dir),
         }
-
-
-# ------------------------------------------------------------------------------ CLI
-def register(parser: argparse.ArgumentParser) -> None:
-    """Run a RolloutRun on a local cluster with the operator, to the end; write a summary."""
-    parser.add_argument("file", help="a RolloutRun YAML (e.g. examples/tiny-grpo.yaml)")
-    parser.add_argument(
-        "--preempt-every",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="delete a random member pod at this interval, as a spot reclaim does",
-    )
-    parser.add_argument(
-        "--max-preemptions",
-        type=int,
-        default=None,
-        metavar="N",
-        help="stop deleting pods after N deletions (default: no limit)",
-    )
-    parser.add_argument(
-        "--preempt-while-training",
-        action="store_true",
-        help="count the interval only while the current incarnation trains (each deletion "
-        "lands that far into training, never into a start-up)",
-    )
-    parser.add_argument(
-        "--summary", default=None, metavar="FILE.json", help="also write the summary here"
-    )
-    parser.add_argument(
-        "--work-dir",
-        default=None,
-        help="cluster, storage and logs (default: .rolloutrun/<name>-<UTC time>)",
-    )
-    parser.add_argument(
-        "--max-steps", type=int, default=None, help="override spec.run.grpo.maxSteps"
-    )
-    parser.add_argument("--timeout", type=float, default=3600.0, help="give up after SECONDS")
-    parser.add_argument("--seed", type=int, default=None, help="seed the choice of victims")
-    parser.add_argument("--verbose", action="store_true", help="log the operator's records")
-    parser.set_defaults(handler=main)
-
-
-class Display:
-    """One terminal line per change: step, reward, incarnation, restarts, snapshot.
-
-    After a restart the trainer resumes from the snapshot's train step, so the steps trained
-    after it are trained again: the line then says so (``redo``, with the highest step
-    reached) instead of seeming to lose progress silently.
-    """
-
-    def __init__(self, out: Any = None) -> None:
-        self.out = out or sys.stdout
-        self._last: tuple[Any, ...] | None = None
-        self._highest = 0
-
-    def __call__(self, run: EmbeddedRun, status: dict[str, Any]) -> None:
-        step = run.last_step() or {}
-        ready = condition_of(status, "Ready") or {}
-        key = (
-            step.get("step"),
-            status.get("incarnation"),
-            status.get("restarts"),
-            status.get("preemptions"),
-            status.get("latestManifestUri"),
-            ready.get("reason"),
-        )
-        if key == self._last:
-            return
-        self._last = key
-        steps = ((run.document.get("spec") or {}).get("run") or {}).get("grpo", {})
-        total = steps.get("maxSteps", "?")
-        reward = step.get("reward_mean")
-        snapshot = status.get("latestManifestUri")
-        shown = f"{reward:6.3f}" if isinstance(reward, int | float) else "     -"
-        current = int(step.get("step") or 0)
-        self._highest = max(self._highest, current)
-        redo = f" (redo, reached {self._highest})" if current < self._highest else ""
-        line = (
-            f"{run.elapsed():6.1f}s  step {current:>4}/{total}{redo}  reward {shown}"
-            f"  incarnation {status.get('incarnation', 0)}"
-            f"  restarts {status.get('restarts', 0)}"
-            f"  preemptions {status.get('preemptions', 0)}"
-            f"  snapshot {Path(snapshot).parent.name if snapshot else '-'}"
-            f"  [{ready.get('reason', 'Pending')}]"
-        )
-        print(line, file=self.out, flush=True)
-
-
-def default_work_dir(name: str) -> Path:
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return Path(".rolloutrun") / f"{name}-{stamp}"
-
-
-def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        force=True,
-    )
-    if not args.verbose:
-        logging.getLogger("kopf").setLevel(logging.ERROR)
-    try:
-        document = load_document(args.file)
-    except EmbeddedRunError as error:
-        print(f"rolloutrun run: {error}", file=sys.stderr)
-        return 2
-    if args.max_steps is not None:
-        run_spec = document.setdefault("spec", {}).setdefault("run", {})
-        run_spec.setdefault("grpo", {})["maxSteps"] = args.max_steps
-    name = document["metadata"]["name"]
-    work_dir = Path(args.work_dir) if args.work_dir else default_work_dir(name)
-    print(f"rolloutrun run: {name} in {work_dir} (local cluster, operator, pods)", flush=True)
-    rng = random.Random(args.seed)
-    try:
-        with EmbeddedRun(document, work_dir, cluster_options=_cluster_env()) as run:
-            result, preempted = run.follow(
-                preempt_every=args.preempt_every,
-                max_preemptions=args.max_preemptions,
-                while_training=args.preempt_while_training,
-                timeout=args.timeout,
-                rng=rng,
-                on_tick=Display(),
-            )
-            for at, victim in preempted.done:
-                logger.info("deleted %s at %.1fs", victim, at)
-            summary = run.summary(result, preempted)
-    except EmbeddedRunError as error:
-        print(f"rolloutrun run: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("rolloutrun run: interrupted; the cluster and its pods were stopped", file=sys.stderr)
-        return 130
-    text = json.dumps(summary, indent=2, sort_keys=True)
-    (work_dir / SUMMARY_FILE).write_text(text + "\n")
-    if args.summary:
-        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.summary).write_text(text + "\n")
-    print(_summary_line(summary), flush=True)
-    return 0 if summary["succeeded"] and summary["audit_holds"] else 1
-
-
-def _summary_line(summary: dict[str, Any]) -> str:
-    audit = "holds" if summary["audit_holds"] else f"FAILS ({summary['audit'].get('error', '')})"
-    return (
-        f"{summary['result']}: {summary['steps']} steps, {summary['restarts']} restarts, "
-        f"{summary['preemptions']} preemptions, thrown away {summary['thrown_away_s']} s, "
-        f"audit {audit}, weights {summary['final_weights_sha256']}, {summary['wall_s']} s; "
-        f"summary in {summary['work_dir']}/{SUMMARY_FILE}"
-    )
-
-
-def _cluster_env() -> dict[str, Any]:
-    """Pod processes write their output unbuffered, so pod logs show it as it happens."""
-    return {"extra_env": {"PYTHONUNBUFFERED": "1"}}

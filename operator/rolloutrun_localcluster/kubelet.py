@@ -16,6 +16,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import random
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -81,6 +82,13 @@ class IpPool:
 
     def give_back(self, ip: str) -> None:
         self._used.discard(ip)
+
+
+def free_pod_network() -> str:
+    """A random loopback /16 (``127.X.0.0/16``, X in 16..239) for one cluster, so that
+    clusters running side by side (test sessions, ``rolloutrun run``) give their pods
+    distinct IPs."""
+    return f"127.{random.randint(16, 239)}.0.0/16"
 
 
 class Kubelet:
