@@ -40,6 +40,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest_format import 
     SelectionReport,
     SnapshotManifest,
     differing_keys,
+    parse_json_object,
     parse_snapshot_id,
     rollout_config_view,
     sha256_of,
@@ -104,14 +105,7 @@ class ManifestStore:
             )
 
     def _read_json(self, key: str) -> dict[str, Any]:
-        raw = self.storage.read_bytes(key)
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ManifestError(f"{self.storage.uri_for(key)}: not valid JSON ({error})") from error
-        if not isinstance(data, dict):
-            raise ManifestError(f"{self.storage.uri_for(key)}: not a JSON object")
-        return data
+        return parse_json_object(self.storage.read_bytes(key), self.storage.uri_for(key))
 
     # ---------------------------------------------------------------- publication
     def snapshot_ids(self) -> list[int]:

@@ -146,12 +146,7 @@ class SnapshotManifest:
 
     @classmethod
     def from_bytes(cls, raw: bytes, source: str) -> SnapshotManifest:
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ManifestError(f"{source}: manifest is not valid JSON ({error})") from error
-        if not isinstance(data, dict):
-            raise ManifestError(f"{source}: manifest is not a JSON object")
+        data = parse_json_object(raw, source, "manifest is ")
         version = data.get("schema_version")
         if version != MANIFEST_SCHEMA_VERSION:
             raise ManifestError(
@@ -221,6 +216,17 @@ def _wrong_field_types(data: Mapping[str, Any]) -> list[str]:
         ):
             wrong.append(f"field files[{file_name!r}] is not {{sha256: str, bytes: int}}")
     return wrong
+
+
+def parse_json_object(raw: bytes, source: str, what: str = "") -> dict[str, Any]:
+    """``raw`` as a JSON object, else a ManifestError ``<source>: <what>not valid JSON``."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ManifestError(f"{source}: {what}not valid JSON ({error})") from error
+    if not isinstance(data, dict):
+        raise ManifestError(f"{source}: {what}not a JSON object")
+    return data
 
 
 def sha256_of(content: bytes | Path) -> tuple[str, int]:

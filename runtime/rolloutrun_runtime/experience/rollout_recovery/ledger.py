@@ -331,28 +331,31 @@ class RecoveryLedger:
     def claim(self, cut: LiveCut, group_ids: Iterable[str], step: int) -> None:
         """The train pump selected finalized groups for ``step``."""
         cut.require_live()
-        groups = [self.group(g) for g in group_ids]
-        for group in groups:
-            if group.status is not GroupStatus.FINALIZED:
-                raise LedgerTransitionError(
-                    f"group {group.group_id!r} cannot be claimed: it is {group.status.value}"
-                )
-        for group in groups:
-            group.status = GroupStatus.CLAIMED
-            group.claimed_step = step
+        self._move_claim(group_ids, GroupStatus.FINALIZED, GroupStatus.CLAIMED, step, "claimed")
 
     def unclaim(self, cut: LiveCut, group_ids: Iterable[str]) -> None:
         """Return claimed groups to finalized (their step did not commit)."""
         cut.require_live()
+        self._move_claim(group_ids, GroupStatus.CLAIMED, GroupStatus.FINALIZED, None, "unclaimed")
+
+    def _move_claim(
+        self,
+        group_ids: Iterable[str],
+        need: GroupStatus,
+        to: GroupStatus,
+        step: int | None,
+        verb: str,
+    ) -> None:
+        """Move every group from ``need`` to ``to`` (claimed by ``step``), or none of them."""
         groups = [self.group(g) for g in group_ids]
         for group in groups:
-            if group.status is not GroupStatus.CLAIMED:
+            if group.status is not need:
                 raise LedgerTransitionError(
-                    f"group {group.group_id!r} cannot be unclaimed: it is {group.status.value}"
+                    f"group {group.group_id!r} cannot be {verb}: it is {group.status.value}"
                 )
         for group in groups:
-            group.status = GroupStatus.FINALIZED
-            group.claimed_step = None
+            group.status = to
+            group.claimed_step = step
 
     def remove_trained(self, cut: LiveCut, group_ids: Iterable[str], step: int) -> None:
         """Drop groups whose step committed (they were trained exactly once)."""
