@@ -44,18 +44,17 @@ sys.path[:0] = [str(ROOT / "runtime")]
 
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup  # noqa: E402
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore  # noqa: E402
-from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import (  # noqa: E402
-    TRACE_FILE,
-    read_events,
-)
+from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import read_events  # noqa: E402
 from rolloutrun_runtime.algorithms.single_controller import SingleController  # noqa: E402
 from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer  # noqa: E402
 from rolloutrun_runtime.chaos import run_chaos  # noqa: E402
+from rolloutrun_runtime.contract.layout import TRACE_FILE  # noqa: E402
 from rolloutrun_runtime.contract.run_config import RunConfig  # noqa: E402
 from rolloutrun_runtime.experience.rollout_recovery import (  # noqa: E402
     Granularity,
     PromptRef,
     RestoreLevel,
+    sibling_id_for,
 )
 from rolloutrun_runtime.storage import open_storage  # noqa: E402
 
@@ -185,7 +184,7 @@ async def _filled_controller(groups: int, root: Path) -> SingleController:
             ledger.begin_finalize(cut, group_id)
             keys = []
             for sibling in group.siblings:
-                key = f"{group_id}_g{sibling.index}"
+                key = sibling_id_for(group_id, sibling.index)
                 controller.data_plane.put("train", key, _row(rng))
                 keys.append(key)
             ledger.finish_finalize(cut, group_id)

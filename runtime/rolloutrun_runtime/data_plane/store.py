@@ -31,18 +31,18 @@ from typing import Any
 
 import numpy as np
 
+from rolloutrun_runtime.contract.layout import (
+    DATA_PLANE_FORMAT,
+    DATA_PLANE_METADATA_FILE,
+    READABLE_DATA_PLANE_FORMATS,
+    ROWS_FILE,
+)
+
 logger = logging.getLogger(__name__)
 
 #: The partitions every data plane has: canonical training rows and staged rollout results.
 PARTITIONS = ("train", "staging")
 
-#: Format version of ``save_checkpoint``'s files; bump it when they change.
-DATA_PLANE_FORMAT = 2
-#: Formats ``from_files`` reads.
-READABLE_FORMATS = (1, 2)
-
-ROWS_FILE = "rows.npz"
-METADATA_FILE = "metadata.json"
 
 RowValue = np.ndarray | int | float | str | bool
 Row = Mapping[str, RowValue]
@@ -156,23 +156,23 @@ class DataPlane:
             meta_bytes = json.dumps(full_metadata, sort_keys=True).encode()
         except TypeError as error:
             raise DataPlaneError(f"checkpoint metadata is not JSON: {error}") from error
-        return {ROWS_FILE: rows_bytes, METADATA_FILE: meta_bytes}
+        return {ROWS_FILE: rows_bytes, DATA_PLANE_METADATA_FILE: meta_bytes}
 
     @classmethod
     def from_files(cls, files: Mapping[str, bytes]) -> tuple[DataPlane, dict[str, Any]]:
         """Rebuild a data plane from ``to_files`` output; returns it and the user metadata."""
         try:
-            rows_bytes, meta_bytes = files[ROWS_FILE], files[METADATA_FILE]
+            rows_bytes, meta_bytes = files[ROWS_FILE], files[DATA_PLANE_METADATA_FILE]
         except KeyError as error:
             raise DataPlaneError(f"data-plane checkpoint lacks {error.args[0]}") from None
         try:
             meta = json.loads(meta_bytes)
         except ValueError as error:
             raise DataPlaneError(f"data-plane metadata is not valid JSON: {error}") from error
-        if meta.get("format") not in READABLE_FORMATS:
+        if meta.get("format") not in READABLE_DATA_PLANE_FORMATS:
             raise DataPlaneError(
                 f"data-plane checkpoint format {meta.get('format')!r} is not supported "
-                f"(this runtime reads formats {', '.join(map(str, READABLE_FORMATS))})"
+                f"(this runtime reads formats {', '.join(map(str, READABLE_DATA_PLANE_FORMATS))})"
             )
         if hashlib.sha256(rows_bytes).hexdigest() != meta.get("rows_sha256"):
             raise DataPlaneError("data-plane rows do not match the sha256 in their metadata")
@@ -199,7 +199,10 @@ class DataPlane:
         """Replace this store's rows with the checkpoint in ``directory``; returns its metadata."""
         directory = Path(directory)
         try:
-            files = {name: (directory / name).read_bytes() for name in (ROWS_FILE, METADATA_FILE)}
+            files = {
+                name: (directory / name).read_bytes()
+                for name in (ROWS_FILE, DATA_PLANE_METADATA_FILE)
+            }
         except FileNotFoundError as error:
             raise DataPlaneError(f"no data-plane checkpoint in {directory}: {error}") from error
         loaded, metadata = self.from_files(files)
@@ -213,10 +216,10 @@ def row_keys_in(metadata: Mapping[str, Any]) -> dict[str, list[str]]:
 
     For readers that check what a checkpoint holds without loading its rows (the audit).
     """
-    if metadata.get("format") not in READABLE_FORMATS:
+    if metadata.get("format") not in READABLE_DATA_PLANE_FORMATS:
         raise DataPlaneError(
             f"data-plane checkpoint format {metadata.get('format')!r} is not supported "
-            f"(this runtime reads formats {', '.join(map(str, READABLE_FORMATS))})"
+            f"(this runtime reads formats {', '.join(map(str, READABLE_DATA_PLANE_FORMATS))})"
         )
     index = metadata.get("index", {})
     if metadata["format"] == 1:

@@ -28,13 +28,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rolloutrun_runtime.contract.layout import COMMIT_MARKER
+
 from .base import CheckpointStorage
 from .errors import InvalidKeyError, ObjectExistsError, StorageError
 from .keys import join_key, key_problem, normalize_prefix, validate_key
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MARKER = "COMMITTED"
+#: The old name of ``layout.COMMIT_MARKER``, kept for the trainer checkpointer's import.
+DEFAULT_MARKER = COMMIT_MARKER
 
 
 def _check_marker_name(where: str, marker_name: str) -> None:
@@ -53,7 +56,7 @@ def publish_entry(
     entry_prefix: str,
     files: Mapping[str, bytes | Path],
     *,
-    marker_name: str = DEFAULT_MARKER,
+    marker_name: str = COMMIT_MARKER,
     marker_payload: bytes = b"",
     before_commit: Callable[[], None] | None = None,
 ) -> str:
@@ -99,7 +102,7 @@ def publish_entry(
 
 
 def list_committed(
-    storage: CheckpointStorage, prefix: str, marker_name: str = DEFAULT_MARKER
+    storage: CheckpointStorage, prefix: str, marker_name: str = COMMIT_MARKER
 ) -> list[str]:
     """Entry prefixes (keys) strictly under ``prefix`` whose marker exists, sorted."""
     prefix = normalize_prefix(prefix, base_uri=storage.base_uri)
@@ -114,14 +117,14 @@ def list_committed(
 
 
 def is_committed(
-    storage: CheckpointStorage, entry_prefix: str, marker_name: str = DEFAULT_MARKER
+    storage: CheckpointStorage, entry_prefix: str, marker_name: str = COMMIT_MARKER
 ) -> bool:
     """Whether ``entry_prefix`` has its marker."""
     return storage.exists(_marker_key(storage, entry_prefix, marker_name))
 
 
 def delete_entry(
-    storage: CheckpointStorage, entry_prefix: str, marker_name: str = DEFAULT_MARKER
+    storage: CheckpointStorage, entry_prefix: str, marker_name: str = COMMIT_MARKER
 ) -> int:
     """Uncommit ``entry_prefix`` (marker first), then delete its files; return files deleted."""
     marker = _marker_key(storage, entry_prefix, marker_name)

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from rolloutrun_runtime.algorithms.gym_client import GymOutageError
-from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TRACE_FILE, read_events
+from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import read_events
+from rolloutrun_runtime.contract.layout import TRACE_FILE
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.metrics import read_metrics
 from rolloutrun_runtime.trainer import run_trainer

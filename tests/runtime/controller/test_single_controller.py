@@ -12,7 +12,6 @@ import pytest
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import RestoreError
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import (
-    TRACE_FILE,
     batch_age_by_step,
     read_events,
 )
@@ -21,6 +20,7 @@ from rolloutrun_runtime.algorithms.trainer_checkpoint import (
     CheckpointIntegrityError,
     TrainerCheckpointer,
 )
+from rolloutrun_runtime.contract.layout import TRACE_FILE
 from rolloutrun_runtime.experience.rollout_recovery import GroupStatus, read_recovery_sidecar
 from rolloutrun_runtime.metrics import REQUIRED_KEYS, read_metrics
 from rolloutrun_runtime.storage import open_storage

@@ -27,10 +27,7 @@ from tests.unit.single_controller._rollout_checkpoints import (
     weights_digest,
 )
 
-from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
-    ManifestStore,
-    snapshot_dir,
-)
+from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
 from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
     ResumeKind,
     UnrestorableError,
@@ -41,11 +38,10 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import (
     should_snapshot_after_step,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
-    CONTROLLER_STATE_FILE,
-    LEDGER_FILE,
     CaptureKind,
     RolloutRuntimeState,
 )
+from rolloutrun_runtime.contract.layout import CONTROLLER_STATE_FILE, LEDGER_FILE, snapshot_dir
 from rolloutrun_runtime.environments.checkpointing import EnvironmentEpisode
 from rolloutrun_runtime.experience.rollout_recovery import (
     AttemptStatus,

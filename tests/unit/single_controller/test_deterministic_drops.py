@@ -28,12 +28,9 @@ from tests.unit.single_controller._rollout_checkpoints import (
     weights_digest,
 )
 
-from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
-    ManifestStore,
-    snapshot_dir,
-)
-from rolloutrun_runtime.algorithms.rollout_checkpointing.state import RUNTIME_STATE_FILE
+from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
 from rolloutrun_runtime.algorithms.single_controller import SingleController
+from rolloutrun_runtime.contract.layout import RUNTIME_STATE_FILE, snapshot_dir
 from rolloutrun_runtime.storage import open_storage
 
 #: Seed 5, 8 steps of 4 prompts in groups of 2: many groups have equal rewards, so every

@@ -22,11 +22,9 @@ from tests.unit.single_controller.test_checkpointing import _republish, _two_sna
 from rolloutrun_operator import builders
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     BOOTSTRAP_ANCHOR,
-    MANIFEST_NAME,
     ManifestError,
     ManifestStore,
     SnapshotManifest,
-    snapshot_dir,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
     DurableEntry,
@@ -37,11 +35,13 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
     hint_note,
     newest_first,
 )
-from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
+from rolloutrun_runtime.algorithms.trainer_checkpoint import STATE_FILE, TrainerCheckpointer
+from rolloutrun_runtime.contract.layout import (
     CONTROLLER_STATE_FILE,
     LEDGER_FILE,
+    MANIFEST_NAME,
+    snapshot_dir,
 )
-from rolloutrun_runtime.algorithms.trainer_checkpoint import STATE_FILE, TrainerCheckpointer
 from rolloutrun_runtime.contract.run_config import UNRESTORABLE_EXIT_CODE, RunConfig
 from rolloutrun_runtime.storage import open_storage
 

@@ -11,14 +11,13 @@ import pytest
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     BOOTSTRAP_ANCHOR,
-    LATEST_KEY,
     Anchor,
     FingerprintMismatchError,
     ManifestError,
     ManifestStore,
     PublicationFencedError,
-    snapshot_dir,
 )
+from rolloutrun_runtime.contract.layout import LATEST_KEY, snapshot_dir
 from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
 from rolloutrun_runtime.storage import join_key
 

@@ -9,12 +9,12 @@ import sys
 import pytest
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import (
-    TRACE_FILE,
     TraceWriter,
     analyze,
     batch_age_by_step,
     read_events,
 )
+from rolloutrun_runtime.contract.layout import TRACE_FILE
 
 
 def ev(t, run_id, event, **fields):

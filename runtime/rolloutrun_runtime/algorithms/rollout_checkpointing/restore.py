@@ -5,6 +5,7 @@ reads and checks *everything* (manifest checksums, the ledger sidecar's checksum
 group count against the checkpoint's own record, the data-plane inventory, the sampler
 cursor, the steps to replay) into a :class:`RestoredRolloutState` before the controller
 installs any of it; a check that fails raises :class:`RestoreError` naming the problem.
+The reading steps of one entry are pure functions in :mod:`.restore_assembly`.
 
 What to resume from (``plan``): every durable entry (committed snapshot manifests and
 committed trainer checkpoints) is a candidate, newest first by training progress (the step it
@@ -33,38 +34,36 @@ weights bit for bit.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import enum
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
-from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
-    require_complete,
-    take_inventory,
-)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
-    MANIFEST_NAME,
     Anchor,
     Candidate,
     ManifestError,
     ManifestStore,
     fingerprint_of,
     rollout_config_view,
-    snapshot_dir,
+)
+from rolloutrun_runtime.algorithms.rollout_checkpointing.restore_assembly import (
+    RestoreError,
+    check_capacity,
+    check_cursor,
+    check_restored_work,
+    clear_unreferenced,
+    read_controller_state,
+    read_data_plane,
+    read_ledger,
+    read_runtime_state,
+    relaunch_count,
+    replay_since_anchor,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
-    CONTROLLER_STATE_FILE,
-    CONTROLLER_STATE_SCHEMA,
-    DATA_PLANE_PREFIX,
-    ENVIRONMENT_FILE,
-    JOURNAL_FILE,
-    LEDGER_FILE,
-    RUNTIME_STATE_FILE,
     ResumeSource,
     RolloutRuntimeState,
     TrainedStep,
@@ -74,45 +73,30 @@ from rolloutrun_runtime.algorithms.trainer_checkpoint import (
     LoadedTrainerCheckpoint,
     TrainerCheckpointer,
     TrainerCheckpointError,
+)
+from rolloutrun_runtime.contract.layout import (
+    ENVIRONMENT_FILE,
+    MANIFEST_NAME,
+    ROLLOUT_FILES,
+    snapshot_dir,
     step_entry,
 )
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.data_plane import DataPlane, DataPlaneError
-from rolloutrun_runtime.data_plane.store import METADATA_FILE, ROWS_FILE
 from rolloutrun_runtime.environments.checkpointing import (
     EnvironmentCheckpoint,
     EnvironmentCheckpointError,
     NoEnvironmentCheckpoint,
 )
 from rolloutrun_runtime.environments.checkpointing.interfaces import restore_scope
-from rolloutrun_runtime.experience.rollout_recovery import (
-    GroupStatus,
-    LedgerError,
-    PromptRef,
-    RecoveryLedger,
-    read_recovery_sidecar,
-)
+from rolloutrun_runtime.experience.rollout_recovery import LedgerError, RecoveryLedger
 from rolloutrun_runtime.storage import ObjectNotFoundError, join_key
 
 logger = logging.getLogger(__name__)
 
-#: Every rollout file a checkpoint may hold (read when present).
-ROLLOUT_FILES = (
-    CONTROLLER_STATE_FILE,
-    RUNTIME_STATE_FILE,
-    LEDGER_FILE,
-    JOURNAL_FILE,
-    ENVIRONMENT_FILE,
-    DATA_PLANE_PREFIX + ROWS_FILE,
-    DATA_PLANE_PREFIX + METADATA_FILE,
-)
 #: Seconds the environment may take to install a snapshot's episodes.
 ENV_RESTORE_TIMEOUT_S = 30.0
-
-
-class RestoreError(RuntimeError):
-    """A checkpoint cannot be restored; nothing of it was installed."""
 
 
 class UnrestorableError(RestoreError):
@@ -208,31 +192,6 @@ def hint_note(ordered: list[DurableEntry], hint: str | None) -> str | None:
     )
 
 
-def relaunch_count(ledger: RecoveryLedger | None) -> int:
-    """Groups a restart relaunches, after a dry run of its normalization on a copy."""
-    if ledger is None:
-        return 0
-    trial = copy.deepcopy(ledger)
-    trial.prepare_for_restart(_PlanningCut())
-    return len(trial.with_status(GroupStatus.GENERATING, GroupStatus.READY_TO_FINALIZE))
-
-
-def check_capacity(relaunched: int, replayed: int, capacity: int) -> None:
-    """The restored groups (relaunched + in replay) must fit ``rollout.replayCapacity``."""
-    if relaunched + replayed > capacity:
-        raise RestoreError(
-            f"restored work exceeds rollout.replayCapacity ({relaunched} groups to relaunch + "
-            f"{replayed} in replay > {capacity})"
-        )
-
-
-class _PlanningCut:
-    """Stands for the barrier cut in a dry run on a copy (nothing shared is mutated)."""
-
-    def require_live(self) -> None:
-        return None
-
-
 #: Errors of a candidate's content: it is refused and the next older one is tried. A
 #: storage error other than a missing object is not among them (a restart may not see it).
 _REFUSALS = (
@@ -245,18 +204,6 @@ _REFUSALS = (
     KeyError,
     TypeError,
 )
-
-
-def check_cursor(prompts: list[PromptRef], dataloader_state: Mapping[str, Any]) -> None:
-    """Every restored prompt must lie before the dataloader cursor (else it would repeat)."""
-    cursor = (int(dataloader_state["epoch"]), int(dataloader_state["position"]))
-    ahead = [p for p in prompts if (p.epoch, p.index) >= cursor]
-    if ahead:
-        raise RestoreError(
-            f"{len(ahead)} restored prompts lie at or past the dataloader cursor "
-            f"(epoch {cursor[0]}, position {cursor[1]}), e.g. prompt {ahead[0].prompt_id} at "
-            f"epoch {ahead[0].epoch}, position {ahead[0].index}"
-        )
 
 
 @dataclasses.dataclass
@@ -482,100 +429,27 @@ class RolloutRestorer:
         snapshot_id: int | None,
         cut_time: float | None,
     ) -> RestoredRolloutState:
+        """Read one entry's files whole, step by step (see :mod:`.restore_assembly`); any
+        step that fails raises RestoreError before anything is installed."""
         where = source.path or "checkpoint"
-        # controller state (older trainer checkpoints kept it in trainer_state.json)
-        if CONTROLLER_STATE_FILE in files:
-            controller = json.loads(files[CONTROLLER_STATE_FILE])
-            if controller.get("schema") != CONTROLLER_STATE_SCHEMA:
-                raise RestoreError(
-                    f"{where}: controller state schema {controller.get('schema')!r} is not "
-                    f"readable (this runtime reads {CONTROLLER_STATE_SCHEMA})"
-                )
-        elif fallback_state is not None:
-            controller = dict(fallback_state)
-        else:
-            raise RestoreError(f"{where}: lacks {CONTROLLER_STATE_FILE}")
+        config = self._config
+        controller = read_controller_state(files, fallback_state, where)
         train_step = int(controller["trainer_version"])
-        # runtime state
-        runtime_json = json.loads(files[RUNTIME_STATE_FILE]) if RUNTIME_STATE_FILE in files else {}
-        runtime = (
-            RolloutRuntimeState.from_json(runtime_json) if runtime_json else RolloutRuntimeState()
-        )
-        if self._config.checkpointing.deterministic and not RolloutRuntimeState.keeps_reserves(
-            runtime_json
-        ):
-            logger.warning(
-                "%s keeps no spare reserves (written by an older runtime): groups of the steps "
-                "it admitted are replaced from the spare pool in finishing order, so this "
-                "resume is not bit-identical until those steps are trained",
-                where,
-            )
-        # data plane and its replay view
-        dp_files = {
-            name[len(DATA_PLANE_PREFIX) :]: data
-            for name, data in files.items()
-            if name.startswith(DATA_PLANE_PREFIX)
-        }
-        if dp_files:
-            plane, dp_metadata = DataPlane.from_files(dp_files)
-        else:
-            plane, dp_metadata = DataPlane(), {}
+        runtime = read_runtime_state(files, where, deterministic=config.checkpointing.deterministic)
+        plane, dp_metadata = read_data_plane(files)
         replay_json = controller.get("replay", dp_metadata.get("replay", []))
         replay_groups = [ReplayGroup.from_json(g) for g in replay_json]
-        # the ledger, checked against what the checkpoint recorded about it
-        ledger = None
-        if LEDGER_FILE in files:
-            facts = controller.get("rollout_recovery", {})
-            recovered = read_recovery_sidecar(
-                files[LEDGER_FILE],
-                expected_sha256=facts.get("rollout_recovery_sha256"),
-                expected_schema=facts.get("rollout_recovery_schema"),
-                expected_group_count=facts.get("rollout_recovery_groups"),
-            )
-            ledger = recovered.ledger
-            runtime.batch_shortfall = dict(recovered.batch_shortfall)
-            runtime.sampler_stamps_target_steps = recovered.sampler_stamps_target_steps
-            # the spare pool: schema >= 5 always carries one (maybe empty); schema 4 may not
-            if recovered.spare_prompts is not None:
-                runtime.spare_prompts = list(recovered.spare_prompts)
-        elif self._config.uses_ledger:
-            ledger = RecoveryLedger()
-        # a trainer checkpoint covers every step it holds: release their replay rows
-        released = set(runtime.advance_replay_anchor(anchor_step))
-        replay_steps = runtime.replay_steps(anchor_step)
-        expected = list(range(anchor_step + 1, train_step + 1))
-        if [s.step for s in replay_steps] != expected:
-            raise RestoreError(
-                f"{where}: anchored to step {anchor_step} at train step {train_step}, it must "
-                f"replay steps {expected}, but its journal holds "
-                f"{[s.step for s in replay_steps]}"
-            )
-        if any(not s.row_groups and s.groups for s in replay_steps):
-            raise RestoreError(f"{where}: a step to replay has no rows kept")
-        # inventory, then clear what nothing references
-        inventory = take_inventory(
-            plane,
-            replay_view=replay_groups,
-            retained_row_keys=runtime.retained_row_keys(),
-            ledger=ledger,
+        ledger = read_ledger(files, controller, runtime, uses_ledger=config.uses_ledger)
+        released, replay_steps = replay_since_anchor(runtime, anchor_step, train_step, where)
+        clear_unreferenced(plane, replay_groups, runtime, ledger, released, where)
+        check_restored_work(
+            runtime,
+            ledger,
+            controller["dataloader"],
+            replayed=len(replay_groups),
+            capacity=config.rollout.replay_capacity,
+            where=where,
         )
-        require_complete(inventory, where)
-        unexpected = set(inventory.orphan_train) - released
-        if unexpected:
-            logger.warning("%s: clearing %d unreferenced train rows", where, len(unexpected))
-        plane.clear("train", inventory.orphan_train)
-        plane.clear("staging", inventory.orphan_staging)
-        # the cursor must cover the restored work
-        prompts = list(runtime.spare_prompts) + runtime.reserved_prompts()
-        if ledger is not None:
-            prompts.extend(group.prompt for group in ledger.groups())
-        check_cursor(prompts, controller["dataloader"])
-        # what the relaunch will do, tried on a copy: normalization, then the capacity
-        try:
-            relaunched = relaunch_count(ledger)
-        except LedgerError as error:
-            raise RestoreError(f"{where}: {error}") from error
-        check_capacity(relaunched, len(replay_groups), self._config.rollout.replay_capacity)
         return RestoredRolloutState(
             source=dataclasses.replace(source, data_plane_metadata=dp_metadata),
             anchor_step=anchor_step,

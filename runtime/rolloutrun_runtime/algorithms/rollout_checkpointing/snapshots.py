@@ -27,14 +27,14 @@ and the ledger it saves marks those episodes' attempts abandoned, so a restore r
 their siblings as new attempts from turn 0 instead of expecting a record.
 Every attempt records its outcome (``rollout/checkpoint_outcome``), every published one its
 timings (``timing/rollout_checkpoint``), through ``on_record`` (the trainer appends them to
-``DIR/snapshots.jsonl``) and the trace.
+``DIR/snapshots.jsonl``) and the trace. The rules each step applies are pure functions in
+:mod:`.snapshots_decisions`; this module runs the steps and does their I/O.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import json
 import logging
 import time
@@ -47,7 +47,6 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
     take_inventory,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
-    BOOTSTRAP_ANCHOR,
     Anchor,
     ManifestError,
     ManifestStore,
@@ -55,35 +54,48 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     fingerprint_of,
     rollout_config_view,
 )
+from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions import (
+    SnapshotError,
+    SnapshotOutcome,
+    SnapshotTimings,
+    abandoned_episodes,
+    dispatched_episodes,
+    lost_episodes,
+    mark_restart_from_turn_zero,
+    require_replay_from,
+    resolve_anchor,
+    should_snapshot_after_step,
+    skip_outcome,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
-    CONTROLLER_STATE_FILE,
     CONTROLLER_STATE_SCHEMA,
+    CapturedRolloutState,
+    CaptureKind,
+    RolloutParts,
+    TrainingProgress,
+)
+from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
+from rolloutrun_runtime.contract.layout import (
+    CONTROLLER_STATE_FILE,
     DATA_PLANE_PREFIX,
     ENVIRONMENT_FILE,
     JOURNAL_FILE,
     LEDGER_FILE,
     RUNTIME_STATE_FILE,
-    CapturedRolloutState,
-    CaptureKind,
-    RolloutParts,
 )
-from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.environments.checkpointing import (
     EnvironmentCheckpoint,
     EnvironmentCheckpointError,
     EnvironmentEpisode,
+    EnvironmentSnapshot,
     NoEnvironmentCheckpoint,
 )
 from rolloutrun_runtime.environments.checkpointing.interfaces import (
     ExportMismatchError,
     check_export,
 )
-from rolloutrun_runtime.experience.rollout_recovery import (
-    AttemptStatus,
-    RecoveryLedger,
-    encode_sidecar,
-)
+from rolloutrun_runtime.experience.rollout_recovery import encode_sidecar
 from rolloutrun_runtime.storage import StorageError
 
 logger = logging.getLogger(__name__)
@@ -92,119 +104,17 @@ logger = logging.getLogger(__name__)
 ENV_PHASE_TIMEOUT_S = 20.0
 
 
-class SnapshotError(RuntimeError):
-    """A capture or a snapshot cannot be taken (the message says why)."""
-
-
-class SnapshotOutcome(enum.StrEnum):
-    """``rollout/checkpoint_outcome`` values."""
-
-    PUBLISHED = "published"
-    PUBLISHED_PARTIAL_ENV = "published_partial_env"
-    """Published without the records of the environment instances that failed the phase."""
-    SKIPPED_UNCHANGED = "skipped_unchanged"
-    SKIPPED_COMMIT_WINDOW = "skipped_commit_window"
-    SKIPPED_ANCHOR_NOT_DURABLE = "skipped_anchor_not_durable"
-    DISCARDED_ENV = "discarded_env"
-    FAILED = "failed"
-
-
 @dataclasses.dataclass
-class SnapshotTimings:
-    """``timing/rollout_checkpoint``: where a published snapshot's time went (seconds)."""
+class _EnvironmentPhase:
+    """What step 3 left for the cut: the environment's export and the episodes it was asked
+    for, or why the attempt is discarded."""
 
-    barrier_wait_s: float = 0.0
-    cut_held_s: float = 0.0
-    env_phase_s: float = 0.0
-    write_s: float = 0.0
-    publish_s: float = 0.0
-    pump_paused_s: float = 0.0
-    """How long the rollout pump could not mutate: the barrier wait plus the cut held."""
-
-
-def resolve_anchor(trainer_version: int, durable_step: int | None) -> Anchor:
-    """The newest durable trainer checkpoint, else the bootstrap anchor (initial weights).
-
-    Steps trained after the anchor are replayed from the snapshot, so any durable step at or
-    below the trainer version will do; the newest keeps the replay short.
-    """
-    if durable_step is None or durable_step <= 0:
-        return BOOTSTRAP_ANCHOR
-    if durable_step > trainer_version:
-        raise SnapshotError(
-            f"durable step {durable_step} is ahead of the trainer version {trainer_version}"
-        )
-    return Anchor("step", durable_step, durable_step)
-
-
-def dispatched_episodes(ledger: RecoveryLedger | None) -> list[EnvironmentEpisode]:
-    """The episodes the ledger has out on an environment instance (what a commit exports):
-    dispatched ones, and restored ones awaiting their dispatch (reserved under
-    ``gym_attempt > 0``; their instance holds them, and a restart continues them only from
-    a record, else relaunches them under a new rollout id)."""
-    if ledger is None:
-        return []
-    episodes = []
-    for group in ledger.groups():
-        for sibling in group.siblings:
-            attempt = sibling.current
-            out = attempt.status is AttemptStatus.DISPATCHED or (
-                attempt.status is AttemptStatus.RESERVED and attempt.gym_attempt > 0
-            )
-            if out and attempt.gym_instance_id:
-                episodes.append(
-                    EnvironmentEpisode(
-                        attempt.rollout_id, attempt.gym_attempt, attempt.gym_instance_id
-                    )
-                )
-    return sorted(episodes)
-
-
-def abandoned_episodes(ledger: RecoveryLedger | None) -> set[EnvironmentEpisode]:
-    """The attempts the ledger gave up (abandoned or failed) that ran on an instance: the
-    environment may still hold or run their episodes until they are retired."""
-    if ledger is None:
-        return set()
-    given_up = (AttemptStatus.ABANDONED, AttemptStatus.FAILED)
-    return {
-        EnvironmentEpisode(attempt.rollout_id, attempt.gym_attempt, attempt.gym_instance_id)
-        for group in ledger.groups()
-        for sibling in group.siblings
-        for attempt in sibling.attempts
-        if attempt.status in given_up and attempt.gym_instance_id
-    }
-
-
-def mark_restart_from_turn_zero(
-    ledger_document: Mapping[str, Any], episodes: Mapping[EnvironmentEpisode, str]
-) -> int:
-    """In a captured ledger document, mark the dispatched attempts of ``episodes`` (episode →
-    why it has no record) abandoned, so a restore relaunches their siblings as new attempts
-    instead of expecting a record; returns how many it marked. The live ledger is untouched:
-    the episodes run on in this incarnation."""
-    by_rollout = {episode.rollout_id: (episode, why) for episode, why in episodes.items()}
-    marked = 0
-    for group in ledger_document.get("groups", []):
-        for sibling in group["siblings"]:
-            attempt = sibling["attempts"][-1]
-            found = by_rollout.get(attempt["rollout_id"])
-            if found is None or attempt["status"] != str(AttemptStatus.DISPATCHED):
-                continue
-            episode, why = found
-            if (attempt["gym_attempt"], attempt["gym_instance_id"]) != (
-                episode.attempt,
-                episode.instance_id,
-            ):
-                continue
-            attempt["status"] = str(AttemptStatus.ABANDONED)
-            attempt["failure"] = f"restart: no environment record ({why})"
-            marked += 1
-    return marked
-
-
-def should_snapshot_after_step(step: int, every_steps: int) -> bool:
-    """Whether train step ``step`` completing is a snapshot's moment (``snapshotEverySteps``)."""
-    return every_steps > 0 and step > 0 and step % every_steps == 0
+    checkpoint_id: str
+    snapshot: EnvironmentSnapshot | None = None
+    requested: list[EnvironmentEpisode] = dataclasses.field(default_factory=list)
+    unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Instances that failed the phase (their episodes restart from turn 0)."""
+    discarded: str | None = None
 
 
 class RolloutSnapshotter:
@@ -400,52 +310,74 @@ class RolloutSnapshotter:
             )
         # 1. skip inside an optimizer commit, or when nothing changed
         progress = parts.read_progress()
-        if progress.optimizer_commit_in_progress:
-            return SnapshotOutcome.SKIPPED_COMMIT_WINDOW, {}
-        if (
-            not force
-            and self._last_mutation_version == parts.barrier.mutation_version
-            and self._last_train_step == progress.trainer_version
-        ):
-            return SnapshotOutcome.SKIPPED_UNCHANGED, {}
+        seen = (self._last_mutation_version, self._last_train_step)
+        skip = skip_outcome(progress, force=force, seen=seen, now=parts.barrier.mutation_version)
+        if skip is not None:
+            return skip, {}
         # 2. the anchor
         anchor = resolve_anchor(progress.trainer_version, progress.durable_step)
         if anchor.kind == "step" and not await self._durable(anchor.step):
             return SnapshotOutcome.SKIPPED_ANCHOR_NOT_DURABLE, {"anchor": anchor.name}
-        if parts.runtime_state.replay_after != anchor.step:
-            raise SnapshotError(
-                f"rows kept for replay start after step {parts.runtime_state.replay_after}, "
-                f"but the anchor is {anchor.name}"
-            )
+        require_replay_from(parts.runtime_state.replay_after, anchor)
         # 3. the environment phase: copies of the running episodes at turn boundaries
-        environment = self._environment
-        checkpoint_id = f"snap-{uuid.uuid4().hex[:12]}"
-        env_snapshot = None
-        requested: list[EnvironmentEpisode] = []
-        detail: dict[str, Any] = {}
         env_started = time.monotonic()
-        if environment.holds_rollout_state:
-            deadline = time.time() + ENV_PHASE_TIMEOUT_S
-            given_up = abandoned_episodes(parts.ledger)
-            self._retired &= given_up  # forget those whose group left the ledger
-            retire = sorted(given_up - self._retired)
-            try:
-                crash_point("during_gym_prepare")
-                failed = await environment.prepare(checkpoint_id, deadline, retire)
-                self._retired.update(e for e in retire if e.instance_id not in failed)
-                # Everything out now; one dispatched later has no copy and restarts from turn 0.
-                requested = dispatched_episodes(parts.ledger)
-                crash_point("during_gym_commit")
-                env_snapshot = await environment.commit(checkpoint_id, deadline, requested, failed)
-            except EnvironmentCheckpointError as error:
-                await self._resume_environment(checkpoint_id)
-                return SnapshotOutcome.DISCARDED_ENV, {"error": str(error)}
-            if parts.read_progress().optimizer_commit_in_progress:
-                await self._resume_environment(checkpoint_id)
-                return SnapshotOutcome.DISCARDED_ENV, {"error": "a train step began committing"}
+        phase = await self._environment_phase(f"snap-{uuid.uuid4().hex[:12]}")
+        if phase.discarded is not None:
+            return SnapshotOutcome.DISCARDED_ENV, {"error": phase.discarded}
         timings.env_phase_s = time.monotonic() - env_started
-        unavailable = dict(env_snapshot.unavailable) if env_snapshot is not None else {}
         # 4. the exclusive cut: re-check, check the export against the cut, capture
+        # 5. leave the cut, then end the environment phase (before any disk write)
+        detail: dict[str, Any] = {}
+        try:
+            captured = await self._capture_under_cut(progress, phase, timings, detail)
+        except ExportMismatchError as error:
+            logger.warning("rollout snapshot %s discarded: %s", phase.checkpoint_id, error)
+            return SnapshotOutcome.DISCARDED_ENV, {"error": str(error)}
+        # 6. publish
+        return await self._publish_captured(anchor, captured, phase.unavailable, timings, detail)
+
+    async def _environment_phase(self, checkpoint_id: str) -> _EnvironmentPhase:
+        """Step 3: retire the attempts the ledger gave up, park the running episodes and
+        export their copies; a failed phase discards the attempt (the environment resumes)."""
+        phase = _EnvironmentPhase(checkpoint_id)
+        environment, ledger = self._environment, self._parts.ledger
+        if not environment.holds_rollout_state:
+            return phase
+        deadline = time.time() + ENV_PHASE_TIMEOUT_S
+        given_up = abandoned_episodes(ledger)
+        self._retired &= given_up  # forget those whose group left the ledger
+        retire = sorted(given_up - self._retired)
+        try:
+            crash_point("during_gym_prepare")
+            failed = await environment.prepare(checkpoint_id, deadline, retire)
+            self._retired.update(e for e in retire if e.instance_id not in failed)
+            # Everything out now; one dispatched later has no copy and restarts from turn 0.
+            phase.requested = dispatched_episodes(ledger)
+            crash_point("during_gym_commit")
+            phase.snapshot = await environment.commit(
+                checkpoint_id, deadline, phase.requested, failed
+            )
+        except EnvironmentCheckpointError as error:
+            phase.discarded = str(error)
+        else:
+            if self._parts.read_progress().optimizer_commit_in_progress:
+                phase.discarded = "a train step began committing"
+        if phase.discarded is not None:
+            await self._resume_environment(checkpoint_id)
+        elif phase.snapshot is not None:
+            phase.unavailable = dict(phase.snapshot.unavailable)
+        return phase
+
+    async def _capture_under_cut(
+        self,
+        progress: TrainingProgress,
+        phase: _EnvironmentPhase,
+        timings: SnapshotTimings,
+        detail: dict[str, Any],
+    ) -> CapturedRolloutState:
+        """Steps 4 and 5: capture under the exclusive cut, checking the environment's export
+        against it; then leave the cut and end the environment phase, whatever happened."""
+        parts = self._parts
         wait_started = time.monotonic()
         cut = None
         try:
@@ -456,38 +388,50 @@ class RolloutSnapshotter:
                 if now.durable_step != progress.durable_step:
                     raise SnapshotError("a trainer checkpoint was published during the attempt")
                 captured = self.capture(cut, CaptureKind.ROLLOUT_SNAPSHOT)
-                if env_snapshot is not None:
-                    # Episodes ran on after their copies: one that finished (its result is in
-                    # this capture) or was given up since needs no record; one dispatched
-                    # without a copy restarts from turn 0 on restore. Anything else that
-                    # differs discards the attempt (ExportMismatchError).
-                    check = check_export(env_snapshot, requested, dispatched_episodes(parts.ledger))
-                    captured.environment_snapshot = check.kept
-                    detail["env_records"] = len(check.kept.episodes())
-                    detail["env_records_dropped"] = check.finished_since_copy
-                    if unavailable and captured.ledger_document is not None:
-                        lost = {
-                            e: f"Gym {e.instance_id} unavailable: {unavailable[e.instance_id]}"
-                            for e in check.without_record
-                            if e.instance_id in unavailable
-                        }
-                        detail["env_restart_from_turn_0"] = mark_restart_from_turn_zero(
-                            captured.ledger_document, lost
-                        )
+                if phase.snapshot is not None:
+                    self._check_export(captured, phase, detail)
                 timings.cut_held_s = time.monotonic() - held_started
-        except ExportMismatchError as error:
-            logger.warning("rollout snapshot %s discarded: %s", checkpoint_id, error)
-            return SnapshotOutcome.DISCARDED_ENV, {"error": str(error)}
         finally:
             # Until the barrier let mutations in again; the cyclic-GC pass it deferred may
             # run right after, with the pumps free to go on (it blocks the event loop like
             # any other pass, which the trainer keeps short with gc.freeze at start-up).
             released = cut.released_at if cut is not None else None
             timings.pump_paused_s = (released or time.monotonic()) - wait_started
-            # 5. leave the cut, then end the environment phase (before any disk write)
-            if environment.holds_rollout_state:
-                await self._resume_environment(checkpoint_id)
-        # 6. publish
+            if self._environment.holds_rollout_state:
+                await self._resume_environment(phase.checkpoint_id)
+        return captured
+
+    def _check_export(
+        self, captured: CapturedRolloutState, phase: _EnvironmentPhase, detail: dict[str, Any]
+    ) -> None:
+        """Under the cut: keep the export's records that the cut still expects.
+
+        Episodes ran on after their copies: one that finished (its result is in this capture)
+        or was given up since needs no record; one dispatched without a copy restarts from
+        turn 0 on restore. Anything else that differs discards the attempt
+        (``ExportMismatchError``).
+        """
+        assert phase.snapshot is not None
+        dispatched = dispatched_episodes(self._parts.ledger)
+        check = check_export(phase.snapshot, phase.requested, dispatched)
+        captured.environment_snapshot = check.kept
+        detail["env_records"] = len(check.kept.episodes())
+        detail["env_records_dropped"] = check.finished_since_copy
+        if phase.unavailable and captured.ledger_document is not None:
+            lost = lost_episodes(check.without_record, phase.unavailable)
+            detail["env_restart_from_turn_0"] = mark_restart_from_turn_zero(
+                captured.ledger_document, lost
+            )
+
+    async def _publish_captured(
+        self,
+        anchor: Anchor,
+        captured: CapturedRolloutState,
+        unavailable: Mapping[str, str],
+        timings: SnapshotTimings,
+        detail: dict[str, Any],
+    ) -> tuple[SnapshotOutcome, dict[str, Any]]:
+        """Step 6: write the files off the loop, publish the manifest last, report it."""
         write_started = time.monotonic()
         files = await asyncio.to_thread(self.write_controller_sidecars, captured)
         timings.write_s = time.monotonic() - write_started
@@ -601,3 +545,18 @@ class RolloutSnapshotter:
             logger.debug("rollout snapshot attempt: %s %s", outcome.value, dict(detail))
         if self._on_record is not None:
             self._on_record(record)
+
+
+__all__ = [
+    # re-exported from snapshots_decisions: the snapshot half's public names stay here
+    "ENV_PHASE_TIMEOUT_S",
+    "RolloutSnapshotter",
+    "SnapshotError",
+    "SnapshotOutcome",
+    "SnapshotTimings",
+    "abandoned_episodes",
+    "dispatched_episodes",
+    "mark_restart_from_turn_zero",
+    "resolve_anchor",
+    "should_snapshot_after_step",
+]

@@ -25,6 +25,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
+
+# The file names inside a checkpoint are spelled in contract.layout; these three are
+# re-exported only for algorithms/single_controller, which still imports them from here.
+from rolloutrun_runtime.contract.layout import DATA_PLANE_PREFIX as DATA_PLANE_PREFIX
+from rolloutrun_runtime.contract.layout import LEDGER_FILE as LEDGER_FILE
+from rolloutrun_runtime.contract.layout import RUNTIME_STATE_FILE as RUNTIME_STATE_FILE
 from rolloutrun_runtime.experience.rollout_recovery import PromptRef
 
 if TYPE_CHECKING:
@@ -44,14 +50,6 @@ READABLE_RUNTIME_STATE_SCHEMAS = (1, 2, 3)
 #: Schema of ``training_journal.json``.
 TRAINING_JOURNAL_SCHEMA = 1
 
-#: File names inside a trainer checkpoint and a rollout snapshot: both halves write or read
-#: them, and they never import each other.
-CONTROLLER_STATE_FILE = "rollout/controller_state.json"
-RUNTIME_STATE_FILE = "rollout/runtime_state.json"
-LEDGER_FILE = "rollout/rollout_recovery.json"
-JOURNAL_FILE = "training_journal.json"
-ENVIRONMENT_FILE = "environment/episodes.json"
-DATA_PLANE_PREFIX = "data_plane/"
 #: Format of ``rollout/controller_state.json``.
 CONTROLLER_STATE_SCHEMA = 1
 

@@ -35,9 +35,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-log = logging.getLogger(__name__)
+from rolloutrun_runtime.contract.layout import TRACE_FILE
 
-TRACE_FILE = "rollout_trace.jsonl"
+log = logging.getLogger(__name__)
 
 #: Every event the runtime writes, with the fields it carries (besides t, run_id, event).
 EVENTS: dict[str, tuple[str, ...]] = {

@@ -38,14 +38,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import re
 from collections import Counter
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-logger = logging.getLogger(__name__)
+from rolloutrun_runtime.experience.rollout_recovery import parse_row_key, row_key_for
 
-_ROW_KEY = re.compile(r"^(?P<rollout>.+?)(?:-a(?P<attempt>\d+))?$")
+logger = logging.getLogger(__name__)
 
 
 class EnvironmentCheckpointError(RuntimeError):
@@ -66,17 +65,15 @@ class EnvironmentEpisode:
 
     @property
     def row_key(self) -> str:
-        return self.rollout_id if self.attempt == 0 else f"{self.rollout_id}-a{self.attempt}"
+        return row_key_for(self.rollout_id, self.attempt)
 
     def next_attempt(self) -> EnvironmentEpisode:
         return dataclasses.replace(self, attempt=self.attempt + 1)
 
     @classmethod
     def from_row_key(cls, row_key: str, instance_id: str) -> EnvironmentEpisode:
-        match = _ROW_KEY.match(row_key)
-        if match is None:
-            raise ValueError(f"not an episode row key: {row_key!r}")
-        return cls(match["rollout"], int(match["attempt"] or 0), instance_id)
+        rollout_id, attempt = parse_row_key(row_key)  # a RolloutIdError is a ValueError
+        return cls(rollout_id, attempt, instance_id)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,9 +2,11 @@
 
 Why: a preempted run must neither lose a prompt nor train one twice, and the trainer, the
 data plane and the Gym must name every attempt the same way. This package is the one owner of
-both: :mod:`.ids` builds and parses every id, :mod:`.ledger` records groups -> siblings ->
-attempts with checked transitions and saves them as a sidecar beside the data plane's
-checkpoint. Import from this package face; the modules behind it are its own business.
+both: :mod:`.ids` builds and parses every id, :mod:`.records` holds groups -> siblings ->
+attempts, :mod:`.ledger` changes them by checked transitions and :mod:`.sidecar` saves and
+reads them beside the data plane's checkpoint (its schema version and file name are in
+:mod:`rolloutrun_runtime.contract.layout`). Import from this package face; the modules
+behind it are its own business.
 """
 
 from rolloutrun_runtime.experience.rollout_recovery.ids import (
@@ -18,9 +20,12 @@ from rolloutrun_runtime.experience.rollout_recovery.ids import (
     valid_rollout_id,
 )
 from rolloutrun_runtime.experience.rollout_recovery.ledger import (
-    LEDGER_SCHEMA_VERSION,
-    READABLE_SCHEMA_VERSIONS,
-    SIDECAR_NAME,
+    RecoveryLedger,
+    RestartReport,
+    new_attempt,
+    relaunch_reason,
+)
+from rolloutrun_runtime.experience.rollout_recovery.records import (
     AttemptStatus,
     EnvironmentEpisode,
     Granularity,
@@ -28,28 +33,23 @@ from rolloutrun_runtime.experience.rollout_recovery.ledger import (
     GroupStatus,
     LedgerError,
     LedgerRestartError,
-    LedgerSidecar,
     LedgerSidecarError,
     LedgerTransitionError,
     LiveCut,
     PromptGroupRecord,
     PromptRef,
-    RecoveredLedger,
-    RecoveryLedger,
-    RestartReport,
     RestoreLevel,
     RolloutAttempt,
     SiblingRecord,
+)
+from rolloutrun_runtime.experience.rollout_recovery.sidecar import (
+    LedgerSidecar,
+    RecoveredLedger,
     encode_sidecar,
-    new_attempt,
     read_recovery_sidecar,
-    relaunch_reason,
 )
 
 __all__ = [
-    "LEDGER_SCHEMA_VERSION",
-    "READABLE_SCHEMA_VERSIONS",
-    "SIDECAR_NAME",
     "AttemptStatus",
     "EnvironmentEpisode",
     "Granularity",

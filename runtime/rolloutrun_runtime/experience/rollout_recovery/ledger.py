@@ -13,95 +13,46 @@ An illegal transition raises ``LedgerTransitionError`` and changes nothing. Ever
 takes the caller's barrier cut and checks ``require_live()``, so ledger bytes written under
 the exclusive checkpoint cut always describe the same rows as the data plane.
 
-Names follow the environment's episode keys: an attempt's physical rollout id is
-``<group_id>_g<i>_a<uuidhex>``; its capture (row) key is that id at ``gym_attempt`` 0 and
-``<rollout_id>-a<gym_attempt>`` after a turn-level restore continued it. The on-disk field
-names ``gym_instance_id`` and ``gym_attempt`` are kept so older sidecars read.
-
-The sidecar is deterministic JSON; schema 5 adds the spare-prompt pool (always present,
-possibly empty) to schema 4's batch shortfall and sampler stamping flag.
+The records themselves are in :mod:`.records`; their saved form (the sidecar) in
+:mod:`.sidecar`.
 """
 
 from __future__ import annotations
 
-import enum
-import hashlib
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from rolloutrun_runtime.contract.layout import LEDGER_SCHEMA_VERSION
 from rolloutrun_runtime.experience.rollout_recovery.ids import (
     RolloutIdError,
     new_uuid_hex,
     rollout_id_for,
-    row_key_for,
     sibling_id_for,
 )
+from rolloutrun_runtime.experience.rollout_recovery.records import (
+    AttemptStatus,
+    EnvironmentEpisode,
+    Granularity,
+    GroupPhase,
+    GroupStatus,
+    LedgerError,
+    LedgerRestartError,
+    LedgerSidecarError,
+    LedgerTransitionError,
+    LiveCut,
+    PromptGroupRecord,
+    PromptRef,
+    RestoreLevel,
+    RolloutAttempt,
+    SiblingRecord,
+)
+
+if TYPE_CHECKING:
+    from rolloutrun_runtime.experience.rollout_recovery.sidecar import LedgerSidecar
 
 logger = logging.getLogger(__name__)
-
-LEDGER_SCHEMA_VERSION = 5
-READABLE_SCHEMA_VERSIONS = (4, 5)
-SIDECAR_NAME = "rollout_recovery.json"
-
-
-class LedgerError(RuntimeError):
-    """Base of the recovery ledger's errors."""
-
-
-class LedgerTransitionError(LedgerError):
-    """A state change that the ledger's transition rules forbid (nothing was changed)."""
-
-
-class LedgerSidecarError(LedgerError):
-    """A sidecar cannot be trusted: bad checksum, unknown schema or field, wrong count."""
-
-
-class LedgerRestartError(LedgerError):
-    """Restart normalization refused the ledger (e.g. a finalization with unknown outcome)."""
-
-
-class LiveCut(Protocol):
-    """A barrier cut (mutation slot or exclusive cut) that can prove it is held."""
-
-    def require_live(self) -> None: ...
-
-
-class AttemptStatus(enum.StrEnum):
-    RESERVED = "reserved"
-    DISPATCHED = "dispatched"
-    SEALED = "sealed"
-    FAILED = "failed"
-    ABANDONED = "abandoned"
-
-
-class GroupStatus(enum.StrEnum):
-    GENERATING = "generating"
-    READY_TO_FINALIZE = "ready_to_finalize"
-    FINALIZING = "finalizing"
-    FINALIZATION_UNKNOWN = "finalization_unknown"
-    FINALIZED = "finalized"
-    CLAIMED = "claimed"
-
-
-class GroupPhase(enum.StrEnum):
-    RESERVED = "reserved"
-    ADMITTED = "admitted"
-
-
-class Granularity(enum.StrEnum):
-    """What a restart keeps of an unfinished group."""
-
-    SIBLING = "sibling"
-    PROMPT_GROUP = "prompt_group"
-
-
-class RestoreLevel(enum.StrEnum):
-    TURN = "turn"
-    SIBLING = "sibling"
-    PROMPT_GROUP = "prompt_group"
 
 
 _ATTEMPT_MOVES: dict[AttemptStatus, frozenset[AttemptStatus]] = {
@@ -126,220 +77,6 @@ _GROUP_MOVES: dict[GroupStatus, frozenset[GroupStatus]] = {
     GroupStatus.FINALIZED: frozenset({GroupStatus.CLAIMED}),
     GroupStatus.CLAIMED: frozenset({GroupStatus.FINALIZED}),
 }
-
-
-# ---------------------------------------------------------------------- records
-@dataclass(frozen=True)
-class PromptRef:
-    """A dataset locator: the prompt itself is never stored, the Gym rebuilds it."""
-
-    prompt_id: int
-    epoch: int = 0
-    index: int = 0
-
-    def to_json(self) -> dict[str, int]:
-        return {"prompt_id": self.prompt_id, "epoch": self.epoch, "index": self.index}
-
-    @classmethod
-    def from_json(cls, data: Any, where: str) -> PromptRef:
-        fields = _strict(data, where, {"prompt_id", "epoch", "index"})
-        return cls(
-            prompt_id=_int(fields, "prompt_id", where),
-            epoch=_int(fields, "epoch", where),
-            index=_int(fields, "index", where),
-        )
-
-
-@dataclass(frozen=True)
-class EnvironmentEpisode:
-    """A backend-neutral episode name: the rollout id and the environment attempt."""
-
-    rollout_id: str
-    attempt: int = 0
-
-    @property
-    def capture_key(self) -> str:
-        """The row key: the bare rollout id at attempt 0, ``<rollout_id>-a<attempt>`` after."""
-        return row_key_for(self.rollout_id, self.attempt)
-
-
-@dataclass
-class RolloutAttempt:
-    """One try at generating a sibling; append-only within its sibling."""
-
-    attempt_uuid: str
-    rollout_id: str
-    status: AttemptStatus = AttemptStatus.RESERVED
-    gym_instance_id: str | None = None
-    gym_attempt: int = 0
-    reward: float | None = None
-    row_key: str | None = None
-    failure: str | None = None
-
-    @property
-    def episode(self) -> EnvironmentEpisode:
-        return EnvironmentEpisode(self.rollout_id, self.gym_attempt)
-
-    def to_json(self) -> dict[str, Any]:
-        # str(member), not member.value: a StrEnum's value descriptor costs twice as much,
-        # and a capture under the cut calls this for every attempt of every group.
-        return {
-            "attempt_uuid": self.attempt_uuid,
-            "rollout_id": self.rollout_id,
-            "status": str(self.status),
-            "gym_instance_id": self.gym_instance_id,
-            "gym_attempt": self.gym_attempt,
-            "reward": self.reward,
-            "row_key": self.row_key,
-            "failure": self.failure,
-        }
-
-    @classmethod
-    def from_json(cls, data: Any, where: str) -> RolloutAttempt:
-        keys = {"attempt_uuid", "rollout_id", "status", "gym_instance_id", "gym_attempt"}
-        keys |= {"reward", "row_key", "failure"}
-        fields = _strict(data, where, keys)
-        reward = fields["reward"]
-        return cls(
-            attempt_uuid=str(fields["attempt_uuid"]),
-            rollout_id=str(fields["rollout_id"]),
-            status=_enum(AttemptStatus, fields["status"], where),
-            gym_instance_id=_opt_str(fields["gym_instance_id"]),
-            gym_attempt=_int(fields, "gym_attempt", where),
-            reward=None if reward is None else float(reward),
-            row_key=_opt_str(fields["row_key"]),
-            failure=_opt_str(fields["failure"]),
-        )
-
-
-@dataclass
-class SiblingRecord:
-    """One GRPO generation slot ``<group_id>_g<i>`` and its attempts."""
-
-    sibling_id: str
-    index: int
-    attempts: list[RolloutAttempt] = field(default_factory=list)
-
-    @property
-    def current(self) -> RolloutAttempt:
-        return self.attempts[-1]
-
-    @property
-    def failed_attempts(self) -> int:
-        return sum(a.status is AttemptStatus.FAILED for a in self.attempts)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "sibling_id": self.sibling_id,
-            "index": self.index,
-            "attempts": [a.to_json() for a in self.attempts],
-        }
-
-    @classmethod
-    def from_json(cls, data: Any, where: str) -> SiblingRecord:
-        fields = _strict(data, where, {"sibling_id", "index", "attempts"})
-        attempts = fields["attempts"]
-        if not isinstance(attempts, list) or not attempts:
-            raise LedgerSidecarError(f"{where}: attempts must be a non-empty list")
-        return cls(
-            sibling_id=str(fields["sibling_id"]),
-            index=_int(fields, "index", where),
-            attempts=[
-                RolloutAttempt.from_json(a, f"{where}.attempts[{i}]")
-                for i, a in enumerate(attempts)
-            ],
-        )
-
-
-@dataclass
-class PromptGroupRecord:
-    """One admitted prompt group: where its prompt is, which step it is for, its siblings."""
-
-    group_id: str
-    admission_id: str
-    prompt: PromptRef
-    target_step: int | None
-    start_weight_version: int
-    granularity: Granularity = Granularity.SIBLING
-    restore_level: RestoreLevel = RestoreLevel.SIBLING
-    phase: GroupPhase = GroupPhase.RESERVED
-    status: GroupStatus = GroupStatus.GENERATING
-    claimed_step: int | None = None
-    siblings: list[SiblingRecord] = field(default_factory=list)
-
-    def sealed(self) -> bool:
-        return all(s.current.status is AttemptStatus.SEALED for s in self.siblings)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "group_id": self.group_id,
-            "admission_id": self.admission_id,
-            "prompt_ref": self.prompt.to_json(),
-            "target_step": self.target_step,
-            "start_weight_version": self.start_weight_version,
-            "recovery_granularity": str(self.granularity),
-            "restore_level": str(self.restore_level),
-            "phase": str(self.phase),
-            "status": str(self.status),
-            "claimed_step": self.claimed_step,
-            "siblings": [s.to_json() for s in self.siblings],
-        }
-
-    @classmethod
-    def from_json(cls, data: Any, where: str) -> PromptGroupRecord:
-        keys = {"group_id", "admission_id", "prompt_ref", "target_step", "start_weight_version"}
-        keys |= {"recovery_granularity", "restore_level", "phase", "status", "claimed_step"}
-        keys |= {"siblings"}
-        fields = _strict(data, where, keys)
-        siblings = fields["siblings"]
-        if not isinstance(siblings, list) or not siblings:
-            raise LedgerSidecarError(f"{where}: siblings must be a non-empty list")
-        target = fields["target_step"]
-        claimed = fields["claimed_step"]
-        return cls(
-            group_id=str(fields["group_id"]),
-            admission_id=str(fields["admission_id"]),
-            prompt=PromptRef.from_json(fields["prompt_ref"], f"{where}.prompt_ref"),
-            target_step=None if target is None else int(target),
-            start_weight_version=_int(fields, "start_weight_version", where),
-            granularity=_enum(Granularity, fields["recovery_granularity"], where),
-            restore_level=_enum(RestoreLevel, fields["restore_level"], where),
-            phase=_enum(GroupPhase, fields["phase"], where),
-            status=_enum(GroupStatus, fields["status"], where),
-            claimed_step=None if claimed is None else int(claimed),
-            siblings=[
-                SiblingRecord.from_json(s, f"{where}.siblings[{i}]") for i, s in enumerate(siblings)
-            ],
-        )
-
-
-@dataclass(frozen=True)
-class LedgerSidecar:
-    """Serialized ledger bytes and the facts the data-plane metadata repeats."""
-
-    data: bytes
-    sha256: str
-    schema_version: int
-    group_count: int
-
-    def metadata(self) -> dict[str, Any]:
-        """What the data-plane checkpoint metadata records about this sidecar."""
-        return {
-            "rollout_recovery_schema": self.schema_version,
-            "rollout_recovery_sha256": self.sha256,
-            "rollout_recovery_groups": self.group_count,
-        }
-
-
-@dataclass
-class RecoveredLedger:
-    """What a sidecar holds: the ledger and the rollout state saved beside it."""
-
-    ledger: RecoveryLedger
-    schema_version: int
-    spare_prompts: list[PromptRef] | None
-    batch_shortfall: dict[int, int]
-    sampler_stamps_target_steps: bool
 
 
 @dataclass
@@ -594,28 +331,31 @@ class RecoveryLedger:
     def claim(self, cut: LiveCut, group_ids: Iterable[str], step: int) -> None:
         """The train pump selected finalized groups for ``step``."""
         cut.require_live()
-        groups = [self.group(g) for g in group_ids]
-        for group in groups:
-            if group.status is not GroupStatus.FINALIZED:
-                raise LedgerTransitionError(
-                    f"group {group.group_id!r} cannot be claimed: it is {group.status.value}"
-                )
-        for group in groups:
-            group.status = GroupStatus.CLAIMED
-            group.claimed_step = step
+        self._move_claim(group_ids, GroupStatus.FINALIZED, GroupStatus.CLAIMED, step, "claimed")
 
     def unclaim(self, cut: LiveCut, group_ids: Iterable[str]) -> None:
         """Return claimed groups to finalized (their step did not commit)."""
         cut.require_live()
+        self._move_claim(group_ids, GroupStatus.CLAIMED, GroupStatus.FINALIZED, None, "unclaimed")
+
+    def _move_claim(
+        self,
+        group_ids: Iterable[str],
+        need: GroupStatus,
+        to: GroupStatus,
+        step: int | None,
+        verb: str,
+    ) -> None:
+        """Move every group from ``need`` to ``to`` (claimed by ``step``), or none of them."""
         groups = [self.group(g) for g in group_ids]
         for group in groups:
-            if group.status is not GroupStatus.CLAIMED:
+            if group.status is not need:
                 raise LedgerTransitionError(
-                    f"group {group.group_id!r} cannot be unclaimed: it is {group.status.value}"
+                    f"group {group.group_id!r} cannot be {verb}: it is {group.status.value}"
                 )
         for group in groups:
-            group.status = GroupStatus.FINALIZED
-            group.claimed_step = None
+            group.status = to
+            group.claimed_step = step
 
     def remove_trained(self, cut: LiveCut, group_ids: Iterable[str], step: int) -> None:
         """Drop groups whose step committed (they were trained exactly once)."""
@@ -747,6 +487,10 @@ class RecoveryLedger:
         sampler_stamps_target_steps: bool,
     ) -> LedgerSidecar:
         """Deterministic schema-5 bytes, with their sha256 and group count."""
+        # Imported here: the sidecar's reader builds a RecoveryLedger, so .sidecar imports
+        # this module and a top-level import back would be a cycle.
+        from rolloutrun_runtime.experience.rollout_recovery.sidecar import encode_sidecar
+
         return encode_sidecar(
             self.sidecar_document(
                 spare_prompts=spare_prompts,
@@ -789,108 +533,3 @@ class RecoveryLedger:
             if [s.index for s in group.siblings] != list(range(len(group.siblings))):
                 raise LedgerSidecarError(f"group {group.group_id!r} has out-of-order siblings")
         return ledger
-
-
-def encode_sidecar(document: Mapping[str, Any]) -> LedgerSidecar:
-    """Serialize a :meth:`RecoveryLedger.sidecar_document` deterministically, with its sha256."""
-    data = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
-    return LedgerSidecar(
-        data=data,
-        sha256=hashlib.sha256(data).hexdigest(),
-        schema_version=int(document["schema_version"]),
-        group_count=len(document["groups"]),
-    )
-
-
-def read_recovery_sidecar(
-    data: bytes,
-    *,
-    expected_sha256: str | None = None,
-    expected_schema: int | None = None,
-    expected_group_count: int | None = None,
-) -> RecoveredLedger:
-    """Parse sidecar bytes (schema 4 or 5), checking them against the data-plane metadata."""
-    digest = hashlib.sha256(data).hexdigest()
-    if expected_sha256 is not None and digest != expected_sha256:
-        raise LedgerSidecarError(
-            f"recovery sidecar sha256 {digest} does not match the checkpoint's {expected_sha256}"
-        )
-    try:
-        document = json.loads(data)
-    except ValueError as error:
-        raise LedgerSidecarError(f"recovery sidecar is not valid JSON: {error}") from error
-    if not isinstance(document, dict):
-        raise LedgerSidecarError("recovery sidecar must be a JSON object")
-    version = document.get("schema_version")
-    if version not in READABLE_SCHEMA_VERSIONS:
-        raise LedgerSidecarError(
-            f"recovery sidecar schema {version!r} is not readable "
-            f"(this runtime reads {READABLE_SCHEMA_VERSIONS})"
-        )
-    if expected_schema is not None and version != expected_schema:
-        raise LedgerSidecarError(
-            f"recovery sidecar schema {version} does not match the checkpoint's {expected_schema}"
-        )
-    keys = {"schema_version", "groups", "batch_shortfall", "sampler_stamps_target_steps"}
-    if version >= 5:
-        keys.add("spare_prompts")
-    fields = _strict(document, "sidecar", keys)
-    groups_json = fields["groups"]
-    if not isinstance(groups_json, list):
-        raise LedgerSidecarError("sidecar.groups must be a list")
-    groups = [PromptGroupRecord.from_json(g, f"groups[{i}]") for i, g in enumerate(groups_json)]
-    if expected_group_count is not None and len(groups) != expected_group_count:
-        raise LedgerSidecarError(
-            f"recovery sidecar holds {len(groups)} groups; the checkpoint says "
-            f"{expected_group_count}"
-        )
-    shortfall_json = fields["batch_shortfall"]
-    if not isinstance(shortfall_json, dict):
-        raise LedgerSidecarError("sidecar.batch_shortfall must be an object")
-    spare: list[PromptRef] | None = None
-    if version >= 5:
-        spare_json = fields["spare_prompts"]
-        if not isinstance(spare_json, list):
-            raise LedgerSidecarError("sidecar.spare_prompts must be a list")
-        spare = [PromptRef.from_json(p, f"spare_prompts[{i}]") for i, p in enumerate(spare_json)]
-    return RecoveredLedger(
-        ledger=RecoveryLedger._from_groups(groups),
-        schema_version=int(version),
-        spare_prompts=spare,
-        batch_shortfall={int(k): int(v) for k, v in shortfall_json.items()},
-        sampler_stamps_target_steps=bool(fields["sampler_stamps_target_steps"]),
-    )
-
-
-# ---------------------------------------------------------------------- parsing helpers
-def _strict(data: Any, where: str, keys: set[str]) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise LedgerSidecarError(f"{where}: expected an object, got {type(data).__name__}")
-    unknown = set(data) - keys
-    if unknown:
-        raise LedgerSidecarError(f"{where}: unknown field(s) {sorted(unknown)}")
-    missing = keys - set(data)
-    if missing:
-        raise LedgerSidecarError(f"{where}: missing field(s) {sorted(missing)}")
-    return data
-
-
-def _int(fields: Mapping[str, Any], key: str, where: str) -> int:
-    value = fields[key]
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise LedgerSidecarError(f"{where}.{key}: expected an integer, got {value!r}")
-    return value
-
-
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _enum(kind: type[enum.Enum], value: Any, where: str) -> Any:
-    try:
-        return kind(value)
-    except ValueError:
-        raise LedgerSidecarError(
-            f"{where}: {value!r} is not a valid {kind.__name__} "
-            f"({', '.join(str(m.value) for m in kind)})"
-        ) from None

@@ -1,0 +1,267 @@
+"""Snapshot manifests: what a committed snapshot's ``MANIFEST.json`` says, and its anchor.
+
+Why apart from the store (:mod:`.manifest`): the manifest is a wire format read by restore,
+the audit and tools, and every check of it is a pure function of its bytes and the run's
+config. Keeping those checks here, with no storage, lets a reader see at once what makes a
+manifest acceptable; the store adds only where manifests live and how they are committed.
+
+A snapshot is only as good as its **anchor**: the trainer checkpoint whose weights it
+continues from. Before the first optimizer step that is the bootstrap anchor (step 0, with a
+fingerprint of the rollout-relevant config); afterwards the newest durable ``step_<N>``. The
+snapshot cadence is independent of the trainer-checkpoint cadence: a snapshot taken at step
+``N + k`` anchors to ``step_<N>`` and carries the groups trained since N for replay.
+
+Parsing fails closed: a manifest of an unknown schema, with an unknown or missing field or a
+field of the wrong JSON type is refused, naming the field. The manifest records the sha256
+of every file, so a snapshot corrupted after publication is detected and skipped. The file
+names and schema version are spelled in :mod:`rolloutrun_runtime.contract.layout`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rolloutrun_runtime.contract.layout import MANIFEST_SCHEMA_VERSION, SNAPSHOT_DIR
+from rolloutrun_runtime.contract.run_config import RunConfig, flatten
+
+#: Config keys that may change between incarnations without invalidating a snapshot. All
+#: other keys count (fail closed): a new key added to RunConfig is part of the fingerprint
+#: until someone argues it is operational and lists it here.
+OPERATIONAL_KEYS: frozenset[str] = frozenset(
+    {
+        "name",
+        "logDir",
+        "gym.endpoints",
+        "gym.requestMaxBytes",
+        "gym.checkpointLeaseGraceSeconds",
+        "workers",
+        "policy.device",
+        "grpo.maxSteps",
+        "rollout.rolloutTimeoutSeconds",
+        "checkpointing.storageUri",
+        "checkpointing.resumeFrom",
+        "checkpointing.resumeHint",
+        "checkpointing.snapshotIntervalSeconds",
+        "checkpointing.snapshotEverySteps",
+        "checkpointing.keepLatest",
+        "checkpointing.trace",
+        "checkpointing.preemptionGraceSeconds",
+        "checkpointing.deferFinalize",
+        "checkpointing.savePeriod",
+    }
+)
+
+
+class ManifestError(RuntimeError):
+    """A snapshot manifest cannot be used; the message says which and why."""
+
+
+class FingerprintMismatchError(ManifestError):
+    """The run's rollout-relevant config differs from the one the snapshots were taken with."""
+
+    def __init__(self, source: str, differing: list[str]) -> None:
+        self.differing = differing
+        super().__init__(
+            f"{source}: the run config differs from the one its snapshots were taken with in "
+            f"{', '.join(differing)}; refusing to restore (start a new run, or restore the "
+            "previous values)"
+        )
+
+
+class PublicationFencedError(ManifestError):
+    """Another publisher committed this snapshot id first (a newer incarnation)."""
+
+
+# --------------------------------------------------------------------------- fingerprints
+def rollout_config_view(config: RunConfig) -> dict[str, Any]:
+    """The flattened rollout-relevant config: every key except the operational ones."""
+    return flatten(config.to_yaml_dict(), OPERATIONAL_KEYS)
+
+
+def differing_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Keys whose values differ, with both values, sorted by key."""
+    keys = sorted(set(saved) | set(current))
+    return [
+        f"{key} (was {saved.get(key, '<unset>')!r}, now {current.get(key, '<unset>')!r})"
+        for key in keys
+        if saved.get(key, ...) != current.get(key, ...)
+    ]
+
+
+# --------------------------------------------------------------------------- the manifest
+@dataclasses.dataclass(frozen=True)
+class Anchor:
+    """The trainer checkpoint a snapshot continues from."""
+
+    kind: str  # "bootstrap" or "step"
+    step: int
+    weight_version: int
+
+    @property
+    def name(self) -> str:
+        return "bootstrap" if self.kind == "bootstrap" else f"step_{self.step}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "step": self.step, "weight_version": self.weight_version}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Anchor:
+        kind = data["kind"]
+        if kind not in {"bootstrap", "step"}:
+            raise ValueError(f"unknown anchor kind {kind!r}")
+        return cls(kind=kind, step=int(data["step"]), weight_version=int(data["weight_version"]))
+
+
+BOOTSTRAP_ANCHOR = Anchor(kind="bootstrap", step=0, weight_version=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotManifest:
+    """What a committed snapshot holds and what it needs to be restored."""
+
+    run_name: str
+    snapshot_id: int
+    anchor: Anchor
+    fingerprint: str
+    config_view: dict[str, Any]
+    train_step: int
+    mutation_version: int
+    files: dict[str, dict[str, Any]]  # name -> {"sha256": hex, "bytes": n}
+    created_at: float
+    cut_time: float
+    incarnation: int = 0
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+
+    def to_bytes(self) -> bytes:
+        # Field by field, not dataclasses.asdict: that deep-copies the config view first.
+        data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        data["anchor"] = self.anchor.to_json()
+        return json.dumps(data, sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, source: str) -> SnapshotManifest:
+        data = parse_json_object(raw, source, "manifest is ")
+        version = data.get("schema_version")
+        if version != MANIFEST_SCHEMA_VERSION:
+            raise ManifestError(
+                f"{source}: unknown manifest schema version {version!r} "
+                f"(this runtime reads {MANIFEST_SCHEMA_VERSION})"
+            )
+        names = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        missing = sorted(
+            field.name
+            for field in dataclasses.fields(cls)
+            if field.name not in data
+            and field.default is dataclasses.MISSING
+            and field.default_factory is dataclasses.MISSING
+        )
+        if unknown or missing:
+            raise ManifestError(
+                f"{source}: malformed manifest (unknown fields: {unknown or 'none'}, "
+                f"missing fields: {missing or 'none'})"
+            )
+        wrong = _wrong_field_types(data)
+        if wrong:
+            raise ManifestError(f"{source}: malformed manifest ({'; '.join(wrong)})")
+        try:
+            data["anchor"] = Anchor.from_json(data["anchor"])
+            return cls(**data)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ManifestError(f"{source}: malformed manifest ({error})") from error
+
+
+#: The JSON type each manifest field must have (bool is not an int here: JSON ``true`` is not
+#: a step). A field of another type is a refusal naming it, never a ``TypeError`` later.
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "run_name": str,
+    "snapshot_id": int,
+    "anchor": dict,
+    "fingerprint": str,
+    "config_view": dict,
+    "train_step": int,
+    "mutation_version": int,
+    "files": dict,
+    "created_at": (int, float),
+    "cut_time": (int, float),
+    "incarnation": int,
+    "extra": dict,
+    "schema_version": int,
+}
+
+
+def _wrong_field_types(data: Mapping[str, Any]) -> list[str]:
+    """``"field X is T, expected U"`` for each manifest field (and file record) of a wrong type."""
+    wrong = []
+    for name, expected in _FIELD_TYPES.items():
+        value = data.get(name)
+        if name in data and (isinstance(value, bool) or not isinstance(value, expected)):
+            wanted = " or ".join(
+                t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,))
+            )
+            wrong.append(f"field {name} is {type(value).__name__}, expected {wanted}")
+    files = data.get("files")
+    for file_name, record in files.items() if isinstance(files, dict) else ():
+        if not (
+            isinstance(record, dict)
+            and isinstance(record.get("sha256"), str)
+            and isinstance(record.get("bytes"), int)
+            and not isinstance(record.get("bytes"), bool)
+        ):
+            wrong.append(f"field files[{file_name!r}] is not {{sha256: str, bytes: int}}")
+    return wrong
+
+
+def parse_json_object(raw: bytes, source: str, what: str = "") -> dict[str, Any]:
+    """``raw`` as a JSON object, else a ManifestError ``<source>: <what>not valid JSON``."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ManifestError(f"{source}: {what}not valid JSON ({error})") from error
+    if not isinstance(data, dict):
+        raise ManifestError(f"{source}: {what}not a JSON object")
+    return data
+
+
+def sha256_of(content: bytes | Path) -> tuple[str, int]:
+    """sha256 hex digest and size of bytes or a local file (streamed)."""
+    digest = hashlib.sha256()
+    if isinstance(content, Path):
+        size = 0
+        with content.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+                size += len(block)
+        return digest.hexdigest(), size
+    digest.update(content)
+    return digest.hexdigest(), len(content)
+
+
+def parse_snapshot_id(entry: str) -> int | None:
+    match = SNAPSHOT_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A committed snapshot that passed every check, ready to restore."""
+
+    manifest: SnapshotManifest
+    entry: str
+    manifest_uri: str
+    verified: dict[str, bytes] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    """Files already read and checked by ``verify``: a restore does not read them again."""
+
+
+@dataclasses.dataclass
+class SelectionReport:
+    """Why each newer snapshot was passed over (for logs and the trace)."""
+
+    chosen: Candidate | None = None
+    skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)

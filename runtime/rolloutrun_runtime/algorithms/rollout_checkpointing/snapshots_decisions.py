@@ -1,0 +1,169 @@
+"""The snapshot half's decisions: outcomes, the anchor, and which episodes a snapshot names.
+
+Why apart from :mod:`.snapshots`: everything here is a pure function of the ledger, the
+training progress or a captured ledger document, so each rule of an attempt (when it is
+skipped, which anchor it takes, which episodes the environment must export or retire, which
+attempts a restore relaunches from turn 0) can be read and tested without a barrier, storage
+or an environment. :class:`.snapshots.RolloutSnapshotter` runs the steps and does the I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import BOOTSTRAP_ANCHOR, Anchor
+from rolloutrun_runtime.algorithms.rollout_checkpointing.state import TrainingProgress
+from rolloutrun_runtime.environments.checkpointing import EnvironmentEpisode
+from rolloutrun_runtime.experience.rollout_recovery import AttemptStatus, RecoveryLedger
+
+
+class SnapshotError(RuntimeError):
+    """A capture or a snapshot cannot be taken (the message says why)."""
+
+
+class SnapshotOutcome(enum.StrEnum):
+    """``rollout/checkpoint_outcome`` values."""
+
+    PUBLISHED = "published"
+    PUBLISHED_PARTIAL_ENV = "published_partial_env"
+    """Published without the records of the environment instances that failed the phase."""
+    SKIPPED_UNCHANGED = "skipped_unchanged"
+    SKIPPED_COMMIT_WINDOW = "skipped_commit_window"
+    SKIPPED_ANCHOR_NOT_DURABLE = "skipped_anchor_not_durable"
+    DISCARDED_ENV = "discarded_env"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass
+class SnapshotTimings:
+    """``timing/rollout_checkpoint``: where a published snapshot's time went (seconds)."""
+
+    barrier_wait_s: float = 0.0
+    cut_held_s: float = 0.0
+    env_phase_s: float = 0.0
+    write_s: float = 0.0
+    publish_s: float = 0.0
+    pump_paused_s: float = 0.0
+    """How long the rollout pump could not mutate: the barrier wait plus the cut held."""
+
+
+def resolve_anchor(trainer_version: int, durable_step: int | None) -> Anchor:
+    """The newest durable trainer checkpoint, else the bootstrap anchor (initial weights).
+
+    Steps trained after the anchor are replayed from the snapshot, so any durable step at or
+    below the trainer version will do; the newest keeps the replay short.
+    """
+    if durable_step is None or durable_step <= 0:
+        return BOOTSTRAP_ANCHOR
+    if durable_step > trainer_version:
+        raise SnapshotError(
+            f"durable step {durable_step} is ahead of the trainer version {trainer_version}"
+        )
+    return Anchor("step", durable_step, durable_step)
+
+
+def dispatched_episodes(ledger: RecoveryLedger | None) -> list[EnvironmentEpisode]:
+    """The episodes the ledger has out on an environment instance (what a commit exports):
+    dispatched ones, and restored ones awaiting their dispatch (reserved under
+    ``gym_attempt > 0``; their instance holds them, and a restart continues them only from
+    a record, else relaunches them under a new rollout id)."""
+    if ledger is None:
+        return []
+    episodes = []
+    for group in ledger.groups():
+        for sibling in group.siblings:
+            attempt = sibling.current
+            out = attempt.status is AttemptStatus.DISPATCHED or (
+                attempt.status is AttemptStatus.RESERVED and attempt.gym_attempt > 0
+            )
+            if out and attempt.gym_instance_id:
+                episodes.append(
+                    EnvironmentEpisode(
+                        attempt.rollout_id, attempt.gym_attempt, attempt.gym_instance_id
+                    )
+                )
+    return sorted(episodes)
+
+
+def abandoned_episodes(ledger: RecoveryLedger | None) -> set[EnvironmentEpisode]:
+    """The attempts the ledger gave up (abandoned or failed) that ran on an instance: the
+    environment may still hold or run their episodes until they are retired."""
+    if ledger is None:
+        return set()
+    given_up = (AttemptStatus.ABANDONED, AttemptStatus.FAILED)
+    return {
+        EnvironmentEpisode(attempt.rollout_id, attempt.gym_attempt, attempt.gym_instance_id)
+        for group in ledger.groups()
+        for sibling in group.siblings
+        for attempt in sibling.attempts
+        if attempt.status in given_up and attempt.gym_instance_id
+    }
+
+
+def mark_restart_from_turn_zero(
+    ledger_document: Mapping[str, Any], episodes: Mapping[EnvironmentEpisode, str]
+) -> int:
+    """In a captured ledger document, mark the dispatched attempts of ``episodes`` (episode →
+    why it has no record) abandoned, so a restore relaunches their siblings as new attempts
+    instead of expecting a record; returns how many it marked. The live ledger is untouched:
+    the episodes run on in this incarnation."""
+    by_rollout = {episode.rollout_id: (episode, why) for episode, why in episodes.items()}
+    marked = 0
+    for group in ledger_document.get("groups", []):
+        for sibling in group["siblings"]:
+            attempt = sibling["attempts"][-1]
+            found = by_rollout.get(attempt["rollout_id"])
+            if found is None or attempt["status"] != str(AttemptStatus.DISPATCHED):
+                continue
+            episode, why = found
+            if (attempt["gym_attempt"], attempt["gym_instance_id"]) != (
+                episode.attempt,
+                episode.instance_id,
+            ):
+                continue
+            attempt["status"] = str(AttemptStatus.ABANDONED)
+            attempt["failure"] = f"restart: no environment record ({why})"
+            marked += 1
+    return marked
+
+
+def should_snapshot_after_step(step: int, every_steps: int) -> bool:
+    """Whether train step ``step`` completing is a snapshot's moment (``snapshotEverySteps``)."""
+    return every_steps > 0 and step > 0 and step % every_steps == 0
+
+
+def skip_outcome(
+    progress: TrainingProgress, *, force: bool, seen: tuple[int | None, int | None], now: int
+) -> SnapshotOutcome | None:
+    """Step 1: skip inside an optimizer commit, or when nothing changed since the last
+    published snapshot (``seen``: its mutation version and train step; ``now``: the barrier's
+    mutation version); None: go on."""
+    if progress.optimizer_commit_in_progress:
+        return SnapshotOutcome.SKIPPED_COMMIT_WINDOW
+    if not force and seen == (now, progress.trainer_version):
+        return SnapshotOutcome.SKIPPED_UNCHANGED
+    return None
+
+
+def require_replay_from(replay_after: int, anchor: Anchor) -> None:
+    """The rows kept for replay must start right after the anchor (else a resume from it
+    could not retrain the steps since)."""
+    if replay_after != anchor.step:
+        raise SnapshotError(
+            f"rows kept for replay start after step {replay_after}, but the anchor is {anchor.name}"
+        )
+
+
+def lost_episodes(
+    without_record: Iterable[EnvironmentEpisode], unavailable: Mapping[str, str]
+) -> dict[EnvironmentEpisode, str]:
+    """The episodes without a record because their instance failed the phase, each with why
+    (a restore relaunches them from turn 0: see :func:`mark_restart_from_turn_zero`)."""
+    return {
+        e: f"Gym {e.instance_id} unavailable: {unavailable[e.instance_id]}"
+        for e in without_record
+        if e.instance_id in unavailable
+    }

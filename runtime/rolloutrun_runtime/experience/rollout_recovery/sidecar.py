@@ -1,0 +1,125 @@
+"""The ledger's sidecar: the bytes saved beside the data plane's checkpoint, and their reader.
+
+Why apart from the ledger: the sidecar is a wire format with versions (schema 5 adds the
+spare-prompt pool, always present, possibly empty, to schema 4's batch shortfall and sampler
+stamping flag) and the data plane's metadata repeats its digest, schema and group count, so
+a reader checks the bytes against the checkpoint before it trusts a single record. The
+encoding is deterministic JSON (sorted keys, no spaces), so equal ledgers give equal digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rolloutrun_runtime.contract.layout import READABLE_LEDGER_SCHEMA_VERSIONS
+from rolloutrun_runtime.experience.rollout_recovery.ledger import RecoveryLedger
+from rolloutrun_runtime.experience.rollout_recovery.records import (
+    LedgerSidecarError,
+    PromptGroupRecord,
+    PromptRef,
+    _strict,
+)
+
+
+@dataclass(frozen=True)
+class LedgerSidecar:
+    """Serialized ledger bytes and the facts the data-plane metadata repeats."""
+
+    data: bytes
+    sha256: str
+    schema_version: int
+    group_count: int
+
+    def metadata(self) -> dict[str, Any]:
+        """What the data-plane checkpoint metadata records about this sidecar."""
+        return {
+            "rollout_recovery_schema": self.schema_version,
+            "rollout_recovery_sha256": self.sha256,
+            "rollout_recovery_groups": self.group_count,
+        }
+
+
+@dataclass
+class RecoveredLedger:
+    """What a sidecar holds: the ledger and the rollout state saved beside it."""
+
+    ledger: RecoveryLedger
+    schema_version: int
+    spare_prompts: list[PromptRef] | None
+    batch_shortfall: dict[int, int]
+    sampler_stamps_target_steps: bool
+
+
+def encode_sidecar(document: Mapping[str, Any]) -> LedgerSidecar:
+    """Serialize a :meth:`RecoveryLedger.sidecar_document` deterministically, with its sha256."""
+    data = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    return LedgerSidecar(
+        data=data,
+        sha256=hashlib.sha256(data).hexdigest(),
+        schema_version=int(document["schema_version"]),
+        group_count=len(document["groups"]),
+    )
+
+
+def read_recovery_sidecar(
+    data: bytes,
+    *,
+    expected_sha256: str | None = None,
+    expected_schema: int | None = None,
+    expected_group_count: int | None = None,
+) -> RecoveredLedger:
+    """Parse sidecar bytes (schema 4 or 5), checking them against the data-plane metadata."""
+    digest = hashlib.sha256(data).hexdigest()
+    if expected_sha256 is not None and digest != expected_sha256:
+        raise LedgerSidecarError(
+            f"recovery sidecar sha256 {digest} does not match the checkpoint's {expected_sha256}"
+        )
+    try:
+        document = json.loads(data)
+    except ValueError as error:
+        raise LedgerSidecarError(f"recovery sidecar is not valid JSON: {error}") from error
+    if not isinstance(document, dict):
+        raise LedgerSidecarError("recovery sidecar must be a JSON object")
+    version = document.get("schema_version")
+    if version not in READABLE_LEDGER_SCHEMA_VERSIONS:
+        raise LedgerSidecarError(
+            f"recovery sidecar schema {version!r} is not readable "
+            f"(this runtime reads {READABLE_LEDGER_SCHEMA_VERSIONS})"
+        )
+    if expected_schema is not None and version != expected_schema:
+        raise LedgerSidecarError(
+            f"recovery sidecar schema {version} does not match the checkpoint's {expected_schema}"
+        )
+    keys = {"schema_version", "groups", "batch_shortfall", "sampler_stamps_target_steps"}
+    if version >= 5:
+        keys.add("spare_prompts")
+    fields = _strict(document, "sidecar", keys)
+    groups_json = fields["groups"]
+    if not isinstance(groups_json, list):
+        raise LedgerSidecarError("sidecar.groups must be a list")
+    groups = [PromptGroupRecord.from_json(g, f"groups[{i}]") for i, g in enumerate(groups_json)]
+    if expected_group_count is not None and len(groups) != expected_group_count:
+        raise LedgerSidecarError(
+            f"recovery sidecar holds {len(groups)} groups; the checkpoint says "
+            f"{expected_group_count}"
+        )
+    shortfall_json = fields["batch_shortfall"]
+    if not isinstance(shortfall_json, dict):
+        raise LedgerSidecarError("sidecar.batch_shortfall must be an object")
+    spare: list[PromptRef] | None = None
+    if version >= 5:
+        spare_json = fields["spare_prompts"]
+        if not isinstance(spare_json, list):
+            raise LedgerSidecarError("sidecar.spare_prompts must be a list")
+        spare = [PromptRef.from_json(p, f"spare_prompts[{i}]") for i, p in enumerate(spare_json)]
+    return RecoveredLedger(
+        ledger=RecoveryLedger._from_groups(groups),
+        schema_version=int(version),
+        spare_prompts=spare,
+        batch_shortfall={int(k): int(v) for k, v in shortfall_json.items()},
+        sampler_stamps_target_steps=bool(fields["sampler_stamps_target_steps"]),
+    )
