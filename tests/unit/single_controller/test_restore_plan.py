@@ -41,7 +41,8 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     CONTROLLER_STATE_FILE,
     LEDGER_FILE,
 )
-from rolloutrun_runtime.algorithms.trainer_checkpoint import STATE_FILE, TrainerCheckpointer
+from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
+from rolloutrun_runtime.contract.layout import TRAINER_STATE_FILE as STATE_FILE
 from rolloutrun_runtime.contract.run_config import UNRESTORABLE_EXIT_CODE, RunConfig
 from rolloutrun_runtime.storage import open_storage
 
