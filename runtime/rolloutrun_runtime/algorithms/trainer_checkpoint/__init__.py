@@ -27,14 +27,7 @@ from rolloutrun_runtime.algorithms.trainer_checkpoint.errors import (
     CheckpointIntegrityError,
     TrainerCheckpointError,
 )
-from rolloutrun_runtime.algorithms.trainer_checkpoint.marker import (
-    TRAJECTORY_FILES,
-    CheckpointWriter,
-    CommitMarker,
-    describe_writer,
-    differing_trajectory_files,
-    file_digest,
-)
+from rolloutrun_runtime.algorithms.trainer_checkpoint.marker import CheckpointWriter
 from rolloutrun_runtime.algorithms.trainer_checkpoint.store import (
     LoadedTrainerCheckpoint,
     TrainerCapture,
@@ -55,21 +48,16 @@ __all__ = [
     "OPTIMIZER_FILE",
     "RNG_FILE",
     "TRAINER_CHECKPOINT_FORMAT",
-    "TRAJECTORY_FILES",
     "CheckpointClashError",
     "CheckpointIntegrityError",
     "CheckpointWriter",
-    "CommitMarker",
     "LoadedTrainerCheckpoint",
     "TrainerCapture",
     "TrainerCheckpointError",
     "TrainerCheckpointer",
     "capture_rng",
     "decode_rng",
-    "describe_writer",
-    "differing_trajectory_files",
     "encode_rng",
-    "file_digest",
     "restore_rng",
     "step_entry",
 ]
