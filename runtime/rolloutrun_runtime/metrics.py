@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
-FINAL_WEIGHTS_FILE = "final_weights.sha256"
+# FINAL_WEIGHTS_FILE stays importable from here for the trainer that writes it.
+from rolloutrun_runtime.contract.layout import FINAL_WEIGHTS_FILE as FINAL_WEIGHTS_FILE
+from rolloutrun_runtime.contract.layout import METRICS_FILE
 
 #: Keys every step line has (the issue's contract with users and tests).
 REQUIRED_KEYS = (

@@ -22,7 +22,7 @@ import pytest
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import read_events
 from rolloutrun_runtime.audit import run_audit
-from rolloutrun_runtime.chaos import _trainer_command, run_reference, write_chaos_config
+from rolloutrun_runtime.chaos.processes import _trainer_command, run_reference, write_chaos_config
 from rolloutrun_runtime.contract.layout import TRACE_FILE
 from rolloutrun_runtime.crash import ENV_VAR
 from rolloutrun_runtime.launcher import GymProcess, start_gym, stop_process

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from rolloutrun_runtime import audit as A
+from rolloutrun_runtime.contract import layout
 from rolloutrun_runtime.data_plane import DataPlane
 from rolloutrun_runtime.storage import open_storage, publish_entry
 
+DATA_PLANE_METADATA = layout.DATA_PLANE_PREFIX + layout.DATA_PLANE_METADATA_FILE
 SIZE = 6
 SEED = 11
 
@@ -283,10 +285,10 @@ def _write_run(run_dir: Path, *, trained_prompts: list[int], position: int) -> N
         "replay": [],
     }
     files = {
-        A.TRAINER_STATE_FILE: json.dumps(state).encode(),
-        A.JOURNAL_FILE: json.dumps(journal).encode(),
-        A.LEDGER_FILE: sidecar,
-        A.DATA_PLANE_METADATA: DataPlane().to_files({"replay": []})["metadata.json"],
+        layout.TRAINER_STATE_FILE: json.dumps(state).encode(),
+        layout.JOURNAL_FILE: json.dumps(journal).encode(),
+        layout.LEDGER_FILE: sidecar,
+        DATA_PLANE_METADATA: DataPlane().to_files({"replay": []})["metadata.json"],
     }
     publish_entry(storage, "step_1", files)
     (run_dir / "gym-0.audit.jsonl").write_text(
@@ -336,7 +338,7 @@ def test_cli_fails_a_run_that_lost_a_prompt(
 def test_corrupt_sidecar_is_an_error_not_a_verdict(tmp_path: Path, config_file: Path) -> None:
     run_dir = tmp_path / "run"
     _write_run(run_dir, trained_prompts=_perm(0)[:4], position=4)
-    state_file = run_dir / "checkpoints" / "step_1" / A.TRAINER_STATE_FILE
+    state_file = run_dir / "checkpoints" / "step_1" / layout.TRAINER_STATE_FILE
     state = json.loads(state_file.read_text())
     state["rollout_recovery"] = {"rollout_recovery_sha256": "0" * 64}
     state_file.write_text(json.dumps(state))
@@ -357,9 +359,9 @@ def _write_snapshot(run_dir: Path, *, trained_prompts: list[int], damaged: bool)
     step1 = run_dir / "checkpoints" / "step_1"
     files = {
         name: (step1 / name).read_bytes()
-        for name in (A.JOURNAL_FILE, A.LEDGER_FILE, A.DATA_PLANE_METADATA)
+        for name in (layout.JOURNAL_FILE, layout.LEDGER_FILE, DATA_PLANE_METADATA)
     }
-    journal = json.loads(files[A.JOURNAL_FILE])
+    journal = json.loads(files[layout.JOURNAL_FILE])
     journal["steps"].append(
         {
             "step": 2,
@@ -370,10 +372,10 @@ def _write_snapshot(run_dir: Path, *, trained_prompts: list[int], damaged: bool)
             ],
         }
     )
-    files[A.JOURNAL_FILE] = json.dumps(journal).encode()
-    state = json.loads((step1 / A.TRAINER_STATE_FILE).read_text())
+    files[layout.JOURNAL_FILE] = json.dumps(journal).encode()
+    state = json.loads((step1 / layout.TRAINER_STATE_FILE).read_text())
     state["dataloader"]["position"] = SIZE
-    files[A.SNAPSHOT_STATE_FILE] = json.dumps(state).encode()
+    files[layout.CONTROLLER_STATE_FILE] = json.dumps(state).encode()
     manifest = {
         "train_step": 2,
         "files": {
@@ -382,7 +384,7 @@ def _write_snapshot(run_dir: Path, *, trained_prompts: list[int], damaged: bool)
         },
     }
     if damaged:
-        files[A.JOURNAL_FILE] += b" "
+        files[layout.JOURNAL_FILE] += b" "
     entry = "rollout_snapshots/snapshot_000001"
     for name, data in files.items():
         storage.write_bytes(f"{entry}/{name}", data)

@@ -20,6 +20,7 @@ from tests.storage.storage_params import BUCKET
 from tests.unit.test_audit import _perm, _write_run
 
 from rolloutrun_runtime import audit as A
+from rolloutrun_runtime.contract.layout import GYM_AUDIT_PREFIX
 from rolloutrun_runtime.environments.gym.effects import effect_key, legacy_effect_key
 from rolloutrun_runtime.storage import CheckpointStorage, open_storage
 
@@ -49,7 +50,7 @@ def _put(
         if legacy
         else effect_key(entry["rollout_id"], entry["revision"])
     )
-    key = f"{A.GYM_AUDIT_PREFIX}/{name}"
+    key = f"{GYM_AUDIT_PREFIX}/{name}"
     storage.write_bytes_if_absent(key, body if body is not None else json.dumps(entry).encode())
     return key
 
@@ -65,7 +66,7 @@ def test_effect_objects_are_loaded_with_the_audit_files(
     _put(storage, _entry("demo-gym-1", ".dotted", 1))
     _put(storage, _entry("demo-gym-1", "pg1_g1_aB", 1), legacy=False)
     # Neither effect objects nor audit lines: a file:// cluster run's audit files live here.
-    storage.write_bytes(f"{A.GYM_AUDIT_PREFIX}/gym-0.audit.jsonl", b"not read as an object\n")
+    storage.write_bytes(f"{GYM_AUDIT_PREFIX}/gym-0.audit.jsonl", b"not read as an object\n")
     storage.write_bytes("step_1/unrelated.json", b"{}")
 
     effects, torn = A.load_side_effects(run_dir, storage)
@@ -116,7 +117,7 @@ def test_one_effect_under_two_replicas_prefixes_is_a_duplicate(
     report = A.check_side_effects(effects, torn)
     assert report.duplicated == 2
     assert report.duplicated_examples[1]["files"] == sorted(
-        [third, f"{A.GYM_AUDIT_PREFIX}/" + legacy_effect_key("demo-gym-1", "r", 2)]
+        [third, f"{GYM_AUDIT_PREFIX}/" + legacy_effect_key("demo-gym-1", "r", 2)]
     )
 
 

@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import re
 
+#: Under a run's log directory: its storage when ``checkpointing.storageUri`` is not set.
+DEFAULT_STORAGE_DIR = "checkpoints"
+
 # ------------------------------------------------------------------ trainer checkpoints
 #: Format of a ``step_<N>`` entry: 2 adds the ``COMMITTED`` marker with per-file checksums.
 TRAINER_CHECKPOINT_FORMAT = 2

@@ -27,6 +27,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
+from rolloutrun_runtime.contract.layout import DEFAULT_STORAGE_DIR
+
 #: Storage URIs the runtime can write checkpoints to (see ``rolloutrun_runtime.storage``).
 STORAGE_URI_PATTERN = (
     r"^(file://(/[^\s]*)?|gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?|/[^\s]*)$"
@@ -419,7 +421,7 @@ class RunConfig(_Model):
         """The checkpoint storage URI, defaulting to ``file://<logDir>/checkpoints``."""
         uri = self.checkpointing.storage_uri
         if uri is None:
-            return "file://" + str((Path(self.log_dir) / "checkpoints").resolve())
+            return "file://" + str((Path(self.log_dir) / DEFAULT_STORAGE_DIR).resolve())
         if uri.startswith("/"):
             return "file://" + uri
         return uri

@@ -35,13 +35,14 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
     hint_note,
     newest_first,
 )
-from rolloutrun_runtime.algorithms.trainer_checkpoint import STATE_FILE, TrainerCheckpointer
+from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
 from rolloutrun_runtime.contract.layout import (
     CONTROLLER_STATE_FILE,
     LEDGER_FILE,
     MANIFEST_NAME,
     snapshot_dir,
 )
+from rolloutrun_runtime.contract.layout import TRAINER_STATE_FILE as STATE_FILE
 from rolloutrun_runtime.contract.run_config import UNRESTORABLE_EXIT_CODE, RunConfig
 from rolloutrun_runtime.storage import open_storage
 
