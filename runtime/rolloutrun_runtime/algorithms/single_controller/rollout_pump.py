@@ -54,6 +54,7 @@ from rolloutrun_runtime.experience.rollout_recovery import (
     LiveCut,
     PromptRef,
     RestoreLevel,
+    RolloutAttempt,
     new_attempt,
     new_uuid_hex,
     sibling_id_for,
@@ -275,12 +276,12 @@ class RolloutPump:
         self,
         run: GroupRun,
         index: int,
-        attempt: Any,
+        attempt: RolloutAttempt,
         replica: GymReplica,
         error: GymUnavailableError,
         tries: int,
-        local_attempt: Any,
-    ) -> Any:
+        local_attempt: RolloutAttempt | None,
+    ) -> RolloutAttempt | None:
         """Infrastructure, not a sample: no attempt of maxAttempts is spent; the sibling
         stays pending under a new attempt after a backoff (GymOutageError past the budget).
         A new attempt, because the lost replica may have started the old one. Returns the
@@ -313,11 +314,11 @@ class RolloutPump:
         self,
         run: GroupRun,
         index: int,
-        attempt: Any,
+        attempt: RolloutAttempt,
         error: GymCallError,
         failures: int,
-        local_attempt: Any,
-    ) -> Any:
+        local_attempt: RolloutAttempt | None,
+    ) -> RolloutAttempt | None:
         """A failed sample: retry under a new attempt, or give the group up once
         ``maxAttempts`` are spent. Returns the next local attempt (without a ledger)."""
         sibling_id = sibling_id_for(run.group_id, index)
@@ -344,7 +345,9 @@ class RolloutPump:
             raise _GroupGivenUp(f"{sibling_id}: {error}") from error
         return local_attempt
 
-    async def _seal(self, run: GroupRun, index: int, attempt: Any, row: dict[str, Any]) -> None:
+    async def _seal(
+        self, run: GroupRun, index: int, attempt: RolloutAttempt, row: dict[str, Any]
+    ) -> None:
         """Stage a sibling's result and seal its attempt (one ``rollout_seals`` mutation)."""
         state = self.state
         key = attempt.episode.capture_key
