@@ -14,6 +14,12 @@ The moments:
 - ``on_anchor(step)`` after each committed trainer checkpoint ``step_<N>``;
 - ``on_published(published)`` after each published snapshot manifest;
 - ``on_snapshot(record)`` after each snapshot attempt, published or skipped.
+
+Who calls them: the train pump ``on_step``; the trainer checkpoints ``fence`` before a
+publish; the snapshotter ``fence``, ``on_published`` and ``on_snapshot``. ``run_trainer``
+also wires ``fence`` and ``on_anchor`` into its trainer checkpointer
+(``pod.fenced_checkpointer``), which asks the fence again right before the ``step_<N>``
+marker and reports the anchor once it is written.
 """
 
 from __future__ import annotations
