@@ -126,6 +126,7 @@ def stop_process(process: subprocess.Popen[str]) -> None:
 def main(args: argparse.Namespace) -> int:
     import asyncio
 
+    from rolloutrun_runtime.algorithms.single_controller.hooks import OnStep
     from rolloutrun_runtime.contract.run_config import ConfigError, load_run_config
     from rolloutrun_runtime.metrics import format_progress
     from rolloutrun_runtime.storage import StorageError
@@ -159,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
             if not args.quiet:
                 print(format_progress(record, cfg.grpo.max_steps), flush=True)
 
-        result = asyncio.run(run_trainer(cfg, on_step=progress))
+        result = asyncio.run(run_trainer(cfg, hooks=OnStep(progress)))
     except LaunchError as error:
         print(f"rolloutrun train: {error}", file=sys.stderr)
         return 1

@@ -12,14 +12,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import logging
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rolloutrun_runtime.contract.layout import SNAPSHOTS_LOG
 from rolloutrun_runtime.pod import (
     EXIT_FENCED,
     PodLease,
@@ -29,6 +30,7 @@ from rolloutrun_runtime.pod import (
 )
 
 if TYPE_CHECKING:
+    from rolloutrun_runtime.algorithms.single_controller import RunHooks, SingleController
     from rolloutrun_runtime.contract.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
@@ -105,16 +107,7 @@ async def _run_until_signalled(cfg: RunConfig, pod: PodLease | None = None) -> i
 
     pod = pod or PodLease()
     preemption = asyncio.Event()  # SIGTERM: snapshot within the grace, then stop (143)
-    task = asyncio.ensure_future(
-        run_trainer(
-            cfg,
-            on_step=pod.on_step,
-            fence=pod.fence if pod.lease is not None else None,
-            on_published=pod.on_published,
-            on_anchor=pod.on_anchor,
-            preemption=preemption,
-        )
-    )
+    task = asyncio.ensure_future(run_trainer(cfg, hooks=_PodHooks(pod), preemption=preemption))
     loop = asyncio.get_running_loop()
     pod.attach(loop, task)
     loop.add_signal_handler(signal.SIGTERM, preemption.set)
@@ -134,25 +127,23 @@ async def _run_until_signalled(cfg: RunConfig, pod: PodLease | None = None) -> i
 async def run_trainer(
     cfg: RunConfig,
     *,
-    on_step: Callable[[dict[str, Any]], None] | None = None,
-    fence: Callable[[], None] | None = None,
-    on_published: Callable[[dict[str, Any]], None] | None = None,
-    on_anchor: Callable[[int], None] | None = None,
+    hooks: RunHooks | None = None,
     preemption: asyncio.Event | None = None,
 ) -> TrainerResult:
     """Build the policy, workers and controller; resume if a checkpoint exists; run.
 
-    ``fence`` is called right before a trainer checkpoint (and, in the controller, a
-    manifest) is committed and raises to refuse it; ``on_anchor`` gets each committed
-    ``step_<N>``, ``on_published`` each published snapshot manifest.
+    ``hooks.fence`` is called right before a trainer checkpoint (and, in the controller, a
+    manifest) is committed and raises to refuse it; ``hooks.on_anchor`` gets each committed
+    ``step_<N>``, ``hooks.on_published`` each published snapshot manifest, ``hooks.on_step``
+    each step's record (after the trainer wrote it to the metrics log).
     """
     import torch
 
     from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TRACE_FILE, TraceWriter
     from rolloutrun_runtime.algorithms.single_controller import SingleController
-    from rolloutrun_runtime.metrics import FINAL_WEIGHTS_FILE, MetricsWriter
-    from rolloutrun_runtime.policy.model import build_model, state_sha256
+    from rolloutrun_runtime.metrics import MetricsWriter
+    from rolloutrun_runtime.policy.model import build_model
     from rolloutrun_runtime.policy.tokenizer import TOKENIZER
     from rolloutrun_runtime.storage import open_storage
     from rolloutrun_runtime.workers import build_workers
@@ -164,20 +155,13 @@ async def run_trainer(
 
     model = build_model(cfg.policy, TOKENIZER.vocab_size, cfg.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
+    hooks = _TrainerHooks(hooks, MetricsWriter(log_dir), log_dir / SNAPSHOTS_LOG)
     checkpointer = fenced_checkpointer(
         open_storage(cfg.resolved_storage_uri()),
         cfg.checkpointing.keep_latest,
-        fence=fence,
-        on_anchor=on_anchor,
+        fence=hooks.fence,
+        on_anchor=hooks.on_anchor,
     )
-    metrics = MetricsWriter(log_dir)
-
-    def record(step: dict[str, Any]) -> None:
-        metrics.write(step)
-        if on_step is not None:
-            on_step(step)
-
-    manifests = ManifestStore(checkpointer.storage, cfg.name)
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
     host, port = generation_address()
     workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port)
@@ -192,26 +176,13 @@ async def run_trainer(
             workers=workers,
             gym_endpoints=list(cfg.gym.endpoints),
             checkpointer=checkpointer,
-            on_step=record,
             pad_id=TOKENIZER.pad_id,
             trace=trace,
-            manifests=manifests,
+            manifests=ManifestStore(checkpointer.storage, cfg.name),
             environment=environment,
-            fence=fence,
-            on_published=on_published,
-            on_snapshot=_snapshot_log(log_dir),
+            hooks=hooks,
         )
-        restored = await controller.restore()
-        resumed_from = restored.source.path if restored is not None else None
-        if resumed_from:
-            logger.info("resumed from %s", resumed_from)
-        trace.emit(
-            "run_started",
-            incarnation=None,
-            resumed_from=resumed_from,
-            snapshot_id=restored.snapshot_id if restored is not None else None,
-            cut_time=restored.cut_time if restored is not None else None,
-        )
+        resumed_from = await _restore(controller, trace)
         # Start-up left ~190k long-lived objects (torch, the model, the restore); a full
         # cyclic-GC pass over them takes 100-200 ms and stalls both pumps, and a snapshot's
         # allocations make such passes frequent. Freeze them out of future passes
@@ -225,7 +196,33 @@ async def run_trainer(
         await workers.stop()
         await environment.close()
         trace.close()
-    digest = state_sha256(model.state_dict())
+    return _finished(controller, log_dir, resumed_from)
+
+
+async def _restore(controller: SingleController, trace: Any) -> str | None:
+    """Resume the controller from the newest restorable entry; returns its path, if any."""
+    restored = await controller.restore()
+    resumed_from = restored.source.path if restored is not None else None
+    if resumed_from:
+        logger.info("resumed from %s", resumed_from)
+    trace.emit(
+        "run_started",
+        incarnation=None,
+        resumed_from=resumed_from,
+        snapshot_id=restored.snapshot_id if restored is not None else None,
+        cut_time=restored.cut_time if restored is not None else None,
+    )
+    return resumed_from
+
+
+def _finished(
+    controller: SingleController, log_dir: Path, resumed_from: str | None
+) -> TrainerResult:
+    """Write the final weights' digest and report the run."""
+    from rolloutrun_runtime.metrics import FINAL_WEIGHTS_FILE
+    from rolloutrun_runtime.policy.model import state_sha256
+
+    digest = state_sha256(controller.model.state_dict())
     (log_dir / FINAL_WEIGHTS_FILE).write_text(digest + "\n")
     logger.info(
         "trainer finished at step %d; weights sha256 %s", controller.trainer_version, digest
@@ -239,23 +236,60 @@ async def run_trainer(
     )
 
 
-#: Where snapshot attempts are logged, one JSON line each (``"kind": "snapshot"``).
-SNAPSHOTS_LOG = "snapshots.jsonl"
+class _TrainerHooks:
+    """The caller's hooks, plus what the trainer itself records: each step in the metrics
+    log, each snapshot attempt (outcome and timings) as one JSON line in ``snapshots.jsonl``."""
+
+    def __init__(self, outer: RunHooks | None, metrics: Any, snapshots_log: Path) -> None:
+        from rolloutrun_runtime.algorithms.single_controller.hooks import NoHooks
+
+        self.outer: RunHooks = outer if outer is not None else NoHooks()
+        self.metrics = metrics
+        self.snapshots_log = snapshots_log
+
+    def fence(self) -> None:
+        self.outer.fence()
+
+    def on_step(self, record: dict[str, Any]) -> None:
+        self.metrics.write(record)
+        self.outer.on_step(record)
+
+    def on_anchor(self, step: int) -> None:
+        self.outer.on_anchor(step)
+
+    def on_published(self, published: dict[str, Any]) -> None:
+        self.outer.on_published(published)
+
+    def on_snapshot(self, record: dict[str, Any]) -> None:
+        with self.snapshots_log.open("a") as handle:
+            handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        self.outer.on_snapshot(record)
+
+
+class _PodHooks:
+    """The pod's lease as run hooks: fencing, and progress annotations on the Lease."""
+
+    def __init__(self, pod: PodLease) -> None:
+        self.pod = pod
+
+    def fence(self) -> None:
+        self.pod.fence()  # nothing to fence without a lease
+
+    def on_step(self, record: dict[str, Any]) -> None:
+        self.pod.on_step(record)
+
+    def on_anchor(self, step: int) -> None:
+        self.pod.on_anchor(step)
+
+    def on_published(self, published: dict[str, Any]) -> None:
+        self.pod.on_published(published)
+
+    def on_snapshot(self, record: dict[str, Any]) -> None:
+        return None
+
+
 #: The Gym control token (turn-level recovery), shared with the Gym processes.
 ENV_GYM_CONTROL_TOKEN = "ROLLOUTRUN_GYM_CONTROL_TOKEN"
-
-
-def _snapshot_log(log_dir: Path) -> Callable[[dict[str, Any]], None]:
-    """Append each snapshot attempt's outcome and timings to ``DIR/snapshots.jsonl``."""
-    import json
-
-    path = log_dir / SNAPSHOTS_LOG
-
-    def write(record: dict[str, Any]) -> None:
-        with path.open("a") as handle:
-            handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
-
-    return write
 
 
 async def _environment_checkpoint(cfg: RunConfig) -> Any:

@@ -19,6 +19,7 @@ import pytest
 
 from rolloutrun_runtime.algorithms.gym_client import GymOutageError
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import read_events
+from rolloutrun_runtime.algorithms.single_controller import OnStep
 from rolloutrun_runtime.contract.layout import TRACE_FILE
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.metrics import read_metrics
@@ -77,8 +78,9 @@ def _config(tmp_path: Any, **rollout: Any) -> RunConfig:
     )
 
 
-async def _run(cfg: RunConfig, **kwargs: Any) -> Any:
-    return await asyncio.wait_for(run_trainer(cfg, **kwargs), RUN_LIMIT_S)
+async def _run(cfg: RunConfig, on_step: Any = None, **kwargs: Any) -> Any:
+    hooks = OnStep(on_step) if on_step is not None else None
+    return await asyncio.wait_for(run_trainer(cfg, hooks=hooks, **kwargs), RUN_LIMIT_S)
 
 
 async def test_gyms_restarted_mid_run_lose_no_group_and_change_no_weight(tmp_path):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rolloutrun_runtime.algorithms.single_controller import SingleController
+from rolloutrun_runtime.algorithms.single_controller.rollout_pump import RolloutPump
 from rolloutrun_runtime.metrics import read_metrics
 from rolloutrun_runtime.trainer import run_trainer
 
@@ -64,10 +64,10 @@ async def test_a_step_trained_after_a_restore_reports_the_reference_metrics(
     # holding back every later finalization until the stop: the snapshot holds some of step
     # 5's rollouts, the resumed run generates the rest.
     preemption = asyncio.Event()
-    finalize = SingleController._finalize_group
+    finalize = RolloutPump._finalize_group
     finalized: list[int] = []
 
-    async def finalize_then_preempt(self: SingleController, run: Any) -> None:
+    async def finalize_then_preempt(self: RolloutPump, run: Any) -> None:
         if preemption.is_set():
             await asyncio.Event().wait()  # until the preemption cancels the run
         await finalize(self, run)
@@ -76,7 +76,7 @@ async def test_a_step_trained_after_a_restore_reports_the_reference_metrics(
             preemption.set()
 
     cfg = await gym_endpoints(_config(tmp_path / "preempted"))
-    monkeypatch.setattr(SingleController, "_finalize_group", finalize_then_preempt)
+    monkeypatch.setattr(RolloutPump, "_finalize_group", finalize_then_preempt)
     with pytest.raises(asyncio.CancelledError):
         await asyncio.ensure_future(_run(cfg, preemption=preemption))
     monkeypatch.undo()

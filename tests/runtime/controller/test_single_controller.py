@@ -15,7 +15,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import (
     batch_age_by_step,
     read_events,
 )
-from rolloutrun_runtime.algorithms.single_controller import LEDGER_FILE, ControllerError
+from rolloutrun_runtime.algorithms.single_controller import LEDGER_FILE, ControllerError, OnStep
 from rolloutrun_runtime.algorithms.trainer_checkpoint import (
     CheckpointIntegrityError,
     TrainerCheckpointer,
@@ -32,8 +32,9 @@ from .conftest import tiny_config
 RUN_LIMIT_S = 150
 
 
-async def _run(cfg, **kwargs):
-    return await asyncio.wait_for(run_trainer(cfg, **kwargs), RUN_LIMIT_S)
+async def _run(cfg, on_step=None, **kwargs):
+    hooks = OnStep(on_step) if on_step is not None else None
+    return await asyncio.wait_for(run_trainer(cfg, hooks=hooks, **kwargs), RUN_LIMIT_S)
 
 
 @pytest.mark.parametrize("staleness", [0, 2])

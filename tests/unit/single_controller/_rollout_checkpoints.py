@@ -20,7 +20,7 @@ import torch
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import SnapshotOutcome
-from rolloutrun_runtime.algorithms.single_controller import SingleController
+from rolloutrun_runtime.algorithms.single_controller import NoHooks, SingleController
 from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint
@@ -112,13 +112,10 @@ class Harness:
             workers=workers,
             gym_endpoints=list(cfg.gym.endpoints),
             checkpointer=TrainerCheckpointer(storage, cfg.checkpointing.keep_latest),
-            on_step=on_step,
             pad_id=TOKENIZER.pad_id,
             manifests=ManifestStore(storage, cfg.name),
             environment=environment,
-            fence=fence,
-            on_published=self.published.append,
-            on_snapshot=self.records.append,
+            hooks=_HarnessHooks(self, on_step, fence),
         )
 
     async def close(self) -> None:
@@ -128,6 +125,35 @@ class Harness:
             await environment.close()
         for runner in self.runners:
             await runner.cleanup()
+
+
+class _HarnessHooks(NoHooks):
+    """The test's ``on_step`` and ``fence``; published manifests and snapshot records are
+    collected on the harness."""
+
+    def __init__(
+        self,
+        harness: Harness,
+        on_step: Callable[[dict[str, Any]], None] | None,
+        fence: Callable[[], None] | None,
+    ) -> None:
+        self.harness = harness
+        self._on_step = on_step
+        self._fence = fence
+
+    def fence(self) -> None:
+        if self._fence is not None:
+            self._fence()
+
+    def on_step(self, record: dict[str, Any]) -> None:
+        if self._on_step is not None:
+            self._on_step(record)
+
+    def on_published(self, published: dict[str, Any]) -> None:
+        self.harness.published.append(published)
+
+    def on_snapshot(self, record: dict[str, Any]) -> None:
+        self.harness.records.append(record)
 
 
 @asynccontextmanager
@@ -165,7 +191,7 @@ def snapshot_after_commits(
     """Right after each listed step commits (inside the train pump, so at exactly that
     step), force a snapshot attempt and record its outcome; returns an event set after a
     step in ``stop`` commits (for ``run_until_stopped``)."""
-    original = controller._commit_step
+    original = controller.train_pump.commit_step
     stopped = asyncio.Event()
 
     async def commit_then_snapshot(selected: Any) -> None:
@@ -175,7 +201,7 @@ def snapshot_after_commits(
         if selected.step in stop:
             stopped.set()
 
-    controller._commit_step = commit_then_snapshot  # type: ignore[method-assign]
+    controller.train_pump.commit_step = commit_then_snapshot  # type: ignore[method-assign]
     return stopped
 
 

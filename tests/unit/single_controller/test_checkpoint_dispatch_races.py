@@ -75,7 +75,7 @@ async def test_a_snapshot_inside_an_unfinished_step_returns_its_groups_to_it(tmp
     async with harness() as h:
         cfg = await h.start_gyms(tiny_config(tmp_path, grpo={"maxSteps": 4}))
         first = await h.controller(cfg)
-        original_commit = first._commit_step
+        original_commit = first.train_pump.commit_step
         open_groups: list[str] = []
         stop = asyncio.Event()
 
@@ -89,7 +89,7 @@ async def test_a_snapshot_inside_an_unfinished_step_returns_its_groups_to_it(tmp
             if selected.step == 3:
                 stop.set()
 
-        first._commit_step = commit_with_a_snapshot_first  # type: ignore[method-assign]
+        first.train_pump.commit_step = commit_with_a_snapshot_first  # type: ignore[method-assign]
         await run_until_stopped(first, stop)
         assert open_groups
 

@@ -41,6 +41,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     CaptureKind,
     RolloutRuntimeState,
 )
+from rolloutrun_runtime.algorithms.single_controller import OnStep
 from rolloutrun_runtime.contract.layout import CONTROLLER_STATE_FILE, LEDGER_FILE, snapshot_dir
 from rolloutrun_runtime.environments.checkpointing import EnvironmentEpisode
 from rolloutrun_runtime.experience.rollout_recovery import (
@@ -168,10 +169,10 @@ async def test_capture_kinds_and_the_attempts_skips(tmp_path) -> None:
         assert await snapshots.attempt() is SnapshotOutcome.PUBLISHED
         assert await snapshots.attempt() is SnapshotOutcome.SKIPPED_UNCHANGED
         assert await snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
-        controller._optimizer_commit_in_progress = True
+        controller.state.optimizer_commit_in_progress = True
         assert await snapshots.attempt(force=True) is SnapshotOutcome.SKIPPED_COMMIT_WINDOW
-        controller._optimizer_commit_in_progress = False
-        controller._durable_step = 1  # claims step_1 durable: storage has only step_2
+        controller.state.optimizer_commit_in_progress = False
+        controller.state.durable_step = 1  # claims step_1 durable: storage has only step_2
         assert await snapshots.attempt(force=True) is SnapshotOutcome.SKIPPED_ANCHOR_NOT_DURABLE
         outcomes = [r["rollout/checkpoint_outcome"] for r in h.records]
         assert outcomes == [
@@ -380,7 +381,7 @@ async def test_turn_level_capture_and_restore_through_the_gym_control_plane(tmp_
         second = await h.controller(cfg)
         restored = await second.restore()
         assert restored is not None and restored.environment_snapshot is not None
-        resumed = second._restored_episodes
+        resumed = second.resumption.restored_episodes
         assert resumed, "no episode was handed back to its Gym instance"
         assert set(resumed.values()) <= {"gym-0", "gym-1"}
         await run_to_end(second)
@@ -402,7 +403,7 @@ async def test_preemption_notice_publishes_a_snapshot_then_stops_the_run(tmp_pat
             if record["step"] == 2:
                 notice.set()
 
-        run = asyncio.ensure_future(run_trainer(cfg, on_step=on_step, preemption=notice))
+        run = asyncio.ensure_future(run_trainer(cfg, hooks=OnStep(on_step), preemption=notice))
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(run, 120)
         lines = (Path(cfg.log_dir) / SNAPSHOTS_LOG).read_text().splitlines()
@@ -573,7 +574,7 @@ async def test_an_export_that_disagrees_with_the_cut_is_discarded(tmp_path, tamp
                 return dataclasses.replace(snapshot, records=records)
             if tamper == "missing_record":
                 return dataclasses.replace(snapshot, copy_missing=snapshot.copy_missing[1:])
-            controller._optimizer_commit_in_progress = True
+            controller.state.optimizer_commit_in_progress = True
             return snapshot
 
         environment.commit = commit
@@ -590,7 +591,7 @@ async def test_an_export_that_disagrees_with_the_cut_is_discarded(tmp_path, tamp
         }[tamper]
         assert expected in error and store.committed_ids() == before
         environment.commit = original
-        controller._optimizer_commit_in_progress = False
+        controller.state.optimizer_commit_in_progress = False
         assert await controller.rollout_snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
 
 
@@ -640,7 +641,7 @@ async def test_a_restore_the_ledger_refuses_leaves_the_gym_as_before(tmp_path, c
 
         second = await h.controller(cfg)
         assert await second.restore() is not None
-        handed_back = dict(second._restored_episodes)
+        handed_back = dict(second.resumption.restored_episodes)
         assert handed_back, "no episode was handed back to its Gym instance"
 
         def refuse(cut, restored=None):
@@ -660,7 +661,7 @@ async def test_a_restore_the_ledger_refuses_leaves_the_gym_as_before(tmp_path, c
         caplog.clear()
         third = await h.controller(cfg)
         assert await third.restore() is not None
-        assert set(third._restored_episodes.items()) <= set(handed_back.items())
+        assert set(third.resumption.restored_episodes.items()) <= set(handed_back.items())
         # refusals name the rollout: "episode <rollout_id> restarts from turn 0: <why>"
         refusals = {
             message.split()[1]: message
@@ -668,7 +669,7 @@ async def test_a_restore_the_ledger_refuses_leaves_the_gym_as_before(tmp_path, c
             if "restarts from turn 0" in message
         }
         assert all("already ran here" not in message for message in refusals.values())
-        lost = set(handed_back) - set(third._restored_episodes)
+        lost = set(handed_back) - set(third.resumption.restored_episodes)
         assert lost <= set(refusals)
         assert all("continuing would repeat one" in refusals[r] for r in lost), refusals
         await run_to_end(third)
@@ -709,7 +710,7 @@ async def test_a_preemption_snapshot_with_a_gym_failing_publishes_and_the_run_re
                 controls["gym-1"].token = None  # its control plane answers 403 from now on
                 notice.set()
 
-        run = asyncio.ensure_future(run_trainer(cfg, on_step=on_step, preemption=notice))
+        run = asyncio.ensure_future(run_trainer(cfg, hooks=OnStep(on_step), preemption=notice))
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(run, 120)
         lines = (Path(cfg.log_dir) / SNAPSHOTS_LOG).read_text().splitlines()
@@ -721,7 +722,7 @@ async def test_a_preemption_snapshot_with_a_gym_failing_publishes_and_the_run_re
         resumed = await h.controller(cfg)
         restored = await resumed.restore()
         assert restored is not None
-        assert set(resumed._restored_episodes.values()) <= {"gym-0"}
+        assert set(resumed.resumption.restored_episodes.values()) <= {"gym-0"}
         await run_to_end(resumed)
     assert_each_step_once_no_prompt_twice(final_journal(cfg), cfg.grpo.max_steps)
     applied: Counter[tuple[str, int]] = Counter()

@@ -118,7 +118,7 @@ async def test_resume_mid_run_with_drops_is_bit_identical(tmp_path: Path) -> Non
         # Step 3's groups wait for version 2, which no worker served before the snapshot:
         # all of them are in the snapshot's ledger and relaunched before the pump starts.
         relaunched: list[tuple[int, int | None]] = []
-        run_group, pump = second._run_group, second._rollout_pump
+        run_group, pump = second.rollout_pump.run_group, second.rollout_pump.run
         pumping = False
 
         def recording(run):  # type: ignore[no-untyped-def]
@@ -131,8 +131,8 @@ async def test_resume_mid_run_with_drops_is_bit_identical(tmp_path: Path) -> Non
             pumping = True
             await pump()
 
-        second._run_group = recording  # type: ignore[method-assign]
-        second._rollout_pump = starting_pump  # type: ignore[method-assign]
+        second.rollout_pump.run_group = recording  # type: ignore[method-assign]
+        second.rollout_pump.run = starting_pump  # type: ignore[method-assign]
         await run_to_end(second)
         assert sorted(relaunched) == [(3, slot) for slot in range(4)], relaunched
         assert weights_digest(second) == weights_digest(straight)

@@ -494,9 +494,10 @@ class ResumeSource:
         return self.path is None
 
 
-@dataclass(frozen=True)
+@dataclass
 class RolloutParts:
-    """The controller parts both checkpoint halves read (only ``runtime_state`` changes)."""
+    """The controller parts both checkpoint halves read (the run state's; a restore
+    refills them in place, so the snapshotter holds this one object for the whole run)."""
 
     config: RunConfig
     data_plane: DataPlane

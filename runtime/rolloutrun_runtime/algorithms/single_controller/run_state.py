@@ -1,0 +1,180 @@
+"""The run state: one object that holds every live part of a run.
+
+Why one object: the rollout pump, the train pump, the trainer checkpoints, the snapshotter
+and the restore all work on the same parts (data plane, barrier, replay buffer, dataloader,
+sampler, recovery ledger, rollout runtime state, policy and optimizer, the version
+counters). Each part is built once here and handed to the others as this object, so a
+restore fills it in place (``install``: the restored data plane, buffer, ledger and
+runtime state go into the same ``parts`` the snapshotter reads, as torchtitan's
+checkpointer loads a dict of stateful parts) and nothing is rebuilt after it.
+
+How the parts talk through it: the pumps never call each other; they meet in these parts
+and wake each other with ``signal``/``wait_for`` (one progress event). ``launch`` runs a
+group's task and records the first failure, which ``wait_for`` re-raises in every waiter.
+The locks stay with their owners: the barrier's cuts and mutations with the data plane,
+the save lock (trainer checkpoints and snapshots) in ``parts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer
+from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import RestoredRolloutState
+from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
+    ResumeSource,
+    RolloutParts,
+    RolloutRuntimeState,
+    TrainingProgress,
+)
+from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader
+from rolloutrun_runtime.contract.run_config import RunConfig
+from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
+from rolloutrun_runtime.experience.rollout_recovery import RecoveryLedger
+
+logger = logging.getLogger(__name__)
+
+
+class ControllerError(RuntimeError):
+    """The controller cannot continue (a pump failed, a restore does not fit)."""
+
+
+@dataclass
+class StepCounters:
+    """Per stamped step: why its groups were given up (for the error when none is left)."""
+
+    given_up: list[str] = field(default_factory=list)
+
+
+class RunState:
+    """Every live part of a run, built once; restore fills it in place."""
+
+    def __init__(
+        self, cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        grpo = cfg.grpo
+        self.cfg = cfg
+        self.model = model
+        self.optimizer = optimizer
+        #: The parts both rollout-checkpointing halves read (the snapshotter holds this
+        #: very object; ``install`` refills its slots).
+        self.parts = RolloutParts(
+            config=cfg,
+            data_plane=DataPlane(),
+            barrier=DataPlaneBarrier(),
+            buffer=ReplayBuffer(cfg.rollout.replay_capacity),
+            dataloader=PromptDataloader(cfg.task.dataset_size, cfg.seed),
+            sampler=InOrderSampler(grpo.prompts_per_step, grpo.max_staleness, grpo.max_steps),
+            ledger=RecoveryLedger() if cfg.uses_ledger else None,
+            runtime_state=RolloutRuntimeState(),
+            save_lock=asyncio.Lock(),
+            read_progress=self.read_progress,
+            log_metrics=lambda metrics: logger.debug("rollout metrics %s", dict(metrics)),
+        )
+        self.resume = ResumeSource()
+        self.trainer_version = 0
+        # The version the generation workers serve: admission and pinning must use it, not
+        # the trainer's, or tokens generated between a commit and its refit look younger.
+        self.served_version = 0
+        self.optimizer_commit_in_progress = False
+        self.durable_step: int | None = None
+        self.step_counters: dict[int, StepCounters] = defaultdict(StepCounters)
+        self.generated_tokens = 0
+        self.groups_trained: list[str] = []
+        self.trained_prompt_ids: list[int] = []
+        self.history: list[dict[str, Any]] = []
+        self.max_observed_age = 0
+        self._progress_changed = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._fatal: BaseException | None = None
+
+    # ================================================================== the parts
+    @property
+    def data_plane(self) -> DataPlane:
+        return self.parts.data_plane
+
+    @property
+    def barrier(self) -> DataPlaneBarrier:
+        return self.parts.barrier
+
+    @property
+    def buffer(self) -> ReplayBuffer:
+        return self.parts.buffer
+
+    @property
+    def dataloader(self) -> PromptDataloader:
+        return self.parts.dataloader
+
+    @property
+    def sampler(self) -> InOrderSampler:
+        return self.parts.sampler
+
+    @property
+    def ledger(self) -> RecoveryLedger | None:
+        return self.parts.ledger
+
+    @property
+    def runtime_state(self) -> RolloutRuntimeState:
+        return self.parts.runtime_state
+
+    @property
+    def save_lock(self) -> asyncio.Lock:
+        return self.parts.save_lock
+
+    def read_progress(self) -> TrainingProgress:
+        """The live training counters (the checkpoint halves' only view of the trainer)."""
+        return TrainingProgress(
+            trainer_version=self.trainer_version,
+            optimizer_commit_in_progress=self.optimizer_commit_in_progress,
+            durable_step=self.durable_step,
+            max_steps=self.cfg.grpo.max_steps,
+        )
+
+    def install(self, restored: RestoredRolloutState) -> None:
+        """Fill the parts in place from a checked restore (the retrain is the caller's)."""
+        parts = self.parts
+        parts.dataloader.load_state_dict(restored.dataloader_state)
+        parts.sampler.load_state_dict(restored.sampler_state)
+        parts.data_plane = restored.data_plane
+        parts.buffer = ReplayBuffer(self.cfg.rollout.replay_capacity)
+        for group in restored.replay_groups:
+            parts.buffer.add(group)
+        if restored.ledger is not None:
+            parts.ledger = restored.ledger
+        parts.runtime_state = restored.runtime_state
+        self.trainer_version = restored.anchor_step
+
+    # ================================================================== task coordination
+    def launch(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None and self._fatal is None:
+            logger.error("rollout task %s failed", task.get_name(), exc_info=error)
+            self._fatal = error
+            self._progress_changed.set()
+
+    def signal(self) -> None:
+        self._progress_changed.set()
+
+    async def wait_for(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            if self._fatal is not None:
+                raise ControllerError(f"a rollout task failed: {self._fatal}") from self._fatal
+            self._progress_changed.clear()
+            if ready():
+                return
+            await self._progress_changed.wait()
