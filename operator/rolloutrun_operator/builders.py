@@ -140,7 +140,7 @@ def trainer_service(run: RolloutRun) -> Manifest:
         "metadata": metadata(run, naming.trainer_service_name(run_name(run))),
         "spec": {
             "selector": {naming.LABEL_RUN: run_name(run), naming.LABEL_ROLE: naming.Role.TRAINER},
-            "ports": [{"name": "generation", "port": port, "targetPort": port}],
+            "ports": [{"name": naming.PORT_NAME_GENERATION, "port": port, "targetPort": port}],
         },
     }
 
@@ -155,7 +155,7 @@ def gym_service(run: RolloutRun) -> Manifest:
         "spec": {
             "clusterIP": "None",
             "selector": {naming.LABEL_RUN: run_name(run), naming.LABEL_ROLE: naming.Role.GYM},
-            "ports": [{"name": "gym", "port": port, "targetPort": port}],
+            "ports": [{"name": naming.PORT_NAME_GYM, "port": port, "targetPort": port}],
         },
     }
 
@@ -392,7 +392,7 @@ def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:
     container = {
         "name": "trainer",
         "command": ["rolloutrun", "trainer", "--config", naming.CONFIG_PATH],
-        "ports": [{"name": "generation", "containerPort": port}],
+        "ports": [{"name": naming.PORT_NAME_GENERATION, "containerPort": port}],
         # why it failed, in the pod's status (the operator quotes it when the run fails)
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -436,7 +436,7 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
             "--instance-id",
             instance,
         ],
-        "ports": [{"name": "gym", "containerPort": port}],
+        "ports": [{"name": naming.PORT_NAME_GYM, "containerPort": port}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1},
     }
     audit = gym_audit_path(run, index)

@@ -67,6 +67,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
 from rolloutrun_runtime.environments.gym.episode import (
     CANCELLED_REASON,
     LIVE_PHASES,
@@ -79,7 +80,6 @@ from rolloutrun_runtime.environments.gym.episode import (
 logger = logging.getLogger(__name__)
 
 ROUTE_PREFIX = "/ng-control/v1/checkpoint"
-TOKEN_ENV = "ROLLOUTRUN_GYM_CONTROL_TOKEN"
 REMEMBERED_RESUMES = 64
 
 
@@ -192,7 +192,7 @@ class GymCheckpointControl:
         watchdog_interval_s: float = 0.5,
     ) -> None:
         self.server = server
-        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        self.token = token if token is not None else os.environ.get(ENV_GYM_TOKEN) or None
         self.grace_s = (
             float(grace_s)
             if grace_s is not None
@@ -307,7 +307,7 @@ class GymCheckpointControl:
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def route(request: web.Request) -> web.Response:
             if not self.token:
-                return _fail(403, f"checkpoint control is disabled: set {TOKEN_ENV}")
+                return _fail(403, f"checkpoint control is disabled: set {ENV_GYM_TOKEN}")
             supplied = request.headers.get("Authorization", "")
             if not hmac.compare_digest(supplied.encode(), f"Bearer {self.token}".encode()):
                 return _fail(401, "missing or wrong bearer token")
