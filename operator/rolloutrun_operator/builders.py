@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from rolloutrun_operator import naming
 from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, PodSettings, RolloutRun
+from rolloutrun_runtime.contract.layout import AUDIT_FILE_SUFFIX, GYM_AUDIT_PREFIX
 from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
 
 Manifest = dict[str, Any]
@@ -355,7 +356,7 @@ def storage_path(uri: str) -> str:
 
 
 #: Under the run's storage: the Gym replicas' side-effect records (files or objects).
-GYM_AUDIT_DIR = "gym-audit"
+GYM_AUDIT_DIR = GYM_AUDIT_PREFIX
 
 
 def gym_audit_path(run: RolloutRun, index: int) -> str | None:
@@ -370,7 +371,7 @@ def gym_audit_path(run: RolloutRun, index: int) -> str | None:
     uri = run.spec.storage.uri
     if uri.startswith("gs://"):
         return None
-    return f"{storage_path(uri).rstrip('/')}/{GYM_AUDIT_DIR}/gym-{index}.audit.jsonl"
+    return f"{storage_path(uri).rstrip('/')}/{GYM_AUDIT_DIR}/gym-{index}{AUDIT_FILE_SUFFIX}"
 
 
 def gym_audit_uri(run: RolloutRun) -> str | None:
