@@ -263,6 +263,28 @@ POD_SECURITY: Manifest = {
 }
 
 
+def _add_storage(
+    run: RolloutRun, mounts: list[Manifest], volumes: list[Manifest], env: list[Manifest]
+) -> None:
+    """The run's storage in a member pod: GCS credentials, or the storage volume claim."""
+    storage = run.spec.storage
+    # The Gym writes its side-effect records under ``<storage>/gym-audit/`` (gs:// runs).
+    if storage.credentials_secret is not None:
+        mounts.append({"name": "gcs", "mountPath": naming.GCS_CREDENTIALS_DIR, "readOnly": True})
+        volumes.append({"name": "gcs", "secret": {"secretName": storage.credentials_secret.name}})
+        env.append(
+            {
+                "name": naming.ENV_GOOGLE_CREDENTIALS,
+                "value": f"{naming.GCS_CREDENTIALS_DIR}/{naming.GCS_CREDENTIALS_KEY}",
+            }
+        )
+    if storage.volume_claim_name is not None:  # the trainer's checkpoints, the Gym's audit
+        mounts.append({"name": "storage", "mountPath": storage_path(storage.uri)})
+        volumes.append(
+            {"name": "storage", "persistentVolumeClaim": {"claimName": storage.volume_claim_name}}
+        )
+
+
 def _pod(
     run: RolloutRun,
     name: str,
@@ -290,22 +312,7 @@ def _pod(
         {"name": "tmp", "emptyDir": {}},
     ]
     env = _common_env(run, incarnation)
-    storage = run.spec.storage
-    # The Gym writes its side-effect records under ``<storage>/gym-audit/`` (gs:// runs).
-    if storage.credentials_secret is not None:
-        mounts.append({"name": "gcs", "mountPath": naming.GCS_CREDENTIALS_DIR, "readOnly": True})
-        volumes.append({"name": "gcs", "secret": {"secretName": storage.credentials_secret.name}})
-        env.append(
-            {
-                "name": naming.ENV_GOOGLE_CREDENTIALS,
-                "value": f"{naming.GCS_CREDENTIALS_DIR}/{naming.GCS_CREDENTIALS_KEY}",
-            }
-        )
-    if storage.volume_claim_name is not None:  # the trainer's checkpoints, the Gym's audit
-        mounts.append({"name": "storage", "mountPath": storage_path(storage.uri)})
-        volumes.append(
-            {"name": "storage", "persistentVolumeClaim": {"claimName": storage.volume_claim_name}}
-        )
+    _add_storage(run, mounts, volumes, env)
     env.extend(
         var.model_dump(mode="json", by_alias=True, exclude_none=True) for var in settings.env
     )
