@@ -295,7 +295,7 @@ def _pod(
     config_key: str,
     extra_labels: dict[str, str],
 ) -> Manifest:
-    mounts = [
+    mounts: list[Manifest] = [
         {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
         {"name": "work", "mountPath": naming.WORK_DIR},
         {"name": "tmp", "mountPath": "/tmp"},
