@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from rolloutrun_operator import naming
 from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, PodSettings, RolloutRun
+from rolloutrun_runtime.contract.layout import AUDIT_FILE_SUFFIX, GYM_AUDIT_PREFIX
 from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
 
 Manifest = dict[str, Any]
@@ -140,7 +141,7 @@ def trainer_service(run: RolloutRun) -> Manifest:
         "metadata": metadata(run, naming.trainer_service_name(run_name(run))),
         "spec": {
             "selector": {naming.LABEL_RUN: run_name(run), naming.LABEL_ROLE: naming.Role.TRAINER},
-            "ports": [{"name": "generation", "port": port, "targetPort": port}],
+            "ports": [{"name": naming.PORT_NAME_GENERATION, "port": port, "targetPort": port}],
         },
     }
 
@@ -155,7 +156,7 @@ def gym_service(run: RolloutRun) -> Manifest:
         "spec": {
             "clusterIP": "None",
             "selector": {naming.LABEL_RUN: run_name(run), naming.LABEL_ROLE: naming.Role.GYM},
-            "ports": [{"name": "gym", "port": port, "targetPort": port}],
+            "ports": [{"name": naming.PORT_NAME_GYM, "port": port, "targetPort": port}],
         },
     }
 
@@ -262,33 +263,10 @@ POD_SECURITY: Manifest = {
 }
 
 
-def _pod(
-    run: RolloutRun,
-    name: str,
-    role: naming.Role,
-    incarnation: int,
-    settings: PodSettings,
-    container: Manifest,
-    config_key: str,
-    extra_labels: dict[str, str],
-) -> Manifest:
-    mounts = [
-        {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
-        {"name": "work", "mountPath": naming.WORK_DIR},
-        {"name": "tmp", "mountPath": "/tmp"},
-    ]
-    volumes: list[Manifest] = [
-        {
-            "name": "config",
-            "configMap": {
-                "name": naming.config_map_name(run_name(run)),
-                "items": [{"key": config_key, "path": naming.CONFIG_KEY}],
-            },
-        },
-        {"name": "work", "emptyDir": {}},
-        {"name": "tmp", "emptyDir": {}},
-    ]
-    env = _common_env(run, incarnation)
+def _add_storage(
+    run: RolloutRun, mounts: list[Manifest], volumes: list[Manifest], env: list[Manifest]
+) -> None:
+    """The run's storage in a member pod: GCS credentials, or the storage volume claim."""
     storage = run.spec.storage
     # The Gym writes its side-effect records under ``<storage>/gym-audit/`` (gs:// runs).
     if storage.credentials_secret is not None:
@@ -305,6 +283,36 @@ def _pod(
         volumes.append(
             {"name": "storage", "persistentVolumeClaim": {"claimName": storage.volume_claim_name}}
         )
+
+
+def _pod(
+    run: RolloutRun,
+    name: str,
+    role: naming.Role,
+    incarnation: int,
+    settings: PodSettings,
+    container: Manifest,
+    config_key: str,
+    extra_labels: dict[str, str],
+) -> Manifest:
+    mounts: list[Manifest] = [
+        {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
+        {"name": "work", "mountPath": naming.WORK_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[Manifest] = [
+        {
+            "name": "config",
+            "configMap": {
+                "name": naming.config_map_name(run_name(run)),
+                "items": [{"key": config_key, "path": naming.CONFIG_KEY}],
+            },
+        },
+        {"name": "work", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    env = _common_env(run, incarnation)
+    _add_storage(run, mounts, volumes, env)
     env.extend(
         var.model_dump(mode="json", by_alias=True, exclude_none=True) for var in settings.env
     )
@@ -355,7 +363,7 @@ def storage_path(uri: str) -> str:
 
 
 #: Under the run's storage: the Gym replicas' side-effect records (files or objects).
-GYM_AUDIT_DIR = "gym-audit"
+GYM_AUDIT_DIR = GYM_AUDIT_PREFIX
 
 
 def gym_audit_path(run: RolloutRun, index: int) -> str | None:
@@ -370,7 +378,7 @@ def gym_audit_path(run: RolloutRun, index: int) -> str | None:
     uri = run.spec.storage.uri
     if uri.startswith("gs://"):
         return None
-    return f"{storage_path(uri).rstrip('/')}/{GYM_AUDIT_DIR}/gym-{index}.audit.jsonl"
+    return f"{storage_path(uri).rstrip('/')}/{GYM_AUDIT_DIR}/gym-{index}{AUDIT_FILE_SUFFIX}"
 
 
 def gym_audit_uri(run: RolloutRun) -> str | None:
@@ -392,7 +400,7 @@ def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:
     container = {
         "name": "trainer",
         "command": ["rolloutrun", "trainer", "--config", naming.CONFIG_PATH],
-        "ports": [{"name": "generation", "containerPort": port}],
+        "ports": [{"name": naming.PORT_NAME_GENERATION, "containerPort": port}],
         # why it failed, in the pod's status (the operator quotes it when the run fails)
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -436,7 +444,7 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
             "--instance-id",
             instance,
         ],
-        "ports": [{"name": "gym", "containerPort": port}],
+        "ports": [{"name": naming.PORT_NAME_GYM, "containerPort": port}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1},
     }
     audit = gym_audit_path(run, index)

@@ -16,7 +16,8 @@ Two backends with one semantics (:class:`LeaseHolder`): :class:`KubernetesLease`
 run's Lease; the operator creates it) using optimistic concurrency on ``resourceVersion``;
 :class:`FileLease` keeps the same record in a JSON file for local runs outside any cluster
 (atomic replace, ``fcntl`` lock). This is the only runtime module that imports
-``kubernetes``.
+``kubernetes``. The Lease's name, holder identity, annotations and the pod environment it
+is read from are the pod contract's (:mod:`rolloutrun_runtime.contract.pod`).
 """
 
 from __future__ import annotations
@@ -33,24 +34,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-logger = logging.getLogger(__name__)
-
-ANNOTATION_TRAIN_STEP = "rolloutrun.dev/train-step"
-ANNOTATION_ANCHOR_STEP = "rolloutrun.dev/anchor-step"
-ANNOTATION_LATEST_MANIFEST = "rolloutrun.dev/latest-manifest"
-ANNOTATION_LATEST_MANIFEST_TIME = "rolloutrun.dev/latest-manifest-time"
-ANNOTATIONS = (
-    ANNOTATION_TRAIN_STEP,
+from rolloutrun_runtime.contract.pod import (
     ANNOTATION_ANCHOR_STEP,
     ANNOTATION_LATEST_MANIFEST,
     ANNOTATION_LATEST_MANIFEST_TIME,
+    ANNOTATION_TRAIN_STEP,
+    DEFAULT_LEASE_DURATION_S,
+    ENV_INCARNATION,
+    ENV_LEASE_DURATION,
+    ENV_LEASE_NAME,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    holder_identity,
 )
+from rolloutrun_runtime.contract.pod import holder_incarnation as incarnation_of
 
-ENV_LEASE_NAME = "ROLLOUTRUN_LEASE_NAME"
-ENV_LEASE_DURATION = "ROLLOUTRUN_LEASE_DURATION_SECONDS"
-ENV_INCARNATION = "ROLLOUTRUN_INCARNATION"
-ENV_POD_NAME = "POD_NAME"
-ENV_POD_NAMESPACE = "POD_NAMESPACE"
+logger = logging.getLogger(__name__)
 
 Clock = Callable[[], dt.datetime]
 
@@ -82,17 +81,6 @@ def parse_time(value: Any) -> dt.datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
-def holder_identity(pod: str, incarnation: int) -> str:
-    return f"{pod}/{incarnation}"
-
-
-def incarnation_of(identity: str | None) -> int | None:
-    if not identity or "/" not in identity:
-        return None
-    tail = identity.rsplit("/", 1)[1]
-    return int(tail) if tail.isdigit() else None
-
-
 @dataclass(frozen=True)
 class LeaseRecord:
     """The lease's state, the same for both backends."""
@@ -100,7 +88,7 @@ class LeaseRecord:
     holder: str | None = None
     acquire_time: dt.datetime | None = None
     renew_time: dt.datetime | None = None
-    duration_seconds: int = 15
+    duration_seconds: int = DEFAULT_LEASE_DURATION_S
     annotations: Mapping[str, str] = field(default_factory=dict)
 
     def expired(self, now: dt.datetime) -> bool:
@@ -163,7 +151,7 @@ class _Lease:
         self,
         identity: str,
         incarnation: int,
-        duration_seconds: int = 15,
+        duration_seconds: int = DEFAULT_LEASE_DURATION_S,
         clock: Clock = utcnow,
         on_lost: Callable[[FencedError], None] | None = None,
     ) -> None:
@@ -501,7 +489,7 @@ def lease_from_environment(
     """
     env = os.environ if environ is None else environ
     incarnation = int(env.get(ENV_INCARNATION, "0") or 0)
-    duration = int(env.get(ENV_LEASE_DURATION, "15") or 15)
+    duration = int(env.get(ENV_LEASE_DURATION) or DEFAULT_LEASE_DURATION_S)
     pod = env.get(ENV_POD_NAME) or f"local-{os.getpid()}"
     identity = holder_identity(pod, incarnation)
     name, namespace = env.get(ENV_LEASE_NAME), env.get(ENV_POD_NAMESPACE)

@@ -18,6 +18,8 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
+from rolloutrun_runtime.contract.pod import ENV_POD_NAME
+
 if TYPE_CHECKING:
     from rolloutrun_runtime.contract.run_config import RunConfig
     from rolloutrun_runtime.environments.gym.effects import SideEffectLog
@@ -61,7 +63,7 @@ def default_instance_id(port: int) -> str:
     replica again, so the id must survive the replica's restart.
     """
     suffix = str(port) if port else f"pid{os.getpid()}"
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{suffix}"
+    return os.environ.get(ENV_POD_NAME) or f"{socket.gethostname()}-{suffix}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,7 +115,7 @@ async def _serve(
 
     logger = logging.getLogger(__name__)
     server = GymServer(instance_id, cfg, effects=effects)
-    control = GymCheckpointControl(server)  # token from ROLLOUTRUN_GYM_CONTROL_TOKEN
+    control = GymCheckpointControl(server)  # token from contract.pod.ENV_GYM_TOKEN
     server.continue_restored = control.claim_restored
     runner, url = await serve_app(server.app, host, port, cancel_on_disconnect=True)
     gc.collect()  # start-up objects leave future cyclic-GC passes (see trainer.py)

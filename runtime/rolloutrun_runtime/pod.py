@@ -1,9 +1,10 @@
 """What the trainer and the Gym need from their pod: the config file, where to listen, the
 lease wired into the run.
 
-Why a module of its own: these are the pod contract's runtime half (see the operator's
-builders and docs/operations.md), the same for every entry point, and the controller never
-needs them; ``rolloutrun train`` (no pod) passes through every function here unchanged.
+Why a module of its own: these are the pod contract's runtime half (its names are spelled
+in :mod:`rolloutrun_runtime.contract.pod`, which the operator's builders write), the same
+for every entry point, and the controller never needs them; ``rolloutrun train`` (no pod)
+passes through every function here unchanged.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from rolloutrun_runtime.contract.pod import (
+    ENV_GENERATION_PORT,
+    ENV_LOCALCLUSTER_ROOT,
+    ENV_POD_IP,
+)
+
 if TYPE_CHECKING:
     from rolloutrun_runtime.coordination import LeaseHolder
 
@@ -23,10 +30,6 @@ logger = logging.getLogger(__name__)
 
 #: Exit code of a trainer that lost its lease (another incarnation took it, or it expired).
 EXIT_FENCED = 3
-#: Set by the local cluster's kubelet: the pod's root, where its volumes are linked.
-ENV_LOCALCLUSTER_ROOT = "ROLLOUTRUN_LOCALCLUSTER_ROOT"
-ENV_POD_IP = "POD_IP"
-ENV_GENERATION_PORT = "ROLLOUTRUN_GENERATION_PORT"
 
 
 def resolve_config_path(path: str, environ: Mapping[str, str] | None = None) -> str:

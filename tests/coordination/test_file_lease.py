@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from rolloutrun_operator import naming
 from rolloutrun_runtime import coordination
 from rolloutrun_runtime.coordination import (
     FencedError,
@@ -215,20 +214,6 @@ def test_the_environment_picks_the_backend(tmp_path):
     local = lease_from_environment({"ROLLOUTRUN_INCARNATION": "2"}, local_path=tmp_path / "l.json")
     assert isinstance(local, FileLease) and local.incarnation == 2
     assert lease_from_environment({}) is None
-
-
-def test_the_runtime_and_the_operator_agree_on_names():
-    assert coordination.ANNOTATION_TRAIN_STEP == naming.ANNOTATION_TRAIN_STEP
-    assert coordination.ANNOTATION_ANCHOR_STEP == naming.ANNOTATION_ANCHOR_STEP
-    assert coordination.ANNOTATION_LATEST_MANIFEST == naming.ANNOTATION_LATEST_MANIFEST
-    assert coordination.ANNOTATION_LATEST_MANIFEST_TIME == naming.ANNOTATION_LATEST_MANIFEST_TIME
-    assert coordination.ENV_LEASE_NAME == naming.ENV_LEASE_NAME
-    assert coordination.ENV_LEASE_DURATION == naming.ENV_LEASE_DURATION
-    assert coordination.ENV_INCARNATION == naming.ENV_INCARNATION
-    assert coordination.ENV_POD_NAME == naming.ENV_POD_NAME
-    assert coordination.ENV_POD_NAMESPACE == naming.ENV_POD_NAMESPACE
-    assert coordination.holder_identity("p", 3) == naming.holder_identity("p", 3)
-    assert coordination.incarnation_of("p/3") == naming.holder_incarnation("p/3") == 3
 
 
 def test_holding_releases_on_success_and_lets_the_lease_expire_on_error(tmp_path):

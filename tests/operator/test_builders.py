@@ -240,9 +240,3 @@ def test_gym_pods_without_a_credentials_secret_get_no_gcs_volume():
 def test_referenced_secrets_are_listed_once():
     assert builders.referenced_secrets(make_run(**GCS)) == ["gcs-key", "s"]
     assert builders.referenced_secrets(make_run()) == []
-
-
-def test_the_gym_token_variable_is_the_one_the_runtime_reads():
-    from rolloutrun_runtime.environments.gym.control import TOKEN_ENV
-
-    assert naming.ENV_GYM_TOKEN == TOKEN_ENV

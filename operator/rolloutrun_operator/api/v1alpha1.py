@@ -18,9 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonDict
 
+from rolloutrun_runtime.contract.pod import API_GROUP, DEFAULT_GENERATION_PORT, DEFAULT_GYM_PORT
 from rolloutrun_runtime.contract.run_config import STORAGE_URI_PATTERN, RunConfig
 
-GROUP = "rolloutrun.dev"
+GROUP = API_GROUP
 VERSION = "v1alpha1"
 KIND = "RolloutRun"
 PLURAL = "rolloutruns"
@@ -154,14 +155,19 @@ class GymPodSettings(PodSettings):
     replicas: int = Field(
         2, ge=1, le=1024, description="Gym server replicas (overrides spec.run.gym.replicas)."
     )
-    port: int = Field(8000, ge=1024, le=65_535, description="Port the Gym servers listen on.")
+    port: int = Field(
+        DEFAULT_GYM_PORT, ge=1024, le=65_535, description="Port the Gym servers listen on."
+    )
 
 
 class TrainerPodSettings(PodSettings):
     """The trainer pod (single controller, policy workers)."""
 
     generation_port: int = Field(
-        8100, ge=1024, le=65_535, description="Port of the trainer's generation endpoint."
+        DEFAULT_GENERATION_PORT,
+        ge=1024,
+        le=65_535,
+        description="Port of the trainer's generation endpoint.",
     )
 
 

@@ -27,7 +27,9 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+from pydantic import ValidationError
 
+from rolloutrun_runtime.contract.wire import GYM_RUN_ROUTE, HEALTHZ_ROUTE, RunRequest
 from rolloutrun_runtime.experience.rollout_recovery import EnvironmentEpisode, PromptRef
 from rolloutrun_runtime.metrics import OverheadClock
 
@@ -208,6 +210,27 @@ def segments_to_row(result: Mapping[str, Any], max_seq_len: int) -> dict[str, An
     }
 
 
+def run_request_body(
+    episode: EnvironmentEpisode, prompt_id: int, policy_url: str, sampling: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The JSON body of ``POST /run`` (a :class:`RunRequest`; only the fields given are sent).
+
+    A body the Gym would refuse fails here as the same failed sample (``GymCallError``).
+    """
+    try:
+        request = RunRequest.model_validate(
+            {
+                "episode_id": {"rollout_id": episode.rollout_id, "attempt": episode.attempt},
+                "prompt_id": prompt_id,
+                "policy_url": policy_url,
+                "sampling": dict(sampling),
+            }
+        )
+    except ValidationError as error:
+        raise GymCallError(f"invalid /run request: {error}") from error
+    return request.model_dump(mode="json", exclude_unset=True)
+
+
 class GymClient:
     """HTTP calls to the Gym replicas, with round-robin placement and return-to-owner."""
 
@@ -248,7 +271,7 @@ class GymClient:
         )
         for replica in self.replicas:
             try:
-                async with self._session.get(f"{replica.url}/healthz") as response:
+                async with self._session.get(f"{replica.url}{HEALTHZ_ROUTE}") as response:
                     body = await response.json(content_type=None)
             except (aiohttp.ClientError, TimeoutError, ValueError) as error:
                 await self.close()
@@ -287,15 +310,10 @@ class GymClient:
         """``POST /run`` and convert the result into a training row (``GymCallError`` if not)."""
         if self._session is None:
             raise GymUnavailableError("the Gym client is not open")
-        body = {
-            "episode_id": {"rollout_id": episode.rollout_id, "attempt": episode.attempt},
-            "prompt_id": prompt_id,
-            "policy_url": policy_url,
-            "sampling": dict(sampling),
-        }
+        body = run_request_body(episode, prompt_id, policy_url, sampling)
         started = time.perf_counter()
         try:
-            async with self._session.post(f"{replica.url}/run", json=body) as response:
+            async with self._session.post(f"{replica.url}{GYM_RUN_ROUTE}", json=body) as response:
                 raw = await response.read()
                 status = response.status
         except (aiohttp.ClientError, TimeoutError, OSError) as error:

@@ -7,15 +7,16 @@ drift), plus the behaviour logprob and the weight version of every token.
 
 Routes:
 
-- ``POST /v1/completions``: one model call (see ``CompletionBody``), answered with
+- ``POST /v1/completions``: one model call (see ``contract.wire.CompletionRequest``), answered with
   ``token_ids``, ``logprobs``, ``weight_versions`` and ``finish_reason``;
 - ``GET /v1/weight_version``: the newest installed version (and the versions kept);
 - ``GET /token-capture/rollouts/{rollout_id}`` / ``DELETE`` the same: a rollout's captured
   calls, and their release;
 - ``GET /healthz``.
 
-Bad input gets a 4xx whose ``error.message`` names the problem; a pinned version the engine
-does not hold gets 409.
+Every body is a model of :mod:`rolloutrun_runtime.contract.wire`, which the Gym's policy
+client builds its requests from. Bad input gets a 4xx whose ``error.message`` names the
+problem; a pinned version the engine does not hold gets 409.
 """
 
 from __future__ import annotations
@@ -25,8 +26,19 @@ import logging
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from rolloutrun_runtime.contract.wire import (
+    COMPLETIONS_ROUTE,
+    HEALTHZ_ROUTE,
+    TOKEN_CAPTURE_ROUTE,
+    WEIGHT_VERSION_ROUTE,
+    CompletionRequest,
+    GenerationHealth,
+    TokenCaptureAnswer,
+    TokenCaptureReleased,
+    WeightVersionAnswer,
+)
 from rolloutrun_runtime.policy.engine import (
     EngineClosedError,
     GenerationEngine,
@@ -67,30 +79,21 @@ MAX_REQUEST_BYTES = 4 * 1024 * 1024
 ENGINE_KEY = web.AppKey("engine", GenerationEngine)
 
 
-class CompletionBody(BaseModel):
-    """The JSON body of ``POST /v1/completions``."""
+#: The JSON body of ``POST /v1/completions`` (the wire contract's model; the old name stays).
+CompletionBody = CompletionRequest
 
-    model_config = ConfigDict(extra="forbid", strict=True)
 
-    prompt_token_ids: list[int] = Field(min_length=1, max_length=65_536)
-    max_tokens: int = Field(ge=1, le=65_536)
-    temperature: float = Field(1.0, ge=0.0, le=10.0)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    weight_version: int | None = Field(None, ge=0)
-    rollout_id: str | None = Field(None, min_length=1, max_length=512)
-    call_index: int | None = Field(None, ge=0)
-    model: str | None = Field(None, max_length=256, description="Ignored (OpenAI clients).")
-
-    def to_request(self) -> GenerationRequest:
-        return GenerationRequest(
-            prompt_token_ids=tuple(self.prompt_token_ids),
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            seed=self.seed,
-            weight_version=self.weight_version,
-            rollout_id=self.rollout_id,
-            call_index=self.call_index,
-        )
+def to_request(body: CompletionRequest) -> GenerationRequest:
+    """The engine's request for a validated completion body."""
+    return GenerationRequest(
+        prompt_token_ids=tuple(body.prompt_token_ids),
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        seed=body.seed,
+        weight_version=body.weight_version,
+        rollout_id=body.rollout_id,
+        call_index=body.call_index,
+    )
 
 
 def validation_message(error: ValidationError, what: str) -> str:
@@ -125,11 +128,11 @@ async def _completions(request: web.Request) -> web.Response:
     if isinstance(body, web.Response):
         return body
     try:
-        parsed = CompletionBody.model_validate(body)
+        parsed = CompletionRequest.model_validate(body)
     except ValidationError as error:
         return json_error(400, validation_message(error, "completion request"))
     try:
-        result = await engine.generate(parsed.to_request())
+        result = await engine.generate(to_request(parsed))
     except InvalidRequestError as error:
         return json_error(400, str(error))
     except UnknownVersionError as error:
@@ -143,7 +146,8 @@ async def _completions(request: web.Request) -> web.Response:
 
 async def _weight_version(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    return web.json_response({"version": engine.version, "versions": engine.versions})
+    answer = WeightVersionAnswer(version=engine.version, versions=engine.versions)
+    return web.json_response(answer.model_dump(mode="json"))
 
 
 async def _capture_get(request: web.Request) -> web.Response:
@@ -151,29 +155,34 @@ async def _capture_get(request: web.Request) -> web.Response:
     calls = request.app[ENGINE_KEY].capture.get(rollout_id)
     if calls is None:
         return json_error(404, f"no token capture for rollout {rollout_id!r}", "not_found")
-    return web.json_response({"rollout_id": rollout_id, "calls": calls})
+    return web.json_response(
+        TokenCaptureAnswer(rollout_id=rollout_id, calls=calls).model_dump(mode="json")
+    )
 
 
 async def _capture_delete(request: web.Request) -> web.Response:
     rollout_id = request.match_info["rollout_id"]
     released = request.app[ENGINE_KEY].capture.release(rollout_id)
-    return web.json_response({"rollout_id": rollout_id, "released": released})
+    answer = TokenCaptureReleased(rollout_id=rollout_id, released=released)
+    return web.json_response(answer.model_dump(mode="json"))
 
 
 async def _healthz(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    return web.json_response({"status": "ok", "version": engine.version})
+    return web.json_response(
+        GenerationHealth(status="ok", version=engine.version).model_dump(mode="json")
+    )
 
 
 def build_generation_app(engine: GenerationEngine, stop_engine: bool = True) -> web.Application:
     """The aiohttp app serving ``engine``; with ``stop_engine`` its cleanup stops the engine."""
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
     app[ENGINE_KEY] = engine
-    app.router.add_post("/v1/completions", _completions)
-    app.router.add_get("/v1/weight_version", _weight_version)
-    app.router.add_get("/token-capture/rollouts/{rollout_id}", _capture_get)
-    app.router.add_delete("/token-capture/rollouts/{rollout_id}", _capture_delete)
-    app.router.add_get("/healthz", _healthz)
+    app.router.add_post(COMPLETIONS_ROUTE, _completions)
+    app.router.add_get(WEIGHT_VERSION_ROUTE, _weight_version)
+    app.router.add_get(TOKEN_CAPTURE_ROUTE, _capture_get)
+    app.router.add_delete(TOKEN_CAPTURE_ROUTE, _capture_delete)
+    app.router.add_get(HEALTHZ_ROUTE, _healthz)
     if stop_engine:
 
         async def _stop(_: web.Application) -> None:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from rolloutrun_runtime.contract.wire import CompletionResult, ErrorBody, ErrorDetail
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -40,19 +42,20 @@ class GenerationResult:
     finish_reason: str  # "stop" (eos) or "length"
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "token_ids": self.token_ids,
-            "logprobs": self.logprobs,
-            "weight_versions": self.weight_versions,
-            "finish_reason": self.finish_reason,
-        }
+        """The ``POST /v1/completions`` answer (a :class:`CompletionResult`)."""
+        answer = CompletionResult(
+            token_ids=self.token_ids,
+            logprobs=self.logprobs,
+            weight_versions=self.weight_versions,
+            finish_reason=self.finish_reason,
+        )
+        return answer.model_dump(mode="json")
 
 
 def json_error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
     """An OpenAI-style error body: ``{"error": {"message", "type", "code"}}``."""
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "code": status}}, status=status
-    )
+    body = ErrorBody(error=ErrorDetail(message=message, type=kind, code=status))
+    return web.json_response(body.model_dump(mode="json"), status=status)
 
 
 async def serve_app(

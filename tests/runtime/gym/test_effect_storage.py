@@ -28,6 +28,7 @@ from tests.storage.storage_params import BUCKET, FAST_RETRY
 
 from rolloutrun_runtime import gym_main
 from rolloutrun_runtime.contract.run_config import RunConfig
+from rolloutrun_runtime.contract.wire import CONTROL_ROUTE_PREFIX as ROUTE_PREFIX
 from rolloutrun_runtime.environments.gym import (
     AgentLoop,
     Episode,
@@ -40,9 +41,7 @@ from rolloutrun_runtime.environments.gym import (
     SideEffectReplayError,
 )
 from rolloutrun_runtime.environments.gym.control import (
-    ROUTE_PREFIX,
     GymCheckpointControl,
-    choose_restore_source,
 )
 from rolloutrun_runtime.environments.gym.effects import (
     StorageEffectStore,
@@ -53,6 +52,7 @@ from rolloutrun_runtime.environments.gym.effects import (
     parse_effect_key,
 )
 from rolloutrun_runtime.environments.gym.episode import CANCELLED_REASON
+from rolloutrun_runtime.environments.gym.restore import choose_restore_source
 from rolloutrun_runtime.policy.generation import GenerationEngine, serve_app
 from rolloutrun_runtime.policy.scripted import PLUS_ONE_SCRIPT, scripted_state_dict
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 
 from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
+from rolloutrun_runtime.contract.wire import CONTROL_ROUTE_PREFIX as ROUTE_PREFIX
 from rolloutrun_runtime.environments.checkpointing import (
     EnvironmentCheckpointError,
     EnvironmentEpisode,
@@ -36,10 +37,8 @@ from rolloutrun_runtime.environments.checkpointing.nemo_gym import (
 )
 from rolloutrun_runtime.environments.gym import GymServer
 from rolloutrun_runtime.environments.gym.control import (
-    ROUTE_PREFIX,
     ControlPhase,
     GymCheckpointControl,
-    choose_restore_source,
 )
 from rolloutrun_runtime.environments.gym.episode import (
     CANCELLED_REASON,
@@ -49,6 +48,7 @@ from rolloutrun_runtime.environments.gym.episode import (
     Sampling,
     Segment,
 )
+from rolloutrun_runtime.environments.gym.restore import choose_restore_source
 from rolloutrun_runtime.policy.generation import (
     GenerationEngine,
     build_generation_app,

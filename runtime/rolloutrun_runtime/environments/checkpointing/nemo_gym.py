@@ -1,13 +1,14 @@
 """GymEnvironmentCheckpoint: the trainer's side of the Gym checkpoint control plane.
 
 Why a separate client: the controller speaks only :class:`EnvironmentCheckpoint`; this module
-is the one place that knows the Gym's routes (``/ng-control/v1/checkpoint/*``), its bearer
-token and its record format. It fans each phase out to every replica concurrently, routes
-per-episode calls to the instance that owns the episode (a restored attempt must return to
-its owner). A snapshot's phases (retire, prepare, commit) report a replica that fails as
-*unavailable* instead of failing the whole attempt: a lost Gym pod costs only its own
-episodes' turns (they restart from turn 0), not the rest of the rollout state. Restore and
-the other calls still turn any replica's refusal into :class:`EnvironmentCheckpointError`.
+is the one place that calls the Gym's control routes (their bodies and answers are the
+models of :mod:`rolloutrun_runtime.contract.wire`), with its bearer token. It fans each
+phase out to every replica concurrently, routes per-episode calls to the instance that owns
+the episode (a restored attempt must return to its owner). A snapshot's phases (retire,
+prepare, commit) report a replica that fails as *unavailable* instead of failing the whole
+attempt: a lost Gym pod costs only its own episodes' turns (they restart from turn 0), not
+the rest of the rollout state. Restore and the other calls still turn any replica's refusal
+into :class:`EnvironmentCheckpointError`.
 
 Every call names this trainer (an id, its incarnation and its start time): a replica then
 ends at once a checkpoint that a killed predecessor left half done, instead of refusing this
@@ -24,10 +25,20 @@ import time
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
+from pydantic import ValidationError
 
+from rolloutrun_runtime.contract.layout import GYM_SNAPSHOT_FORMAT
+from rolloutrun_runtime.contract.wire import (
+    CONTROL_ANSWERS,
+    CONTROL_CALLS,
+    CommitAnswer,
+    ControlState,
+    RestoreAnswer,
+    control_route,
+)
 from rolloutrun_runtime.environments.checkpointing.interfaces import (
     EnvironmentCheckpointError,
     EnvironmentEpisode,
@@ -38,8 +49,6 @@ from rolloutrun_runtime.environments.checkpointing.interfaces import (
 
 logger = logging.getLogger(__name__)
 
-ROUTE_PREFIX = "/ng-control/v1/checkpoint"
-SNAPSHOT_FORMAT = "gym-episodes/1"
 #: Seconds a replica may take to answer ``resume``: one that hangs must not hold a
 #: preemption snapshot past its grace (its checkpoint lease resumes it anyway).
 RESUME_TIMEOUT_S = 5.0
@@ -48,6 +57,18 @@ RESUME_TIMEOUT_S = 5.0
 def _episode_of(record: Mapping[str, Any], instance: str) -> EnvironmentEpisode:
     ident = record["episode_id"]
     return EnvironmentEpisode(str(ident["rollout_id"]), int(ident["attempt"]), instance)
+
+
+_Answer = TypeVar("_Answer", bound=ControlState)
+
+
+def _as(kind: type[_Answer], answer: ControlState) -> _Answer:
+    """``answer`` as the route's answer model (``_post`` validated it as that model)."""
+    if not isinstance(answer, kind):
+        raise EnvironmentCheckpointError(
+            f"Gym answered {type(answer).__name__}, not {kind.__name__}"
+        )
+    return answer
 
 
 @dataclass(frozen=True)
@@ -88,7 +109,7 @@ class GymSnapshot:
 
     def to_bytes(self) -> bytes:
         body: dict[str, Any] = {
-            "format": SNAPSHOT_FORMAT,
+            "format": GYM_SNAPSHOT_FORMAT,
             "checkpoint_id": self.checkpoint_id,
             "records": {k: list(v) for k, v in sorted(self.records.items())},
         }
@@ -102,10 +123,10 @@ class GymSnapshot:
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise EnvironmentCheckpointError(f"Gym snapshot is not valid JSON: {error}") from error
-        if not isinstance(body, dict) or body.get("format") != SNAPSHOT_FORMAT:
+        if not isinstance(body, dict) or body.get("format") != GYM_SNAPSHOT_FORMAT:
             found = body.get("format") if isinstance(body, dict) else type(body).__name__
             raise EnvironmentCheckpointError(
-                f"Gym snapshot format {found!r} is not {SNAPSHOT_FORMAT!r}"
+                f"Gym snapshot format {found!r} is not {GYM_SNAPSHOT_FORMAT!r}"
             )
         unavailable = body.get("unavailable", {})
         if not isinstance(unavailable, dict):
@@ -147,14 +168,20 @@ class GymEnvironmentCheckpoint:
             "started_ns": time.time_ns(),
         }
 
-    async def _post(self, instance: str, route: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def _post(self, instance: str, route: str, body: Mapping[str, Any]) -> ControlState:
+        """``POST`` control route ``route`` to ``instance``: the body and the answer are the
+        wire contract's models (``CONTROL_CALLS``, ``CONTROL_ANSWERS``)."""
         if instance not in self.endpoints:
             raise EnvironmentCheckpointError(f"no Gym endpoint for instance {instance!r}")
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        url = f"{self.endpoints[instance].rstrip('/')}{ROUTE_PREFIX}/{route}"
+        url = f"{self.endpoints[instance].rstrip('/')}{control_route(route)}"
+        try:
+            call = CONTROL_CALLS[route].model_validate({**body, "trainer": self.trainer})
+        except ValidationError as error:
+            raise EnvironmentCheckpointError(f"Gym {instance} {route}: {error}") from error
         timeout = self._timeout
-        deadline_ts = body.get("deadline_ts")
+        deadline_ts = call.deadline_ts
         if isinstance(deadline_ts, int | float) and self._timeout.total is not None:
             # A replica that hangs must not hold the phase past its deadline (a preemption
             # snapshot has only its grace period); a second more lets the replica say why.
@@ -163,7 +190,7 @@ class GymEnvironmentCheckpoint:
         try:
             async with self._session.post(
                 url,
-                json={**body, "trainer": self.trainer},
+                json=call.model_dump(mode="json", exclude_unset=True),
                 headers=self._headers,
                 timeout=timeout,
             ) as response:
@@ -177,20 +204,23 @@ class GymEnvironmentCheckpoint:
             raise EnvironmentCheckpointError(f"Gym {instance} {route} failed: {error!r}") from error
         if not isinstance(payload, dict):
             raise EnvironmentCheckpointError(f"Gym {instance} {route}: malformed answer")
-        return payload
+        try:
+            return CONTROL_ANSWERS[route].model_validate(payload)
+        except ValidationError as error:
+            raise EnvironmentCheckpointError(f"Gym {instance} {route}: malformed answer") from error
 
     async def _fan_out_each(
         self, route: str, bodies: Mapping[str, Mapping[str, Any]]
-    ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    ) -> tuple[dict[str, ControlState], dict[str, str]]:
         """Each replica's answer, and each failed replica's error (instance → message)."""
         results = await asyncio.gather(
             *(self._post(instance, route, body) for instance, body in bodies.items()),
             return_exceptions=True,
         )
-        answers: dict[str, dict[str, Any]] = {}
+        answers: dict[str, ControlState] = {}
         failures: dict[str, str] = {}
         for instance, result in zip(bodies, results, strict=True):
-            if isinstance(result, dict):
+            if isinstance(result, ControlState):
                 answers[instance] = result
             elif isinstance(result, EnvironmentCheckpointError):
                 failures[instance] = str(result)
@@ -200,7 +230,7 @@ class GymEnvironmentCheckpoint:
 
     async def _fan_out(
         self, route: str, bodies: Mapping[str, Mapping[str, Any]]
-    ) -> dict[str, dict[str, Any]]:
+    ) -> dict[str, ControlState]:
         answers, failures = await self._fan_out_each(route, bodies)
         if failures:
             raise EnvironmentCheckpointError("; ".join(failures.values()))
@@ -251,16 +281,17 @@ class GymEnvironmentCheckpoint:
             for instance in self.endpoints
             if instance not in failed
         }
-        answers, not_committed = await self._fan_out_each("commit", bodies)
+        answered, not_committed = await self._fan_out_each("commit", bodies)
         failed.update(not_committed)
+        answers = {instance: _as(CommitAnswer, answer) for instance, answer in answered.items()}
         return GymSnapshot(
             checkpoint_id=checkpoint_id,
-            records={instance: answer["records"] for instance, answer in answers.items()},
+            records={instance: answer.records for instance, answer in answers.items()},
             unavailable=failed,
             copy_missing=tuple(
-                EnvironmentEpisode.from_row_key(str(item["episode"]), instance)
+                EnvironmentEpisode.from_row_key(item.episode, instance)
                 for instance, answer in answers.items()
-                for item in answer.get("not_copied", [])
+                for item in answer.not_copied
             ),
         )
 
@@ -296,13 +327,14 @@ class GymEnvironmentCheckpoint:
         # trainer that dies inside it leaves it to the replicas' lease, which drops it.
         restored: list[EnvironmentEpisode] = []
         refused: list[tuple[EnvironmentEpisode, str]] = []
-        for instance, answer in answers.items():
+        for instance, answered in answers.items():
+            answer = _as(RestoreAnswer, answered)
             restored.extend(
-                EnvironmentEpisode.from_row_key(key, instance) for key in answer["restored"]
+                EnvironmentEpisode.from_row_key(key, instance) for key in answer.restored
             )
             refused.extend(
-                (EnvironmentEpisode.from_row_key(item["episode"], instance), item["reason"])
-                for item in answer["refused"]
+                (EnvironmentEpisode.from_row_key(item.episode, instance), item.reason)
+                for item in answer.refused
             )
         return EpisodeRestoreOutcome(restored=tuple(sorted(restored)), refused=tuple(refused))
 

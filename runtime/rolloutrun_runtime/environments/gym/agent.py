@@ -23,8 +23,10 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import aiohttp
+from pydantic import ValidationError
 
 from rolloutrun_runtime.contract.run_config import TaskConfig
+from rolloutrun_runtime.contract.wire import COMPLETIONS_ROUTE, CompletionRequest, CompletionResult
 from rolloutrun_runtime.environments.gym.effects import (
     SideEffectLog,
     SideEffectReplayError,
@@ -67,23 +69,29 @@ class PolicyClient(Protocol):
 
 
 class HttpPolicyClient:
-    """``POST {policy_url}/v1/completions`` over a shared aiohttp session."""
+    """``POST {policy_url}/v1/completions`` over a shared aiohttp session (the wire
+    contract's :class:`CompletionRequest` in, :class:`CompletionResult` out)."""
 
     def __init__(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
         self.session = session
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     async def complete(self, policy_url: str, request: GenerationRequest) -> GenerationResult:
-        body = {
-            "prompt_token_ids": list(request.prompt_token_ids),
-            "max_tokens": request.max_tokens,
-            "temperature": request.temperature,
-            "seed": request.seed,
-            "weight_version": request.weight_version,
-            "rollout_id": request.rollout_id,
-            "call_index": request.call_index,
-        }
-        url = policy_url.rstrip("/") + "/v1/completions"
+        url = policy_url.rstrip("/") + COMPLETIONS_ROUTE
+        try:
+            body = CompletionRequest.model_validate(
+                {
+                    "prompt_token_ids": list(request.prompt_token_ids),
+                    "max_tokens": request.max_tokens,
+                    "temperature": request.temperature,
+                    "seed": request.seed,
+                    "weight_version": request.weight_version,
+                    "rollout_id": request.rollout_id,
+                    "call_index": request.call_index,
+                }
+            ).model_dump(mode="json", exclude_unset=True)
+        except ValidationError as error:
+            raise PolicyCallError(f"policy {url}: invalid completion request: {error}") from error
         try:
             async with self.session.post(url, json=body, timeout=self.timeout) as response:
                 payload = await response.json(content_type=None)
@@ -95,14 +103,15 @@ class HttpPolicyClient:
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as error:
             raise PolicyCallError(f"policy {url} failed: {error!r}") from error
         try:
-            return GenerationResult(
-                token_ids=[int(t) for t in payload["token_ids"]],
-                logprobs=[float(x) for x in payload["logprobs"]],
-                weight_versions=[int(v) for v in payload["weight_versions"]],
-                finish_reason=str(payload["finish_reason"]),
-            )
-        except (KeyError, TypeError, ValueError) as error:
+            answer = CompletionResult.model_validate(payload)
+        except ValidationError as error:
             raise PolicyCallError(f"policy {url} sent a malformed completion: {error}") from error
+        return GenerationResult(
+            token_ids=answer.token_ids,
+            logprobs=answer.logprobs,
+            weight_versions=answer.weight_versions,
+            finish_reason=answer.finish_reason,
+        )
 
 
 class LocalPolicyClient:

@@ -29,16 +29,11 @@ any phase to ``idle``; ``drop`` returns ``restored`` to ``idle`` undoing the res
 * **resume** ends the checkpoint. The last 64 resumed ids are remembered, so a stale trainer
   cannot re-prepare one.
 * **restore** installs records under ``attempt + 1``; a ``/run`` for that id continues the
-  episode instead of starting it. A record whose rollout already applied side effects past
-  the record's revision (an older attempt ran on after the snapshot) is refused: continuing
-  it would repeat a side effect, so its sibling restarts from turn 0 under a new rollout id.
-  An episode that ran on after its copy is continued from the replica's own newer state
-  when that state is consistent (see :func:`choose_restore_source`). The restore is the
-  trainer's *restore scope*: ``resume`` keeps what it installed, ``drop`` (the trainer's
-  restore failed later, e.g. its ledger refused the episodes) removes the installed attempts
-  and undoes the retirement of the ones they replaced, so the same snapshot can be restored
-  again. A scope that ends any other way (its lease expires, a newer trainer takes over) is
-  dropped too: the trainer that opened it never finished its restore.
+  episode instead of starting it, from the record or from the replica's own newer state;
+  a record whose continuation would repeat a side effect is refused (the rules, and why:
+  :mod:`rolloutrun_runtime.environments.gym.restore`). The restore is the trainer's
+  *restore scope*: ``resume`` keeps what it installed, ``drop`` (or a lease expiry, or a
+  newer trainer) undoes it, so the same snapshot can be restored again.
 * **retire** refuses an attempt and all earlier ones of its rollout (they stop at their next
   boundary) until **forget** drops the rollout, and forgets their episodes that no ``/run``
   drives (finished, ended, or restored and never claimed), so no later copy includes them.
@@ -55,9 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import enum
-import hmac
 import logging
 import os
 import time
@@ -65,32 +58,55 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
+from rolloutrun_runtime.contract.wire import (
+    CONTROL_ROUTES,
+    CheckpointCall,
+    CommitAnswer,
+    CommitCall,
+    ControlState,
+    EndCall,
+    ForgetAnswer,
+    ForgetCall,
+    NotCopied,
+    RefusedRestore,
+    RestoreAnswer,
+    RestoreCall,
+    RetireAnswer,
+    RetireCall,
+    TrainerIdentity,
+    control_route,
+)
+from rolloutrun_runtime.environments.gym.control_http import ControlError, fail, guard
 from rolloutrun_runtime.environments.gym.episode import (
-    CANCELLED_REASON,
     LIVE_PHASES,
     Episode,
     EpisodeId,
     EpisodeRecordError,
     Phase,
 )
+from rolloutrun_runtime.environments.gym.restore import (
+    Installed,
+    choose_restore_source,
+    install_successor,
+    resumable_phase,
+    undo_installs,
+)
+
+__all__ = [
+    "ControlError",
+    "ControlPhase",
+    "EpisodeRetiredError",
+    "GymCheckpointControl",
+    "TrainerIdentity",
+    "choose_restore_source",
+    "resumable_phase",
+]
 
 logger = logging.getLogger(__name__)
 
-ROUTE_PREFIX = "/ng-control/v1/checkpoint"
-TOKEN_ENV = "ROLLOUTRUN_GYM_CONTROL_TOKEN"
 REMEMBERED_RESUMES = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class _Installed:
-    """What one restored record changed, so a dropped restore can undo it."""
-
-    previous: EpisodeId
-    successor: EpisodeId
-    retired_before: int | None
-    previous_state: tuple[Phase, str | None] | None
 
 
 class ControlPhase(enum.StrEnum):
@@ -103,76 +119,6 @@ class ControlPhase(enum.StrEnum):
 
 class EpisodeRetiredError(Exception):
     """The episode's attempt was retired by the trainer; it stops at this boundary."""
-
-
-class ControlError(Exception):
-    """A control call that cannot be honoured; ``status`` is the HTTP status to answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class TrainerIdentity(BaseModel):
-    """Who drives the control plane: one trainer process of one incarnation."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
-    incarnation: int = Field(ge=0)
-    started_ns: int = Field(ge=0)
-
-    @property
-    def rank(self) -> tuple[int, int, str]:
-        """Newer trainers rank higher: a later incarnation, else a later process start."""
-        return (self.incarnation, self.started_ns, self.id)
-
-    def describe(self) -> str:
-        return f"{self.id} (incarnation {self.incarnation})"
-
-
-class _Caller(BaseModel):
-    """The part of every control call the routes share: who sends it."""
-
-    model_config = ConfigDict(extra="ignore")
-    trainer: TrainerIdentity | None = None
-
-
-class _Call(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    checkpoint_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
-    deadline_ts: float = Field(gt=0)
-    trainer: TrainerIdentity | None = None
-
-
-class _CommitCall(_Call):
-    episodes: list[str] | None = Field(None, max_length=1_000_000)
-
-
-class _RestoreCall(_Call):
-    records: list[dict[str, Any]] = Field(max_length=1_000_000)
-
-
-class _RetireCall(_Call):
-    episodes: list[str] = Field(max_length=1_000_000)
-
-
-class _ForgetCall(_Call):
-    rollout_ids: list[str] = Field(max_length=1_000_000)
-
-
-class _ResumeCall(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    checkpoint_id: str = Field(min_length=1, max_length=128)
-    deadline_ts: float | None = Field(None, gt=0)
-    trainer: TrainerIdentity | None = None
-
-
-def parse_row_key(row_key: str) -> EpisodeId:
-    """``<rollout_id>`` or ``<rollout_id>-a<N>`` back to an EpisodeId."""
-    rollout_id, sep, attempt = row_key.rpartition("-a")
-    if sep and attempt.isdigit() and rollout_id:
-        return EpisodeId(rollout_id, int(attempt))
-    return EpisodeId(row_key, 0)
 
 
 class GymCheckpointControl:
@@ -192,7 +138,7 @@ class GymCheckpointControl:
         watchdog_interval_s: float = 0.5,
     ) -> None:
         self.server = server
-        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        self.token = token if token is not None else os.environ.get(ENV_GYM_TOKEN) or None
         self.grace_s = (
             float(grace_s)
             if grace_s is not None
@@ -209,7 +155,7 @@ class GymCheckpointControl:
         #: The resumed ids whose restore was dropped rather than kept.
         self.dropped: collections.deque[str] = collections.deque(maxlen=REMEMBERED_RESUMES)
         #: What the open restore installed (undone by a drop).
-        self._installed: list[_Installed] = []
+        self._installed: list[Installed] = []
         self.retired: dict[str, int] = {}  # rollout_id -> highest refused attempt
         self.restored_unclaimed: set[EpisodeId] = set()
         #: The copy window's records, the newest per episode (prepare until commit).
@@ -219,24 +165,26 @@ class GymCheckpointControl:
         #: The ``/run``s that were running when prepare began and have not left a copy.
         self._awaiting: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
-        self._commit_result: dict[str, Any] | None = None
-        self._restore_result: dict[str, Any] | None = None
+        self._commit_result: CommitAnswer | None = None
+        self._restore_result: RestoreAnswer | None = None
         self._watchdog: asyncio.Task[None] | None = None
         server.hooks.append(self._boundary_hook)
         server.app.middlewares.append(self._run_middleware)
-        routes = [
-            ("GET", "status", self._status),
-            ("POST", "prepare", self._prepare),
-            ("POST", "renew", self._renew),
-            ("POST", "commit", self._commit),
-            ("POST", "resume", self._resume),
-            ("POST", "drop", self._drop),
-            ("POST", "restore", self._restore),
-            ("POST", "retire", self._retire),
-            ("POST", "forget", self._forget),
-        ]
-        for method, name, handler in routes:
-            server.app.router.add_route(method, f"{ROUTE_PREFIX}/{name}", self._guard(handler))
+        handlers = {
+            "status": self._status,
+            "prepare": self._prepare,
+            "renew": self._renew,
+            "commit": self._commit,
+            "resume": self._resume,
+            "drop": self._drop,
+            "restore": self._restore,
+            "retire": self._retire,
+            "forget": self._forget,
+        }
+        for name, method in CONTROL_ROUTES.items():
+            server.app.router.add_route(
+                method, control_route(name), guard(lambda: self.token, self._admit, handlers[name])
+            )
         server.app.on_startup.append(self._start_watchdog)
         server.app.on_cleanup.append(self._stop_watchdog)
 
@@ -283,7 +231,7 @@ class GymCheckpointControl:
         try:
             return await handler(request)
         except EpisodeRetiredError as error:
-            return web.json_response({"error": {"message": str(error), "code": 409}}, status=409)
+            return fail(409, str(error))
         finally:
             del self._runs[task]
             if task in self._awaiting:
@@ -302,40 +250,6 @@ class GymCheckpointControl:
         return refused is not None and episode_id.attempt <= refused
 
     # ------------------------------------------------------------------ plumbing
-    def _guard(
-        self, handler: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-    ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def route(request: web.Request) -> web.Response:
-            if not self.token:
-                return _fail(403, f"checkpoint control is disabled: set {TOKEN_ENV}")
-            supplied = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(supplied.encode(), f"Bearer {self.token}".encode()):
-                return _fail(401, "missing or wrong bearer token")
-            body: dict[str, Any] = {}
-            if request.method == "POST":
-                try:
-                    raw = await request.json()
-                except ValueError as error:
-                    return _fail(400, f"request body is not valid JSON: {error}")
-                if not isinstance(raw, dict):
-                    return _fail(400, "request body must be a JSON object")
-                body = raw
-            try:
-                # Every route, before its own checks: a newer trainer takes over, an older
-                # one is refused.
-                self._admit(_Caller.model_validate(body).trainer)
-                return web.json_response(await handler(body))
-            except ValidationError as error:
-                where = "; ".join(
-                    f"{'.'.join(map(str, e['loc'])) or '(body)'}: {e['msg']}"
-                    for e in error.errors()
-                )
-                return _fail(400, f"invalid control request: {where}")
-            except ControlError as error:
-                return _fail(error.status, str(error))
-
-        return route
-
     def _admit(self, trainer: TrainerIdentity | None) -> None:
         """Let ``trainer`` drive the control plane: refuse an older trainer's call; a newer
         trainer's first call ends the checkpoint its predecessor left open."""
@@ -376,23 +290,27 @@ class GymCheckpointControl:
         return True
 
     def _state(self) -> dict[str, Any]:
+        """The fields of every answer (:class:`ControlState`)."""
         return {
             "instance_id": self.server.instance_id,
             "phase": self.phase.value,
             "checkpoint_id": self.checkpoint_id,
             "lease_deadline": self.lease_deadline,
-            "trainer": self.trainer.model_dump() if self.trainer is not None else None,
+            "trainer": self.trainer,
             "copied": sorted(e.row_key for e in self.copies),
             "awaiting_copy": len(self._awaiting),
             "runs_in_flight": self.runs_in_flight,
         }
 
-    # ------------------------------------------------------------------ routes
-    async def _status(self, _: dict[str, Any]) -> dict[str, Any]:
-        return self._state()
+    def _answer(self) -> ControlState:
+        return ControlState(**self._state())
 
-    async def _prepare(self, body: dict[str, Any]) -> dict[str, Any]:
-        call = _Call.model_validate(body)
+    # ------------------------------------------------------------------ routes
+    async def _status(self, _: dict[str, Any]) -> ControlState:
+        return self._answer()
+
+    async def _prepare(self, body: dict[str, Any]) -> ControlState:
+        call = CheckpointCall.model_validate(body)
         repeat = self._check_id(
             call.checkpoint_id, allowed={ControlPhase.PREPARING, ControlPhase.PREPARED}
         )
@@ -426,17 +344,17 @@ class GymCheckpointControl:
             # mark another checkpoint, or none, as prepared.
             raise ControlError(409, f"checkpoint {call.checkpoint_id} ended while preparing")
         self.phase = ControlPhase.PREPARED
-        return self._state()
+        return self._answer()
 
-    async def _renew(self, body: dict[str, Any]) -> dict[str, Any]:
-        call = _Call.model_validate(body)
+    async def _renew(self, body: dict[str, Any]) -> ControlState:
+        call = CheckpointCall.model_validate(body)
         if self.phase is ControlPhase.IDLE or self.checkpoint_id != call.checkpoint_id:
             raise ControlError(409, f"checkpoint {call.checkpoint_id} is not in progress")
         self._extend_lease(call.deadline_ts)
-        return self._state()
+        return self._answer()
 
-    async def _commit(self, body: dict[str, Any]) -> dict[str, Any]:
-        call = _CommitCall.model_validate(body)
+    async def _commit(self, body: dict[str, Any]) -> CommitAnswer:
+        call = CommitCall.model_validate(body)
         repeat = self._check_id(
             call.checkpoint_id, allowed={ControlPhase.PREPARED, ControlPhase.COMMITTED}
         )
@@ -448,18 +366,18 @@ class GymCheckpointControl:
         self.phase = ControlPhase.COMMITTED  # closes the copy window
         copies = self.copies
         wanted = (
-            {parse_row_key(key) for key in call.episodes}
+            {EpisodeId.from_row_key(key) for key in call.episodes}
             if call.episodes is not None
             else set(copies)
         )
-        self._commit_result = {
+        self._commit_result = CommitAnswer(
             **self._state(),
-            "records": [copies[e] for e in sorted(wanted & copies.keys())],
-            "not_copied": [
-                {"episode": e.row_key, "state": self._not_copied_state(e)}
+            records=[copies[e] for e in sorted(wanted & copies.keys())],
+            not_copied=[
+                NotCopied(episode=e.row_key, state=self._not_copied_state(e))
                 for e in sorted(wanted - copies.keys())
             ],
-        }
+        )
         return self._commit_result
 
     def _not_copied_state(self, episode_id: EpisodeId) -> str:
@@ -471,23 +389,23 @@ class GymCheckpointControl:
             return f"{episode.phase.value}, no boundary reached since prepare"
         return episode.phase.value
 
-    async def _resume(self, body: dict[str, Any]) -> dict[str, Any]:
-        call = _ResumeCall.model_validate(body)
+    async def _resume(self, body: dict[str, Any]) -> ControlState:
+        call = EndCall.model_validate(body)
         if call.checkpoint_id in self.resumed:
-            return self._state()
+            return self._answer()
         if self.phase is not ControlPhase.IDLE and self.checkpoint_id != call.checkpoint_id:
             raise ControlError(
                 409, f"busy with checkpoint {self.checkpoint_id}, not {call.checkpoint_id}"
             )
         self._reopen(call.checkpoint_id, why="resumed")
-        return self._state()
+        return self._answer()
 
-    async def _drop(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _drop(self, body: dict[str, Any]) -> ControlState:
         """End a restore scope undoing it: the trainer's restore failed after this one."""
-        call = _ResumeCall.model_validate(body)
+        call = EndCall.model_validate(body)
         if call.checkpoint_id in self.resumed:
             if call.checkpoint_id in self.dropped:
-                return self._state()
+                return self._answer()
             raise ControlError(409, f"restore {call.checkpoint_id} was already kept")
         if self.phase is not ControlPhase.RESTORED or self.checkpoint_id != call.checkpoint_id:
             raise ControlError(
@@ -496,7 +414,7 @@ class GymCheckpointControl:
                 f"(phase {self.phase.value}, checkpoint {self.checkpoint_id})",
             )
         self._reopen(call.checkpoint_id, why="dropped", drop_restore=True)
-        return self._state()
+        return self._answer()
 
     def _reopen(self, checkpoint_id: str, why: str, *, drop_restore: bool = False) -> None:
         """Return to idle; an open restore is kept, or undone with ``drop_restore``."""
@@ -517,8 +435,8 @@ class GymCheckpointControl:
             previous.value,
         )
 
-    async def _restore(self, body: dict[str, Any]) -> dict[str, Any]:
-        call = _RestoreCall.model_validate(body)
+    async def _restore(self, body: dict[str, Any]) -> RestoreAnswer:
+        call = RestoreCall.model_validate(body)
         repeat = self._check_id(call.checkpoint_id, allowed={ControlPhase.RESTORED})
         self._extend_lease(call.deadline_ts)
         if repeat and self._restore_result is not None:
@@ -528,7 +446,8 @@ class GymCheckpointControl:
             self._installed = []
         # Decide against every effect the run applied, on any replica, up to now.
         await asyncio.to_thread(self.server.effects.refresh)
-        restored, refused = [], []
+        restored: list[str] = []
+        refused: list[RefusedRestore] = []
         for record in call.records:
             try:
                 previous = Episode.from_record(record)
@@ -551,12 +470,12 @@ class GymCheckpointControl:
                     previous.episode_id.row_key,
                     reason,
                 )
-                refused.append({"episode": previous.episode_id.row_key, "reason": reason})
+                refused.append(RefusedRestore(episode=previous.episode_id.row_key, reason=reason))
                 continue
             episode = Episode.from_record(source, attempt=successor.attempt)
             self._install(previous.episode_id, episode)
             restored.append(episode.episode_id.row_key)
-        self._restore_result = {**self._state(), "restored": restored, "refused": refused}
+        self._restore_result = RestoreAnswer(**self._state(), restored=restored, refused=refused)
         logger.info(
             "gym %s: restored %d episodes (%d refused) for checkpoint %s",
             self.server.instance_id,
@@ -568,46 +487,20 @@ class GymCheckpointControl:
 
     def _install(self, previous: EpisodeId, episode: Episode) -> None:
         """Retire the older attempt (and stop it if still running); install the new one."""
-        rollout_id = previous.rollout_id
-        old = self.server.episodes.get(previous)
         self._installed.append(
-            _Installed(
-                previous=previous,
-                successor=episode.episode_id,
-                retired_before=self.retired.get(rollout_id),
-                previous_state=(old.phase, old.error) if old is not None else None,
+            install_successor(
+                self.server.episodes, self.retired, self.restored_unclaimed, previous, episode
             )
         )
-        self.retired[rollout_id] = max(self.retired.get(rollout_id, -1), previous.attempt)
-        if old is not None and old.phase in LIVE_PHASES:
-            old.phase, old.error = Phase.ABANDONED, "superseded by a restore"
-        self.server.episodes[episode.episode_id] = episode
-        self.restored_unclaimed.add(episode.episode_id)
 
     def _undo_restore(self) -> None:
         """Remove what the open restore installed; the replaced attempts are as before."""
-        for installed in reversed(self._installed):
-            successor = installed.successor
-            if successor not in self.restored_unclaimed:
-                # A /run already continues it (or a retire refused it): nothing to undo.
-                logger.warning(
-                    "gym %s: restored episode %s is no longer unclaimed; kept",
-                    self.server.instance_id,
-                    successor.row_key,
-                )
-                continue
-            self.restored_unclaimed.discard(successor)
-            self.server.episodes.pop(successor, None)
-            rollout_id = installed.previous.rollout_id
-            if installed.retired_before is None:
-                self.retired.pop(rollout_id, None)
-            else:
-                self.retired[rollout_id] = installed.retired_before
-            old = self.server.episodes.get(installed.previous)
-            if old is not None and installed.previous_state is not None:
-                old.phase, old.error = installed.previous_state
-        logger.info(
-            "gym %s: dropped %d restored episodes", self.server.instance_id, len(self._installed)
+        undo_installs(
+            self.server.episodes,
+            self.retired,
+            self.restored_unclaimed,
+            self._installed,
+            self.server.instance_id,
         )
 
     def claim_restored(self, episode_id: EpisodeId) -> Episode | None:
@@ -618,18 +511,18 @@ class GymCheckpointControl:
         episode: Episode = self.server.episodes[episode_id]
         return episode
 
-    async def _retire(self, body: dict[str, Any]) -> dict[str, Any]:
-        call = _RetireCall.model_validate(body)
+    async def _retire(self, body: dict[str, Any]) -> RetireAnswer:
+        call = RetireCall.model_validate(body)
         if self.phase is not ControlPhase.IDLE:
             self._extend_lease(call.deadline_ts)
         forgotten = 0
         for key in call.episodes:
-            episode_id = parse_row_key(key)
+            episode_id = EpisodeId.from_row_key(key)
             refused = max(self.retired.get(episode_id.rollout_id, -1), episode_id.attempt)
             self.retired[episode_id.rollout_id] = refused
             forgotten += self._forget_retired(episode_id.rollout_id, refused)
         # Running retired episodes stop at their next boundary.
-        return {**self._state(), "retired": sorted(call.episodes), "forgotten": forgotten}
+        return RetireAnswer(**self._state(), retired=sorted(call.episodes), forgotten=forgotten)
 
     def _forget_retired(self, rollout_id: str, refused: int) -> int:
         """Drop the episodes of ``rollout_id`` up to attempt ``refused`` that no ``/run``
@@ -647,8 +540,8 @@ class GymCheckpointControl:
             forgotten += 1
         return forgotten
 
-    async def _forget(self, body: dict[str, Any]) -> dict[str, Any]:
-        call = _ForgetCall.model_validate(body)
+    async def _forget(self, body: dict[str, Any]) -> ForgetAnswer:
+        call = ForgetCall.model_validate(body)
         forgotten = 0
         for rollout_id in call.rollout_ids:
             self.retired.pop(rollout_id, None)
@@ -659,7 +552,7 @@ class GymCheckpointControl:
             self.restored_unclaimed = {
                 e for e in self.restored_unclaimed if e.rollout_id != rollout_id
             }
-        return {**self._state(), "forgotten": forgotten}
+        return ForgetAnswer(**self._state(), forgotten=forgotten)
 
     # ------------------------------------------------------------------ lease watchdog
     async def _start_watchdog(self, _: web.Application) -> None:
@@ -694,54 +587,3 @@ class GymCheckpointControl:
             self._reopen(self.checkpoint_id, why="lease expired", drop_restore=True)
             return True
         return False
-
-
-def resumable_phase(episode: Episode) -> Phase | None:
-    """The live phase an episode can continue from, or None.
-
-    An episode whose ``/run`` was cancelled (its trainer vanished) is ``abandoned`` but still
-    consistent: a cancel lands only at an await, and there is none between a side effect's
-    record returning and the state change. A cancel while the record is being written leaves
-    the episode behind its claimed revision, which :func:`choose_restore_source` refuses
-    (the revisions differ). Its pending tool call tells which boundary it was at.
-    """
-    if episode.phase in LIVE_PHASES:
-        return episode.phase
-    if episode.phase is Phase.ABANDONED and episode.error == CANCELLED_REASON:
-        return Phase.AWAIT_TOOL if episode.pending is not None else Phase.AWAIT_MODEL
-    return None
-
-
-def choose_restore_source(
-    snapshot: Episode,
-    in_memory: Episode | None,
-    applied_revision: int,
-    *,
-    successor_exists: bool,
-) -> tuple[dict[str, Any] | None, str]:
-    """Which record a restore continues from: ``(record, "")`` or ``(None, reason)``.
-
-    Prefer the replica's own copy of the same attempt when it survived and got further than
-    the snapshot (no progress lost); otherwise the snapshot's record, unless a side effect
-    was applied after it (continuing would repeat that effect).
-    """
-    if successor_exists:
-        return None, f"attempt {snapshot.episode_id.attempt + 1} already ran here"
-    if snapshot.phase not in LIVE_PHASES:
-        return None, f"episode was {snapshot.phase.value} at the snapshot"
-    if in_memory is not None and in_memory.revision >= snapshot.revision:
-        phase = resumable_phase(in_memory)
-        if phase is not None and in_memory.revision == applied_revision:
-            record = in_memory.to_record()
-            record["phase"], record["error"] = phase.value, None
-            return record, ""
-    if applied_revision > snapshot.revision:
-        return None, (
-            f"rollout already applied side effects up to revision {applied_revision}, past "
-            f"the snapshot's {snapshot.revision}; continuing would repeat one"
-        )
-    return snapshot.to_record(), ""
-
-
-def _fail(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "code": status}}, status=status)

@@ -11,7 +11,7 @@ replicas. Two stores, one refusal logic (:class:`SideEffectLog`):
   line per effect in the replica's own file, fsynced before the effect is applied. The
   run's effects are every ``*.audit.jsonl`` file of that directory (the replicas of a run
   share it: a local run's log dir, or ``<file:// storage>/gym-audit/``). Each append takes
-  the directory's run lock (``flock`` on :data:`RUN_LOCK_NAME`), reads what the other
+  the directory's run lock (``flock`` on :data:`AUDIT_RUN_LOCK_NAME`), reads what the other
   replicas appended since (by offset, complete lines only), refuses a revision the run
   already holds, then appends and fsyncs: a check-and-append that no replica can interleave.
   Single writer: the replica holds ``flock`` on ``<file>.lock`` (which names its holder)
@@ -66,6 +66,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rolloutrun_runtime.contract.layout import (
+    AUDIT_FILE_SUFFIX,
+    AUDIT_RUN_LOCK_NAME,
+    AUDIT_WRITER_LOCK_SUFFIX,
+)
 from rolloutrun_runtime.storage import (
     CheckpointStorage,
     ObjectExistsError,
@@ -89,12 +94,6 @@ LOAD_PROGRESS_EVERY = 100_000
 #: A rollout id may start with '.', which is not a safe key part ('.', '..', reserved names);
 #: rollout ids never contain '%', so this escape is unambiguous.
 _LEADING_DOT = "%2E"
-#: The audit files of one run: every file of the directory whose name ends so.
-AUDIT_FILE_SUFFIX = ".audit.jsonl"
-#: In the audit files' directory: the lock every replica's check-and-append takes.
-RUN_LOCK_NAME = ".side-effects.lock"
-#: Next to an audit file: the lock its single writer holds (the file names the holder).
-WRITER_LOCK_SUFFIX = ".lock"
 
 
 class SideEffectReplayError(Exception):
@@ -183,7 +182,7 @@ def hold_writer_lock(path: Path, wait_s: float = 0.0) -> int:
     :class:`AuditFileBusyError` naming the holder. The kernel drops the lock when the
     holder dies, so a crash never leaves a stale lock behind.
     """
-    lock_path = path.with_name(path.name + WRITER_LOCK_SUFFIX)
+    lock_path = path.with_name(path.name + AUDIT_WRITER_LOCK_SUFFIX)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     deadline = time.monotonic() + wait_s
     warned = False
@@ -228,7 +227,9 @@ class AuditFileStore:
         self._run_lock_fd: int | None = None
         self._writer_fd: int | None = hold_writer_lock(path, lock_wait_s)
         try:
-            self._run_lock_fd = os.open(path.parent / RUN_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+            self._run_lock_fd = os.open(
+                path.parent / AUDIT_RUN_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644
+            )
             with self._run_lock():
                 repair_torn_tail(path)
                 self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import copy
 import enum
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Format version of ``Episode.to_record``; ``from_record`` refuses others.
-RECORD_VERSION = 1
-
-_ATTEMPT_SUFFIX = re.compile(r"-a\d+$")
+from rolloutrun_runtime.contract.layout import EPISODE_RECORD_VERSION
+from rolloutrun_runtime.contract.wire import RunResult
+from rolloutrun_runtime.experience.rollout_recovery import (
+    RolloutIdError,
+    parse_row_key,
+    row_key_for,
+)
 
 
 class EpisodeRecordError(ValueError):
@@ -38,15 +40,19 @@ class EpisodeId:
     @property
     def row_key(self) -> str:
         """``<rollout_id>`` at attempt 0, ``<rollout_id>-a<attempt>`` after (the ledger's key)."""
-        return self.rollout_id if self.attempt == 0 else f"{self.rollout_id}-a{self.attempt}"
+        return row_key_for(self.rollout_id, self.attempt)
+
+    @classmethod
+    def from_row_key(cls, row_key: str) -> EpisodeId:
+        """``<rollout_id>`` or ``<rollout_id>-a<N>`` back to an EpisodeId."""
+        try:
+            rollout_id, attempt = parse_row_key(row_key)
+        except RolloutIdError:  # not a row key: taken as a bare rollout id
+            return cls(row_key, 0)
+        return cls(rollout_id, attempt)
 
     def to_json(self) -> dict[str, Any]:
         return {"rollout_id": self.rollout_id, "attempt": self.attempt}
-
-    @staticmethod
-    def valid_rollout_id(rollout_id: str) -> bool:
-        """Rollout ids may not end in ``-a<N>``, so row keys map back one to one."""
-        return _ATTEMPT_SUFFIX.search(rollout_id) is None
 
 
 class Phase(enum.StrEnum):
@@ -146,16 +152,19 @@ class Episode:
         return [token for segment in self.segments for token in segment.token_ids]
 
     def result(self, instance_id: str) -> dict[str, Any]:
-        """The ``/run`` response body of a finished episode."""
-        return {
-            "episode_id": self.episode_id.to_json(),
-            "instance_id": instance_id,
-            "reward": self.reward,
-            "segments": [segment.to_json() for segment in self.segments],
-            "turns": self.turn,
-            "side_effects": self.side_effects,
-            "finish_reason": self.finish_reason,
-        }
+        """The ``/run`` response body of a finished episode (a :class:`RunResult`)."""
+        result = RunResult.model_validate(
+            {
+                "episode_id": self.episode_id.to_json(),
+                "instance_id": instance_id,
+                "reward": self.reward,
+                "segments": [segment.to_json() for segment in self.segments],
+                "turns": self.turn,
+                "side_effects": self.side_effects,
+                "finish_reason": self.finish_reason,
+            }
+        )
+        return result.model_dump(mode="json", exclude_unset=True)
 
     def to_record(self) -> dict[str, Any]:
         """Everything needed to continue (or inspect) this episode, as JSON.
@@ -164,7 +173,7 @@ class Episode:
         a checkpoint can keep it while the episode runs on.
         """
         return {
-            "version": RECORD_VERSION,
+            "version": EPISODE_RECORD_VERSION,
             "episode_id": self.episode_id.to_json(),
             "prompt_id": self.prompt_id,
             "policy_url": self.policy_url,
@@ -185,9 +194,9 @@ class Episode:
     @classmethod
     def from_record(cls, record: dict[str, Any], attempt: int | None = None) -> Episode:
         """Rebuild an episode; ``attempt`` re-keys it (a restore installs attempt + 1)."""
-        if record.get("version") != RECORD_VERSION:
+        if record.get("version") != EPISODE_RECORD_VERSION:
             raise EpisodeRecordError(
-                f"episode record version {record.get('version')!r} is not {RECORD_VERSION}"
+                f"episode record version {record.get('version')!r} is not {EPISODE_RECORD_VERSION}"
             )
         try:
             ident = record["episode_id"]

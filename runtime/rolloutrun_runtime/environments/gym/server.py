@@ -8,7 +8,8 @@ episode with its stored result (a lost response can be fetched again without re-
 anything), and refuses an attempt older than one it has seen (attempt N may not change
 N+1). A bad request gets a 4xx that names the problem and touches no other episode.
 
-Routes: ``POST /run``, ``GET /episodes/{rollout_id}``, ``GET /healthz``.
+Routes: ``POST /run``, ``GET /episodes/{rollout_id}``, ``GET /healthz``; their bodies are
+the wire contract's models (:mod:`rolloutrun_runtime.contract.wire`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,17 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from rolloutrun_runtime.contract.run_config import RunConfig
+from rolloutrun_runtime.contract.wire import (
+    GYM_EPISODES_ROUTE,
+    GYM_RUN_ROUTE,
+    HEALTHZ_ROUTE,
+    EpisodesAnswer,
+    GymHealth,
+    RunRequest,
+)
 from rolloutrun_runtime.environments.gym.agent import (
     AgentLoop,
     BoundaryHook,
@@ -47,6 +56,7 @@ from rolloutrun_runtime.environments.gym.episode import (
     Phase,
     Sampling,
 )
+from rolloutrun_runtime.experience.rollout_recovery import valid_rollout_id
 from rolloutrun_runtime.policy.http import json_error
 
 logger = logging.getLogger(__name__)
@@ -55,29 +65,8 @@ logger = logging.getLogger(__name__)
 MAX_FINISHED_EPISODES = 50_000
 
 
-class _EpisodeIdBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    rollout_id: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:~-]+$")
-    attempt: int = Field(ge=0, le=1_000_000)
-
-
-class _SamplingBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    temperature: float | None = Field(None, ge=0.0, le=10.0)
-    max_new_tokens: int | None = Field(None, ge=1, le=65_536)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    weight_version: int | None = Field(None, ge=0)
-
-
-class RunBody(BaseModel):
-    """The JSON body of ``POST /run``."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    episode_id: _EpisodeIdBody
-    prompt_id: int = Field(ge=0)
-    policy_url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://\S+$")
-    sampling: _SamplingBody = Field(default_factory=_SamplingBody)
-    task: str | None = Field(None, max_length=64, description="If given, must be this server's.")
+#: The JSON body of ``POST /run`` (the wire contract's model; the old name stays).
+RunBody = RunRequest
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -127,9 +116,9 @@ class GymServer:
         #: Set by the checkpoint control plane: the restored episode a ``/run`` continues.
         self.continue_restored: Callable[[EpisodeId], Episode | None] | None = None
         self.app = web.Application(client_max_size=run_cfg.gym.request_max_bytes)
-        self.app.router.add_post("/run", self._run)
-        self.app.router.add_get("/episodes/{rollout_id}", self._episodes)
-        self.app.router.add_get("/healthz", self._healthz)
+        self.app.router.add_post(GYM_RUN_ROUTE, self._run)
+        self.app.router.add_get(GYM_EPISODES_ROUTE, self._episodes)
+        self.app.router.add_get(HEALTHZ_ROUTE, self._healthz)
         self.app.on_startup.append(self._startup)
         self.app.on_cleanup.append(self._cleanup)
 
@@ -159,15 +148,14 @@ class GymServer:
     async def _healthz(self, _: web.Request) -> web.Response:
         counts = self.episode_summary()
         live = sum(counts.get(phase.value, 0) for phase in LIVE_PHASES)
-        return web.json_response(
-            {
-                "status": "ok",
-                "instance_id": self.instance_id,
-                "task": self.cfg.task.name.value,
-                "live_episodes": live,
-                "episodes_by_phase": counts,
-            }
+        health = GymHealth(
+            status="ok",
+            instance_id=self.instance_id,
+            task=self.cfg.task.name.value,
+            live_episodes=live,
+            episodes_by_phase=counts,
         )
+        return web.json_response(health.model_dump(mode="json"))
 
     async def _episodes(self, request: web.Request) -> web.Response:
         rollout_id = request.match_info["rollout_id"]
@@ -175,16 +163,15 @@ class GymServer:
         if not found:
             return _error(404, f"no episode for rollout {rollout_id!r} on {self.instance_id}")
         found.sort(key=lambda e: e.episode_id.attempt)
-        return web.json_response(
-            {
-                "rollout_id": rollout_id,
-                "instance_id": self.instance_id,
-                "applied_revision": self.effects.applied_revision(rollout_id),
-                "episodes": [e.to_record() for e in found],
-            }
+        answer = EpisodesAnswer(
+            rollout_id=rollout_id,
+            instance_id=self.instance_id,
+            applied_revision=self.effects.applied_revision(rollout_id),
+            episodes=[e.to_record() for e in found],
         )
+        return web.json_response(answer.model_dump(mode="json"))
 
-    async def _parse(self, request: web.Request) -> RunBody | web.Response:
+    async def _parse(self, request: web.Request) -> RunRequest | web.Response:
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -200,7 +187,7 @@ class GymServer:
         if not isinstance(body, dict):
             return _error(400, f"request body must be a JSON object, not {type(body).__name__}")
         try:
-            parsed = RunBody.model_validate(body)
+            parsed = RunRequest.model_validate(body)
         except ValidationError as error:
             return _error(400, _validation_message(error))
         task = self.cfg.task
@@ -208,7 +195,7 @@ class GymServer:
             return _error(
                 400, f"unknown task {parsed.task!r}: this server runs {task.name.value!r}"
             )
-        if not EpisodeId.valid_rollout_id(parsed.episode_id.rollout_id):
+        if not valid_rollout_id(parsed.episode_id.rollout_id):
             return _error(400, "episode_id.rollout_id may not end in '-a<N>' (the attempt suffix)")
         if parsed.prompt_id >= task.dataset_size:
             return _error(

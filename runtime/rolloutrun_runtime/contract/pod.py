@@ -1,0 +1,126 @@
+"""The pod contract: what the operator puts on a member pod and the runtime reads back.
+
+Why one module: the operator's builders write these names (environment variables, mount
+paths, ports, the Lease and its annotations) and the trainer and the Gym read them in their
+pods; the operator's reconcile reads the Lease annotations the trainer writes. Both sides
+used to spell them (the operator's ``naming``, the runtime's ``coordination`` and ``pod``),
+kept equal by a test that left parts out. Now each name is spelled here once, and both
+sides import it (``rolloutrun_operator.naming`` re-exports what the operator's code uses).
+
+Names only the operator reads (its child objects' names, the ConfigMap's annotation, Kopf's
+annotation prefix) stay in ``rolloutrun_operator.naming``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+#: The API group of the RolloutRun CRD; labels and annotations are prefixed with it.
+API_GROUP = "rolloutrun.dev"
+
+# ------------------------------------------------------------------------------- labels
+LABEL_RUN = f"{API_GROUP}/run"
+"""The owning RolloutRun's name, on every child (pods, Services, Leases, ConfigMap...)."""
+LABEL_ROLE = f"{API_GROUP}/role"
+"""``trainer`` or ``gym`` on member pods."""
+LABEL_INCARNATION = f"{API_GROUP}/incarnation"
+"""The incarnation a member pod belongs to (decimal)."""
+LABEL_GYM_INDEX = f"{API_GROUP}/gym-index"
+"""The Gym replica's index (decimal); its stable instance id is :func:`gym_instance_id`."""
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "rolloutrun-operator"
+
+
+class Role(enum.StrEnum):
+    """What a member pod does."""
+
+    TRAINER = "trainer"
+    GYM = "gym"
+
+
+# -------------------------------------------------------------------- lease annotations
+#: Written by the trainer on its Lease, read by the operator into the RolloutRun's status.
+ANNOTATION_TRAIN_STEP = f"{API_GROUP}/train-step"
+ANNOTATION_ANCHOR_STEP = f"{API_GROUP}/anchor-step"
+ANNOTATION_LATEST_MANIFEST = f"{API_GROUP}/latest-manifest"
+ANNOTATION_LATEST_MANIFEST_TIME = f"{API_GROUP}/latest-manifest-time"
+LEASE_ANNOTATIONS = (
+    ANNOTATION_TRAIN_STEP,
+    ANNOTATION_ANCHOR_STEP,
+    ANNOTATION_LATEST_MANIFEST,
+    ANNOTATION_LATEST_MANIFEST_TIME,
+)
+
+# ------------------------------------------------------------------ environment of pods
+ENV_INCARNATION = "ROLLOUTRUN_INCARNATION"
+ENV_LEASE_NAME = "ROLLOUTRUN_LEASE_NAME"
+ENV_LEASE_DURATION = "ROLLOUTRUN_LEASE_DURATION_SECONDS"
+ENV_RUN_NAME = "ROLLOUTRUN_RUN"
+ENV_GYM_TOKEN = "ROLLOUTRUN_GYM_CONTROL_TOKEN"
+"""The Gym control-plane bearer token (from the run's Secret, in trainer and Gym pods)."""
+ENV_GENERATION_PORT = "ROLLOUTRUN_GENERATION_PORT"
+ENV_GYM_INSTANCE_ID = "ROLLOUTRUN_GYM_INSTANCE_ID"
+ENV_POD_NAME = "POD_NAME"
+ENV_POD_NAMESPACE = "POD_NAMESPACE"
+ENV_POD_IP = "POD_IP"
+ENV_GOOGLE_CREDENTIALS = "GOOGLE_APPLICATION_CREDENTIALS"
+ENV_LOCALCLUSTER_ROOT = "ROLLOUTRUN_LOCALCLUSTER_ROOT"
+"""Set by the local cluster's kubelet: the pod's root, where its volumes are linked."""
+
+# ------------------------------------------------------------------- files in the pods
+CONFIG_DIR = "/etc/rolloutrun"
+CONFIG_KEY = "run.yaml"
+"""ConfigMap key of the trainer's RunConfig (Gym endpoints and ``resumeFrom`` filled in)."""
+GYM_CONFIG_KEY = "gym.yaml"
+"""ConfigMap key of the Gym's RunConfig (no endpoints: written before the Gym pods exist)."""
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+GCS_CREDENTIALS_DIR = "/var/run/secrets/rolloutrun/gcs"
+GCS_CREDENTIALS_KEY = "credentials.json"
+WORK_DIR = "/var/lib/rolloutrun"
+"""Writable working directory (an emptyDir): relative ``logDir`` paths land here."""
+GYM_TOKEN_KEY = "token"
+"""Key of the Gym token in the run's Secret (exposed as :data:`ENV_GYM_TOKEN`)."""
+
+# ------------------------------------------------------------------------------- ports
+#: Container port names (Services and probes refer to them).
+PORT_NAME_GENERATION = "generation"
+PORT_NAME_GYM = "gym"
+#: Defaults of ``spec.gym.port`` and ``spec.trainer.generationPort``.
+DEFAULT_GYM_PORT = 8000
+DEFAULT_GENERATION_PORT = 8100
+
+# ------------------------------------------------------------------------------ Lease
+#: Seconds a trainer's Lease stays valid without renewal when the pod does not say.
+DEFAULT_LEASE_DURATION_S = 15
+
+
+def lease_name(run: str) -> str:
+    """The run's trainer Lease: one per run, held by one trainer at a time."""
+    return f"{run}-trainer"
+
+
+def holder_identity(pod: str, incarnation: int) -> str:
+    """The trainer lease's holder identity: ``<pod>/<incarnation>``."""
+    return f"{pod}/{incarnation}"
+
+
+def holder_incarnation(identity: str | None) -> int | None:
+    """The incarnation in a holder identity, or None when it has none."""
+    if not identity or "/" not in identity:
+        return None
+    tail = identity.rsplit("/", 1)[1]
+    return int(tail) if tail.isdigit() else None
+
+
+# ------------------------------------------------------------------------- pod names
+def trainer_pod_name(run: str, incarnation: int) -> str:
+    return f"{run}-i{incarnation}-trainer"
+
+
+def gym_pod_name(run: str, incarnation: int, index: int) -> str:
+    return f"{run}-i{incarnation}-gym-{index}"
+
+
+def gym_instance_id(run: str, index: int) -> str:
+    """The Gym replica's id: stable across incarnations, so recovery records stay meaningful."""
+    return f"{run}-gym-{index}"

@@ -1,0 +1,340 @@
+"""The wire: routes and request/response models of every HTTP API between the pods.
+
+Why one module both sides import: a Gym replica, the trainer's Gym client, the trainer's
+checkpoint client and the generation service run in different processes (and pods), and
+each API used to be written twice, a dict built by the client and a model validated by the
+server, so a field renamed on one side failed only at run time. Here each body is a pydantic
+model: the client builds it (``model_dump(mode="json", exclude_unset=True)``, so the fields
+on the wire are exactly those the client sets, as before) and the server validates it with
+the same model. Responses are models the server fills in the same way.
+
+The bytes stay what they were: field names, their order and number formatting are those of
+the dicts these models replace (deterministic runs compare weights bit for bit).
+
+APIs:
+
+- a Gym replica: ``POST /run`` (:class:`RunRequest` → :class:`RunResult`),
+  ``GET /episodes/{rollout_id}`` (:class:`EpisodesAnswer`), ``GET /healthz``
+  (:class:`GymHealth`);
+- a Gym's checkpoint control plane, bearer-token routes under :data:`CONTROL_ROUTE_PREFIX`
+  (:class:`CheckpointCall` and its kin → :class:`ControlState` and its kin);
+- the policy's generation service: ``POST /v1/completions`` (:class:`CompletionRequest` →
+  :class:`CompletionResult`), ``GET /v1/weight_version``, the token capture under
+  ``/token-capture/rollouts/{rollout_id}``, ``GET /healthz``.
+
+Every error of these APIs is ``{"error": {"message", "type"?, "code"}}`` (:class:`ErrorBody`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# ------------------------------------------------------------------------------ routes
+HEALTHZ_ROUTE = "/healthz"
+GYM_RUN_ROUTE = "/run"
+GYM_EPISODES_ROUTE = "/episodes/{rollout_id}"
+CONTROL_ROUTE_PREFIX = "/ng-control/v1/checkpoint"
+#: The control plane's routes: name → method (the path is ``control_route(name)``).
+CONTROL_ROUTES = {
+    "status": "GET",
+    "prepare": "POST",
+    "renew": "POST",
+    "commit": "POST",
+    "resume": "POST",
+    "drop": "POST",
+    "restore": "POST",
+    "retire": "POST",
+    "forget": "POST",
+}
+COMPLETIONS_ROUTE = "/v1/completions"
+WEIGHT_VERSION_ROUTE = "/v1/weight_version"
+TOKEN_CAPTURE_ROUTE = "/token-capture/rollouts/{rollout_id}"
+
+
+def control_route(name: str) -> str:
+    """The path of control-plane route ``name`` (``prepare``, ``commit``...)."""
+    return f"{CONTROL_ROUTE_PREFIX}/{name}"
+
+
+def episodes_route(rollout_id: str) -> str:
+    return GYM_EPISODES_ROUTE.format(rollout_id=rollout_id)
+
+
+def token_capture_route(rollout_id: str) -> str:
+    return TOKEN_CAPTURE_ROUTE.format(rollout_id=rollout_id)
+
+
+class _Request(BaseModel):
+    """A request body: unknown fields and loose types are refused (the server names them)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Answer(BaseModel):
+    """A response body: the server fills it in; readers ignore fields they do not know."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ErrorDetail(_Answer):
+    message: str
+    type: str | None = None
+    code: int
+
+
+class ErrorBody(_Answer):
+    """Every API's error answer (OpenAI-style)."""
+
+    error: ErrorDetail
+
+
+# ------------------------------------------------------------------------ Gym: /run
+class EpisodeRef(_Request):
+    """Which episode: a rollout at one attempt (attempt N+1 continues N after a restore)."""
+
+    rollout_id: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:~-]+$")
+    attempt: int = Field(ge=0, le=1_000_000)
+
+
+class SamplingParams(_Request):
+    """How the policy samples the episode's turns; unset fields take the Gym's defaults."""
+
+    temperature: float | None = Field(None, ge=0.0, le=10.0)
+    max_new_tokens: int | None = Field(None, ge=1, le=65_536)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    weight_version: int | None = Field(None, ge=0)
+
+
+class RunRequest(_Request):
+    """The JSON body of ``POST /run``."""
+
+    episode_id: EpisodeRef
+    prompt_id: int = Field(ge=0)
+    policy_url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://\S+$")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    task: str | None = Field(None, max_length=64, description="If given, must be this server's.")
+
+
+class RunSegment(_Answer):
+    """A run of tokens: ``prompt``, ``model`` (with logprobs and weight versions) or ``env``."""
+
+    kind: str
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    weight_versions: list[int] | None = None
+
+
+class RunResult(_Answer):
+    """The answer of ``POST /run``: a finished episode's reward and training segments."""
+
+    episode_id: EpisodeRef
+    instance_id: str
+    reward: float | None
+    segments: list[RunSegment]
+    turns: int
+    side_effects: int
+    finish_reason: str | None
+
+
+class EpisodesAnswer(_Answer):
+    """The answer of ``GET /episodes/{rollout_id}``: every attempt held, as records."""
+
+    rollout_id: str
+    instance_id: str
+    applied_revision: int
+    episodes: list[dict[str, Any]]
+
+
+class GymHealth(_Answer):
+    """The answer of a Gym's ``GET /healthz`` (its ``instance_id`` is its stable id)."""
+
+    status: str
+    instance_id: str
+    task: str
+    live_episodes: int
+    episodes_by_phase: dict[str, int]
+
+
+# ---------------------------------------------------------- Gym: checkpoint control plane
+_CHECKPOINT_ID = r"^[A-Za-z0-9._:-]+$"
+
+
+class TrainerIdentity(BaseModel):
+    """Who drives the control plane: one trainer process of one incarnation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str = Field(min_length=1, max_length=128, pattern=_CHECKPOINT_ID)
+    incarnation: int = Field(ge=0)
+    started_ns: int = Field(ge=0)
+
+    @property
+    def rank(self) -> tuple[int, int, str]:
+        """Newer trainers rank higher: a later incarnation, else a later process start."""
+        return (self.incarnation, self.started_ns, self.id)
+
+    def describe(self) -> str:
+        return f"{self.id} (incarnation {self.incarnation})"
+
+
+class ControlCaller(BaseModel):
+    """The part of every control call the routes share: who sends it."""
+
+    model_config = ConfigDict(extra="ignore")
+    trainer: TrainerIdentity | None = None
+
+
+class CheckpointCall(BaseModel):
+    """``prepare`` and ``renew``; the base of the calls below."""
+
+    model_config = ConfigDict(extra="forbid")
+    checkpoint_id: str = Field(min_length=1, max_length=128, pattern=_CHECKPOINT_ID)
+    deadline_ts: float = Field(gt=0)
+    trainer: TrainerIdentity | None = None
+
+
+class CommitCall(CheckpointCall):
+    #: Row keys of the episodes to export; None exports every copy.
+    episodes: list[str] | None = Field(None, max_length=1_000_000)
+
+
+class RestoreCall(CheckpointCall):
+    records: list[dict[str, Any]] = Field(max_length=1_000_000)
+
+
+class RetireCall(CheckpointCall):
+    episodes: list[str] = Field(max_length=1_000_000)
+
+
+class ForgetCall(CheckpointCall):
+    rollout_ids: list[str] = Field(max_length=1_000_000)
+
+
+class EndCall(BaseModel):
+    """``resume`` and ``drop``: end a checkpoint (its deadline is optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+    checkpoint_id: str = Field(min_length=1, max_length=128)
+    deadline_ts: float | None = Field(None, gt=0)
+    trainer: TrainerIdentity | None = None
+
+
+#: The body each control route validates (``status`` is a GET and has none).
+CONTROL_CALLS: dict[str, type[CheckpointCall] | type[EndCall]] = {
+    "prepare": CheckpointCall,
+    "renew": CheckpointCall,
+    "commit": CommitCall,
+    "restore": RestoreCall,
+    "retire": RetireCall,
+    "forget": ForgetCall,
+    "resume": EndCall,
+    "drop": EndCall,
+}
+
+
+class ControlState(_Answer):
+    """Every control answer: where the replica's control plane stands."""
+
+    instance_id: str
+    phase: str
+    checkpoint_id: str | None
+    lease_deadline: float | None
+    trainer: TrainerIdentity | None
+    copied: list[str]
+    awaiting_copy: int
+    runs_in_flight: int
+
+
+class NotCopied(_Answer):
+    episode: str
+    state: str
+
+
+class CommitAnswer(ControlState):
+    """``commit``: the requested episodes' records, and those without a copy."""
+
+    records: list[dict[str, Any]]
+    not_copied: list[NotCopied] = Field(default_factory=list)
+
+
+class RefusedRestore(_Answer):
+    episode: str
+    reason: str
+
+
+class RestoreAnswer(ControlState):
+    restored: list[str]
+    refused: list[RefusedRestore]
+
+
+class RetireAnswer(ControlState):
+    retired: list[str]
+    forgotten: int
+
+
+class ForgetAnswer(ControlState):
+    forgotten: int
+
+
+#: The answer each control route sends.
+CONTROL_ANSWERS: dict[str, type[ControlState]] = {
+    "status": ControlState,
+    "prepare": ControlState,
+    "renew": ControlState,
+    "commit": CommitAnswer,
+    "restore": RestoreAnswer,
+    "retire": RetireAnswer,
+    "forget": ForgetAnswer,
+    "resume": ControlState,
+    "drop": ControlState,
+}
+
+
+# -------------------------------------------------------------------- generation API
+class CompletionRequest(_Request):
+    """The JSON body of ``POST /v1/completions``."""
+
+    prompt_token_ids: list[int] = Field(min_length=1, max_length=65_536)
+    max_tokens: int = Field(ge=1, le=65_536)
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    weight_version: int | None = Field(None, ge=0)
+    rollout_id: str | None = Field(None, min_length=1, max_length=512)
+    call_index: int | None = Field(None, ge=0)
+    model: str | None = Field(None, max_length=256, description="Ignored (OpenAI clients).")
+
+
+class CompletionResult(_Answer):
+    """The answer of ``POST /v1/completions``: per token, its logprob and weight version."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_versions: list[int]
+    finish_reason: str  # "stop" (eos) or "length"
+
+
+class WeightVersionAnswer(_Answer):
+    """``GET /v1/weight_version``: the newest installed version, and the versions kept."""
+
+    version: int
+    versions: list[int]
+
+
+class TokenCaptureAnswer(_Answer):
+    """``GET /token-capture/rollouts/{rollout_id}``: the rollout's captured calls."""
+
+    rollout_id: str
+    calls: list[dict[str, Any]]
+
+
+class TokenCaptureReleased(_Answer):
+    """``DELETE /token-capture/rollouts/{rollout_id}``: how many calls were released."""
+
+    rollout_id: str
+    released: bool
+
+
+class GenerationHealth(_Answer):
+    status: str
+    version: int
