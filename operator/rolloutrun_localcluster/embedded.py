@@ -35,9 +35,9 @@ import yaml
 from rolloutrun_operator import naming
 from rolloutrun_operator.api.crdgen import build_crd
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
-from rolloutrun_operator.builders import GYM_AUDIT_DIR
 from rolloutrun_operator.handlers import Options
 from rolloutrun_operator.runner import OperatorConfig, OperatorThread
+from rolloutrun_runtime.contract.layout import GYM_AUDIT_PREFIX
 
 from .cluster import LocalCluster
 from .kubelet import free_pod_network
@@ -430,7 +430,7 @@ class EmbeddedRun:
         audit = run_json_command(
             [
                 "audit",
-                str(self.storage_dir / GYM_AUDIT_DIR),
+                str(self.storage_dir / GYM_AUDIT_PREFIX),
                 "--storage",
                 f"file://{self.storage_dir}",
                 "--config",

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rolloutrun_runtime.contract.pod import ENV_LOCALCLUSTER_ROOT, ENV_POD_IP
+
 from . import errors
 from .podworker import PodWorker
 from .processes import CLUSTER_TAG, POD_TAG
@@ -153,13 +155,15 @@ class Kubelet:
         env.update(
             {
                 "HOSTNAME": worker.name,
-                "POD_IP": worker.ip,
+                # Kinder than a real kubelet, which leaves this to the downward API (as the
+                # operator's pods ask for it): kept for the local cluster's own test pods.
+                ENV_POD_IP: worker.ip,
                 "KUBERNETES_SERVICE_HOST": self.host_ip,
                 "KUBERNETES_SERVICE_PORT": port,
                 "KUBERNETES_PORT": f"tcp://{self.host_ip}:{port}",
                 "KUBECONFIG": str(worker.dir / "kubeconfig"),
                 "ROLLOUTRUN_LOCALCLUSTER_POD_DIR": str(worker.dir),
-                "ROLLOUTRUN_LOCALCLUSTER_ROOT": str(worker.dir / "root"),
+                ENV_LOCALCLUSTER_ROOT: str(worker.dir / "root"),
                 POD_TAG: worker.uid,
                 CLUSTER_TAG: str(self.root),
             }

@@ -362,10 +362,6 @@ def storage_path(uri: str) -> str:
     return uri[len("file://") :] if uri.startswith("file://") else uri
 
 
-#: Under the run's storage: the Gym replicas' side-effect records (files or objects).
-GYM_AUDIT_DIR = GYM_AUDIT_PREFIX
-
-
 def gym_audit_path(run: RolloutRun, index: int) -> str | None:
     """Where Gym replica ``index`` appends its applied side effects (JSON lines), file://.
 
@@ -378,7 +374,7 @@ def gym_audit_path(run: RolloutRun, index: int) -> str | None:
     uri = run.spec.storage.uri
     if uri.startswith("gs://"):
         return None
-    return f"{storage_path(uri).rstrip('/')}/{GYM_AUDIT_DIR}/gym-{index}{AUDIT_FILE_SUFFIX}"
+    return f"{storage_path(uri).rstrip('/')}/{GYM_AUDIT_PREFIX}/gym-{index}{AUDIT_FILE_SUFFIX}"
 
 
 def gym_audit_uri(run: RolloutRun) -> str | None:
@@ -390,7 +386,7 @@ def gym_audit_uri(run: RolloutRun) -> str | None:
     uri = run.spec.storage.uri
     if not uri.startswith("gs://"):
         return None
-    return f"{uri.rstrip('/')}/{GYM_AUDIT_DIR}"
+    return f"{uri.rstrip('/')}/{GYM_AUDIT_PREFIX}"
 
 
 def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:

@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
+
 #: Seconds a Gym replica may take to print its READY line.
 GYM_START_TIMEOUT_S = 120.0
 #: Seconds between SIGTERM and SIGKILL when stopping a Gym replica.
 GYM_STOP_GRACE_S = 5.0
-#: The Gym checkpoint-control token: new per launch, shared by the Gym replicas (children,
-#: through their environment) and the trainer (this process).
-ENV_GYM_CONTROL_TOKEN = "ROLLOUTRUN_GYM_CONTROL_TOKEN"
 
 
 class LaunchError(RuntimeError):
@@ -144,7 +143,9 @@ def main(args: argparse.Namespace) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_handler = route_logs(log_dir, args.verbose)
     gyms: list[GymProcess] = []
-    os.environ[ENV_GYM_CONTROL_TOKEN] = secrets.token_hex(16)
+    # The Gym checkpoint-control token: new per launch, shared by the Gym replicas (children,
+    # through their environment) and the trainer (this process).
+    os.environ[ENV_GYM_TOKEN] = secrets.token_hex(16)
     try:
         for index in range(cfg.gym.replicas):
             gyms.append(start_gym(config_file, log_dir, index))

@@ -140,8 +140,9 @@ async def run_trainer(
     import torch
 
     from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
-    from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TRACE_FILE, TraceWriter
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
     from rolloutrun_runtime.algorithms.single_controller import SingleController
+    from rolloutrun_runtime.contract.layout import TRACE_FILE
     from rolloutrun_runtime.metrics import MetricsWriter
     from rolloutrun_runtime.policy.model import build_model
     from rolloutrun_runtime.policy.tokenizer import TOKENIZER
@@ -219,7 +220,7 @@ def _finished(
     controller: SingleController, log_dir: Path, resumed_from: str | None
 ) -> TrainerResult:
     """Write the final weights' digest and report the run."""
-    from rolloutrun_runtime.metrics import FINAL_WEIGHTS_FILE
+    from rolloutrun_runtime.contract.layout import FINAL_WEIGHTS_FILE
     from rolloutrun_runtime.policy.model import state_sha256
 
     digest = state_sha256(controller.model.state_dict())
@@ -288,10 +289,6 @@ class _PodHooks:
         return None
 
 
-#: The Gym control token (turn-level recovery), shared with the Gym processes.
-ENV_GYM_CONTROL_TOKEN = "ROLLOUTRUN_GYM_CONTROL_TOKEN"
-
-
 async def _environment_checkpoint(cfg: RunConfig) -> Any:
     """The environment's checkpoint participant, keyed by each Gym replica's instance id.
 
@@ -299,8 +296,8 @@ async def _environment_checkpoint(cfg: RunConfig) -> Any:
     id each replica reports (``gym-<i>`` from the launcher, ``<run>-gym-<k>`` in pods), so
     the ids come from the replicas' ``/healthz``, never from their order.
     """
+    from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN, ENV_INCARNATION
     from rolloutrun_runtime.contract.run_config import TargetLevel
-    from rolloutrun_runtime.coordination import ENV_INCARNATION
     from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint
 
     endpoints = {f"gym-{i}": url for i, url in enumerate(cfg.gym.endpoints)}
@@ -309,7 +306,7 @@ async def _environment_checkpoint(cfg: RunConfig) -> Any:
     return build_environment_checkpoint(
         cfg,
         endpoints,
-        os.environ.get(ENV_GYM_CONTROL_TOKEN),
+        os.environ.get(ENV_GYM_TOKEN),
         incarnation=int(os.environ.get(ENV_INCARNATION, "0") or 0),
     )
 
@@ -317,19 +314,30 @@ async def _environment_checkpoint(cfg: RunConfig) -> Any:
 async def _gym_instance_ids(urls: list[str]) -> dict[str, str]:
     """``{instance_id: url}`` from each Gym replica's ``/healthz``."""
     import aiohttp
+    import pydantic
+
+    from rolloutrun_runtime.contract.wire import HEALTHZ_ROUTE, GymHealth
 
     found: dict[str, str] = {}
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for url in urls:
             try:
-                async with session.get(f"{url.rstrip('/')}/healthz") as response:
+                async with session.get(url.rstrip("/") + HEALTHZ_ROUTE) as response:
                     body = await response.json(content_type=None)
             except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-                raise RuntimeError(f"Gym replica {url} did not answer /healthz: {error}") from error
-            instance = body.get("instance_id") if isinstance(body, dict) else None
+                raise RuntimeError(
+                    f"Gym replica {url} did not answer {HEALTHZ_ROUTE}: {error}"
+                ) from error
+            try:
+                instance = GymHealth.model_validate(body).instance_id
+            except pydantic.ValidationError as error:
+                raise RuntimeError(
+                    f"Gym replica {url} answered {HEALTHZ_ROUTE} without a valid instance_id: "
+                    f"{error.errors()[0]['msg']}"
+                ) from None
             if not instance:
-                raise RuntimeError(f"Gym replica {url} reported no instance_id on /healthz")
+                raise RuntimeError(f"Gym replica {url} reported no instance_id on {HEALTHZ_ROUTE}")
             if instance in found:
                 raise RuntimeError(
                     f"Gym replicas {found[instance]} and {url} both call themselves {instance!r}"

@@ -133,9 +133,9 @@ def _plan(
     incarnation_timeout_s: float,
 ) -> tuple[_Campaign, Any]:
     """Check the request and lay the campaign out (nothing started yet); also the config."""
+    from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
     from rolloutrun_runtime.contract.run_config import load_run_config
     from rolloutrun_runtime.crash import ENV_VAR
-    from rolloutrun_runtime.launcher import ENV_GYM_CONTROL_TOKEN
 
     site_name, site_hit = _parse_site(site)
     if kills < 0:
@@ -146,7 +146,7 @@ def _plan(
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
     # Turn-level recovery: the Gym replicas and every trainer incarnation share one token.
-    env[ENV_GYM_CONTROL_TOKEN] = secrets.token_hex(16)
+    env[ENV_GYM_TOKEN] = secrets.token_hex(16)
     campaign = _Campaign(
         log_dir=log_dir,
         kills=kills,
@@ -166,18 +166,19 @@ def _start_gyms(
 ) -> None:
     """Start the Gym replicas into ``gyms`` (the caller stops them, even those started before
     a failure): they hold the campaign's control token and outlive every kill."""
-    from rolloutrun_runtime.launcher import ENV_GYM_CONTROL_TOKEN, start_gym
+    from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
+    from rolloutrun_runtime.launcher import start_gym
 
-    saved_token = os.environ.get(ENV_GYM_CONTROL_TOKEN)
-    os.environ[ENV_GYM_CONTROL_TOKEN] = token
+    saved_token = os.environ.get(ENV_GYM_TOKEN)
+    os.environ[ENV_GYM_TOKEN] = token
     try:
         for index in range(replicas):
             gyms.append(start_gym(config_file, log_dir, index))
     finally:
         if saved_token is None:
-            os.environ.pop(ENV_GYM_CONTROL_TOKEN, None)
+            os.environ.pop(ENV_GYM_TOKEN, None)
         else:
-            os.environ[ENV_GYM_CONTROL_TOKEN] = saved_token
+            os.environ[ENV_GYM_TOKEN] = saved_token
 
 
 def _arm(
@@ -291,7 +292,8 @@ def run_chaos(
     incarnation_timeout_s: float = INCARNATION_TIMEOUT_S,
 ) -> ChaosResult:
     """Run ``config_file`` to ``maxSteps`` under ``kills`` SIGKILLs; audit; compare weights."""
-    from rolloutrun_runtime.launcher import ENV_GYM_CONTROL_TOKEN, stop_process
+    from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
+    from rolloutrun_runtime.launcher import stop_process
 
     campaign, cfg = _plan(
         config_file,
@@ -309,7 +311,7 @@ def run_chaos(
         reference = run_reference(config_file, log_dir, incarnation_timeout_s)
     gyms: list[Any] = []
     try:
-        token = campaign.env[ENV_GYM_CONTROL_TOKEN]
+        token = campaign.env[ENV_GYM_TOKEN]
         _start_gyms(gyms, config_file, log_dir, cfg.gym.replicas, token)
         run_config = write_chaos_config(config_file, log_dir, [g.url for g in gyms])
         _run_incarnations(campaign, run_config)

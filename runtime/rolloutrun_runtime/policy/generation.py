@@ -57,7 +57,6 @@ from rolloutrun_runtime.policy.http import (
 
 __all__ = [
     "ENGINE_KEY",
-    "CompletionBody",
     "GenerationEngine",
     "GenerationError",
     "GenerationRequest",
@@ -77,10 +76,6 @@ logger = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 ENGINE_KEY = web.AppKey("engine", GenerationEngine)
-
-
-#: The JSON body of ``POST /v1/completions`` (the wire contract's model; the old name stays).
-CompletionBody = CompletionRequest
 
 
 def to_request(body: CompletionRequest) -> GenerationRequest:

@@ -22,7 +22,6 @@ from .errors import (
 )
 from .keys import join_key, validate_key
 from .publish import (
-    DEFAULT_MARKER,
     delete_entry,
     is_committed,
     list_committed,
@@ -33,7 +32,6 @@ from .publish import (
 from .retry import RetryPolicy
 
 __all__ = [
-    "DEFAULT_MARKER",
     "BucketNotFoundError",
     "CheckpointStorage",
     "InvalidKeyError",

@@ -36,9 +36,6 @@ from .keys import join_key, key_problem, normalize_prefix, validate_key
 
 log = logging.getLogger(__name__)
 
-#: The old name of ``layout.COMMIT_MARKER``, kept for the trainer checkpointer's import.
-DEFAULT_MARKER = COMMIT_MARKER
-
 
 def _check_marker_name(where: str, marker_name: str) -> None:
     if "/" in marker_name or key_problem(marker_name) is not None:

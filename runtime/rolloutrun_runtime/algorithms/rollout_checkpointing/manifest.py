@@ -379,11 +379,9 @@ class ManifestStore:
 
 
 __all__ = [
-    # re-exported: the manifest's format, and layout names the audit imports from here
+    # re-exported: the manifest's format (manifest_format), so readers import one module
     "BOOTSTRAP_ANCHOR",
-    "MANIFEST_NAME",
     "OPERATIONAL_KEYS",
-    "SNAPSHOTS_PREFIX",
     "Anchor",
     "Candidate",
     "FingerprintMismatchError",
@@ -397,5 +395,4 @@ __all__ = [
     "parse_snapshot_id",
     "rollout_config_view",
     "sha256_of",
-    "snapshot_dir",
 ]

@@ -25,12 +25,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
-
-# The file names inside a checkpoint are spelled in contract.layout; these three are
-# re-exported only for algorithms/single_controller, which still imports them from here.
-from rolloutrun_runtime.contract.layout import DATA_PLANE_PREFIX as DATA_PLANE_PREFIX
-from rolloutrun_runtime.contract.layout import LEDGER_FILE as LEDGER_FILE
-from rolloutrun_runtime.contract.layout import RUNTIME_STATE_FILE as RUNTIME_STATE_FILE
 from rolloutrun_runtime.experience.rollout_recovery import PromptRef
 
 if TYPE_CHECKING:

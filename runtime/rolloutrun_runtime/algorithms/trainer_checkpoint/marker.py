@@ -30,7 +30,7 @@ from rolloutrun_runtime.contract.layout import (
     OPTIMIZER_FILE,
     TRAINER_CHECKPOINT_FORMAT,
 )
-from rolloutrun_runtime.coordination import (
+from rolloutrun_runtime.contract.pod import (
     ENV_INCARNATION,
     ENV_LEASE_NAME,
     ENV_POD_NAME,

@@ -48,6 +48,7 @@ from rolloutrun_runtime.algorithms.trainer_checkpoint.marker import (
     file_digest,
 )
 from rolloutrun_runtime.contract.layout import (
+    COMMIT_MARKER,
     LEGACY_RNG_FILE,
     LEGACY_TRAINER_CHECKPOINT_FORMAT,
     MODEL_FILE,
@@ -59,7 +60,6 @@ from rolloutrun_runtime.contract.layout import (
     step_entry,
 )
 from rolloutrun_runtime.storage import (
-    DEFAULT_MARKER,
     CheckpointStorage,
     ObjectExistsError,
     ObjectNotFoundError,
@@ -179,7 +179,7 @@ class TrainerCheckpointer:
         with other weights raises :class:`CheckpointClashError`: it is not this run's anchor.
         """
         entry = step_entry(step)
-        marker_key = join_key(entry, DEFAULT_MARKER)
+        marker_key = join_key(entry, COMMIT_MARKER)
         checksums = {name: file_digest(bytes(data)) for name, data in files.items()}
         marker = CommitMarker(
             step=step, format=TRAINER_CHECKPOINT_FORMAT, writer=self.writer, files=checksums
@@ -240,7 +240,7 @@ class TrainerCheckpointer:
         """
         entry = step_entry(step)
         where = self.storage.uri_for(entry)
-        marker_key = join_key(entry, DEFAULT_MARKER)
+        marker_key = join_key(entry, COMMIT_MARKER)
         try:
             raw_marker = self.storage.read_bytes(marker_key)
         except ObjectNotFoundError as error:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
 from rolloutrun_runtime.contract.run_config import RunConfig, TargetLevel
 from rolloutrun_runtime.environments.checkpointing.interfaces import (
     EnvironmentCheckpoint,
@@ -34,8 +35,7 @@ def build_environment_checkpoint(
 
         if not token:
             raise EnvironmentCheckpointError(
-                "turn-level recovery needs the Gym control token "
-                "(ROLLOUTRUN_GYM_CONTROL_TOKEN); none is set"
+                f"turn-level recovery needs the Gym control token ({ENV_GYM_TOKEN}); none is set"
             )
         return GymEnvironmentCheckpoint(endpoints, token, incarnation=incarnation)
     return NoEnvironmentCheckpoint()

@@ -26,7 +26,7 @@ from rolloutrun_runtime.environments.gym.episode import (
     Sampling,
     Segment,
 )
-from rolloutrun_runtime.environments.gym.server import GymServer, RunBody
+from rolloutrun_runtime.environments.gym.server import GymServer
 from rolloutrun_runtime.environments.gym.tasks import make_env, score
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "Phase",
     "PolicyCallError",
     "PolicyClient",
-    "RunBody",
     "Sampling",
     "Segment",
     "SideEffectLog",

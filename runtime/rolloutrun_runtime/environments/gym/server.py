@@ -65,10 +65,6 @@ logger = logging.getLogger(__name__)
 MAX_FINISHED_EPISODES = 50_000
 
 
-#: The JSON body of ``POST /run`` (the wire contract's model; the old name stays).
-RunBody = RunRequest
-
-
 def _error(status: int, message: str) -> web.Response:
     kinds = {404: "not_found", 409: "conflict", 413: "too_large", 502: "policy_error"}
     return json_error(status, message, kinds.get(status, "invalid_request_error"))
