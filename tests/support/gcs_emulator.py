@@ -273,7 +273,7 @@ class FaultProxy:
         self._loop.close()
 
 
-if __name__ == "__main__":  # manual use: python tests/gcs_emulator.py
+if __name__ == "__main__":  # manual use: python -m tests.support.gcs_emulator
     with FakeGcs() as gcs:
         print(f"STORAGE_EMULATOR_HOST={gcs.url}", flush=True)
         try:
