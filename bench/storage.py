@@ -22,14 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.support.gcs_emulator import FakeGcs
-
 from rolloutrun_runtime.storage import (
     CheckpointStorage,
     list_committed,
     open_storage,
     publish_entry,
 )
+from tests.support.gcs_emulator import FakeGcs
 
 BUCKET = "rolloutrun-bench"
 
