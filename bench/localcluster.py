@@ -7,7 +7,7 @@
 
 The cluster runs in its own thread (as in tests); clients share one asyncio loop here, so
 the numbers include client-side parsing on the same 2 cores. Usage:
-``python bench/localcluster.py [--events 200] [--watchers 100] [--objects 1000]``.
+``python -m bench.localcluster [--events 200] [--watchers 100] [--objects 1000]``.
 """
 
 from __future__ import annotations
@@ -17,17 +17,13 @@ import asyncio
 import json
 import ssl
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "operator")]
-
-from rolloutrun_localcluster.cluster import LocalCluster  # noqa: E402
+from rolloutrun_localcluster.cluster import LocalCluster
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:

@@ -14,7 +14,7 @@
   from the first create until every run's first pass is done (status written, Gym pods
   created), the operator's peak and settled RSS, against one run as the baseline.
 
-Usage: ``python bench/operator_recovery.py [--losses 12] [--freezes 3] [--runs 200]``.
+Usage: ``python -m bench.operator_recovery [--losses 12] [--freezes 3] [--runs 200]``.
 Timings are wall-clock polls every 20 ms (so each sample carries up to 20 ms of polling).
 """
 
@@ -33,13 +33,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "runtime")]
-
-from rolloutrun_localcluster import LocalCluster  # noqa: E402
-from rolloutrun_localcluster.embedded import EmbeddedRun  # noqa: E402
-from rolloutrun_localcluster.kubelet import free_pod_network  # noqa: E402
-from rolloutrun_localcluster.testing import api_client  # noqa: E402
+from rolloutrun_localcluster import LocalCluster
+from rolloutrun_localcluster.embedded import EmbeddedRun
+from rolloutrun_localcluster.kubelet import free_pod_network
+from rolloutrun_localcluster.testing import api_client
 
 POLL_S = 0.02
 LEASE_DURATION_S = 4

@@ -26,7 +26,7 @@ interval's rate is reported per seed (the seed draws the victims) with the mean 
 worst over seeds, and as a ratio to the uninterrupted rate of the same seed. Goal: the
 mean ratio with rollout snapshots at a deletion every 30 s is >= 0.75.
 
-Usage: ``python bench/preemption_goodput.py [--quick] [--seeds 1 2 3] [--intervals 15 30 60]
+Usage: ``python -m bench.preemption_goodput [--quick] [--seeds 1 2 3] [--intervals 15 30 60]
 [--config examples/tiny-multiturn.yaml] [--window 240] [--backoff-seconds S] [--out FILE]``;
 ``--quick`` is one seed and a 90 s window.
 """
@@ -45,10 +45,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "runtime")]
+from rolloutrun_localcluster.embedded import EmbeddedRun, load_document
 
-from rolloutrun_localcluster.embedded import EmbeddedRun, load_document  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DEFAULT_CONFIG = ROOT / "examples" / "tiny-multiturn.yaml"
 INTERVALS_S = (15.0, 30.0, 60.0)

@@ -20,7 +20,7 @@ baseline from the same run:
 - **resume**: from a resumed trainer's ``run_started`` to its first ``attempt_dispatched``
   (and from the process launch, which adds interpreter and torch start-up). Goal: <= 5 s.
 
-Usage: ``python bench/rollout_checkpoint.py [--quick] [--kills 6] [--out FILE]``.
+Usage: ``python -m bench.rollout_checkpoint [--quick] [--kills 6] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -39,24 +39,21 @@ from typing import Any
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "runtime")]
-
-from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup  # noqa: E402
-from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore  # noqa: E402
-from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import read_events  # noqa: E402
-from rolloutrun_runtime.algorithms.single_controller import SingleController  # noqa: E402
-from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer  # noqa: E402
-from rolloutrun_runtime.chaos import run_chaos  # noqa: E402
-from rolloutrun_runtime.contract.layout import TRACE_FILE  # noqa: E402
-from rolloutrun_runtime.contract.run_config import RunConfig  # noqa: E402
-from rolloutrun_runtime.experience.rollout_recovery import (  # noqa: E402
+from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
+from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
+from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import read_events
+from rolloutrun_runtime.algorithms.single_controller import SingleController
+from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
+from rolloutrun_runtime.chaos import run_chaos
+from rolloutrun_runtime.contract.layout import TRACE_FILE
+from rolloutrun_runtime.contract.run_config import RunConfig
+from rolloutrun_runtime.experience.rollout_recovery import (
     Granularity,
     PromptRef,
     RestoreLevel,
     sibling_id_for,
 )
-from rolloutrun_runtime.storage import open_storage  # noqa: E402
+from rolloutrun_runtime.storage import open_storage
 
 GROUP_SIZE = 4
 TOKENS = 24

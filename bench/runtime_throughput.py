@@ -13,7 +13,7 @@ and before it, a baseline: the same generation workers driven directly with conc
   batch assembly, commit), i.e. outside model compute and environment work;
 - ``train_compute_share``, ``refit_share``: the train step's model compute and refits.
 
-Usage: ``python bench/runtime_throughput.py [--config FILE] [--steps N]``.
+Usage: ``python -m bench.runtime_throughput [--config FILE] [--steps N]``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ upload / download throughput (MiB/s). The gs:// numbers are against a local fake
 so they measure the client, HTTP and resumable-upload overhead, not GCS itself; the file://
 numbers include every fsync the crash-safety design pays for.
 
-    .venv/bin/python bench/storage.py [--iterations 50] [--large-mib 64]
+    .venv/bin/python -m bench.storage [--iterations 50] [--large-mib 64]
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -23,17 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "runtime"), str(REPO)]
-
-from tests.gcs_emulator import FakeGcs  # noqa: E402
-
-from rolloutrun_runtime.storage import (  # noqa: E402
+from rolloutrun_runtime.storage import (
     CheckpointStorage,
     list_committed,
     open_storage,
     publish_entry,
 )
+from tests.support.gcs_emulator import FakeGcs
 
 BUCKET = "rolloutrun-bench"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.gcs_emulator import FakeGcs
-from tests.storage.storage_params import BUCKET
 
 from rolloutrun_runtime.storage import CheckpointStorage, open_storage
+from tests.support.gcs_emulator import FakeGcs
+from tests.support.storage_params import BUCKET
 
 
 @pytest.fixture(scope="session")

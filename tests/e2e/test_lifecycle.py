@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 
+from rolloutrun_localcluster.testing import eventually
 from tests.e2e.conftest import (
     RUN_BOUND_S,
     TINY,
@@ -22,8 +23,6 @@ from tests.e2e.conftest import (
     tiny,
     wait_for_snapshot,
 )
-
-from rolloutrun_localcluster.testing import eventually
 
 MAX_STEPS = TINY["spec"]["run"]["grpo"]["maxSteps"]
 

@@ -44,7 +44,7 @@ def widgets(client: Any) -> Any:
     """The test ``Widget`` CRD, applied once; a ``CustomObjectsApi`` to use it."""
     from kubernetes import client as k8s
 
-    from .kopf_operator import CRD
+    from tests.support.kopf_operator import CRD
 
     try:
         ext: Any = k8s.ApiextensionsV1Api(client)

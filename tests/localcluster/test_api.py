@@ -15,8 +15,7 @@ from kubernetes import client as k8s
 
 from rolloutrun_localcluster.cluster import LocalCluster
 from rolloutrun_localcluster.testing import eventually
-
-from .kopf_operator import CRD, GROUP, PLURAL, VERSION
+from tests.support.kopf_operator import CRD, GROUP, PLURAL, VERSION
 
 
 def _status(error: pytest.ExceptionInfo[k8s.ApiException]) -> dict[str, Any]:

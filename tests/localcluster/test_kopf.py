@@ -10,8 +10,7 @@ from kubernetes import client as k8s
 
 from rolloutrun_localcluster.cluster import LocalCluster
 from rolloutrun_localcluster.testing import eventually
-
-from .kopf_operator import GROUP, PLURAL, VERSION, KopfThread
+from tests.support.kopf_operator import GROUP, PLURAL, VERSION, KopfThread
 
 
 def _widget(name: str, size: int = 2, **spec: Any) -> dict[str, Any]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 import yaml
-from rr_fixtures import make_run
 
 from rolloutrun_operator import builders, naming
 from rolloutrun_runtime.contract.run_config import RunConfig
+from tests.support.rolloutruns import make_run
 
 K8S_VERSION = "1.33.0"
 

@@ -7,7 +7,13 @@ import datetime as dt
 
 import pytest
 import yaml
-from rr_fixtures import (
+
+from rolloutrun_operator import naming
+from rolloutrun_operator.api.v1alpha1 import RecoveryPolicy
+from rolloutrun_operator.observe import NodeView
+from rolloutrun_operator.plan import Verb, backoff_seconds
+from rolloutrun_operator.reconcile import reconcile
+from tests.support.rolloutruns import (
     RUN,
     STATIC,
     T0,
@@ -19,12 +25,6 @@ from rr_fixtures import (
     running_status,
     trainer,
 )
-
-from rolloutrun_operator import naming
-from rolloutrun_operator.api.v1alpha1 import RecoveryPolicy
-from rolloutrun_operator.observe import NodeView
-from rolloutrun_operator.plan import Verb, backoff_seconds
-from rolloutrun_operator.reconcile import reconcile
 
 NOW = T0 + dt.timedelta(seconds=60)
 

@@ -1,0 +1,211 @@
+"""file:// specifics: SIGKILL during publication, permissions, odd paths, temp files."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rolloutrun_runtime.storage import (
+    ObjectNotFoundError,
+    StorageError,
+    StoragePermissionError,
+    list_committed,
+    open_storage,
+    publish_entry,
+)
+from rolloutrun_runtime.storage.local import COPY_CHUNK, LocalStorage
+from tests.support.crash_publisher import (
+    check_committed_whole,
+    content,
+    kill_after_commits,
+    spawn,
+)
+
+
+def _wait_for(predicate: object, what: str, proc: subprocess.Popen[str]) -> None:
+    """Poll until ``predicate()`` holds; fail (not time out silently) if the child dies."""
+    assert callable(predicate)
+    deadline = time.monotonic() + 60
+    while not predicate():
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            pytest.fail(f"publisher exited early ({proc.returncode}): {err}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"gave up waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_sigkill_mid_file_leaves_nothing_committed(tmp_path: Path) -> None:
+    """A publisher frozen inside a file copy and SIGKILLed commits nothing, and the visible
+    files are whole; a later publisher of the same entry succeeds."""
+    root = tmp_path / "store"
+    fifo = tmp_path / "feed"
+    os.mkfifo(fifo)
+    proc = spawn(str(root), "fifo", str(fifo))
+    entry_dir = root / "snaps" / "step_0"
+    with open(fifo, "wb") as feed:  # blocks until the publisher opens it for reading
+        # One full copy chunk (written to the temp file) and a bit of the next, which the
+        # publisher then waits on for ever.
+        feed.write(b"p" * (COPY_CHUNK + 10_000))
+        feed.flush()
+        _wait_for(
+            lambda: any(
+                p.name.startswith(".rr-tmp-b") and p.stat().st_size > 0
+                for p in entry_dir.glob(".rr-tmp-*")
+            ),
+            "the publisher to be copying file b",
+            proc,
+        )
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    proc.stdout.close() if proc.stdout else None
+    proc.stderr.close() if proc.stderr else None
+    assert proc.returncode == -signal.SIGKILL
+
+    storage = open_storage(str(root))
+    assert list_committed(storage, "snaps") == []
+    assert storage.list() == ["snaps/step_0/a"]  # whole file a; b only as a hidden temp
+    assert storage.read_bytes("snaps/step_0/a") == content(0, 0)
+    assert any(p.name.startswith(".rr-tmp-b") for p in entry_dir.iterdir())
+
+    publish_entry(storage, "snaps/step_0", {"a": b"A", "b": b"B", "c": b"C"})
+    assert list_committed(storage, "snaps") == ["snaps/step_0"]
+    assert storage.read_bytes("snaps/step_0/b") == b"B"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sigkill_at_random_points_keeps_committed_entries_whole(tmp_path: Path, seed: int) -> None:
+    """Kill a looping publisher after a random number of commits: every committed entry is
+    complete, and the committed steps are exactly 0..n without gaps."""
+    root = tmp_path / "store"
+    wanted = random.Random(seed).randint(1, 6)
+    kill_after_commits(str(root), wanted)
+    assert len(check_committed_whole(open_storage(str(root)))) >= wanted
+
+
+def test_temp_files_are_invisible(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path))
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / ".rr-tmp-x.123").write_bytes(b"half")
+    storage.write_bytes("d/x", b"whole")
+    assert storage.list() == ["d/x"]
+    assert storage.delete_prefix("d") == 1
+
+
+def test_remove_stale_temp_files(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    storage.write_bytes("d/x", b"1")
+    old = tmp_path / "d" / ".rr-tmp-x.old"
+    fresh = tmp_path / "d" / ".rr-tmp-x.fresh"
+    old.write_bytes(b"left by a killed writer")
+    fresh.write_bytes(b"a live writer's")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert storage.remove_stale_temp_files(older_than_s=3600) == 1
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [".rr-tmp-x.fresh", "x"]
+
+
+def test_base_under_a_file_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_bytes(b"")
+    storage = open_storage(f"file://{tmp_path}/plain/store")
+    with pytest.raises(StorageError, match="not a directory") as info:
+        storage.write_bytes("k", b"1")
+    assert info.value.uri == storage.uri_for("k")
+    with pytest.raises(ObjectNotFoundError):
+        storage.read_bytes("k")
+    assert storage.list() == []
+    assert not storage.exists("k")
+
+
+def test_key_naming_a_directory(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path))
+    storage.write_bytes("d/x", b"1")
+    with pytest.raises(StorageError, match="directory"):
+        storage.read_bytes("d")
+    with pytest.raises(StorageError, match="directory"):
+        storage.write_bytes("d", b"2")
+    assert storage.list() == ["d/x"]
+
+
+def _permission_denied_in(directory: Path) -> str:
+    """Try to write into ``directory`` (mode 0555); return the error class name or 'ok'."""
+    storage = LocalStorage(directory)
+    try:
+        storage.write_bytes("sub/k", b"1")
+    except StoragePermissionError as exc:
+        assert str(directory) in str(exc)
+        assert "permission denied" in str(exc)
+        return "StoragePermissionError"
+    except Exception as exc:
+        return type(exc).__name__
+    return "ok"
+
+
+def test_permission_denied(tmp_path: Path) -> None:
+    """Writing into a read-only directory raises StoragePermissionError naming the URI.
+
+    Root ignores directory modes, so as root the attempt runs in a forked child that first
+    drops to uid/gid 65534 (nobody): a real EACCES from the kernel either way.
+    """
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    tmp_path.chmod(0o755)
+    try:
+        if os.geteuid() != 0:
+            assert _permission_denied_in(locked) == "StoragePermissionError"
+            return
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: drop privileges, try, report, exit without cleanup
+            try:
+                os.close(read_end)
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                result = _permission_denied_in(locked)
+            except BaseException as exc:  # report anything, never return into pytest
+                result = f"child failed: {exc!r}"
+            os.write(write_end, result.encode())
+            os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            result = pipe.read().decode()
+        os.waitpid(pid, 0)
+        assert result == "StoragePermissionError"
+    finally:
+        locked.chmod(0o755)
+    assert list((locked).iterdir()) == []
+
+
+def test_unreadable_object(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads files regardless of mode; the write case covers EACCES as root")
+    storage = open_storage(str(tmp_path))
+    storage.write_bytes("k", b"1")
+    (tmp_path / "k").chmod(0)
+    try:
+        with pytest.raises(StoragePermissionError, match="permission denied"):
+            storage.read_bytes("k")
+    finally:
+        (tmp_path / "k").chmod(0o644)
+
+
+def test_write_many_syncs_each_directory_once(tmp_path: Path, monkeypatch) -> None:
+    from rolloutrun_runtime.storage import local
+
+    storage = LocalStorage(tmp_path)
+    storage.write_bytes("s/a", b"0")  # directories exist: only the batch's own syncs count
+    storage.write_bytes("s/x/b", b"0")
+    synced: list[Path] = []
+    real = local._fsync_dir
+    monkeypatch.setattr(local, "_fsync_dir", lambda path: (synced.append(path), real(path)))
+    storage.write_many({"s/a": b"1", "s/c": b"2", "s/x/b": b"3", "s/x/d": b"4"})
+    assert sorted(synced) == [tmp_path / "s", tmp_path / "s" / "x"]
+    assert storage.read_bytes("s/x/d") == b"4"
