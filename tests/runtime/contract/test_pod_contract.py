@@ -18,6 +18,7 @@ from rolloutrun_runtime.contract import pod
 ROOT = Path(__file__).resolve().parents[3]
 CONTRACT = ROOT / "runtime" / "rolloutrun_runtime" / "contract" / "pod.py"
 
+
 def contract_names() -> dict[str, str]:
     """The contract's distinctive string values (env names, annotations, paths)."""
     names = {}
