@@ -67,7 +67,7 @@ def test_every_rendered_object_is_valid_kubernetes(helm, sets):
     kinds = {doc["kind"] for doc in docs}
     assert {"CustomResourceDefinition", "Deployment", "ClusterRole", "ServiceAccount"} <= kinds
     for doc in docs:
-        if doc["kind"] == "ClusterKopfPeering":
+        if doc["kind"] in ("ClusterKopfPeering", "KopfPeering"):
             continue  # a custom resource: kubernetes-validate knows only built-in kinds
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -171,7 +171,8 @@ def granted(docs: list[dict[str, Any]], kind: str, resource: str) -> list[str]:
 @pytest.mark.parametrize("peering", [False, True], ids=["standalone", "peering"])
 def test_namespaced_mode_grants_no_cluster_wide_secret_access(helm, peering):
     """watchNamespaces set: Secrets (and every namespaced right) only in those namespaces;
-    the only cluster-wide rights are node reads (and the cluster peering object)."""
+    the only cluster-wide right is reading nodes. With peering, Kopf uses a KopfPeering in
+    each watched namespace (its Role grants it), so nothing cluster-scoped is needed."""
     sets = (*VARIANTS["namespaced"], f"peering.enabled={str(peering).lower()}")
     docs = render(helm, *sets)
     assert granted(docs, "ClusterRole", "secrets") == []
@@ -182,11 +183,22 @@ def test_namespaced_mode_grants_no_cluster_wide_secret_access(helm, peering):
         for rule in d["rules"]
         for resource in rule["resources"]
     }
-    assert cluster_resources <= {"nodes", "clusterkopfpeerings", "kopfpeerings"}
+    assert cluster_resources == {"nodes"}
     assert sorted(granted(docs, "Role", "secrets")) == [
         "team-a/rr-rolloutrun-operator",
         "team-b/rr-rolloutrun-operator",
     ]
+    peerings = [d for d in docs if d["kind"] in ("KopfPeering", "ClusterKopfPeering")]
+    crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
+    if peering:
+        assert sorted((d["kind"], d["metadata"]["namespace"]) for d in peerings) == [
+            ("KopfPeering", "team-a"),
+            ("KopfPeering", "team-b"),
+        ]
+        assert "kopfpeerings.kopf.dev" in crds and "clusterkopfpeerings.kopf.dev" not in crds
+        assert len(granted(docs, "Role", "kopfpeerings")) == 2
+    else:
+        assert peerings == [] and not [c for c in crds if c.endswith(".kopf.dev")]
 
 
 def test_the_deployment_is_non_root_read_only_and_bounded(helm):
