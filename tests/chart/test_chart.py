@@ -232,6 +232,9 @@ def test_the_rendered_args_parse_as_a_rolloutrun_command(helm):
     )
     assert args.command == "operator" and args.peering == "rolloutrun" and args.priority == 100
     assert args.metrics_port == 9090 and args.liveness == "http://0.0.0.0:8080/healthz"
+    (scoped,) = [d for d in render(helm, *VARIANTS["namespaced"]) if d["kind"] == "Deployment"]
+    args = build_parser().parse_args(scoped["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args.namespace == ["team-a", "team-b"]  # Kopf watches only these
 
 
 #: Maps whose keys are the user's (resource names, annotations), not chart settings.
