@@ -118,7 +118,7 @@ class LocalCluster:
                 self.registry,
                 self.directory,
                 token=self.token,
-                kubeconfig_for=lambda ns: kubeconfig.render(self.api_url, self.token, ca_pem, ns),
+                kubeconfig_for=lambda ns, token: kubeconfig.render(self.api_url, token, ca_pem, ns),
                 ca_pem=ca_pem,
                 api_port=lambda: self.port,
                 node_name=node,

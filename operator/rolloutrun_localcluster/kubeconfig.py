@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 
 import yaml
@@ -10,7 +11,9 @@ import yaml
 CONTEXT = "rolloutrun-local"
 
 
-def render(server: str, token: str, ca_pem: bytes, namespace: str = "default") -> str:
+def render(server: str, token: str | None, ca_pem: bytes, namespace: str = "default") -> str:
+    """A kubeconfig for this cluster; ``token=None`` gives one without credentials (a pod
+    that does not mount a service-account token: the API answers it 401)."""
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -23,7 +26,7 @@ def render(server: str, token: str, ca_pem: bytes, namespace: str = "default") -
                 },
             }
         ],
-        "users": [{"name": CONTEXT, "user": {"token": token}}],
+        "users": [{"name": CONTEXT, "user": {"token": token} if token is not None else {}}],
         "contexts": [
             {
                 "name": CONTEXT,
@@ -38,6 +41,21 @@ def render(server: str, token: str, ca_pem: bytes, namespace: str = "default") -
 
 def write(path: Path, server: str, token: str, ca_pem: bytes, namespace: str = "default") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(server, token, ca_pem, namespace))
-    path.chmod(0o600)
+    write_private(path, render(server, token, ca_pem, namespace).encode())
+    return path
+
+
+def write_private(path: Path, content: bytes) -> None:
+    """Write a file only its owner can read (0600, whatever the umask), also when it exists:
+    tokens, kubeconfigs and Secret volume files must not be readable by other local users."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(content)
+
+
+def private_dir(path: Path) -> Path:
+    """``mkdir -p`` whose last component is 0700 (whatever the umask)."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
     return path

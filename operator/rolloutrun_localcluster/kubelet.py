@@ -24,7 +24,7 @@ from typing import Any
 
 from rolloutrun_runtime.contract.pod import ENV_LOCALCLUSTER_ROOT, ENV_POD_IP
 
-from . import errors
+from . import errors, podspec
 from .podworker import PodWorker
 from .processes import CLUSTER_TAG, POD_TAG
 from .resources import Registry, ResourceType
@@ -101,7 +101,7 @@ class Kubelet:
         root: Path,
         *,
         token: str,
-        kubeconfig_for: Callable[[str], str],
+        kubeconfig_for: Callable[[str, str | None], str],
         ca_pem: bytes,
         api_port: Callable[[], int],
         node_name: str = "local",
@@ -146,6 +146,13 @@ class Kubelet:
     def lookup(self, plural: str) -> Callable[[str, str], Obj | None]:
         rtype = self._type(plural)
         return lambda namespace, name: self.store.find(rtype, namespace, name)
+
+    def token_for(self, pod: Obj) -> str | None:
+        """The token this pod gets, ``None`` if it opted out (pod or ServiceAccount)."""
+        meta = pod.get("metadata") or {}
+        name = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+        account = self.lookup("serviceaccounts")(meta.get("namespace", ""), name)
+        return self.token if podspec.mounts_token(pod, account) else None
 
     def base_env(self, worker: PodWorker, container: Obj) -> dict[str, str]:
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}

@@ -60,6 +60,18 @@ def downward_value(pod: Obj, path: str) -> str:
     return str(simple[path] or "")
 
 
+def mounts_token(pod: Obj, account: Obj | None) -> bool:
+    """Whether the pod gets a service-account token: the pod's
+    ``automountServiceAccountToken`` wins when set, else its ServiceAccount's, else yes (the
+    Kubernetes rule). The local cluster has one token for every pod that gets one (per-account
+    tokens and RBAC are not emulated)."""
+    own = (pod.get("spec") or {}).get("automountServiceAccountToken")
+    if own is not None:
+        return bool(own)
+    inherited = (account or {}).get("automountServiceAccountToken")
+    return True if inherited is None else bool(inherited)
+
+
 def _key_value(kind: str, ref: Obj, namespace: str, lookup: Lookup) -> str | None:
     source = lookup(namespace, ref.get("name", ""))
     noun = "configmap" if kind == "configMap" else "secret"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import podspec, probes, processes
+from .kubeconfig import private_dir, write_private
 from .podspec import ConfigError, ContainerRecord
 from .store import now_iso
 
@@ -99,14 +100,23 @@ class PodWorker:
             self.report()
 
     def _prepare(self) -> None:
-        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        """The pod's directory, its owner's only (0700): it holds the token, the kubeconfig
+        and the Secret volumes. No token at all when the pod or its ServiceAccount says
+        ``automountServiceAccountToken: false``."""
+        private_dir(self.dir.parent)
+        private_dir(self.dir)
+        (self.dir / "logs").mkdir(exist_ok=True)
         (self.dir / "work").mkdir(exist_ok=True)
-        account = self.dir / "serviceaccount"
-        account.mkdir(exist_ok=True)
-        (account / "token").write_text(self.kubelet.token)
-        (account / "namespace").write_text(self.namespace)
-        (account / "ca.crt").write_bytes(self.kubelet.ca_pem)
-        (self.dir / "kubeconfig").write_text(self.kubelet.kubeconfig_for(self.namespace))
+        account = private_dir(self.dir / "serviceaccount")
+        token = self.kubelet.token_for(self.kubelet.pod(self.uid) or {})
+        if token is not None:
+            write_private(account / "token", token.encode())
+        else:
+            (account / "token").unlink(missing_ok=True)
+        write_private(account / "namespace", self.namespace.encode())
+        write_private(account / "ca.crt", self.kubelet.ca_pem)
+        kubeconfig = self.kubelet.kubeconfig_for(self.namespace, token)
+        write_private(self.dir / "kubeconfig", kubeconfig.encode())
         self.kubelet.volumes.materialize(self)
 
     async def _run_init(self, spec: Obj, record: ContainerRecord) -> bool:

@@ -10,6 +10,7 @@ PATCH (merge, JSON, strategic merge), DELETE (delete, deletecollection). Every e
 from __future__ import annotations
 
 import base64
+import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -95,14 +96,20 @@ class ApiServer:
         self.app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self._dispatch)
 
+    def _authorized(self, header: str) -> bool:
+        """Constant-time: a timing difference must not reveal how much of a guess matched.
+        Bytes, not str: ``compare_digest`` refuses non-ASCII text (a client's garbage header
+        is a 401, not a 500)."""
+        expected = f"Bearer {self.token}".encode()
+        return hmac.compare_digest(header.encode("utf-8", "surrogateescape"), expected)
+
     @web.middleware
     async def _middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if request.path not in PUBLIC_PATHS:
-            header = request.headers.get("Authorization", "")
-            if header != f"Bearer {self.token}":
-                return _error(errors.unauthorized())
+        header = request.headers.get("Authorization", "")
+        if request.path not in PUBLIC_PATHS and not self._authorized(header):
+            return _error(errors.unauthorized())
         try:
             return await handler(request)
         except ApiError as error:

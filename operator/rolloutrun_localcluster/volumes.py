@@ -4,7 +4,8 @@ There is no mount namespace, so a container cannot see a volume at its ``mountPa
 volume is written once at pod start to ``<pod dir>/volumes/<volume name>/`` and linked at
 ``<pod dir>/root/<mountPath>``; a process finds its files there: a path P inside the
 container is ``$ROLLOUTRUN_LOCALCLUSTER_ROOT/P`` on this machine. Later ConfigMap and Secret
-changes are not propagated.
+changes are not propagated. Volume directories are 0700 and their files 0600 (a Secret's
+files must not be readable by other users of the machine; ``defaultMode`` is not emulated).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .kubeconfig import private_dir, write_private
 from .podspec import ConfigError, downward_value
 
 if TYPE_CHECKING:
@@ -67,10 +69,9 @@ class Volumes:
         pod = self.kubelet.pod(worker.uid)
         if pod is None:
             return
-        root = worker.dir / "volumes"
+        root = private_dir(worker.dir / "volumes")
         for volume in (pod.get("spec") or {}).get("volumes") or []:
-            target = root / volume["name"]
-            target.mkdir(parents=True, exist_ok=True)
+            target = private_dir(root / volume["name"])
             try:
                 files = volume_files(volume, pod, self.kubelet)
             except ConfigError as error:
@@ -84,8 +85,8 @@ class Volumes:
                 continue
             for relative, content in (files or {}).items():
                 path = target / relative
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(content)
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                write_private(path, content)
         for container in (pod.get("spec") or {}).get("initContainers", []) + (
             pod.get("spec") or {}
         ).get("containers", []):

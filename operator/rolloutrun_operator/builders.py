@@ -123,8 +123,9 @@ def gym_token_secret(run: RolloutRun, token: str) -> Manifest:
 def referenced_secrets(run: RolloutRun) -> list[str]:
     """Secrets the user's spec names: they must exist before member pods can start."""
     names: list[str] = []
-    if run.spec.storage.credentials_secret is not None:
-        names.append(run.spec.storage.credentials_secret.name)
+    for secret in (run.spec.storage.credentials_secret, run.spec.storage.gym_credentials_secret):
+        if secret is not None:
+            names.append(secret.name)
     for settings in (run.spec.trainer, run.spec.gym):
         for var in settings.env:
             if var.value_from is not None and var.value_from.secret_key_ref is not None:
@@ -263,15 +264,36 @@ POD_SECURITY: Manifest = {
 }
 
 
-def _add_storage(
-    run: RolloutRun, mounts: list[Manifest], volumes: list[Manifest], env: list[Manifest]
-) -> None:
-    """The run's storage in a member pod: GCS credentials, or the storage volume claim."""
+def storage_credentials(run: RolloutRun, role: naming.Role) -> str | None:
+    """The Secret with the gs:// key a member pod gets, or None (workload identity, file://).
+
+    The trainer gets ``credentialsSecret``. A Gym only writes its side-effect records under
+    ``<storage>/gym-audit/``, so it never gets the trainer's key: it gets
+    ``gymCredentialsSecret`` (meant to be a key limited to that prefix), or nothing.
+    """
     storage = run.spec.storage
-    # The Gym writes its side-effect records under ``<storage>/gym-audit/`` (gs:// runs).
-    if storage.credentials_secret is not None:
+    secret = (
+        storage.credentials_secret
+        if role is naming.Role.TRAINER
+        else storage.gym_credentials_secret
+    )
+    return None if secret is None else secret.name
+
+
+def _add_storage(
+    run: RolloutRun,
+    role: naming.Role,
+    mounts: list[Manifest],
+    volumes: list[Manifest],
+    env: list[Manifest],
+) -> None:
+    """The run's storage in a member pod: GCS credentials, or the storage volume claim (a
+    Gym mounts only the claim's ``gym-audit/`` directory, where it appends its audit)."""
+    storage = run.spec.storage
+    secret = storage_credentials(run, role)
+    if secret is not None:
         mounts.append({"name": "gcs", "mountPath": naming.GCS_CREDENTIALS_DIR, "readOnly": True})
-        volumes.append({"name": "gcs", "secret": {"secretName": storage.credentials_secret.name}})
+        volumes.append({"name": "gcs", "secret": {"secretName": secret}})
         env.append(
             {
                 "name": naming.ENV_GOOGLE_CREDENTIALS,
@@ -279,7 +301,15 @@ def _add_storage(
             }
         )
     if storage.volume_claim_name is not None:  # the trainer's checkpoints, the Gym's audit
-        mounts.append({"name": "storage", "mountPath": storage_path(storage.uri)})
+        path = storage_path(storage.uri).rstrip("/")
+        mount: Manifest = {"name": "storage", "mountPath": path}
+        if role is not naming.Role.TRAINER:  # the kubelet creates the directory if missing
+            mount = {
+                **mount,
+                "mountPath": f"{path}/{GYM_AUDIT_PREFIX}",
+                "subPath": GYM_AUDIT_PREFIX,
+            }
+        mounts.append(mount)
         volumes.append(
             {"name": "storage", "persistentVolumeClaim": {"claimName": storage.volume_claim_name}}
         )
@@ -312,7 +342,7 @@ def _pod(
         {"name": "tmp", "emptyDir": {}},
     ]
     env = _common_env(run, incarnation)
-    _add_storage(run, mounts, volumes, env)
+    _add_storage(run, role, mounts, volumes, env)
     env.extend(
         var.model_dump(mode="json", by_alias=True, exclude_none=True) for var in settings.env
     )

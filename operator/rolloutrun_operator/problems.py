@@ -29,6 +29,8 @@ def storage_problem(run: RolloutRun) -> str | None:
         return f"storage.uri {uri!r} names no directory (e.g. file:///data/checkpoints)"
     if storage.credentials_secret is not None:
         return "storage.credentialsSecret is for gs:// storage, not file://"
+    if storage.gym_credentials_secret is not None:
+        return "storage.gymCredentialsSecret is for gs:// storage, not file://"
     if ".." in path.split("/"):
         return f"storage.uri {uri!r} must be an absolute path without '..'"
     return None

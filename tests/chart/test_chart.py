@@ -50,6 +50,7 @@ VARIANTS = {
     "defaults": (),
     "namespaced": ("watchNamespaces={team-a,team-b}",),
     "peering": ("peering.enabled=true", "metrics.service=false"),
+    "namespaced-peering": ("watchNamespaces={team-a}", "peering.enabled=true"),
 }
 
 
@@ -66,7 +67,7 @@ def test_every_rendered_object_is_valid_kubernetes(helm, sets):
     kinds = {doc["kind"] for doc in docs}
     assert {"CustomResourceDefinition", "Deployment", "ClusterRole", "ServiceAccount"} <= kinds
     for doc in docs:
-        if doc["kind"] == "ClusterKopfPeering":
+        if doc["kind"] in ("ClusterKopfPeering", "KopfPeering"):
             continue  # a custom resource: kubernetes-validate knows only built-in kinds
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -77,8 +78,16 @@ def test_the_chart_ships_the_generated_crd(helm):
     assert crds == [generated]
 
 
-def rules_of(docs: list[dict[str, Any]], name: str) -> set[tuple[str, str, tuple[str, ...]]]:
-    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == name]
+def rules_of(
+    docs: list[dict[str, Any]], name: str, kind: str = "ClusterRole", namespace: str | None = None
+) -> set[tuple[str, str, tuple[str, ...]]]:
+    (role,) = [
+        d
+        for d in docs
+        if d["kind"] == kind
+        and d["metadata"]["name"] == name
+        and d["metadata"].get("namespace") == namespace
+    ]
     return {
         (group, resource, tuple(rule["verbs"]))
         for rule in role["rules"]
@@ -93,6 +102,10 @@ def test_the_operator_is_granted_exactly_what_it_uses(helm):
     assert nodes == {("", "nodes", ("get",))}
     assert rules_of(docs, "rr-rolloutrun-operator") | nodes == set(PERMISSIONS)
     assert (GROUP, PLURAL, ("get", "list", "watch", "patch")) in PERMISSIONS
+    scoped = render(helm, *VARIANTS["namespaced"])
+    for namespace in ("team-a", "team-b"):
+        role = rules_of(scoped, "rr-rolloutrun-operator", "Role", namespace)
+        assert role | nodes == set(PERMISSIONS)
     peering = rules_of(render(helm, "peering.enabled=true"), "rr-rolloutrun-operator")
     assert peering - set(PERMISSIONS) == {
         ("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch")),
@@ -133,9 +146,59 @@ def test_bindings_follow_the_watched_namespaces(helm):
     }
     bindings = [d for d in scoped if d["kind"] == "RoleBinding"]
     assert sorted(d["metadata"]["namespace"] for d in bindings) == ["team-a", "team-b"]
+    for binding in bindings:  # each to its own namespace's Role, not to a ClusterRole
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "rr-rolloutrun-operator",
+        }
     (deployment,) = [d for d in scoped if d["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
+
+
+def granted(docs: list[dict[str, Any]], kind: str, resource: str) -> list[str]:
+    """Names of the ``kind`` objects (ClusterRole or Role) with a rule on ``resource``."""
+    return [
+        f"{d['metadata'].get('namespace', '')}/{d['metadata']['name']}"
+        for d in docs
+        if d["kind"] == kind
+        for rule in d["rules"]
+        if resource in rule["resources"] or "*" in rule["resources"]
+    ]
+
+
+@pytest.mark.parametrize("peering", [False, True], ids=["standalone", "peering"])
+def test_namespaced_mode_grants_no_cluster_wide_secret_access(helm, peering):
+    """watchNamespaces set: Secrets (and every namespaced right) only in those namespaces;
+    the only cluster-wide right is reading nodes. With peering, Kopf uses a KopfPeering in
+    each watched namespace (its Role grants it), so nothing cluster-scoped is needed."""
+    sets = (*VARIANTS["namespaced"], f"peering.enabled={str(peering).lower()}")
+    docs = render(helm, *sets)
+    assert granted(docs, "ClusterRole", "secrets") == []
+    cluster_resources = {
+        resource
+        for d in docs
+        if d["kind"] == "ClusterRole"
+        for rule in d["rules"]
+        for resource in rule["resources"]
+    }
+    assert cluster_resources == {"nodes"}
+    assert sorted(granted(docs, "Role", "secrets")) == [
+        "team-a/rr-rolloutrun-operator",
+        "team-b/rr-rolloutrun-operator",
+    ]
+    peerings = [d for d in docs if d["kind"] in ("KopfPeering", "ClusterKopfPeering")]
+    crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
+    if peering:
+        assert sorted((d["kind"], d["metadata"]["namespace"]) for d in peerings) == [
+            ("KopfPeering", "team-a"),
+            ("KopfPeering", "team-b"),
+        ]
+        assert "kopfpeerings.kopf.dev" in crds and "clusterkopfpeerings.kopf.dev" not in crds
+        assert len(granted(docs, "Role", "kopfpeerings")) == 2
+    else:
+        assert peerings == [] and not [c for c in crds if c.endswith(".kopf.dev")]
 
 
 def test_the_deployment_is_non_root_read_only_and_bounded(helm):
@@ -169,6 +232,9 @@ def test_the_rendered_args_parse_as_a_rolloutrun_command(helm):
     )
     assert args.command == "operator" and args.peering == "rolloutrun" and args.priority == 100
     assert args.metrics_port == 9090 and args.liveness == "http://0.0.0.0:8080/healthz"
+    (scoped,) = [d for d in render(helm, *VARIANTS["namespaced"]) if d["kind"] == "Deployment"]
+    args = build_parser().parse_args(scoped["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args.namespace == ["team-a", "team-b"]  # Kopf watches only these
 
 
 #: Maps whose keys are the user's (resource names, annotations), not chart settings.

@@ -193,17 +193,17 @@ def test_an_explicit_run_name_wins_and_ipv6_endpoints_are_bracketed():
     assert builders.gym_endpoint("fd00::5", 8000) == "http://[fd00::5]:8000"
 
 
-def test_a_volume_claim_is_mounted_at_the_storage_path_of_every_member():
+def test_a_volume_claim_is_mounted_at_the_storage_path_of_the_trainer():
     run = make_run(storage={"uri": "file:///data/x", "volumeClaimName": "ckpt"})
-    for pod in (builders.trainer_pod(run, 1), builders.gym_pod(run, 1, 0)):
-        mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
-        assert mounts["storage"] == "/data/x"
+    pod = builders.trainer_pod(run, 1)
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["storage"] == "/data/x"
     command = builders.gym_pod(run, 1, 0)["spec"]["containers"][0]["command"]
     assert command[-2:] == ["--audit-file", "/data/x/gym-audit/gym-0.audit.jsonl"]
     assert "--audit-uri" not in command
 
 
-def test_gym_pods_record_side_effects_under_the_gcs_storage_with_its_credentials():
+def test_gym_pods_record_side_effects_under_the_gcs_storage_without_the_trainers_key():
     run = make_run(**GCS)
     pod = builders.gym_pod(run, 1, 0)
     command = pod["spec"]["containers"][0]["command"]
@@ -212,18 +212,61 @@ def test_gym_pods_record_side_effects_under_the_gcs_storage_with_its_credentials
     # replacement pod included, refuses what another applied.
     assert command[-2:] == ["--audit-uri", "gs://bucket-x/runs/gym-audit"]
     assert builders.gym_pod(run, 4, 1)["spec"]["containers"][0]["command"][-2:] == command[-2:]
-    env = env_of(pod)
-    assert (
-        env["GOOGLE_APPLICATION_CREDENTIALS"]["value"]
-        == env_of(builders.trainer_pod(run, 1))["GOOGLE_APPLICATION_CREDENTIALS"]["value"]
-    )
-    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert volumes["gcs"]["secret"]["secretName"] == "gcs-key"
-    mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    assert mounts["gcs"]["readOnly"] is True
-    assert mounts["gcs"]["mountPath"] == naming.GCS_CREDENTIALS_DIR
+    # The trainer's key (read/write/delete on checkpoints) never reaches a Gym.
+    assert "gcs" not in {v["name"] for v in pod["spec"]["volumes"]}
+    assert "GOOGLE_APPLICATION_CREDENTIALS" not in env_of(pod)
+    trainer = builders.trainer_pod(run, 1)
+    assert {v["name"]: v for v in trainer["spec"]["volumes"]}["gcs"]["secret"] == {
+        "secretName": "gcs-key"
+    }
     # Still no Kubernetes API token: the Gym needs storage, not the API.
     assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+def test_gym_pods_get_only_the_gym_credentials_secret():
+    storage = {**GCS["storage"], "gymCredentialsSecret": {"name": "gym-audit-key"}}
+    run = make_run(storage=storage)
+    pod = builders.gym_pod(run, 1, 0)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["gcs"]["secret"] == {"secretName": "gym-audit-key"}
+    mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["gcs"] == {
+        "name": "gcs",
+        "mountPath": naming.GCS_CREDENTIALS_DIR,
+        "readOnly": True,
+    }
+    assert env_of(pod)["GOOGLE_APPLICATION_CREDENTIALS"]["value"] == (
+        f"{naming.GCS_CREDENTIALS_DIR}/{naming.GCS_CREDENTIALS_KEY}"
+    )
+    trainer = builders.trainer_pod(run, 1)
+    assert {v["name"]: v for v in trainer["spec"]["volumes"]}["gcs"]["secret"] == {
+        "secretName": "gcs-key"
+    }
+    # both must exist before the members start
+    assert builders.referenced_secrets(run) == ["gcs-key", "gym-audit-key"]
+    for manifest in (pod, trainer):
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def test_gym_pods_of_a_file_run_get_no_credential_and_only_the_audit_directory():
+    run = make_run(storage={"uri": "file:///data/x/", "volumeClaimName": "ckpt"})
+    pod = builders.gym_pod(run, 1, 0)
+    (storage,) = [m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "storage"]
+    # the claim's gym-audit/ directory only: not the checkpoints beside it
+    assert storage == {"name": "storage", "mountPath": "/data/x/gym-audit", "subPath": "gym-audit"}
+    audit = pod["spec"]["containers"][0]["command"][-1]
+    assert audit.startswith(storage["mountPath"] + "/")
+    assert "gcs" not in {v["name"] for v in pod["spec"]["volumes"]}
+    assert "GOOGLE_APPLICATION_CREDENTIALS" not in env_of(pod)
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+def test_a_gym_credentials_secret_on_file_storage_is_unusable():
+    from rolloutrun_operator.problems import storage_problem
+
+    run = make_run(storage={"uri": "file:///data/x", "gymCredentialsSecret": {"name": "k"}})
+    assert storage_problem(run) == "storage.gymCredentialsSecret is for gs:// storage, not file://"
 
 
 def test_gym_pods_without_a_credentials_secret_get_no_gcs_volume():

@@ -32,3 +32,54 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The operator's rights: exactly what it uses (rolloutrun_operator.kube.PERMISSIONS less
+nodes; the chart tests compare the two). A ClusterRole's rules in cluster mode, each watched
+namespace's Role's rules in namespaced mode. It holds the lease verbs it grants to member pods
+(RBAC forbids granting what one does not hold) and creates, per run, a Role limited to that
+run's Lease. Secrets: `get` reads the run's Gym token Secret and checks that the Secrets a run
+names exist (RBAC has no metadata-only read); `create` makes the token Secret. */}}
+{{- define "rolloutrun.rules" -}}
+- apiGroups: [rolloutrun.dev]
+  resources: [rolloutruns]
+  verbs: [get, list, watch, patch]
+- apiGroups: [rolloutrun.dev]
+  resources: [rolloutruns/status]
+  verbs: [get, patch]
+# children carry blockOwnerDeletion: OwnerReferencesPermissionEnforcement checks this
+- apiGroups: [rolloutrun.dev]
+  resources: [rolloutruns/finalizers]
+  verbs: [update]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, update]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, create]
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, create]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, list, watch, create, update, patch]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles]
+  verbs: [get, create]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [rolebindings]
+  verbs: [get, create]
+{{- if .Values.peering.enabled }}
+- apiGroups: [kopf.dev]
+  resources: [clusterkopfpeerings, kopfpeerings]
+  verbs: [get, list, watch, patch]
+{{- end }}
+{{- end -}}

@@ -219,8 +219,18 @@ class StorageSpec(_Model):
     credentials_secret: SecretReference | None = Field(
         None,
         description=(
-            "Secret with a key 'credentials.json' (a GCP service-account key), mounted for "
-            "gs:// storage; omit to use workload identity."
+            "Secret with a key 'credentials.json' (a GCP service-account key), mounted in the "
+            "trainer for gs:// storage (not in the Gyms: see gymCredentialsSecret); omit to "
+            "use workload identity."
+        ),
+    )
+    gym_credentials_secret: SecretReference | None = Field(
+        None,
+        description=(
+            "Secret with a key 'credentials.json' mounted in the Gym pods of a gs:// run "
+            "instead of credentialsSecret (never given to Gyms): the Gyms only write their "
+            "side-effect records under <uri>/gym-audit/, so give it a key limited to that "
+            "prefix (object create, get, list); omit to use workload identity."
         ),
     )
     volume_claim_name: str | None = Field(
