@@ -116,7 +116,13 @@ async def report_failure(
     """Write the failure into the run's ``Ready`` condition and emit a Warning Event, once
     per distinct failure; an API that cannot be reached leaves it to the log."""
     reason, message = describe_failure(error)
-    logger.warning("pass failed (%s), next try in %.0f s: %s", reason, retry_in, message)
+    logger.warning(
+        "pass failed (%s), next try in %.0f s: %s",
+        reason,
+        retry_in,
+        message,
+        exc_info=None if isinstance(error, KubeError) else error,
+    )
     try:
         body = await kube.get("RolloutRun", namespace, name)
         if body is None:
