@@ -71,6 +71,7 @@ BUILTINS: tuple[ResourceType, ...] = (
     _core("secrets", "Secret", True),
     _core("serviceaccounts", "ServiceAccount", True, ("sa",)),
     _core("events", "Event", True, ("ev",)),
+    _core("resourcequotas", "ResourceQuota", True, ("quota",), ("status",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, "lease"),
     # Stored, not enforced (one token is all-powerful): operators create their members' RBAC.
     ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True, "role"),

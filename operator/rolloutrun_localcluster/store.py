@@ -282,6 +282,7 @@ class Store:
         self._validate(rtype, strategy, obj)
         if self.find(rtype, namespace, meta["name"]) is not None:
             raise errors.already_exists(rtype.plural, rtype.group, meta["name"])
+        self._check_quota(rtype, namespace, meta["name"])
         if dry_run:
             return obj
         stored = self._commit(rtype, "ADDED", obj, None)
@@ -479,6 +480,32 @@ class Store:
             raise errors.bad_request(
                 f"the apiVersion {api_version!r} does not match {rtype.api_version!r}"
             )
+
+    def _check_quota(self, rtype: ResourceType, namespace: str, name: str) -> None:
+        """ResourceQuota admission for the one quota enforced here, the count of pods
+        (``spec.hard.pods`` or ``count/pods``; pods that ended do not count), answered as
+        the real API server does: 403 Forbidden, "exceeded quota"."""
+        if rtype.storage_key != "pods":
+            return
+        used = sum(
+            1
+            for pod in self.objects("pods")
+            if pod["metadata"].get("namespace") == namespace
+            and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        )
+        for quota in self.objects("resourcequotas"):
+            if quota["metadata"].get("namespace") != namespace:
+                continue
+            hard = (quota.get("spec") or {}).get("hard") or {}
+            for key in ("pods", "count/pods"):
+                if key in hard and used + 1 > int(hard[key]):
+                    raise errors.ApiError(
+                        403,
+                        "Forbidden",
+                        f'pods "{name}" is forbidden: exceeded quota: '
+                        f"{quota['metadata']['name']}, requested: {key}=1, used: "
+                        f"{key}={used}, limited: {key}={hard[key]}",
+                    )
 
     def _check_namespace(self, namespace: str) -> None:
         ns_type = self.registry.get("", "v1", "namespaces")

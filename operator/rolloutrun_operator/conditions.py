@@ -12,6 +12,7 @@ import datetime as dt
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rolloutrun_operator.api.v1alpha1 import Condition, ConditionStatus
 from rolloutrun_operator.observe import format_time
@@ -82,3 +83,28 @@ def merge(
             )
         )
     return merged
+
+
+def failure_patch(
+    raw_status: Mapping[str, Any], reason: str, message: str, now: dt.datetime
+) -> dict[str, Any] | None:
+    """The status merge patch saying a pass failed (``Ready=False`` with ``reason`` and the
+    API's ``message``; the other conditions kept), or None when the status says so already
+    (so a failure repeated by the retries writes and announces nothing new)."""
+    previous = []
+    for item in raw_status.get("conditions") or []:
+        try:
+            previous.append(Condition.model_validate(item))
+        except ValueError:
+            continue
+    old = find(previous, ConditionType.READY)
+    if old is not None and (old.status, old.reason, old.message) == (
+        ConditionStatus.FALSE,
+        reason,
+        message,
+    ):
+        return None
+    generation = old.observed_generation if old is not None else None
+    desired = {ConditionType.READY: Desired(False, reason, message)}
+    merged = merge(previous, desired, now, generation)
+    return {"conditions": [c.model_dump(mode="json", by_alias=True) for c in merged]}

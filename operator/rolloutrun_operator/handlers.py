@@ -9,9 +9,11 @@ never race to create the same pod. Every decision is in
 :func:`~rolloutrun_operator.reconcile.reconcile`; the I/O in :mod:`actuator`.
 
 Kopf keeps its progress and diff-base in annotations (``status.kopf`` would be pruned by
-the structural schema); the operator writes ``status`` itself, once per pass. An API error
-raises ``kopf.TemporaryError(delay=...)`` so Kopf restarts the daemon after the delay; an
-invalid spec is reported as a condition and waited out (a fixed spec wakes the daemon).
+the structural schema); the operator writes ``status`` itself, once per pass. A failed
+pass (an API error, a child the API refused, a bug) is written into ``Ready`` with a Warning
+Event, once per distinct failure, and retried after a backoff that doubles up to 5 minutes
+(a change of the run wakes it sooner); an invalid spec is reported as a condition and
+waited out (a fixed spec wakes the daemon).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import kopf
 from rolloutrun_operator import naming
 from rolloutrun_operator.actuator import run_pass
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
+from rolloutrun_operator.conditions import failure_patch
 from rolloutrun_operator.kube import Kube, KubeError, load_credentials
 from rolloutrun_operator.metrics import Metrics
 
@@ -37,8 +40,9 @@ registry = kopf.OperatorRegistry()
 
 #: Longest wait between passes with nothing happening.
 MAX_IDLE_SECONDS = 30.0
-#: Delay before Kopf restarts a daemon whose pass failed on an API error.
+#: First delay after a failed pass; it doubles with each failure in a row, up to the max.
 RETRY_SECONDS = 5.0
+MAX_RETRY_SECONDS = 300.0
 
 
 @dataclass
@@ -77,6 +81,64 @@ def next_pass_delay(requeue_after: float | None) -> float:
     if requeue_after is None:
         return MAX_IDLE_SECONDS
     return min(max(requeue_after, 0.0), MAX_IDLE_SECONDS)
+
+
+def retry_delay(failures: int) -> float:
+    """How long the daemon waits after ``failures`` failed passes in a row (a change of the
+    run, such as a fixed spec, still wakes it at once): 5 s doubling, at most 5 min."""
+    return min(RETRY_SECONDS * 2.0 ** max(failures - 1, 0), MAX_RETRY_SECONDS)
+
+
+def describe_failure(error: BaseException) -> tuple[str, str]:
+    """The ``Ready`` reason and message of a failed pass: a child the API refused is named
+    with the API's own words (``ChildRejected``: a quota, a policy, an invalid field; the
+    same request gets the same answer, so it waits for a change); any other API error
+    (``ApiError``) or bug (``ReconcileError``) is quoted as it came."""
+    if isinstance(error, KubeError):
+        if error.child is not None and error.refused:
+            return (
+                "ChildRejected",
+                f"the API refused {error.child}: {error.status} {error.reason}: {error.detail}",
+            )
+        where = f" ({error.child})" if error.child else ""
+        return "ApiError", f"{error}{where}"
+    return "ReconcileError", f"{type(error).__name__}: {error}"
+
+
+async def report_failure(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    error: BaseException,
+    retry_in: float,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
+    """Write the failure into the run's ``Ready`` condition and emit a Warning Event, once
+    per distinct failure; an API that cannot be reached leaves it to the log."""
+    reason, message = describe_failure(error)
+    logger.warning(
+        "pass failed (%s), next try in %.0f s: %s",
+        reason,
+        retry_in,
+        message,
+        exc_info=None if isinstance(error, KubeError) else error,
+    )
+    try:
+        body = await kube.get("RolloutRun", namespace, name)
+        if body is None:
+            return
+        patch = failure_patch(body.get("status") or {}, reason, message[:32_768], now())
+        if patch is None:
+            return
+        await kube.patch_status("RolloutRun", namespace, name, patch)
+    except KubeError as unreported:
+        logger.warning("could not report the failure on the run: %s", unreported)
+        return
+    kopf.event(cast(kopf.Body, body), type="Warning", reason=reason, message=message[:1024])
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
 
 
 async def wait_for_wake(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
@@ -158,17 +220,21 @@ async def keep_running(
     wakers: Wakers = memo["wakers"]
     metrics: Metrics = memo["metrics"]
     wake = wakers.event(namespace, name)
+    failures = 0
     while not stopped:
         began = time.perf_counter()
         try:
-            outcome = await run_pass(kube, namespace, name, dt.datetime.now(dt.UTC))
-        except KubeError as error:
+            outcome = await run_pass(kube, namespace, name, now())
+        except Exception as error:  # every failure is reported and retried, none kills the loop
             metrics.reconcile_errors.inc()
-            raise kopf.TemporaryError(
-                f"reconciling failed: {error}", delay=RETRY_SECONDS
-            ) from error
+            failures += 1
+            delay = retry_delay(failures)
+            await report_failure(kube, namespace, name, error, delay, logger)
+            await wait_for_wake(wake, stopped, delay)
+            continue
         finally:
             metrics.reconcile_seconds.observe(time.perf_counter() - began)
+        failures = 0
         if outcome is None:
             break
         result = outcome.result

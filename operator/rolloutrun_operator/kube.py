@@ -85,12 +85,21 @@ PERMISSIONS: list[tuple[str, str, tuple[str, ...]]] = [
 
 
 class KubeError(Exception):
-    """A Kubernetes API call failed; ``status`` is the HTTP status (0: no answer)."""
+    """A Kubernetes API call failed; ``status`` is the HTTP status (0: no answer), ``detail``
+    the API's own message, ``child`` the ``Kind/name`` a create, replace or delete was for."""
 
-    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
+    def __init__(self, message: str, status: int = 0, reason: str = "", detail: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
+        self.detail = detail or message
+        self.child: str | None = None
+
+    @property
+    def refused(self) -> bool:
+        """The API refused the request itself (a 4xx other than a conflict or throttling):
+        repeating it unchanged gets the same answer."""
+        return 400 <= self.status < 500 and self.status not in (404, 409, 429)
 
 
 @dataclass(frozen=True)
@@ -194,6 +203,7 @@ class Kube:
                         f"{method} {path}: {response.status} {answer.get('message', '')}",
                         response.status,
                         str(answer.get("reason", "")),
+                        str(answer.get("message", "")),
                     )
                 return json.loads(text) if text else {}
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
@@ -225,13 +235,18 @@ class Kube:
         except KubeError as error:
             if error.status == 409:
                 return False
+            error.child = f"{manifest['kind']}/{meta.get('name')}"
             raise
         return True
 
     async def replace(self, manifest: Json) -> None:
         meta = manifest["metadata"]
         path = RESOURCES[manifest["kind"]].path(meta.get("namespace"), meta["name"])
-        await self.request("PUT", path, manifest)
+        try:
+            await self.request("PUT", path, manifest)
+        except KubeError as error:
+            error.child = f"{manifest['kind']}/{meta['name']}"
+            raise
 
     async def delete(
         self, kind: str, namespace: str, name: str, grace_seconds: int | None = None
@@ -249,6 +264,7 @@ class Kube:
         except KubeError as error:
             if error.status == 404:
                 return False
+            error.child = f"{kind}/{name}"
             raise
         return True
 

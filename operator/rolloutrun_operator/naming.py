@@ -83,7 +83,6 @@ __all__ = [
     "LABEL_ROLE",
     "LABEL_RUN",
     "MANAGED_BY",
-    "MAX_RUN_NAME",
     "PORT_NAME_GENERATION",
     "PORT_NAME_GYM",
     "WORK_DIR",
@@ -107,9 +106,6 @@ __all__ = [
 KOPF_ANNOTATION_PREFIX = f"kopf.{GROUP}"
 ANNOTATION_CONFIG_INCARNATION = f"{GROUP}/incarnation"
 """On the ConfigMap: the incarnation whose trainer config ``run.yaml`` holds."""
-
-MAX_RUN_NAME = 52
-"""Longest run name: leaves room for ``-i<N>-gym-<k>`` in pod names that are DNS labels."""
 
 
 # ------------------------------------------------------------------------ child names

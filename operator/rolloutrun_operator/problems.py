@@ -7,8 +7,9 @@ an incarnation starts; a fixed spec (or a Secret created later) lets the next pa
 
 from __future__ import annotations
 
-from rolloutrun_operator import builders, naming
+from rolloutrun_operator import builders
 from rolloutrun_operator.api.v1alpha1 import RolloutRun
+from rolloutrun_operator.api.validation import name_problems
 from rolloutrun_operator.observe import Observed
 from rolloutrun_runtime.contract.run_config import ConfigError
 
@@ -39,14 +40,9 @@ def storage_problem(run: RolloutRun) -> str | None:
 def spec_problems(run: RolloutRun, observed: Observed) -> list[Problem]:
     """Everything that stops the next incarnation from starting, most fundamental first."""
     problems: list[Problem] = []
-    name = builders.run_name(run)
-    if len(name) > naming.MAX_RUN_NAME:
-        problems.append(
-            (
-                "NameTooLong",
-                f"run name {name!r} has {len(name)} characters; at most {naming.MAX_RUN_NAME}",
-            )
-        )
+    names = name_problems(run)  # the operator's parse refuses these first (InvalidSpec)
+    if names:
+        problems.append(("InvalidSpec", "; ".join(names)))
     storage = storage_problem(run)
     if storage is not None:
         problems.append(("StorageUnusable", storage))

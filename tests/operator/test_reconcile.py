@@ -10,6 +10,7 @@ import yaml
 
 from rolloutrun_operator import naming
 from rolloutrun_operator.api.v1alpha1 import RecoveryPolicy
+from rolloutrun_operator.name_rules import max_run_name
 from rolloutrun_operator.observe import NodeView
 from rolloutrun_operator.plan import Verb, backoff_seconds
 from rolloutrun_operator.reconcile import reconcile
@@ -442,9 +443,11 @@ def test_a_secret_created_later_lets_the_run_start():
 
 def test_a_long_run_name_is_a_condition_not_a_crash():
     run = make_run()
-    run.metadata["name"] = "x" * (naming.MAX_RUN_NAME + 1)
+    run.metadata["name"] = "x" * (max_run_name(run.spec.gym.replicas) + 1)
     result = reconcile(run, observed(), NOW)
-    assert cond(result, "Ready") == ("False", "NameTooLong") and result.actions == []
+    assert cond(result, "Ready") == ("False", "InvalidSpec") and result.actions == []
+    ready = next(c for c in result.status.conditions if c.type == "Ready")
+    assert "trainer pod name" in ready.message and "DNS-1123 label" in ready.message
 
 
 def test_transition_times_move_only_when_a_condition_flips():

@@ -14,11 +14,16 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonDict
 
-from rolloutrun_runtime.contract.pod import API_GROUP, DEFAULT_GENERATION_PORT, DEFAULT_GYM_PORT
+from rolloutrun_runtime.contract.pod import (
+    API_GROUP,
+    DEFAULT_GENERATION_PORT,
+    DEFAULT_GYM_PORT,
+    RESERVED_ENV,
+)
 from rolloutrun_runtime.contract.run_config import STORAGE_URI_PATTERN, RunConfig
 
 GROUP = API_GROUP
@@ -147,6 +152,19 @@ class PodSettings(_Model):
             "within it."
         ),
     )
+
+    @field_validator("env")
+    @classmethod
+    def _no_reserved_env(cls, env: list[EnvVar]) -> list[EnvVar]:
+        """The operator's own variables (incarnation, pod name, Lease name, Gym token...)
+        carry fencing and identity: an entry of the user's that overrode one would win."""
+        reserved = sorted({var.name for var in env} & RESERVED_ENV)
+        if reserved:
+            raise ValueError(
+                f"env {', '.join(reserved)}: reserved, the operator sets it on every member "
+                f"pod (reserved names: {', '.join(sorted(RESERVED_ENV))})"
+            )
+        return env
 
 
 class GymPodSettings(PodSettings):

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from rolloutrun_operator import name_rules
 from rolloutrun_operator.api import crdgen
 from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, RolloutRun
 
@@ -90,7 +91,7 @@ def parse_rolloutrun(document: Any, source: str = "RolloutRun") -> RolloutRun:
     if problems:
         raise RolloutRunInvalid(source, problems)
     try:
-        return RolloutRun.model_validate(document)
+        run = RolloutRun.model_validate(document)
     except ValidationError as error:
         raise RolloutRunInvalid(
             source,
@@ -99,6 +100,31 @@ def parse_rolloutrun(document: Any, source: str = "RolloutRun") -> RolloutRun:
                 for item in error.errors()
             ],
         ) from error
+    problems = name_problems(run)
+    if problems:
+        raise RolloutRunInvalid(source, problems)
+    return run
+
+
+def name_problems(run: RolloutRun) -> list[str]:
+    """What the API server would refuse in the names and mount paths the operator derives
+    from ``run`` (:mod:`~rolloutrun_operator.name_rules`), as ``path: message`` lines. A
+    document without ``metadata.name`` (``generateName``, a template) has its names
+    checked once it is named."""
+    problems = []
+    name = run.metadata.get("name")
+    if isinstance(name, str):
+        problems += [
+            f"metadata.name: {line}"
+            for line in name_rules.run_name_problems(name, run.spec.gym.replicas)
+        ]
+    storage = run.spec.storage
+    if storage.volume_claim_name is not None and not storage.uri.startswith("gs://"):
+        path = storage.uri.removeprefix("file://")
+        mount = name_rules.storage_mount_problem(path)
+        if mount is not None:
+            problems.append(f"spec.storage.uri: {mount}")
+    return problems
 
 
 def load_rolloutruns(path: Path) -> list[RolloutRun]:

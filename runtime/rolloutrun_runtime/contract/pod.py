@@ -66,6 +66,25 @@ ENV_POD_IP = "POD_IP"
 ENV_GOOGLE_CREDENTIALS = "GOOGLE_APPLICATION_CREDENTIALS"
 ENV_LOCALCLUSTER_ROOT = "ROLLOUTRUN_LOCALCLUSTER_ROOT"
 """Set by the local cluster's kubelet: the pod's root, where its volumes are linked."""
+RESERVED_ENV = frozenset(
+    {
+        ENV_INCARNATION,
+        ENV_LEASE_NAME,
+        ENV_LEASE_DURATION,
+        ENV_RUN_NAME,
+        ENV_GYM_TOKEN,
+        ENV_GENERATION_PORT,
+        ENV_GYM_INSTANCE_ID,
+        ENV_POD_NAME,
+        ENV_POD_NAMESPACE,
+        ENV_POD_IP,
+        ENV_GOOGLE_CREDENTIALS,
+        ENV_LOCALCLUSTER_ROOT,
+    }
+)
+"""Every variable above: set by the operator (or the kubelet) on member pods, so a user's
+``env`` entry may not name one (a later entry wins in Kubernetes, and an overridden
+incarnation, pod name or Lease name breaks fencing). A new ``ENV_*`` name joins this set."""
 
 # ------------------------------------------------------------------- files in the pods
 CONFIG_DIR = "/etc/rolloutrun"

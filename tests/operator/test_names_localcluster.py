@@ -1,0 +1,183 @@
+"""Names, reserved env and refused children driven through the operator on the local cluster.
+
+A run whose derived names the API server would refuse (``7b-grpo`` gives Service
+``7b-grpo-trainer``, not a DNS-1035 label; a 60-character name gives Services over 63
+characters) or whose env overrides a reserved variable ends ``Ready=False``/``InvalidSpec``
+naming the rule, and none of its children is created. A child the API refuses (a pod over
+the namespace's ResourceQuota, answered 403 as a real API server does) becomes a ``Ready``
+condition and a Warning Event naming the child, and the run goes on once the quota allows.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
+from rolloutrun_operator.handlers import Options
+from rolloutrun_operator.runner import OperatorConfig, OperatorThread
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "rolloutruns.rolloutrun.dev.yaml"
+GROUP, VERSION, PLURAL = "rolloutrun.dev", "v1alpha1", "rolloutruns"
+
+SHIM = """#!PYTHON
+import socket, sys, time
+if sys.argv[1] == "gym":  # accept connections on the Gym port, as the readiness probe wants
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    host = sys.argv[sys.argv.index("--host") + 1]
+    server = socket.create_server((host, port))
+    while True:
+        server.accept()[0].close()
+time.sleep(600)
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    shims = tmp_path_factory.mktemp("bin")
+    (shims / "rolloutrun").write_text(SHIM.replace("PYTHON", sys.executable))
+    (shims / "rolloutrun").chmod(0o755)
+    env = {"PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    yield from local_cluster(tmp_path_factory.mktemp("cluster"), extra_env=env)
+
+
+@pytest.fixture(scope="module")
+def api(cluster: LocalCluster) -> Iterator[Any]:
+    from kubernetes import client as k8s
+
+    client = api_client(cluster)
+    k8s.ApiextensionsV1Api(client).create_custom_resource_definition(
+        yaml.safe_load(CRD.read_text())
+    )
+    yield client
+    client.close()
+
+
+def rolloutrun(name: str, **trainer: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "RolloutRun",
+        "metadata": {"name": name},
+        "spec": {
+            "serviceAccountName": "default",
+            "storage": {"uri": "file:///tmp/rolloutrun-names-test"},
+            "gym": {"replicas": 2, "port": 8000, "terminationGracePeriodSeconds": 2},
+            "trainer": {"terminationGracePeriodSeconds": 2, **trainer},
+            "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 30},
+            "run": {"workers": {"backend": "inprocess"}},
+        },
+    }
+
+
+class Namespace:
+    """A fresh namespace with its operator, and what the tests read in it."""
+
+    def __init__(self, api: Any) -> None:
+        from kubernetes import client as k8s
+
+        self.name = f"nm-{uuid.uuid4().hex[:6]}"
+        self.core: Any = k8s.CoreV1Api(api)
+        self.runs: Any = k8s.CustomObjectsApi(api)
+        self.coordination: Any = k8s.CoordinationV1Api(api)
+        self.core.create_namespace({"metadata": {"name": self.name}})
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.runs.create_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, body)
+
+    def ready(self, run: str) -> dict[str, Any] | None:
+        body = self.runs.get_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, run)
+        for item in (body.get("status") or {}).get("conditions") or []:
+            if item["type"] == "Ready":
+                return dict(item)
+        return None
+
+    def reason(self, run: str) -> str:
+        return (self.ready(run) or {}).get("reason", "")
+
+    def children(self) -> list[str]:
+        """Every object a run could own in the namespace (the default account aside)."""
+        ns = self.name
+        found = [
+            *(f"Pod/{o.metadata.name}" for o in self.core.list_namespaced_pod(ns).items),
+            *(f"Service/{o.metadata.name}" for o in self.core.list_namespaced_service(ns).items),
+            *(f"Secret/{o.metadata.name}" for o in self.core.list_namespaced_secret(ns).items),
+            *(
+                f"ConfigMap/{o.metadata.name}"
+                for o in self.core.list_namespaced_config_map(ns).items
+            ),
+            *(
+                f"ServiceAccount/{o.metadata.name}"
+                for o in self.core.list_namespaced_service_account(ns).items
+                if o.metadata.name != "default"
+            ),
+            *(
+                f"Lease/{o.metadata.name}"
+                for o in self.coordination.list_namespaced_lease(ns).items
+            ),
+        ]
+        return sorted(found)
+
+    def events(self, reason: str) -> list[str]:
+        items = self.core.list_namespaced_event(self.name).items
+        return [e.message for e in items if e.reason == reason]
+
+
+def operator_thread(cluster: LocalCluster, namespace: str) -> OperatorThread:
+    options = Options(kubeconfig=str(cluster.kubeconfig_path))
+    return OperatorThread(OperatorConfig(options=options, namespaces=[namespace]))
+
+
+def test_names_the_api_server_refuses_and_reserved_env_end_invalid_with_no_child(cluster, api):
+    ns = Namespace(api)
+    long_name = "r" + "x" * 59
+    reserved = {"env": [{"name": "ROLLOUTRUN_INCARNATION", "value": "99"}]}
+    with operator_thread(cluster, ns.name):
+        ns.create(rolloutrun("7b-grpo"))
+        ns.create(rolloutrun(long_name))
+        ns.create(rolloutrun("fenced", **reserved))
+        for run in ("7b-grpo", long_name, "fenced"):
+            eventually(lambda run=run: ns.reason(run) == "InvalidSpec", what=f"{run} invalid")
+        assert ns.ready("7b-grpo")["status"] == "False"
+        assert (
+            "Service name '7b-grpo-trainer' must be a DNS-1035 label"
+            in (ns.ready("7b-grpo")["message"])
+        )
+        assert (
+            f"'{long_name}-trainer' must be a DNS-1035 label: 68 characters"
+            in (ns.ready(long_name)["message"])
+        )
+        assert "ROLLOUTRUN_INCARNATION: reserved" in ns.ready("fenced")["message"]
+        eventually(lambda: ns.events("InvalidSpec"), what="an InvalidSpec Event")
+        assert ns.children() == []
+        for run in ("7b-grpo", long_name, "fenced"):
+            body = ns.runs.get_namespaced_custom_object(GROUP, VERSION, ns.name, PLURAL, run)
+            assert not (body.get("status") or {}).get("incarnation")
+
+
+def test_a_child_the_api_refuses_is_a_condition_naming_it_then_the_run_goes_on(cluster, api):
+    ns = Namespace(api)
+    quota = {"metadata": {"name": "two-pods"}, "spec": {"hard": {"pods": "1"}}}
+    ns.core.create_namespaced_resource_quota(ns.name, quota)
+    with operator_thread(cluster, ns.name):
+        ns.create(rolloutrun("quota"))
+        eventually(lambda: ns.reason("quota") == "ChildRejected", what="the refusal reported")
+        message = ns.ready("quota")["message"]
+        assert "the API refused Pod/quota-i1-gym-1: 403 Forbidden" in message
+        assert "exceeded quota: two-pods" in message
+        eventually(lambda: ns.events("ChildRejected"), what="a ChildRejected Event")
+        assert "Pod/quota-i1-gym-1" in ns.events("ChildRejected")[0]
+        # The quota raised, any change of the run wakes it: the run starts.
+        ns.core.delete_namespaced_resource_quota("two-pods", ns.name, _preload_content=False)
+        ns.runs.patch_namespaced_custom_object(
+            GROUP, VERSION, ns.name, PLURAL, "quota", {"metadata": {"labels": {"quota": "raised"}}}
+        )
+        eventually(lambda: ns.reason("quota") == "Running", what="the run running")
