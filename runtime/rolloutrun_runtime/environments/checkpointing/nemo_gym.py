@@ -327,12 +327,15 @@ class GymEnvironmentCheckpoint:
                 "its owner"
             )
         envelope = self._restore_envelope_bytes(checkpoint_id, deadline_ts)
-        plans = {
-            instance: plan_chunks(
-                snapshot.records.get(instance, []), self.request_max_bytes, envelope
-            )
-            for instance in self.endpoints
-        }
+        try:
+            plans = {
+                instance: plan_chunks(
+                    snapshot.records.get(instance, []), self.request_max_bytes, envelope
+                )
+                for instance in self.endpoints
+            }
+        except ValueError as too_small:
+            raise EnvironmentCheckpointError(f"restore {checkpoint_id}: {too_small}") from too_small
         results = await asyncio.gather(
             *(
                 self._restore_chunks(instance, checkpoint_id, deadline_ts, plan)
@@ -344,10 +347,10 @@ class GymEnvironmentCheckpoint:
         if errors:
             # All or nothing: every chunk any replica installed is dropped again.
             await self._end_restore_quietly(checkpoint_id)
-            for error in errors:
-                if not isinstance(error, EnvironmentCheckpointError):
-                    raise error  # a bug, not a replica's failure
-            raise EnvironmentCheckpointError("; ".join(str(error) for error in errors))
+            for failure in errors:
+                if not isinstance(failure, EnvironmentCheckpointError):
+                    raise failure  # a bug, not a replica's failure
+            raise EnvironmentCheckpointError("; ".join(str(failure) for failure in errors))
         # The restore scope stays open (``end_restore`` keeps or drops what it installed); a
         # trainer that dies inside it leaves it to the replicas' lease, which drops it.
         restored: list[EnvironmentEpisode] = []
