@@ -73,9 +73,10 @@ def run(args: argparse.Namespace) -> int:
 
     from rolloutrun_runtime.contract.run_config import ConfigError, load_run_config
     from rolloutrun_runtime.environments.gym.effects import SideEffectLog, open_effect_store
-    from rolloutrun_runtime.pod import resolve_config_path
+    from rolloutrun_runtime.pod import resolve_config_path, take_gym_token
     from rolloutrun_runtime.storage import StorageError
 
+    token = take_gym_token()  # first: no child process of this replica inherits it
     try:
         cfg = load_run_config(resolve_config_path(args.config))  # the local cluster's pod root
     except ConfigError as error:
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rolloutrun gym: side-effect store: {error}", file=sys.stderr)
         return 1
     try:
-        return asyncio.run(_serve(cfg, args.host, args.port, instance_id, effects))
+        return asyncio.run(_serve(cfg, args.host, args.port, instance_id, effects, token))
     except OSError as error:
         logging.getLogger(__name__).error("gym server failed: %s", error)
         print(f"rolloutrun gym: {error}", file=sys.stderr)
@@ -102,7 +103,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(
-    cfg: RunConfig, host: str, port: int, instance_id: str, effects: SideEffectLog
+    cfg: RunConfig,
+    host: str,
+    port: int,
+    instance_id: str,
+    effects: SideEffectLog,
+    token: str | None,
 ) -> int:
     import asyncio
     import gc
@@ -115,7 +121,7 @@ async def _serve(
 
     logger = logging.getLogger(__name__)
     server = GymServer(instance_id, cfg, effects=effects)
-    control = GymCheckpointControl(server)  # token from contract.pod.ENV_GYM_TOKEN
+    control = GymCheckpointControl(server, token)  # None: the control plane is disabled
     server.continue_restored = control.claim_restored
     runner, url = await serve_app(server.app, host, port, cancel_on_disconnect=True)
     gc.collect()  # start-up objects leave future cyclic-GC passes (see trainer.py)

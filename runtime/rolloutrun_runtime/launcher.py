@@ -54,8 +54,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=main)
 
 
-def start_gym(config_file: Path, log_dir: Path, index: int) -> GymProcess:
-    """Start one ``rolloutrun gym`` replica on a free port and wait for its READY line."""
+def start_gym(
+    config_file: Path, log_dir: Path, index: int, gym_token: str | None = None
+) -> GymProcess:
+    """Start one ``rolloutrun gym`` replica on a free port and wait for its READY line.
+
+    ``gym_token`` goes into that replica's environment only (the replica takes it out of
+    its own at startup); this process's environment never holds it.
+    """
     instance_id = f"gym-{index}"
     log = (log_dir / f"{instance_id}.log").open("a")
     command = [
@@ -72,8 +78,11 @@ def start_gym(config_file: Path, log_dir: Path, index: int) -> GymProcess:
         "--audit-file",
         str(log_dir / f"{instance_id}.audit.jsonl"),
     ]
+    env = dict(os.environ)
+    if gym_token is not None:
+        env[ENV_GYM_TOKEN] = gym_token
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+        command, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True, env=env
     )
     deadline = time.monotonic() + GYM_START_TIMEOUT_S
     assert process.stdout is not None
@@ -143,12 +152,14 @@ def main(args: argparse.Namespace) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_handler = route_logs(log_dir, args.verbose)
     gyms: list[GymProcess] = []
-    # The Gym checkpoint-control token: new per launch, shared by the Gym replicas (children,
-    # through their environment) and the trainer (this process).
-    os.environ[ENV_GYM_TOKEN] = secrets.token_hex(16)
+    # The Gym checkpoint-control token: new per launch, handed to the Gym replicas (in their
+    # environment only) and to the trainer (this process, as an argument): never in this
+    # process's environment, which every child it starts would inherit.
+    os.environ.pop(ENV_GYM_TOKEN, None)
+    gym_token = secrets.token_hex(16)
     try:
         for index in range(cfg.gym.replicas):
-            gyms.append(start_gym(config_file, log_dir, index))
+            gyms.append(start_gym(config_file, log_dir, index, gym_token))
         gym = cfg.gym.model_copy(update={"endpoints": [g.url for g in gyms]})
         cfg = cfg.model_copy(update={"gym": gym})
         print(
@@ -161,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
             if not args.quiet:
                 print(format_progress(record, cfg.grpo.max_steps), flush=True)
 
-        result = asyncio.run(run_trainer(cfg, hooks=OnStep(progress)))
+        result = asyncio.run(run_trainer(cfg, hooks=OnStep(progress), gym_token=gym_token))
     except LaunchError as error:
         print(f"rolloutrun train: {error}", file=sys.stderr)
         return 1

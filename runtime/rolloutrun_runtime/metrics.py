@@ -11,6 +11,7 @@ import json
 import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,26 @@ class OverheadClock:
         """The time accumulated since the last ``take``."""
         total, self.total_s = self.total_s, 0.0
         return total
+
+
+@dataclass
+class EnvironmentRestoreMetrics:
+    """How this incarnation's turn-level restore went, in every step record.
+
+    Why in the metrics: a refused restore costs every refused episode its turns (it restarts
+    from turn 0), which a warning in the log hides; ``env_restore_refused_episodes`` counts
+    the episodes the environment refused and ``env_restore_failed`` is 1 when it refused the
+    whole restore. Both stay 0 for a fresh run or a restore that kept every episode.
+    """
+
+    refused_episodes: int = 0
+    failed: bool = False
+
+    def as_record(self) -> dict[str, int]:
+        return {
+            "env_restore_refused_episodes": self.refused_episodes,
+            "env_restore_failed": int(self.failed),
+        }
 
 
 def _clean(value: Any) -> Any:

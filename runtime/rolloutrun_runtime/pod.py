@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rolloutrun_runtime.contract.pod import (
     ENV_GENERATION_PORT,
+    ENV_GYM_TOKEN,
     ENV_LOCALCLUSTER_ROOT,
     ENV_POD_IP,
 )
@@ -46,6 +47,16 @@ def resolve_config_path(path: str, environ: Mapping[str, str] | None = None) -> 
         if os.path.exists(inside):
             return inside
     return path
+
+
+def take_gym_token() -> str | None:
+    """The Gym token (:data:`ENV_GYM_TOKEN`), removed from this process's environment.
+
+    Why: every child process inherits the environment (a tool a Gym task runs, a worker the
+    trainer starts), and none of them may drive the Gym's control plane. The entry points
+    call this once at startup and hand the token on as an argument; later calls get None.
+    """
+    return os.environ.pop(ENV_GYM_TOKEN, None) or None
 
 
 def generation_address(environ: Mapping[str, str] | None = None) -> tuple[str, int]:

@@ -27,6 +27,7 @@ from rolloutrun_runtime.pod import (
     fenced_checkpointer,
     generation_address,
     resolve_config_path,
+    take_gym_token,
 )
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
         lease_from_environment,
     )
 
+    gym_token = take_gym_token()  # first: no child process of the trainer inherits it
     try:
         cfg = load_run_config(resolve_config_path(args.config))
     except ConfigError as error:
@@ -90,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
         with holding(lease_from_environment(on_lost=pod.lost)) as lease:
             pod.lease = lease
             try:
-                return asyncio.run(_run_until_signalled(cfg, pod))
+                return asyncio.run(_run_until_signalled(cfg, pod, gym_token))
             finally:
                 pod.close()  # the last progress (the forced snapshot) before the release
     except (FencedError, LeaseError) as error:
@@ -101,13 +103,17 @@ def main(args: argparse.Namespace) -> int:
         return UNRESTORABLE_EXIT_CODE
 
 
-async def _run_until_signalled(cfg: RunConfig, pod: PodLease | None = None) -> int:
+async def _run_until_signalled(
+    cfg: RunConfig, pod: PodLease | None = None, gym_token: str | None = None
+) -> int:
     """Run the trainer; SIGTERM (a pod being stopped) cancels it cleanly, exit 143."""
     import signal
 
     pod = pod or PodLease()
     preemption = asyncio.Event()  # SIGTERM: snapshot within the grace, then stop (143)
-    task = asyncio.ensure_future(run_trainer(cfg, hooks=_PodHooks(pod), preemption=preemption))
+    task = asyncio.ensure_future(
+        run_trainer(cfg, hooks=_PodHooks(pod), preemption=preemption, gym_token=gym_token)
+    )
     loop = asyncio.get_running_loop()
     pod.attach(loop, task)
     loop.add_signal_handler(signal.SIGTERM, preemption.set)
@@ -129,13 +135,16 @@ async def run_trainer(
     *,
     hooks: RunHooks | None = None,
     preemption: asyncio.Event | None = None,
+    gym_token: str | None = None,
 ) -> TrainerResult:
     """Build the policy, workers and controller; resume if a checkpoint exists; run.
 
     ``hooks.fence`` is called right before a trainer checkpoint (and, in the controller, a
     manifest) is committed and raises to refuse it; ``hooks.on_anchor`` gets each committed
     ``step_<N>``, ``hooks.on_published`` each published snapshot manifest, ``hooks.on_step``
-    each step's record (after the trainer wrote it to the metrics log).
+    each step's record (after the trainer wrote it to the metrics log). ``gym_token`` is
+    the Gym control token the entry point took from its environment (``take_gym_token``);
+    None reads ``ENV_GYM_TOKEN`` (an in-process caller that set it).
     """
     import torch
 
@@ -167,7 +176,7 @@ async def run_trainer(
     host, port = generation_address()
     workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port)
     await workers.start()
-    environment = await _environment_checkpoint(cfg)
+    environment = await _environment_checkpoint(cfg, gym_token)
     resumed_from = None
     try:
         controller = SingleController(
@@ -289,7 +298,7 @@ class _PodHooks:
         return None
 
 
-async def _environment_checkpoint(cfg: RunConfig) -> Any:
+async def _environment_checkpoint(cfg: RunConfig, gym_token: str | None = None) -> Any:
     """The environment's checkpoint participant, keyed by each Gym replica's instance id.
 
     A restored episode must go back to the replica that owns it, and the ledger records the
@@ -306,7 +315,7 @@ async def _environment_checkpoint(cfg: RunConfig) -> Any:
     return build_environment_checkpoint(
         cfg,
         endpoints,
-        os.environ.get(ENV_GYM_TOKEN),
+        gym_token if gym_token is not None else os.environ.get(ENV_GYM_TOKEN),
         incarnation=int(os.environ.get(ENV_INCARNATION, "0") or 0),
     )
 

@@ -93,6 +93,7 @@ class Harness:
         *,
         on_step: Callable[[dict[str, Any]], None] | None = None,
         fence: Callable[[], None] | None = None,
+        trace: Any = None,
     ) -> SingleController:
         """A fresh incarnation: initial weights from the seed, workers, storage."""
         torch.manual_seed(cfg.seed)
@@ -117,6 +118,7 @@ class Harness:
             manifests=ManifestStore(storage, cfg.name),
             environment=environment,
             hooks=_HarnessHooks(self, on_step, fence),
+            trace=trace,
         )
 
     async def close(self) -> None:

@@ -200,7 +200,12 @@ class CommitCall(CheckpointCall):
 
 
 class RestoreCall(CheckpointCall):
+    """One chunk of a restore: the trainer sends a snapshot's records in bodies under the
+    Gym's ``gym.requestMaxBytes``, numbered from 0, all under one ``checkpoint_id``; chunk 0
+    opens the restore scope, later chunks add to it, and ``drop`` undoes every chunk."""
+
     records: list[dict[str, Any]] = Field(max_length=1_000_000)
+    chunk: int = Field(0, ge=0, le=1_000_000)
 
 
 class RetireCall(CheckpointCall):

@@ -91,6 +91,7 @@ from rolloutrun_runtime.environments.checkpointing import (
 )
 from rolloutrun_runtime.environments.checkpointing.interfaces import restore_scope
 from rolloutrun_runtime.experience.rollout_recovery import LedgerError, RecoveryLedger
+from rolloutrun_runtime.metrics import EnvironmentRestoreMetrics
 from rolloutrun_runtime.storage import ObjectNotFoundError, join_key
 
 logger = logging.getLogger(__name__)
@@ -245,6 +246,8 @@ class RolloutRestorer:
         self._checkpointer = checkpointer
         self._environment = environment or NoEnvironmentCheckpoint()
         self._trace = trace or TraceWriter(None)
+        #: What the environment refused of this incarnation's restore (the step records').
+        self.environment_restore = EnvironmentRestoreMetrics()
 
     # ================================================================== plan
     def anchor_is_durable(self, anchor: Anchor) -> bool:
@@ -497,13 +500,33 @@ class RolloutRestorer:
                 logger.warning(
                     "environment restore failed; its episodes restart from turn 0: %s", error
                 )
+                self.environment_restore.failed = True
+                self._refuse_environment(restored, None, None, str(error))
                 outcome = None
             if outcome is None:
                 yield {}
                 return
             for episode, why in outcome.refused:
                 logger.warning("episode %s restarts from turn 0: %s", episode.rollout_id, why)
+                self.environment_restore.refused_episodes += 1
+                self._refuse_environment(restored, episode.rollout_id, episode.instance_id, why)
             yield {episode.rollout_id: episode.instance_id for episode in outcome.restored}
+
+    def _refuse_environment(
+        self,
+        restored: RestoredRolloutState,
+        rollout_id: str | None,
+        instance_id: str | None,
+        reason: str,
+    ) -> None:
+        """Trace a refused environment restore: one episode, or all (``rollout_id`` None)."""
+        self._trace.emit(
+            "environment_restore_refused",
+            snapshot_id=restored.snapshot_id,
+            rollout_id=rollout_id,
+            instance_id=instance_id,
+            reason=reason,
+        )
 
 
 __all__ = [

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 EVENTS: dict[str, tuple[str, ...]] = {
     "run_started": ("incarnation", "resumed_from", "snapshot_id", "cut_time"),
     "restore_refused": ("entry", "reason"),
+    # The environment refused a turn-level restore: one episode (it restarts from turn 0),
+    # or the whole restore (rollout_id and instance_id None: every episode restarts).
+    "environment_restore_refused": ("snapshot_id", "rollout_id", "instance_id", "reason"),
     "group_reserved": ("group_id", "prompt_id", "target_step"),
     "attempt_dispatched": (
         "group_id",

@@ -84,6 +84,7 @@ class Resume:
         self.restored_episodes = await self._environment_restore.enter_async_context(
             self.restorer.environment_restore_scope(restored)
         )
+        state.environment_restore = self.restorer.environment_restore  # in every step record
         return restored
 
     def install(self, restored: RestoredRolloutState) -> None:

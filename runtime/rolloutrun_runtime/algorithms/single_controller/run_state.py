@@ -38,6 +38,7 @@ from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloa
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
 from rolloutrun_runtime.experience.rollout_recovery import RecoveryLedger
+from rolloutrun_runtime.metrics import EnvironmentRestoreMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class RunState:
         self.trained_prompt_ids: list[int] = []
         self.history: list[dict[str, Any]] = []
         self.max_observed_age = 0
+        #: What the environment refused of the restore (set by Resume; in every step record).
+        self.environment_restore = EnvironmentRestoreMetrics()
         self._progress_changed = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
         self._fatal: BaseException | None = None

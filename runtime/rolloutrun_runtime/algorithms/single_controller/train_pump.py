@@ -348,6 +348,7 @@ class TrainPump:
             "spare_prompts": len(runtime.spare_prompts),
             "reserved_prompts": len(runtime.reserved_prompts()),
             "replay_groups": len(state.buffer),
+            **state.environment_restore.as_record(),
             "barrier_waits": {
                 kind: round(stats_["total_s"], 6)
                 for kind, stats_ in state.barrier.wait_telemetry().items()

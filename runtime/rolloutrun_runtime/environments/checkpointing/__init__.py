@@ -37,7 +37,12 @@ def build_environment_checkpoint(
             raise EnvironmentCheckpointError(
                 f"turn-level recovery needs the Gym control token ({ENV_GYM_TOKEN}); none is set"
             )
-        return GymEnvironmentCheckpoint(endpoints, token, incarnation=incarnation)
+        return GymEnvironmentCheckpoint(
+            endpoints,
+            token,
+            incarnation=incarnation,
+            request_max_bytes=config.gym.request_max_bytes,
+        )
     return NoEnvironmentCheckpoint()
 
 

@@ -8,7 +8,10 @@ the episode (a restored attempt must return to its owner). A snapshot's phases (
 prepare, commit) report a replica that fails as *unavailable* instead of failing the whole
 attempt: a lost Gym pod costs only its own episodes' turns (they restart from turn 0), not
 the rest of the rollout state. Restore and the other calls still turn any replica's refusal
-into :class:`EnvironmentCheckpointError`.
+into :class:`EnvironmentCheckpointError`. A restore goes to each replica in chunks under its
+``gym.requestMaxBytes`` (:mod:`~rolloutrun_runtime.environments.checkpointing.restore_chunks`);
+a failed chunk drops every replica's earlier chunks, and a record too big for any body is
+refused alone, naming the episode and the sizes.
 
 Every call names this trainer (an id, its incarnation and its start time): a replica then
 ends at once a checkpoint that a killed predecessor left half done, instead of refusing this
@@ -31,6 +34,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from rolloutrun_runtime.contract.layout import GYM_SNAPSHOT_FORMAT
+from rolloutrun_runtime.contract.run_config import GymConfig
 from rolloutrun_runtime.contract.wire import (
     CONTROL_ANSWERS,
     CONTROL_CALLS,
@@ -45,6 +49,11 @@ from rolloutrun_runtime.environments.checkpointing.interfaces import (
     EnvironmentSnapshot,
     EpisodeRestoreOutcome,
     group_by_instance,
+)
+from rolloutrun_runtime.environments.checkpointing.restore_chunks import (
+    ChunkPlan,
+    json_size,
+    plan_chunks,
 )
 
 logger = logging.getLogger(__name__)
@@ -151,6 +160,7 @@ class GymEnvironmentCheckpoint:
         request_timeout_s: float = 30.0,
         session: aiohttp.ClientSession | None = None,
         incarnation: int = 0,
+        request_max_bytes: int | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("GymEnvironmentCheckpoint needs at least one Gym endpoint")
@@ -161,6 +171,12 @@ class GymEnvironmentCheckpoint:
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._session = session
         self._owns_session = session is None
+        #: The Gym's body limit (the run's ``gym.requestMaxBytes``): restores fit under it.
+        self.request_max_bytes = (
+            request_max_bytes
+            if request_max_bytes is not None
+            else GymConfig.model_fields["request_max_bytes"].default
+        )
         #: Sent with every call (the control plane's ``trainer``): who is driving the Gym.
         self.trainer = {
             "id": uuid.uuid4().hex[:16],
@@ -310,33 +326,83 @@ class GymEnvironmentCheckpoint:
                 f"have (it has {sorted(self.endpoints)}); a restored episode must return to "
                 "its owner"
             )
-        bodies = {
-            instance: {
-                "checkpoint_id": checkpoint_id,
-                "deadline_ts": deadline_ts,
-                "records": list(snapshot.records.get(instance, [])),
+        envelope = self._restore_envelope_bytes(checkpoint_id, deadline_ts)
+        try:
+            plans = {
+                instance: plan_chunks(
+                    snapshot.records.get(instance, []), self.request_max_bytes, envelope
+                )
+                for instance in self.endpoints
             }
-            for instance in self.endpoints
-        }
-        answers, failures = await self._fan_out_each("restore", bodies)
-        if failures:
-            # All or nothing: the replicas that installed drop it again.
+        except ValueError as too_small:
+            raise EnvironmentCheckpointError(f"restore {checkpoint_id}: {too_small}") from too_small
+        results = await asyncio.gather(
+            *(
+                self._restore_chunks(instance, checkpoint_id, deadline_ts, plan)
+                for instance, plan in plans.items()
+            ),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            # All or nothing: every chunk any replica installed is dropped again.
             await self._end_restore_quietly(checkpoint_id)
-            raise EnvironmentCheckpointError("; ".join(failures.values()))
+            for failure in errors:
+                if not isinstance(failure, EnvironmentCheckpointError):
+                    raise failure  # a bug, not a replica's failure
+            raise EnvironmentCheckpointError("; ".join(str(failure) for failure in errors))
         # The restore scope stays open (``end_restore`` keeps or drops what it installed); a
         # trainer that dies inside it leaves it to the replicas' lease, which drops it.
         restored: list[EnvironmentEpisode] = []
         refused: list[tuple[EnvironmentEpisode, str]] = []
-        for instance, answered in answers.items():
-            answer = _as(RestoreAnswer, answered)
-            restored.extend(
-                EnvironmentEpisode.from_row_key(key, instance) for key in answer.restored
-            )
-            refused.extend(
-                (EnvironmentEpisode.from_row_key(item.episode, instance), item.reason)
-                for item in answer.refused
-            )
+        for (instance, plan), answers in zip(plans.items(), results, strict=True):
+            assert isinstance(answers, list)
+            for too_big in plan.oversized:
+                episode = _episode_of(too_big.record, instance)
+                why = too_big.reason(self.request_max_bytes)
+                logger.warning(
+                    "restore of episode %s on Gym %s refused: %s", episode.row_key, instance, why
+                )
+                refused.append((episode, why))
+            for answer in answers:
+                restored.extend(
+                    EnvironmentEpisode.from_row_key(key, instance) for key in answer.restored
+                )
+                refused.extend(
+                    (EnvironmentEpisode.from_row_key(item.episode, instance), item.reason)
+                    for item in answer.refused
+                )
         return EpisodeRestoreOutcome(restored=tuple(sorted(restored)), refused=tuple(refused))
+
+    def _restore_envelope_bytes(self, checkpoint_id: str, deadline_ts: float) -> int:
+        """Bytes of a restore body without its records (the largest chunk number)."""
+        body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline_ts, "records": []}
+        call = CONTROL_CALLS["restore"].model_validate(
+            {**body, "chunk": 1_000_000, "trainer": self.trainer}
+        )
+        return json_size(call.model_dump(mode="json", exclude_unset=True))
+
+    async def _restore_chunks(
+        self, instance: str, checkpoint_id: str, deadline_ts: float, plan: ChunkPlan
+    ) -> list[RestoreAnswer]:
+        """Send ``instance`` its chunks in order (chunk 0 opens the restore scope)."""
+        answers: list[RestoreAnswer] = []
+        for index, records in enumerate(plan.chunks):
+            body: dict[str, Any] = {
+                "checkpoint_id": checkpoint_id,
+                "deadline_ts": deadline_ts,
+                "records": list(records),
+            }
+            if index:  # chunk 0 is the body a one-chunk restore always was
+                body["chunk"] = index
+            try:
+                answer = await self._post(instance, "restore", body)
+            except EnvironmentCheckpointError as error:
+                raise EnvironmentCheckpointError(
+                    f"{error} (restore chunk {index} of {len(plan.chunks)}, numbered from 0)"
+                ) from error
+            answers.append(_as(RestoreAnswer, answer))
+        return answers
 
     async def end_restore(self, checkpoint_id: str, *, keep: bool) -> None:
         if keep:

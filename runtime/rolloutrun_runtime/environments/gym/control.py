@@ -33,7 +33,9 @@ any phase to ``idle``; ``drop`` returns ``restored`` to ``idle`` undoing the res
   a record whose continuation would repeat a side effect is refused (the rules, and why:
   :mod:`rolloutrun_runtime.environments.gym.restore`). The restore is the trainer's
   *restore scope*: ``resume`` keeps what it installed, ``drop`` (or a lease expiry, or a
-  newer trainer) undoes it, so the same snapshot can be restored again.
+  newer trainer) undoes it, so the same snapshot can be restored again. The records come
+  in chunks under ``gym.requestMaxBytes`` under one id: chunk 0 opens the scope, later chunks
+  join it, and a drop undoes them all.
 * **retire** refuses an attempt and all earlier ones of its rollout (they stop at their next
   boundary) until **forget** drops the rollout, and forgets their episodes that no ``/run``
   drives (finished, ended, or restored and never claimed), so no later copy includes them.
@@ -89,7 +91,7 @@ from rolloutrun_runtime.environments.gym.episode import (
 from rolloutrun_runtime.environments.gym.restore import (
     Installed,
     choose_restore_source,
-    install_successor,
+    restore_records,
     resumable_phase,
     undo_installs,
 )
@@ -166,7 +168,8 @@ class GymCheckpointControl:
         self._awaiting: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
         self._commit_result: CommitAnswer | None = None
-        self._restore_result: RestoreAnswer | None = None
+        #: The open restore's answer per chunk (a repeated chunk gets the same answer).
+        self._restore_results: dict[int, RestoreAnswer] = {}
         self._watchdog: asyncio.Task[None] | None = None
         server.hooks.append(self._boundary_hook)
         server.app.middlewares.append(self._run_middleware)
@@ -426,7 +429,8 @@ class GymCheckpointControl:
         self._installed = []
         self.phase, self.checkpoint_id, self.lease_deadline = ControlPhase.IDLE, None, None
         self.copies, self._awaiting = {}, set()
-        self._commit_result = self._restore_result = None
+        self._commit_result = None
+        self._restore_results = {}
         logger.info(
             "gym %s: checkpoint %s %s (was %s)",
             self.server.instance_id,
@@ -436,62 +440,51 @@ class GymCheckpointControl:
         )
 
     async def _restore(self, body: dict[str, Any]) -> RestoreAnswer:
+        """Install one chunk of a restore (see :class:`RestoreCall`): chunk 0 opens the
+        restore scope, a later chunk joins it, so a ``drop`` undoes every chunk together."""
         call = RestoreCall.model_validate(body)
         repeat = self._check_id(call.checkpoint_id, allowed={ControlPhase.RESTORED})
+        if call.chunk > 0 and not repeat:
+            # Its earlier chunks were dropped (lease, newer trainer) or never arrived:
+            # installing this one alone would leave the restore half installed.
+            raise ControlError(
+                409,
+                f"restore {call.checkpoint_id}: chunk {call.chunk} arrived but the restore is "
+                "not open (chunk 0 opens it; a dropped restore's later chunks are refused)",
+            )
         self._extend_lease(call.deadline_ts)
-        if repeat and self._restore_result is not None:
-            return self._restore_result
+        if repeat and call.chunk in self._restore_results:
+            return self._restore_results[call.chunk]
         self.phase, self.checkpoint_id = ControlPhase.RESTORED, call.checkpoint_id
         if not repeat:
             self._installed = []
         # Decide against every effect the run applied, on any replica, up to now.
         await asyncio.to_thread(self.server.effects.refresh)
-        restored: list[str] = []
-        refused: list[RefusedRestore] = []
-        for record in call.records:
-            try:
-                previous = Episode.from_record(record)
-            except EpisodeRecordError as error:
-                raise ControlError(400, f"checkpoint {call.checkpoint_id}: {error}") from error
-            successor = EpisodeId(previous.episode_id.rollout_id, previous.episode_id.attempt + 1)
-            if successor in self.restored_unclaimed:  # a repeated restore of the same record
-                restored.append(successor.row_key)
-                continue
-            source, reason = choose_restore_source(
-                previous,
-                self.server.episodes.get(previous.episode_id),
-                self.server.effects.applied_revision(previous.episode_id.rollout_id),
-                successor_exists=successor in self.server.episodes,
+        if self.checkpoint_id != call.checkpoint_id:  # the lease or a newer trainer ended it
+            raise ControlError(409, f"restore {call.checkpoint_id} ended while restoring")
+        try:
+            restored, refused = restore_records(
+                self.server, self.retired, self.restored_unclaimed, self._installed, call.records
             )
-            if source is None:
-                logger.warning(
-                    "gym %s: restore of %s refused: %s",
-                    self.server.instance_id,
-                    previous.episode_id.row_key,
-                    reason,
-                )
-                refused.append(RefusedRestore(episode=previous.episode_id.row_key, reason=reason))
-                continue
-            episode = Episode.from_record(source, attempt=successor.attempt)
-            self._install(previous.episode_id, episode)
-            restored.append(episode.episode_id.row_key)
-        self._restore_result = RestoreAnswer(**self._state(), restored=restored, refused=refused)
+        except EpisodeRecordError as error:
+            raise ControlError(
+                400, f"checkpoint {call.checkpoint_id} chunk {call.chunk}: {error}"
+            ) from error
+        answer = RestoreAnswer(
+            **self._state(),
+            restored=restored,
+            refused=[RefusedRestore(episode=key, reason=why) for key, why in refused],
+        )
+        self._restore_results[call.chunk] = answer
         logger.info(
-            "gym %s: restored %d episodes (%d refused) for checkpoint %s",
+            "gym %s: restored %d episodes (%d refused) for checkpoint %s chunk %d",
             self.server.instance_id,
             len(restored),
             len(refused),
             call.checkpoint_id,
+            call.chunk,
         )
-        return self._restore_result
-
-    def _install(self, previous: EpisodeId, episode: Episode) -> None:
-        """Retire the older attempt (and stop it if still running); install the new one."""
-        self._installed.append(
-            install_successor(
-                self.server.episodes, self.retired, self.restored_unclaimed, previous, episode
-            )
-        )
+        return answer
 
     def _undo_restore(self) -> None:
         """Remove what the open restore installed; the replaced attempts are as before."""

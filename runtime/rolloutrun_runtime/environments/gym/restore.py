@@ -12,7 +12,10 @@ snapshot) is refused: continuing it would repeat a side effect, so its sibling r
 turn 0 under a new rollout id. An episode that ran on after its copy is continued from the
 replica's own newer state when that state is consistent (:func:`choose_restore_source`).
 A dropped restore (the trainer's restore failed later, e.g. its ledger refused the episodes)
-removes the installed attempts and undoes the retirement of the ones they replaced.
+removes the installed attempts and undoes the retirement of the ones they replaced. A restore
+arrives in chunks that fit the Gym's request limit; :func:`restore_records` installs one
+chunk and adds to the one list of installs a drop undoes, so a restore is all or nothing
+across its chunks.
 """
 
 from __future__ import annotations
@@ -113,6 +116,51 @@ def install_successor(
     episodes[episode.episode_id] = episode
     unclaimed.add(episode.episode_id)
     return installed
+
+
+def restore_records(
+    server: Any,
+    retired: dict[str, int],
+    unclaimed: set[EpisodeId],
+    installs: list[Installed],
+    records: list[dict[str, Any]],
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """Install each record's successor on ``server`` (a ``GymServer``), or refuse it.
+
+    Returns the row keys restored and ``(row key, reason)`` of those refused; what was
+    installed is appended to ``installs`` (one list per restore, across its chunks, so a drop
+    undoes them all). Raises :class:`EpisodeRecordError` for a malformed record: the
+    records before it stay in ``installs`` and the trainer drops the restore.
+    """
+    restored: list[str] = []
+    refused: list[tuple[str, str]] = []
+    for record in records:
+        previous = Episode.from_record(record)
+        successor = EpisodeId(previous.episode_id.rollout_id, previous.episode_id.attempt + 1)
+        if successor in unclaimed:  # a repeated restore of the same record
+            restored.append(successor.row_key)
+            continue
+        source, reason = choose_restore_source(
+            previous,
+            server.episodes.get(previous.episode_id),
+            server.effects.applied_revision(previous.episode_id.rollout_id),
+            successor_exists=successor in server.episodes,
+        )
+        if source is None:
+            logger.warning(
+                "gym %s: restore of %s refused: %s",
+                server.instance_id,
+                previous.episode_id.row_key,
+                reason,
+            )
+            refused.append((previous.episode_id.row_key, reason))
+            continue
+        episode = Episode.from_record(source, attempt=successor.attempt)
+        installs.append(
+            install_successor(server.episodes, retired, unclaimed, previous.episode_id, episode)
+        )
+        restored.append(episode.episode_id.row_key)
+    return restored, refused
 
 
 def undo_installs(

@@ -391,6 +391,70 @@ async def test_preemption_notice_publishes_a_snapshot_then_stops_the_run(tmp_pat
         assert choice.candidate.manifest.train_step >= 2
 
 
+def _with_request_limit(cfg, limit: int):
+    return cfg.model_copy(update={"gym": cfg.gym.model_copy(update={"request_max_bytes": limit})})
+
+
+async def test_refused_episode_restores_are_trace_events_and_a_metric(tmp_path) -> None:
+    """Issue 12, "Sizes": an episode whose record does not fit a Gym request (this
+    incarnation's gym.requestMaxBytes is 1 KiB) is refused by name; each refusal is an
+    ``environment_restore_refused`` event and every step record counts them."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter, read_events
+
+    cfg = _turn_config(tmp_path, max_steps=3)
+    trace_path = tmp_path / "trace.jsonl"
+    async with harness() as h:
+        cfg = await h.start_gyms(cfg)
+        await _stop_after_a_snapshot_with_episodes(h, cfg)
+        trace = TraceWriter(trace_path)
+        second = await h.controller(_with_request_limit(cfg, 1024), trace=trace)
+        restored = await second.restore()
+        assert restored is not None and restored.environment_snapshot is not None
+        assert not second.resumption.restored_episodes
+        await run_to_end(second)
+        trace.close()
+    events = [e for e in read_events(trace_path) if e["event"] == "environment_restore_refused"]
+    assert events and {e["snapshot_id"] for e in events} == {restored.snapshot_id}
+    for event in events:
+        assert event["rollout_id"] and event["instance_id"] in {"gym-0", "gym-1"}
+        assert "gym.requestMaxBytes = 1024 bytes" in event["reason"], event
+    assert second.history
+    for record in second.history:
+        assert record["env_restore_refused_episodes"] == len(events)
+        assert record["env_restore_failed"] == 0
+
+
+async def test_a_refused_whole_environment_restore_is_a_trace_event_and_a_metric(
+    tmp_path,
+) -> None:
+    """Issue 12: a Gym that cannot take the restore (gone, here) fails the whole restore;
+    that is a trace event naming no episode and ``env_restore_failed`` in every step record,
+    not only a warning in the log."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter, read_events
+
+    cfg = _turn_config(tmp_path, max_steps=3)
+    trace_path = tmp_path / "trace.jsonl"
+    async with harness() as h:
+        cfg = await h.start_gyms(cfg)
+        await _stop_after_a_snapshot_with_episodes(h, cfg)
+        trace = TraceWriter(trace_path)
+        second = await h.controller(cfg, trace=trace)
+        second.environment.endpoints["gym-0"] = "http://127.0.0.1:9"  # nothing listens
+        restored = await second.restore()
+        assert restored is not None and not second.resumption.restored_episodes
+        second.environment.endpoints["gym-0"] = cfg.gym.endpoints[0]
+        await run_to_end(second)
+        trace.close()
+    events = [e for e in read_events(trace_path) if e["event"] == "environment_restore_refused"]
+    assert [(e["snapshot_id"], e["rollout_id"], e["instance_id"]) for e in events] == [
+        (restored.snapshot_id, None, None)
+    ]
+    assert "gym-0" in events[0]["reason"]
+    assert second.history
+    for record in second.history:
+        assert record["env_restore_failed"] == 1 and record["env_restore_refused_episodes"] == 0
+
+
 # ---------------------------------------------------------------------------- the environment
 # phase of a turn-level snapshot, driven from an idle controller whose ledger the test sets up
 
