@@ -23,6 +23,7 @@ from urllib.parse import quote
 import aiohttp
 
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
+from rolloutrun_operator.observe import controller_uid, owned_by, owner_text
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,16 @@ class KubeError(Exception):
         super().__init__(message)
         self.status = status
         self.reason = reason
+
+
+class ChildConflict(KubeError):
+    """A create found the name taken by an object the run does not control: not adopted."""
+
+    def __init__(self, ref: str, owner: str) -> None:
+        super().__init__(f"{ref} exists and is not owned by this run (owner: {owner})", 409)
+        self.reason = "ChildConflict"
+        self.ref = ref
+        self.owner = owner
 
 
 @dataclass(frozen=True)
@@ -227,6 +238,21 @@ class Kube:
                 return False
             raise
         return True
+
+    async def create_owned(self, manifest: Json) -> bool:
+        """Create a child; False when the run's own one of that name already exists.
+
+        A 409 is not success by itself: the existing object is read back and kept only if
+        its controller is the manifest's (the run's uid); else :class:`ChildConflict`."""
+        if await self.create(manifest):
+            return True
+        meta = manifest["metadata"]
+        existing = await self.get(manifest["kind"], meta.get("namespace"), meta["name"])
+        if existing is None:  # gone again since: the next pass creates it
+            return False
+        if not owned_by(existing, controller_uid(manifest) or ""):
+            raise ChildConflict(f"{manifest['kind']}/{meta['name']}", owner_text(existing))
+        return False
 
     async def replace(self, manifest: Json) -> None:
         meta = manifest["metadata"]

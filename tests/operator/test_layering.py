@@ -14,6 +14,7 @@ PURE = (
     "conditions.py",
     "plan.py",
     "problems.py",
+    "ownership.py",
 )
 
 
