@@ -26,7 +26,7 @@ from rolloutrun_operator.api.v1alpha1 import (
 from rolloutrun_operator.api.validation import RolloutRunInvalid, parse_rolloutrun
 from rolloutrun_operator.conditions import ConditionType, Desired, find, merge
 from rolloutrun_operator.kube import ChildConflict, Json, Kube
-from rolloutrun_operator.observe import Observed, observed_from
+from rolloutrun_operator.observe import Observed, observed_from, owned_by
 from rolloutrun_operator.ownership import CHILD_CONFLICT, conflict_message
 from rolloutrun_operator.plan import Action, Event, Verb
 from rolloutrun_operator.reconcile import (
@@ -72,7 +72,10 @@ async def observe(kube: Kube, run: RolloutRun) -> Observed:
     secret_objs = found[2 + len(static) : 2 + len(static) + len(user_secrets)]
     existing = [s for s, obj in zip(user_secrets, secret_objs, strict=True) if obj]
     account_obj = found[-1] if account else None
-    node_names = sorted({str((pod.get("spec") or {}).get("nodeName") or "") for pod in pods} - {""})
+    uid = str(run.metadata.get("uid") or "")
+    members = [pod for pod in pods if owned_by(pod, uid)]
+    node_names = sorted({str((pod.get("spec") or {}).get("nodeName") or "") for pod in members})
+    node_names = [node for node in node_names if node]
     nodes = await asyncio.gather(*(kube.get("Node", None, node) for node in node_names))
     return observed_from(
         pods=pods,
@@ -82,7 +85,7 @@ async def observe(kube: Kube, run: RolloutRun) -> Observed:
         secrets=existing,
         nodes=[node for node in nodes if node],
         new_token=secrets.token_urlsafe(32),
-        uid=str(run.metadata.get("uid") or ""),
+        uid=uid,
         account=account_obj,
     )
 
@@ -102,7 +105,9 @@ async def apply(kube: Kube, namespace: str, actions: list[Action]) -> None:
             await kube.replace(action.manifest)
             logger.info("replaced %s/%s", action.kind, action.name)
         elif action.verb is Verb.DELETE:
-            await kube.delete(action.kind, namespace, action.name, action.grace_seconds)
+            await kube.delete(
+                action.kind, namespace, action.name, action.grace_seconds, uid=action.uid
+            )
             logger.info("deleted %s/%s", action.kind, action.name)
 
 

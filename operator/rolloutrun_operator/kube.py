@@ -260,9 +260,15 @@ class Kube:
         await self.request("PUT", path, manifest)
 
     async def delete(
-        self, kind: str, namespace: str, name: str, grace_seconds: int | None = None
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        grace_seconds: int | None = None,
+        uid: str | None = None,
     ) -> bool:
-        """Delete; False when it was already gone."""
+        """Delete; False when it was already gone, or (with ``uid``, a precondition) when the
+        object of that name now is another one: never the run's to delete."""
         body: Json = {
             "kind": "DeleteOptions",
             "apiVersion": "v1",
@@ -270,10 +276,12 @@ class Kube:
         }
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         try:
             await self.request("DELETE", RESOURCES[kind].path(namespace, name), body)
         except KubeError as error:
-            if error.status == 404:
+            if error.status == 404 or (error.status == 409 and uid is not None):
                 return False
             raise
         return True

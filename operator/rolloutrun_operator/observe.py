@@ -91,6 +91,9 @@ class PodView:
     ready: bool = False
     started: dt.datetime | None = None
     """When its container started running (``state.running.startedAt``)."""
+    uid: str | None = None
+    """The pod's uid: its deletion is conditional on it (a same-named pod that replaced it
+    in the meantime is not the run's to delete)."""
 
     @property
     def terminated(self) -> bool:
@@ -137,6 +140,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         terminated_message=terminated_message,
         ready=ready,
         started=started,
+        uid=meta.get("uid") or None,
     )
 
 

@@ -375,6 +375,37 @@ def test_objects_holding_a_childs_name_are_conflicts_never_adopted(cluster, api)
     ns.core.delete_namespace(ns.name)
 
 
+def test_a_delete_names_the_uid_it_observed_and_spares_a_replacement(cluster, api):
+    import asyncio
+
+    from rolloutrun_operator.kube import Kube, load_credentials
+
+    ns = Namespace(api, "del")
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "x", "command": ["rolloutrun", "x"]}]},
+    }
+    old = ns.core.create_namespaced_pod(ns.name, pod).metadata.uid
+    ns.core.delete_namespaced_pod("p", ns.name, grace_period_seconds=0)
+    eventually(
+        lambda: "p" not in {p.metadata.name for p in ns.core.list_namespaced_pod(ns.name).items},
+        what="p gone",
+    )
+    new = ns.core.create_namespaced_pod(ns.name, pod).metadata.uid
+
+    async def delete(uid: str) -> bool:
+        kube = Kube(load_credentials(str(cluster.kubeconfig_path)))
+        try:
+            return await kube.delete("Pod", ns.name, "p", 0, uid=uid)
+        finally:
+            await kube.close()
+
+    assert asyncio.run(delete(old)) is False
+    assert ns.core.read_namespaced_pod("p", ns.name).metadata.uid == new
+    assert asyncio.run(delete(new)) is True
+    ns.core.delete_namespace(ns.name)
+
+
 def test_service_account_name_needs_the_accounts_consent(cluster, api):
     ns = Namespace(api, "sa")
     ns.core.create_namespaced_service_account(ns.name, {"metadata": {"name": "robot"}})

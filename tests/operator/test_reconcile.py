@@ -420,6 +420,16 @@ def test_pods_of_older_incarnations_are_deleted():
     assert cond(result, "Ready") == ("True", "Running")
 
 
+def test_a_pod_delete_is_conditional_on_the_uid_observed():
+    stuck = dict(deletion_time=T0 - dt.timedelta(seconds=60), uid="u-stuck")
+    pods = (*members(2), gym(1, 0, uid="u-old"), gym(1, 1, **stuck))
+    result = reconcile(make_run(running_status(2)), observed(pods), NOW)
+    assert {(a.name, a.grace_seconds, a.uid) for a in result.actions} == {
+        ("demo-i1-gym-0", None, "u-old"),
+        ("demo-i1-gym-1", 0, "u-stuck"),
+    }
+
+
 @pytest.mark.parametrize(
     ("losses", "expected"), [(0, 0), (1, 5), (2, 10), (3, 20), (4, 40), (5, 60), (40, 60)]
 )
