@@ -24,9 +24,10 @@ from rolloutrun_operator.api.v1alpha1 import (
     RolloutRunStatus,
 )
 from rolloutrun_operator.api.validation import RolloutRunInvalid, parse_rolloutrun
-from rolloutrun_operator.conditions import ConditionType, Desired, merge
-from rolloutrun_operator.kube import Json, Kube
-from rolloutrun_operator.observe import Observed, observed_from
+from rolloutrun_operator.conditions import ConditionType, Desired, find, merge
+from rolloutrun_operator.kube import ChildConflict, Json, Kube
+from rolloutrun_operator.observe import Observed, observed_from, owned_by
+from rolloutrun_operator.ownership import CHILD_CONFLICT, conflict_message
 from rolloutrun_operator.plan import Action, Event, Verb
 from rolloutrun_operator.reconcile import (
     IDLE_REQUEUE_SECONDS,
@@ -53,42 +54,50 @@ async def observe(kube: Kube, run: RolloutRun) -> Observed:
     name, namespace = builders.run_name(run), builders.run_namespace(run)
     static = static_child_refs(run)
     user_secrets = builders.referenced_secrets(run)
+    account = run.spec.service_account_name
     gets = [
         ("Lease", naming.lease_name(name)),
         ("ConfigMap", naming.config_map_name(name)),
         *static,
         *(("Secret", secret) for secret in user_secrets),
+        *([("ServiceAccount", account)] if account else []),
     ]
     pods, found = await asyncio.gather(
         kube.list("Pod", namespace, naming.run_selector(name)),
         asyncio.gather(*(kube.get(kind, namespace, child) for kind, child in gets)),
     )
     lease, config = found[0], found[1]
-    children = found[2 : 2 + len(static)]
-    present = [
-        f"{kind}/{child}" for (kind, child), obj in zip(static, children, strict=True) if obj
-    ]
-    secret_objs = found[2 + len(static) :]
+    statics = found[2 : 2 + len(static)]
+    children = {f"{kind}/{child}": obj for (kind, child), obj in zip(static, statics, strict=True)}
+    secret_objs = found[2 + len(static) : 2 + len(static) + len(user_secrets)]
     existing = [s for s, obj in zip(user_secrets, secret_objs, strict=True) if obj]
-    node_names = sorted({str((pod.get("spec") or {}).get("nodeName") or "") for pod in pods} - {""})
+    account_obj = found[-1] if account else None
+    uid = str(run.metadata.get("uid") or "")
+    members = [pod for pod in pods if owned_by(pod, uid)]
+    node_names = sorted({str((pod.get("spec") or {}).get("nodeName") or "") for pod in members})
+    node_names = [node for node in node_names if node]
     nodes = await asyncio.gather(*(kube.get("Node", None, node) for node in node_names))
     return observed_from(
         pods=pods,
         lease=lease,
         config_map=config,
-        present=present,
+        children=children,
         secrets=existing,
         nodes=[node for node in nodes if node],
         new_token=secrets.token_urlsafe(32),
+        uid=uid,
+        account=account_obj,
     )
 
 
 async def apply(kube: Kube, namespace: str, actions: list[Action]) -> None:
-    """Apply the actions in order; a create of an existing child or a delete of a gone one
-    counts as done. Any other API error propagates (the pass is retried)."""
+    """Apply the actions in order; a create of an existing child the run owns or a delete
+    of a gone one counts as done. A name held by an object the run does not own raises
+    :class:`~rolloutrun_operator.kube.ChildConflict` and stops the actions after it (they
+    may depend on it); any other API error propagates (the pass is retried)."""
     for action in actions:
         if action.verb is Verb.CREATE and action.manifest is not None:
-            created = await kube.create(action.manifest)
+            created = await kube.create_owned(action.manifest)
             logger.info(
                 "created %s/%s%s", action.kind, action.name, "" if created else " (existed)"
             )
@@ -96,7 +105,9 @@ async def apply(kube: Kube, namespace: str, actions: list[Action]) -> None:
             await kube.replace(action.manifest)
             logger.info("replaced %s/%s", action.kind, action.name)
         elif action.verb is Verb.DELETE:
-            await kube.delete(action.kind, namespace, action.name, action.grace_seconds)
+            await kube.delete(
+                action.kind, namespace, action.name, action.grace_seconds, uid=action.uid
+            )
             logger.info("deleted %s/%s", action.kind, action.name)
 
 
@@ -163,13 +174,32 @@ async def run_pass(kube: Kube, namespace: str, name: str, now: dt.datetime) -> O
     run.status = lenient_status(body.get("status"), f"{namespace}/{name}")
     observed = await observe(kube, run)
     result = reconcile(run, observed, now)
-    await apply(kube, namespace, result.actions)
+    try:
+        await apply(kube, namespace, result.actions)
+    except ChildConflict as conflict:
+        result = conflict_result(run, conflict, now)
     new = status_json(result.status)
     old = status_json(run.status) if run.status is not None else None
     wrote = new != old
     if wrote:
         await kube.patch_status("RolloutRun", namespace, name, new)
     return Outcome(body, result, run.status, wrote)
+
+
+def conflict_result(run: RolloutRun, conflict: ChildConflict, now: dt.datetime) -> Result:
+    """A pass cut short by a :class:`ChildConflict` on create: the last status (nothing
+    this pass decided is claimed) with ``Ready=False`` naming the object and its owner."""
+    status = (run.status or RolloutRunStatus()).model_copy(deep=True)
+    message = conflict_message([(conflict.ref, conflict.owner)])
+    desired = {
+        ConditionType.READY: Desired(False, CHILD_CONFLICT, message),
+        ConditionType.PROGRESSING: Desired(False, CHILD_CONFLICT, message),
+    }
+    before = find(status.conditions, ConditionType.READY)
+    status.conditions = merge(status.conditions, desired, now, run.metadata.get("generation"))
+    fresh = before is None or before.reason != CHILD_CONFLICT or before.message != message
+    events = [Event("Warning", CHILD_CONFLICT, message[:1024])] if fresh else []
+    return Result([], status, events, IDLE_REQUEUE_SECONDS)
 
 
 def _subset(status: dict[str, Any], patch: Json) -> Json:

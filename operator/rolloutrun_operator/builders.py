@@ -89,13 +89,16 @@ def member_role(run: RolloutRun) -> Manifest:
 
 
 def member_role_binding(run: RolloutRun) -> Manifest:
+    """Binds the member Role to the account the pods run as: the run's own, or the
+    ``spec.serviceAccountName`` that opted in (so its trainer can renew the Lease too)."""
     name = naming.member_account_name(run_name(run))
+    account = run.spec.service_account_name or name
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": metadata(run, name),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": run_namespace(run)}],
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": run_namespace(run)}],
     }
 
 

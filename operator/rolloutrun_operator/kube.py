@@ -23,6 +23,7 @@ from urllib.parse import quote
 import aiohttp
 
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
+from rolloutrun_operator.observe import controller_uid, owned_by, owner_text
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,16 @@ class KubeError(Exception):
         """The API refused the request itself (a 4xx other than a conflict or throttling):
         repeating it unchanged gets the same answer."""
         return 400 <= self.status < 500 and self.status not in (404, 409, 429)
+
+
+class ChildConflict(KubeError):
+    """A create found the name taken by an object the run does not control: not adopted."""
+
+    def __init__(self, ref: str, owner: str) -> None:
+        super().__init__(f"{ref} exists and is not owned by this run (owner: {owner})", 409)
+        self.reason = "ChildConflict"
+        self.ref = ref
+        self.owner = owner
 
 
 @dataclass(frozen=True)
@@ -239,6 +250,21 @@ class Kube:
             raise
         return True
 
+    async def create_owned(self, manifest: Json) -> bool:
+        """Create a child; False when the run's own one of that name already exists.
+
+        A 409 is not success by itself: the existing object is read back and kept only if
+        its controller is the manifest's (the run's uid); else :class:`ChildConflict`."""
+        if await self.create(manifest):
+            return True
+        meta = manifest["metadata"]
+        existing = await self.get(manifest["kind"], meta.get("namespace"), meta["name"])
+        if existing is None:  # gone again since: the next pass creates it
+            return False
+        if not owned_by(existing, controller_uid(manifest) or ""):
+            raise ChildConflict(f"{manifest['kind']}/{meta['name']}", owner_text(existing))
+        return False
+
     async def replace(self, manifest: Json) -> None:
         meta = manifest["metadata"]
         path = RESOURCES[manifest["kind"]].path(meta.get("namespace"), meta["name"])
@@ -249,9 +275,15 @@ class Kube:
             raise
 
     async def delete(
-        self, kind: str, namespace: str, name: str, grace_seconds: int | None = None
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        grace_seconds: int | None = None,
+        uid: str | None = None,
     ) -> bool:
-        """Delete; False when it was already gone."""
+        """Delete; False when it was already gone, or (with ``uid``, a precondition) when the
+        object of that name now is another one: never the run's to delete."""
         body: Json = {
             "kind": "DeleteOptions",
             "apiVersion": "v1",
@@ -259,10 +291,12 @@ class Kube:
         }
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         try:
             await self.request("DELETE", RESOURCES[kind].path(namespace, name), body)
         except KubeError as error:
-            if error.status == 404:
+            if error.status == 404 or (error.status == 409 and uid is not None):
                 return False
             error.child = f"{kind}/{name}"
             raise

@@ -53,6 +53,7 @@ from rolloutrun_runtime.contract.pod import (
 )
 
 __all__ = [
+    "ANNOTATION_ALLOW_RUNS",
     "ANNOTATION_ANCHOR_STEP",
     "ANNOTATION_CONFIG_INCARNATION",
     "ANNOTATION_LATEST_MANIFEST",
@@ -106,6 +107,9 @@ __all__ = [
 KOPF_ANNOTATION_PREFIX = f"kopf.{GROUP}"
 ANNOTATION_CONFIG_INCARNATION = f"{GROUP}/incarnation"
 """On the ConfigMap: the incarnation whose trainer config ``run.yaml`` holds."""
+ANNOTATION_ALLOW_RUNS = f"{GROUP}/allow-runs"
+"""On a ServiceAccount: which runs may name it in ``spec.serviceAccountName`` (``"true"``
+or ``"*"``: every run of its namespace; else a comma-separated list of run names)."""
 
 
 # ------------------------------------------------------------------------ child names

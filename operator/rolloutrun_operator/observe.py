@@ -43,6 +43,30 @@ def _int(value: Any) -> int | None:
     return number if number >= 0 else None
 
 
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid of the object's controller (the owner reference with ``controller: true``)."""
+    for reference in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if reference.get("controller"):
+            return str(reference.get("uid") or "") or None
+    return None
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether the run with ``uid`` controls the object: the only objects a run adopts,
+    watches or deletes. Names and labels anyone may write; an owner uid only the API
+    server's own run object has."""
+    return bool(uid) and controller_uid(obj) == uid
+
+
+def owner_text(obj: Mapping[str, Any]) -> str:
+    """Who controls the object, for a message: ``RolloutRun/other (uid ...)`` or ``no owner``."""
+    for reference in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if reference.get("controller"):
+            kind, name = reference.get("kind", "?"), reference.get("name", "?")
+            return f"{kind}/{name} (uid {reference.get('uid', '?')})"
+    return "no owner"
+
+
 @dataclass(frozen=True)
 class PodView:
     """One member pod, reduced to what recovery decisions need."""
@@ -67,6 +91,9 @@ class PodView:
     ready: bool = False
     started: dt.datetime | None = None
     """When its container started running (``state.running.startedAt``)."""
+    uid: str | None = None
+    """The pod's uid: its deletion is conditional on it (a same-named pod that replaced it
+    in the meantime is not the run's to delete)."""
 
     @property
     def terminated(self) -> bool:
@@ -113,6 +140,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         terminated_message=terminated_message,
         ready=ready,
         started=started,
+        uid=meta.get("uid") or None,
     )
 
 
@@ -193,6 +221,12 @@ class Observed:
     nodes: Mapping[str, NodeView] = field(default_factory=dict)
     new_token: str = ""
     """A fresh random token, used only if the Gym token Secret must be created."""
+    foreign: Mapping[str, str] = field(default_factory=dict)
+    """``Kind/name`` -> owner (:func:`owner_text`) of objects with a child's name or the
+    run's label that this run does not own: never adopted, deleted or counted as members."""
+    account: Mapping[str, str] | None = None
+    """Annotations of the ServiceAccount ``spec.serviceAccountName`` names; None when the
+    spec names none or it does not exist."""
 
     def members(self, incarnation: int) -> list[PodView]:
         return [pod for pod in self.pods if pod.incarnation == incarnation]
@@ -202,12 +236,32 @@ def observed_from(
     pods: Iterable[Mapping[str, Any]],
     lease: Mapping[str, Any] | None,
     config_map: Mapping[str, Any] | None,
-    present: Iterable[str],
+    children: Mapping[str, Mapping[str, Any] | None],
     secrets: Iterable[str],
     nodes: Iterable[Mapping[str, Any]],
     new_token: str,
+    uid: str,
+    account: Mapping[str, Any] | None = None,
 ) -> Observed:
-    """Build an :class:`Observed` from the JSON the API server returned."""
+    """Build an :class:`Observed` from the JSON the API server returned.
+
+    ``children`` maps ``Kind/name`` of each static child to the object found (or None);
+    ``uid`` is the run's: pods, Lease, ConfigMap and children it does not control are set
+    apart in :attr:`Observed.foreign` and otherwise ignored. ``account`` is the
+    ServiceAccount the spec names, if found."""
+    foreign: dict[str, str] = {}
+    objects = {**children, **{f"Pod/{_name(pod)}": pod for pod in pods}}
+    if lease is not None:
+        objects[f"Lease/{_name(lease)}"] = lease
+    if config_map is not None:
+        objects[f"ConfigMap/{_name(config_map)}"] = config_map
+    for ref, obj in objects.items():
+        if obj is not None and not owned_by(obj, uid):
+            foreign[ref] = owner_text(obj)
+    pods = [pod for pod in pods if owned_by(pod, uid)]
+    lease = lease if lease is not None and owned_by(lease, uid) else None
+    config_map = config_map if config_map is not None and owned_by(config_map, uid) else None
+    present = [ref for ref, obj in children.items() if obj is not None and ref not in foreign]
     config = None
     config_incarnation = None
     if config_map is not None:
@@ -224,4 +278,12 @@ def observed_from(
         secrets=frozenset(secrets),
         nodes=node_views,
         new_token=new_token,
+        foreign=foreign,
+        account=dict((account.get("metadata") or {}).get("annotations") or {})
+        if account is not None
+        else None,
     )
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))

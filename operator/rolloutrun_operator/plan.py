@@ -44,6 +44,8 @@ class Action:
     manifest: dict[str, Any] | None = None
     grace_seconds: int | None = None
     """For pod deletes: None keeps the pod's own grace period, 0 forces."""
+    uid: str | None = None
+    """For deletes: the uid of the object observed, a precondition of the delete."""
 
     def __str__(self) -> str:
         grace = f" (grace {self.grace_seconds}s)" if self.grace_seconds is not None else ""
@@ -139,13 +141,15 @@ class Pass:
             node = self.observed.nodes.get(pod.node_name or "")
             node_lost = node is not None and not node.ready
             if pod.deletion_time is None:
+                grace = 0 if node_lost else None
                 self.actions.append(
-                    Action(Verb.DELETE, "Pod", pod.name, grace_seconds=0 if node_lost else None)
+                    Action(Verb.DELETE, "Pod", pod.name, grace_seconds=grace, uid=pod.uid)
                 )
             else:
                 deadline = pod.deletion_time + dt.timedelta(seconds=STUCK_TERMINATING_SECONDS)
                 if self.now >= deadline or node_lost:
-                    self.actions.append(Action(Verb.DELETE, "Pod", pod.name, grace_seconds=0))
+                    force = Action(Verb.DELETE, "Pod", pod.name, grace_seconds=0, uid=pod.uid)
+                    self.actions.append(force)
                     if not node_lost:
                         self.forced.append(pod.name)
                 else:

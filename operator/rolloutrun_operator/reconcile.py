@@ -43,6 +43,12 @@ from rolloutrun_operator.conditions import ConditionType as C
 from rolloutrun_operator.conditions import Desired, find, is_true, merge
 from rolloutrun_operator.losses import find_loss, serving
 from rolloutrun_operator.observe import Observed, PodView, format_time, parse_time
+from rolloutrun_operator.ownership import (
+    CHILD_CONFLICT,
+    account_problem,
+    conflict_message,
+    conflicts,
+)
 from rolloutrun_operator.plan import (
     STUCK_TERMINATING_SECONDS,
     Action,
@@ -177,21 +183,19 @@ def _start_next(p: Pass, after: str) -> None:
 
 def static_children(run: RolloutRun, token: str) -> list[builders.Manifest]:
     """The children that live as long as the run, in creation order (the members' RBAC
-    first, unless the spec names its own service account; then the token Secret, the Lease,
-    the Services). The one list of them: :func:`static_child_refs` (what the actuator
-    fetches) is read off it, so what is observed and what is created cannot disagree."""
+    first: the ServiceAccount unless the spec names its own, the Lease Role and its binding
+    to the account the pods run as; then the token Secret, the Lease, the Services). The one
+    list of them: :func:`static_child_refs` (what the actuator fetches) is read off it, so
+    what is observed and what is created cannot disagree."""
     wanted = [
         builders.gym_token_secret(run, token),
         builders.trainer_lease(run),
         builders.trainer_service(run),
         builders.gym_service(run),
     ]
+    wanted[:0] = [builders.member_role(run), builders.member_role_binding(run)]
     if run.spec.service_account_name is None:
-        wanted[:0] = [
-            builders.member_service_account(run),
-            builders.member_role(run),
-            builders.member_role_binding(run),
-        ]
+        wanted[:0] = [builders.member_service_account(run)]
     return wanted
 
 
@@ -245,10 +249,15 @@ def _run_incarnation(p: Pass) -> None:
             _wait_for_previous(p, stale)
             return
         problems = spec_problems(p.run, p.observed)
+        account = account_problem(p.run, p.observed)
+        if account is not None:
+            problems.append(account)
         if problems:
             reason, message = problems[0]
             p.say(**_stopped(reason, message))
             p.look_again(IDLE_REQUEUE_SECONDS)
+            return
+        if _conflicting(p, [i for i in range(replicas) if i not in gyms]):
             return
         _ensure_static_children(p)
         up = [gyms.get(i) for i in range(replicas)]
@@ -292,6 +301,26 @@ def _run_incarnation(p: Pass) -> None:
     if expiry is not None:
         p.look_again_at(expiry + dt.timedelta(seconds=1))
     p.look_again(IDLE_REQUEUE_SECONDS)
+
+
+def _conflicting(p: Pass, missing_gyms: list[int]) -> bool:
+    """Report objects the run does not own that hold the names of children it is about to
+    create or use (:mod:`ownership`); True when there are any, and nothing is started."""
+    n = p.status.incarnation
+    wanted = [f"{kind}/{child}" for kind, child in static_child_refs(p.run)]
+    wanted.append(f"ConfigMap/{naming.config_map_name(p.name)}")
+    wanted += [f"Pod/{naming.gym_pod_name(p.name, n, i)}" for i in missing_gyms]
+    wanted.append(f"Pod/{naming.trainer_pod_name(p.name, n)}")
+    found = conflicts(p.observed, wanted)
+    if not found:
+        return False
+    message = conflict_message(found)
+    before = find(p.status.conditions, C.READY)
+    if before is None or before.reason != CHILD_CONFLICT or before.message != message:
+        p.events.append(Event("Warning", CHILD_CONFLICT, message[:1024]))
+    p.say(**_stopped(CHILD_CONFLICT, message))
+    p.look_again(IDLE_REQUEUE_SECONDS)
+    return True
 
 
 def _wait_for_previous(p: Pass, stale: list[PodView]) -> None:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 
-from rolloutrun_operator.actuator import invalid_status, lenient_status, status_json
+from rolloutrun_operator.actuator import (
+    conflict_result,
+    invalid_status,
+    lenient_status,
+    status_json,
+)
 from rolloutrun_operator.api.v1alpha1 import RolloutRunStatus
 from rolloutrun_operator.api.validation import RolloutRunInvalid
 
@@ -48,3 +53,23 @@ def test_an_invalid_spec_status_names_the_problem_and_keeps_transition_times():
     assert ready["reason"] == "InvalidSpec" and "divisible" in ready["message"]
     assert ready["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert {c["type"] for c in patch["conditions"]} == {"Ready", "Progressing"}
+
+
+def test_a_conflict_on_create_keeps_the_last_status_and_names_the_object():
+    from rolloutrun_operator.kube import ChildConflict
+    from tests.support.rolloutruns import make_run, running_status
+
+    run = make_run(running_status(3, restarts=1))
+    conflict = ChildConflict("Pod/demo-i3-trainer", "no owner")
+    now = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    result = conflict_result(run, conflict, now)
+    assert result.actions == [] and result.status.incarnation == 3
+    assert result.status.restarts == 1
+    ready = next(c for c in result.status.conditions if c.type == "Ready")
+    assert ready.reason == "ChildConflict"
+    assert "Pod/demo-i3-trainer exists and is not owned by this run (owner: no owner)" in (
+        ready.message
+    )
+    assert [e.reason for e in result.events] == ["ChildConflict"]
+    run.status = result.status  # the next pass meets the same object: no second Event
+    assert conflict_result(run, conflict, now).events == []

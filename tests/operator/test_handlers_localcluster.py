@@ -8,6 +8,7 @@ the embedded ``rolloutrun run``.
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 import uuid
@@ -76,7 +77,6 @@ def rolloutrun(name: str) -> dict[str, Any]:
         "kind": "RolloutRun",
         "metadata": {"name": name},
         "spec": {
-            "serviceAccountName": "default",
             "storage": {"uri": "file:///tmp/rolloutrun-test"},
             "gym": {"replicas": 2, "port": 8000, "terminationGracePeriodSeconds": 2},
             "trainer": {"terminationGracePeriodSeconds": 2},
@@ -268,6 +268,174 @@ def test_a_lost_node_ends_the_incarnation_without_waiting_for_eviction(cluster, 
         assert not [name for name in names if "-i1-" in name]
     assert operator.error is None
     core.delete_namespace(namespace)
+
+
+class Namespace:
+    """One test namespace: the run's status and conditions, its pods, a wake-up poke."""
+
+    def __init__(self, api: Any, prefix: str) -> None:
+        from kubernetes import client as k8s
+
+        self.name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.core: Any = k8s.CoreV1Api(api)
+        self.runs: Any = k8s.CustomObjectsApi(api)
+        self.rbac: Any = k8s.RbacAuthorizationV1Api(api)
+        self.leases: Any = k8s.CoordinationV1Api(api)
+        self.core.create_namespace({"metadata": {"name": self.name}})
+
+    def create_run(self, body: dict[str, Any]) -> None:
+        self.runs.create_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, body)
+
+    def run(self, name: str) -> dict[str, Any]:
+        return self.runs.get_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, name)
+
+    def ready(self, name: str) -> tuple[str, str, str]:
+        for item in (self.run(name).get("status") or {}).get("conditions") or []:
+            if item["type"] == "Ready":
+                return item["status"], item["reason"], item.get("message", "")
+        return "", "", ""
+
+    def poke(self, name: str) -> None:
+        """Wake the run's daemon now (a deleted Secret or Role is not watched)."""
+        patch = {"metadata": {"annotations": {"test/poke": uuid.uuid4().hex}}}
+        self.runs.patch_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, name, patch)
+
+    def pods(self, run: str) -> dict[str, Any]:
+        items = self.core.list_namespaced_pod(
+            self.name, label_selector=f"rolloutrun.dev/run={run}"
+        ).items
+        return {pod.metadata.name: pod for pod in items}
+
+    def event_reasons(self) -> set[str]:
+        return {event.reason for event in self.core.list_namespaced_event(self.name).items}
+
+
+def test_objects_holding_a_childs_name_are_conflicts_never_adopted(cluster, api):
+    ns = Namespace(api, "own")
+    attacker = "attacker-known-token"
+    ns.core.create_namespaced_secret(
+        ns.name, {"metadata": {"name": "own-gym-token"}, "stringData": {"token": attacker}}
+    )
+    rules = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+    ns.rbac.create_namespaced_role(ns.name, {"metadata": {"name": "own-member"}, "rules": rules})
+    fence = {"holderIdentity": "own-i999-trainer/999", "leaseDurationSeconds": 3600}
+    ns.leases.create_namespaced_lease(ns.name, {"metadata": {"name": "own-trainer"}, "spec": fence})
+    # a pod of someone else's that carries the run's labels (no owner reference)
+    squatter = {
+        "metadata": {
+            "name": "squatter",
+            "labels": {"rolloutrun.dev/run": "own", "rolloutrun.dev/role": "gym"},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "x", "command": ["rolloutrun", "squat"]}],
+        },
+    }
+    ns.core.create_namespaced_pod(ns.name, squatter)
+    # and one holding the trainer's name, without the run's label: met only by a 409 on create
+    squatter["metadata"] = {"name": "own-i1-trainer"}
+    ns.core.create_namespaced_pod(ns.name, squatter)
+    with operator_thread(cluster, ns.name) as operator:
+        ns.create_run(rolloutrun("own"))
+        eventually(lambda: ns.ready("own")[1] == "ChildConflict", what="conflict reported")
+        _status, _reason, message = ns.ready("own")
+        for ref in ("Secret/own-gym-token", "Role/own-member", "Lease/own-trainer"):
+            assert f"{ref} exists and is not owned by this run (owner: no owner)" in message
+        assert set(ns.pods("own")) == {"squatter"}  # no member started beside them
+        assert "ChildConflict" in eventually(ns.event_reasons, what="events")
+        # removed one by one: each still held name keeps the run waiting, named
+        ns.core.delete_namespaced_secret("own-gym-token", ns.name)
+        ns.poke("own")
+        eventually(lambda: "Secret/" not in ns.ready("own")[2], what="secret conflict cleared")
+        assert ns.ready("own")[1] == "ChildConflict" and "Lease/own-trainer" in ns.ready("own")[2]
+        assert set(ns.pods("own")) == {"squatter"}
+        ns.rbac.delete_namespaced_role("own-member", ns.name)
+        ns.leases.delete_namespaced_lease("own-trainer", ns.name)
+        ns.poke("own")
+        eventually(lambda: "Pod/own-i1-trainer" in ns.ready("own")[2], what="pod name held")
+        assert ns.ready("own")[1] == "ChildConflict" and "own-i1-trainer" not in ns.pods("own")
+        ns.core.delete_namespaced_pod("own-i1-trainer", ns.name)
+        ns.poke("own")
+        eventually(lambda: ns.ready("own")[:2] == ("True", "Running"), what="run ready")
+        token = ns.core.read_namespaced_secret("own-gym-token", ns.name)
+        assert token.metadata.owner_references[0].uid == ns.run("own")["metadata"]["uid"]
+        assert base64.b64decode(token.data["token"]).decode() != attacker
+        lease = ns.leases.read_namespaced_lease("own-trainer", ns.name)
+        assert lease.metadata.owner_references[0].name == "own"
+        assert lease.spec.holder_identity is None
+        # recovery (a lost Gym pod ends incarnation 1) leaves the squatter alone
+        ns.core.delete_namespaced_pod("own-i1-gym-0", ns.name)
+        eventually(lambda: ns.run("own")["status"].get("incarnation") == 2, what="incarnation 2")
+        eventually(lambda: ns.ready("own")[:2] == ("True", "Running"), what="running again")
+        pods = ns.pods("own")
+        assert set(pods) == {"squatter", "own-i2-trainer", "own-i2-gym-0", "own-i2-gym-1"}
+        assert pods["squatter"].metadata.deletion_timestamp is None
+        assert pods["squatter"].status.phase == "Running"
+    assert operator.error is None
+    ns.core.delete_namespace(ns.name)
+
+
+def test_a_delete_names_the_uid_it_observed_and_spares_a_replacement(cluster, api):
+    import asyncio
+
+    from rolloutrun_operator.kube import Kube, load_credentials
+
+    ns = Namespace(api, "del")
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "x", "command": ["rolloutrun", "x"]}]},
+    }
+    old = ns.core.create_namespaced_pod(ns.name, pod).metadata.uid
+    ns.core.delete_namespaced_pod("p", ns.name, grace_period_seconds=0)
+    eventually(
+        lambda: "p" not in {p.metadata.name for p in ns.core.list_namespaced_pod(ns.name).items},
+        what="p gone",
+    )
+    new = ns.core.create_namespaced_pod(ns.name, pod).metadata.uid
+
+    async def delete(uid: str) -> bool:
+        kube = Kube(load_credentials(str(cluster.kubeconfig_path)))
+        try:
+            return await kube.delete("Pod", ns.name, "p", 0, uid=uid)
+        finally:
+            await kube.close()
+
+    assert asyncio.run(delete(old)) is False
+    assert ns.core.read_namespaced_pod("p", ns.name).metadata.uid == new
+    assert asyncio.run(delete(new)) is True
+    ns.core.delete_namespace(ns.name)
+
+
+def test_service_account_name_needs_the_accounts_consent(cluster, api):
+    ns = Namespace(api, "sa")
+    ns.core.create_namespaced_service_account(ns.name, {"metadata": {"name": "robot"}})
+    body = rolloutrun("sa")
+    body["spec"]["serviceAccountName"] = "robot"
+    with operator_thread(cluster, ns.name) as operator:
+        ns.create_run(body)
+        eventually(lambda: ns.ready("sa")[1] == "ServiceAccountNotAllowed", what="refused")
+        assert "rolloutrun.dev/allow-runs" in ns.ready("sa")[2] and "'robot'" in ns.ready("sa")[2]
+        assert ns.pods("sa") == {}
+        allow = {"metadata": {"annotations": {"rolloutrun.dev/allow-runs": "other, sa"}}}
+        ns.core.patch_namespaced_service_account("robot", ns.name, allow)
+        ns.poke("sa")
+        eventually(lambda: ns.ready("sa")[:2] == ("True", "Running"), what="run ready")
+        pods = ns.pods("sa")
+        assert {pod.spec.service_account_name for pod in pods.values()} == {"robot"}
+        binding = ns.rbac.read_namespaced_role_binding("sa-member", ns.name)
+        assert [(s.kind, s.name) for s in binding.subjects] == [("ServiceAccount", "robot")]
+        role = ns.rbac.read_namespaced_role(binding.role_ref.name, ns.name)
+        (rule,) = role.rules
+        assert rule.resources == ["leases"] and rule.resource_names == ["sa-trainer"]
+        assert {"get", "update"} <= set(rule.verbs)
+        # its own ServiceAccount is not created: the pods run as the consenting one
+        assert not [
+            a.metadata.name
+            for a in ns.core.list_namespaced_service_account(ns.name).items
+            if a.metadata.name == "sa-member"
+        ]
+    assert operator.error is None
+    ns.core.delete_namespace(ns.name)
 
 
 def free_port() -> int:

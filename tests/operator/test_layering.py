@@ -15,6 +15,7 @@ PURE = (
     "plan.py",
     "problems.py",
     "name_rules.py",
+    "ownership.py",
 )
 
 

@@ -68,7 +68,6 @@ def rolloutrun(name: str, **trainer: Any) -> dict[str, Any]:
         "kind": "RolloutRun",
         "metadata": {"name": name},
         "spec": {
-            "serviceAccountName": "default",
             "storage": {"uri": "file:///tmp/rolloutrun-names-test"},
             "gym": {"replicas": 2, "port": 8000, "terminationGracePeriodSeconds": 2},
             "trainer": {"terminationGracePeriodSeconds": 2, **trainer},

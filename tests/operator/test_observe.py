@@ -19,6 +19,9 @@ PREEMPTED = {
         "name": "demo-i2-trainer",
         "labels": {naming.LABEL_ROLE: "trainer", naming.LABEL_INCARNATION: "2"},
         "deletionTimestamp": "2026-01-01T12:00:30Z",
+        "ownerReferences": [
+            {"kind": "RolloutRun", "name": "demo", "uid": "u1", "controller": True}
+        ],
     },
     "spec": {"nodeName": "spot-1"},
     "status": {
@@ -115,7 +118,11 @@ def test_node_readiness_and_observed_assembly():
         "data": {"run.yaml": "x"},
         "metadata": {"annotations": {naming.ANNOTATION_CONFIG_INCARNATION: "3"}},
     }
-    seen = observed_from([PREEMPTED], None, config, ["Lease/demo-trainer"], ["s"], [node], "t")
+    config["metadata"]["ownerReferences"] = PREEMPTED["metadata"]["ownerReferences"]
+    lease = {"metadata": {"name": "demo-trainer", **owned("u1")}}
+    children = {"Lease/demo-trainer": lease, "Secret/demo-gym-token": None}
+    seen = observed_from([PREEMPTED], None, config, children, ["s"], [node], "t", uid="u1")
+    assert seen.present == {"Lease/demo-trainer"} and seen.foreign == {}
     assert seen.config == {"run.yaml": "x"} and seen.config_incarnation == 3
     assert seen.nodes["n1"].ready is False and seen.members(2)[0].name == "demo-i2-trainer"
     assert seen.lease is None and seen.new_token == "t"
@@ -138,3 +145,49 @@ def test_a_running_container_reports_when_it_started():
         },
     }
     assert pod_view(pod).started == dt.datetime(2026, 1, 1, 12, 0, 5, tzinfo=dt.UTC)
+
+
+def owned(uid: str, controller: bool = True) -> dict:
+    reference = {"kind": "RolloutRun", "name": "x", "uid": uid, "controller": controller}
+    return {"ownerReferences": [reference]}
+
+
+def test_only_objects_the_run_controls_are_its_children():
+    mine, theirs = owned("u1"), owned("u2")
+    labels = {naming.LABEL_RUN: "demo", naming.LABEL_ROLE: "gym", naming.LABEL_INCARNATION: "1"}
+    pods = [
+        {"metadata": {"name": "demo-i1-gym-0", "labels": labels, **mine}},
+        {"metadata": {"name": "squatter", "labels": labels}},  # the run's label, no owner
+        {"metadata": {"name": "other", "labels": labels, **theirs}},
+        {"metadata": {"name": "weak", "labels": labels, **owned("u1", controller=False)}},
+    ]
+    lease = {"metadata": {"name": "demo-trainer"}, "spec": {"holderIdentity": "x/99"}}
+    config = {"metadata": {"name": "demo-config", **theirs}, "data": {"run.yaml": "evil"}}
+    children = {
+        "Secret/demo-gym-token": {"metadata": {"name": "demo-gym-token"}},
+        "Role/demo-member": {"metadata": {"name": "demo-member", **theirs}},
+        "Service/demo-gym": {"metadata": {"name": "demo-gym", **mine}},
+        "Service/demo-trainer": None,
+    }
+    seen = observed_from(pods, lease, config, children, [], [], "t", uid="u1")
+    assert [pod.name for pod in seen.pods] == ["demo-i1-gym-0"]
+    assert seen.lease is None and seen.config is None
+    assert seen.present == {"Service/demo-gym"}
+    assert seen.foreign == {
+        "Pod/squatter": "no owner",
+        "Pod/other": "RolloutRun/x (uid u2)",
+        "Pod/weak": "no owner",
+        "Lease/demo-trainer": "no owner",
+        "ConfigMap/demo-config": "RolloutRun/x (uid u2)",
+        "Secret/demo-gym-token": "no owner",
+        "Role/demo-member": "RolloutRun/x (uid u2)",
+    }
+    # a run without a uid owns nothing (never "everything")
+    assert observed_from(pods, None, None, {}, [], [], "t", uid="").pods == ()
+
+
+def test_the_named_service_account_is_seen_with_its_annotations():
+    account = {"metadata": {"name": "sa", "annotations": {"rolloutrun.dev/allow-runs": "demo"}}}
+    seen = observed_from([], None, None, {}, [], [], "t", uid="u1", account=account)
+    assert seen.account == {"rolloutrun.dev/allow-runs": "demo"}
+    assert observed_from([], None, None, {}, [], [], "t", uid="u1").account is None

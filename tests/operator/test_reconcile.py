@@ -76,13 +76,6 @@ def test_a_new_run_creates_its_static_children_config_and_gym_pods_first():
     }
 
 
-def test_a_user_service_account_replaces_the_member_rbac():
-    result = reconcile(
-        make_run(serviceAccountName="mine"), observed(present=frozenset(), config=None), NOW
-    )
-    assert not [a for a in result.actions if a.kind in {"ServiceAccount", "Role", "RoleBinding"}]
-
-
 def test_the_trainer_starts_only_when_every_gym_pod_has_an_address():
     status = {"incarnation": 1, "conditions": []}
     waiting = reconcile(

@@ -62,6 +62,7 @@ names exist (RBAC has no metadata-only read); `create` makes the token Secret. *
 - apiGroups: [""]
   resources: [services]
   verbs: [get, create]
+# get: a spec.serviceAccountName is used only if the account's rolloutrun.dev/allow-runs allows it
 - apiGroups: [""]
   resources: [serviceaccounts]
   verbs: [get, create]
