@@ -3,10 +3,9 @@
 Why in the Gym: a multi-turn episode's state (the ``reach_target`` counter, the transcript so
 far) lives in the Gym replica between turns, so only the Gym can freeze it at a consistent
 point and continue it after a restart. The trainer drives it over bearer-token routes under
-``/ng-control/v1/checkpoint/``; every call carries a ``checkpoint_id`` and a ``deadline_s``
-(seconds from receipt, timed on the replica's own monotonic clock: the trainer's and the
-Gym's wall clocks may disagree by minutes), and prepare, commit and restore are idempotent
-for the same id.
+``/ng-control/v1/checkpoint/``; every call carries a ``checkpoint_id`` and ``deadline_s``
+(seconds from receipt on the replica's monotonic clock: the pods' wall clocks may disagree),
+and prepare, commit and restore are idempotent for the same id.
 
 Phases: ``idle → preparing → prepared → committed``, ``idle → restored``; ``resume`` returns
 any phase to ``idle``; ``drop`` returns ``restored`` to ``idle`` undoing the restore.
@@ -39,9 +38,8 @@ any phase to ``idle``; ``drop`` returns ``restored`` to ``idle`` undoing the res
 * **retire** refuses an attempt and all earlier ones of its rollout (they stop at their next
   boundary) until **forget** drops the rollout, and forgets their episodes that no ``/run``
   drives (finished, ended, or restored and never claimed), so no later copy includes them.
-* **lease**: each call extends the lease to ``deadline_s + grace`` from its receipt; if the
-  trainer stops calling, a watchdog resumes the Gym on its own, so a vanished trainer never
-  wedges it.
+* **lease**: each call extends the lease to receipt + ``deadline_s`` + grace; if the trainer
+  stops calling, a watchdog resumes the Gym on its own, so a vanished trainer never wedges it.
 * **trainer identity**: each call may name its trainer (``trainer``: an id, the
   incarnation and the process start time). The first call of a newer trainer ends whatever
   checkpoint an older one left open (it was killed mid-snapshot: its replacement must not
@@ -283,9 +281,8 @@ class GymCheckpointControl:
         self.lease_deadline = deadline + self.grace_s
 
     def _lease_remaining(self) -> float | None:
-        if self.lease_deadline is None:
-            return None
-        return round(max(self.lease_deadline - self.clock(), 0.0), 3)
+        left = None if self.lease_deadline is None else self.lease_deadline - self.clock()
+        return None if left is None else round(max(left, 0.0), 3)
 
     def _check_id(self, checkpoint_id: str, *, allowed: set[ControlPhase]) -> bool:
         """Whether this call repeats the current id (idempotent); refuse conflicts."""
