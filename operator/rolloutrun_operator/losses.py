@@ -3,7 +3,9 @@
 Why its own module: this is the question the whole operator exists to answer quickly and
 correctly (a preempted pod must not burn ``maxRestarts``; a hung trainer must not wait for
 the 300 s pod eviction). Pure like :mod:`reconcile`: it reads the :class:`~plan.Pass` and
-asks to look again at the next deadline (node-loss timeout, lease acquire timeout).
+asks to look again at the next deadline (node-loss timeout, lease expiry, lease acquire
+timeout). The Lease's ``renewTime`` is the trainer's clock: it is watched for change, never
+compared with the operator's clock (see :func:`lease_loss`).
 """
 
 from __future__ import annotations
@@ -11,9 +13,14 @@ from __future__ import annotations
 import datetime as dt
 
 from rolloutrun_operator import naming
-from rolloutrun_operator.observe import PodView, format_time
+from rolloutrun_operator.api.v1alpha1 import LeaseObservation
+from rolloutrun_operator.observe import LeaseView, PodView, format_time, parse_time
 from rolloutrun_operator.plan import Loss, LossKind, Pass
 from rolloutrun_runtime.contract.run_config import UNRESTORABLE_EXIT_CODE
+
+#: Seconds past ``leaseDurationSeconds`` of unchanged renewal before the Lease counts as
+#: expired: the Lease watch's delivery delay, and ``observedAt`` kept to whole seconds.
+LEASE_EXPIRY_MARGIN_SECONDS = 2
 
 #: Reasons (pod ``status.reason`` or ``DisruptionTarget``) that are preemption, not failure.
 PREEMPTION_REASONS = frozenset(
@@ -107,15 +114,54 @@ def find_loss(
     return None
 
 
+def observe_lease(
+    previous: LeaseObservation | None, lease: LeaseView, now: dt.datetime
+) -> LeaseObservation:
+    """The observation after seeing ``lease`` at ``now`` (operator clock): unchanged while the
+    holder and ``renewTime`` are the ones seen before, else a new one first seen ``now``.
+
+    ``renewTime`` comes from the trainer's clock: it is only ever compared with the value
+    seen before, never with ``now``, so a skew between the two clocks cannot expire it."""
+    holder, renewed = (lease.holder or "")[:253], (lease.renew_time or "")[:64]
+    same = previous is not None and (previous.holder, previous.renew_time) == (holder, renewed)
+    if same and previous is not None and parse_time(previous.observed_at) is not None:
+        return previous
+    return LeaseObservation(holder=holder, renew_time=renewed, observed_at=format_time(now))
+
+
+def lease_expiry(observation: LeaseObservation, duration_seconds: int) -> dt.datetime:
+    """When (operator clock) a Lease whose renewal has not changed since ``observation``
+    counts as expired: ``leaseDurationSeconds`` plus :data:`LEASE_EXPIRY_MARGIN_SECONDS`."""
+    seen = parse_time(observation.observed_at)
+    assert seen is not None  # observe_lease never keeps an unreadable time
+    return seen + dt.timedelta(seconds=duration_seconds + LEASE_EXPIRY_MARGIN_SECONDS)
+
+
 def lease_loss(p: Pass, trainer: PodView) -> Loss | None:
-    """The trainer's lease expired (hung, partitioned), or it never took it after starting."""
+    """The trainer's lease expired (hung, partitioned), or it never took it after starting.
+
+    Expiry is judged as client-go's leader election judges it: the operator remembers the
+    holder and ``renewTime`` it last saw change and when, on its own clock (kept in
+    ``status.lease``, so a restarted operator keeps counting), and declares the Lease expired
+    when no change was seen for ``leaseDurationSeconds`` (+ a margin)."""
     lease = p.observed.lease
     n = p.status.incarnation
     if lease is not None and lease.holder_incarnation == n:
-        if lease.expired(p.now):
-            message = f"lease {lease.holder} not renewed since {lease.renew_time}"
+        observation = observe_lease(p.status.lease, lease, p.now)
+        p.status.lease = observation
+        if lease.duration_seconds is None:
+            return None
+        expiry = lease_expiry(observation, lease.duration_seconds)
+        if p.now >= expiry:
+            message = (
+                f"lease {lease.holder} not renewed for {lease.duration_seconds}s: its renewTime "
+                f"{observation.renew_time or '(unset)'} unchanged since the operator saw it at "
+                f"{observation.observed_at}"
+            )
             return Loss("LeaseExpired", trainer.name, LossKind.FAILURE, message)
+        p.look_again_at(expiry)
         return None
+    p.status.lease = None
     timeout = p.run.spec.recovery.lease_acquire_timeout_seconds
     if timeout and trainer.phase == "Running" and trainer.started is not None:
         deadline = trainer.started + dt.timedelta(seconds=timeout)

@@ -149,7 +149,9 @@ class LeaseView:
     """The trainer Lease: who holds it, when it was renewed, and what the trainer reported."""
 
     holder: str | None = None
-    renew_time: dt.datetime | None = None
+    renew_time: str | None = None
+    """``renewTime`` (else ``acquireTime``) as the trainer wrote it, on the trainer's clock:
+    compared for change only (see ``losses.lease_loss``), never with the operator's clock."""
     duration_seconds: int | None = None
     train_step: int | None = None
     anchor_step: int | None = None
@@ -160,23 +162,13 @@ class LeaseView:
     def holder_incarnation(self) -> int | None:
         return naming.holder_incarnation(self.holder)
 
-    def expired(self, now: dt.datetime) -> bool:
-        if self.renew_time is None or self.duration_seconds is None:
-            return False
-        return now >= self.renew_time + dt.timedelta(seconds=self.duration_seconds)
-
-    def expiry(self) -> dt.datetime | None:
-        if self.renew_time is None or self.duration_seconds is None:
-            return None
-        return self.renew_time + dt.timedelta(seconds=self.duration_seconds)
-
 
 def lease_view(lease: Mapping[str, Any]) -> LeaseView:
     spec = lease.get("spec") or {}
     notes = (lease.get("metadata") or {}).get("annotations") or {}
     return LeaseView(
         holder=spec.get("holderIdentity") or None,
-        renew_time=parse_time(spec.get("renewTime") or spec.get("acquireTime")),
+        renew_time=str(spec.get("renewTime") or spec.get("acquireTime") or "") or None,
         duration_seconds=_int(spec.get("leaseDurationSeconds")),
         train_step=_int(notes.get(naming.ANNOTATION_TRAIN_STEP)),
         anchor_step=_int(notes.get(naming.ANNOTATION_ANCHOR_STEP)),

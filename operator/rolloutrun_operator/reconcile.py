@@ -296,11 +296,7 @@ def _run_incarnation(p: Pass) -> None:
     else:
         p.say(ready=Desired(False, "StartingTrainer", f"incarnation {n}"))
     p.say(progressing=Desired(True, "Training", step), restarting=Desired(False, "Running"))
-    lease = p.observed.lease
-    expiry = lease.expiry() if lease is not None and lease.holder_incarnation == n else None
-    if expiry is not None:
-        p.look_again_at(expiry + dt.timedelta(seconds=1))
-    p.look_again(IDLE_REQUEUE_SECONDS)
+    p.look_again(IDLE_REQUEUE_SECONDS)  # the Lease's expiry: losses.lease_loss
 
 
 def _conflicting(p: Pass, missing_gyms: list[int]) -> bool:

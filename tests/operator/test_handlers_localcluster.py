@@ -438,6 +438,49 @@ def test_service_account_name_needs_the_accounts_consent(cluster, api):
     ns.core.delete_namespace(ns.name)
 
 
+@pytest.mark.parametrize("skew", [-60.0, 60.0], ids=["trainer-60s", "trainer+60s"])
+def test_a_trainer_clock_skew_is_no_loss_until_it_stops_renewing(cluster, api, skew):
+    """The trainer stamps renewTime with a clock a minute off the operator's: while it renews
+    (four lease durations) the run goes on; once it stops, the operator's own clock expires
+    the Lease after leaseDurationSeconds of no change."""
+    import datetime as dt
+    import time
+
+    from kubernetes import client as k8s
+
+    namespace = f"sk-{uuid.uuid4().hex[:6]}"
+    core: Any = k8s.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    runs: Any = k8s.CustomObjectsApi(api)
+
+    def status() -> dict[str, Any]:
+        found = runs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "sk")
+        return found.get("status") or {}
+
+    def skewed() -> dt.datetime:
+        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=skew)
+
+    with operator_thread(cluster, namespace) as operator:
+        runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rolloutrun("sk"))
+        eventually(lambda: status().get("incarnationStartTime"), what="trainer started")
+        identity = "sk-i1-trainer/1"
+        trainer = KubernetesLease(
+            "sk-trainer", namespace, identity, 1, api_client=api, duration_seconds=2, clock=skewed
+        )
+        trainer.acquire(timeout=30)
+        for _ in range(16):  # 8 s: four lease durations, renewed every 0.5 s
+            trainer.renew()
+            time.sleep(0.5)
+        seen = eventually(lambda: status().get("lease"), what="the renewal observed")
+        assert seen["holder"] == "sk-i1-trainer/1"
+        assert status()["incarnation"] == 1 and "lastFailure" not in status()
+        eventually(lambda: status().get("incarnation") == 2, timeout=30, what="expiry")
+        assert status()["lastFailure"]["reason"] == "LeaseExpired"
+        assert status()["restarts"] == 1
+    assert operator.error is None
+    core.delete_namespace(namespace)
+
+
 def free_port() -> int:
     import socket
 

@@ -94,12 +94,11 @@ def test_lease_annotations_and_expiry():
     assert view.holder_incarnation == 4
     assert (view.train_step, view.anchor_step) == (12, 10)
     assert view.latest_manifest == "gs://b/p/m.json"
-    renewed = dt.datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=dt.UTC)
-    assert not view.expired(renewed + dt.timedelta(seconds=14))
-    assert view.expired(renewed + dt.timedelta(seconds=15))
+    # the trainer's clock: kept as written, to be compared for change only
+    assert (view.renew_time, view.duration_seconds) == ("2026-01-01T12:00:00.123456Z", 15)
     unheld = lease_view({"spec": {"leaseDurationSeconds": 15}})
     assert unheld.holder is None and unheld.holder_incarnation is None
-    assert not unheld.expired(renewed) and unheld.expiry() is None
+    assert unheld.renew_time is None
     garbage = lease_view({"metadata": {"annotations": {naming.ANNOTATION_TRAIN_STEP: "-3"}}})
     assert garbage.train_step is None
 

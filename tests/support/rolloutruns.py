@@ -101,9 +101,11 @@ def observed(pods: tuple[PodView, ...] = (), **fields: Any) -> Observed:
 
 
 def lease(incarnation: int, renewed: dt.datetime, **fields: Any) -> LeaseView:
+    """The trainer Lease of ``incarnation``, its ``renewTime`` ``renewed`` (the trainer's
+    clock, written as Kubernetes writes a MicroTime)."""
     return LeaseView(
         holder=naming.holder_identity(naming.trainer_pod_name(RUN, incarnation), incarnation),
-        renew_time=renewed,
+        renew_time=renewed.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         duration_seconds=15,
         **fields,
     )

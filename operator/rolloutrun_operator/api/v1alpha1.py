@@ -376,6 +376,31 @@ class FailureRecord(_Model):
     message: str = Field("", max_length=4096, description="Details.")
 
 
+class LeaseObservation(_Model):
+    """The trainer Lease's last renewal as the operator saw it change, timed on its own clock.
+
+    Why kept in status: the Lease's ``renewTime`` is written by the trainer's clock, which
+    may be minutes off the operator's; like client-go's leader election, the operator only
+    compares it with the previous value and times the silence itself. A restarted operator
+    reads back when it first saw the current value instead of starting over.
+    """
+
+    holder: str = Field("", max_length=253, description="The Lease's holderIdentity.")
+    renew_time: str = Field(
+        "",
+        max_length=64,
+        description=(
+            "The Lease's renewTime as the trainer wrote it: compared for change only, never "
+            "with the operator's clock."
+        ),
+    )
+    observed_at: str = Field(
+        ...,
+        max_length=64,
+        description="When the operator first saw this holder and renewTime (its clock, RFC 3339).",
+    )
+
+
 class RolloutRunStatus(_Model):
     """The observed state of a RolloutRun, written by the operator once per pass."""
 
@@ -418,6 +443,13 @@ class RolloutRunStatus(_Model):
         description=(
             "Incarnations lost to failures since the last stable one (preemptions restart "
             "without backoff and do not count); the backoff's exponent."
+        ),
+    )
+    lease: LeaseObservation | None = Field(
+        None,
+        description=(
+            "The current trainer's Lease renewal as last seen changing; the Lease counts as "
+            "expired once it has not changed for leaseDurationSeconds of operator time."
         ),
     )
 

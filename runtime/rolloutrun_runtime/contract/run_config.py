@@ -49,7 +49,9 @@ EndpointUrl = Annotated[
 
 
 class _Model(BaseModel):
-    """Base for every config section: camelCase aliases, unknown fields rejected."""
+    """Base for every config section: camelCase aliases, unknown fields rejected, no NaN or
+    infinity in a float (YAML's ``.nan`` would otherwise be refused only by a bound's
+    comparison, with a message about the bound instead of the value)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -57,6 +59,7 @@ class _Model(BaseModel):
         extra="forbid",
         validate_default=True,
         frozen=False,
+        allow_inf_nan=False,
     )
 
 

@@ -23,6 +23,10 @@ APIs:
   ``/token-capture/rollouts/{rollout_id}``, ``GET /healthz``.
 
 Every error of these APIs is ``{"error": {"message", "type"?, "code"}}`` (:class:`ErrorBody`).
+
+No model accepts ``NaN`` or ``Infinity`` (``allow_inf_nan=False`` in every model's config):
+Python's JSON reader takes them, and a non-finite deadline or weight would pass every range
+check and never expire.
 """
 
 from __future__ import annotations
@@ -69,13 +73,13 @@ def token_capture_route(rollout_id: str) -> str:
 class _Request(BaseModel):
     """A request body: unknown fields and loose types are refused (the server names them)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class _Answer(BaseModel):
     """A response body: the server fills it in; readers ignore fields they do not know."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class ErrorDetail(_Answer):
@@ -159,12 +163,14 @@ class GymHealth(_Answer):
 
 # ---------------------------------------------------------- Gym: checkpoint control plane
 _CHECKPOINT_ID = r"^[A-Za-z0-9._:-]+$"
+#: The longest deadline a control call may ask for, in seconds.
+MAX_DEADLINE_S = 86_400.0
 
 
 class TrainerIdentity(BaseModel):
     """Who drives the control plane: one trainer process of one incarnation."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     id: str = Field(min_length=1, max_length=128, pattern=_CHECKPOINT_ID)
     incarnation: int = Field(ge=0)
     started_ns: int = Field(ge=0)
@@ -181,16 +187,18 @@ class TrainerIdentity(BaseModel):
 class ControlCaller(BaseModel):
     """The part of every control call the routes share: who sends it."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     trainer: TrainerIdentity | None = None
 
 
 class CheckpointCall(BaseModel):
     """``prepare`` and ``renew``; the base of the calls below."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     checkpoint_id: str = Field(min_length=1, max_length=128, pattern=_CHECKPOINT_ID)
-    deadline_ts: float = Field(gt=0)
+    #: Seconds from receipt: the Gym adds them to its own monotonic clock, so the trainer's
+    #: and the Gym's wall clocks never meet (an absolute time failed under clock skew).
+    deadline_s: float = Field(ge=0, le=MAX_DEADLINE_S)
     trainer: TrainerIdentity | None = None
 
 
@@ -219,9 +227,9 @@ class ForgetCall(CheckpointCall):
 class EndCall(BaseModel):
     """``resume`` and ``drop``: end a checkpoint (its deadline is optional)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     checkpoint_id: str = Field(min_length=1, max_length=128)
-    deadline_ts: float | None = Field(None, gt=0)
+    deadline_s: float | None = Field(None, ge=0, le=MAX_DEADLINE_S)
     trainer: TrainerIdentity | None = None
 
 
@@ -244,7 +252,8 @@ class ControlState(_Answer):
     instance_id: str
     phase: str
     checkpoint_id: str | None
-    lease_deadline: float | None
+    #: Seconds until the replica resumes on its own if no call renews it (None when idle).
+    lease_remaining_s: float | None
     trainer: TrainerIdentity | None
     copied: list[str]
     awaiting_copy: int

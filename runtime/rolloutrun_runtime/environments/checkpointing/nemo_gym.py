@@ -17,6 +17,10 @@ Every call names this trainer (an id, its incarnation and its start time): a rep
 ends at once a checkpoint that a killed predecessor left half done, instead of refusing this
 trainer's restore and snapshots until that checkpoint's lease runs out, and refuses an older
 trainer that is still calling.
+
+Deadlines: the controller names them on the trainer's wall clock (``deadline_ts``); each
+call sends what is left of it as ``deadline_s`` at the moment it is sent (:func:`as_duration`),
+never the absolute time, which a Gym whose clock runs ahead would read as already past.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from rolloutrun_runtime.contract.run_config import GymConfig
 from rolloutrun_runtime.contract.wire import (
     CONTROL_ANSWERS,
     CONTROL_CALLS,
+    MAX_DEADLINE_S,
     CommitAnswer,
     ControlState,
     RestoreAnswer,
@@ -61,6 +66,16 @@ logger = logging.getLogger(__name__)
 #: Seconds a replica may take to answer ``resume``: one that hangs must not hold a
 #: preemption snapshot past its grace (its checkpoint lease resumes it anyway).
 RESUME_TIMEOUT_S = 5.0
+
+
+def as_duration(body: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """``body`` with its ``deadline_ts`` (this trainer's wall clock, as the controller
+    spells every deadline) sent as ``deadline_s``, the seconds left at ``now``: the Gym times
+    it on its own clock from receipt, so a skew between the pods' clocks costs nothing."""
+    out = {key: value for key, value in body.items() if key != "deadline_ts"}
+    if body.get("deadline_ts") is not None:
+        out["deadline_s"] = round(max(float(body["deadline_ts"]) - now, 0.0), 3)
+    return out
 
 
 def _episode_of(record: Mapping[str, Any], instance: str) -> EnvironmentEpisode:
@@ -193,15 +208,16 @@ class GymEnvironmentCheckpoint:
             self._session = aiohttp.ClientSession()
         url = f"{self.endpoints[instance].rstrip('/')}{control_route(route)}"
         try:
-            call = CONTROL_CALLS[route].model_validate({**body, "trainer": self.trainer})
+            call = CONTROL_CALLS[route].model_validate(
+                {**as_duration(body, time.time()), "trainer": self.trainer}
+            )
         except ValidationError as error:
             raise EnvironmentCheckpointError(f"Gym {instance} {route}: {error}") from error
         timeout = self._timeout
-        deadline_ts = call.deadline_ts
-        if isinstance(deadline_ts, int | float) and self._timeout.total is not None:
+        if call.deadline_s is not None and self._timeout.total is not None:
             # A replica that hangs must not hold the phase past its deadline (a preemption
             # snapshot has only its grace period); a second more lets the replica say why.
-            left = max(deadline_ts - time.time(), 0.0) + 1.0
+            left = call.deadline_s + 1.0
             timeout = aiohttp.ClientTimeout(total=min(self._timeout.total, left))
         try:
             async with self._session.post(
@@ -326,7 +342,7 @@ class GymEnvironmentCheckpoint:
                 f"have (it has {sorted(self.endpoints)}); a restored episode must return to "
                 "its owner"
             )
-        envelope = self._restore_envelope_bytes(checkpoint_id, deadline_ts)
+        envelope = self._restore_envelope_bytes(checkpoint_id)
         try:
             plans = {
                 instance: plan_chunks(
@@ -374,9 +390,12 @@ class GymEnvironmentCheckpoint:
                 )
         return EpisodeRestoreOutcome(restored=tuple(sorted(restored)), refused=tuple(refused))
 
-    def _restore_envelope_bytes(self, checkpoint_id: str, deadline_ts: float) -> int:
-        """Bytes of a restore body without its records (the largest chunk number)."""
-        body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline_ts, "records": []}
+    def _restore_envelope_bytes(self, checkpoint_id: str) -> int:
+        """Bytes of a restore body without its records (the largest chunk number, and the
+        widest deadline the wire allows: ``_post`` turns ``deadline_ts`` into a duration at
+        send time, so the envelope is measured with the longest one it can carry)."""
+        widest = MAX_DEADLINE_S - 0.001
+        body = {"checkpoint_id": checkpoint_id, "deadline_s": widest, "records": []}
         call = CONTROL_CALLS["restore"].model_validate(
             {**body, "chunk": 1_000_000, "trainer": self.trainer}
         )

@@ -3,8 +3,9 @@
 Why in the Gym: a multi-turn episode's state (the ``reach_target`` counter, the transcript so
 far) lives in the Gym replica between turns, so only the Gym can freeze it at a consistent
 point and continue it after a restart. The trainer drives it over bearer-token routes under
-``/ng-control/v1/checkpoint/``; every call carries a ``checkpoint_id`` and an absolute
-``deadline_ts``, and prepare, commit and restore are idempotent for the same id.
+``/ng-control/v1/checkpoint/``; every call carries a ``checkpoint_id`` and ``deadline_s``
+(seconds from receipt on the replica's monotonic clock: the pods' wall clocks may disagree),
+and prepare, commit and restore are idempotent for the same id.
 
 Phases: ``idle → preparing → prepared → committed``, ``idle → restored``; ``resume`` returns
 any phase to ``idle``; ``drop`` returns ``restored`` to ``idle`` undoing the restore.
@@ -39,8 +40,8 @@ any phase to ``idle``; ``drop`` returns ``restored`` to ``idle`` undoing the res
 * **retire** refuses an attempt and all earlier ones of its rollout (they stop at their next
   boundary) until **forget** drops the rollout, and forgets their episodes that no ``/run``
   drives (finished, ended, or restored and never claimed), so no later copy includes them.
-* **lease**: each call extends the lease to ``deadline_ts + grace``; if the trainer stops
-  calling, a watchdog resumes the Gym on its own, so a vanished trainer never wedges it.
+* **lease**: each call extends the lease to receipt + ``deadline_s`` + grace; if the trainer
+  stops calling, a watchdog resumes the Gym on its own, so a vanished trainer never wedges it.
 * **trainer identity**: each call may name its trainer (``trainer``: an id, the
   incarnation and the process start time). The first call of a newer trainer ends whatever
   checkpoint an older one left open (it was killed mid-snapshot: its replacement must not
@@ -136,7 +137,7 @@ class GymCheckpointControl:
         token: str | None = None,
         *,
         grace_s: float | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         watchdog_interval_s: float = 0.5,
     ) -> None:
         self.server = server
@@ -275,8 +276,16 @@ class GymCheckpointControl:
             logger.info("gym %s: driven by trainer %s", self.server.instance_id, trainer.describe())
         self.trainer = trainer
 
-    def _extend_lease(self, deadline_ts: float) -> None:
-        self.lease_deadline = deadline_ts + self.grace_s
+    def _deadline(self, deadline_s: float) -> float:
+        """The call's deadline on this replica's clock: ``deadline_s`` from now (its receipt)."""
+        return self.clock() + deadline_s
+
+    def _extend_lease(self, deadline: float) -> None:
+        self.lease_deadline = deadline + self.grace_s
+
+    def _lease_remaining(self) -> float | None:
+        left = None if self.lease_deadline is None else self.lease_deadline - self.clock()
+        return None if left is None else round(max(left, 0.0), 3)
 
     def _check_id(self, checkpoint_id: str, *, allowed: set[ControlPhase]) -> bool:
         """Whether this call repeats the current id (idempotent); refuse conflicts."""
@@ -298,7 +307,7 @@ class GymCheckpointControl:
             "instance_id": self.server.instance_id,
             "phase": self.phase.value,
             "checkpoint_id": self.checkpoint_id,
-            "lease_deadline": self.lease_deadline,
+            "lease_remaining_s": self._lease_remaining(),
             "trainer": self.trainer,
             "copied": sorted(e.row_key for e in self.copies),
             "awaiting_copy": len(self._awaiting),
@@ -328,9 +337,10 @@ class GymCheckpointControl:
                 call.checkpoint_id,
                 len(self._awaiting),
             )
-        self._extend_lease(call.deadline_ts)
+        deadline = self._deadline(call.deadline_s)
+        self._extend_lease(deadline)
         while self._awaiting and self.checkpoint_id == call.checkpoint_id:
-            remaining = call.deadline_ts - self.clock()
+            remaining = deadline - self.clock()
             if remaining <= 0:
                 raise ControlError(
                     503,
@@ -353,7 +363,7 @@ class GymCheckpointControl:
         call = CheckpointCall.model_validate(body)
         if self.phase is ControlPhase.IDLE or self.checkpoint_id != call.checkpoint_id:
             raise ControlError(409, f"checkpoint {call.checkpoint_id} is not in progress")
-        self._extend_lease(call.deadline_ts)
+        self._extend_lease(self._deadline(call.deadline_s))
         return self._answer()
 
     async def _commit(self, body: dict[str, Any]) -> CommitAnswer:
@@ -363,7 +373,7 @@ class GymCheckpointControl:
         )
         if not repeat:
             raise ControlError(409, f"checkpoint {call.checkpoint_id} was not prepared")
-        self._extend_lease(call.deadline_ts)
+        self._extend_lease(self._deadline(call.deadline_s))
         if self._commit_result is not None:  # the window is closed: the same answer again
             return self._commit_result
         self.phase = ControlPhase.COMMITTED  # closes the copy window
@@ -452,7 +462,7 @@ class GymCheckpointControl:
                 f"restore {call.checkpoint_id}: chunk {call.chunk} arrived but the restore is "
                 "not open (chunk 0 opens it; a dropped restore's later chunks are refused)",
             )
-        self._extend_lease(call.deadline_ts)
+        self._extend_lease(self._deadline(call.deadline_s))
         if repeat and call.chunk in self._restore_results:
             return self._restore_results[call.chunk]
         self.phase, self.checkpoint_id = ControlPhase.RESTORED, call.checkpoint_id
@@ -507,7 +517,7 @@ class GymCheckpointControl:
     async def _retire(self, body: dict[str, Any]) -> RetireAnswer:
         call = RetireCall.model_validate(body)
         if self.phase is not ControlPhase.IDLE:
-            self._extend_lease(call.deadline_ts)
+            self._extend_lease(self._deadline(call.deadline_s))
         forgotten = 0
         for key in call.episodes:
             episode_id = EpisodeId.from_row_key(key)

@@ -249,7 +249,7 @@ async def test_commit_lists_requested_episodes_without_a_copy(rig: Rig) -> None:
     snapshot = await client.commit("ck1", deadline(), [EnvironmentEpisode("r0", 0, "gym-0"), ghost])
     assert [e.rollout_id for e in snapshot.episodes()] == ["r0"]
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    body = {"checkpoint_id": "ck1", "deadline_ts": deadline(), "episodes": ["r0", "ghost"]}
+    body = {"checkpoint_id": "ck1", "deadline_s": 5.0, "episodes": ["r0", "ghost"]}
     async with rig.session.post(url + ROUTE_PREFIX + "/commit", json=body, headers=headers) as r:
         answer = await r.json()
     assert r.status == 200 and [x["episode_id"]["rollout_id"] for x in answer["records"]] == ["r0"]
@@ -312,7 +312,7 @@ async def test_malformed_control_request_names_the_field(rig: Rig) -> None:
         url + ROUTE_PREFIX + "/prepare", json={"checkpoint_id": "x"}, headers=headers
     ) as response:
         assert response.status == 400
-        assert "deadline_ts" in (await response.json())["error"]["message"]
+        assert "deadline_s" in (await response.json())["error"]["message"]
 
 
 async def test_lease_expiry_resumes_the_gym_on_its_own(rig: Rig) -> None:

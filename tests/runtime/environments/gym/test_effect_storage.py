@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -163,7 +162,7 @@ async def test_a_replacement_pods_control_plane_refuses_to_restore_an_older_reco
     runner, url = await serve(server)
     try:
         async with aiohttp.ClientSession() as session:
-            body = {"checkpoint_id": "ck1", "deadline_ts": time.time() + 30, "records": [snapshot]}
+            body = {"checkpoint_id": "ck1", "deadline_s": 30.0, "records": [snapshot]}
             headers = {"Authorization": "Bearer t0ken"}
             route = f"{url}{ROUTE_PREFIX}/restore"
             async with session.post(route, json=body, headers=headers) as response:
@@ -475,7 +474,7 @@ async def test_a_restore_is_refused_when_another_replica_applied_past_the_record
     runner, url = await serve(owner)
     try:
         async with aiohttp.ClientSession() as session:
-            body = {"checkpoint_id": "ck1", "deadline_ts": time.time() + 30, "records": [snapshot]}
+            body = {"checkpoint_id": "ck1", "deadline_s": 30.0, "records": [snapshot]}
             headers = {"Authorization": "Bearer t0ken"}
             async with session.post(
                 f"{url}{ROUTE_PREFIX}/restore", json=body, headers=headers
