@@ -143,8 +143,9 @@ def main(args: argparse.Namespace) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_handler = route_logs(log_dir, args.verbose)
     gyms: list[GymProcess] = []
-    # The Gym checkpoint-control token: new per launch, shared by the Gym replicas (children,
-    # through their environment) and the trainer (this process).
+    # The run's data-plane token (Gym /run, control plane, generation): new per launch,
+    # shared by the Gym replicas (children, through their environment) and the trainer (this
+    # process).
     os.environ[ENV_GYM_TOKEN] = secrets.token_hex(16)
     try:
         for index in range(cfg.gym.replicas):
