@@ -20,11 +20,12 @@ from tests.support.gcs_emulator import FakeGcs
 from tests.support.storage_params import BUCKET
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def data_plane_token() -> Iterator[str]:
     """Every test runs as a run whose data-plane token is ``tests.support.data_plane.TOKEN``:
-    Gym and generation servers refuse to start without one, and clients send it. Its own
-    patch, not the test's ``monkeypatch`` (a test's ``monkeypatch.undo()`` keeps it)."""
+    Gym and generation servers refuse to start without one, and clients send it. For the
+    session (module fixtures start servers too), with its own patch, not a test's
+    ``monkeypatch`` (whose ``undo()`` keeps it)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(ENV_GYM_TOKEN, TOKEN)
         yield TOKEN

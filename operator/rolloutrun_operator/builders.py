@@ -9,6 +9,10 @@ non-root with a read-only root filesystem, no privilege escalation and no capabi
 Endpoints without cluster DNS: the Gym pods start first; once their pod IPs are known the
 trainer's RunConfig is rendered with ``gym.endpoints`` filled in, and the trainer tells each
 Gym its own generation URL (``POD_IP`` + ``ROLLOUTRUN_GENERATION_PORT``) in every ``/run``.
+
+Network: two NetworkPolicies per run admit, on the Gym port, only the run's trainer and, on
+the generation port, only its Gyms and trainer (plus ``spec.network.metricsFrom``). They
+select by the run's labels; the bearer token each server checks is what authenticates.
 """
 
 from __future__ import annotations
