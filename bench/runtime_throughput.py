@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import secrets
 import statistics
 import sys
 import tempfile
@@ -30,8 +32,10 @@ from typing import Any
 
 import aiohttp
 
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
 from rolloutrun_runtime.contract.run_config import RunConfig, load_run_config
 from rolloutrun_runtime.launcher import start_gym, stop_process
+from rolloutrun_runtime.policy.http import bearer_headers
 from rolloutrun_runtime.policy.model import build_model
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 from rolloutrun_runtime.tasks import make_problem
@@ -64,7 +68,10 @@ async def generation_baseline(cfg: RunConfig, calls: int) -> float:
             tokens += len((await response.json())["token_ids"])
 
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            headers=bearer_headers(os.environ[ENV_GYM_TOKEN]),
+        ) as session:
             await asyncio.gather(*(one(session, i) for i in range(min(64, calls))))  # warm-up
             tokens = 0
             started = time.perf_counter()
@@ -99,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config_file = Path(args.config)
     cfg = load_run_config(config_file)
+    # The run's data-plane token, as `rolloutrun launch` sets it: the workers, the Gym
+    # replicas (children) and the trainer share it.
+    os.environ.setdefault(ENV_GYM_TOKEN, secrets.token_hex(16))
     with tempfile.TemporaryDirectory(prefix="rolloutrun-bench-") as tmp:
         log_dir = Path(tmp)
         grpo = cfg.grpo.model_copy(update={"max_steps": args.steps})

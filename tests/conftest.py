@@ -1,6 +1,7 @@
 """Shared fixtures: one real fake-gcs-server per session; a fresh storage per test on each backend.
 
 The storage contract suite and the snapshot-manifest tests both run on file:// and gs://.
+Every test runs with the run's data-plane token set (see ``tests.support.data_plane``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,22 @@ from typing import Any
 
 import pytest
 
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
 from rolloutrun_runtime.storage import CheckpointStorage, open_storage
+from tests.support.data_plane import TOKEN
 from tests.support.gcs_emulator import FakeGcs
 from tests.support.storage_params import BUCKET
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_plane_token() -> Iterator[str]:
+    """Every test runs as a run whose data-plane token is ``tests.support.data_plane.TOKEN``:
+    Gym and generation servers refuse to start without one, and clients send it. For the
+    session (module fixtures start servers too), with its own patch, not a test's
+    ``monkeypatch`` (whose ``undo()`` keeps it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ENV_GYM_TOKEN, TOKEN)
+        yield TOKEN
 
 
 @pytest.fixture(scope="session")

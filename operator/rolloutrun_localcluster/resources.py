@@ -78,6 +78,16 @@ BUILTINS: tuple[ResourceType, ...] = (
     ResourceType(
         "rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, "rolebinding"
     ),
+    # Stored, not enforced: pods of the local cluster share the host's network (issue 13).
+    ResourceType(
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "NetworkPolicy",
+        True,
+        "networkpolicy",
+        ("netpol",),
+    ),
     ResourceType(
         "apiextensions.k8s.io",
         "v1",

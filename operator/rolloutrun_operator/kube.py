@@ -61,6 +61,7 @@ RESOURCES: dict[str, Resource] = {
     "Lease": Resource("coordination.k8s.io", "v1", "leases"),
     "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "NetworkPolicy": Resource("networking.k8s.io", "v1", "networkpolicies"),
     "RolloutRun": Resource(GROUP, VERSION, PLURAL),
 }
 
@@ -82,6 +83,7 @@ PERMISSIONS: list[tuple[str, str, tuple[str, ...]]] = [
     ("coordination.k8s.io", "leases", ("get", "list", "watch", "create", "update", "patch")),
     ("rbac.authorization.k8s.io", "roles", ("get", "create")),
     ("rbac.authorization.k8s.io", "rolebindings", ("get", "create")),
+    ("networking.k8s.io", "networkpolicies", ("get", "create")),
 ]
 
 

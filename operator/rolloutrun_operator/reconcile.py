@@ -184,14 +184,16 @@ def _start_next(p: Pass, after: str) -> None:
 def static_children(run: RolloutRun, token: str) -> list[builders.Manifest]:
     """The children that live as long as the run, in creation order (the members' RBAC
     first: the ServiceAccount unless the spec names its own, the Lease Role and its binding
-    to the account the pods run as; then the token Secret, the Lease, the Services). The one
-    list of them: :func:`static_child_refs` (what the actuator fetches) is read off it, so
-    what is observed and what is created cannot disagree."""
+    to the account the pods run as; then the token Secret, the Lease, the Services, the
+    NetworkPolicies). The one list of them: :func:`static_child_refs` (what the actuator
+    fetches) is read off it, so what is observed and what is created cannot disagree."""
     wanted = [
         builders.gym_token_secret(run, token),
         builders.trainer_lease(run),
         builders.trainer_service(run),
         builders.gym_service(run),
+        builders.gym_network_policy(run),
+        builders.generation_network_policy(run),
     ]
     wanted[:0] = [builders.member_role(run), builders.member_role_binding(run)]
     if run.spec.service_account_name is None:

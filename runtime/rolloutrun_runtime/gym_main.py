@@ -120,7 +120,7 @@ async def _serve(
     from rolloutrun_runtime.policy.http import serve_app
 
     logger = logging.getLogger(__name__)
-    server = GymServer(instance_id, cfg, effects=effects)
+    server = GymServer(instance_id, cfg, effects=effects, token=token)
     control = GymCheckpointControl(server, token)  # None: the control plane is disabled
     server.continue_restored = control.claim_restored
     runner, url = await serve_app(server.app, host, port, cancel_on_disconnect=True)

@@ -152,9 +152,9 @@ def main(args: argparse.Namespace) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_handler = route_logs(log_dir, args.verbose)
     gyms: list[GymProcess] = []
-    # The Gym checkpoint-control token: new per launch, handed to the Gym replicas (in their
-    # environment only) and to the trainer (this process, as an argument): never in this
-    # process's environment, which every child it starts would inherit.
+    # The run's token (Gym /run and control plane, generation): new per launch, handed to
+    # the Gym replicas (in their environment only) and to the trainer (this process, as an
+    # argument): never in this process's environment, which every child would inherit.
     os.environ.pop(ENV_GYM_TOKEN, None)
     gym_token = secrets.token_hex(16)
     try:

@@ -143,8 +143,9 @@ async def run_trainer(
     manifest) is committed and raises to refuse it; ``hooks.on_anchor`` gets each committed
     ``step_<N>``, ``hooks.on_published`` each published snapshot manifest, ``hooks.on_step``
     each step's record (after the trainer wrote it to the metrics log). ``gym_token`` is
-    the Gym control token the entry point took from its environment (``take_gym_token``);
-    None reads ``ENV_GYM_TOKEN`` (an in-process caller that set it).
+    the run's token (Gym control plane and data plane, generation server) the entry point
+    took from its environment (``take_gym_token``); None reads ``ENV_GYM_TOKEN`` (an
+    in-process caller that set it).
     """
     import torch
 
@@ -173,8 +174,9 @@ async def run_trainer(
         on_anchor=hooks.on_anchor,
     )
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
+    gym_token = _run_token(gym_token)
     host, port = generation_address()
-    workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port)
+    workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port, token=gym_token)
     await workers.start()
     environment = await _environment_checkpoint(cfg, gym_token)
     resumed_from = None
@@ -191,6 +193,7 @@ async def run_trainer(
             manifests=ManifestStore(checkpointer.storage, cfg.name),
             environment=environment,
             hooks=hooks,
+            gym_token=gym_token,
         )
         resumed_from = await _restore(controller, trace)
         # Start-up left ~190k long-lived objects (torch, the model, the restore); a full
@@ -298,6 +301,13 @@ class _PodHooks:
         return None
 
 
+def _run_token(gym_token: str | None) -> str | None:
+    """The run's token: the one the entry point took, else ``ENV_GYM_TOKEN`` (in-process)."""
+    from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
+
+    return gym_token if gym_token is not None else os.environ.get(ENV_GYM_TOKEN)
+
+
 async def _environment_checkpoint(cfg: RunConfig, gym_token: str | None = None) -> Any:
     """The environment's checkpoint participant, keyed by each Gym replica's instance id.
 
@@ -305,7 +315,7 @@ async def _environment_checkpoint(cfg: RunConfig, gym_token: str | None = None) 
     id each replica reports (``gym-<i>`` from the launcher, ``<run>-gym-<k>`` in pods), so
     the ids come from the replicas' ``/healthz``, never from their order.
     """
-    from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN, ENV_INCARNATION
+    from rolloutrun_runtime.contract.pod import ENV_INCARNATION
     from rolloutrun_runtime.contract.run_config import TargetLevel
     from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint
 
@@ -315,7 +325,7 @@ async def _environment_checkpoint(cfg: RunConfig, gym_token: str | None = None) 
     return build_environment_checkpoint(
         cfg,
         endpoints,
-        gym_token if gym_token is not None else os.environ.get(ENV_GYM_TOKEN),
+        _run_token(gym_token),
         incarnation=int(os.environ.get(ENV_INCARNATION, "0") or 0),
     )
 

@@ -23,6 +23,8 @@ def everything(run):
         builders.gym_token_secret(run, "secret-token"),
         builders.trainer_service(run),
         builders.gym_service(run),
+        builders.gym_network_policy(run),
+        builders.generation_network_policy(run),
         builders.config_map(run, data, 3),
         builders.trainer_pod(run, 3),
         builders.gym_pod(run, 3, 0),

@@ -138,6 +138,11 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
         leases: Any = k8s.CoordinationV1Api(api)
         lease_obj = leases.read_namespaced_lease("demo-trainer", namespace)
         assert lease_obj.metadata.owner_references[0].name == "demo"
+        policies: Any = k8s.NetworkingV1Api(api)
+        for name, port in (("demo-gym-ingress", 8000), ("demo-generation-ingress", 8100)):
+            policy = policies.read_namespaced_network_policy(name, namespace)
+            assert policy.metadata.owner_references[0].name == "demo"
+            assert policy.spec.ingress[0].ports[0].port == port
         argv = Path(cluster.pod_dir(namespace, "demo-i1-gym-1") or "") / "argv"
         eventually(argv.exists, what="the gym stand-in started")
         assert argv.read_text().split() == [

@@ -52,6 +52,8 @@ def test_a_new_run_creates_its_static_children_config_and_gym_pods_first():
             "create Lease/demo-trainer",
             "create Service/demo-trainer",
             "create Service/demo-gym",
+            "create NetworkPolicy/demo-gym-ingress",
+            "create NetworkPolicy/demo-generation-ingress",
             "create ConfigMap/demo-config",
             "create Pod/demo-i1-gym-0",
             "create Pod/demo-i1-gym-1",

@@ -56,6 +56,8 @@ STATIC = frozenset(
         f"Lease/{RUN}-trainer",
         f"Service/{RUN}-trainer",
         f"Service/{RUN}-gym",
+        f"NetworkPolicy/{RUN}-gym-ingress",
+        f"NetworkPolicy/{RUN}-generation-ingress",
     }
 )
 

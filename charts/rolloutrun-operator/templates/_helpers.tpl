@@ -78,6 +78,9 @@ names exist (RBAC has no metadata-only read); `create` makes the token Secret. *
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [rolebindings]
   verbs: [get, create]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create]
 {{- if .Values.peering.enabled }}
 - apiGroups: [kopf.dev]
   resources: [clusterkopfpeerings, kopfpeerings]

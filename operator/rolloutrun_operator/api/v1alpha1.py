@@ -12,6 +12,7 @@ Every field carries a description (it becomes the CRD's documentation, shown by
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -224,6 +225,55 @@ class SecretReference(_Model):
     )
 
 
+#: A label value (empty, or up to 63 alphanumerics, ``-``, ``_``, ``.`` between alphanumerics).
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+
+class MatchLabels(_Model):
+    """A label selector of exact matches (a NetworkPolicy peer's pod or namespace selector)."""
+
+    match_labels: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Labels the selected objects carry; empty selects all.",
+        json_schema_extra={"additionalProperties": _LABEL_VALUE},
+    )
+
+    @field_validator("match_labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            if len(key) > 317 or not re.match(LABEL_KEY_PATTERN, key):
+                raise ValueError(f"matchLabels key {key!r} is not a label key")
+            if len(value) > 63 or not re.match(LABEL_VALUE_PATTERN, value):
+                raise ValueError(f"matchLabels[{key!r}] value {value!r} is not a label value")
+        return labels
+
+
+class MetricsPeer(_Model):
+    """Pods (e.g. a Prometheus) let through the run's NetworkPolicies to its member pods."""
+
+    pod_selector: MatchLabels = Field(
+        default_factory=MatchLabels, description="The pods; empty: all pods of the namespaces."
+    )
+    namespace_selector: MatchLabels | None = Field(
+        None, description="Their namespaces; default: the run's own namespace."
+    )
+
+
+class NetworkSpec(_Model):
+    """Who may reach the member pods besides the run itself (its NetworkPolicies)."""
+
+    metrics_from: list[MetricsPeer] = Field(
+        default_factory=list,
+        max_length=16,
+        description=(
+            "Peers that may reach the Gym and generation ports (where only /healthz answers "
+            "without the run's token); the run's trainer and Gyms are always allowed."
+        ),
+    )
+
+
 class StorageSpec(_Model):
     """Where checkpoints and rollout snapshots are kept."""
 
@@ -336,6 +386,10 @@ class RolloutRunSpec(_Model):
     suspend: bool = Field(
         False,
         description="Stop the run with a forced snapshot; set false again to resume from it.",
+    )
+    network: NetworkSpec = Field(
+        default_factory=NetworkSpec,
+        description="Ingress to the member pods beyond the run's own (NetworkPolicies).",
     )
 
 

@@ -13,6 +13,11 @@ connect timeout, the replica closing the connection, 502/503/504 that the Gym di
 is *infrastructure*: a lost member is not a sample, so the attempt backs off and stays
 pending, and only an endpoint unreachable for longer than ``rollout.gymUnreachableSeconds``
 stops the trainer (``GymOutageError``), for the operator to restart it from a snapshot.
+
+Every call carries the run's bearer token, and before a replica's first ``/run`` naming a
+generation address the client announces that address (``POST /policy``): a Gym calls no
+address the trainer did not announce. A replica that restarted has forgotten it and answers
+403 ``policy_not_announced``; the client announces again and retries that call once.
 """
 
 from __future__ import annotations
@@ -29,9 +34,17 @@ import aiohttp
 import numpy as np
 from pydantic import ValidationError
 
-from rolloutrun_runtime.contract.wire import GYM_RUN_ROUTE, HEALTHZ_ROUTE, RunRequest
+from rolloutrun_runtime.contract.wire import (
+    GYM_POLICY_ROUTE,
+    GYM_RUN_ROUTE,
+    HEALTHZ_ROUTE,
+    POLICY_NOT_ANNOUNCED,
+    PolicyAnnouncement,
+    RunRequest,
+)
 from rolloutrun_runtime.experience.rollout_recovery import EnvironmentEpisode, PromptRef
 from rolloutrun_runtime.metrics import OverheadClock
+from rolloutrun_runtime.policy.http import bearer_headers, data_plane_token
 
 
 class GymError(RuntimeError):
@@ -98,6 +111,17 @@ def is_unreachable_status(status: int, body: bytes) -> bool:
     except ValueError:
         return True
     return not (isinstance(document, dict) and isinstance(document.get("error"), dict))
+
+
+def is_not_announced(status: int, body: bytes) -> bool:
+    """Whether a ``/run`` was refused because its ``policy_url`` was not announced."""
+    if status != 403:
+        return False
+    try:
+        document = json.loads(body)
+        return bool(document["error"]["type"] == POLICY_NOT_ANNOUNCED)
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def backoff_delay(tries: int, unit: float) -> float:
@@ -242,7 +266,10 @@ class GymClient:
         max_seq_len: int,
         overhead: OverheadClock,
         unreachable_budget_s: float = 120.0,
+        token: str | None = None,
     ) -> None:
+        """``token``: the run's bearer token (default: ``ENV_GYM_TOKEN``; required)."""
+        self.token = data_plane_token(token, "the trainer's Gym client")
         if not endpoints:
             raise GymUnavailableError("no Gym endpoints: set gym.endpoints or start Gym replicas")
         self.replicas = [GymReplica(url.rstrip("/"), f"gym-{i}") for i, url in enumerate(endpoints)]
@@ -256,6 +283,8 @@ class GymClient:
         # Its own generator: the global ``random`` state is training state (checkpointed with
         # the trainer), and a backoff must never move it.
         self._jitter = random.Random()
+        #: Generation addresses announced to each replica (by replica URL).
+        self._announced: dict[str, set[str]] = {}
 
     def backoff(self, tries: int) -> float:
         """The delay before the next try of an attempt that found its endpoint unreachable."""
@@ -267,7 +296,9 @@ class GymClient:
             total=self.timeout_s, sock_connect=min(self.timeout_s, CONNECT_TIMEOUT_S)
         )
         self._session = aiohttp.ClientSession(
-            timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+            timeout=timeout,
+            connector=aiohttp.TCPConnector(limit=0),
+            headers=bearer_headers(self.token),
         )
         for replica in self.replicas:
             try:
@@ -311,20 +342,12 @@ class GymClient:
         if self._session is None:
             raise GymUnavailableError("the Gym client is not open")
         body = run_request_body(episode, prompt_id, policy_url, sampling)
-        started = time.perf_counter()
-        try:
-            async with self._session.post(f"{replica.url}{GYM_RUN_ROUTE}", json=body) as response:
-                raw = await response.read()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            if is_unreachable(error):
-                raise GymUnreachableError(
-                    replica.url, f"{type(error).__name__}: {error}"
-                ) from error
-            self.outages.answered(replica.url)
-            raise GymCallError(f"{replica.url}/run: {error!r}") from error
-        finally:
-            self.env_seconds += time.perf_counter() - started
+        await self._announce(replica, policy_url)
+        status, raw = await self._post(replica, GYM_RUN_ROUTE, body)
+        if is_not_announced(status, raw):  # a restarted replica forgot the announcement
+            self._announced.pop(replica.url, None)
+            await self._announce(replica, policy_url)
+            status, raw = await self._post(replica, GYM_RUN_ROUTE, body)
         with self.overhead:
             if is_unreachable_status(status, raw):
                 raise GymUnreachableError(replica.url, f"answered {status}: {raw[:300]!r}")
@@ -336,3 +359,39 @@ class GymClient:
             except ValueError as error:
                 raise GymCallError(f"{replica.url}/run returned invalid JSON") from error
             return segments_to_row(result, self.max_seq_len)
+
+    async def _announce(self, replica: GymReplica, policy_url: str) -> None:
+        """Tell ``replica`` that ``/run`` may name ``policy_url`` (once per replica and URL)."""
+        known = self._announced.setdefault(replica.url, set())
+        if policy_url in known:
+            return
+        try:
+            body = PolicyAnnouncement(policy_urls=[policy_url]).model_dump(mode="json")
+        except ValidationError as error:
+            raise GymCallError(f"invalid {GYM_POLICY_ROUTE} request: {error}") from error
+        status, raw = await self._post(replica, GYM_POLICY_ROUTE, body)
+        if is_unreachable_status(status, raw):
+            raise GymUnreachableError(replica.url, f"answered {status}: {raw[:300]!r}")
+        if status >= 400:
+            raise GymCallError(f"{replica.url}{GYM_POLICY_ROUTE} answered {status}: {raw[:300]!r}")
+        known.add(policy_url)
+
+    async def _post(
+        self, replica: GymReplica, route: str, body: dict[str, Any]
+    ) -> tuple[int, bytes]:
+        """POST ``body`` to ``replica``: its status and raw answer, or the unreachable error."""
+        if self._session is None:
+            raise GymUnavailableError("the Gym client is not open")
+        started = time.perf_counter()
+        try:
+            async with self._session.post(f"{replica.url}{route}", json=body) as response:
+                return response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            if is_unreachable(error):
+                raise GymUnreachableError(
+                    replica.url, f"{type(error).__name__}: {error}"
+                ) from error
+            self.outages.answered(replica.url)
+            raise GymCallError(f"{replica.url}{route}: {error!r}") from error
+        finally:
+            self.env_seconds += time.perf_counter() - started

@@ -14,13 +14,16 @@ the dicts these models replace (deterministic runs compare weights bit for bit).
 APIs:
 
 - a Gym replica: ``POST /run`` (:class:`RunRequest` → :class:`RunResult`),
-  ``GET /episodes/{rollout_id}`` (:class:`EpisodesAnswer`), ``GET /healthz``
-  (:class:`GymHealth`);
+  ``GET /episodes/{rollout_id}`` (:class:`EpisodesAnswer`), ``POST /policy``
+  (:class:`PolicyAnnouncement`), ``GET /healthz`` (:class:`GymHealth`);
 - a Gym's checkpoint control plane, bearer-token routes under :data:`CONTROL_ROUTE_PREFIX`
   (:class:`CheckpointCall` and its kin → :class:`ControlState` and its kin);
 - the policy's generation service: ``POST /v1/completions`` (:class:`CompletionRequest` →
   :class:`CompletionResult`), ``GET /v1/weight_version``, the token capture under
   ``/token-capture/rollouts/{rollout_id}``, ``GET /healthz``.
+
+Every route but ``/healthz`` needs the run's bearer token (``Authorization: Bearer``, the
+Gym token of ``contract.pod.ENV_GYM_TOKEN``); a call without it is answered 401.
 
 Every error of these APIs is ``{"error": {"message", "type"?, "code"}}`` (:class:`ErrorBody`).
 
@@ -31,7 +34,7 @@ check and never expire.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +42,13 @@ from pydantic import BaseModel, ConfigDict, Field
 HEALTHZ_ROUTE = "/healthz"
 GYM_RUN_ROUTE = "/run"
 GYM_EPISODES_ROUTE = "/episodes/{rollout_id}"
+#: The trainer announces the generation addresses a ``/run`` may name (:class:`PolicyAnnouncement`).
+GYM_POLICY_ROUTE = "/policy"
+#: The ``error.type`` of a ``/run`` whose ``policy_url`` was not announced (the client
+#: announces again and retries once: a restarted Gym forgot the announcement).
+POLICY_NOT_ANNOUNCED = "policy_not_announced"
+#: The ``error.type`` of a data-plane call without the run's bearer token.
+UNAUTHORIZED = "unauthorized"
 CONTROL_ROUTE_PREFIX = "/ng-control/v1/checkpoint"
 #: The control plane's routes: name → method (the path is ``control_route(name)``).
 CONTROL_ROUTES = {
@@ -111,14 +121,32 @@ class SamplingParams(_Request):
     weight_version: int | None = Field(None, ge=0)
 
 
+#: A generation service's base URL, as a ``/run`` names it.
+PolicyUrl = Annotated[str, Field(min_length=8, max_length=2048, pattern=r"^https?://\S+$")]
+#: The most generation addresses a Gym replica keeps from announcements (oldest go first).
+MAX_ANNOUNCED_POLICIES = 64
+
+
 class RunRequest(_Request):
     """The JSON body of ``POST /run``."""
 
     episode_id: EpisodeRef
     prompt_id: int = Field(ge=0)
-    policy_url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://\S+$")
+    policy_url: PolicyUrl
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     task: str | None = Field(None, max_length=64, description="If given, must be this server's.")
+
+
+class PolicyAnnouncement(_Request):
+    """The body of ``POST /policy``: generation addresses a later ``/run`` may name."""
+
+    policy_urls: list[PolicyUrl] = Field(min_length=1, max_length=MAX_ANNOUNCED_POLICIES)
+
+
+class PolicyAnnounced(_Answer):
+    """The answer of ``POST /policy``: every address this replica now accepts."""
+
+    policy_urls: list[str]
 
 
 class RunSegment(_Answer):

@@ -14,6 +14,9 @@ Routes:
   calls, and their release;
 - ``GET /healthz``.
 
+Every route but ``/healthz`` needs the run's bearer token (401 without it); the app
+refuses to be built without one (see :func:`rolloutrun_runtime.policy.http.data_plane_token`).
+
 Every body is a model of :mod:`rolloutrun_runtime.contract.wire`, which the Gym's policy
 client builds its requests from. Bad input gets a 4xx whose ``error.message`` names the
 problem; a pinned version the engine does not hold gets 409.
@@ -51,6 +54,8 @@ from rolloutrun_runtime.policy.engine import (
 from rolloutrun_runtime.policy.http import (
     GenerationRequest,
     GenerationResult,
+    authenticated,
+    data_plane_token,
     json_error,
     serve_app,
 )
@@ -169,14 +174,21 @@ async def _healthz(request: web.Request) -> web.Response:
     )
 
 
-def build_generation_app(engine: GenerationEngine, stop_engine: bool = True) -> web.Application:
-    """The aiohttp app serving ``engine``; with ``stop_engine`` its cleanup stops the engine."""
+def build_generation_app(
+    engine: GenerationEngine, stop_engine: bool = True, *, token: str | None = None
+) -> web.Application:
+    """The aiohttp app serving ``engine``; with ``stop_engine`` its cleanup stops the engine.
+
+    ``token`` (default: the run's, from ``ENV_GYM_TOKEN``) guards every route but
+    ``/healthz``; with neither, :class:`~rolloutrun_runtime.policy.http.MissingTokenError`.
+    """
+    bearer = data_plane_token(token, "the generation server")
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
     app[ENGINE_KEY] = engine
-    app.router.add_post(COMPLETIONS_ROUTE, _completions)
-    app.router.add_get(WEIGHT_VERSION_ROUTE, _weight_version)
-    app.router.add_get(TOKEN_CAPTURE_ROUTE, _capture_get)
-    app.router.add_delete(TOKEN_CAPTURE_ROUTE, _capture_delete)
+    app.router.add_post(COMPLETIONS_ROUTE, authenticated(bearer, _completions))
+    app.router.add_get(WEIGHT_VERSION_ROUTE, authenticated(bearer, _weight_version))
+    app.router.add_get(TOKEN_CAPTURE_ROUTE, authenticated(bearer, _capture_get))
+    app.router.add_delete(TOKEN_CAPTURE_ROUTE, authenticated(bearer, _capture_delete))
     app.router.add_get(HEALTHZ_ROUTE, _healthz)
     if stop_engine:
 

@@ -1,17 +1,39 @@
-"""Torch-free pieces of the policy's HTTP interface: wire types, error bodies, serving.
+"""Torch-free pieces of the data plane's HTTP interface: wire types, errors, bearer, serving.
 
 Why separate: the Gym servers call the generation service and share its serving helper,
 but a Gym pod never runs the model, so importing these must not import torch (which costs
 seconds of start-up for every replica).
+
+Why the bearer check lives here: every server between the pods (a Gym's ``/run`` and
+``/episodes``, its checkpoint control plane, the generation service) admits a caller by
+the run's one token (``contract.pod.ENV_GYM_TOKEN``, from the run's Secret), so they share
+one constant-time check and one 401. A server given no token refuses to start: a data
+plane open to the whole cluster is never a default.
 """
 
 from __future__ import annotations
 
+import hmac
+import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from rolloutrun_runtime.contract.wire import CompletionResult, ErrorBody, ErrorDetail
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
+from rolloutrun_runtime.contract.wire import (
+    UNAUTHORIZED,
+    CompletionResult,
+    ErrorBody,
+    ErrorDetail,
+)
+
+#: An aiohttp route handler.
+RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class MissingTokenError(ValueError):
+    """A data-plane server or client was started without the run's bearer token."""
 
 
 @dataclass(frozen=True)
@@ -82,3 +104,50 @@ async def serve_app(
     bound_port = sockets[0].getsockname()[1]
     url_host = f"[{host}]" if ":" in host else host
     return runner, f"http://{url_host}:{bound_port}"
+
+
+def data_plane_token(token: str | None, what: str) -> str:
+    """``token``, else the run's token from :data:`ENV_GYM_TOKEN`; refuse when neither is set.
+
+    ``what`` names the server or client in the error (``"the Gym server"``).
+    """
+    resolved = token if token is not None else os.environ.get(ENV_GYM_TOKEN, "")
+    if not resolved:
+        raise MissingTokenError(
+            f"{what} needs the run's data-plane token: set {ENV_GYM_TOKEN} (the run's "
+            "Secret gives it to the trainer and every Gym) or pass token="
+        )
+    return resolved
+
+
+def bearer_headers(token: str) -> dict[str, str]:
+    """The header a client sends to every data-plane route."""
+    return {"Authorization": f"Bearer {token}"}
+
+
+def bearer_ok(request: web.Request, token: str) -> bool:
+    """Whether ``request`` carries ``Bearer <token>`` (constant-time comparison)."""
+    supplied = request.headers.get("Authorization", "")
+    return hmac.compare_digest(supplied.encode(), f"Bearer {token}".encode())
+
+
+def unauthorized() -> web.Response:
+    """The 401 of a call without the right bearer token (the wire's :class:`ErrorBody`)."""
+    return json_error(401, "missing or wrong bearer token", UNAUTHORIZED)
+
+
+def authenticated(token: str, handler: RouteHandler) -> RouteHandler:
+    """``handler`` behind the bearer ``token``: a caller without it gets :func:`unauthorized`."""
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        if not bearer_ok(request, token):
+            return unauthorized()
+        return await handler(request)
+
+    return route
+
+
+def bounded(text: object, limit: int = 200) -> str:
+    """``text`` as one printable line of at most ``limit`` characters (for echoing a peer)."""
+    line = "".join(c if c.isprintable() else " " for c in str(text))
+    return line if len(line) <= limit else line[: limit - 1] + "…"

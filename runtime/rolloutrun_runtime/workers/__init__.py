@@ -49,20 +49,22 @@ def build_workers(
     version: int,
     host: str = "127.0.0.1",
     port: int = 0,
+    token: str | None = None,
 ) -> PolicyWorkers:
     """The backend ``cfg.workers.backend`` names, serving ``state_dict`` as ``version``.
 
     ``host``/``port``: where the generation servers listen (in a pod: ``$POD_IP`` and the
     generation port, for the first server; the others take free ports). Ray workers that
-    join a cluster (``workers.rayAddress``) listen on every interface instead."""
+    join a cluster (``workers.rayAddress``) listen on every interface instead. ``token``:
+    the run's data-plane token the servers require (None: ``ENV_GYM_TOKEN``)."""
     if cfg.workers.backend is WorkerBackend.INPROCESS:
         from rolloutrun_runtime.workers.inprocess import InProcessWorkers
 
-        return InProcessWorkers(cfg, state_dict, version, host=host, port=port)
+        return InProcessWorkers(cfg, state_dict, version, host=host, port=port, token=token)
     if cfg.workers.backend is WorkerBackend.RAY:
         from rolloutrun_runtime.workers.ray_workers import RayWorkers
 
-        return RayWorkers(cfg, state_dict, version, host=host, port=port)
+        return RayWorkers(cfg, state_dict, version, host=host, port=port, token=token)
     raise WorkerError(f"unknown worker backend {cfg.workers.backend!r}")
 
 

@@ -46,10 +46,12 @@ class InProcessWorkers:
         version: int,
         host: str = "127.0.0.1",
         port: int = 0,
+        token: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.host = host
         self.port = port
+        self.token = token
         self.endpoints: list[str] = []
         self.engines: list[GenerationEngine] = []
         self._initial: tuple[dict[str, torch.Tensor], int] | None = (state_dict, version)
@@ -64,7 +66,9 @@ class InProcessWorkers:
             for index in range(self.cfg.workers.generation_workers):
                 engine = make_engine(self.cfg, state_dict, version, index)
                 port = self.port if index == 0 else 0
-                runner, url = await serve_app(build_generation_app(engine), self.host, port)
+                runner, url = await serve_app(
+                    build_generation_app(engine, token=self.token), self.host, port
+                )
                 self.engines.append(engine)
                 self._runners.append(runner)
                 self.endpoints.append(url)

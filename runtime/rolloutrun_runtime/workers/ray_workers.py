@@ -20,6 +20,7 @@ import ray
 import torch
 
 from rolloutrun_runtime.contract.run_config import Device, RunConfig
+from rolloutrun_runtime.policy.http import data_plane_token
 from rolloutrun_runtime.workers import WorkerError
 
 logger = logging.getLogger(__name__)
@@ -49,13 +50,16 @@ class GenerationActor:
         bind_host: str,
         advertise: bool,
         port: int = 0,
+        token: str | None = None,
     ) -> str:
         from rolloutrun_runtime.policy.generation import build_generation_app
         from rolloutrun_runtime.policy.http import serve_app
         from rolloutrun_runtime.workers.inprocess import make_engine
 
         self.engine = make_engine(self.cfg, state_dict, version, self.worker_index)
-        self.runner, url = await serve_app(build_generation_app(self.engine), bind_host, port)
+        self.runner, url = await serve_app(
+            build_generation_app(self.engine, token=token), bind_host, port
+        )
         if advertise:  # bound to all interfaces: tell callers the node's address
             bound_port = url.rsplit(":", 1)[1]
             url = f"http://{ray.util.get_node_ip_address()}:{bound_port}"
@@ -113,10 +117,12 @@ class RayWorkers:
         version: int,
         host: str = "127.0.0.1",
         port: int = 0,
+        token: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.host = host
         self.port = port
+        self.token = token
         self.endpoints: list[str] = []
         self._initial: tuple[dict[str, torch.Tensor], int] | None = (state_dict, version)
         self._actors: list[Any] = []
@@ -133,6 +139,8 @@ class RayWorkers:
         # with a local Ray (a trainer pod) they listen where the pod is reachable ($POD_IP).
         bind_host, advertise = ("0.0.0.0", True) if address else (self.host, False)
         cfg_data = self.cfg.model_dump(mode="json")
+        # Ray actors do not inherit the driver's environment: hand them the run's token.
+        token = data_plane_token(self.token, "the generation workers")
         weights = ray.put(_cpu_state(state_dict))
         workers = self.cfg.workers.generation_workers
         gpus = actor_gpus(self.cfg.policy.device, ray.cluster_resources().get("GPU", 0), workers)
@@ -146,7 +154,12 @@ class RayWorkers:
                     asyncio.gather(
                         *[
                             a.start.remote(
-                                weights, version, bind_host, advertise, self.port if i == 0 else 0
+                                weights,
+                                version,
+                                bind_host,
+                                advertise,
+                                self.port if i == 0 else 0,
+                                token,
                             )
                             for i, a in enumerate(self._actors)
                         ]

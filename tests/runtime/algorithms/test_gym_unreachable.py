@@ -135,6 +135,11 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"instance_id": "gym-test"})
 
 
+async def _announced(request: web.Request) -> web.Response:
+    """``POST /policy``: the trainer announces its generation address before a ``/run``."""
+    return web.json_response(await request.json())
+
+
 @pytest.fixture
 async def gym_with() -> AsyncIterator[Callable[[Handler], Awaitable[tuple[GymClient, Any]]]]:
     """Serve ``/run`` with a handler; returns an open client and the server's runner."""
@@ -144,6 +149,7 @@ async def gym_with() -> AsyncIterator[Callable[[Handler], Awaitable[tuple[GymCli
         app = web.Application()
         app.router.add_get("/healthz", _healthz)
         app.router.add_post("/run", handler)
+        app.router.add_post("/policy", _announced)
         runner, url = await serve_app(app)
         client = GymClient([url], timeout_s=1, max_seq_len=32, overhead=OverheadClock())
         await client.open()

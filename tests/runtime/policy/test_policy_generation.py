@@ -21,6 +21,7 @@ from rolloutrun_runtime.policy.generation import (
 )
 from rolloutrun_runtime.policy.model import build_model
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER
+from tests.support.data_plane import HEADERS
 
 CFG = PolicyConfig(device="cpu")
 V = TOKENIZER.vocab_size
@@ -58,7 +59,7 @@ class Served:
 async def _serve(engine: GenerationEngine) -> AsyncIterator[Served]:
     runner, url = await serve_app(build_generation_app(engine))
     try:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=HEADERS) as http:
             yield Served(engine, url, http)
     finally:
         await runner.cleanup()

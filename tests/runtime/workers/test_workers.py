@@ -10,6 +10,7 @@ from rolloutrun_runtime.policy.model import build_model
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 from rolloutrun_runtime.workers import PolicyWorkers, WorkerError, build_workers
 from rolloutrun_runtime.workers.inprocess import InProcessWorkers
+from tests.support.data_plane import HEADERS
 
 
 def _cfg(backend: str, workers: int) -> RunConfig:
@@ -29,7 +30,7 @@ async def _exercise(workers: PolicyWorkers, count: int, host: str = "127.0.0.1")
         assert len(workers.endpoints) == count
         assert all(url.startswith(f"http://{host}:") for url in workers.endpoints)
         body = {"prompt_token_ids": [TOKENIZER.bos_id, 4], "max_tokens": 4, "seed": 1}
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=HEADERS) as http:
             for url in workers.endpoints:
                 async with http.post(url + "/v1/completions", json=body) as response:
                     assert set((await response.json())["weight_versions"]) == {3}

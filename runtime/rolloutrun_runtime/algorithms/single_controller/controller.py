@@ -85,6 +85,7 @@ class SingleController:
         manifests: ManifestStore | None = None,
         environment: EnvironmentCheckpoint | None = None,
         hooks: RunHooks | None = None,
+        gym_token: str | None = None,
     ) -> None:
         if cfg.rollout.replay_capacity < cfg.grpo.prompts_per_step:
             raise ControllerError(
@@ -104,6 +105,7 @@ class SingleController:
             max_seq_len=cfg.policy.max_seq_len,
             overhead=self.overhead,
             unreachable_budget_s=cfg.rollout.gym_unreachable_seconds,
+            token=gym_token,
         )
         self.state = RunState(cfg, model, optimizer)
         self.rollout_snapshots = RolloutSnapshotter(

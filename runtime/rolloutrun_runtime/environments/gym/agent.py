@@ -41,7 +41,13 @@ from rolloutrun_runtime.environments.gym.episode import (
     Segment,
 )
 from rolloutrun_runtime.environments.gym.tasks import make_env
-from rolloutrun_runtime.policy.http import GenerationRequest, GenerationResult
+from rolloutrun_runtime.policy.http import (
+    GenerationRequest,
+    GenerationResult,
+    bearer_headers,
+    bounded,
+    data_plane_token,
+)
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER, CharTokenizer
 from rolloutrun_runtime.tasks import make_problem
 
@@ -70,11 +76,16 @@ class PolicyClient(Protocol):
 
 class HttpPolicyClient:
     """``POST {policy_url}/v1/completions`` over a shared aiohttp session (the wire
-    contract's :class:`CompletionRequest` in, :class:`CompletionResult` out)."""
+    contract's :class:`CompletionRequest` in, :class:`CompletionResult` out), with the run's
+    bearer ``token`` (default: ``ENV_GYM_TOKEN``). What the policy answers is quoted only as
+    a bounded, printable excerpt: the error reaches the ``/run`` caller."""
 
-    def __init__(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, timeout_s: float, token: str | None = None
+    ) -> None:
         self.session = session
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.headers = bearer_headers(data_plane_token(token, "the Gym's policy client"))
 
     async def complete(self, policy_url: str, request: GenerationRequest) -> GenerationResult:
         url = policy_url.rstrip("/") + COMPLETIONS_ROUTE
@@ -93,25 +104,40 @@ class HttpPolicyClient:
         except ValidationError as error:
             raise PolicyCallError(f"policy {url}: invalid completion request: {error}") from error
         try:
-            async with self.session.post(url, json=body, timeout=self.timeout) as response:
-                payload = await response.json(content_type=None)
+            async with self.session.post(
+                url, json=body, timeout=self.timeout, headers=self.headers
+            ) as response:
                 if response.status != 200:
-                    message = (payload.get("error") or {}).get("message", payload)
                     raise PolicyCallError(
-                        f"policy {url} answered {response.status}: {message}", response.status
+                        f"policy {url} answered {response.status}: "
+                        f"{_error_excerpt(await response.read())}",
+                        response.status,
                     )
+                payload = await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as error:
-            raise PolicyCallError(f"policy {url} failed: {error!r}") from error
+            raise PolicyCallError(f"policy {url} failed: {bounded(repr(error))}") from error
         try:
             answer = CompletionResult.model_validate(payload)
         except ValidationError as error:
-            raise PolicyCallError(f"policy {url} sent a malformed completion: {error}") from error
+            raise PolicyCallError(
+                f"policy {url} sent a malformed completion: {bounded(error)}"
+            ) from error
         return GenerationResult(
             token_ids=answer.token_ids,
             logprobs=answer.logprobs,
             weight_versions=answer.weight_versions,
             finish_reason=answer.finish_reason,
         )
+
+
+def _error_excerpt(raw: bytes) -> str:
+    """A bounded excerpt of a policy's error answer: its ``error.message`` when it has one."""
+    try:
+        payload = json.loads(raw)
+        message = payload["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = raw[:200].decode("utf-8", "replace")
+    return bounded(message)
 
 
 class LocalPolicyClient:

@@ -1,16 +1,16 @@
 """The HTTP edge of the Gym checkpoint control plane: bearer token, JSON bodies, errors.
 
 Why apart from the state machine in :mod:`rolloutrun_runtime.environments.gym.control`:
-every route checks the same token, parses the same kind of body, admits the calling trainer
-and maps the same failures to statuses; none of that is about checkpoints. The bodies and
-answers are the wire contract's models (:mod:`rolloutrun_runtime.contract.wire`), so this
-module only turns a request into a dict and an answer (or a :class:`ControlError`) into a
-response.
+every route checks the same token (with the data plane's one check,
+:func:`rolloutrun_runtime.policy.http.bearer_ok`), parses the same kind of body, admits the
+calling trainer and maps the same failures to statuses; none of that is about checkpoints.
+The bodies and answers are the wire contract's models (:mod:`rolloutrun_runtime.contract.wire`),
+so this module only turns a request into a dict and an answer (or a :class:`ControlError`)
+into a response.
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +25,7 @@ from rolloutrun_runtime.contract.wire import (
     ErrorDetail,
     TrainerIdentity,
 )
+from rolloutrun_runtime.policy.http import bearer_ok
 
 #: One route's handler: the request body (``{}`` for a GET) in, its answer out.
 Handler = Callable[[dict[str, Any]], Awaitable[ControlState]]
@@ -74,8 +75,7 @@ def guard(
         expected = token()
         if not expected:
             return fail(403, f"checkpoint control is disabled: set {ENV_GYM_TOKEN}")
-        supplied = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
+        if not bearer_ok(request, expected):
             return fail(401, "missing or wrong bearer token")
         body = await _read_body(request)
         if isinstance(body, web.Response):

@@ -8,8 +8,13 @@ episode with its stored result (a lost response can be fetched again without re-
 anything), and refuses an attempt older than one it has seen (attempt N may not change
 N+1). A bad request gets a 4xx that names the problem and touches no other episode.
 
-Routes: ``POST /run``, ``GET /episodes/{rollout_id}``, ``GET /healthz``; their bodies are
-the wire contract's models (:mod:`rolloutrun_runtime.contract.wire`).
+Routes: ``POST /run``, ``GET /episodes/{rollout_id}``, ``POST /policy``, ``GET /healthz``;
+their bodies are the wire contract's models (:mod:`rolloutrun_runtime.contract.wire`).
+
+Why a token and an announced policy: ``/run`` applies side effects and makes the Gym POST
+to ``policy_url``, so every route but ``/healthz`` needs the run's bearer token, and a
+``/run`` may only name a generation address the trainer announced on ``POST /policy``
+(403 otherwise, and the address is never contacted): the Gym is nobody's HTTP proxy.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +34,15 @@ from pydantic import ValidationError
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.contract.wire import (
     GYM_EPISODES_ROUTE,
+    GYM_POLICY_ROUTE,
     GYM_RUN_ROUTE,
     HEALTHZ_ROUTE,
+    MAX_ANNOUNCED_POLICIES,
+    POLICY_NOT_ANNOUNCED,
     EpisodesAnswer,
     GymHealth,
+    PolicyAnnounced,
+    PolicyAnnouncement,
     RunRequest,
 )
 from rolloutrun_runtime.environments.gym.agent import (
@@ -57,7 +67,7 @@ from rolloutrun_runtime.environments.gym.episode import (
     Sampling,
 )
 from rolloutrun_runtime.experience.rollout_recovery import valid_rollout_id
-from rolloutrun_runtime.policy.http import json_error
+from rolloutrun_runtime.policy.http import authenticated, data_plane_token, json_error
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +80,27 @@ def _error(status: int, message: str) -> web.Response:
     return json_error(status, message, kinds.get(status, "invalid_request_error"))
 
 
-def _validation_message(error: ValidationError) -> str:
+def _validation_message(error: ValidationError, route: str = GYM_RUN_ROUTE) -> str:
     problems = []
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(body)"
         problems.append(f"{where}: {item['msg']}")
-    return "invalid /run request: " + "; ".join(problems)
+    return f"invalid {route} request: " + "; ".join(problems)
+
+
+def policy_key(url: str) -> str:
+    """The form in which announced and requested generation addresses are compared."""
+    return url.rstrip("/")
+
+
+def remember(announced: OrderedDict[str, None], urls: Iterable[str]) -> None:
+    """Add ``urls`` to ``announced`` (newest last), keeping at most the newest
+    :data:`MAX_ANNOUNCED_POLICIES` (a new trainer incarnation announces a new address)."""
+    for url in urls:
+        announced.pop(policy_key(url), None)
+        announced[policy_key(url)] = None
+    while len(announced) > MAX_ANNOUNCED_POLICIES:
+        announced.popitem(last=False)
 
 
 class GymServer:
@@ -91,9 +116,13 @@ class GymServer:
         effects: SideEffectLog | None = None,
         policy: PolicyClient | None = None,
         hooks: list[BoundaryHook] | None = None,
+        token: str | None = None,
     ) -> None:
         """``audit_path`` (a JSON-lines file), ``audit_uri`` (storage objects) or a ready
-        ``effects`` log says where applied side effects are kept; at most one of them."""
+        ``effects`` log says where applied side effects are kept; at most one of them.
+        ``token`` (default: ``ENV_GYM_TOKEN``) is the run's bearer token: without one the
+        server refuses to be built (``MissingTokenError``)."""
+        self.token = data_plane_token(token, "the Gym server")
         if sum(x is not None for x in (audit_path, audit_uri, effects)) > 1:
             raise ValueError("give GymServer one of audit_path, audit_uri or effects")
         self.instance_id = instance_id
@@ -111,9 +140,12 @@ class GymServer:
         self.latest_attempt: dict[str, int] = {}
         #: Set by the checkpoint control plane: the restored episode a ``/run`` continues.
         self.continue_restored: Callable[[EpisodeId], Episode | None] | None = None
+        #: Generation addresses the trainer announced (``POST /policy``), newest last.
+        self.announced_policies: OrderedDict[str, None] = OrderedDict()
         self.app = web.Application(client_max_size=run_cfg.gym.request_max_bytes)
-        self.app.router.add_post(GYM_RUN_ROUTE, self._run)
-        self.app.router.add_get(GYM_EPISODES_ROUTE, self._episodes)
+        self.app.router.add_post(GYM_RUN_ROUTE, authenticated(self.token, self._run))
+        self.app.router.add_get(GYM_EPISODES_ROUTE, authenticated(self.token, self._episodes))
+        self.app.router.add_post(GYM_POLICY_ROUTE, authenticated(self.token, self._announce))
         self.app.router.add_get(HEALTHZ_ROUTE, self._healthz)
         self.app.on_startup.append(self._startup)
         self.app.on_cleanup.append(self._cleanup)
@@ -124,7 +156,9 @@ class GymServer:
         if policy is None:
             # No connection cap: every live episode may be waiting on the policy at once.
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-            policy = HttpPolicyClient(self._session, self.cfg.rollout.rollout_timeout_seconds)
+            policy = HttpPolicyClient(
+                self._session, self.cfg.rollout.rollout_timeout_seconds, self.token
+            )
         self.loop = AgentLoop(
             task=self.cfg.task,
             seed=self.cfg.seed,
@@ -167,7 +201,20 @@ class GymServer:
         )
         return web.json_response(answer.model_dump(mode="json"))
 
-    async def _parse(self, request: web.Request) -> RunRequest | web.Response:
+    async def _announce(self, request: web.Request) -> web.Response:
+        body = await self._read_object(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            parsed = PolicyAnnouncement.model_validate(body)
+        except ValidationError as error:
+            return _error(400, _validation_message(error, GYM_POLICY_ROUTE))
+        remember(self.announced_policies, parsed.policy_urls)
+        answer = PolicyAnnounced(policy_urls=list(self.announced_policies))
+        return web.json_response(answer.model_dump(mode="json"))
+
+    async def _read_object(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """The body as a JSON object, or the 4xx that says why it is not one."""
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -182,10 +229,23 @@ class GymServer:
             return _error(400, f"request body is not valid JSON: {error}")
         if not isinstance(body, dict):
             return _error(400, f"request body must be a JSON object, not {type(body).__name__}")
+        return body
+
+    async def _parse(self, request: web.Request) -> RunRequest | web.Response:
+        body = await self._read_object(request)
+        if isinstance(body, web.Response):
+            return body
         try:
             parsed = RunRequest.model_validate(body)
         except ValidationError as error:
             return _error(400, _validation_message(error))
+        if policy_key(parsed.policy_url) not in self.announced_policies:
+            return json_error(
+                403,
+                f"policy_url {parsed.policy_url[:200]!r} is not a generation address the "
+                f"trainer announced (POST {GYM_POLICY_ROUTE}); the Gym calls no other address",
+                POLICY_NOT_ANNOUNCED,
+            )
         task = self.cfg.task
         if parsed.task is not None and parsed.task != task.name.value:
             return _error(

@@ -43,6 +43,7 @@ from rolloutrun_runtime.experience.rollout_recovery import (
     read_recovery_sidecar,
 )
 from rolloutrun_runtime.storage import open_storage
+from tests.support.data_plane import HEADERS, announce
 from tests.support.rollout_checkpoints import (
     GYM_TOKEN,
     assert_each_step_once_no_prompt_twice,
@@ -582,11 +583,10 @@ async def test_abandoned_attempts_are_retired_before_prepare_once(tmp_path) -> N
             "prompt_id": 1,
             "policy_url": "http://127.0.0.1:9",
         }
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(cfg.gym.endpoints[0] + "/run", json=body) as response,
-        ):
-            assert response.status == 409 and "retired" in (await response.text())
+        async with aiohttp.ClientSession(headers=HEADERS) as session:
+            await announce(session, cfg.gym.endpoints[0], body["policy_url"])
+            async with session.post(cfg.gym.endpoints[0] + "/run", json=body) as response:
+                assert response.status == 409 and "retired" in (await response.text())
 
 
 @pytest.mark.parametrize("tamper", ["unknown_record", "missing_record", "step_commits"])
@@ -689,7 +689,7 @@ async def test_a_restore_the_ledger_refuses_leaves_the_gym_as_before(tmp_path, c
         with pytest.raises(LedgerRestartError, match="a later restore step failed"):
             await asyncio.wait_for(second.run(), 60)
         urls = {f"gym-{i}": url for i, url in enumerate(cfg.gym.endpoints)}
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=HEADERS) as session:
             for rollout_id, instance in handed_back.items():
                 async with session.get(f"{urls[instance]}/episodes/{rollout_id}") as response:
                     held = (await response.json()).get("episodes", [])

@@ -57,6 +57,7 @@ from rolloutrun_runtime.policy.generation import (
 from rolloutrun_runtime.policy.scripted import PLUS_ONE_SCRIPT, scripted_state_dict
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 from rolloutrun_runtime.tasks import ReachTargetProblem, make_problem
+from tests.support.data_plane import HEADERS, announce
 
 TOKEN = "s3cret"
 CFG = parse_run_config(
@@ -104,7 +105,7 @@ class Rig:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.runners: list[Any] = []
-        self.session = aiohttp.ClientSession()
+        self.session = aiohttp.ClientSession(headers=HEADERS)
         self.clock = Clock()
         self.gyms: dict[str, tuple[GymServer, GymCheckpointControl, str]] = {}
         self.policy_url = ""
@@ -140,6 +141,7 @@ class Rig:
         }
 
         async def call() -> tuple[int, dict[str, Any]]:
+            await announce(self.session, url.removesuffix("/run"), self.policy_url)
             async with self.session.post(url, json=body) as response:
                 return response.status, await response.json()
 
@@ -296,7 +298,7 @@ async def test_ids_are_idempotent_and_a_resumed_id_stays_closed(rig: Rig) -> Non
 
 async def test_wrong_token_and_disabled_control_plane(rig: Rig) -> None:
     url = await rig.start_gym("gym-0")
-    off = await rig.start_gym("gym-off", token=None)
+    off = await rig.start_gym("gym-off", token="")
     headers = {"Authorization": "Bearer nope"}
     async with rig.session.get(url + ROUTE_PREFIX + "/status", headers=headers) as response:
         assert response.status == 401

@@ -49,6 +49,7 @@ from rolloutrun_runtime.environments.gym.episode import CANCELLED_REASON
 from rolloutrun_runtime.environments.gym.restore import choose_restore_source
 from rolloutrun_runtime.policy.generation import GenerationEngine, serve_app
 from rolloutrun_runtime.storage import CheckpointStorage, open_storage
+from tests.support.data_plane import HEADERS, announce
 from tests.support.gcs_emulator import FakeGcs, FaultProxy
 from tests.support.scripted_gym import CFG, NOWHERE, THREE, agent, fresh_episode
 from tests.support.storage_params import BUCKET, FAST_RETRY
@@ -214,7 +215,7 @@ async def test_concurrent_writers_of_one_revision_exactly_one_wins(
 # --------------------------------------------------------------------------- errors
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(headers=HEADERS) as s:
         yield s
 
 
@@ -227,7 +228,8 @@ async def post_run(
         "policy_url": NOWHERE,
         "sampling": {"temperature": 1.0, "max_new_tokens": 8, "seed": 7},
     }
-    async with session.post(url + "/run", json=body) as response:
+    await announce(session, url, NOWHERE)
+    async with session.post(url + "/run", json=body, headers=HEADERS) as response:
         return response.status, await response.json()
 
 

@@ -43,6 +43,7 @@ from rolloutrun_runtime.policy.model import build_model
 from rolloutrun_runtime.policy.scripted import PLUS_ONE_SCRIPT, scripted_state_dict
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 from rolloutrun_runtime.tasks import ArithmeticProblem, ReachTargetProblem, make_problem
+from tests.support.data_plane import HEADERS, announce
 
 ARITH = RunConfig.model_validate({"policy": {"device": "cpu"}, "seed": 3})
 REACH = RunConfig.model_validate(
@@ -60,15 +61,20 @@ class Http:
         self.session = session
 
     async def post(self, url: str, body: Any, expect: int = 200) -> dict[str, Any]:
+        """POST as the trainer does: with the run's token, and a ``/run`` only after
+        announcing its ``policy_url``."""
+        policy_url = body.get("policy_url") if isinstance(body, dict) else None
+        if url.endswith("/run") and str(policy_url).startswith("http"):
+            await announce(self.session, url.removesuffix("/run"), str(policy_url))
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **HEADERS}
         async with self.session.post(url, data=data, headers=headers) as response:
             payload = await response.json()
             assert response.status == expect, payload
             return payload
 
     async def get(self, url: str, expect: int = 200) -> dict[str, Any]:
-        async with self.session.get(url) as response:
+        async with self.session.get(url, headers=HEADERS) as response:
             payload = await response.json()
             assert response.status == expect, payload
             return payload

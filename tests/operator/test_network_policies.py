@@ -1,0 +1,78 @@
+"""Per-run NetworkPolicies (issue 12: no NetworkPolicy was created).
+
+Only the run's trainer reaches its Gyms' port; only its Gyms and trainer reach the
+generation port; ``spec.network.metricsFrom`` adds the peers a user names. Each policy is a
+valid Kubernetes object owned by the run, and the reconcile creates both with the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from rolloutrun_operator import builders, naming, reconcile
+from rolloutrun_operator.kube import PERMISSIONS, RESOURCES
+from tests.support.rolloutruns import make_run
+
+K8S_VERSION = "1.33.0"
+PROMETHEUS = {
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+}
+
+
+def _roles(selector: dict[str, Any]) -> tuple[str, list[str]]:
+    """The run and roles a member-pod selector admits (and nothing looser)."""
+    (expression,) = selector["matchExpressions"]
+    assert expression["key"] == naming.LABEL_ROLE and expression["operator"] == "In"
+    assert set(selector["matchLabels"]) == {naming.LABEL_RUN}
+    return selector["matchLabels"][naming.LABEL_RUN], expression["values"]
+
+
+@pytest.mark.parametrize("network", [{}, {"metricsFrom": [PROMETHEUS, {}]}])
+def test_policies_admit_only_the_run_and_its_metrics_peers(network: dict[str, Any]) -> None:
+    run = make_run(network=network, gym={"port": 8123}, trainer={"generationPort": 8456})
+    gym, generation = builders.gym_network_policy(run), builders.generation_network_policy(run)
+    for policy in (gym, generation):
+        kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+        assert policy["metadata"]["ownerReferences"] == [builders.owner_reference(run)]
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+    expected_extra = [
+        {k: v for k, v in peer.items()} if peer else {"podSelector": {"matchLabels": {}}}
+        for peer in network.get("metricsFrom", [])
+    ]
+
+    assert _roles(gym["spec"]["podSelector"]) == ("demo", ["gym"])
+    (rule,) = gym["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8123}]
+    assert _roles(rule["from"][0]["podSelector"]) == ("demo", ["trainer"])
+    assert "namespaceSelector" not in rule["from"][0]  # the run's own namespace only
+    assert rule["from"][1:] == expected_extra
+
+    assert _roles(generation["spec"]["podSelector"]) == ("demo", ["trainer"])
+    (rule,) = generation["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8456}]
+    assert _roles(rule["from"][0]["podSelector"]) == ("demo", ["gym", "trainer"])
+    assert rule["from"][1:] == expected_extra
+
+
+def test_the_run_creates_its_policies_and_the_operator_may() -> None:
+    run = make_run()
+    kinds = [kind for kind, _ in reconcile.static_child_refs(run)]
+    assert kinds.count("NetworkPolicy") == 2
+    assert RESOURCES["NetworkPolicy"].group == "networking.k8s.io"
+    assert ("networking.k8s.io", "networkpolicies", ("get", "create")) in PERMISSIONS
+
+
+@pytest.mark.parametrize(
+    ("selector", "problem"),
+    [
+        ({"matchLabels": {"bad key!": "x"}}, "is not a label key"),
+        ({"matchLabels": {"app": "-x"}}, "is not a label value"),
+    ],
+)
+def test_a_bad_metrics_selector_is_refused_by_name(selector: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        make_run(network={"metricsFrom": [{"podSelector": selector}]})
