@@ -208,7 +208,7 @@ def gym_network_policy(run: RolloutRun) -> Manifest:
     """Only the run's trainer (and the metrics peers) reaches its Gyms' port."""
     return _ingress_policy(
         run,
-        f"{run_name(run)}-gym-ingress",
+        naming.gym_network_policy_name(run_name(run)),
         naming.Role.GYM,
         run.spec.gym.port,
         naming.Role.TRAINER,
@@ -219,7 +219,7 @@ def generation_network_policy(run: RolloutRun) -> Manifest:
     """Only the run's Gyms and trainer (and the metrics peers) reach the generation port."""
     return _ingress_policy(
         run,
-        f"{run_name(run)}-generation-ingress",
+        naming.generation_network_policy_name(run_name(run)),
         naming.Role.TRAINER,
         run.spec.trainer.generation_port,
         naming.Role.GYM,

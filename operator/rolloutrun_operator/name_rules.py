@@ -113,6 +113,16 @@ def derived_names(run: str, replicas: int) -> list[tuple[str, str, Check]]:
             naming.member_account_name(run),
             dns1123_subdomain_problem,
         ),
+        (
+            "Gym NetworkPolicy name",
+            naming.gym_network_policy_name(run),
+            dns1123_subdomain_problem,
+        ),
+        (
+            "generation NetworkPolicy name",
+            naming.generation_network_policy_name(run),
+            dns1123_subdomain_problem,
+        ),
     ]
 
 

@@ -134,6 +134,14 @@ def gym_service_name(run: str) -> str:
     return f"{run}-gym"
 
 
+def gym_network_policy_name(run: str) -> str:
+    return f"{run}-gym-ingress"
+
+
+def generation_network_policy_name(run: str) -> str:
+    return f"{run}-generation-ingress"
+
+
 def run_selector(run: str) -> str:
     """Label selector of every child of a run."""
     return f"{LABEL_RUN}={run}"

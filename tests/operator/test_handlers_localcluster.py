@@ -9,66 +9,18 @@ the embedded ``rolloutrun run``.
 from __future__ import annotations
 
 import base64
-import os
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from rolloutrun_localcluster.cluster import LocalCluster
-from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
-from rolloutrun_operator.handlers import MAX_IDLE_SECONDS, Options, next_pass_delay
-from rolloutrun_operator.runner import OperatorConfig, OperatorThread
+from rolloutrun_localcluster.testing import eventually
+from rolloutrun_operator.handlers import MAX_IDLE_SECONDS, next_pass_delay
 from rolloutrun_runtime.coordination import FencedError, KubernetesLease
-
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "rolloutruns.rolloutrun.dev.yaml"
-GROUP, VERSION, PLURAL = "rolloutrun.dev", "v1alpha1", "rolloutruns"
-
-SHIM = """#!PYTHON
-import os, socket, sys, time
-root = os.environ["ROLLOUTRUN_LOCALCLUSTER_POD_DIR"]
-with open(os.path.join(root, "argv"), "w") as out:
-    out.write(" ".join(sys.argv[1:]))
-if sys.argv[1] == "gym":  # accept connections on the Gym port, as the readiness probe wants
-    port = int(sys.argv[sys.argv.index("--port") + 1])
-    host = sys.argv[sys.argv.index("--host") + 1]
-    server = socket.create_server((host, port))
-    while True:
-        server.accept()[0].close()
-time.sleep(600)
-"""
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    shims = tmp_path_factory.mktemp("bin")
-    (shims / "rolloutrun").write_text(SHIM.replace("PYTHON", sys.executable))
-    (shims / "rolloutrun").chmod(0o755)
-    env = {"PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    yield from local_cluster(tmp_path_factory.mktemp("cluster"), extra_env=env)
-
-
-@pytest.fixture(scope="module")
-def api(cluster: LocalCluster) -> Iterator[Any]:
-    from kubernetes import client as k8s
-
-    client = api_client(cluster)
-    k8s.ApiextensionsV1Api(client).create_custom_resource_definition(
-        yaml.safe_load(CRD.read_text())
-    )
-    yield client
-    client.close()
-
-
-def operator_thread(cluster: LocalCluster, namespace: str) -> OperatorThread:
-    """The operator as the embedded default runs it: a thread beside the local cluster."""
-    options = Options(kubeconfig=str(cluster.kubeconfig_path))
-    return OperatorThread(OperatorConfig(options=options, namespaces=[namespace]))
+from tests.support.operator_cluster import GROUP, PLURAL, VERSION, operator_thread
 
 
 def rolloutrun(name: str) -> dict[str, Any]:
@@ -497,7 +449,6 @@ def free_port() -> int:
 def test_the_operator_command_serves_metrics_and_liveness_and_stops_on_sigterm(cluster, api):
     import signal
     import subprocess
-    import sys
     import urllib.request
 
     from kubernetes import client as k8s

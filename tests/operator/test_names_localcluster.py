@@ -10,56 +10,11 @@ condition and a Warning Event naming the child, and the run goes on once the quo
 
 from __future__ import annotations
 
-import os
-import sys
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-import yaml
-
-from rolloutrun_localcluster.cluster import LocalCluster
-from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
-from rolloutrun_operator.handlers import Options
-from rolloutrun_operator.runner import OperatorConfig, OperatorThread
-
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "rolloutruns.rolloutrun.dev.yaml"
-GROUP, VERSION, PLURAL = "rolloutrun.dev", "v1alpha1", "rolloutruns"
-
-SHIM = """#!PYTHON
-import socket, sys, time
-if sys.argv[1] == "gym":  # accept connections on the Gym port, as the readiness probe wants
-    port = int(sys.argv[sys.argv.index("--port") + 1])
-    host = sys.argv[sys.argv.index("--host") + 1]
-    server = socket.create_server((host, port))
-    while True:
-        server.accept()[0].close()
-time.sleep(600)
-"""
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    shims = tmp_path_factory.mktemp("bin")
-    (shims / "rolloutrun").write_text(SHIM.replace("PYTHON", sys.executable))
-    (shims / "rolloutrun").chmod(0o755)
-    env = {"PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    yield from local_cluster(tmp_path_factory.mktemp("cluster"), extra_env=env)
-
-
-@pytest.fixture(scope="module")
-def api(cluster: LocalCluster) -> Iterator[Any]:
-    from kubernetes import client as k8s
-
-    client = api_client(cluster)
-    k8s.ApiextensionsV1Api(client).create_custom_resource_definition(
-        yaml.safe_load(CRD.read_text())
-    )
-    yield client
-    client.close()
+from rolloutrun_localcluster.testing import eventually
+from tests.support.operator_cluster import GROUP, PLURAL, VERSION, operator_thread
 
 
 def rolloutrun(name: str, **trainer: Any) -> dict[str, Any]:
@@ -128,11 +83,6 @@ class Namespace:
     def events(self, reason: str) -> list[str]:
         items = self.core.list_namespaced_event(self.name).items
         return [e.message for e in items if e.reason == reason]
-
-
-def operator_thread(cluster: LocalCluster, namespace: str) -> OperatorThread:
-    options = Options(kubeconfig=str(cluster.kubeconfig_path))
-    return OperatorThread(OperatorConfig(options=options, namespaces=[namespace]))
 
 
 def test_names_the_api_server_refuses_and_reserved_env_end_invalid_with_no_child(cluster, api):

@@ -1,0 +1,68 @@
+"""The operator against the local cluster, with stand-in member pods.
+
+Member pods run a stand-in ``rolloutrun`` (first on the pods' PATH) that records its argv
+and sleeps (a Gym one accepts connections on its port, as the readiness probe wants): the
+tests that use this are about the operator; runs with the real trainer and Gym come with
+the embedded ``rolloutrun run``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.testing import api_client, local_cluster
+from rolloutrun_operator.handlers import Options
+from rolloutrun_operator.runner import OperatorConfig, OperatorThread
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "rolloutruns.rolloutrun.dev.yaml"
+GROUP, VERSION, PLURAL = "rolloutrun.dev", "v1alpha1", "rolloutruns"
+
+SHIM = """#!PYTHON
+import os, socket, sys, time
+root = os.environ["ROLLOUTRUN_LOCALCLUSTER_POD_DIR"]
+with open(os.path.join(root, "argv"), "w") as out:
+    out.write(" ".join(sys.argv[1:]))
+if sys.argv[1] == "gym":  # accept connections on the Gym port, as the readiness probe wants
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    host = sys.argv[sys.argv.index("--host") + 1]
+    server = socket.create_server((host, port))
+    while True:
+        server.accept()[0].close()
+time.sleep(600)
+"""
+
+
+def shimmed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A local cluster whose pods find the stand-in ``rolloutrun`` first on their PATH."""
+    shims = tmp_path_factory.mktemp("bin")
+    (shims / "rolloutrun").write_text(SHIM.replace("PYTHON", sys.executable))
+    (shims / "rolloutrun").chmod(0o755)
+    env = {"PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    yield from local_cluster(tmp_path_factory.mktemp("cluster"), extra_env=env)
+
+
+def client_with_crd(cluster: LocalCluster) -> Iterator[Any]:
+    """An API client of ``cluster`` with the RolloutRun CRD installed."""
+    from kubernetes import client as k8s
+
+    client = api_client(cluster)
+    k8s.ApiextensionsV1Api(client).create_custom_resource_definition(
+        yaml.safe_load(CRD.read_text())
+    )
+    yield client
+    client.close()
+
+
+def operator_thread(cluster: LocalCluster, namespace: str) -> OperatorThread:
+    """The operator as the embedded default runs it: a thread beside the local cluster."""
+    options = Options(kubeconfig=str(cluster.kubeconfig_path))
+    return OperatorThread(OperatorConfig(options=options, namespaces=[namespace]))
