@@ -1,11 +1,12 @@
-"""A tiny run config for the tests that run the real controller or trainer end to end."""
+"""Small run configs: the tests that run the real controller or trainer end to end, and the
+turn-level Gym the environment-checkpoint tests drive directly."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from rolloutrun_runtime.contract.run_config import RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
 
 
 def tiny_config(tmp_path: Path, **sections: dict[str, Any]) -> RunConfig:
@@ -28,3 +29,20 @@ def tiny_config(tmp_path: Path, **sections: dict[str, Any]) -> RunConfig:
         else:
             data[section] = values
     return RunConfig.model_validate(data)
+
+
+#: A turn-level reach-target Gym (12 turns, 40 ms a turn): long enough episodes to park.
+TURN_LEVEL_GYM = parse_run_config(
+    {
+        "policy": {"device": "cpu"},
+        "seed": 5,
+        "task": {
+            "name": "reach_target",
+            "maxOperand": 9,
+            "maxTurns": 12,
+            "turnDelayMs": 40,
+            "datasetSize": 64,
+        },
+        "checkpointing": {"targetLevel": "turn"},
+    }
+)

@@ -34,22 +34,11 @@ from rolloutrun_runtime.policy.generation import GenerationEngine, build_generat
 from rolloutrun_runtime.policy.scripted import PLUS_ONE_SCRIPT, scripted_state_dict
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 from rolloutrun_runtime.tasks import ReachTargetProblem, make_problem
+from tests.support.data_plane import HEADERS, announce
+from tests.support.run_configs import TURN_LEVEL_GYM
 
 TOKEN = "sk3w"
-CFG = parse_run_config(
-    {
-        "policy": {"device": "cpu"},
-        "seed": 5,
-        "task": {
-            "name": "reach_target",
-            "maxOperand": 9,
-            "maxTurns": 12,
-            "turnDelayMs": 40,
-            "datasetSize": 64,
-        },
-        "checkpointing": {"targetLevel": "turn"},
-    }
-)
+CFG = TURN_LEVEL_GYM
 #: Prompts whose episodes take at least six turns: still running when the snapshot starts.
 LONG = [
     p
@@ -91,6 +80,7 @@ class Rig:
         self.server.continue_restored = self.control.claim_restored
         runner, self.gym_url = await serve_app(self.server.app, cancel_on_disconnect=True)
         self.runners.append(runner)
+        await announce(self.session, self.gym_url, self.policy_url)  # as the trainer does
 
     def client(self) -> GymEnvironmentCheckpoint:
         return GymEnvironmentCheckpoint({"gym-0": self.gym_url}, TOKEN, session=self.session)
@@ -103,8 +93,8 @@ class Rig:
         }
 
         async def call() -> tuple[int, Any]:
-            async with self.session.post(self.gym_url + "/run", json=body) as response:
-                return response.status, await response.json()
+            async with self.session.post(self.gym_url + "/run", json=body, headers=HEADERS) as r:
+                return r.status, await r.json()
 
         return asyncio.create_task(call())
 

@@ -58,22 +58,10 @@ from rolloutrun_runtime.policy.scripted import PLUS_ONE_SCRIPT, scripted_state_d
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 from rolloutrun_runtime.tasks import ReachTargetProblem, make_problem
 from tests.support.data_plane import HEADERS, announce
+from tests.support.run_configs import TURN_LEVEL_GYM
 
 TOKEN = "s3cret"
-CFG = parse_run_config(
-    {
-        "policy": {"device": "cpu"},
-        "seed": 5,
-        "task": {
-            "name": "reach_target",
-            "maxOperand": 9,
-            "maxTurns": 12,
-            "turnDelayMs": 40,
-            "datasetSize": 64,
-        },
-        "checkpointing": {"targetLevel": "turn"},
-    }
-)
+CFG = TURN_LEVEL_GYM
 
 
 def long_prompts(count: int, min_target: int = 6) -> list[int]:
