@@ -6,6 +6,7 @@ Every test runs with the run's data-plane token set (see ``tests.support.data_pl
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,16 @@ def data_plane_token() -> Iterator[str]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(ENV_GYM_TOKEN, TOKEN)
         yield TOKEN
+
+
+@pytest.fixture(autouse=True)
+def data_plane_token_kept(data_plane_token: str) -> Iterator[None]:
+    """Put the token back after each test: the entry points a test calls in process
+    (``trainer.main``, ``rolloutrun gym``, ``rolloutrun train``) take it out of the process
+    environment, as they must in a pod, which would leave every later test without it."""
+    os.environ[ENV_GYM_TOKEN] = data_plane_token
+    yield
+    os.environ[ENV_GYM_TOKEN] = data_plane_token
 
 
 @pytest.fixture(scope="session")
