@@ -164,10 +164,15 @@ def _summary_line(summary: dict[str, Any]) -> str:
     audit = "holds" if summary["audit_holds"] else f"FAILS ({summary['audit'].get('error', '')})"
     return (
         f"{summary['result']}: {summary['steps']} steps, {summary['restarts']} restarts, "
-        f"{summary['preemptions']} preemptions, thrown away {summary['thrown_away_s']} s, "
+        f"{summary['preemptions']} preemptions, thrown away {_seconds(summary['thrown_away_s'])}, "
         f"audit {audit}, weights {summary['final_weights_sha256']}, {summary['wall_s']} s; "
         f"summary in {summary['work_dir']}/{SUMMARY_FILE}"
     )
+
+
+def _seconds(value: float | None) -> str:
+    """``12.3 s``, or ``unknown`` when the run kept no trace to measure it from."""
+    return "unknown" if value is None else f"{value:.1f} s"
 
 
 def _cluster_env() -> dict[str, Any]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutrun_localcluster.embedded import last_step
-from rolloutrun_localcluster.run_command import Display
+from rolloutrun_localcluster.run_command import Display, _summary_line
 
 
 class _Run:
@@ -43,3 +43,21 @@ def test_a_restart_shows_the_redone_steps_and_the_highest_reached(tmp_path: Path
         "5/9",
         "6/9",
     ]
+
+
+def test_the_summary_line_rounds_the_thrown_away_time_and_says_when_it_is_unknown() -> None:
+    summary = {
+        "result": "Succeeded",
+        "steps": 300,
+        "restarts": 0,
+        "preemptions": 5,
+        "thrown_away_s": 18.155097723007202,
+        "audit_holds": True,
+        "audit": {},
+        "final_weights_sha256": "2ac3",
+        "wall_s": 91.81,
+        "work_dir": "/runs/x",
+    }
+    assert "5 preemptions, thrown away 18.2 s, audit holds" in _summary_line(summary)
+    summary["thrown_away_s"] = None  # a run without a trace
+    assert "thrown away unknown, audit holds" in _summary_line(summary)
