@@ -29,37 +29,30 @@ from rolloutrun_runtime.policy.model import build_model, state_sha256
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 from rolloutrun_runtime.storage import open_storage
 from rolloutrun_runtime.workers import build_workers
+from tests.support import run_configs
 
 #: Generous bound on a tiny run: a deadlock fails the test instead of hanging it.
 RUN_LIMIT_S = 120
 GYM_TOKEN = "test-token"
 
 
-def tiny_config(tmp_path: Path, **sections: dict[str, Any]) -> RunConfig:
+#: What the checkpointing tests change in :func:`tests.support.run_configs.tiny_config`.
+_CHECKPOINT_RUN: dict[str, Any] = {
+    "name": "ckpt",
+    "grpo": {"maxSteps": 5},
+    "checkpointing": {"snapshotIntervalSeconds": 0, "trace": False},
+}
+
+
+def tiny_config(tmp_path: Path, **sections: Any) -> RunConfig:
     """A small arithmetic run with snapshots on (the pump's timer off: tests attempt them)."""
-    data: dict[str, Any] = {
-        "name": "ckpt",
-        "seed": 5,
-        "logDir": str(tmp_path / "run"),
-        "policy": {"dModel": 32, "nLayers": 1, "nHeads": 2, "maxSeqLen": 32},
-        "task": {"name": "arithmetic", "datasetSize": 96, "maxNewTokens": 4},
-        "grpo": {"groupSize": 4, "promptsPerStep": 3, "maxSteps": 5, "maxStaleness": 1},
-        "rollout": {"maxInFlightGroups": 8, "replayCapacity": 16},
-        "checkpointing": {
-            "savePeriod": 100,
-            "targetLevel": "sibling",
-            "snapshotIntervalSeconds": 0,
-            "trace": False,
-        },
-        "gym": {"replicas": 2},
-        "workers": {"backend": "inprocess"},
-    }
-    for section, values in sections.items():
-        if isinstance(values, dict):
-            data[section] = {**data.get(section, {}), **values}
-        else:
-            data[section] = values
-    return RunConfig.model_validate(data)
+    for section, values in _CHECKPOINT_RUN.items():
+        given = sections.get(section)
+        if isinstance(values, dict) and isinstance(given, dict):
+            sections[section] = {**values, **given}
+        elif given is None:
+            sections[section] = values
+    return run_configs.tiny_config(tmp_path, **sections)
 
 
 class Harness:

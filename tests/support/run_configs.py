@@ -9,7 +9,7 @@ from typing import Any
 from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
 
 
-def tiny_config(tmp_path: Path, **sections: dict[str, Any]) -> RunConfig:
+def tiny_config(tmp_path: Path, **sections: Any) -> RunConfig:
     """A small arithmetic run (in-process workers) with per-section overrides."""
     data: dict[str, Any] = {
         "name": "test",

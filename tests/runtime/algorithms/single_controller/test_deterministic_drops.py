@@ -27,6 +27,7 @@ from tests.support.rollout_checkpoints import (
     crash_after_snapshot,
     final_journal,
     harness,
+    republish,
     run_to_end,
     tiny_config,
     weights_digest,
@@ -154,17 +155,7 @@ async def test_resume_from_a_snapshot_without_reserves_completes(tmp_path, caplo
         assert runtime["step_reserves"], "the snapshot holds no reserve to strip"
         del runtime["step_reserves"], runtime["leftovers"]
         runtime["schema"] = 2
-        manifest = store.load_manifest(newest)
-        files = {name: store.storage.read_bytes(f"{entry}/{name}") for name in manifest.files}
-        files[RUNTIME_STATE_FILE] = json.dumps(runtime).encode()
-        store.publish(
-            config=cfg,
-            anchor=manifest.anchor,
-            files=files,
-            train_step=manifest.train_step,
-            mutation_version=manifest.mutation_version,
-            cut_time=manifest.cut_time,
-        )
+        republish(store, cfg, newest, **{RUNTIME_STATE_FILE: json.dumps(runtime).encode()})
 
         second = await h.controller(cfg)
         restored = await second.restore()
