@@ -308,12 +308,13 @@ def _run_token(gym_token: str | None) -> str | None:
     return gym_token if gym_token is not None else os.environ.get(ENV_GYM_TOKEN)
 
 
-async def _environment_checkpoint(cfg: RunConfig, gym_token: str | None = None) -> Any:
+async def _environment_checkpoint(cfg: RunConfig, gym_token: str | None) -> Any:
     """The environment's checkpoint participant, keyed by each Gym replica's instance id.
 
     A restored episode must go back to the replica that owns it, and the ledger records the
     id each replica reports (``gym-<i>`` from the launcher, ``<run>-gym-<k>`` in pods), so
-    the ids come from the replicas' ``/healthz``, never from their order.
+    the ids come from the replicas' ``/healthz``, never from their order. ``gym_token``: the
+    run's token, as :func:`run_trainer` resolved it.
     """
     from rolloutrun_runtime.contract.pod import ENV_INCARNATION
     from rolloutrun_runtime.contract.run_config import TargetLevel
@@ -325,7 +326,7 @@ async def _environment_checkpoint(cfg: RunConfig, gym_token: str | None = None) 
     return build_environment_checkpoint(
         cfg,
         endpoints,
-        _run_token(gym_token),
+        gym_token,
         incarnation=int(os.environ.get(ENV_INCARNATION, "0") or 0),
     )
 
