@@ -203,12 +203,7 @@ def _drop_nulls(value: Any) -> Any:
 
 def merge(live: Any, applied: Any, shape: Shape) -> Any:
     """The applied configuration merged into the live value (not modified)."""
-    if (
-        isinstance(applied, dict)
-        and isinstance(live, dict)
-        and applied
-        and not shape.atomic_map(applied)
-    ):
+    if isinstance(applied, dict) and isinstance(live, dict) and not shape.atomic_map(applied):
         result = copy.deepcopy(live)
         for key, value in applied.items():
             result[key] = merge(live.get(key, MISSING), value, shape.child(key))
@@ -285,12 +280,13 @@ def conflict_error(conflicts: list[Conflict]) -> errors.ApiError:
 
 
 def find_conflicts(
-    live: Any, applied: Any, applied_set: FieldSet, others: list[Entry]
+    live: Any, merged: Any, applied_set: FieldSet, others: list[Entry]
 ) -> list[Conflict]:
-    """Fields the applied configuration would change that other managers own."""
+    """Fields of the applied configuration whose value the apply changes (``merged`` is the
+    result) and that other managers own."""
     conflicts = []
     for path in sorted(applied_set):
-        if not path[-1].startswith("f:") or mf.value_at(live, path) == mf.value_at(applied, path):
+        if not path[-1].startswith("f:") or mf.value_at(live, path) == mf.value_at(merged, path):
             continue
         for entry in others:
             for owned in sorted(entry.fields):
@@ -321,14 +317,14 @@ def apply_config(
     previous = next((e.fields for e in entries if e.key == key), frozenset())
     others = [e for e in entries if e.key != key]
     live_part = mf.strip(live, has_status, sub) if live is not None else {}
-    conflicts = find_conflicts(live_part, applied, applied_set, others)
+    merged = merge(live if live is not None else {}, applied, shape)
+    conflicts = find_conflicts(live_part, mf.strip(merged, has_status, sub), applied_set, others)
     if conflicts and not request.force:
         raise conflict_error(conflicts)
     taken: dict[tuple[str, str, str], set[Path]] = {}
     for c in conflicts:
         taken.setdefault(c.entry.key, set()).add(c.path)
     others = [replace(e, fields=e.fields - taken.get(e.key, set())) for e in others]
-    merged = merge(live if live is not None else {}, applied, shape)
     owned_by_others: set[Path] = set()
     for entry in others:
         owned_by_others |= entry.fields

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from . import apply, errors, openapi, patches, resources
+from . import apply, errors, openapi, openapi_v2, patches, resources
 from .errors import ApiError
 from .resources import Registry, ResourceType
 from .selectors import parse_field_selector, parse_label_selector
@@ -130,6 +130,9 @@ class ApiServer:
             return _json(resources.core_versions(self.address))
         if path == "/apis":
             return _json(resources.api_group_list(self.registry))
+        if path == "/openapi/v2":
+            body, content_type = openapi_v2.render(self.registry, request.headers.get("Accept", ""))
+            return web.Response(body=body, headers={"Content-Type": content_type})
         if path == "/openapi/v3":
             return _json(openapi.root(self.registry))
         if path.startswith("/openapi/v3/"):
