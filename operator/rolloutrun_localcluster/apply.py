@@ -65,6 +65,8 @@ def read_entries(obj: Obj | None) -> list[Entry]:
         return []
     entries = []
     for raw in (obj.get("metadata") or {}).get("managedFields") or []:
+        if not isinstance(raw, dict):
+            continue
         entries.append(
             Entry(
                 raw.get("manager", ""),
@@ -162,7 +164,7 @@ def recorder(
     has_status = rtype.has_status
 
     def record(old: Obj | None, new: Obj) -> list[Obj]:
-        entries = read_entries(old)
+        entries = read_entries(new)  # the old ones, or those the request set
         old_part = mf.strip(old, has_status, subresource) if old is not None else {}
         new_part = mf.strip(new, has_status, subresource)
         old_set = mf.fieldset(old_part, shape, update=True)

@@ -373,8 +373,10 @@ class Store:
                 meta[kept] = old_meta[kept]
             else:
                 meta.pop(kept, None)
-        meta.pop("managedFields", None)
-        if "managedFields" in old_meta:  # the field manager (apply.py) recomputes them
+        # A request's own managedFields are kept as given (kubectl rewrites them when it moves
+        # an object from client-side to server-side apply); without them the old ones stay.
+        # The field manager (apply.py) then records the write on top of them.
+        if not meta.get("managedFields") and "managedFields" in old_meta:
             meta["managedFields"] = old_meta["managedFields"]
         meta["resourceVersion"] = old_meta["resourceVersion"]
         if rtype.has_status:
