@@ -51,10 +51,11 @@ class Entry:
             "manager": self.manager,
             "operation": self.operation,
             "apiVersion": self.api_version,
-            "time": self.time,
             "fieldsType": "FieldsV1",
             "fieldsV1": mf.encode(self.fields),
         }
+        if self.time:
+            out["time"] = self.time
         if self.subresource:
             out["subresource"] = self.subresource
         return out

@@ -102,6 +102,23 @@ def test_kubectl_apply_server_side_conflicts_force_and_removal(
     assert _get(cluster, namespace, "configmap/cfg")["data"] == {"key": "two"}
 
 
+@needs_kubectl
+def test_kubectl_moves_a_client_side_applied_object_to_server_side(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """kubectl rewrites managedFields after its first server-side apply of an object it had
+    applied client-side (the server keeps a request's own managedFields); afterwards a new
+    value applies without conflicting with ``kubectl-client-side-apply``."""
+    args = ("-n", namespace, "apply", "-f", "-")
+    assert _kubectl(cluster, *args, stdin=_configmap(namespace, {"key": "one"})).returncode == 0
+    first = _kubectl(cluster, *args, "--server-side", stdin=_configmap(namespace, {"key": "one"}))
+    assert first.returncode == 0, first.stderr
+    managers = {m for m, _ in _managed(_get(cluster, namespace, "configmap/cfg"))}
+    assert "kubectl-client-side-apply" not in managers and "kubectl" in managers
+    done = _kubectl(cluster, *args, "--server-side", stdin=_configmap(namespace, {"key": "two"}))
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.fixture
 def rolloutrun_crd(cluster: LocalCluster) -> None:
     done = _kubectl(cluster, "apply", "--server-side", "-f", str(CRD_FILE))
