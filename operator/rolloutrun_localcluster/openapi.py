@@ -5,6 +5,11 @@ kubectl (1.27+) checks the server's OpenAPI v3 document for a ``fieldValidation`
 before it sends ``apply``/``create`` with server-side validation; finding it, it sends
 ``fieldValidation=Strict`` and the server validates. Without it kubectl would fall back to
 client-side validation, which needs the full schemas. ``kubectl explain`` is not supported.
+
+``definitions`` is the one list of schemas both documents carry (v3 ``components.schemas``,
+v2 ``definitions`` in openapi_v2.py): each kind under its real definition name, tagged with
+``x-kubernetes-group-version-kind``; custom resources with their CRD's schema, built-in kinds
+as plain objects (their full schemas are compiled into the clients).
 """
 
 from __future__ import annotations
@@ -26,6 +31,37 @@ def root(registry: Registry) -> dict[str, Any]:
         for g, v in sorted(versions)
     }
     return {"paths": paths}
+
+
+# Definition name prefixes of the built-in groups (``io.k8s.api.core.v1.Pod``).
+_BUILTIN_PREFIX = {
+    "": "io.k8s.api.core",
+    "apiextensions.k8s.io": "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions",
+}
+
+
+def definition_name(rtype: ResourceType) -> str:
+    """``io.k8s.api.apps.v1.Deployment``; custom kinds by reversed group
+    (``dev.rolloutrun.v1alpha1.RolloutRun``), as the real server names them."""
+    if rtype.custom:
+        prefix = ".".join(reversed(rtype.group.split(".")))
+    elif rtype.group in _BUILTIN_PREFIX:
+        prefix = _BUILTIN_PREFIX[rtype.group]
+    else:
+        prefix = "io.k8s.api." + rtype.group.split(".")[0]
+    return f"{prefix}.{rtype.version}.{rtype.kind}"
+
+
+def definitions(types: list[ResourceType]) -> dict[str, Any]:
+    """The schema of each kind, keyed by definition name."""
+    result: dict[str, Any] = {}
+    for rtype in sorted(types, key=definition_name):
+        schema: dict[str, Any] = dict(rtype.schema or {"type": "object"})
+        schema["x-kubernetes-group-version-kind"] = [
+            {"group": rtype.group, "kind": rtype.kind, "version": rtype.version}
+        ]
+        result[definition_name(rtype)] = schema
+    return result
 
 
 def _object_path(rtype: ResourceType) -> str:
@@ -59,5 +95,5 @@ def group_version(registry: Registry, path: str) -> dict[str, Any] | None:
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes (rolloutrun local cluster)", "version": "v1.32.0"},
         "paths": paths,
-        "components": {"schemas": {}},
+        "components": {"schemas": definitions(types)},
     }

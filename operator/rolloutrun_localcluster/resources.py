@@ -78,6 +78,21 @@ BUILTINS: tuple[ResourceType, ...] = (
     ResourceType(
         "rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, "rolebinding"
     ),
+    # Cluster-wide RBAC and Deployments: stored for the chart (helm install), not run here.
+    ResourceType(
+        "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False, "clusterrole"
+    ),
+    ResourceType(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        False,
+        "clusterrolebinding",
+    ),
+    ResourceType(
+        "apps", "v1", "deployments", "Deployment", True, "deployment", ("deploy",), ("status",)
+    ),
     # Stored, not enforced: pods of the local cluster share the host's network (issue 13).
     ResourceType(
         "networking.k8s.io",

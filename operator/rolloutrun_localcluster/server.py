@@ -19,11 +19,11 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from . import errors, openapi, patches, resources
+from . import apply, errors, openapi, openapi_v2, patches, resources
 from .errors import ApiError
 from .resources import Registry, ResourceType
 from .selectors import parse_field_selector, parse_label_selector
-from .store import Store
+from .store import Store, now_iso
 from .tables import as_table, wants_table
 from .watch import WatchHub
 
@@ -130,6 +130,9 @@ class ApiServer:
             return _json(resources.core_versions(self.address))
         if path == "/apis":
             return _json(resources.api_group_list(self.registry))
+        if path == "/openapi/v2":
+            body, content_type = openapi_v2.render(self.registry, request.headers.get("Accept", ""))
+            return web.Response(body=body, headers={"Content-Type": content_type})
         if path == "/openapi/v3":
             return _json(openapi.root(self.registry))
         if path.startswith("/openapi/v3/"):
@@ -263,12 +266,24 @@ class ApiServer:
             "strict": request.query.get("fieldValidation") == "Strict",
         }
 
+    @staticmethod
+    def _managed(request: web.Request, target: Target, is_apply: bool = False) -> apply.Recorder:
+        """The field manager of a write (managedFields, see apply.py)."""
+        field_manager = request.query.get("fieldManager")
+        apply.check_manager(field_manager, is_apply, request.query.get("force") == "true")
+        manager = apply.manager_name(field_manager, request.headers.get("User-Agent", ""))
+        return apply.recorder(target.rtype, manager, target.subresource, now_iso)
+
     async def _create(self, request: web.Request, target: Target) -> web.Response:
         body = await self._body(request)
         if not isinstance(body, dict):
             raise errors.bad_request("the body of the request must be a JSON object")
         created = self.store.create(
-            target.rtype, target.namespace or "", body, **self._flags(request)
+            target.rtype,
+            target.namespace or "",
+            body,
+            managed=self._managed(request, target),
+            **self._flags(request),
         )
         warnings = _pop_warnings(created)
         return _json(created, 201, warnings)
@@ -282,6 +297,7 @@ class ApiServer:
             target.name,
             body,
             subresource=target.subresource,
+            managed=self._managed(request, target),
             **self._flags(request),
         )
         return _json(updated, 200, _pop_warnings(updated))
@@ -290,6 +306,9 @@ class ApiServer:
         assert target.name is not None
         content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
         patch = await self._body(request)
+        if content_type == "application/apply-patch+yaml":
+            return self._apply(request, target, patch)
+        managed = self._managed(request, target)
         current = self.store.get(target.rtype, target.namespace or "", target.name)
         if content_type == "application/merge-patch+json":
             new = patches.merge_patch(current, patch)
@@ -307,9 +326,28 @@ class ApiServer:
             target.name,
             new,
             subresource=target.subresource,
+            managed=managed,
             **self._flags(request),
         )
         return _json(updated, 200, _pop_warnings(updated))
+
+    def _apply(self, request: web.Request, target: Target, config: Any) -> web.Response:
+        """Server-side apply: create or merge, with field ownership (apply.py)."""
+        assert target.name is not None
+        field_manager = request.query.get("fieldManager")
+        force = request.query.get("force") == "true"
+        apply.check_manager(field_manager, True, force)
+        options = apply.ApplyRequest(field_manager or "", force, target.subresource, now_iso())
+        result, code = apply.serve_apply(
+            self.store,
+            target.rtype,
+            target.namespace or "",
+            target.name,
+            config,
+            options,
+            self._flags(request),
+        )
+        return _json(result, code, _pop_warnings(result))
 
     async def _delete_options(self, request: web.Request) -> dict[str, Any]:
         options = await self._body(request) or {}

@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
+# Computes ``metadata.managedFields`` of a write from the old (None on create) and new object.
+Managed = Callable[[Obj | None, Obj], list[Obj]]
 
 
 def now_iso(offset: float = 0.0) -> str:
@@ -229,6 +231,7 @@ class Store:
         *,
         dry_run: bool = False,
         strict: bool = False,
+        managed: Managed | None = None,
     ) -> Obj:
         strategy = strategy_for(rtype)
         obj = copy.deepcopy(body)
@@ -283,6 +286,7 @@ class Store:
         if self.find(rtype, namespace, meta["name"]) is not None:
             raise errors.already_exists(rtype.plural, rtype.group, meta["name"])
         self._check_quota(rtype, namespace, meta["name"])
+        _record(managed, None, obj)
         if dry_run:
             return obj
         stored = self._commit(rtype, "ADDED", obj, None)
@@ -299,6 +303,7 @@ class Store:
         dry_run: bool = False,
         precondition_rv: str | None = None,
         strict: bool = False,
+        managed: Managed | None = None,
     ) -> Obj:
         old = self.find(rtype, namespace, name)
         if old is None:
@@ -332,6 +337,7 @@ class Store:
                     )
                 ],
             )
+        _record(managed, old, obj)
         if _same(obj, old):
             return render(old, rtype.api_version)
         if dry_run:
@@ -367,7 +373,11 @@ class Store:
                 meta[kept] = old_meta[kept]
             else:
                 meta.pop(kept, None)
-        meta.pop("managedFields", None)
+        # A request's own managedFields are kept as given (kubectl rewrites them when it moves
+        # an object from client-side to server-side apply); without them the old ones stay.
+        # The field manager (apply.py) then records the write on top of them.
+        if not meta.get("managedFields") and "managedFields" in old_meta:
+            meta["managedFields"] = old_meta["managedFields"]
         meta["resourceVersion"] = old_meta["resourceVersion"]
         if rtype.has_status:
             if "status" in old:
@@ -538,6 +548,17 @@ def should_delete_during_update(obj: Obj) -> bool:
         and not meta.get("finalizers")
         and not meta.get("deletionGracePeriodSeconds")
     )
+
+
+def _record(managed: Managed | None, old: Obj | None, obj: Obj) -> None:
+    """Set the write's ``managedFields`` (writes without a manager keep the old ones)."""
+    if managed is None:
+        return
+    entries = managed(old, obj)
+    if entries:
+        obj["metadata"]["managedFields"] = entries
+    else:
+        obj["metadata"].pop("managedFields", None)
 
 
 def _same(a: Obj, b: Obj) -> bool:

@@ -398,7 +398,9 @@ def test_edges_of_the_http_surface(
         call("PATCH", path, {"spec": {"size": 2}}, "application/strategic-merge-patch+json")[0]
         == 415
     )
-    assert call("PATCH", path, {"spec": {"size": 2}}, "application/apply-patch+yaml")[0] == 415
+    # Server-side apply is served (tests/localcluster/test_apply.py); without a manager: 422.
+    code, body = call("PATCH", path, {"spec": {"size": 2}}, "application/apply-patch+yaml")
+    assert code == 422 and "fieldManager: Required value" in body["message"]
     code, table = call("GET", path, accept="application/json;as=Table;v=v1;g=meta.k8s.io")
     assert code == 200 and table["kind"] == "Table"
     assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Size", "Phase", "Age"]

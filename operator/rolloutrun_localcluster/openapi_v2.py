@@ -1,0 +1,154 @@
+"""``GET /openapi/v2``: the Swagger 2.0 document, as JSON or as the protobuf clients ask for.
+
+client-go's ``OpenAPISchema()`` (kubectl's client-side apply, helm, anything validating on
+the client) asks for ``application/com.github.proto-openapi.spec.v2@v1.0+protobuf`` and
+decodes gnostic's ``openapi.v2.Document`` message; other clients take JSON. Without this
+document kubectl falls back, helm with ``--server-side=false`` stops ("failed to download
+openapi"). The definitions are those of the v3 document (``openapi.definitions``); there
+are no paths: clients then pick patch types from their compiled-in knowledge, as with a
+server whose v2 document lacks a kind.
+
+The protobuf encoder is a small writer of the wire format for the messages used here
+(Document, Info, Definitions, NamedSchema, Schema and its helpers); field numbers are those
+of gnostic's ``openapiv2/OpenAPIv2.proto``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import yaml
+
+from . import openapi
+from .resources import VERSION_INFO, Registry
+
+PROTOBUF = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
+# What the real server answers it with (``@`` is not valid in a media type: Go's mime refuses).
+PROTOBUF_RETURNED = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+
+# Schema fields of gnostic's ``Schema`` message: JSON name -> (number, kind).
+_STRING = {"$ref": 1, "format": 2, "title": 3, "description": 4, "pattern": 13}
+_DOUBLE = {"multipleOf": 6, "maximum": 7, "minimum": 9}
+_BOOL = {"exclusiveMaximum": 8, "exclusiveMinimum": 10, "uniqueItems": 16, "readOnly": 27}
+_INT = {
+    "maxLength": 11,
+    "minLength": 12,
+    "maxItems": 14,
+    "minItems": 15,
+    "maxProperties": 17,
+    "minProperties": 18,
+}
+_DEFAULT, _REQUIRED, _ENUM, _ADDITIONAL, _TYPE, _ITEMS, _ALL_OF = 5, 19, 20, 21, 22, 23, 24
+_PROPERTIES, _EXAMPLE, _VENDOR = 25, 30, 31
+
+
+def document(registry: Registry) -> dict[str, Any]:
+    """The Swagger 2.0 document of every served kind."""
+    return {
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes", "version": VERSION_INFO["gitVersion"]},
+        "paths": {},
+        "definitions": openapi.definitions(registry.all()),
+    }
+
+
+def wants_protobuf(accept: str) -> bool:
+    return PROTOBUF in accept or PROTOBUF_RETURNED in accept
+
+
+# --------------------------------------------------------------------- wire format
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _tag(number: int, wire: int) -> bytes:
+    return _varint(number << 3 | wire)
+
+
+def _bytes(number: int, data: bytes) -> bytes:
+    return _tag(number, 2) + _varint(len(data)) + data
+
+
+def _string(number: int, text: str) -> bytes:
+    return _bytes(number, text.encode())
+
+
+def _any(number: int, value: Any) -> bytes:
+    """gnostic's ``Any``: the value as YAML text (field 2)."""
+    text = yaml.safe_dump(value, default_flow_style=False, sort_keys=True)
+    return _bytes(number, _string(2, text))
+
+
+def encode_schema(schema: dict[str, Any]) -> bytes:
+    """A JSON schema as gnostic's ``Schema`` message (unknown v3-only keywords dropped)."""
+    out = bytearray()
+    for key, value in schema.items():
+        if key in _STRING and isinstance(value, str):
+            out += _string(_STRING[key], value)
+        elif key in _DOUBLE and isinstance(value, int | float):
+            out += _tag(_DOUBLE[key], 1) + struct.pack("<d", float(value))
+        elif key in _BOOL and isinstance(value, bool):
+            out += _tag(_BOOL[key], 0) + _varint(int(value))
+        elif key in _INT and isinstance(value, int):
+            out += _tag(_INT[key], 0) + _varint(value)
+        elif key == "default":
+            out += _any(_DEFAULT, value)
+        elif key == "example":
+            out += _any(_EXAMPLE, value)
+        elif key == "required":
+            out += b"".join(_string(_REQUIRED, name) for name in value)
+        elif key == "enum":
+            out += b"".join(_any(_ENUM, item) for item in value)
+        elif key == "type":
+            types = value if isinstance(value, list) else [value]
+            out += _bytes(_TYPE, b"".join(_string(1, t) for t in types))
+        elif key == "items" and isinstance(value, dict):
+            out += _bytes(_ITEMS, _bytes(1, encode_schema(value)))
+        elif key == "allOf":
+            out += b"".join(_bytes(_ALL_OF, encode_schema(s)) for s in value)
+        elif key == "additionalProperties":
+            inner = _bytes(1, encode_schema(value)) if isinstance(value, dict) else b""
+            if isinstance(value, bool):
+                inner = _tag(2, 0) + _varint(int(value))
+            out += _bytes(_ADDITIONAL, inner)
+        elif key == "properties":
+            named = b"".join(
+                _bytes(1, _string(1, name) + _bytes(2, encode_schema(sub)))
+                for name, sub in value.items()
+            )
+            out += _bytes(_PROPERTIES, named)
+        elif key.startswith("x-"):
+            out += _bytes(_VENDOR, _string(1, key) + _any(2, value))
+    return bytes(out)
+
+
+def encode_document(doc: dict[str, Any]) -> bytes:
+    """The document as gnostic's ``openapi.v2.Document`` (paths are always empty here)."""
+    info = doc.get("info") or {}
+    out = _string(1, doc.get("swagger", "2.0"))
+    out += _bytes(2, _string(1, info.get("title", "")) + _string(2, info.get("version", "")))
+    out += _bytes(8, b"")
+    named = b"".join(
+        _bytes(1, _string(1, name) + _bytes(2, encode_schema(schema)))
+        for name, schema in (doc.get("definitions") or {}).items()
+    )
+    return out + _bytes(9, named)
+
+
+def render(registry: Registry, accept: str) -> tuple[bytes, str]:
+    """The body and content type for ``GET /openapi/v2`` with this ``Accept`` header."""
+    doc = document(registry)
+    if wants_protobuf(accept):
+        return encode_document(doc), PROTOBUF_RETURNED
+    return json.dumps(doc).encode(), "application/json"
