@@ -14,6 +14,7 @@ create (POST) and update (PUT); patches of RBAC objects are not checked.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ from .resources import Registry, ResourceType
 from .reviews import COMPUTED, Reviews, bootstrap_policy
 from .store import Store
 
+logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
 _RBAC_KINDS = ("roles", "clusterroles", "rolebindings", "clusterrolebindings")
 
@@ -114,6 +116,7 @@ class Access:
         attributes = request_attributes(user, method, path.rstrip("/") or "/", query)
         decision = self.check(attributes)
         if not decision.allowed:
+            logger.debug("RBAC denied %s", attributes)
             if caller.name == ANONYMOUS:
                 raise errors.unauthorized()
             raise forbidden(attributes, decision.reason)
