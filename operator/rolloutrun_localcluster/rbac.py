@@ -37,7 +37,14 @@ SA_PREFIX = "system:serviceaccount:"
 RBAC_GROUP = "rbac.authorization.k8s.io"
 #: Namespace subresources: ``/api/v1/namespaces/NS/status`` is the namespace's status.
 _NAMESPACE_SUBRESOURCES = frozenset({"status", "finalize"})
-_VERBS = {"POST": "create", "GET": "get", "HEAD": "get", "PUT": "update", "PATCH": "patch"}
+_VERBS = {
+    "POST": "create",
+    "GET": "get",
+    "HEAD": "get",
+    "PUT": "update",
+    "PATCH": "patch",
+    "DELETE": "delete",
+}
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,7 @@ def request_attributes(
         if len(parts) < 3:
             return non_resource
         group, version, rest = "", parts[1], parts[2:]
-    verb = _VERBS.get(method.upper(), "delete" if method.upper() == "DELETE" else method.lower())
+    verb = _VERBS.get(method.upper(), method.lower())
     namespace = ""
     if rest[0] == "namespaces" and len(rest) > 1:
         namespace = rest[1]
@@ -122,12 +129,11 @@ def request_attributes(
 
 
 def _name_from_field_selector(selector: str) -> str:
+    """The object a ``metadata.name=NAME`` (or ``==``) field selector names, else ""."""
     for clause in selector.split(","):
         key, sep, value = clause.partition("=")
-        if sep and key.strip() == "metadata.name" and not value.startswith("="):
-            return value.strip()
-        if key.strip() == "metadata.name" and value.startswith("="):
-            return value[1:].strip()
+        if sep and key.strip() == "metadata.name":
+            return value.removeprefix("=").strip()
     return ""
 
 
