@@ -36,7 +36,9 @@ from typing import Any
 from rolloutrun_localcluster import LocalCluster
 from rolloutrun_localcluster.embedded import EmbeddedRun
 from rolloutrun_localcluster.kubelet import free_pod_network
+from rolloutrun_localcluster.operator_access import operator_kubeconfig
 from rolloutrun_localcluster.testing import api_client
+from rolloutrun_operator.kube import permission_rules
 
 POLL_S = 0.02
 LEASE_DURATION_S = 4
@@ -269,7 +271,7 @@ def reconcile_all(cluster: LocalCluster, namespace: str, count: int) -> dict[str
             "rolloutrun_runtime.cli",
             "operator",
             "--kubeconfig",
-            str(cluster.kubeconfig_path),
+            str(operator_kubeconfig(cluster, permission_rules())),  # the chart's rights
             "-n",
             namespace,
             "--metrics-port",

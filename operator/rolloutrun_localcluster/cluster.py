@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from . import kubeconfig, tls
+from . import access, kubeconfig, tls
 from .controllers import Controllers
 from .kubelet import IpPool, Kubelet
 from .logs import PodLogs
@@ -99,6 +99,11 @@ class LocalCluster:
         """The kubelet of the first node, ``local``."""
         return self.kubelets[self.node_names[0]]
 
+    def _account_token(self, account: dict[str, Any]) -> str:
+        """The token the kubelet mounts for a pod of ``account`` (valid while it exists)."""
+        assert self.server is not None
+        return self.server.access.authenticator.issue(account)[0]
+
     # ------------------------------------------------------------------ async API
     async def astart(self) -> LocalCluster:
         """Start serving on this loop; return once the API answers and the node is Ready."""
@@ -118,6 +123,7 @@ class LocalCluster:
                 self.registry,
                 self.directory,
                 token=self.token,
+                account_token=self._account_token,
                 kubeconfig_for=lambda ns, token: kubeconfig.render(self.api_url, token, ca_pem, ns),
                 ca_pem=ca_pem,
                 api_port=lambda: self.port,
@@ -134,6 +140,7 @@ class LocalCluster:
         for name in SYSTEM_NAMESPACES:
             if self.store.find(namespaces, "", name) is None:
                 self.store.create(namespaces, "", {"metadata": {"name": name}})
+        access.bootstrap(self.store, self.registry)
         self._runner = web.AppRunner(
             self.server.app, handle_signals=False, access_log=None, shutdown_timeout=1.0
         )

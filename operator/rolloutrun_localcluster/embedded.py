@@ -36,11 +36,13 @@ from rolloutrun_operator import naming
 from rolloutrun_operator.api.crdgen import build_crd
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 from rolloutrun_operator.handlers import Options
+from rolloutrun_operator.kube import permission_rules
 from rolloutrun_operator.runner import OperatorConfig, OperatorThread
 from rolloutrun_runtime.contract.layout import GYM_AUDIT_PREFIX
 
 from .cluster import LocalCluster
 from .kubelet import free_pod_network
+from .operator_access import operator_kubeconfig
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +233,9 @@ class EmbeddedRun:
             crds.create_custom_resource_definition(build_crd())
             if self.namespace != "default":
                 self.core.create_namespace({"metadata": {"name": self.namespace}})
-            options = Options(kubeconfig=str(self.cluster.kubeconfig_path))
+            # The operator runs as its own account under the chart's rules, not as admin.
+            operator = operator_kubeconfig(self.cluster, permission_rules())
+            options = Options(kubeconfig=str(operator))
             self.operator = OperatorThread(
                 OperatorConfig(options=options, namespaces=[self.namespace])
             ).start()

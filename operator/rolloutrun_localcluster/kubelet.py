@@ -101,6 +101,7 @@ class Kubelet:
         root: Path,
         *,
         token: str,
+        account_token: Callable[[Obj], str] | None = None,
         kubeconfig_for: Callable[[str, str | None], str],
         ca_pem: bytes,
         api_port: Callable[[], int],
@@ -114,6 +115,7 @@ class Kubelet:
         self.registry = registry
         self.root = root
         self.token = token
+        self.account_token = account_token
         self.kubeconfig_for = kubeconfig_for
         self.ca_pem = ca_pem
         self.api_port = api_port
@@ -148,11 +150,16 @@ class Kubelet:
         return lambda namespace, name: self.store.find(rtype, namespace, name)
 
     def token_for(self, pod: Obj) -> str | None:
-        """The token this pod gets, ``None`` if it opted out (pod or ServiceAccount)."""
+        """The token this pod gets, ``None`` if it opted out (pod or ServiceAccount): its
+        ServiceAccount's own (``account_token``; none if the account does not exist)."""
         meta = pod.get("metadata") or {}
         name = (pod.get("spec") or {}).get("serviceAccountName") or "default"
         account = self.lookup("serviceaccounts")(meta.get("namespace", ""), name)
-        return self.token if podspec.mounts_token(pod, account) else None
+        if not podspec.mounts_token(pod, account):
+            return None
+        if self.account_token is None:
+            return self.token
+        return None if account is None else self.account_token(account)
 
     def base_env(self, worker: PodWorker, container: Obj) -> dict[str, str]:
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}

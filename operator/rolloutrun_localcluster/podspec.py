@@ -63,8 +63,7 @@ def downward_value(pod: Obj, path: str) -> str:
 def mounts_token(pod: Obj, account: Obj | None) -> bool:
     """Whether the pod gets a service-account token: the pod's
     ``automountServiceAccountToken`` wins when set, else its ServiceAccount's, else yes (the
-    Kubernetes rule). The local cluster has one token for every pod that gets one (per-account
-    tokens and RBAC are not emulated)."""
+    Kubernetes rule). The token is the account's own (see ``identity``)."""
     own = (pod.get("spec") or {}).get("automountServiceAccountToken")
     if own is not None:
         return bool(own)

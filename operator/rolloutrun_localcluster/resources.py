@@ -69,16 +69,16 @@ BUILTINS: tuple[ResourceType, ...] = (
     _core("endpoints", "Endpoints", True, ("ep",)),
     _core("configmaps", "ConfigMap", True, ("cm",)),
     _core("secrets", "Secret", True),
-    _core("serviceaccounts", "ServiceAccount", True, ("sa",)),
+    _core("serviceaccounts", "ServiceAccount", True, ("sa",), ("token",)),
     _core("events", "Event", True, ("ev",)),
     _core("resourcequotas", "ResourceQuota", True, ("quota",), ("status",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, "lease"),
-    # Stored, not enforced (one token is all-powerful): operators create their members' RBAC.
+    # Enforced by the authorizer (rbac.py) on every request.
     ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True, "role"),
     ResourceType(
         "rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, "rolebinding"
     ),
-    # Cluster-wide RBAC and Deployments: stored for the chart (helm install), not run here.
+    # Cluster-wide RBAC (enforced: rbac.py) and Deployments (stored for the chart, not run).
     ResourceType(
         "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False, "clusterrole"
     ),
@@ -92,6 +92,22 @@ BUILTINS: tuple[ResourceType, ...] = (
     ),
     ResourceType(
         "apps", "v1", "deployments", "Deployment", True, "deployment", ("deploy",), ("status",)
+    ),
+    # Computed, never stored (reviews.py): access reviews and "who am I".
+    *(
+        ResourceType(group, "v1", plural, kind, namespaced, kind.lower(), verbs=("create",))
+        for group, plural, kind, namespaced in (
+            ("authorization.k8s.io", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False),
+            ("authorization.k8s.io", "selfsubjectrulesreviews", "SelfSubjectRulesReview", False),
+            ("authorization.k8s.io", "subjectaccessreviews", "SubjectAccessReview", False),
+            (
+                "authorization.k8s.io",
+                "localsubjectaccessreviews",
+                "LocalSubjectAccessReview",
+                True,
+            ),
+            ("authentication.k8s.io", "selfsubjectreviews", "SelfSubjectReview", False),
+        )
     ),
     # Stored, not enforced: pods of the local cluster share the host's network (issue 13).
     ResourceType(
@@ -217,9 +233,12 @@ def resource_list(registry: Registry, group: str, version: str) -> dict[str, Any
         resources.append(entry)
         for sub in rtype.subresources:
             verbs = {"status": ["get", "patch", "update"], "log": ["get"]}.get(sub, ["create"])
-            sub_kind = {"log": "Pod", "eviction": "Eviction", "binding": "Binding"}.get(
-                sub, rtype.kind
-            )
+            sub_kind = {
+                "log": "Pod",
+                "eviction": "Eviction",
+                "binding": "Binding",
+                "token": "TokenRequest",
+            }.get(sub, rtype.kind)
             resources.append(
                 {
                     "name": f"{rtype.plural}/{sub}",

@@ -1,7 +1,8 @@
 """The HTTP face of the emulator: Kubernetes REST paths, verbs, content types and errors.
 
 It parses ``/api/v1/...`` and ``/apis/<group>/<version>/...`` paths itself (the resource
-set changes as CRDs come and go), authenticates a bearer token, and maps each verb onto the
+set changes as CRDs come and go), admits each request (authentication, impersonation and
+RBAC in :mod:`.access`), and maps each verb onto the
 store: GET (get, list, watch, pod logs), POST (create, eviction), PUT (update),
 PATCH (merge, JSON, strategic merge), DELETE (delete, deletecollection). Every error is a
 ``Status`` with the real code and reason. It listens on 127.0.0.1 only.
@@ -10,7 +11,6 @@ PATCH (merge, JSON, strategic merge), DELETE (delete, deletecollection). Every e
 from __future__ import annotations
 
 import base64
-import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from . import apply, errors, openapi, openapi_v2, patches, resources
+from .access import Access
 from .errors import ApiError
 from .resources import Registry, ResourceType
 from .selectors import parse_field_selector, parse_label_selector
@@ -33,7 +34,6 @@ logger = logging.getLogger(__name__)
 RETURN_DELETED = frozenset(
     {"pods", "services", "serviceaccounts", "namespaces", "customresourcedefinitions"}
 )
-PUBLIC_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/version"})
 
 
 class LogSource(Protocol):
@@ -90,27 +90,30 @@ class ApiServer:
         self.store = store
         self.registry = registry
         self.token = token
+        self.access = Access(store, registry, token)
         self.logs = logs
         self.watches = WatchHub(store)
         self.address = "127.0.0.1:0"
         self.app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self._dispatch)
 
-    def _authorized(self, header: str) -> bool:
-        """Constant-time: a timing difference must not reveal how much of a guess matched.
-        Bytes, not str: ``compare_digest`` refuses non-ASCII text (a client's garbage header
-        is a 401, not a 500)."""
-        expected = f"Bearer {self.token}".encode()
-        return hmac.compare_digest(header.encode("utf-8", "surrogateescape"), expected)
-
     @web.middleware
     async def _middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        header = request.headers.get("Authorization", "")
-        if request.path not in PUBLIC_PATHS and not self._authorized(header):
-            return _error(errors.unauthorized())
         try:
+            attributes = self.access.admit(
+                request.method,
+                request.path,
+                request.query,
+                request.headers,
+                request.headers.getall("Impersonate-Group", []),
+            )
+            if self.access.computed(attributes):
+                raw = await request.read()
+                return _json(*self.access.answer(attributes, request.content_type, raw))
+            if attributes.api_group == "rbac.authorization.k8s.io":
+                self.access.check_escalation(attributes, await self._body(request))
             return await handler(request)
         except ApiError as error:
             return _error(error)

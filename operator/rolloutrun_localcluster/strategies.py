@@ -435,7 +435,29 @@ class CustomResourceStrategy(Strategy):
         return causes
 
 
+class RbacStrategy(Strategy):
+    """RBAC object names are path segments (``system:discovery``), not DNS subdomains."""
+
+    def validate(self, rtype: ResourceType, obj: Obj, old: Obj | None) -> list[Cause]:
+        name = obj["metadata"]["name"]
+        why = (
+            f"may not be '{name}'"
+            if name in (".", "..")
+            else next((f"may not contain '{c}'" for c in "/%" if c in name), None)
+        )
+        if old is not None or why is None:
+            return []
+        return [
+            ("FieldValueInvalid", "metadata.name", f'metadata.name: Invalid value: "{name}": {why}')
+        ]
+
+
+_RBAC = RbacStrategy()
 _STRATEGIES: dict[str, Strategy] = {
+    **{
+        f"{plural}.rbac.authorization.k8s.io": _RBAC
+        for plural in ("roles", "clusterroles", "rolebindings", "clusterrolebindings")
+    },
     "pods": PodStrategy(),
     "services": ServiceStrategy(),
     "secrets": SecretStrategy(),

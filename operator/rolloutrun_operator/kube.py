@@ -87,6 +87,18 @@ PERMISSIONS: list[tuple[str, str, tuple[str, ...]]] = [
 ]
 
 
+def permission_rules(
+    permissions: list[tuple[str, str, tuple[str, ...]]] | None = None,
+) -> list[Json]:
+    """:data:`PERMISSIONS` as RBAC PolicyRules, one per entry: what the chart's ClusterRole
+    grants (its test compares the rendered rules with these) and what ``rolloutrun run``
+    binds the operator's ServiceAccount to on the local cluster."""
+    return [
+        {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
+        for group, resource, verbs in (PERMISSIONS if permissions is None else permissions)
+    ]
+
+
 class KubeError(Exception):
     """A Kubernetes API call failed; ``status`` is the HTTP status (0: no answer), ``detail``
     the API's own message, ``child`` the ``Kind/name`` a create, replace or delete was for."""

@@ -15,7 +15,7 @@ import yaml
 
 from rolloutrun_operator import builders
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL
-from rolloutrun_operator.kube import PERMISSIONS
+from rolloutrun_operator.kube import PERMISSIONS, permission_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rolloutrun-operator"
@@ -88,9 +88,13 @@ def rules_of(
         and d["metadata"]["name"] == name
         and d["metadata"].get("namespace") == namespace
     ]
+    return flatten(role["rules"])
+
+
+def flatten(rules: list[dict[str, Any]]) -> set[tuple[str, str, tuple[str, ...]]]:
     return {
         (group, resource, tuple(rule["verbs"]))
-        for rule in role["rules"]
+        for rule in rules
         for group in rule["apiGroups"]
         for resource in rule["resources"]
     }
@@ -101,6 +105,8 @@ def test_the_operator_is_granted_exactly_what_it_uses(helm):
     nodes = rules_of(docs, "rr-rolloutrun-operator-nodes")
     assert nodes == {("", "nodes", ("get",))}
     assert rules_of(docs, "rr-rolloutrun-operator") | nodes == set(PERMISSIONS)
+    # the same rules the local cluster binds the operator to (`rolloutrun run`, tests)
+    assert rules_of(docs, "rr-rolloutrun-operator") | nodes == flatten(permission_rules())
     assert (GROUP, PLURAL, ("get", "list", "watch", "patch")) in PERMISSIONS
     scoped = render(helm, *VARIANTS["namespaced"])
     for namespace in ("team-a", "team-b"):

@@ -78,6 +78,14 @@ def test_pod_environment_downward_api_and_api_access(client: Any, namespace: str
     core.create_namespaced_secret(
         namespace, {"metadata": {"name": "sec"}, "stringData": {"k": "from-secret"}}
     )
+    # The pod lists pods with its account's token: RBAC must grant it, as on a real cluster.
+    rbac: Any = k8s.RbacAuthorizationV1Api(client)
+    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "lister"}, "rules": [rule]})
+    subject = {"kind": "ServiceAccount", "name": "default", "namespace": namespace}
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lister"}
+    binding = {"metadata": {"name": "lister"}, "roleRef": ref, "subjects": [subject]}
+    rbac.create_namespaced_role_binding(namespace, binding)
     env = [
         {"name": "LIT", "value": "literal"},
         {"name": "FROM_CM", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}},

@@ -121,9 +121,19 @@ def test_a_pod_that_opts_out_gets_no_token(
         assert seen["token_file"] is False, name
         assert seen["user"] == {}, name
         assert not [value for value in seen["env"] if cluster.token in value], name
-    for name in ("overridden", "default"):
+    http = urllib3.PoolManager(ca_certs=str(cluster.ca_path))
+    for name, account in (("overridden", "quiet"), ("default", "default")):
         seen = _credentials(core, namespace, name)
-        assert seen["token_file"] is True and seen["user"] == {"token": cluster.token}, name
+        assert seen["token_file"] is True and set(seen["user"]) == {"token"}, name
+        assert seen["user"]["token"] != cluster.token, name  # its account's, never the admin's
+        whoami = http.request(
+            "POST",
+            f"{cluster.api_url}/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            body=b"{}",
+            headers={"Authorization": f"Bearer {seen['user']['token']}"},
+        )
+        user = json.loads(whoami.data)["status"]["userInfo"]["username"]
+        assert user == f"system:serviceaccount:{namespace}:{account}", name
 
 
 def test_wrong_tokens_are_401_and_compared_in_constant_time(

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from rolloutrun_localcluster.operator_access import operator_kubeconfig
 from rolloutrun_localcluster.testing import eventually
 from rolloutrun_operator.handlers import MAX_IDLE_SECONDS, next_pass_delay
+from rolloutrun_operator.kube import permission_rules
 from rolloutrun_runtime.coordination import FencedError, KubernetesLease
 from tests.support.operator_cluster import GROUP, PLURAL, VERSION, operator_thread
 
@@ -458,9 +460,11 @@ def test_the_operator_command_serves_metrics_and_liveness_and_stops_on_sigterm(c
     core.create_namespace({"metadata": {"name": namespace}})
     runs: Any = k8s.CustomObjectsApi(api)
     metrics, health = free_port(), free_port()
+    # cluster-wide, as the chart's default, as the chart's ServiceAccount and ClusterRole
+    kubeconfig = operator_kubeconfig(cluster, permission_rules())
     command = [
         sys.executable, "-m", "rolloutrun_runtime.cli", "operator",
-        "--kubeconfig", str(cluster.kubeconfig_path),  # cluster-wide, as the chart's default
+        "--kubeconfig", str(kubeconfig),
         "--metrics-port", str(metrics), "--liveness", f"http://127.0.0.1:{health}/healthz",
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -18,8 +18,10 @@ import pytest
 import yaml
 
 from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.operator_access import operator_kubeconfig
 from rolloutrun_localcluster.testing import api_client, local_cluster
 from rolloutrun_operator.handlers import Options
+from rolloutrun_operator.kube import permission_rules
 from rolloutrun_operator.runner import OperatorConfig, OperatorThread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +64,14 @@ def client_with_crd(cluster: LocalCluster) -> Iterator[Any]:
     client.close()
 
 
-def operator_thread(cluster: LocalCluster, namespace: str) -> OperatorThread:
-    """The operator as the embedded default runs it: a thread beside the local cluster."""
-    options = Options(kubeconfig=str(cluster.kubeconfig_path))
+def operator_thread(
+    cluster: LocalCluster, namespace: str, rules: list[dict[str, Any]] | None = None
+) -> OperatorThread:
+    """The operator as the embedded default runs it: a thread beside the local cluster, as
+    its own ServiceAccount bound to the chart's rules (``rules`` replaces them: a test of a
+    missing permission gives its operator an account of its own)."""
+    account = "rolloutrun-operator" if rules is None else f"rolloutrun-operator-{namespace}"
+    granted = permission_rules() if rules is None else rules
+    kubeconfig = operator_kubeconfig(cluster, granted, name=account)
+    options = Options(kubeconfig=str(kubeconfig))
     return OperatorThread(OperatorConfig(options=options, namespaces=[namespace]))

@@ -1,0 +1,249 @@
+"""Admission of each request: authenticate, impersonate, authorize, prevent escalation.
+
+Why a module of its own: the HTTP face (:mod:`.server`) calls :meth:`Access.admit` once per
+request, in its middleware, before any handler (as the real server's filter chain does),
+and lets :meth:`Access.answer` reply to the computed creates (access reviews, TokenRequests).
+The decisions themselves are the pure functions of :mod:`.rbac` and :mod:`.identity`.
+
+Escalation prevention is the RBAC registry's rule: creating or updating a Role or
+ClusterRole needs every rule it grants to be held by the caller (or the ``escalate`` verb);
+a binding needs the rules of the role it binds (or the ``bind`` verb). It is checked on
+create (POST) and update (PUT); patches of RBAC objects are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from . import errors, reviewproto
+from .errors import ApiError
+from .identity import Authenticator, impersonate
+from .rbac import (
+    ANONYMOUS,
+    MASTERS,
+    RBAC_GROUP,
+    Attributes,
+    Decision,
+    Rule,
+    UserInfo,
+    authorize,
+    forbidden,
+    grants,
+    request_attributes,
+)
+from .resources import Registry, ResourceType
+from .reviews import COMPUTED, Reviews, bootstrap_policy
+from .store import Store
+
+logger = logging.getLogger(__name__)
+Obj = dict[str, Any]
+_RBAC_KINDS = ("roles", "clusterroles", "rolebindings", "clusterrolebindings")
+
+
+def bootstrap(store: Store, registry: Registry) -> None:
+    """Create the default ClusterRoles and bindings that are missing (cluster start)."""
+    for plural, obj in bootstrap_policy():
+        rtype = registry.get(RBAC_GROUP, "v1", plural)
+        assert rtype is not None
+        if store.find(rtype, "", obj["metadata"]["name"]) is None:
+            store.create(rtype, "", obj)
+
+
+class StoreRbac:
+    """The RBAC objects of the store, as :class:`.rbac.RbacObjects`."""
+
+    def __init__(self, store: Store, registry: Registry) -> None:
+        self.store = store
+        self.registry = registry
+
+    def _type(self, plural: str) -> ResourceType:
+        rtype = self.registry.get(RBAC_GROUP, "v1", plural)
+        assert rtype is not None, plural
+        return rtype
+
+    def role(self, namespace: str, name: str) -> Obj | None:
+        return self.store.find(self._type("roles"), namespace, name)
+
+    def cluster_role(self, name: str) -> Obj | None:
+        return self.store.find(self._type("clusterroles"), "", name)
+
+    def cluster_roles(self) -> Sequence[Obj]:
+        return list(self.store.objects(self._type("clusterroles").storage_key))
+
+    def cluster_role_bindings(self) -> Sequence[Obj]:
+        return list(self.store.objects(self._type("clusterrolebindings").storage_key))
+
+    def role_bindings(self, namespace: str) -> Sequence[Obj]:
+        key = self._type("rolebindings").storage_key
+        return [o for o in self.store.objects(key) if o["metadata"].get("namespace") == namespace]
+
+
+class Access:
+    """Authentication, impersonation and authorization of the API server's requests."""
+
+    def __init__(self, store: Store, registry: Registry, admin_token: str) -> None:
+        self.store = store
+        self.registry = registry
+        self.objects = StoreRbac(store, registry)
+        self.authenticator = Authenticator(admin_token, self.account)
+        self.reviews = Reviews(self.objects, self.check, self.authenticator, self.account)
+
+    def account(self, namespace: str, name: str) -> Obj | None:
+        rtype = self.registry.get("", "v1", "serviceaccounts")
+        assert rtype is not None
+        return self.store.find(rtype, namespace, name)
+
+    def check(self, attributes: Attributes) -> Decision:
+        return authorize(attributes, self.objects)
+
+    def admit(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str],
+        headers: Mapping[str, str],
+        groups: list[str],
+    ) -> Attributes:
+        """The authorized request's attributes; 401 for an unknown token (or an anonymous
+        caller the policy does not allow), 403 ``Status`` when RBAC denies."""
+        caller = self.authenticator.authenticate(headers.get("Authorization"))
+        user = impersonate(caller, headers, groups, self.check)
+        attributes = request_attributes(user, method, path.rstrip("/") or "/", query)
+        decision = self.check(attributes)
+        if not decision.allowed:
+            logger.debug("RBAC denied %s", attributes)
+            if caller.name == ANONYMOUS:
+                raise errors.unauthorized()
+            raise forbidden(attributes, decision.reason)
+        return attributes
+
+    def computed(self, attributes: Attributes) -> bool:
+        """Whether the request is a create answered here rather than stored."""
+        key = (attributes.api_group, attributes.resource, attributes.subresource)
+        return attributes.verb == "create" and key in COMPUTED
+
+    def answer(self, attributes: Attributes, content_type: str, raw: bytes) -> tuple[Obj, int]:
+        """The response of a computed create, whatever encoding kubectl chose for it."""
+        if content_type == "application/vnd.kubernetes.protobuf":
+            body: Any = reviewproto.decode_body(raw)
+        else:
+            body = yaml.safe_load(raw) if "yaml" in content_type else json.loads(raw or b"{}")
+        return self.reviews.answer(attributes, body)
+
+    def check_escalation(self, attributes: Attributes, body: Any) -> None:
+        """403 when a create/update of an RBAC object grants what the caller does not hold."""
+        if (
+            attributes.api_group != RBAC_GROUP
+            or attributes.resource not in _RBAC_KINDS
+            or attributes.subresource
+            or attributes.verb not in ("create", "update")
+            or not isinstance(body, dict)
+            or MASTERS in attributes.user.groups
+        ):
+            return
+        wanted = self._granted_by(attributes, body)
+        if wanted is None:
+            return
+        found, _ = grants(self.objects, attributes.user, attributes.namespace)
+        held = [rule for grant in found for rule in grant.rules]
+        missing = uncovered(held, wanted)
+        if missing:
+            user = attributes.user
+            groups = " ".join(f'"{g}"' for g in user.groups)
+            name = (body.get("metadata") or {}).get("name") or attributes.name
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{attributes.resource}.{RBAC_GROUP} "{name}" is forbidden: user "{user.name}" '
+                f"(groups=[{groups}]) is attempting to grant RBAC permissions not currently "
+                "held:\n" + "\n".join(missing),
+                {"name": name, "group": RBAC_GROUP, "kind": attributes.resource},
+            )
+
+    def _granted_by(self, attributes: Attributes, body: Obj) -> list[Rule] | None:
+        """The rules the object grants; None when the caller may escalate or bind anyway."""
+        user = attributes.user
+        if attributes.resource in ("roles", "clusterroles"):
+            if self._may(user, "escalate", attributes.resource, "", attributes.namespace):
+                return None
+            return list(body.get("rules") or ())
+        ref = body.get("roleRef") or {}
+        plural = "clusterroles" if ref.get("kind") == "ClusterRole" else "roles"
+        if self._may(user, "bind", plural, ref.get("name", ""), attributes.namespace):
+            return None
+        if plural == "roles":
+            role = self.objects.role(attributes.namespace, ref.get("name", ""))
+            return None if role is None else list(role.get("rules") or ())
+        role = self.objects.cluster_role(ref.get("name", ""))
+        return None if role is None else list(role.get("rules") or ())
+
+    def _may(self, user: UserInfo, verb: str, plural: str, name: str, namespace: str) -> bool:
+        attributes = Attributes(
+            user,
+            verb,
+            api_group=RBAC_GROUP,
+            api_version="v1",
+            resource=plural,
+            name=name,
+            namespace=namespace,
+        )
+        return self.check(attributes).allowed
+
+
+# ---------------------------------------------------------------------------- coverage
+def _covers_one(owner: Rule, verb: str, group: str, resource: str, name: str) -> bool:
+    if owner.get("nonResourceURLs") and not owner.get("resources"):
+        return False
+    verbs, groups = owner.get("verbs") or (), owner.get("apiGroups") or ()
+    resources, names = owner.get("resources") or (), owner.get("resourceNames") or ()
+    sub = resource.partition("/")[2]
+    return (
+        ("*" in verbs or verb in verbs)
+        and ("*" in groups or group in groups)
+        and ("*" in resources or resource in resources or (sub != "" and f"*/{sub}" in resources))
+        and (not names or name in names)
+    )
+
+
+def _covers_url(owner: Rule, verb: str, url: str) -> bool:
+    verbs = owner.get("verbs") or ()
+    return ("*" in verbs or verb in verbs) and any(
+        u == "*" or u == url or (u.endswith("*") and url.startswith(u[:-1]))
+        for u in owner.get("nonResourceURLs") or ()
+    )
+
+
+def _quoted(values: Iterable[str]) -> str:
+    return "[" + " ".join(f'"{v}"' for v in values) + "]"
+
+
+def uncovered(owner: Sequence[Rule], wanted: Sequence[Rule]) -> list[str]:
+    """The rules of ``wanted`` no rule of ``owner`` covers, broken down to single verbs,
+    merged back per group/resource/name and written as the real server writes them."""
+    missing: dict[tuple[str, str, str, str], list[str]] = {}
+    for rule in wanted:
+        for verb in rule.get("verbs") or ():
+            for url in rule.get("nonResourceURLs") or ():
+                if not any(_covers_url(o, verb, url) for o in owner):
+                    missing.setdefault(("url", url, "", ""), []).append(verb)
+            for group in rule.get("apiGroups") or ():
+                for resource in rule.get("resources") or ():
+                    for name in rule.get("resourceNames") or [""]:
+                        if not any(_covers_one(o, verb, group, resource, name) for o in owner):
+                            missing.setdefault(("res", group, resource, name), []).append(verb)
+    lines = []
+    for (kind, first, resource, name), verbs in missing.items():
+        if kind == "url":
+            lines.append(f"{{NonResourceURLs:{_quoted([first])}, Verbs:{_quoted(verbs)}}}")
+            continue
+        names = f", ResourceNames:{_quoted([name])}" if name else ""
+        lines.append(
+            f"{{APIGroups:{_quoted([first])}, Resources:{_quoted([resource])}{names}, "
+            f"Verbs:{_quoted(verbs)}}}"
+        )
+    return sorted(lines)
