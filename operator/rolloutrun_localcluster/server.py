@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from . import errors, openapi, patches, resources
+from . import errors, openapi, patches, protobuf, resources
 from .errors import ApiError
 from .resources import Registry, ResourceType
 from .selectors import parse_field_selector, parse_label_selector
@@ -254,6 +254,8 @@ class ApiServer:
             import yaml
 
             return yaml.safe_load(raw)
+        if content_type == protobuf.MEDIA_TYPE:
+            return protobuf.request_body(raw)
         return json.loads(raw)
 
     @staticmethod
