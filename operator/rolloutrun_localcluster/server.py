@@ -196,7 +196,8 @@ class ApiServer:
             obj = self.store.get(target.rtype, target.namespace or "", target.name)
             if target.subresource is None and wants_table(request.headers.get("Accept", "")):
                 meta = {"resourceVersion": obj["metadata"]["resourceVersion"]}
-                return _json(as_table(target.rtype, [obj], meta))
+                include = request.query.get("includeObject")
+                return _json(as_table(target.rtype, [obj], meta, include))
             return _json(obj)
         if method == "PUT":
             return await self._update(request, target)
@@ -236,7 +237,7 @@ class ApiServer:
             meta["remainingItemCount"] = len(items) - limit
             items = items[:limit]
         if wants_table(request.headers.get("Accept", "")):
-            return _json(as_table(target.rtype, items, meta))
+            return _json(as_table(target.rtype, items, meta, query.get("includeObject")))
         body = {
             "kind": f"{target.rtype.kind}List",
             "apiVersion": target.rtype.api_version,

@@ -401,7 +401,7 @@ def test_edges_of_the_http_surface(
     assert call("PATCH", path, {"spec": {"size": 2}}, "application/apply-patch+yaml")[0] == 415
     code, table = call("GET", path, accept="application/json;as=Table;v=v1;g=meta.k8s.io")
     assert code == 200 and table["kind"] == "Table"
-    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Size", "Phase", "Age"]
+    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Size", "Phase"]
     assert table["rows"][0]["cells"][:2] == ["w", 1]
     pod = {
         "metadata": {"name": "evictee"},

@@ -10,9 +10,12 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
 from rolloutrun_localcluster.cluster import LocalCluster
@@ -20,6 +23,7 @@ from rolloutrun_localcluster.cluster import LocalCluster
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 
 Kubectl = Callable[..., str]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -80,3 +84,197 @@ def test_kubectl_create_makes_the_built_in_kinds(
     resources = json.loads(kubectl("get", "--raw", "/api/v1"))["resources"]
     if any(r["name"] == "serviceaccounts/token" for r in resources):
         assert kubectl("create", "token", "trainer").count(".") == 2  # a JWT
+
+
+def table(text: str) -> list[dict[str, str]]:
+    """kubectl's printed table as rows of header -> cell. Cells start under their header (an
+    empty cell stays empty instead of shifting the next one left); headers hold single spaces
+    only (LAST SEEN), columns are at least two apart."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines, "kubectl printed no table"
+    header = lines[0]
+    starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 2 : i] == "  ")]
+    ends = [*starts[1:], None]
+    names = [header[a:b].strip() for a, b in zip(starts, ends, strict=True)]
+    return [
+        {n: line[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
+        for line in lines[1:]
+    ]
+
+
+RR = "rolloutruns.rolloutrun.dev"
+
+
+@pytest.fixture(scope="module")
+def rolloutrun_crd(client: Any) -> None:
+    crd = yaml.safe_load((ROOT / "crds" / f"{RR}.yaml").read_text())
+    try:
+        k8s.ApiextensionsV1Api(client).create_custom_resource_definition(crd)
+    except k8s.ApiException as error:
+        if error.status != 409:
+            raise
+
+
+def test_kubectl_get_rr_fills_ready_and_reason(
+    kubectl: Kubectl, client: Any, namespace: str, rolloutrun_crd: None
+) -> None:
+    runs: Any = k8s.CustomObjectsApi(client)
+    run = {
+        "apiVersion": "rolloutrun.dev/v1alpha1",
+        "kind": "RolloutRun",
+        "metadata": {"name": "demo"},
+        "spec": {"storage": {"uri": "gs://bucket/demo"}},
+    }
+    runs.create_namespaced_custom_object(
+        "rolloutrun.dev", "v1alpha1", namespace, "rolloutruns", run
+    )
+    [row] = table(kubectl("get", "rr"))
+    assert list(row) == [
+        "NAME",
+        "STEP",
+        "RESTARTS",
+        "SNAPSHOT-AGE",
+        "READY",
+        "REASON",
+        "AGE",
+    ]
+    assert (row["NAME"], row["READY"], row["REASON"]) == ("demo", "", "")
+
+    def set_status(step: int, *conditions: tuple[str, str, str]) -> None:
+        status = {
+            "trainStep": step,
+            "conditions": [{"type": t, "status": s, "reason": r} for t, s, r in conditions],
+        }
+        runs.patch_namespaced_custom_object_status(
+            "rolloutrun.dev", "v1alpha1", namespace, "rolloutruns", "demo", {"status": status}
+        )
+
+    set_status(0, ("Progressing", "True", "Training"), ("Ready", "False", "StartingGyms"))
+    [row] = table(kubectl("get", "rr"))
+    assert (row["STEP"], row["READY"], row["REASON"]) == ("0", "False", "StartingGyms")
+    set_status(3, ("Ready", "True", "Running"), ("Progressing", "True", "Training"))
+    [row] = table(kubectl("get", "rolloutrun", "demo", "-o", "wide"))
+    assert (row["STEP"], row["READY"], row["REASON"]) == ("3", "True", "Running")
+    assert "INCARNATION" in row and "PREEMPTIONS" in row and "ANCHOR" in row
+
+
+def event(
+    name: str, involved: dict[str, str], reason: str, minutes_ago: int, kind: str = "Normal"
+) -> dict[str, Any]:
+    last = datetime.now(UTC) - timedelta(minutes=minutes_ago)
+    first = last - timedelta(minutes=30)
+    return {
+        "metadata": {"name": name},
+        "involvedObject": involved,
+        "reason": reason,
+        "message": f"{reason} happened ",
+        "type": kind,
+        "source": {"component": "rolloutrun-operator", "host": "local"},
+        "firstTimestamp": first.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lastTimestamp": last.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "count": 2,
+    }
+
+
+def make_events(kubectl: Kubectl, core: Any, namespace: str) -> None:
+    """Three events about one ConfigMap, created in name order, not time order."""
+    kubectl("create", "configmap", "subject")
+    uid = core.read_namespaced_config_map("subject", namespace).metadata.uid
+    involved = {"kind": "ConfigMap", "name": "subject", "namespace": namespace, "uid": uid}
+    for name, reason, minutes_ago in (
+        ("e-a", "Second", 20),
+        ("e-b", "First", 90),
+        ("e-c", "Third", 12),
+    ):
+        core.create_namespaced_event(namespace, event(name, involved, reason, minutes_ago))
+
+
+def test_kubectl_get_events_prints_their_columns(
+    kubectl: Kubectl, client: Any, namespace: str
+) -> None:
+    make_events(kubectl, k8s.CoreV1Api(client), namespace)
+    rows = table(kubectl("get", "events"))
+    assert list(rows[0]) == ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    assert [(r["LAST SEEN"], r["REASON"], r["OBJECT"]) for r in rows] == [
+        ("20m", "Second", "configmap/subject"),
+        ("90m", "First", "configmap/subject"),
+        ("12m", "Third", "configmap/subject"),
+    ]
+    assert {(r["TYPE"], r["MESSAGE"]) for r in rows} == {
+        ("Normal", f"{reason} happened") for reason in ("First", "Second", "Third")
+    }
+    wide = table(kubectl("get", "events", "-o", "wide"))
+    first = wide[0]
+    assert (first["SOURCE"], first["COUNT"], first["NAME"], first["FIRST SEEN"]) == (
+        "rolloutrun-operator, local",
+        "2",
+        "e-a",
+        "50m",
+    )
+    assert [r["REASON"] for r in table(kubectl("events"))] == ["First", "Second", "Third"]
+
+
+def test_kubectl_get_sort_by_a_field_outside_metadata(
+    kubectl: Kubectl, client: Any, namespace: str
+) -> None:
+    """--sort-by asks for includeObject=Object and sorts the rows by the objects."""
+    make_events(kubectl, k8s.CoreV1Api(client), namespace)
+    by_time = table(kubectl("get", "events", "--sort-by=.lastTimestamp"))
+    assert [r["REASON"] for r in by_time] == ["First", "Second", "Third"]
+    kubectl("run", "first", "--image=busybox", "--restart=Never", "--command", "--", "true")
+    kubectl("run", "second", "--image=busybox", "--restart=Never", "--command", "--", "echo")
+    pods = table(kubectl("get", "pods", "--sort-by=.spec.containers[0].command[0]", "-o", "wide"))
+    assert [(r["NAME"], r["NODE"]) for r in pods] == [("second", "local"), ("first", "local")]
+
+
+def events_section(text: str) -> list[dict[str, str]]:
+    """The ``Events:`` table at the end of ``kubectl describe``."""
+    _, _, section = text.partition("\nEvents:")
+    assert section.strip() and "<none>" not in section.splitlines()[0], text
+    lines = [line[2:] for line in section.splitlines()[1:] if line.strip()]
+    return [row for row in table("\n".join(lines)) if not row["Type"].startswith("-")]
+
+
+def test_kubectl_describe_shows_the_events_of_a_pod_a_run_and_a_node(
+    kubectl: Kubectl, client: Any, namespace: str, rolloutrun_crd: None
+) -> None:
+    core: Any = k8s.CoreV1Api(client)
+    runs: Any = k8s.CustomObjectsApi(client)
+    kubectl("run", "describer", "--image=busybox", "--restart=Never", "--command", "--", "true")
+    pod = core.read_namespaced_pod("describer", namespace).metadata
+    run = {
+        "apiVersion": "rolloutrun.dev/v1alpha1",
+        "kind": "RolloutRun",
+        "metadata": {"name": "described"},
+        "spec": {"storage": {"uri": "gs://bucket/described"}},
+    }
+    created = runs.create_namespaced_custom_object(
+        "rolloutrun.dev", "v1alpha1", namespace, "rolloutruns", run
+    )
+    node = core.read_node("local").metadata
+    subjects = {
+        "pod/describer": {
+            "kind": "Pod",
+            "name": "describer",
+            "namespace": namespace,
+            "uid": pod.uid,
+        },
+        "rolloutrun/described": {
+            "kind": "RolloutRun",
+            "apiVersion": "rolloutrun.dev/v1alpha1",
+            "name": "described",
+            "namespace": namespace,
+            "uid": created["metadata"]["uid"],
+        },
+        "node/local": {"kind": "Node", "name": "local", "uid": node.uid},
+    }
+    for i, involved in enumerate(subjects.values()):
+        body = event(f"{namespace}-describe-{i}", involved, f"Reason{i}", 15, "Warning")
+        core.create_namespaced_event(namespace, body)
+    for i, target in enumerate(subjects):
+        [row] = events_section(kubectl("describe", target))
+        expected = ("Warning", f"Reason{i}", "rolloutrun-operator")
+        assert (row["Type"], row["Reason"], row["From"]) == expected
+        assert row["Message"] == f"Reason{i} happened" and row["Age"].startswith("15m")
+    everything = table(kubectl("events", "--types=Warning"))
+    assert {r["OBJECT"] for r in everything} >= {"Pod/describer", "RolloutRun/described"}
