@@ -23,7 +23,7 @@ from typing import Any
 
 from . import errors
 from .errors import ApiError
-from .protobuf_schemas import KEEP_ZERO, MESSAGES, ROOTS
+from .protobuf_schemas import ANY_VERSION, KEEP_ZERO, MESSAGES, ROOTS
 
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 MAGIC = b"k8s\x00"
@@ -268,7 +268,7 @@ def decode_object(body: bytes) -> dict[str, Any]:
     encoding = envelope.get(3, b"")
     if encoding:
         raise ProtobufError(f"content encoding {encoding!r} is not supported")
-    message = ROOTS.get((api_version, kind))
+    message = ROOTS.get((api_version, kind)) or (kind if kind in ANY_VERSION else None)
     if message is None:
         raise UnknownKind(f"{api_version}, Kind={kind}")
     raw = envelope.get(2, b"")

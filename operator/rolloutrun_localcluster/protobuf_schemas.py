@@ -40,6 +40,10 @@ ROOTS: dict[tuple[str, str], str] = {
     ("networking.k8s.io/v1", "NetworkPolicy"): "NetworkPolicy",
 }
 
+# Kinds registered in every group version (their apiVersion is the client's, e.g. a typed
+# client's ``Delete`` sends ``v1, Kind=DeleteOptions``; an eviction, ``policy/v1``).
+ANY_VERSION: frozenset[str] = frozenset({"DeleteOptions"})
+
 # Pointer fields of the Go types: present on the wire only when set, so a zero value there
 # means what it says (``automountServiceAccountToken: false``, ``runAsUser: 0``). Every other
 # scalar is always on the wire and its zero value means "unset" (JSON's ``omitempty``).

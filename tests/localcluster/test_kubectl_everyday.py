@@ -278,3 +278,23 @@ def test_kubectl_describe_shows_the_events_of_a_pod_a_run_and_a_node(
         assert row["Message"] == f"Reason{i} happened" and row["Age"].startswith("15m")
     everything = table(kubectl("events", "--types=Warning"))
     assert {r["OBJECT"] for r in everything} >= {"Pod/describer", "RolloutRun/described"}
+
+
+def test_kubectl_get_all_and_drain(kubectl: Kubectl, namespace: str) -> None:
+    """``get all`` reads the ``all`` category; ``drain`` evicts (it looks for ``pods/eviction``
+    of policy/v1 in discovery), or with --disable-eviction deletes with protobuf options.
+    Only this test's pods match the selectors (other tests' pods stay put)."""
+    sleep = ("--image=x", "--command", "--", "sleep", "60")
+    kubectl("run", "evictee", f"--labels={namespace}=evict", *sleep)
+    kubectl("run", "deletee", f"--labels={namespace}=delete", *sleep)
+    kubectl("create", "service", "clusterip", "web", "--tcp=80")
+    listed = kubectl("get", "all", "-o", "name").split()
+    assert listed == ["pod/deletee", "pod/evictee", "service/web"]
+    drain = ("drain", "local", "--force", "--grace-period=1", "--timeout=60s")
+    try:
+        assert "pod/evictee evicted" in kubectl(*drain, f"--pod-selector={namespace}=evict")
+        deleted = kubectl(*drain, f"--pod-selector={namespace}=delete", "--disable-eviction")
+        assert "pod/deletee deleted" in deleted
+    finally:
+        kubectl("uncordon", "local")
+    assert kubectl("get", "pods", "-o", "name") == ""

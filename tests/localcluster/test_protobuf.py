@@ -121,3 +121,19 @@ def test_a_malformed_body_is_a_400_saying_what_is_wrong(body: bytes, text: str) 
     with pytest.raises(ApiError) as caught:
         protobuf.request_body(body)
     assert caught.value.code == 400 and text in caught.value.message, caught.value.message
+
+
+@pytest.mark.parametrize("api_version", ["v1", "policy/v1", "rolloutrun.dev/v1alpha1"])
+def test_delete_options_decode_under_any_group_version(api_version: str) -> None:
+    """A typed client's Delete sends DeleteOptions in its own group version; zero grace and
+    an explicit orphanDependents=false are pointers, kept."""
+    options = field(1, 0) + field(3, 0) + field(4, "Foreground") + field(5, "All")
+    obj = protobuf.decode_object(envelope(api_version, "DeleteOptions", options))
+    assert obj == {
+        "apiVersion": api_version,
+        "kind": "DeleteOptions",
+        "gracePeriodSeconds": 0,
+        "orphanDependents": False,
+        "propagationPolicy": "Foreground",
+        "dryRun": ["All"],
+    }
