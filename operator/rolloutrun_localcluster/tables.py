@@ -89,16 +89,27 @@ def _row_object(item: Obj, include: str) -> Obj | None:
     return {**partial, "metadata": item["metadata"]}
 
 
-def as_table(
-    rtype: ResourceType, items: list[Obj], meta: Obj, include_object: str | None = None
-) -> Obj:
-    """The ``Table`` of ``items``; ``include_object`` is the request's ``includeObject``."""
+def include_option(include_object: str | None) -> str:
+    """The request's ``includeObject`` checked as ``ValidateTableOptions`` does."""
     include = include_object or "Metadata"
     if include not in INCLUDE_OBJECT:
         raise errors.bad_request(
-            f'includeObject: Unsupported value: "{include}": supported values: '
-            + ", ".join(f'"{v}"' for v in INCLUDE_OBJECT)
+            "Unable to convert to Table as requested: includeObject: Unsupported value: "
+            f'"{include}": supported values: ' + ", ".join(f'"{v}"' for v in sorted(INCLUDE_OBJECT))
         )
+    return include
+
+
+def as_table(
+    rtype: ResourceType,
+    items: list[Obj],
+    meta: Obj,
+    include_object: str | None = None,
+    headers: bool = True,
+) -> Obj:
+    """The ``Table`` of ``items``; ``include_object`` is the request's ``includeObject``;
+    without ``headers`` the column definitions are left out (``null``), as in a watch."""
+    include = include_option(include_object)
     columns = columns_of(rtype)
     definitions = [
         {
@@ -118,6 +129,23 @@ def as_table(
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": meta,
-        "columnDefinitions": definitions,
+        "columnDefinitions": definitions if headers else None,
         "rows": rows,
     }
+
+
+class TableStream:
+    """Watch events as one-row Tables (``kubectl get -w``): the real server sends the column
+    definitions with the first event only. Status (ERROR) and BOOKMARK events stay as they
+    are."""
+
+    def __init__(self, rtype: ResourceType, include_object: str | None) -> None:
+        self.rtype = rtype
+        self.include = include_option(include_object)
+        self.headers = True
+
+    def line(self, event_type: str, obj: Obj) -> bytes:
+        meta = {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion", "")}
+        table = as_table(self.rtype, [obj], meta, self.include, self.headers)
+        self.headers = False
+        return json.dumps({"type": event_type, "object": table}).encode() + b"\n"

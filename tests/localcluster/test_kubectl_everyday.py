@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
 from kubernetes import client as k8s
 
@@ -298,3 +299,34 @@ def test_kubectl_get_all_and_drain(kubectl: Kubectl, namespace: str) -> None:
     finally:
         kubectl("uncordon", "local")
     assert kubectl("get", "pods", "-o", "name") == ""
+
+
+def test_a_table_watch_sends_one_row_tables_with_the_columns_once(
+    cluster: LocalCluster, client: Any, namespace: str
+) -> None:
+    """``kubectl get -w`` watches with the Table Accept header: each event is a one-row Table
+    and only the first carries the column definitions, as the real server sends them."""
+    core: Any = k8s.CoreV1Api(client)
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "a"}, "data": {"k": "v"}})
+    since = core.list_namespaced_config_map(namespace).metadata.resource_version
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "b"}})
+    http = urllib3.PoolManager(ca_certs=str(cluster.ca_path))
+    headers = {
+        "Authorization": f"Bearer {cluster.token}",
+        "Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    }
+    base = f"{cluster.api_url}/api/v1/namespaces/{namespace}/configmaps?watch=true"
+    for query, names in (("", ["a", "b"]), (f"&resourceVersion={since}", ["b"])):
+        url = f"{base}&timeoutSeconds=1&includeObject=Object{query}"
+        events = [
+            json.loads(line) for line in http.request("GET", url, headers=headers).data.splitlines()
+        ]
+        tables = [e["object"] for e in events]
+        assert [e["type"] for e in events] == ["ADDED"] * len(names)
+        assert [t["kind"] for t in tables] == ["Table"] * len(names)
+        assert [c["name"] for c in tables[0]["columnDefinitions"]] == ["Name", "Data", "Age"]
+        assert all(t["columnDefinitions"] is None for t in tables[1:])
+        assert [t["rows"][0]["cells"][0] for t in tables] == names
+        assert tables[0]["rows"][0]["object"]["kind"] == "ConfigMap"
+    bad = http.request("GET", f"{base}&includeObject=All", headers=headers)
+    assert bad.status == 400 and "includeObject" in json.loads(bad.data)["message"]
