@@ -137,3 +137,26 @@ def test_delete_options_decode_under_any_group_version(api_version: str) -> None
         "propagationPolicy": "Foreground",
         "dryRun": ["All"],
     }
+
+
+def test_rbac_and_token_requests_decode_for_kubectl_create_clusterrole_and_token() -> None:
+    """What ``kubectl create clusterrole --aggregation-rule`` and ``kubectl create token
+    --bound-object-kind=Pod`` send, once those resources are served."""
+    rule = field(1, "get") + field(2, "") + field(3, "pods")
+    selector = field(1, field(1, "rbac.example.com/aggregate") + field(2, "true"))
+    role = field(1, meta("agg")) + field(2, rule) + field(3, field(1, selector))
+    obj = protobuf.decode_object(envelope("rbac.authorization.k8s.io/v1", "ClusterRole", role))
+    assert obj["rules"] == [{"verbs": ["get"], "apiGroups": [""], "resources": ["pods"]}]
+    assert obj["aggregationRule"] == {
+        "clusterRoleSelectors": [{"matchLabels": {"rbac.example.com/aggregate": "true"}}]
+    }
+    bound = field(1, "Pod") + field(2, "v1") + field(3, "p") + field(4, "u-1")
+    spec = field(1, "https://kubernetes.default.svc") + field(3, bound) + field(4, 600)
+    token = field(1, meta("trainer")) + field(2, spec) + field(3, field(1, ""))
+    obj = protobuf.decode_object(envelope("authentication.k8s.io/v1", "TokenRequest", token))
+    assert obj["spec"] == {
+        "audiences": ["https://kubernetes.default.svc"],
+        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "p", "uid": "u-1"},
+        "expirationSeconds": 600,
+    }
+    assert obj["status"] == {}
