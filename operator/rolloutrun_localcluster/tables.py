@@ -18,7 +18,7 @@ from typing import Any
 
 from . import errors, jsonpath
 from .resources import ResourceType
-from .table_printers import BUILTIN_COLUMNS, CREATED_AT, NAME, Column, since
+from .table_printers import BUILTIN_COLUMNS, CREATED_AT, NAME, Column, parse_time, since
 
 Obj = dict[str, Any]
 INCLUDE_OBJECT = ("None", "Metadata", "Object")
@@ -41,7 +41,7 @@ def json_cell(column_type: str, value: Any) -> Any:
     if column_type == "boolean":
         return value if isinstance(value, bool) else None
     if column_type == "date":
-        return since(value) if isinstance(value, str) else None
+        return since(value) if isinstance(value, str) and parse_time(value) else None
     if column_type == "string":
         return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
     return None

@@ -53,6 +53,7 @@ def test_human_duration(seconds: int, text: str) -> None:
         ("string", 7, "7"),
         ("string", {"a": 1}, '{"a":1}'),
         ("date", None, None),
+        ("date", "yesterday", None),
         ("unknown", "x", None),
     ],
 )
