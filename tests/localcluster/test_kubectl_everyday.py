@@ -277,6 +277,8 @@ def test_kubectl_describe_shows_the_events_of_a_pod_a_run_and_a_node(
         expected = ("Warning", f"Reason{i}", "rolloutrun-operator")
         assert (row["Type"], row["Reason"], row["From"]) == expected
         assert row["Message"] == f"Reason{i} happened" and row["Age"].startswith("15m")
+    node_text = kubectl("describe", "node", "local")
+    assert "memory:" in node_text and "(-" not in node_text  # percentages of real capacity
     everything = table(kubectl("events", "--types=Warning"))
     assert {r["OBJECT"] for r in everything} >= {"Pod/describer", "RolloutRun/described"}
 
