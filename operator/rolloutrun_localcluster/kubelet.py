@@ -336,8 +336,8 @@ class Kubelet:
                     {"type": "InternalIP", "address": self.host_ip},
                     {"type": "Hostname", "address": self.node_name},
                 ],
-                "capacity": {"cpu": str(os.cpu_count() or 1), "pods": "250"},
-                "allocatable": {"cpu": str(os.cpu_count() or 1), "pods": "250"},
+                "capacity": node_capacity(),
+                "allocatable": node_capacity(),
                 "nodeInfo": {
                     "architecture": "amd64",
                     "bootID": "",
@@ -430,3 +430,10 @@ class Kubelet:
         self._dirty.update(self.workers)
         self._wake.set()
         logger.info("node %s restored", self.node_name)
+
+
+def node_capacity() -> Obj:
+    """The machine's CPUs and memory, as a real kubelet reports them (``kubectl describe
+    node`` divides pod requests by these; without memory it printed a nonsense percentage)."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"cpu": str(os.cpu_count() or 1), "memory": f"{memory // 1024}Ki", "pods": "250"}

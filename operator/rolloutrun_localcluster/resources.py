@@ -212,6 +212,15 @@ def _version_priority(version: str) -> tuple[int, int, int]:
     return (level, -int(match[1]), -int(match[3] or 0))
 
 
+# A subresource whose kind lives in another group says so in discovery: ``kubectl drain``
+# evicts only when ``pods/eviction`` names policy/v1 (without it, it deletes the pods).
+SUBRESOURCE_GROUP_VERSIONS: dict[str, dict[str, str]] = {
+    "eviction": {"group": "policy", "version": "v1"},
+}
+# The built-in kinds of the ``all`` category (``kubectl get all``) that the emulator serves.
+BUILTIN_CATEGORIES: dict[str, tuple[str, ...]] = {"pods": ("all",), "services": ("all",)}
+
+
 def resource_list(registry: Registry, group: str, version: str) -> dict[str, Any] | None:
     """``APIResourceList`` for ``/api/v1`` or ``/apis/<group>/<version>``."""
     types = [t for t in registry.all() if t.group == group and t.version == version]
@@ -228,8 +237,9 @@ def resource_list(registry: Registry, group: str, version: str) -> dict[str, Any
         }
         if rtype.short_names:
             entry["shortNames"] = list(rtype.short_names)
-        if rtype.categories:
-            entry["categories"] = list(rtype.categories)
+        categories = rtype.categories or BUILTIN_CATEGORIES.get(rtype.storage_key, ())
+        if categories:
+            entry["categories"] = list(categories)
         resources.append(entry)
         for sub in rtype.subresources:
             verbs = {"status": ["get", "patch", "update"], "log": ["get"]}.get(sub, ["create"])
@@ -244,6 +254,7 @@ def resource_list(registry: Registry, group: str, version: str) -> dict[str, Any
                     "name": f"{rtype.plural}/{sub}",
                     "singularName": "",
                     "namespaced": rtype.namespaced,
+                    **SUBRESOURCE_GROUP_VERSIONS.get(sub, {}),
                     "kind": sub_kind,
                     "verbs": verbs,
                 }

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from . import apply, errors, openapi, openapi_v2, patches, resources
+from . import apply, errors, openapi, openapi_v2, patches, protobuf, resources
 from .access import Access
 from .errors import ApiError
 from .resources import Registry, ResourceType
@@ -202,7 +202,8 @@ class ApiServer:
             obj = self.store.get(target.rtype, target.namespace or "", target.name)
             if target.subresource is None and wants_table(request.headers.get("Accept", "")):
                 meta = {"resourceVersion": obj["metadata"]["resourceVersion"]}
-                return _json(as_table(target.rtype, [obj], meta))
+                include = request.query.get("includeObject")
+                return _json(as_table(target.rtype, [obj], meta, include))
             return _json(obj)
         if method == "PUT":
             return await self._update(request, target)
@@ -242,7 +243,7 @@ class ApiServer:
             meta["remainingItemCount"] = len(items) - limit
             items = items[:limit]
         if wants_table(request.headers.get("Accept", "")):
-            return _json(as_table(target.rtype, items, meta))
+            return _json(as_table(target.rtype, items, meta, query.get("includeObject")))
         body = {
             "kind": f"{target.rtype.kind}List",
             "apiVersion": target.rtype.api_version,
@@ -260,6 +261,8 @@ class ApiServer:
             import yaml
 
             return yaml.safe_load(raw)
+        if content_type == protobuf.MEDIA_TYPE:
+            return protobuf.request_body(raw)
         return json.loads(raw)
 
     @staticmethod

@@ -27,7 +27,8 @@ from aiohttp import web
 from .errors import ApiError
 from .resources import ResourceType
 from .selectors import FieldRequirement, Requirement
-from .store import Event, Store, Watcher, transition
+from .store import Event, Store, Watcher, render, transition
+from .tables import TableStream, wants_table
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,9 @@ class WatchHub:
             else random.uniform(1800, 3600)
         )
 
+        tables = None
+        if wants_table(request.headers.get("Accept", "")):
+            tables = TableStream(rtype, query.get("includeObject"))
         watcher = Watcher(rtype.storage_key, namespace, labels, fields)
         initial: list[dict[str, Any]] = []
         expired: ApiError | None = None
@@ -98,6 +102,9 @@ class WatchHub:
                 )
                 return response
             for obj in initial:
+                if tables is not None:
+                    await response.write(tables.line("ADDED", obj))
+                    continue
                 await response.write(json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n")
             if send_initial and bookmarks:
                 await response.write(self._bookmark(rtype, start_rv, initial_end=True))
@@ -106,8 +113,8 @@ class WatchHub:
                     event.type, watcher.matches(event.old), watcher.matches(event.obj)
                 )
                 if seen is not None:
-                    await response.write(event.line(seen, rtype.api_version))
-            await self._stream(request, response, watcher, rtype, timeout, bookmarks)
+                    await response.write(_line(event, seen, rtype, tables))
+            await self._stream(request, response, watcher, rtype, timeout, bookmarks, tables)
         except (ConnectionResetError, asyncio.CancelledError):
             logger.debug("watch of %s closed by the client", rtype.plural)
         finally:
@@ -123,6 +130,7 @@ class WatchHub:
         rtype: ResourceType,
         timeout: float,
         bookmarks: bool,
+        tables: TableStream | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -153,7 +161,7 @@ class WatchHub:
                 getter = None
                 if seen == "__close__":
                     return
-                await response.write(event.line(seen, rtype.api_version))
+                await response.write(_line(event, seen, rtype, tables))
         finally:
             if getter is not None:
                 getter.cancel()
@@ -165,3 +173,10 @@ class WatchHub:
             meta["annotations"] = {INITIAL_EVENTS_END: "true"}
         obj = {"kind": rtype.kind, "apiVersion": rtype.api_version, "metadata": meta}
         return json.dumps({"type": "BOOKMARK", "object": obj}).encode() + b"\n"
+
+
+def _line(event: Event, seen: str, rtype: ResourceType, tables: TableStream | None) -> bytes:
+    """One event as the watch asked for it: the object, or a one-row Table."""
+    if tables is None:
+        return event.line(seen, rtype.api_version)
+    return tables.line(seen, render(event.obj, rtype.api_version))

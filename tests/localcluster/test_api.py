@@ -403,7 +403,7 @@ def test_edges_of_the_http_surface(
     assert code == 422 and "fieldManager: Required value" in body["message"]
     code, table = call("GET", path, accept="application/json;as=Table;v=v1;g=meta.k8s.io")
     assert code == 200 and table["kind"] == "Table"
-    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Size", "Phase", "Age"]
+    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Size", "Phase"]
     assert table["rows"][0]["cells"][:2] == ["w", 1]
     pod = {
         "metadata": {"name": "evictee"},

@@ -1,0 +1,162 @@
+"""The protobuf request decoder: wire format, JSON forms of the special messages, omitempty,
+and the errors a body the emulator cannot decode gets. (kubectl's own bodies are decoded in
+test_cli_create.py; these cover what kubectl's everyday commands do not send.)"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from rolloutrun_localcluster import protobuf
+from rolloutrun_localcluster.errors import ApiError
+
+
+def varint(value: int) -> bytes:
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def field(number: int, value: int | bytes | str, fixed: int = 0) -> bytes:
+    if isinstance(value, str):
+        value = value.encode()
+    if fixed:
+        return varint(number << 3 | (1 if fixed == 8 else 5)) + bytes(value)  # type: ignore[arg-type]
+    if isinstance(value, int):
+        return varint(number << 3) + varint(value)
+    return varint(number << 3 | 2) + varint(len(value)) + value
+
+
+def envelope(api_version: str, kind: str, raw: bytes) -> bytes:
+    type_meta = field(1, api_version) + field(2, kind)
+    return protobuf.MAGIC + field(1, type_meta) + field(2, raw) + field(3, "") + field(4, "")
+
+
+def meta(name: str, **extra: bytes) -> bytes:
+    # Go always writes the non-pointer fields, zero or not: name, generateName, namespace,
+    # ..., and creationTimestamp as Go's zero time.
+    zero_time = field(1, protobuf.ZERO_TIME_SECONDS) + field(2, 0)
+    body = field(1, name) + field(2, "") + field(3, "") + field(7, 0) + field(8, zero_time)
+    return body + b"".join(extra.values())
+
+
+def test_a_configmap_decodes_with_maps_bytes_and_empty_values() -> None:
+    labels = field(11, field(1, "app") + field(2, "x"))
+    raw = (
+        field(1, meta("cm", labels=labels))
+        + field(2, field(1, "a") + field(2, "b"))
+        + field(2, field(1, "empty"))  # a zero value is left off the entry
+        + field(3, field(1, "blob") + field(2, b"\x00\xff"))
+    )
+    obj = protobuf.decode_object(envelope("v1", "ConfigMap", raw))
+    assert obj == {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "cm", "labels": {"app": "x"}},
+        "data": {"a": "b", "empty": ""},
+        "binaryData": {"blob": "AP8="},
+    }
+
+
+def test_pointer_fields_keep_their_zero_and_others_drop_it() -> None:
+    raw = field(1, meta("sa")) + field(4, 0)  # automountServiceAccountToken: false
+    obj = protobuf.decode_object(envelope("v1", "ServiceAccount", raw))
+    assert obj["automountServiceAccountToken"] is False
+    assert obj["metadata"] == {"name": "sa"}
+
+
+def test_int_or_string_times_quantities_and_negative_numbers() -> None:
+    port = field(3, 80) + field(4, field(1, 1) + field(3, "http")) + field(5, 0)
+    spec = field(1, port) + field(12, -1)  # healthCheckNodePort, a negative int32
+    created = field(8, field(1, 1700000000) + field(2, 0))
+    obj = protobuf.decode_object(envelope("v1", "Service", field(1, created) + field(2, spec)))
+    assert obj["spec"] == {"ports": [{"port": 80, "targetPort": "http"}], "healthCheckNodePort": -1}
+    assert obj["metadata"]["creationTimestamp"] == "2023-11-14T22:13:20Z"
+    quota = field(2, field(1, field(1, "cpu") + field(2, field(1, "500m"))))
+    obj = protobuf.decode_object(envelope("v1", "ResourceQuota", field(1, meta("q")) + quota))
+    assert obj["spec"] == {"hard": {"cpu": "500m"}}
+    renew = field(4, field(1, 1700000000) + field(2, 123456789))
+    obj = protobuf.decode_object(envelope("coordination.k8s.io/v1", "Lease", field(2, renew)))
+    assert obj["spec"] == {"renewTime": "2023-11-14T22:13:20.123456Z"}
+
+
+def test_packed_repeated_and_fixed_width_fields_decode() -> None:
+    # supplementalGroups: unpacked (as Go writes proto2) and packed, both read; runAsUser: 0
+    unpacked = field(4, 1000) + field(4, 1001)
+    packed = field(4, varint(1002) + varint(1003))
+    decoded = protobuf.decode_message(unpacked + packed + field(2, 0), "PodSecurityContext")
+    assert decoded == {"supplementalGroups": [1000, 1001, 1002, 1003], "runAsUser": 0}
+    fields = list(protobuf.iter_fields(field(3, struct.pack("<d", 1.5), fixed=8)))
+    assert fields == [(3, protobuf.FIXED64, struct.pack("<d", 1.5))]
+    assert list(protobuf.iter_fields(field(2, b"\x01\x00\x00\x00", fixed=4))) == [
+        (2, protobuf.FIXED32, b"\x01\x00\x00\x00")
+    ]
+
+
+def test_an_unknown_kind_is_a_415_naming_it() -> None:
+    with pytest.raises(ApiError) as caught:
+        protobuf.request_body(envelope("apps/v1", "Deployment", field(1, meta("d"))))
+    assert caught.value.code == 415
+    assert '"apps/v1, Kind=Deployment"' in caught.value.message
+    assert "application/json" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("body", "text"),
+    [
+        (b'{"kind": "ConfigMap"}', "prefix k8s\\0"),
+        (envelope("v1", "ConfigMap", field(99, "x")), "field 99 of ConfigMap"),
+        (envelope("v1", "ConfigMap", field(1, 5)), "ConfigMap.metadata: expected an embedded"),
+        (envelope("v1", "ConfigMap", b"\x0a\x05ab"), "longer than its message"),
+        (envelope("v1", "ConfigMap", b"\x0b"), "wire type 3"),
+        (envelope("v1", "ConfigMap", field(1, field(1, b"\xff"))), "not UTF-8"),
+    ],
+)
+def test_a_malformed_body_is_a_400_saying_what_is_wrong(body: bytes, text: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        protobuf.request_body(body)
+    assert caught.value.code == 400 and text in caught.value.message, caught.value.message
+
+
+@pytest.mark.parametrize("api_version", ["v1", "policy/v1", "rolloutrun.dev/v1alpha1"])
+def test_delete_options_decode_under_any_group_version(api_version: str) -> None:
+    """A typed client's Delete sends DeleteOptions in its own group version; zero grace and
+    an explicit orphanDependents=false are pointers, kept."""
+    options = field(1, 0) + field(3, 0) + field(4, "Foreground") + field(5, "All")
+    obj = protobuf.decode_object(envelope(api_version, "DeleteOptions", options))
+    assert obj == {
+        "apiVersion": api_version,
+        "kind": "DeleteOptions",
+        "gracePeriodSeconds": 0,
+        "orphanDependents": False,
+        "propagationPolicy": "Foreground",
+        "dryRun": ["All"],
+    }
+
+
+def test_rbac_and_token_requests_decode_for_kubectl_create_clusterrole_and_token() -> None:
+    """What ``kubectl create clusterrole --aggregation-rule`` and ``kubectl create token
+    --bound-object-kind=Pod`` send, once those resources are served."""
+    rule = field(1, "get") + field(2, "") + field(3, "pods")
+    selector = field(1, field(1, "rbac.example.com/aggregate") + field(2, "true"))
+    role = field(1, meta("agg")) + field(2, rule) + field(3, field(1, selector))
+    obj = protobuf.decode_object(envelope("rbac.authorization.k8s.io/v1", "ClusterRole", role))
+    assert obj["rules"] == [{"verbs": ["get"], "apiGroups": [""], "resources": ["pods"]}]
+    assert obj["aggregationRule"] == {
+        "clusterRoleSelectors": [{"matchLabels": {"rbac.example.com/aggregate": "true"}}]
+    }
+    bound = field(1, "Pod") + field(2, "v1") + field(3, "p") + field(4, "u-1")
+    spec = field(1, "https://kubernetes.default.svc") + field(3, bound) + field(4, 600)
+    token = field(1, meta("trainer")) + field(2, spec) + field(3, field(1, ""))
+    obj = protobuf.decode_object(envelope("authentication.k8s.io/v1", "TokenRequest", token))
+    assert obj["spec"] == {
+        "audiences": ["https://kubernetes.default.svc"],
+        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "p", "uid": "u-1"},
+        "expirationSeconds": 600,
+    }
+    assert obj["status"] == {}
