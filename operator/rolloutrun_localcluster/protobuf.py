@@ -1,7 +1,8 @@
 """Kubernetes protobuf request bodies decoded into the JSON objects the store takes.
 
 kubectl sends the built-in kinds it builds itself (``kubectl create namespace``, ``create
-configmap``, ``create secret``, ``create service``, ``create token``, ``run``, ``drain``) as
+configmap``, ``create secret``, ``create service``, ``create token``, ``run``, ``drain``, and
+the access reviews of ``auth can-i`` and ``auth whoami``) as
 ``application/vnd.kubernetes.protobuf``: the four bytes ``k8s\\0``, then a ``runtime.Unknown``
 envelope (its ``typeMeta`` names apiVersion and kind, ``raw`` holds the object's own message).
 The emulator keeps JSON, so the body is decoded here, once, at the edge: a small wire decoder
@@ -23,7 +24,7 @@ from typing import Any
 
 from . import errors
 from .errors import ApiError
-from .protobuf_schemas import ANY_VERSION, KEEP_ZERO, MESSAGES, ROOTS
+from .protobuf_schemas import ANY_VERSION, KEEP_ZERO, MESSAGES, ROOTS, STRING_LISTS
 
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 MAGIC = b"k8s\x00"
@@ -184,6 +185,16 @@ def _raw_json(data: bytes, where: str) -> Any:
         raise ProtobufError(f"{where}: the embedded JSON does not parse: {error}") from error
 
 
+def _string_list(data: bytes, message: str) -> list[str]:
+    """A ``STRING_LISTS`` message (``repeated string items = 1``) as the bare JSON list."""
+    items = []
+    for number, wire, raw in iter_fields(data):
+        if number != 1:
+            raise ProtobufError(f"field {number} of {message} is not known to the local cluster")
+        items.append(_scalar("s", wire, raw, f"{message}.items"))
+    return items
+
+
 def _special(message: str, data: bytes) -> Any:
     """The messages whose JSON form is not an object of their fields."""
     if message in ("Time", "MicroTime"):
@@ -192,10 +203,19 @@ def _special(message: str, data: bytes) -> Any:
         return _scalar("s", LENGTH, _fields(data).get(1, b""), "Quantity")
     if message == "IntOrString":
         return _int_or_string(data)
+    if message in STRING_LISTS:
+        return _string_list(data, message)
     return _raw_json(data, message)  # RawExtension, FieldsV1
 
 
-SPECIAL = frozenset({"Time", "MicroTime", "Quantity", "IntOrString", "RawExtension", "FieldsV1"})
+SPECIAL = STRING_LISTS | {
+    "Time",
+    "MicroTime",
+    "Quantity",
+    "IntOrString",
+    "RawExtension",
+    "FieldsV1",
+}
 
 
 def _value(code: str, wire: int, value: int | bytes, where: str) -> Any:
@@ -215,7 +235,8 @@ def _map_entry(field: Field, data: bytes, where: str) -> tuple[str, Any]:
         elif number == 2:
             value = _value(field.map_value, wire, raw, f"{where}[{key}]")
     if value is None:  # a zero value is left off the wire
-        value = {"s": "", "y": "", "i": 0, "b": False, "d": 0.0}.get(field.map_value, {})
+        zero: list[str] | dict[str, Any] = [] if field.map_value in STRING_LISTS else {}
+        value = {"s": "", "y": "", "i": 0, "b": False, "d": 0.0}.get(field.map_value, zero)
     return key, value
 
 
