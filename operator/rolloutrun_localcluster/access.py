@@ -13,14 +13,11 @@ create (POST) and update (PUT); patches of RBAC objects are not checked.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import yaml
-
-from . import errors, reviewproto
+from . import errors
 from .errors import ApiError
 from .identity import Authenticator, impersonate
 from .rbac import (
@@ -127,13 +124,10 @@ class Access:
         key = (attributes.api_group, attributes.resource, attributes.subresource)
         return attributes.verb == "create" and key in COMPUTED
 
-    def answer(self, attributes: Attributes, content_type: str, raw: bytes) -> tuple[Obj, int]:
-        """The response of a computed create, whatever encoding kubectl chose for it."""
-        if content_type == "application/vnd.kubernetes.protobuf":
-            body: Any = reviewproto.decode_body(raw)
-        else:
-            body = yaml.safe_load(raw) if "yaml" in content_type else json.loads(raw or b"{}")
-        return self.reviews.answer(attributes, body)
+    def answer(self, attributes: Attributes, body: Any) -> tuple[Obj, int]:
+        """The response of a computed create; ``body`` is the request's, decoded by the server
+        from whatever encoding kubectl chose (None when empty: an empty object)."""
+        return self.reviews.answer(attributes, {} if body is None else body)
 
     def check_escalation(self, attributes: Attributes, body: Any) -> None:
         """403 when a create/update of an RBAC object grants what the caller does not hold."""

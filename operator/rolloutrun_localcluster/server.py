@@ -110,8 +110,7 @@ class ApiServer:
                 request.headers.getall("Impersonate-Group", []),
             )
             if self.access.computed(attributes):
-                raw = await request.read()
-                return _json(*self.access.answer(attributes, request.content_type, raw))
+                return _json(*self.access.answer(attributes, await self._body(request)))
             if attributes.api_group == "rbac.authorization.k8s.io":
                 self.access.check_escalation(attributes, await self._body(request))
             return await handler(request)
