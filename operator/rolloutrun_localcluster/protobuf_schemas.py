@@ -82,6 +82,20 @@ KEEP_ZERO: frozenset[str] = frozenset(
     }
 )
 
+# The fields of Container, and of EphemeralContainerCommon: upstream keeps the two identical
+# (same names, same numbers), so they are written once.
+CONTAINER = (
+    "1 name s, 2 image s, 3 command [s], 4 args [s], 5 workingDir s, "
+    "6 ports [ContainerPort], 7 env [EnvVar], 8 resources ResourceRequirements, "
+    "9 volumeMounts [VolumeMount], 10 livenessProbe Probe, 11 readinessProbe Probe, "
+    "12 lifecycle Lifecycle, 13 terminationMessagePath s, 14 imagePullPolicy s, "
+    "15 securityContext SecurityContext, 16 stdin b, 17 stdinOnce b, 18 tty b, "
+    "19 envFrom [EnvFromSource], 20 terminationMessagePolicy s, "
+    "21 volumeDevices [VolumeDevice], 22 startupProbe Probe, "
+    "23 resizePolicy [ContainerResizePolicy], 24 restartPolicy s, "
+    "25 restartPolicyRules [ContainerRestartRule]"
+)
+
 MESSAGES: dict[str, str] = {
     "Namespace": "1 metadata ObjectMeta, 2 spec NamespaceSpec, 3 status NamespaceStatus",
     "ObjectMeta": (
@@ -390,17 +404,7 @@ MESSAGES: dict[str, str] = {
     "TypedLocalObjectReference": "1 apiGroup s, 2 kind s, 3 name s",
     "TypedObjectReference": "1 apiGroup s, 2 kind s, 3 name s, 4 namespace s",
     "ImageVolumeSource": "1 reference s, 2 pullPolicy s",
-    "Container": (
-        "1 name s, 2 image s, 3 command [s], 4 args [s], 5 workingDir s, "
-        "6 ports [ContainerPort], 7 env [EnvVar], 8 resources ResourceRequirements, "
-        "9 volumeMounts [VolumeMount], 10 livenessProbe Probe, 11 readinessProbe Probe, "
-        "12 lifecycle Lifecycle, 13 terminationMessagePath s, 14 imagePullPolicy s, "
-        "15 securityContext SecurityContext, 16 stdin b, 17 stdinOnce b, 18 tty b, "
-        "19 envFrom [EnvFromSource], 20 terminationMessagePolicy s, "
-        "21 volumeDevices [VolumeDevice], 22 startupProbe Probe, "
-        "23 resizePolicy [ContainerResizePolicy], 24 restartPolicy s, "
-        "25 restartPolicyRules [ContainerRestartRule]"
-    ),
+    "Container": CONTAINER,
     "ContainerPort": "1 name s, 2 hostPort i, 3 containerPort i, 4 protocol s, 5 hostIP s",
     "EnvFromSource": "1 prefix s, 2 configMapRef ConfigMapEnvSource, 3 secretRef SecretEnvSource",
     "ConfigMapEnvSource": "1 localObjectReference LocalObjectReference, 2 optional b",
@@ -465,17 +469,7 @@ MESSAGES: dict[str, str] = {
     "EphemeralContainer": (
         "1 ephemeralContainerCommon EphemeralContainerCommon, 2 targetContainerName s"
     ),
-    "EphemeralContainerCommon": (
-        "1 name s, 2 image s, 3 command [s], 4 args [s], 5 workingDir s, "
-        "6 ports [ContainerPort], 7 env [EnvVar], 8 resources ResourceRequirements, "
-        "9 volumeMounts [VolumeMount], 10 livenessProbe Probe, 11 readinessProbe Probe, "
-        "12 lifecycle Lifecycle, 13 terminationMessagePath s, 14 imagePullPolicy s, "
-        "15 securityContext SecurityContext, 16 stdin b, 17 stdinOnce b, 18 tty b, "
-        "19 envFrom [EnvFromSource], 20 terminationMessagePolicy s, "
-        "21 volumeDevices [VolumeDevice], 22 startupProbe Probe, "
-        "23 resizePolicy [ContainerResizePolicy], 24 restartPolicy s, "
-        "25 restartPolicyRules [ContainerRestartRule]"
-    ),
+    "EphemeralContainerCommon": CONTAINER,
     "PodSecurityContext": (
         "1 seLinuxOptions SELinuxOptions, 2 runAsUser i, 3 runAsNonRoot b, "
         "4 supplementalGroups [i], 5 fsGroup i, 6 runAsGroup i, 7 sysctls [Sysctl], "
