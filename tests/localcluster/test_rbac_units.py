@@ -296,3 +296,35 @@ def test_escalation_coverage_lists_what_is_not_held():
     assert uncovered(held, [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]) == [
         '{APIGroups:[""], Resources:["pods"], Verbs:["get"]}'
     ]
+
+
+def test_escalation_coverage_matches_wildcards_as_the_authorizer_does():
+    """Coverage is the authorizer's own matching: ``*/sub`` resources, ``prefix*`` URLs,
+    resourceNames that narrow, and URL rules that cover no resource."""
+    held = [
+        {"apiGroups": [""], "resources": ["*/log"], "verbs": ["get"]},
+        {"apiGroups": ["*"], "resources": ["leases"], "resourceNames": ["mine"], "verbs": ["*"]},
+        {"nonResourceURLs": ["/logs/*"], "verbs": ["get"]},
+    ]
+    covered = [
+        {"apiGroups": [""], "resources": ["pods/log", "nodes/log"], "verbs": ["get"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["mine"],
+            "verbs": ["delete"],
+        },
+        {"nonResourceURLs": ["/logs/kubelet"], "verbs": ["get"]},
+    ]
+    assert uncovered(held, covered) == []
+    wanted = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]},
+        {"nonResourceURLs": ["/logs", "/metrics"], "verbs": ["get", "post"]},
+    ]
+    assert uncovered(held, wanted) == [
+        '{APIGroups:[""], Resources:["pods"], Verbs:["get"]}',
+        '{APIGroups:["coordination.k8s.io"], Resources:["leases"], Verbs:["get"]}',
+        '{NonResourceURLs:["/logs"], Verbs:["get" "post"]}',
+        '{NonResourceURLs:["/metrics"], Verbs:["get" "post"]}',
+    ]
