@@ -25,6 +25,7 @@ from typing import Any
 from . import errors
 from .errors import ApiError
 from .protobuf_schemas import ANY_VERSION, KEEP_ZERO, MESSAGES, ROOTS, STRING_LISTS
+from .store import rfc3339
 
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 MAGIC = b"k8s\x00"
@@ -163,7 +164,7 @@ def _time(data: bytes, micro: bool) -> str | None:
     moment = datetime.fromtimestamp(seconds, UTC)
     if micro:
         return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{nanos // 1000:06d}Z"
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(moment)
 
 
 def _int_or_string(data: bytes) -> int | str:
