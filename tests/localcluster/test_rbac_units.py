@@ -3,6 +3,8 @@ text, impersonation and escalation coverage, each decided as kube-apiserver deci
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -262,6 +264,9 @@ def test_tokens_name_their_account_and_die_with_it():
     authn = Authenticator("admin-token", lambda ns, n: accounts.get((ns, n)), clock=lambda: now[0])
     token, _ = authn.issue(accounts[("team", "bob")])
     assert authn.authenticate(f"Bearer {token}").name == BOB.name
+    payload = token.split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert claims["sub"] == "system:serviceaccount:team:bob"  # as a real token names it
     assert authn.authenticate("Bearer admin-token") == ADMIN
     for wrong in (f"Bearer {token}x", f"Bearer {token[:-2]}", "Bearer a.b.c", "Basic x"):
         with pytest.raises(ApiError) as error:
