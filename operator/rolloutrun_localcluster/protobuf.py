@@ -9,7 +9,8 @@ The emulator keeps JSON, so the body is decoded here, once, at the edge: a small
 (varints, length-delimited fields, fixed32/64) walks the message by the schemas of
 ``protobuf_schemas.py`` and writes what ``encoding/json`` would have written for the same Go
 object (zero scalars omitted, bytes as base64, times as RFC 3339, quantities and
-int-or-strings as their JSON form). Pure functions; the server calls ``request_body``.
+int-or-strings as their JSON form). Pure functions; the server calls ``request_body``. The
+few writers of the wire format (``write_*``) serve the protobuf OpenAPI v2 document.
 """
 
 from __future__ import annotations
@@ -88,6 +89,27 @@ def read_varint(data: bytes, pos: int) -> tuple[int, int]:
 def signed(value: int) -> int:
     """An int32/int64 varint as Go reads it (negative numbers are 10-byte two's complement)."""
     return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def write_varint(value: int) -> bytes:
+    """``value`` as a varint (a negative number as Go writes an int64: ten bytes)."""
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def write_key(number: int, wire: int) -> bytes:
+    """The key that starts field ``number`` of wire type ``wire``."""
+    return write_varint(number << 3 | wire)
+
+
+def write_length(number: int, data: bytes) -> bytes:
+    """Field ``number`` as a length-delimited field holding ``data``."""
+    return write_key(number, LENGTH) + write_varint(len(data)) + data
 
 
 def iter_fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:

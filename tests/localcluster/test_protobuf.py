@@ -11,25 +11,19 @@ import pytest
 from rolloutrun_localcluster import protobuf
 from rolloutrun_localcluster.errors import ApiError
 
-
-def varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
+# The writers are protobuf.py's own, checked against google.protobuf by test_managed_fields.py.
+varint = protobuf.write_varint
 
 
 def field(number: int, value: int | bytes | str, fixed: int = 0) -> bytes:
     if isinstance(value, str):
         value = value.encode()
     if fixed:
-        return varint(number << 3 | (1 if fixed == 8 else 5)) + bytes(value)  # type: ignore[arg-type]
+        wire = protobuf.FIXED64 if fixed == 8 else protobuf.FIXED32
+        return protobuf.write_key(number, wire) + bytes(value)
     if isinstance(value, int):
-        return varint(number << 3) + varint(value)
-    return varint(number << 3 | 2) + varint(len(value)) + value
+        return protobuf.write_key(number, protobuf.VARINT) + varint(value)
+    return protobuf.write_length(number, value)
 
 
 def envelope(api_version: str, kind: str, raw: bytes) -> bytes:
