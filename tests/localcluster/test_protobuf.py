@@ -1,6 +1,7 @@
 """The protobuf request decoder: wire format, JSON forms of the special messages, omitempty,
 and the errors a body the emulator cannot decode gets. (kubectl's own bodies are decoded in
-test_cli_create.py; these cover what kubectl's everyday commands do not send.)"""
+test_kubectl_everyday.py, its access reviews in test_rbac.py; these cover what kubectl's
+everyday commands do not send, and each field of the review kinds.)"""
 
 from __future__ import annotations
 
