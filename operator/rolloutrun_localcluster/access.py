@@ -13,14 +13,11 @@ create (POST) and update (PUT); patches of RBAC objects are not checked.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import yaml
-
-from . import errors, reviewproto
+from . import errors
 from .errors import ApiError
 from .identity import Authenticator, impersonate
 from .rbac import (
@@ -35,6 +32,7 @@ from .rbac import (
     forbidden,
     grants,
     request_attributes,
+    rule_allows,
 )
 from .resources import Registry, ResourceType
 from .reviews import COMPUTED, Reviews, bootstrap_policy
@@ -127,13 +125,10 @@ class Access:
         key = (attributes.api_group, attributes.resource, attributes.subresource)
         return attributes.verb == "create" and key in COMPUTED
 
-    def answer(self, attributes: Attributes, content_type: str, raw: bytes) -> tuple[Obj, int]:
-        """The response of a computed create, whatever encoding kubectl chose for it."""
-        if content_type == "application/vnd.kubernetes.protobuf":
-            body: Any = reviewproto.decode_body(raw)
-        else:
-            body = yaml.safe_load(raw) if "yaml" in content_type else json.loads(raw or b"{}")
-        return self.reviews.answer(attributes, body)
+    def answer(self, attributes: Attributes, body: Any) -> tuple[Obj, int]:
+        """The response of a computed create; ``body`` is the request's, decoded by the server
+        from whatever encoding kubectl chose (None when empty: an empty object)."""
+        return self.reviews.answer(attributes, {} if body is None else body)
 
     def check_escalation(self, attributes: Attributes, body: Any) -> None:
         """403 when a create/update of an RBAC object grants what the caller does not hold."""
@@ -196,26 +191,25 @@ class Access:
 
 
 # ---------------------------------------------------------------------------- coverage
-def _covers_one(owner: Rule, verb: str, group: str, resource: str, name: str) -> bool:
-    if owner.get("nonResourceURLs") and not owner.get("resources"):
-        return False
-    verbs, groups = owner.get("verbs") or (), owner.get("apiGroups") or ()
-    resources, names = owner.get("resources") or (), owner.get("resourceNames") or ()
-    sub = resource.partition("/")[2]
-    return (
-        ("*" in verbs or verb in verbs)
-        and ("*" in groups or group in groups)
-        and ("*" in resources or resource in resources or (sub != "" and f"*/{sub}" in resources))
-        and (not names or name in names)
-    )
+# A held rule covers a granted one when it allows each single verb on each resource (or URL)
+# the granted rule names, as a request: the real ``ruleCovers`` matches as ``RuleAllows``.
+_NOBODY = UserInfo("")  # who asks is no matter
+_Key = tuple[str, str, str, str]
 
 
-def _covers_url(owner: Rule, verb: str, url: str) -> bool:
-    verbs = owner.get("verbs") or ()
-    return ("*" in verbs or verb in verbs) and any(
-        u == "*" or u == url or (u.endswith("*") and url.startswith(u[:-1]))
-        for u in owner.get("nonResourceURLs") or ()
-    )
+def _asked(rule: Rule) -> Iterator[tuple[_Key, str, Attributes]]:
+    """``(key, verb, request)`` for each single verb on one URL or resource(/name) of ``rule``."""
+    for verb in rule.get("verbs") or ():
+        for url in rule.get("nonResourceURLs") or ():
+            yield ("url", url, "", ""), verb, Attributes(_NOBODY, verb, url, resource_request=False)
+        for group in rule.get("apiGroups") or ():
+            for resource in rule.get("resources") or ():
+                plural, _, sub = resource.partition("/")
+                for name in rule.get("resourceNames") or [""]:
+                    asked = Attributes(
+                        _NOBODY, verb, api_group=group, resource=plural, subresource=sub, name=name
+                    )
+                    yield ("res", group, resource, name), verb, asked
 
 
 def _quoted(values: Iterable[str]) -> str:
@@ -225,17 +219,11 @@ def _quoted(values: Iterable[str]) -> str:
 def uncovered(owner: Sequence[Rule], wanted: Sequence[Rule]) -> list[str]:
     """The rules of ``wanted`` no rule of ``owner`` covers, broken down to single verbs,
     merged back per group/resource/name and written as the real server writes them."""
-    missing: dict[tuple[str, str, str, str], list[str]] = {}
+    missing: dict[_Key, list[str]] = {}
     for rule in wanted:
-        for verb in rule.get("verbs") or ():
-            for url in rule.get("nonResourceURLs") or ():
-                if not any(_covers_url(o, verb, url) for o in owner):
-                    missing.setdefault(("url", url, "", ""), []).append(verb)
-            for group in rule.get("apiGroups") or ():
-                for resource in rule.get("resources") or ():
-                    for name in rule.get("resourceNames") or [""]:
-                        if not any(_covers_one(o, verb, group, resource, name) for o in owner):
-                            missing.setdefault(("res", group, resource, name), []).append(verb)
+        for key, verb, asked in _asked(rule):
+            if not any(rule_allows(asked, held) for held in owner):
+                missing.setdefault(key, []).append(verb)
     lines = []
     for (kind, first, resource, name), verbs in missing.items():
         if kind == "url":

@@ -82,7 +82,7 @@ class Authenticator:
         now = int(self._clock())
         claims: dict[str, Any] = {
             "iss": ISSUER,
-            "sub": f"system:serviceaccount:{meta['namespace']}:{meta['name']}",
+            "sub": service_account_user(meta["namespace"], meta["name"]).name,
             "aud": audiences or [ISSUER],
             "iat": now,
             "nbf": now,

@@ -8,8 +8,8 @@ openapi"). The definitions are those of the v3 document (``openapi.definitions``
 are no paths: clients then pick patch types from their compiled-in knowledge, as with a
 server whose v2 document lacks a kind.
 
-The protobuf encoder is a small writer of the wire format for the messages used here
-(Document, Info, Definitions, NamedSchema, Schema and its helpers); field numbers are those
+The protobuf encoder writes the messages used here (Document, Info, Definitions, NamedSchema,
+Schema and its helpers) with the wire format writers of protobuf.py; field numbers are those
 of gnostic's ``openapiv2/OpenAPIv2.proto``.
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from . import openapi
+from .protobuf import FIXED64, VARINT, write_key, write_length, write_varint
 from .resources import VERSION_INFO, Registry
 
 PROTOBUF = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
@@ -59,35 +60,15 @@ def wants_protobuf(accept: str) -> bool:
 
 
 # --------------------------------------------------------------------- wire format
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _tag(number: int, wire: int) -> bytes:
-    return _varint(number << 3 | wire)
-
-
-def _bytes(number: int, data: bytes) -> bytes:
-    return _tag(number, 2) + _varint(len(data)) + data
-
-
+# The wire format itself (varints, keys, length-delimited fields) is protobuf.py's.
 def _string(number: int, text: str) -> bytes:
-    return _bytes(number, text.encode())
+    return write_length(number, text.encode())
 
 
 def _any(number: int, value: Any) -> bytes:
     """gnostic's ``Any``: the value as YAML text (field 2)."""
     text = yaml.safe_dump(value, default_flow_style=False, sort_keys=True)
-    return _bytes(number, _string(2, text))
+    return write_length(number, _string(2, text))
 
 
 def encode_schema(schema: dict[str, Any]) -> bytes:
@@ -97,11 +78,11 @@ def encode_schema(schema: dict[str, Any]) -> bytes:
         if key in _STRING and isinstance(value, str):
             out += _string(_STRING[key], value)
         elif key in _DOUBLE and isinstance(value, int | float):
-            out += _tag(_DOUBLE[key], 1) + struct.pack("<d", float(value))
+            out += write_key(_DOUBLE[key], FIXED64) + struct.pack("<d", float(value))
         elif key in _BOOL and isinstance(value, bool):
-            out += _tag(_BOOL[key], 0) + _varint(int(value))
+            out += write_key(_BOOL[key], VARINT) + write_varint(int(value))
         elif key in _INT and isinstance(value, int):
-            out += _tag(_INT[key], 0) + _varint(value)
+            out += write_key(_INT[key], VARINT) + write_varint(value)
         elif key == "default":
             out += _any(_DEFAULT, value)
         elif key == "example":
@@ -112,24 +93,24 @@ def encode_schema(schema: dict[str, Any]) -> bytes:
             out += b"".join(_any(_ENUM, item) for item in value)
         elif key == "type":
             types = value if isinstance(value, list) else [value]
-            out += _bytes(_TYPE, b"".join(_string(1, t) for t in types))
+            out += write_length(_TYPE, b"".join(_string(1, t) for t in types))
         elif key == "items" and isinstance(value, dict):
-            out += _bytes(_ITEMS, _bytes(1, encode_schema(value)))
+            out += write_length(_ITEMS, write_length(1, encode_schema(value)))
         elif key == "allOf":
-            out += b"".join(_bytes(_ALL_OF, encode_schema(s)) for s in value)
+            out += b"".join(write_length(_ALL_OF, encode_schema(s)) for s in value)
         elif key == "additionalProperties":
-            inner = _bytes(1, encode_schema(value)) if isinstance(value, dict) else b""
+            inner = write_length(1, encode_schema(value)) if isinstance(value, dict) else b""
             if isinstance(value, bool):
-                inner = _tag(2, 0) + _varint(int(value))
-            out += _bytes(_ADDITIONAL, inner)
+                inner = write_key(2, VARINT) + write_varint(int(value))
+            out += write_length(_ADDITIONAL, inner)
         elif key == "properties":
             named = b"".join(
-                _bytes(1, _string(1, name) + _bytes(2, encode_schema(sub)))
+                write_length(1, _string(1, name) + write_length(2, encode_schema(sub)))
                 for name, sub in value.items()
             )
-            out += _bytes(_PROPERTIES, named)
+            out += write_length(_PROPERTIES, named)
         elif key.startswith("x-"):
-            out += _bytes(_VENDOR, _string(1, key) + _any(2, value))
+            out += write_length(_VENDOR, _string(1, key) + _any(2, value))
     return bytes(out)
 
 
@@ -137,13 +118,13 @@ def encode_document(doc: dict[str, Any]) -> bytes:
     """The document as gnostic's ``openapi.v2.Document`` (paths are always empty here)."""
     info = doc.get("info") or {}
     out = _string(1, doc.get("swagger", "2.0"))
-    out += _bytes(2, _string(1, info.get("title", "")) + _string(2, info.get("version", "")))
-    out += _bytes(8, b"")
+    out += write_length(2, _string(1, info.get("title", "")) + _string(2, info.get("version", "")))
+    out += write_length(8, b"")
     named = b"".join(
-        _bytes(1, _string(1, name) + _bytes(2, encode_schema(schema)))
+        write_length(1, _string(1, name) + write_length(2, encode_schema(schema)))
         for name, schema in (doc.get("definitions") or {}).items()
     )
-    return out + _bytes(9, named)
+    return out + write_length(9, named)
 
 
 def render(registry: Registry, accept: str) -> tuple[bytes, str]:

@@ -1,14 +1,16 @@
 """Kubernetes protobuf request bodies decoded into the JSON objects the store takes.
 
 kubectl sends the built-in kinds it builds itself (``kubectl create namespace``, ``create
-configmap``, ``create secret``, ``create service``, ``create token``, ``run``, ``drain``) as
+configmap``, ``create secret``, ``create service``, ``create token``, ``run``, ``drain``, and
+the access reviews of ``auth can-i`` and ``auth whoami``) as
 ``application/vnd.kubernetes.protobuf``: the four bytes ``k8s\\0``, then a ``runtime.Unknown``
 envelope (its ``typeMeta`` names apiVersion and kind, ``raw`` holds the object's own message).
 The emulator keeps JSON, so the body is decoded here, once, at the edge: a small wire decoder
 (varints, length-delimited fields, fixed32/64) walks the message by the schemas of
 ``protobuf_schemas.py`` and writes what ``encoding/json`` would have written for the same Go
 object (zero scalars omitted, bytes as base64, times as RFC 3339, quantities and
-int-or-strings as their JSON form). Pure functions; the server calls ``request_body``.
+int-or-strings as their JSON form). Pure functions; the server calls ``request_body``. The
+few writers of the wire format (``write_*``) serve the protobuf OpenAPI v2 document.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any
 
 from . import errors
 from .errors import ApiError
-from .protobuf_schemas import ANY_VERSION, KEEP_ZERO, MESSAGES, ROOTS
+from .protobuf_schemas import ANY_VERSION, KEEP_ZERO, MESSAGES, ROOTS, STRING_LISTS
+from .store import rfc3339
 
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 MAGIC = b"k8s\x00"
@@ -86,6 +89,27 @@ def read_varint(data: bytes, pos: int) -> tuple[int, int]:
 def signed(value: int) -> int:
     """An int32/int64 varint as Go reads it (negative numbers are 10-byte two's complement)."""
     return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def write_varint(value: int) -> bytes:
+    """``value`` as a varint (a negative number as Go writes an int64: ten bytes)."""
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def write_key(number: int, wire: int) -> bytes:
+    """The key that starts field ``number`` of wire type ``wire``."""
+    return write_varint(number << 3 | wire)
+
+
+def write_length(number: int, data: bytes) -> bytes:
+    """Field ``number`` as a length-delimited field holding ``data``."""
+    return write_key(number, LENGTH) + write_varint(len(data)) + data
 
 
 def iter_fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
@@ -162,7 +186,7 @@ def _time(data: bytes, micro: bool) -> str | None:
     moment = datetime.fromtimestamp(seconds, UTC)
     if micro:
         return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{nanos // 1000:06d}Z"
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(moment)
 
 
 def _int_or_string(data: bytes) -> int | str:
@@ -184,6 +208,16 @@ def _raw_json(data: bytes, where: str) -> Any:
         raise ProtobufError(f"{where}: the embedded JSON does not parse: {error}") from error
 
 
+def _string_list(data: bytes, message: str) -> list[str]:
+    """A ``STRING_LISTS`` message (``repeated string items = 1``) as the bare JSON list."""
+    items = []
+    for number, wire, raw in iter_fields(data):
+        if number != 1:
+            raise ProtobufError(f"field {number} of {message} is not known to the local cluster")
+        items.append(_scalar("s", wire, raw, f"{message}.items"))
+    return items
+
+
 def _special(message: str, data: bytes) -> Any:
     """The messages whose JSON form is not an object of their fields."""
     if message in ("Time", "MicroTime"):
@@ -192,10 +226,19 @@ def _special(message: str, data: bytes) -> Any:
         return _scalar("s", LENGTH, _fields(data).get(1, b""), "Quantity")
     if message == "IntOrString":
         return _int_or_string(data)
+    if message in STRING_LISTS:
+        return _string_list(data, message)
     return _raw_json(data, message)  # RawExtension, FieldsV1
 
 
-SPECIAL = frozenset({"Time", "MicroTime", "Quantity", "IntOrString", "RawExtension", "FieldsV1"})
+SPECIAL = STRING_LISTS | {
+    "Time",
+    "MicroTime",
+    "Quantity",
+    "IntOrString",
+    "RawExtension",
+    "FieldsV1",
+}
 
 
 def _value(code: str, wire: int, value: int | bytes, where: str) -> Any:
@@ -215,7 +258,8 @@ def _map_entry(field: Field, data: bytes, where: str) -> tuple[str, Any]:
         elif number == 2:
             value = _value(field.map_value, wire, raw, f"{where}[{key}]")
     if value is None:  # a zero value is left off the wire
-        value = {"s": "", "y": "", "i": 0, "b": False, "d": 0.0}.get(field.map_value, {})
+        zero: list[str] | dict[str, Any] = [] if field.map_value in STRING_LISTS else {}
+        value = {"s": "", "y": "", "i": 0, "b": False, "d": 0.0}.get(field.map_value, zero)
     return key, value
 
 

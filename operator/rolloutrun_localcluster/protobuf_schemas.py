@@ -3,14 +3,14 @@
 kubectl (and every client-go program) sends built-in types as
 ``application/vnd.kubernetes.protobuf``; the emulator stores JSON. These are the facts of that
 wire format the decoder in ``protobuf.py`` needs, transcribed from the ``generated.proto``
-files of k8s.io/api (core, rbac, authentication, scheduling, policy, coordination,
-networking v1) and k8s.io/apimachinery (meta v1): per message, its fields as
+files of k8s.io/api (core, rbac, authentication, authorization, scheduling, policy,
+coordination, networking v1) and k8s.io/apimachinery (meta v1): per message, its fields as
 ``<number> <JSON name> <type>``, comma-separated. Types: ``s`` string, ``i`` integer
 (int32/int64), ``b`` bool, ``y`` bytes (base64 in JSON), ``d`` double, a message name,
 ``[T]`` repeated, ``{s:T}`` a map. The names are the JSON names; the one proto name that
 differs (``BoundObjectReference.uID``) is written as JSON spells it. ``Time``,
 ``MicroTime``, ``Quantity``, ``IntOrString``, ``RawExtension`` and ``FieldsV1`` have a JSON
-form of their own and are decoded by name in ``protobuf.py``.
+form of their own and are decoded by name in ``protobuf.py``, as are the ``STRING_LISTS``.
 
 Only the closure of the kinds in ``ROOTS`` is here: another kind sent as protobuf is refused
 with a 415 naming it (send it as JSON, as ``kubectl apply`` does).
@@ -33,6 +33,11 @@ ROOTS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "ClusterRole",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "ClusterRoleBinding",
     ("authentication.k8s.io/v1", "TokenRequest"): "TokenRequest",
+    ("authentication.k8s.io/v1", "SelfSubjectReview"): "SelfSubjectReview",
+    ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): "SelfSubjectAccessReview",
+    ("authorization.k8s.io/v1", "SubjectAccessReview"): "SubjectAccessReview",
+    ("authorization.k8s.io/v1", "LocalSubjectAccessReview"): "LocalSubjectAccessReview",
+    ("authorization.k8s.io/v1", "SelfSubjectRulesReview"): "SelfSubjectRulesReview",
     ("scheduling.k8s.io/v1", "PriorityClass"): "PriorityClass",
     ("policy/v1", "PodDisruptionBudget"): "PodDisruptionBudget",
     ("policy/v1", "Eviction"): "Eviction",
@@ -43,6 +48,10 @@ ROOTS: dict[tuple[str, str], str] = {
 # Kinds registered in every group version (their apiVersion is the client's, e.g. a typed
 # client's ``Delete`` sends ``v1, Kind=DeleteOptions``; an eviction, ``policy/v1``).
 ANY_VERSION: frozenset[str] = frozenset({"DeleteOptions"})
+
+# Messages that wrap a Go ``[]string`` (``type ExtraValue []string``): one ``repeated string
+# items = 1`` on the wire, the bare list in JSON.
+STRING_LISTS: frozenset[str] = frozenset({"ExtraValue", "AttestationValue"})
 
 # Pointer fields of the Go types: present on the wire only when set, so a zero value there
 # means what it says (``automountServiceAccountToken: false``, ``runAsUser: 0``). Every other
@@ -71,6 +80,20 @@ KEEP_ZERO: frozenset[str] = frozenset(
         "shareProcessNamespace",
         "terminationGracePeriodSeconds",
     }
+)
+
+# The fields of Container, and of EphemeralContainerCommon: upstream keeps the two identical
+# (same names, same numbers), so they are written once.
+CONTAINER = (
+    "1 name s, 2 image s, 3 command [s], 4 args [s], 5 workingDir s, "
+    "6 ports [ContainerPort], 7 env [EnvVar], 8 resources ResourceRequirements, "
+    "9 volumeMounts [VolumeMount], 10 livenessProbe Probe, 11 readinessProbe Probe, "
+    "12 lifecycle Lifecycle, 13 terminationMessagePath s, 14 imagePullPolicy s, "
+    "15 securityContext SecurityContext, 16 stdin b, 17 stdinOnce b, 18 tty b, "
+    "19 envFrom [EnvFromSource], 20 terminationMessagePolicy s, "
+    "21 volumeDevices [VolumeDevice], 22 startupProbe Probe, "
+    "23 resizePolicy [ContainerResizePolicy], 24 restartPolicy s, "
+    "25 restartPolicyRules [ContainerRestartRule]"
 )
 
 MESSAGES: dict[str, str] = {
@@ -155,8 +178,48 @@ MESSAGES: dict[str, str] = {
         "5 attestations {s:AttestationValue}"
     ),
     "BoundObjectReference": "1 kind s, 2 apiVersion s, 3 name s, 4 uid s",
-    "AttestationValue": "1 items [s]",
     "TokenRequestStatus": "1 token s, 2 expirationTimestamp Time",
+    "SelfSubjectReview": "1 metadata ObjectMeta, 2 status SelfSubjectReviewStatus",
+    "SelfSubjectReviewStatus": "1 userInfo UserInfo",
+    "UserInfo": "1 username s, 2 uid s, 3 groups [s], 4 extra {s:ExtraValue}",
+    "SelfSubjectAccessReview": (
+        "1 metadata ObjectMeta, 2 spec SelfSubjectAccessReviewSpec, "
+        "3 status SubjectAccessReviewStatus"
+    ),
+    "SelfSubjectAccessReviewSpec": (
+        "1 resourceAttributes ResourceAttributes, 2 nonResourceAttributes NonResourceAttributes"
+    ),
+    "ResourceAttributes": (
+        "1 namespace s, 2 verb s, 3 group s, 4 version s, 5 resource s, 6 subresource s, "
+        "7 name s, 8 fieldSelector FieldSelectorAttributes, "
+        "9 labelSelector LabelSelectorAttributes"
+    ),
+    "FieldSelectorAttributes": "1 rawSelector s, 2 requirements [FieldSelectorRequirement]",
+    "FieldSelectorRequirement": "1 key s, 2 operator s, 3 values [s]",
+    "LabelSelectorAttributes": "1 rawSelector s, 2 requirements [LabelSelectorRequirement]",
+    "NonResourceAttributes": "1 path s, 2 verb s",
+    "SubjectAccessReview": (
+        "1 metadata ObjectMeta, 2 spec SubjectAccessReviewSpec, 3 status SubjectAccessReviewStatus"
+    ),
+    "LocalSubjectAccessReview": (
+        "1 metadata ObjectMeta, 2 spec SubjectAccessReviewSpec, 3 status SubjectAccessReviewStatus"
+    ),
+    "SubjectAccessReviewSpec": (
+        "1 resourceAttributes ResourceAttributes, 2 nonResourceAttributes NonResourceAttributes, "
+        "3 user s, 4 groups [s], 5 extra {s:ExtraValue}, 6 uid s"
+    ),
+    "SubjectAccessReviewStatus": "1 allowed b, 2 reason s, 3 evaluationError s, 4 denied b",
+    "SelfSubjectRulesReview": (
+        "1 metadata ObjectMeta, 2 spec SelfSubjectRulesReviewSpec, "
+        "3 status SubjectRulesReviewStatus"
+    ),
+    "SelfSubjectRulesReviewSpec": "1 namespace s",
+    "SubjectRulesReviewStatus": (
+        "1 resourceRules [ResourceRule], 2 nonResourceRules [NonResourceRule], 3 incomplete b, "
+        "4 evaluationError s"
+    ),
+    "ResourceRule": "1 verbs [s], 2 apiGroups [s], 3 resources [s], 4 resourceNames [s]",
+    "NonResourceRule": "1 verbs [s], 2 nonResourceURLs [s]",
     "PriorityClass": (
         "1 metadata ObjectMeta, 2 value i, 3 globalDefault b, 4 description s, 5 preemptionPolicy s"
     ),
@@ -341,17 +404,7 @@ MESSAGES: dict[str, str] = {
     "TypedLocalObjectReference": "1 apiGroup s, 2 kind s, 3 name s",
     "TypedObjectReference": "1 apiGroup s, 2 kind s, 3 name s, 4 namespace s",
     "ImageVolumeSource": "1 reference s, 2 pullPolicy s",
-    "Container": (
-        "1 name s, 2 image s, 3 command [s], 4 args [s], 5 workingDir s, "
-        "6 ports [ContainerPort], 7 env [EnvVar], 8 resources ResourceRequirements, "
-        "9 volumeMounts [VolumeMount], 10 livenessProbe Probe, 11 readinessProbe Probe, "
-        "12 lifecycle Lifecycle, 13 terminationMessagePath s, 14 imagePullPolicy s, "
-        "15 securityContext SecurityContext, 16 stdin b, 17 stdinOnce b, 18 tty b, "
-        "19 envFrom [EnvFromSource], 20 terminationMessagePolicy s, "
-        "21 volumeDevices [VolumeDevice], 22 startupProbe Probe, "
-        "23 resizePolicy [ContainerResizePolicy], 24 restartPolicy s, "
-        "25 restartPolicyRules [ContainerRestartRule]"
-    ),
+    "Container": CONTAINER,
     "ContainerPort": "1 name s, 2 hostPort i, 3 containerPort i, 4 protocol s, 5 hostIP s",
     "EnvFromSource": "1 prefix s, 2 configMapRef ConfigMapEnvSource, 3 secretRef SecretEnvSource",
     "ConfigMapEnvSource": "1 localObjectReference LocalObjectReference, 2 optional b",
@@ -416,17 +469,7 @@ MESSAGES: dict[str, str] = {
     "EphemeralContainer": (
         "1 ephemeralContainerCommon EphemeralContainerCommon, 2 targetContainerName s"
     ),
-    "EphemeralContainerCommon": (
-        "1 name s, 2 image s, 3 command [s], 4 args [s], 5 workingDir s, "
-        "6 ports [ContainerPort], 7 env [EnvVar], 8 resources ResourceRequirements, "
-        "9 volumeMounts [VolumeMount], 10 livenessProbe Probe, 11 readinessProbe Probe, "
-        "12 lifecycle Lifecycle, 13 terminationMessagePath s, 14 imagePullPolicy s, "
-        "15 securityContext SecurityContext, 16 stdin b, 17 stdinOnce b, 18 tty b, "
-        "19 envFrom [EnvFromSource], 20 terminationMessagePolicy s, "
-        "21 volumeDevices [VolumeDevice], 22 startupProbe Probe, "
-        "23 resizePolicy [ContainerResizePolicy], 24 restartPolicy s, "
-        "25 restartPolicyRules [ContainerRestartRule]"
-    ),
+    "EphemeralContainerCommon": CONTAINER,
     "PodSecurityContext": (
         "1 seLinuxOptions SELinuxOptions, 2 runAsUser i, 3 runAsNonRoot b, "
         "4 supplementalGroups [i], 5 fsGroup i, 6 runAsGroup i, 7 sysctls [Sysctl], "

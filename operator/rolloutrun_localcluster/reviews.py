@@ -28,6 +28,7 @@ from .rbac import (
     UserInfo,
     grants,
 )
+from .store import rfc3339
 
 Obj = dict[str, Any]
 AUTHZ = "authorization.k8s.io"
@@ -199,7 +200,7 @@ class Reviews:
         token, expires = self.authenticator.issue(account, seconds, spec.get("audiences"))
         assert expires is not None
         spec["expirationSeconds"] = seconds
-        stamp = dt.datetime.fromtimestamp(expires, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        expires_at = dt.datetime.fromtimestamp(expires, dt.UTC)
         return {
             "kind": "TokenRequest",
             "apiVersion": f"{AUTHN}/v1",
@@ -209,7 +210,7 @@ class Reviews:
                 "creationTimestamp": None,
             },
             "spec": spec,
-            "status": {"token": token, "expirationTimestamp": stamp},
+            "status": {"token": token, "expirationTimestamp": rfc3339(expires_at)},
         }
 
 

@@ -22,6 +22,7 @@ from aiohttp import web
 from . import apply, errors, openapi, openapi_v2, patches, protobuf, resources
 from .access import Access
 from .errors import ApiError
+from .rbac import RBAC_GROUP
 from .resources import Registry, ResourceType
 from .selectors import parse_field_selector, parse_label_selector
 from .store import Store, now_iso
@@ -110,9 +111,8 @@ class ApiServer:
                 request.headers.getall("Impersonate-Group", []),
             )
             if self.access.computed(attributes):
-                raw = await request.read()
-                return _json(*self.access.answer(attributes, request.content_type, raw))
-            if attributes.api_group == "rbac.authorization.k8s.io":
+                return _json(*self.access.answer(attributes, await self._body(request)))
+            if attributes.api_group == RBAC_GROUP:
                 self.access.check_escalation(attributes, await self._body(request))
             return await handler(request)
         except ApiError as error:

@@ -37,9 +37,13 @@ Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped obje
 Managed = Callable[[Obj | None, Obj], list[Obj]]
 
 
+def rfc3339(moment: datetime) -> str:
+    """A time as the API writes ``metav1.Time``: RFC 3339 in UTC, whole seconds."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def now_iso(offset: float = 0.0) -> str:
-    moment = datetime.now(UTC) + timedelta(seconds=offset)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(datetime.now(UTC) + timedelta(seconds=offset))
 
 
 @dataclass

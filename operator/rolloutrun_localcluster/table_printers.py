@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from .store import rfc3339
+
 Obj = dict[str, Any]
 
 ZERO_DATE = "<unknown>"
@@ -98,7 +100,7 @@ def age(obj: Obj) -> str:
 
 def created_at(obj: Obj) -> str:
     moment = parse_time(_meta(obj).get("creationTimestamp"))
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment else ""
+    return rfc3339(moment) if moment else ""
 
 
 NAME = Column("Name", name, format="name")

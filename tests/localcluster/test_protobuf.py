@@ -1,6 +1,7 @@
 """The protobuf request decoder: wire format, JSON forms of the special messages, omitempty,
 and the errors a body the emulator cannot decode gets. (kubectl's own bodies are decoded in
-test_cli_create.py; these cover what kubectl's everyday commands do not send.)"""
+test_kubectl_everyday.py, its access reviews in test_rbac.py; these cover what kubectl's
+everyday commands do not send, and each field of the review kinds.)"""
 
 from __future__ import annotations
 
@@ -11,25 +12,19 @@ import pytest
 from rolloutrun_localcluster import protobuf
 from rolloutrun_localcluster.errors import ApiError
 
-
-def varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
+# The writers are protobuf.py's own, checked against google.protobuf by test_managed_fields.py.
+varint = protobuf.write_varint
 
 
 def field(number: int, value: int | bytes | str, fixed: int = 0) -> bytes:
     if isinstance(value, str):
         value = value.encode()
     if fixed:
-        return varint(number << 3 | (1 if fixed == 8 else 5)) + bytes(value)  # type: ignore[arg-type]
+        wire = protobuf.FIXED64 if fixed == 8 else protobuf.FIXED32
+        return protobuf.write_key(number, wire) + bytes(value)
     if isinstance(value, int):
-        return varint(number << 3) + varint(value)
-    return varint(number << 3 | 2) + varint(len(value)) + value
+        return protobuf.write_key(number, protobuf.VARINT) + varint(value)
+    return protobuf.write_length(number, value)
 
 
 def envelope(api_version: str, kind: str, raw: bytes) -> bytes:
@@ -160,3 +155,107 @@ def test_rbac_and_token_requests_decode_for_kubectl_create_clusterrole_and_token
         "expirationSeconds": 600,
     }
     assert obj["status"] == {}
+
+
+def review_status() -> bytes:
+    # SubjectAccessReviewStatus as Go writes an unset one: allowed, reason, evaluationError,
+    # denied (none of them pointers, so all on the wire).
+    return field(1, 0) + field(2, "") + field(3, "") + field(4, 0)
+
+
+def test_access_reviews_decode_as_kubectl_auth_can_i_sends_them() -> None:
+    """``kubectl auth can-i get pods/log -n team --as alice --as-group dev``: the resource
+    attributes, with Go's empty strings and the unset status left out as JSON leaves them."""
+    attributes = (
+        field(1, "team")
+        + field(2, "get")
+        + field(3, "")
+        + field(4, "")
+        + field(5, "pods")
+        + field(6, "log")
+        + field(7, "")
+    )
+    raw = field(1, meta("")) + field(2, field(1, attributes)) + field(3, review_status())
+    obj = protobuf.decode_object(
+        envelope("authorization.k8s.io/v1", "SelfSubjectAccessReview", raw)
+    )
+    assert obj == {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "metadata": {},
+        "spec": {
+            "resourceAttributes": {
+                "namespace": "team",
+                "verb": "get",
+                "resource": "pods",
+                "subresource": "log",
+            }
+        },
+        "status": {},
+    }
+    url = field(2, field(1, "/healthz") + field(2, "get"))
+    extra = field(5, field(1, "scopes") + field(2, field(1, "a") + field(1, "b")))
+    spec = url + field(3, "alice") + field(4, "dev") + field(4, "ops") + extra + field(6, "u-1")
+    for kind in ("SubjectAccessReview", "LocalSubjectAccessReview"):
+        obj = protobuf.decode_object(envelope("authorization.k8s.io/v1", kind, field(2, spec)))
+        assert obj["spec"] == {
+            "nonResourceAttributes": {"path": "/healthz", "verb": "get"},
+            "user": "alice",
+            "groups": ["dev", "ops"],
+            "extra": {"scopes": ["a", "b"]},  # an ExtraValue is a bare list in JSON
+            "uid": "u-1",
+        }
+
+
+def test_selectors_of_an_access_review_decode() -> None:
+    requirement = field(1, "env") + field(2, "In") + field(3, "prod")
+    fields_ = field(8, field(1, "spec.nodeName=n1") + field(2, requirement))
+    labels = field(9, field(2, requirement))
+    spec = field(1, field(2, "list") + field(5, "pods") + fields_ + labels)
+    raw = field(2, spec)
+    obj = protobuf.decode_object(envelope("authorization.k8s.io/v1", "SubjectAccessReview", raw))
+    wanted = {"key": "env", "operator": "In", "values": ["prod"]}
+    assert obj["spec"]["resourceAttributes"] == {
+        "verb": "list",
+        "resource": "pods",
+        "fieldSelector": {"rawSelector": "spec.nodeName=n1", "requirements": [wanted]},
+        "labelSelector": {"requirements": [wanted]},
+    }
+
+
+def test_rules_and_self_reviews_decode_for_can_i_list_and_whoami() -> None:
+    rules = field(1, meta("")) + field(2, field(1, "team")) + field(3, field(3, 0))
+    obj = protobuf.decode_object(
+        envelope("authorization.k8s.io/v1", "SelfSubjectRulesReview", rules)
+    )
+    assert obj["spec"] == {"namespace": "team"} and obj["status"] == {}
+    whoami = field(1, meta("")) + field(2, field(1, field(1, "") + field(2, "")))
+    obj = protobuf.decode_object(envelope("authentication.k8s.io/v1", "SelfSubjectReview", whoami))
+    assert obj == {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "SelfSubjectReview",
+        "metadata": {},
+        "status": {"userInfo": {}},
+    }
+    info = field(1, "alice") + field(3, "dev") + field(4, field(1, "k") + field(2, field(1, "v")))
+    status = field(1, info)
+    assert protobuf.decode_message(status, "SelfSubjectReviewStatus") == {
+        "userInfo": {"username": "alice", "groups": ["dev"], "extra": {"k": ["v"]}}
+    }
+
+
+def test_token_request_attestations_are_bare_lists() -> None:
+    """``TokenRequestSpec.attestations`` is a map of ``AttestationValue`` (a Go []string)."""
+    entry = field(1, "node") + field(2, field(1, "n1") + field(1, "n2"))
+    spec = field(1, "api") + field(5, entry) + field(5, field(1, "empty"))
+    obj = protobuf.decode_object(
+        envelope("authentication.k8s.io/v1", "TokenRequest", field(2, spec))
+    )
+    assert obj["spec"] == {
+        "audiences": ["api"],
+        "attestations": {"node": ["n1", "n2"], "empty": []},
+    }
+    with pytest.raises(protobuf.ProtobufError, match="field 2 of AttestationValue"):
+        protobuf.decode_message(
+            field(5, field(1, "x") + field(2, field(2, "y"))), "TokenRequestSpec"
+        )

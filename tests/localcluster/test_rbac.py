@@ -100,6 +100,9 @@ def test_kubectl_auth_can_i_answers_as_the_roles_say(cluster, client, namespace)
         cluster, "auth", "can-i", "get", "leases/mine", "-n", "default", "--as", bob
     )
     assert elsewhere.stdout.strip() == "no"
+    listed = kubectl(cluster, "auth", "can-i", "--list", "-n", namespace, "--as", bob)
+    rows = [line.split() for line in listed.stdout.splitlines()]
+    assert ["leases.coordination.k8s.io", "[]", "[mine]", "[get", "update]"] in rows, listed
     whoami = kubectl(cluster, "auth", "whoami", "-o", "json", "--as", bob)
     info = json.loads(whoami.stdout)["status"]["userInfo"]
     assert info["username"] == bob

@@ -3,6 +3,8 @@ text, impersonation and escalation coverage, each decided as kube-apiserver deci
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -262,6 +264,9 @@ def test_tokens_name_their_account_and_die_with_it():
     authn = Authenticator("admin-token", lambda ns, n: accounts.get((ns, n)), clock=lambda: now[0])
     token, _ = authn.issue(accounts[("team", "bob")])
     assert authn.authenticate(f"Bearer {token}").name == BOB.name
+    payload = token.split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert claims["sub"] == "system:serviceaccount:team:bob"  # as a real token names it
     assert authn.authenticate("Bearer admin-token") == ADMIN
     for wrong in (f"Bearer {token}x", f"Bearer {token[:-2]}", "Bearer a.b.c", "Basic x"):
         with pytest.raises(ApiError) as error:
@@ -295,4 +300,36 @@ def test_escalation_coverage_lists_what_is_not_held():
     assert uncovered(held, [{"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]) == []
     assert uncovered(held, [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]) == [
         '{APIGroups:[""], Resources:["pods"], Verbs:["get"]}'
+    ]
+
+
+def test_escalation_coverage_matches_wildcards_as_the_authorizer_does():
+    """Coverage is the authorizer's own matching: ``*/sub`` resources, ``prefix*`` URLs,
+    resourceNames that narrow, and URL rules that cover no resource."""
+    held = [
+        {"apiGroups": [""], "resources": ["*/log"], "verbs": ["get"]},
+        {"apiGroups": ["*"], "resources": ["leases"], "resourceNames": ["mine"], "verbs": ["*"]},
+        {"nonResourceURLs": ["/logs/*"], "verbs": ["get"]},
+    ]
+    covered = [
+        {"apiGroups": [""], "resources": ["pods/log", "nodes/log"], "verbs": ["get"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["mine"],
+            "verbs": ["delete"],
+        },
+        {"nonResourceURLs": ["/logs/kubelet"], "verbs": ["get"]},
+    ]
+    assert uncovered(held, covered) == []
+    wanted = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]},
+        {"nonResourceURLs": ["/logs", "/metrics"], "verbs": ["get", "post"]},
+    ]
+    assert uncovered(held, wanted) == [
+        '{APIGroups:[""], Resources:["pods"], Verbs:["get"]}',
+        '{APIGroups:["coordination.k8s.io"], Resources:["leases"], Verbs:["get"]}',
+        '{NonResourceURLs:["/logs"], Verbs:["get" "post"]}',
+        '{NonResourceURLs:["/metrics"], Verbs:["get" "post"]}',
     ]
