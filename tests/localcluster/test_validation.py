@@ -241,3 +241,54 @@ def _storage_key(obj: dict[str, Any]) -> str:
     if plural == "policys" or obj["kind"] == "NetworkPolicy":
         plural = "networkpolicies"
     return f"{plural}.{group}" if group else plural
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        ("a in (b", "unable to parse requirement: found '', expected: ',' or ')'"),
+        ("a=b,", "found '', expected: identifier after ','"),
+        ("=x", "found '=', expected: !, identifier, or 'end of string'"),
+        (
+            "x>a",
+            "unable to parse requirement: values[0]: Invalid value: \"a\": for 'Gt', 'Lt' "
+            "operators, the value must be an integer",
+        ),
+        (
+            "a/b/c",
+            'unable to parse requirement: <nil>: Invalid value: "a/b/c": a qualified name '
+            "must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
+            "with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex "
+            "used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional "
+            "DNS subdomain prefix and '/' (e.g. 'example.com/MyName')",
+        ),
+    ],
+)
+def test_label_selector_grammar_errors(selector: str, message: str) -> None:
+    from rolloutrun_localcluster import labelparse
+
+    with pytest.raises(labelparse.SelectorError) as error:
+        labelparse.parse(selector)
+    assert str(error.value) == message
+
+
+def test_label_selector_grammar_accepts_what_the_server_accepts() -> None:
+    from rolloutrun_localcluster import labelparse
+
+    assert labelparse.parse("x in (foo,,baz),y,z notin (),!w,v==1,u!=2,t<5") == [
+        ("t", "lt", ("5",)),
+        ("u", "!=", ("2",)),
+        ("v", "==", ("1",)),
+        ("w", "!", ()),
+        ("x", "in", ("", "baz", "foo")),
+        ("y", "exists", ()),
+        ("z", "notin", ("",)),
+    ]
+
+
+def test_generate_name_masks_its_trailing_dash_as_the_server_does() -> None:
+    assert kube_names.mask_trailing_dash("web-") == "wea"  # Go drops two, adds 'a'
+    meta = {"generateName": "web-", "name": "web-x7k2q"}
+    assert validation.name_causes("services", meta) == []
+    causes = validation.name_causes("services", {"generateName": "7b-", "name": "7b-x7k2q"})
+    assert [cause[1] for cause in causes] == ["metadata.generateName", "metadata.name"]
