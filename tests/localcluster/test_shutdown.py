@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +70,36 @@ def test_nothing_is_left_pending_on_the_clusters_loop(
     assert stray[0].cancelled()
     assert "Task was destroyed" not in caplog.text
     assert "tasks still running when the local cluster stopped: ['stray']" in caplog.text
+
+
+def test_sigterm_stops_rolloutrun_run_and_every_pod_it_started(tmp_path: Path) -> None:
+    """``rolloutrun run`` stopped by SIGTERM (a CI job's timeout, ``kill``) stops its cluster
+    as Ctrl-C does; it used to die at once, leaving its trainer and Gyms running."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from rolloutrun_localcluster.processes import cluster_tag, tagged_pids
+
+    rolloutrun = shutil.which("rolloutrun", path=str(Path(sys.executable).parent))
+    if rolloutrun is None:
+        pytest.skip("the rolloutrun console script is not installed (pip install -e .)")
+    example = Path(__file__).resolve().parents[2] / "examples" / "tiny-grpo.yaml"
+    work = tmp_path / "run"
+    tag = cluster_tag(str(work.resolve() / "cluster"))
+    argv = [rolloutrun, "run", str(example), "--work-dir", str(work), "--max-steps", "100000"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        eventually(lambda: len(tagged_pids(tag)) >= 2, what="the run's pods", timeout=120)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=120)
+        assert process.returncode == 130, output
+        assert "interrupted; the cluster and its pods were stopped" in output
+        assert not tagged_pids(tag), "pod processes outlived rolloutrun run"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in tagged_pids(tag):  # what this test's run left, never anything else
+            os.kill(pid, signal.SIGKILL)
