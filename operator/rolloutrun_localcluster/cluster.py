@@ -32,6 +32,7 @@ from .resources import Registry
 from .scheduler import Scheduler
 from .server import ApiServer
 from .store import Store
+from .tasks import cancel_remaining
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +210,8 @@ class LocalCluster:
                 loop.run_until_complete(self._stopping.wait())
                 loop.run_until_complete(self.astop())
             finally:
+                # Nothing may be left pending when the loop closes (see tasks.py).
+                loop.run_until_complete(cancel_remaining())
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.close()
 

@@ -82,8 +82,9 @@ def conflict(plural: str, group: str, name: str, why: str | None = None) -> ApiE
 def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str, str]]) -> ApiError:
     """A 422: ``causes`` are ``(reason, field, message)`` triples, reasons like
     ``FieldValueInvalid``, ``FieldValueRequired``, ``FieldValueNotSupported``."""
-    joined = ", ".join(message for _, _, message in causes)
-    if len(causes) > 1:
+    messages = list(dict.fromkeys(message for _, _, message in causes))  # as Go's aggregate
+    joined = ", ".join(messages)
+    if len(messages) > 1:
         joined = "[" + joined + "]"
     return ApiError(
         422,

@@ -29,6 +29,7 @@ from .podworker import PodWorker
 from .processes import CLUSTER_TAG, POD_TAG
 from .resources import Registry, ResourceType
 from .store import Event, Store, now_iso
+from .tasks import TaskSet
 from .volumes import Volumes
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,8 @@ class Kubelet:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._terminations: dict[str, asyncio.Task[None]] = {}
+        # Every worker and termination task, forgotten workers' included: stop awaits each.
+        self.tasks = TaskSet()
         store.subscribe(self._on_event)
 
     # ------------------------------------------------------------------ helpers
@@ -201,17 +204,12 @@ class Kubelet:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._node_up.set()
-        for worker in self.workers.values():
-            worker.freeze(False)
-            worker.kill()
-        for task in list(self._terminations.values()):
-            task.cancel()
-        tasks = [w.task for w in self.workers.values() if w.task is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks + list(self._terminations.values()):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        try:
+            for worker in self.workers.values():
+                worker.freeze(False)
+                worker.kill()
+        finally:
+            await self.tasks.cancel_all()
         for worker in self.workers.values():
             worker.kill()
 
@@ -252,9 +250,13 @@ class Kubelet:
             self.workers[uid] = worker
             logger.info("starting pod %s/%s at %s", worker.namespace, worker.name, worker.ip)
             worker.start()
+            if worker.task is not None:
+                self.tasks.adopt(worker.task)
         if deleting and uid not in self._terminations:
             grace = float(meta.get("deletionGracePeriodSeconds") or 0)
-            self._terminations[uid] = asyncio.create_task(self._terminate(pod, worker, grace))
+            self._terminations[uid] = self.tasks.start(
+                self._terminate(pod, worker, grace), name=f"terminate-{meta['name']}"
+            )
 
     async def _terminate(self, pod: Obj, worker: PodWorker | None, grace: float) -> None:
         meta = pod["metadata"]

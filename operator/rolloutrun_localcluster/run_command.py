@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -132,6 +133,7 @@ def main(args: argparse.Namespace) -> int:
     work_dir = Path(args.work_dir) if args.work_dir else default_work_dir(name)
     print(f"rolloutrun run: {name} in {work_dir} (local cluster, operator, pods)", flush=True)
     rng = random.Random(args.seed)
+    signal.signal(signal.SIGTERM, _interrupt)  # stop the cluster and its pods, as Ctrl-C does
     try:
         with EmbeddedRun(document, work_dir, cluster_options=_cluster_env()) as run:
             result, preempted = run.follow(
@@ -158,6 +160,12 @@ def main(args: argparse.Namespace) -> int:
         Path(args.summary).write_text(text + "\n")
     print(_summary_line(summary), flush=True)
     return 0 if summary["succeeded"] and summary["audit_holds"] else 1
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM ends ``rolloutrun run`` as Ctrl-C does: the run's ``with`` block stops the
+    operator and the cluster, whose pods would otherwise outlive it."""
+    raise KeyboardInterrupt
 
 
 def _summary_line(summary: dict[str, Any]) -> str:

@@ -7,17 +7,12 @@ reject (an unsupported field label, a malformed requirement) is rejected here wi
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import labelparse
 from .errors import ApiError, bad_request
-
-_KEY = r"[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?"
-_SET_RE = re.compile(rf"^\s*(?P<key>{_KEY})\s+(?P<op>in|notin)\s*\((?P<values>[^)]*)\)\s*$")
-_EXISTS_RE = re.compile(rf"^\s*(?P<neg>!?)\s*(?P<key>{_KEY})\s*$")
-_EQ_RE = re.compile(rf"^\s*(?P<key>{_KEY})\s*(?P<op>==|=|!=)\s*(?P<value>[-A-Za-z0-9_.]*)\s*$")
 
 
 @dataclass(frozen=True)
@@ -25,7 +20,7 @@ class Requirement:
     """One clause of a label selector: ``key op values``."""
 
     key: str
-    op: str  # "in", "notin", "exists", "!"
+    op: str  # "in", "notin", "exists", "!", "gt", "lt"
     values: tuple[str, ...] = ()
 
     def matches(self, labels: Mapping[str, str]) -> bool:
@@ -35,47 +30,32 @@ class Requirement:
             return self.key not in labels
         if self.op == "in":
             return self.key in labels and labels[self.key] in self.values
+        if self.op in ("gt", "lt"):
+            return _compare(labels.get(self.key), self.op, self.values)
         # notin: a missing key matches, as on the real server.
         return self.key not in labels or labels[self.key] not in self.values
 
 
-def _split_clauses(selector: str) -> list[str]:
-    """Split on commas that are not inside ``( )``."""
-    clauses: list[str] = []
-    depth = 0
-    current: list[str] = []
-    for char in selector:
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        if char == "," and depth == 0:
-            clauses.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    clauses.append("".join(current))
-    return [clause for clause in clauses if clause.strip()]
+def _compare(label: str | None, op: str, values: tuple[str, ...]) -> bool:
+    """``key>3`` / ``key<3``: the label exists and both sides are integers."""
+    try:
+        have, bound = int(label or ""), int(values[0])
+    except (ValueError, IndexError):
+        return False
+    return have > bound if op == "gt" else have < bound
 
 
 def parse_label_selector(selector: str | None) -> list[Requirement]:
-    """Parse ``a=b,c!=d,e in (f,g),!h,i`` into requirements; raise a 400 on bad syntax."""
+    """Parse ``a=b,c!=d,e in (f,g),!h,i,j>3`` into requirements, by the real server's grammar
+    (:mod:`.labelparse`); a selector it refuses is a 400 with its message."""
     if not selector or not selector.strip():
         return []
-    requirements: list[Requirement] = []
-    for clause in _split_clauses(selector):
-        if match := _SET_RE.match(clause):
-            values = tuple(v.strip() for v in match["values"].split(",") if v.strip())
-            requirements.append(Requirement(match["key"], match["op"], values))
-        elif match := _EQ_RE.match(clause):
-            op = "notin" if match["op"] == "!=" else "in"
-            requirements.append(Requirement(match["key"], op, (match["value"],)))
-        elif match := _EXISTS_RE.match(clause):
-            op = "!" if match["neg"] else "exists"
-            requirements.append(Requirement(match["key"], op))
-        else:
-            raise bad_request(f"unable to parse requirement: {clause.strip()!r}")
-    return requirements
+    try:
+        parsed = labelparse.parse(selector)
+    except labelparse.SelectorError as error:
+        raise bad_request(str(error)) from None
+    ops = {"=": "in", "==": "in", "!=": "notin"}
+    return [Requirement(key, ops.get(op, op), values) for key, op, values in parsed]
 
 
 def labels_match(requirements: list[Requirement], labels: Mapping[str, str] | None) -> bool:

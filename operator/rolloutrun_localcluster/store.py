@@ -270,7 +270,8 @@ class Store:
                     ],
                 )
             suffix = "".join(_NAME_CHARS[b % len(_NAME_CHARS)] for b in self._random().bytes[:5])
-            meta["name"] = meta["generateName"] + suffix
+            # The base is cut to 58 characters, as the server's name generator does.
+            meta["name"] = meta["generateName"][:58] + suffix
         for dropped in (
             "resourceVersion",
             "deletionTimestamp",

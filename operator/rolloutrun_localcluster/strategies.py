@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from typing import TYPE_CHECKING, Any
 
-from . import errors, schema
+from . import errors, schema, validation
 from .resources import ResourceType
 
 if TYPE_CHECKING:
@@ -23,44 +22,10 @@ if TYPE_CHECKING:
 Obj = dict[str, Any]
 Cause = tuple[str, str, str]
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_MSG = (
-    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
-    "and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', "
-    "regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
-)
-_SUBDOMAIN_MSG = (
-    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' "
-    "or '.', and must start and end with an alphanumeric character (e.g. 'example.com', "
-    "regex used for validation is "
-    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-)
-
-
-def name_causes(name: str, *, label: bool) -> list[Cause]:
-    """Validate ``metadata.name`` as a DNS label (namespaces, services) or subdomain."""
-    pattern, message, limit = (
-        (_DNS_LABEL, _LABEL_MSG, 63) if label else (_DNS_SUBDOMAIN, _SUBDOMAIN_MSG, 253)
-    )
-    if len(name) > limit:
-        text = f'metadata.name: Invalid value: "{name}": must be no more than {limit} characters'
-        return [("FieldValueInvalid", "metadata.name", text)]
-    if not pattern.match(name):
-        return [
-            (
-                "FieldValueInvalid",
-                "metadata.name",
-                f'metadata.name: Invalid value: "{name}": {message}',
-            )
-        ]
-    return []
-
 
 class Strategy:
-    """Defaults: no extra rules, immediate deletion unless finalizers hold it."""
-
-    label_names = False
+    """Defaults: the metadata and spec rules of :mod:`.validation` (names by kind, labels,
+    annotations, selectors), immediate deletion unless finalizers hold it."""
 
     def prepare_create(
         self, rtype: ResourceType, obj: Obj, store: Store, strict: bool
@@ -79,9 +44,7 @@ class Strategy:
         return []
 
     def validate(self, rtype: ResourceType, obj: Obj, old: Obj | None) -> list[Cause]:
-        if old is None:
-            return name_causes(obj["metadata"]["name"], label=self.label_names)
-        return []
+        return validation.object_causes(rtype.storage_key, obj, old)
 
     def grace_period(self, obj: Obj, options: Obj) -> int | None:
         """Seconds a deletion waits before removal; ``None`` for kinds without grace."""
@@ -158,13 +121,6 @@ class PodStrategy(Strategy):
         for kind in ("initContainers", "containers"):
             for index, container in enumerate(spec.get(kind) or []):
                 where = f"spec.{kind}[{index}]"
-                if not container.get("name"):
-                    causes.append(
-                        ("FieldValueRequired", f"{where}.name", f"{where}.name: Required value")
-                    )
-                elif not _DNS_LABEL.match(container["name"]):
-                    text = f'{where}.name: Invalid value: "{container["name"]}": {_LABEL_MSG}'
-                    causes.append(("FieldValueInvalid", f"{where}.name", text))
                 if not container.get("image"):
                     causes.append(
                         ("FieldValueRequired", f"{where}.image", f"{where}.image: Required value")
@@ -199,8 +155,6 @@ def _strip_mutable(spec: Obj, mutable: tuple[str, ...]) -> Obj:
 
 
 class ServiceStrategy(Strategy):
-    label_names = True
-
     def prepare_create(
         self, rtype: ResourceType, obj: Obj, store: Store, strict: bool
     ) -> list[str]:
@@ -291,8 +245,6 @@ class SecretStrategy(Strategy):
 
 
 class NamespaceStrategy(Strategy):
-    label_names = True
-
     def prepare_create(
         self, rtype: ResourceType, obj: Obj, store: Store, strict: bool
     ) -> list[str]:

@@ -5,8 +5,9 @@ each kind's name by its own rule: Services are DNS-1035 labels (a run named ``7b
 yields Service ``7b-grpo-trainer``, refused with 422 on every pass), other objects DNS-1123
 subdomains, label values at most 63 characters (the run name is the value of the run label,
 so a longer one makes the pod label selector a 400 before anything else is looked at). The
-local cluster does not check all of these, so the operator checks them itself: a bad name
-ends as ``Ready=False``/``InvalidSpec`` naming the rule and the name, never as a retry loop.
+operator checks them itself, before creating anything: a bad name ends as
+``Ready=False``/``InvalidSpec`` naming the rule and the name, never as a retry loop. The
+patterns are those of :mod:`~rolloutrun_operator.kube_names`, which the local cluster enforces.
 
 Pure functions: each ``*_problem`` returns why a string breaks its rule, or None;
 :func:`run_name_problems` lists every derived name with the rule its kind must follow.
@@ -15,22 +16,22 @@ Pure functions: each ``*_problem`` returns why a string breaks its rule, or None
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
-from rolloutrun_operator import naming
+from rolloutrun_operator import kube_names, naming
 
-MAX_LABEL = 63
-MAX_SUBDOMAIN = 253
+MAX_LABEL = kube_names.DNS1123_LABEL_MAX
+MAX_SUBDOMAIN = kube_names.DNS1123_SUBDOMAIN_MAX
 MAX_INCARNATION = 99_999
 """The largest incarnation whose pod names are checked to fit a DNS label (63 characters,
 so the pod's hostname is its whole name). Later incarnations still get valid pod names
 (the API server allows 253 characters); only their hostnames are truncated."""
 
-_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+# The API server's own patterns (one spelling, shared with the local cluster's validation).
+_DNS1035_LABEL = kube_names.DNS1035_LABEL
+_DNS1123_LABEL = kube_names.DNS1123_LABEL
+_DNS1123_SUBDOMAIN = kube_names.DNS1123_SUBDOMAIN
+_LABEL_VALUE = kube_names.LABEL_VALUE
 
 Check = Callable[[str], "str | None"]
 
