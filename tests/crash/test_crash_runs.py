@@ -115,14 +115,14 @@ def test_killed_before_the_first_checkpoint_resumes_at_version_0_bit_identical(
     tmp_path: Path,
 ) -> None:
     """SIGKILL right after a snapshot at weight version 0 published (each tool call takes
-    1.5 s, so the 1 s snapshot timer fires before step 1 commits): the next incarnation
+    2.5 s, so the 1 s snapshot timer fires before step 1 commits): the next incarnation
     resumes at the version its generation workers already hold. It used to exit on
     ``refit to version 0 but version 0 is installed``, on every restart; now it ends with
     the weights of an uninterrupted run, bit for bit."""
     config = write_config(
         tmp_path / "slow-first-step.yaml",
         SINGLE_TURN,
-        task={"turnDelayMs": 1500},
+        task={"turnDelayMs": 2500},
         grpo={"maxSteps": 3},
     )
     site = FIRST_CHECKPOINT_SITES[0]
