@@ -29,6 +29,9 @@ CRASH_SITES: tuple[str, ...] = (
     "after_data_plane_save",
     "before_manifest_write",
     "after_manifest_write",
+    # A snapshot at weight version 0 (bootstrap anchor, no step committed) just published:
+    # the next incarnation resumes at the version its workers already hold.
+    "before_first_checkpoint",
     "inside_optimizer_commit",
     "during_trainer_checkpoint_finalize",
     "during_gym_prepare",

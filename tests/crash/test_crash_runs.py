@@ -20,7 +20,7 @@ from rolloutrun_runtime.chaos import REFERENCE_DIR, ChaosResult, run_chaos
 from rolloutrun_runtime.crash import CRASH_SITES
 from rolloutrun_runtime.metrics import read_metrics
 
-from .conftest import INCARNATION_TIMEOUT_S
+from .conftest import INCARNATION_TIMEOUT_S, SINGLE_TURN, write_config
 
 #: ``site:hit`` — hits chosen so the kill lands mid-run (8 steps, 4 groups a step, a
 #: snapshot about every second); a restore site is reached only by the incarnation after a
@@ -38,11 +38,16 @@ OTHER_SITES = (
     "during_restore:1",
 )
 GYM_SITES = ("during_gym_prepare:2", "during_gym_commit:2", "during_gym_resume:1")
+#: Reached only when a snapshot publishes before step 1 commits (slow first rollouts).
+FIRST_CHECKPOINT_SITES = ("before_first_checkpoint:1",)
 RESTORE_SITES = ("during_restore", "during_gym_resume")
 
 
 def test_the_campaigns_cover_every_site() -> None:
-    covered = {spec.split(":")[0] for spec in DEFAULT_SITES + OTHER_SITES + GYM_SITES}
+    covered = {
+        spec.split(":")[0]
+        for spec in DEFAULT_SITES + OTHER_SITES + GYM_SITES + FIRST_CHECKPOINT_SITES
+    }
     assert covered == set(CRASH_SITES)
 
 
@@ -104,6 +109,28 @@ def test_deterministic_run_killed_ends_bit_identical(single_turn: Path, tmp_path
     reference = read_metrics(tmp_path / "run" / REFERENCE_DIR)
     assert sum(r["replacements"] for r in reference) > 0, reference
     assert result.audit["prompts"]["dropped"] > 0, result.audit
+
+
+def test_killed_before_the_first_checkpoint_resumes_at_version_0_bit_identical(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL right after a snapshot at weight version 0 published (each tool call takes
+    2.5 s, so the 1 s snapshot timer fires before step 1 commits): the next incarnation
+    resumes at the version its generation workers already hold. It used to exit on
+    ``refit to version 0 but version 0 is installed``, on every restart; now it ends with
+    the weights of an uninterrupted run, bit for bit."""
+    config = write_config(
+        tmp_path / "slow-first-step.yaml",
+        SINGLE_TURN,
+        task={"turnDelayMs": 2500},
+        grpo={"maxSteps": 3},
+    )
+    site = FIRST_CHECKPOINT_SITES[0]
+    result = _campaign(config, tmp_path / "run", kills=1, site=site, compare=True, seed=1)
+    _assert_whole(result, 1)
+    _assert_site_kill(result, site)
+    assert result.kills[0].steps_at_kill == 0, result.to_json()
+    assert result.weights_match is True, result.to_json()
 
 
 def _assert_no_gym_left_busy(run_dir: Path) -> None:

@@ -63,7 +63,20 @@ class UnknownVersionError(GenerationError):
 
 
 class RefitError(GenerationError):
-    """A refit was refused (version not newer, weights that do not fit the model)."""
+    """A refit was refused (an older version, other weights under the installed version,
+    weights that do not fit the model)."""
+
+
+def _same_weights(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``model`` holds exactly ``state_dict`` (as loading it would: cast to the
+    model's dtype and device)."""
+    held = model.state_dict()
+    if held.keys() != state_dict.keys():
+        return False
+    return all(
+        torch.equal(held[name], value.to(device=held[name].device, dtype=held[name].dtype))
+        for name, value in state_dict.items()
+    )
 
 
 class EngineClosedError(GenerationError):
@@ -255,11 +268,18 @@ class GenerationEngine:
         return model
 
     async def refit(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Install ``version``; running unpinned calls switch to it at their next token."""
+        """Install ``version``; running unpinned calls switch to it at their next token.
+
+        Idempotent: a refit to the newest installed version with the weights it already
+        holds changes nothing (a trainer resumed at version 0 syncs workers that started at
+        version 0; a retried refit). The same version with other weights, or an older
+        version, is refused: one version number must always mean one set of weights.
+        """
         if self._closed:
             raise EngineClosedError("generation engine is stopped")
         if version <= self.version:
-            raise RefitError(f"refit to version {version} but version {self.version} is installed")
+            await self._confirm_installed(state_dict, version)
+            return
         loop = asyncio.get_running_loop()
         spare = self._spare.pop() if self._spare else None
         try:
@@ -271,11 +291,34 @@ class GenerationEngine:
                 self._spare.append(spare)
             raise
         if version <= self.version:  # a concurrent refit won
-            raise RefitError(f"refit to version {version} but version {self.version} is installed")
+            if len(self._spare) < 2:
+                self._spare.append(model)
+            await self._confirm_installed(state_dict, version)
+            return
         self._models[version] = model
         self._evict()
         logger.info("installed weight version %d (kept: %s)", version, self.versions)
         self._wake.set()
+
+    async def _confirm_installed(
+        self, state_dict: Mapping[str, torch.Tensor], version: int
+    ) -> None:
+        """Return if ``version`` is the newest installed one and holds ``state_dict``."""
+        if version == self.version:
+            model = self._models[version]
+            loop = asyncio.get_running_loop()
+            same = await loop.run_in_executor(
+                self._executor_or_start(), _same_weights, model, state_dict
+            )
+            if not same:
+                raise RefitError(
+                    f"refit to version {version} but version {version} is installed "
+                    "with other weights"
+                )
+            if version == self.version:  # no newer refit landed while comparing
+                logger.info("weight version %d is already installed", version)
+                return
+        raise RefitError(f"refit to version {version} but version {self.version} is installed")
 
     def _evict(self) -> None:
         in_use = {call.request.weight_version for call in self._pending if call.pinned}

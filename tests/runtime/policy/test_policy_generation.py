@@ -151,6 +151,28 @@ async def test_pinned_versions_and_eviction(const_server: Served) -> None:
         await engine.refit({"head.weight": torch.zeros(3, 3)}, 3)
 
 
+async def test_a_refit_to_the_installed_version_and_weights_changes_nothing(
+    const_server: Served,
+) -> None:
+    """A trainer resumed at version 0 syncs workers that started at version 0: the same
+    version with the same weights is accepted and changes nothing, however often (it used
+    to be refused, and the trainer crash-looped); other weights under it are refused."""
+    engine = const_server.engine
+    _, logp0 = constant_policy(0)
+    for _ in range(2):
+        await engine.refit(constant_policy(0)[0], 0)
+    assert engine.versions == [0] and engine.version == 0
+    again = await const_server.complete(prompt_token_ids=[5])
+    _assert_logprobs(again, {0: logp0})
+    with pytest.raises(RefitError, match="version 0 is installed with other weights"):
+        await engine.refit(constant_policy(1)[0], 0)
+    await engine.refit(constant_policy(1)[0], 1)
+    await engine.refit(constant_policy(1)[0], 1)
+    assert engine.versions == [0, 1]
+    with pytest.raises(RefitError, match="refit to version 0 but version 1 is installed"):
+        await engine.refit(constant_policy(0)[0], 0)
+
+
 async def test_seeded_calls_reproduce_alone_and_in_a_busy_batch(real_server: Served) -> None:
     prompt = TOKENIZER.encode("3+4=")
     call: dict[str, Any] = {

@@ -438,6 +438,8 @@ class RolloutSnapshotter:
         publish_started = time.monotonic()
         candidate = await asyncio.to_thread(self._publish, anchor, captured, files)
         crash_point("after_manifest_write")
+        if captured.train_step == 0:
+            crash_point("before_first_checkpoint")
         timings.publish_s = time.monotonic() - publish_started
         self._last_mutation_version = captured.mutation_version
         self._last_train_step = captured.train_step
