@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from . import kubeconfig, tls
+from . import kubeconfig, mountns, tls
 from .controllers import Controllers
 from .kubelet import IpPool, Kubelet
 from .logs import PodLogs
@@ -55,6 +55,7 @@ class LocalCluster:
         restart_backoff: tuple[float, float] = (1.0, 30.0),
         nodes: int = 1,
         pod_network: str = "127.0.0.0/16",
+        isolation: str | None = None,
     ) -> None:
         self.directory = Path(directory).resolve()
         self.host = host
@@ -66,6 +67,8 @@ class LocalCluster:
         self._bookmark_interval = bookmark_interval
         self._backoff = restart_backoff
         self.pod_network = pod_network
+        # Each pod its own mount namespace, or the loopback fallback (see .mountns).
+        self.isolation = mountns.choose_mode(isolation)
         self.node_names = ["local", *(f"local-{index}" for index in range(2, nodes + 1))]
         self.controllers: Controllers | None = None
         self.scheduler: Scheduler | None = None
@@ -125,6 +128,7 @@ class LocalCluster:
                 ips=ips,
                 extra_env=self._extra_env,
                 backoff=self._backoff,
+                isolation=self.isolation,
             )
         logs = PodLogs(lambda: self.kubelets.values())
         self.server = ApiServer(self.store, self.registry, self.token, logs=logs)
@@ -155,7 +159,10 @@ class LocalCluster:
             kubelet.start()
         self.scheduler.start()
         logger.info(
-            "local cluster serving at %s (kubeconfig %s)", self.api_url, self.kubeconfig_path
+            "local cluster serving at %s (kubeconfig %s, pods isolated by %s)",
+            self.api_url,
+            self.kubeconfig_path,
+            self.isolation,
         )
         return self
 
