@@ -31,6 +31,7 @@ from .processes import cluster_tag, kill_tagged, pod_tag, tagged_pids
 from .resources import Registry
 from .scheduler import Scheduler
 from .server import ApiServer
+from .storage_provisioner import Provisioner
 from .store import Store
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class LocalCluster:
         self.node_names = ["local", *(f"local-{index}" for index in range(2, nodes + 1))]
         self.controllers: Controllers | None = None
         self.scheduler: Scheduler | None = None
+        self.provisioner: Provisioner | None = None
         self.kubelets: dict[str, Kubelet] = {}
         self.server: ApiServer | None = None
         self._runner: web.AppRunner | None = None
@@ -114,6 +116,7 @@ class LocalCluster:
         ca_pem = certificates.ca.read_bytes()
         self.controllers = Controllers(self.store, self.registry)
         self.scheduler = Scheduler(self.store, self.registry)
+        self.provisioner = Provisioner(self.store, self.registry, self.directory)
         ips = IpPool(self.pod_network)
         for node in self.node_names:
             self.kubelets[node] = Kubelet(
@@ -155,6 +158,7 @@ class LocalCluster:
         self.server.address = f"{self.host}:{self.port}"
         kubeconfig.write(self.kubeconfig_path, self.api_url, self.token, ca_pem)
         self.controllers.start()
+        self.provisioner.start()
         for kubelet in self.kubelets.values():
             kubelet.start()
         self.scheduler.start()
@@ -177,6 +181,8 @@ class LocalCluster:
         for kubelet in self.kubelets.values():
             await kubelet.stop()
         await self.controllers.stop()
+        if self.provisioner is not None:
+            await self.provisioner.stop()
         self.server.watches.drop_all()
         await self._runner.cleanup()
         self._runner = None

@@ -435,12 +435,30 @@ class CustomResourceStrategy(Strategy):
         return causes
 
 
+class VolumeStrategy(Strategy):
+    """A new claim starts ``Pending`` with the ``kubernetes.io/pvc-protection`` finalizer
+    (removed by the provisioner once no pod uses it), a new volume ``Pending`` too (the
+    real defaults); the provisioner (storage_provisioner.py) binds them."""
+
+    def prepare_create(
+        self, rtype: ResourceType, obj: Obj, store: Store, strict: bool
+    ) -> list[str]:
+        obj["status"] = {"phase": "Pending"}
+        if rtype.plural == "persistentvolumeclaims":
+            finalizers = obj["metadata"].setdefault("finalizers", [])
+            if "kubernetes.io/pvc-protection" not in finalizers:
+                finalizers.append("kubernetes.io/pvc-protection")
+        return []
+
+
 _STRATEGIES: dict[str, Strategy] = {
     "pods": PodStrategy(),
     "services": ServiceStrategy(),
     "secrets": SecretStrategy(),
     "namespaces": NamespaceStrategy(),
     "customresourcedefinitions.apiextensions.k8s.io": CrdStrategy(),
+    "persistentvolumeclaims": VolumeStrategy(),
+    "persistentvolumes": VolumeStrategy(),
 }
 _DEFAULT = Strategy()
 _CUSTOM = CustomResourceStrategy()

@@ -338,7 +338,9 @@ def test_node_loss_freeze_then_restore(cluster: LocalCluster, client: Any, names
         pod = core.read_namespaced_pod("frozen", namespace)
         assert {c.type: c.status for c in pod.status.conditions}["Ready"] == "False"
         assert pod.status.phase == "Running", "a lost node reports nothing: the last phase stays"
-        assert all(_state(pid) == "T" for pid in pids)
+        # A wait: in namespace mode a process may still be in its launcher's mount calls,
+        # where the stop signal lands once the call returns.
+        eventually(lambda: all(_state(pid) == "T" for pid in pids), what="stopped")
         # Nobody acts on a deletion while the node is lost: the pod stays Terminating.
         core.create_namespaced_pod(namespace, _pod("unscheduled", ["sleep", "1"]))
         core.delete_namespaced_pod("frozen", namespace)
