@@ -178,6 +178,9 @@ class Provisioner:
                     self._release(claim)
                 continue
             if (claim.get("spec") or {}).get("volumeName"):
+                if (claim.get("status") or {}).get("phase") != "Bound":
+                    with contextlib.suppress(errors.ApiError):
+                        self._bind_static(claim)
                 continue
             storage_class = self._class_of(claim)
             if storage_class is not None:
@@ -187,13 +190,29 @@ class Provisioner:
 
     def _provision(self, claim: Obj, storage_class: Obj) -> None:
         volumes = self._type("", "persistentvolumes")
-        claims = self._type("", "persistentvolumeclaims")
         meta = claim["metadata"]
         directory = self.directory / "volumes" / volume_name(claim)
         directory.mkdir(parents=True, exist_ok=True)
         pv = self.store.find(volumes, "", volume_name(claim))
         if pv is None:
             pv = self.store.create(volumes, "", volume_for(claim, storage_class, directory))
+        annotations = {
+            **(meta.get("annotations") or {}),
+            "pv.kubernetes.io/bound-by-controller": "yes",
+            "volume.kubernetes.io/storage-provisioner": PROVISIONER,
+        }
+        claim = {
+            **claim,
+            "metadata": {**meta, "annotations": annotations},
+            "spec": {**claim["spec"], "storageClassName": storage_class["metadata"]["name"]},
+        }
+        self._mark_bound(claim, pv)
+
+    def _mark_bound(self, claim: Obj, pv: Obj) -> None:
+        """Both sides ``Bound``: the volume's status, the claim's volumeName and status."""
+        volumes = self._type("", "persistentvolumes")
+        claims = self._type("", "persistentvolumeclaims")
+        meta = claim["metadata"]
         self.store.update(
             volumes,
             "",
@@ -201,17 +220,8 @@ class Provisioner:
             {**pv, "status": {"phase": "Bound"}},
             subresource="status",
         )
-        spec = {
-            **claim["spec"],
-            "volumeName": pv["metadata"]["name"],
-            "storageClassName": storage_class["metadata"]["name"],
-        }
-        annotations = {
-            **(meta.get("annotations") or {}),
-            "pv.kubernetes.io/bind-completed": "yes",
-            "pv.kubernetes.io/bound-by-controller": "yes",
-            "volume.kubernetes.io/storage-provisioner": PROVISIONER,
-        }
+        spec = {**claim["spec"], "volumeName": pv["metadata"]["name"]}
+        annotations = {**(meta.get("annotations") or {}), "pv.kubernetes.io/bind-completed": "yes"}
         updated = self.store.update(
             claims,
             meta["namespace"],
@@ -233,6 +243,34 @@ class Provisioner:
         logger.info(
             "bound claim %s/%s to %s", meta["namespace"], meta["name"], pv["metadata"]["name"]
         )
+
+    def _bind_static(self, claim: Obj) -> None:
+        """Bind a claim that names its volume (``spec.volumeName``: static provisioning)
+        when that volume exists and is free or already reserved for it."""
+        volumes = self._type("", "persistentvolumes")
+        meta = claim["metadata"]
+        pv = self.store.find(volumes, "", claim["spec"]["volumeName"])
+        if pv is None:
+            return
+        ref = pv["spec"].get("claimRef") or {}
+        if ref and (ref.get("namespace"), ref.get("name")) != (meta["namespace"], meta["name"]):
+            return
+        if ref.get("uid") not in (None, meta["uid"]):
+            return
+        claim_ref = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "uid": meta["uid"],
+        }
+        pv = self.store.update(
+            volumes,
+            "",
+            pv["metadata"]["name"],
+            {**pv, "spec": {**pv["spec"], "claimRef": claim_ref}},
+        )
+        self._mark_bound(claim, pv)
 
     def _release(self, claim: Obj) -> None:
         """Drop the claim's protection once no running pod uses it (the real
@@ -282,3 +320,40 @@ class Provisioner:
                         {**pv, "status": {"phase": "Released"}},
                         subresource="status",
                     )
+
+
+def run_claim_name(run: str) -> str:
+    """The claim ``rolloutrun run`` keeps a run's storage on."""
+    return f"{run}-storage"
+
+
+def static_claim(run: str, namespace: str, directory: Path) -> tuple[Obj, Obj]:
+    """A PersistentVolume on ``directory`` (``Retain``: the user's checkpoints stay after
+    the run) and the claim bound to it by name, for ``rolloutrun run``: the run's storage
+    is a claim as on a real cluster, and its files are where the user looks for them."""
+    name = run_claim_name(run)
+    volume = f"{namespace}-{name}"
+    pv: Obj = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": volume},
+        "spec": {
+            "capacity": {"storage": "10Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": str(directory), "type": "DirectoryOrCreate"},
+        },
+    }
+    claim: Obj = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": volume,
+            "resources": {"requests": {"storage": "10Gi"}},
+        },
+    }
+    return pv, claim

@@ -230,3 +230,40 @@ def test_the_mode_is_chosen_by_argument_then_environment() -> None:
     assert mountns.choose_mode(None, {}) == "namespaces"
     with pytest.raises(ValueError, match="isolation must be one of namespaces, loopback"):
         mountns.choose_mode("chroot")
+
+
+def test_rolloutrun_run_keeps_the_runs_storage_and_logs_on_a_claim(tmp_path: Path) -> None:
+    from rolloutrun_localcluster.embedded import localize
+
+    document = {"kind": "RolloutRun", "metadata": {"name": "tiny"}, "spec": {}}
+    run = localize(document, tmp_path, "default")
+    assert run["spec"]["storage"] == {
+        "uri": f"file://{tmp_path.resolve()}/storage",
+        "volumeClaimName": "tiny-storage",
+    }
+    assert run["spec"]["run"]["logDir"] == f"{tmp_path.resolve()}/storage/logs"
+
+
+def test_a_claim_naming_its_volume_binds_to_it_and_pods_see_its_directory(
+    cluster: LocalCluster, client: Any, namespace: str, tmp_path: Path
+) -> None:
+    from rolloutrun_localcluster.storage_provisioner import static_claim
+
+    core: Any = k8s.CoreV1Api(client)
+    directory = tmp_path / "storage"
+    directory.mkdir()
+    (directory / "seed").write_text("from the host\n")
+    pv, claim = static_claim("static", namespace, directory)
+    core.create_persistent_volume(pv)
+    core.create_namespaced_persistent_volume_claim(namespace, claim)
+    eventually(lambda: _bound(core, namespace, "static-storage"), what="static claim bound")
+    assert core.read_persistent_volume(pv["metadata"]["name"]).spec.claim_ref.name == (
+        "static-storage"
+    )
+    mounts = [{"name": "s", "mountPath": str(directory)}]
+    volumes = [{"name": "s", "persistentVolumeClaim": {"claimName": "static-storage"}}]
+    script = f"cat {directory}/seed && echo from-the-pod > {directory}/written"
+    core.create_namespaced_pod(namespace, _pod("static", script, mounts, volumes))
+    phase, log = _finish(core, namespace, "static")
+    assert (phase, log) == ("Succeeded", "from the host\n")
+    assert (directory / "written").read_text() == "from-the-pod\n"
