@@ -91,13 +91,15 @@ def plan(
     pod_dir: str,
     tmp_dir: str,
     keep: list[str],
+    hide: str = "",
 ) -> Obj:
     """The launcher's spec for one container (JSON-able; see :mod:`.mountns_launch`).
 
     ``volume_dirs``: each volume's directory on this machine (a claim's is its volume's).
     ``keep``: host paths the container must go on seeing (its programs: the PATH, the
     cluster's pod directory); only those a mount would hide are bound back, the pod
-    directory always (writable: the local cluster's test pods write there)."""
+    directory always (writable: the local cluster's test pods write there). ``hide``: the
+    cluster's directory, covered by an empty tmpfs (other pods' files and claims)."""
     mounts = []
     for mount in container.get("volumeMounts") or []:
         source = volume_dirs.get(mount["name"])
@@ -117,12 +119,14 @@ def plan(
         mounts.append({"source": tmp_dir, "target": "/tmp", "readOnly": False, "subPath": ""})
     mounts.sort(key=lambda m: m["target"].count("/"))
     targets = [m["target"] for m in mounts]
-    kept = sorted({p for p in keep if any(_under(p, t) for t in targets)} | {pod_dir})
+    hidden = [*targets, hide] if hide else targets
+    kept = sorted({p for p in keep if any(_under(p, t) for t in hidden)} | {pod_dir})
     security = container.get("securityContext") or {}
     return {
         "mounts": mounts,
         "keep": kept,
         "keepWritable": [pod_dir],
+        "hide": [hide] if hide else [],
         "readOnlyRoot": bool(security.get("readOnlyRootFilesystem")),
         "workingDir": container.get("workingDir") or "",
     }
@@ -153,6 +157,7 @@ def launch(
     argv: list[str],
     pod_dir: Path,
     volume_dirs: dict[str, str],
+    cluster_dir: Path,
 ) -> tuple[list[str], Path]:
     """The argv and host working directory that start ``container`` in namespace mode:
     behind :func:`launcher_prefix`, its spec written to the pod directory."""
@@ -163,6 +168,7 @@ def launch(
         str(pod_dir),
         str(pod_tmp(pod_dir)),
         keep_paths(env),
+        str(cluster_dir),
     )
     spec["stage"] = str(pod_dir / "mnt" / container["name"])
     spec_path = pod_dir / "mnt" / f"{container['name']}.json"

@@ -3,9 +3,11 @@
 Run by the process kubelet as ``python -I -S mountns_launch.py SPEC -- ARGV...`` (standard
 library only, no package import: it starts in a few milliseconds). SPEC is a JSON file
 written by :mod:`.mountns` (the plan): the volumes to bind at their mount paths, the host
-paths the pod keeps seeing (its node's "image"), whether the root is read-only and the
-working directory. Why a process and not ``preexec_fn``: the cluster's loop runs in a
-thread, and forking a threaded Python to run Python before ``exec`` can deadlock.
+paths the pod keeps seeing (its node's "image"), the host paths it must not see (the
+cluster's directory: other pods' files, claims it did not mount), whether the root is
+read-only and the working directory. Why a process and not ``preexec_fn``: the
+cluster's loop runs in a thread, and forking a threaded Python to run Python before
+``exec`` can deadlock.
 
 Mount points that do not exist are never created on the host: the deepest existing
 ancestor is mirrored on a tmpfs (each entry bound back), the missing path made there, and
@@ -146,6 +148,10 @@ def setup(spec: dict[str, Any]) -> None:
     # Sources are opened before any mount: a private /tmp may hide the cluster's directory.
     sources = [os.open(item["source"], os.O_PATH) for item in spec["mounts"]]
     writable: set[str] = set()
+    for path in spec.get("hide", []):  # the cluster's directory: other pods, claims
+        if os.path.isdir(path):
+            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+            writable.add(path)
     for item, fd in zip(spec["mounts"], sources, strict=True):
         target, source = item["target"], f"/proc/self/fd/{fd}"
         is_file = not os.path.isdir(source)

@@ -97,7 +97,9 @@ class Volumes:
         pod = self.kubelet.pod(worker.uid)
         if pod is None:
             raise ConfigError("the pod is gone")
-        return mountns.launch(pod, container, env, argv, worker.dir, self.dirs(worker, pod))
+        return mountns.launch(
+            pod, container, env, argv, worker.dir, self.dirs(worker, pod), self.kubelet.root
+        )
 
     def materialize(self, worker: PodWorker) -> None:
         pod = self.kubelet.pod(worker.uid)

@@ -267,3 +267,21 @@ def test_a_claim_naming_its_volume_binds_to_it_and_pods_see_its_directory(
     phase, log = _finish(core, namespace, "static")
     assert (phase, log) == ("Succeeded", "from the host\n")
     assert (directory / "written").read_text() == "from-the-pod\n"
+
+
+def test_a_pod_sees_its_own_directory_but_not_other_pods_or_claims(
+    cluster: LocalCluster, client: Any, namespace: str
+) -> None:
+    core: Any = k8s.CoreV1Api(client)
+    core.create_namespaced_persistent_volume_claim(namespace, _claim("private"))
+    eventually(lambda: _bound(core, namespace, "private"), what="claim bound")
+    pods = cluster.directory / "pods" / namespace
+    script = f"ls {pods}; ls {cluster.directory / 'volumes'} || echo no-volumes"
+    core.create_namespaced_pod(namespace, _pod("other", "sleep 600", [], []))
+    eventually(lambda: cluster.pod_dir(namespace, "other"), what="other started")
+    core.create_namespaced_pod(namespace, _pod("looker", script, [], []))
+    phase, log = _finish(core, namespace, "looker")
+    assert phase == "Succeeded", log
+    (own,) = [line for line in log.splitlines() if line.startswith("looker-")]
+    assert not [line for line in log.splitlines() if line.startswith("other-")]
+    assert "no-volumes" in log and (pods / own).is_dir()
