@@ -285,3 +285,63 @@ def test_a_pod_sees_its_own_directory_but_not_other_pods_or_claims(
     (own,) = [line for line in log.splitlines() if line.startswith("looker-")]
     assert not [line for line in log.splitlines() if line.startswith("other-")]
     assert "no-volumes" in log and (pods / own).is_dir()
+
+
+def test_the_plan_binds_each_mount_adds_a_private_tmp_and_keeps_hidden_programs() -> None:
+    container = {
+        "name": "main",
+        "workingDir": "/work",
+        "securityContext": {"readOnlyRootFilesystem": True},
+        "volumeMounts": [
+            {"name": "cfg", "mountPath": "/etc/app/", "readOnly": True},
+            {"name": "cfg", "mountPath": "/opt/one.yaml", "subPath": "one.yaml"},
+        ],
+    }
+    spec = mountns.plan(
+        {},
+        container,
+        {"cfg": "/c/pods/p/volumes/cfg"},
+        "/c/pods/p",
+        "/c/pods/p/tmp",
+        ["/usr/bin", "/tmp/shims/bin"],
+        "/c",
+    )
+    assert [(m["target"], m["source"], m["readOnly"]) for m in spec["mounts"]] == [
+        ("/tmp", "/c/pods/p/tmp", False),
+        ("/etc/app", "/c/pods/p/volumes/cfg", True),
+        ("/opt/one.yaml", "/c/pods/p/volumes/cfg/one.yaml", False),
+    ]
+    assert spec["keep"] == ["/c/pods/p", "/tmp/shims/bin"]  # /usr/bin is not hidden
+    assert (spec["readOnlyRoot"], spec["workingDir"], spec["hide"]) == (True, "/work", ["/c"])
+    with_tmp = {**container, "volumeMounts": [{"name": "cfg", "mountPath": "/tmp"}]}
+    targets = [
+        m["target"] for m in mountns.plan({}, with_tmp, {"cfg": "/v"}, "/p", "/t", [])["mounts"]
+    ]
+    assert targets == ["/tmp"]  # the volume, not the pod's private directory
+    with pytest.raises(ValueError, match='volume "gone" not found'):
+        mountns.plan(
+            {}, {"volumeMounts": [{"name": "gone", "mountPath": "/x"}]}, {}, "/p", "/t", []
+        )
+
+
+def test_where_mount_namespaces_are_not_permitted_loopback_is_chosen_and_namespaces_refused() -> (
+    None
+):
+    import subprocess
+    import sys
+
+    script = (
+        "from rolloutrun_localcluster import mountns\n"
+        "print(mountns.choose_mode(None))\n"
+        "try:\n    mountns.choose_mode('namespaces')\n"
+        "except RuntimeError as error:\n    print(error)\n"
+    )
+    # no `unshare` on the PATH: the detection's probe cannot run, as on a machine without it
+    package_root = str(Path(mountns.__file__).resolve().parents[1])  # this tree's package
+    env = {**os.environ, "PATH": "/nonexistent", "PYTHONPATH": package_root}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0] == "loopback"
+    assert lines[1].startswith("isolation=namespaces: this process may not create mount")
