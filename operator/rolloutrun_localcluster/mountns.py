@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import marshal
 import os
 import shutil
 import subprocess
@@ -171,9 +172,10 @@ def launch(
         str(cluster_dir),
     )
     spec["stage"] = str(pod_dir / "mnt" / container["name"])
-    spec_path = pod_dir / "mnt" / f"{container['name']}.json"
+    spec_path = pod_dir / "mnt" / f"{container['name']}.plan"
     spec_path.parent.mkdir(mode=0o700, exist_ok=True)
-    spec_path.write_text(json.dumps(spec))
+    spec_path.write_bytes(marshal.dumps(spec))  # what the launcher reads (fast to load)
+    spec_path.with_suffix(".json").write_text(json.dumps(spec, indent=1))  # for people
     return [*launcher_prefix(spec_path), *argv], pod_dir
 
 
