@@ -191,3 +191,12 @@ def prepare_tmp(pod_dir: Path) -> None:
 
 def remove_tmp(pod_dir: Path) -> None:
     shutil.rmtree(pod_tmp(pod_dir), ignore_errors=True)
+
+
+def enter_prefix(pid: int, mode: str) -> list[str]:
+    """The argv prefix that runs a command in the mount namespace, root and working
+    directory of the container whose main process is ``pid`` (an exec probe); none in
+    loopback mode."""
+    if mode != NAMESPACES:
+        return []
+    return ["nsenter", "--target", str(pid), "--mount", "--root", "--wd", "--"]

@@ -281,7 +281,10 @@ class PodWorker:
         period = max(float(probe.get("periodSeconds", 10)), self.kubelet.min_probe_period)
         while process.returncode is None:
             await self.kubelet.node_up()
-            ok = await probes.probe_once(probe, spec, self.ip, env, self._workdir(spec))
+            inside = (
+                mountns.enter_prefix(process.pid, self.kubelet.isolation) if "exec" in probe else []
+            )
+            ok = await probes.probe_once(probe, spec, self.ip, env, self._workdir(spec), inside)
             if tracker.record(ok):
                 record.ready = tracker.ready
                 self.report()

@@ -345,3 +345,26 @@ def test_where_mount_namespaces_are_not_permitted_loopback_is_chosen_and_namespa
     lines = done.stdout.splitlines()
     assert lines[0] == "loopback"
     assert lines[1].startswith("isolation=namespaces: this process may not create mount")
+
+
+def test_an_exec_probe_runs_in_the_containers_own_view(client: Any, namespace: str) -> None:
+    core: Any = k8s.CoreV1Api(client)
+    core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "flag"}, "data": {"ready": "yes"}}
+    )
+    probe = {"exec": {"command": ["cat", "/etc/flag/ready", "here"]}, "periodSeconds": 1}
+    pod = _pod(
+        "probed",
+        "touch here && sleep 600",
+        [{"name": "flag", "mountPath": "/etc/flag"}, {"name": "work", "mountPath": "/work"}],
+        [{"name": "flag", "configMap": {"name": "flag"}}, {"name": "work", "emptyDir": {}}],
+        workingDir="/work",
+        readinessProbe=probe,
+    )
+    core.create_namespaced_pod(namespace, pod)
+
+    def ready() -> bool:
+        statuses = core.read_namespaced_pod("probed", namespace).status.container_statuses
+        return bool(statuses and statuses[0].ready)
+
+    eventually(ready, what="ready by a probe reading the pod's own mount and working dir")
