@@ -4,10 +4,13 @@
   100); N ConfigMaps created one after another over HTTPS; each event's latency is the time
   from the client sending the create to a watcher receiving the ADDED event.
 - list: GET of all ConfigMaps of a namespace holding 10 (baseline) and 1,000 objects.
+- pod start: P pods (``/bin/true`` with the volumes and read-only root of a member pod),
+  one after another, from the create to phase ``Succeeded``, in each isolation mode
+  (``namespaces``: a mount namespace per container; ``loopback``: none).
 
 The cluster runs in its own thread (as in tests); clients share one asyncio loop here, so
 the numbers include client-side parsing on the same 2 cores. Usage:
-``python -m bench.localcluster [--events 200] [--watchers 100] [--objects 1000]``.
+``python -m bench.localcluster [--events 200] [--watchers 100] [--objects 1000] [--pods 20]``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from rolloutrun_localcluster import mountns
 from rolloutrun_localcluster.cluster import LocalCluster
 
 
@@ -143,6 +147,57 @@ async def bench_list(cluster: LocalCluster, objects: int, rounds: int) -> dict[s
         await client.close()
 
 
+def _member_like_pod(name: str) -> dict[str, Any]:
+    mounts = [
+        {"name": "config", "mountPath": "/etc/rolloutrun", "readOnly": True},
+        {"name": "work", "mountPath": "/var/lib/rolloutrun"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    container = {
+        "name": "main",
+        "image": "none",
+        "command": ["/bin/true"],
+        "workingDir": "/var/lib/rolloutrun",
+        "volumeMounts": mounts,
+        "securityContext": {"readOnlyRootFilesystem": True},
+    }
+    volumes = [
+        {"name": "config", "configMap": {"name": "bench"}},
+        {"name": "work", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    spec = {"restartPolicy": "Never", "containers": [container], "volumes": volumes}
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+async def bench_pod_start(mode: str, pods: int) -> dict[str, Any]:
+    """Create to ``Succeeded`` of ``pods`` short pods, one at a time, in isolation ``mode``."""
+    with (
+        tempfile.TemporaryDirectory() as directory,
+        LocalCluster(directory, isolation=mode) as cluster,
+    ):
+        client = Client(cluster)
+        base = "/api/v1/namespaces/default"
+        try:
+            body = {"metadata": {"name": "bench"}, "data": {"run.yaml": "{}"}}
+            await client.request("POST", f"{base}/configmaps", body)
+            samples = []
+            for index in range(pods):
+                name = f"start-{index}"
+                started = time.perf_counter()
+                await client.request("POST", f"{base}/pods", _member_like_pod(name))
+                while True:
+                    pod = await client.request("GET", f"{base}/pods/{name}")
+                    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                        break
+                    await asyncio.sleep(0.002)
+                assert pod["status"]["phase"] == "Succeeded", pod["status"]
+                samples.append(time.perf_counter() - started)
+            return {"mode": mode, **_percentiles(samples)}
+        finally:
+            await client.close()
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as directory, LocalCluster(directory) as cluster:
         result: dict[str, Any] = {"benchmark": "localcluster"}
@@ -153,7 +208,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         result["configmaps_in_store"] = cluster.call(
             lambda: sum(1 for _ in cluster.store.objects("configmaps"))
         )
-        return result
+    modes = mountns.MODES if mountns.namespaces_permitted() else (mountns.LOOPBACK,)
+    for mode in modes:
+        result[f"pod_start_{mode}"] = await bench_pod_start(mode, args.pods)
+    return result
 
 
 if __name__ == "__main__":
@@ -162,4 +220,5 @@ if __name__ == "__main__":
     parser.add_argument("--watchers", type=int, default=100)
     parser.add_argument("--objects", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--pods", type=int, default=20)
     print(json.dumps(asyncio.run(main(parser.parse_args())), indent=2))

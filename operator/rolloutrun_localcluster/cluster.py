@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from . import access, kubeconfig, tls
+from . import access, kubeconfig, mountns, tls
 from .controllers import Controllers
 from .kubelet import IpPool, Kubelet
 from .logs import PodLogs
@@ -31,6 +31,7 @@ from .processes import cluster_tag, kill_tagged, pod_tag, tagged_pids
 from .resources import Registry
 from .scheduler import Scheduler
 from .server import ApiServer
+from .storage_provisioner import Provisioner
 from .store import Store
 from .tasks import cancel_remaining
 
@@ -56,6 +57,7 @@ class LocalCluster:
         restart_backoff: tuple[float, float] = (1.0, 30.0),
         nodes: int = 1,
         pod_network: str = "127.0.0.0/16",
+        isolation: str | None = None,
     ) -> None:
         self.directory = Path(directory).resolve()
         self.host = host
@@ -67,9 +69,12 @@ class LocalCluster:
         self._bookmark_interval = bookmark_interval
         self._backoff = restart_backoff
         self.pod_network = pod_network
+        # Each pod its own mount namespace, or the loopback fallback (see .mountns).
+        self.isolation = mountns.choose_mode(isolation)
         self.node_names = ["local", *(f"local-{index}" for index in range(2, nodes + 1))]
         self.controllers: Controllers | None = None
         self.scheduler: Scheduler | None = None
+        self.provisioner: Provisioner | None = None
         self.kubelets: dict[str, Kubelet] = {}
         self.server: ApiServer | None = None
         self._runner: web.AppRunner | None = None
@@ -117,6 +122,7 @@ class LocalCluster:
         ca_pem = certificates.ca.read_bytes()
         self.controllers = Controllers(self.store, self.registry)
         self.scheduler = Scheduler(self.store, self.registry)
+        self.provisioner = Provisioner(self.store, self.registry, self.directory)
         ips = IpPool(self.pod_network)
         for node in self.node_names:
             self.kubelets[node] = Kubelet(
@@ -132,6 +138,7 @@ class LocalCluster:
                 ips=ips,
                 extra_env=self._extra_env,
                 backoff=self._backoff,
+                isolation=self.isolation,
             )
         logs = PodLogs(lambda: self.kubelets.values())
         self.server = ApiServer(self.store, self.registry, self.token, logs=logs)
@@ -159,11 +166,15 @@ class LocalCluster:
         self.server.address = f"{self.host}:{self.port}"
         kubeconfig.write(self.kubeconfig_path, self.api_url, self.token, ca_pem)
         self.controllers.start()
+        self.provisioner.start()
         for kubelet in self.kubelets.values():
             kubelet.start()
         self.scheduler.start()
         logger.info(
-            "local cluster serving at %s (kubeconfig %s)", self.api_url, self.kubeconfig_path
+            "local cluster serving at %s (kubeconfig %s, pods isolated by %s)",
+            self.api_url,
+            self.kubeconfig_path,
+            self.isolation,
         )
         return self
 
@@ -178,6 +189,8 @@ class LocalCluster:
         for kubelet in self.kubelets.values():
             await kubelet.stop()
         await self.controllers.stop()
+        if self.provisioner is not None:
+            await self.provisioner.stop()
         self.server.watches.drop_all()
         await self._runner.cleanup()
         self._runner = None

@@ -40,6 +40,7 @@ from rolloutrun_operator.kube import permission_rules
 from rolloutrun_operator.runner import OperatorConfig, OperatorThread
 from rolloutrun_runtime.contract.layout import GYM_AUDIT_PREFIX
 
+from . import storage_provisioner
 from .cluster import LocalCluster
 from .kubelet import free_pod_network
 from .operator_access import operator_kubeconfig
@@ -80,19 +81,24 @@ def load_document(path: str | Path) -> dict[str, Any]:
 
 
 def localize(document: dict[str, Any], work_dir: Path, namespace: str) -> dict[str, Any]:
-    """The run as the local cluster runs it: storage and logs under ``work_dir``.
+    """The run as the local cluster runs it: storage and logs on a claim in ``work_dir``.
 
-    Every pod of the local cluster sees the host's files, so a ``file://`` directory is the
-    shared volume a real cluster needs a ReadWriteMany claim (or ``gs://``) for. The trainer
-    of every incarnation appends to one log dir, so the metrics and the rollout trace cover
-    the whole run.
+    As on a real cluster, the storage is a claim (``<run>-storage``, bound to a volume on
+    ``work_dir/storage``, see :func:`.storage_provisioner.static_claim`) mounted at that
+    same path in the trainer and Gym pods. The trainer of every incarnation appends to one
+    log dir on it (``storage/logs``, linked at ``work_dir/logs``), so the metrics and the
+    rollout trace cover the whole run.
     """
     run = copy.deepcopy(document)
-    run["metadata"] = {"name": run["metadata"]["name"], "namespace": namespace}
+    name = run["metadata"]["name"]
+    run["metadata"] = {"name": name, "namespace": namespace}
     spec = run.setdefault("spec", {})
     work_dir = work_dir.resolve()
-    spec["storage"] = {"uri": f"file://{work_dir / STORAGE_DIR}"}
-    spec.setdefault("run", {})["logDir"] = str(work_dir / LOGS_DIR)
+    spec["storage"] = {
+        "uri": f"file://{work_dir / STORAGE_DIR}",
+        "volumeClaimName": storage_provisioner.run_claim_name(name),
+    }
+    spec.setdefault("run", {})["logDir"] = str(work_dir / STORAGE_DIR / LOGS_DIR)
     run.pop("status", None)
     return run
 
@@ -216,6 +222,7 @@ class EmbeddedRun:
         self.operator: OperatorThread | None = None
         self.api: Any = None
         self.started_at = time.monotonic()
+        self.isolation: str | None = None  # the cluster's pod isolation, once started
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> EmbeddedRun:
@@ -227,12 +234,14 @@ class EmbeddedRun:
         self.cluster = LocalCluster(
             self.work_dir / CLUSTER_DIR, nodes=self.nodes, **self.cluster_options
         ).start()
+        self.isolation = self.cluster.isolation
         try:
             self.api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig_path))
             crds: Any = k8s.ApiextensionsV1Api(self.api)
             crds.create_custom_resource_definition(build_crd())
             if self.namespace != "default":
                 self.core.create_namespace({"metadata": {"name": self.namespace}})
+            self._claim_storage()
             # The operator runs as its own account under the chart's rules, not as admin.
             operator = operator_kubeconfig(self.cluster, permission_rules())
             options = Options(kubeconfig=str(operator))
@@ -247,6 +256,17 @@ class EmbeddedRun:
             self.stop()
             raise
         return self
+
+    def _claim_storage(self) -> None:
+        """The run's storage claim, bound to a volume on ``storage/`` (``logs`` linked)."""
+        self.storage_dir.mkdir(exist_ok=True)
+        (self.storage_dir / LOGS_DIR).mkdir(exist_ok=True)
+        link = self.work_dir / LOGS_DIR
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(Path(STORAGE_DIR) / LOGS_DIR)
+        pv, claim = storage_provisioner.static_claim(self.name, self.namespace, self.storage_dir)
+        self.core.create_persistent_volume(pv)
+        self.core.create_namespaced_persistent_volume_claim(self.namespace, claim)
 
     def stop(self) -> None:
         """Stop the operator, then the cluster (which kills every pod process)."""
@@ -295,7 +315,7 @@ class EmbeddedRun:
 
     @property
     def log_dir(self) -> Path:
-        return self.work_dir / LOGS_DIR
+        return self.storage_dir / LOGS_DIR
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started_at
@@ -464,4 +484,5 @@ class EmbeddedRun:
             "latest_manifest": status.get("latestManifestUri"),
             "wall_s": round(self.elapsed(), 2),
             "work_dir": str(self.work_dir),
+            "isolation": self.isolation,
         }

@@ -24,7 +24,7 @@ from typing import Any
 
 from rolloutrun_runtime.contract.pod import ENV_LOCALCLUSTER_ROOT, ENV_POD_IP
 
-from . import errors, podspec
+from . import errors, mountns, podspec
 from .podworker import PodWorker
 from .processes import CLUSTER_TAG, POD_TAG
 from .resources import Registry, ResourceType
@@ -111,6 +111,7 @@ class Kubelet:
         extra_env: dict[str, str] | None = None,
         backoff: tuple[float, float] = (1.0, 30.0),
         min_probe_period: float = 1.0,
+        isolation: str = mountns.LOOPBACK,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -125,6 +126,7 @@ class Kubelet:
         self.extra_env = dict(extra_env or {})
         self.backoff = backoff
         self.min_probe_period = min_probe_period
+        self.isolation = isolation  # mountns.NAMESPACES or LOOPBACK
         self.volumes = Volumes(self)
         self.workers: dict[str, PodWorker] = {}
         self.lost: str | None = None
@@ -180,11 +182,12 @@ class Kubelet:
                 "KUBERNETES_PORT": f"tcp://{self.host_ip}:{port}",
                 "KUBECONFIG": str(worker.dir / "kubeconfig"),
                 "ROLLOUTRUN_LOCALCLUSTER_POD_DIR": str(worker.dir),
-                ENV_LOCALCLUSTER_ROOT: str(worker.dir / "root"),
                 POD_TAG: worker.uid,
                 CLUSTER_TAG: str(self.root),
             }
         )
+        if self.isolation == mountns.LOOPBACK:  # no mount namespace: volumes under this root
+            env[ENV_LOCALCLUSTER_ROOT] = str(worker.dir / "root")
         return env
 
     async def node_up(self) -> None:
@@ -330,6 +333,7 @@ class Kubelet:
             "metadata": {
                 "name": self.node_name,
                 "labels": {"kubernetes.io/hostname": self.node_name, "kubernetes.io/os": "linux"},
+                "annotations": {mountns.ISOLATION_ANNOTATION: self.isolation},
             },
             "spec": {"taints": taints} if taints else {},
             "status": {

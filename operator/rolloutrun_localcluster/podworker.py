@@ -19,7 +19,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import podspec, probes, processes
+from . import mountns, podspec, probes, processes
 from .kubeconfig import private_dir, write_private
 from .podspec import ConfigError, ContainerRecord
 from .store import now_iso
@@ -96,6 +96,7 @@ class PodWorker:
             logger.exception("pod %s/%s worker failed", self.namespace, self.name)
         finally:
             processes.kill_tagged(self.tag, self.sessions)
+            mountns.remove_tmp(self.dir)  # the pod's private /tmp dies with it
             self.finished.set()
             self.report()
 
@@ -215,10 +216,11 @@ class PodWorker:
             )
             return self._terminated(record, 128, "StartError", why)
         try:
-            process = await processes.spawn(
-                [executable, *argv[1:]], self._workdir(spec), env, self.log_path(record.name)
-            )
-        except OSError as error:
+            command, cwd = [executable, *argv[1:]], self._workdir(spec)
+            if self.kubelet.isolation == mountns.NAMESPACES:
+                command, cwd = self.kubelet.volumes.namespaced(self, spec, env, command)
+            process = await processes.spawn(command, cwd, env, self.log_path(record.name))
+        except (OSError, ConfigError) as error:
             return self._terminated(record, 128, "StartError", str(error))
         self.processes[record.name] = process
         self.sessions.add(process.pid)
@@ -279,7 +281,10 @@ class PodWorker:
         period = max(float(probe.get("periodSeconds", 10)), self.kubelet.min_probe_period)
         while process.returncode is None:
             await self.kubelet.node_up()
-            ok = await probes.probe_once(probe, spec, self.ip, env, self._workdir(spec))
+            inside = (
+                mountns.enter_prefix(process.pid, self.kubelet.isolation) if "exec" in probe else []
+            )
+            ok = await probes.probe_once(probe, spec, self.ip, env, self._workdir(spec), inside)
             if tracker.record(ok):
                 record.ready = tracker.ready
                 self.report()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +37,20 @@ def resolve_port(port: Any, container: Obj) -> int:
 
 
 async def probe_once(
-    probe: Obj, container: Obj, pod_ip: str, env: Mapping[str, str], cwd: Path
+    probe: Obj,
+    container: Obj,
+    pod_ip: str,
+    env: Mapping[str, str],
+    cwd: Path,
+    exec_prefix: Sequence[str] = (),
 ) -> bool:
-    """Run one probe; ``True`` on success. Every error counts as a failure."""
+    """Run one probe; ``True`` on success. Every error counts as a failure. An exec probe's
+    command runs behind ``exec_prefix`` (one entering the container's mount namespace)."""
     timeout = float(probe.get("timeoutSeconds", 1))
     try:
         if "exec" in probe:
             process = await asyncio.create_subprocess_exec(
+                *exec_prefix,
                 *probe["exec"].get("command", []),
                 env=dict(env),
                 cwd=str(cwd),

@@ -73,6 +73,12 @@ BUILTINS: tuple[ResourceType, ...] = (
     _core("events", "Event", True, ("ev",)),
     _core("resourcequotas", "ResourceQuota", True, ("quota",), ("status",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, "lease"),
+    # Claims bound by the local-dir provisioner (storage_provisioner.py).
+    _core("persistentvolumeclaims", "PersistentVolumeClaim", True, ("pvc",), ("status",)),
+    _core("persistentvolumes", "PersistentVolume", False, ("pv",), ("status",)),
+    ResourceType(
+        "storage.k8s.io", "v1", "storageclasses", "StorageClass", False, "storageclass", ("sc",)
+    ),
     # Enforced by the authorizer (rbac.py) on every request.
     ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True, "role"),
     ResourceType(

@@ -136,6 +136,7 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # stop the cluster and its pods, as Ctrl-C does
     try:
         with EmbeddedRun(document, work_dir, cluster_options=_cluster_env()) as run:
+            print(f"rolloutrun run: pods isolated by {run.isolation}", flush=True)
             result, preempted = run.follow(
                 preempt_every=args.preempt_every,
                 max_preemptions=args.max_preemptions,

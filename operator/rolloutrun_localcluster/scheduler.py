@@ -17,6 +17,7 @@ from typing import Any
 
 from . import errors
 from .resources import Registry
+from .storage_provisioner import claim_problem, scheduler_message
 from .store import Event, Store, now_iso
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class Scheduler:
         store.subscribe(self._on_event)
 
     def _on_event(self, event: Event) -> None:
-        if event.storage_key in ("pods", "nodes"):
+        if event.storage_key in ("pods", "nodes", "persistentvolumeclaims"):
             self._wake.set()
 
     def start(self) -> None:
@@ -122,6 +123,9 @@ class Scheduler:
             if (pod.get("spec") or {}).get("nodeName") or meta.get("deletionTimestamp"):
                 continue
             chosen, message = choose_node(pod, nodes, load)
+            problem = claim_problem(pod, self._claim)
+            if problem is not None:
+                chosen, message = None, scheduler_message(problem, len(nodes))
             try:
                 if chosen is None:
                     self._unschedulable(pod, message)
@@ -130,6 +134,10 @@ class Scheduler:
                     load[chosen] = load.get(chosen, 0) + 1
             except errors.ApiError as error:
                 logger.debug("pod %s/%s not bound: %s", meta["namespace"], meta["name"], error)
+
+    def _claim(self, namespace: str, name: str) -> Obj | None:
+        claims = self.registry.get("", "v1", "persistentvolumeclaims")
+        return None if claims is None else self.store.find(claims, namespace, name)
 
     def _condition(self, pod: Obj, condition: Obj) -> Obj:
         status = dict(pod.get("status") or {})

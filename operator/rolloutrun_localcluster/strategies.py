@@ -405,6 +405,24 @@ class RbacStrategy(Strategy):
 
 
 _RBAC = RbacStrategy()
+
+
+class VolumeStrategy(Strategy):
+    """A new claim starts ``Pending`` with the ``kubernetes.io/pvc-protection`` finalizer
+    (removed by the provisioner once no pod uses it), a new volume ``Pending`` too (the
+    real defaults); the provisioner (storage_provisioner.py) binds them."""
+
+    def prepare_create(
+        self, rtype: ResourceType, obj: Obj, store: Store, strict: bool
+    ) -> list[str]:
+        obj["status"] = {"phase": "Pending"}
+        if rtype.plural == "persistentvolumeclaims":
+            finalizers = obj["metadata"].setdefault("finalizers", [])
+            if "kubernetes.io/pvc-protection" not in finalizers:
+                finalizers.append("kubernetes.io/pvc-protection")
+        return []
+
+
 _STRATEGIES: dict[str, Strategy] = {
     **{
         f"{plural}.rbac.authorization.k8s.io": _RBAC
@@ -415,6 +433,8 @@ _STRATEGIES: dict[str, Strategy] = {
     "secrets": SecretStrategy(),
     "namespaces": NamespaceStrategy(),
     "customresourcedefinitions.apiextensions.k8s.io": CrdStrategy(),
+    "persistentvolumeclaims": VolumeStrategy(),
+    "persistentvolumes": VolumeStrategy(),
 }
 _DEFAULT = Strategy()
 _CUSTOM = CustomResourceStrategy()

@@ -36,9 +36,11 @@ EXIT_FENCED = 3
 def resolve_config_path(path: str, environ: Mapping[str, str] | None = None) -> str:
     """The config file as given, or inside the local cluster's pod root.
 
-    The local cluster has no mount namespaces: a ConfigMap mounted at ``/etc/rolloutrun`` is
-    a directory linked at ``$ROLLOUTRUN_LOCALCLUSTER_ROOT/etc/rolloutrun``. An absolute path
-    that does not exist is looked up there, so the pod command is the same on both clusters.
+    The local cluster's loopback mode has no mount namespaces: a ConfigMap mounted at
+    ``/etc/rolloutrun`` is a directory linked at
+    ``$ROLLOUTRUN_LOCALCLUSTER_ROOT/etc/rolloutrun``. An absolute path that does not exist
+    is looked up there, so the pod command is the same on both clusters (in namespace mode
+    the variable is unset and the path exists).
     """
     env = os.environ if environ is None else environ
     root = env.get(ENV_LOCALCLUSTER_ROOT)

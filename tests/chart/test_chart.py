@@ -128,7 +128,7 @@ def test_the_operator_holds_every_right_it_grants_to_member_pods(helm):
             "apiVersion": "rolloutrun.dev/v1alpha1",
             "kind": "RolloutRun",
             "metadata": {"name": "demo", "namespace": "ns"},
-            "spec": {"storage": {"uri": "file:///data/demo"}},
+            "spec": {"storage": {"uri": "file:///data/demo", "volumeClaimName": "demo-storage"}},
         }
     )
     held = {(g, r, v) for g, r, verbs in PERMISSIONS for v in verbs}

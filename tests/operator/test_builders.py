@@ -32,6 +32,7 @@ def everything(run):
     ]
 
 
+CLAIMED = {"uri": "file:///data/demo", "volumeClaimName": "demo-storage"}
 GCS = {
     "storage": {"uri": "gs://bucket-x/runs", "credentialsSecret": {"name": "gcs-key"}},
     "trainer": {
@@ -157,7 +158,7 @@ def test_the_member_role_reaches_only_the_runs_own_lease():
 
 
 def test_the_rendered_config_is_a_bare_run_config_with_what_the_operator_owns():
-    run = make_run(gym={"replicas": 2}, storage={"uri": "file:///data/demo"})
+    run = make_run(gym={"replicas": 2}, storage=CLAIMED)
     data = builders.config_data(
         run, ["http://127.0.0.10:8000", "http://127.0.0.11:8000"], "file:///data/demo/m.json"
     )
@@ -179,7 +180,7 @@ def test_the_rendered_config_is_a_bare_run_config_with_what_the_operator_owns():
 
 def test_a_resume_pin_the_user_wrote_survives_the_operators_hint():
     run = make_run(
-        storage={"uri": "file:///data/demo"},
+        storage=CLAIMED,
         run={"checkpointing": {"resumeFrom": "file:///data/demo/step_4"}},
     )
     for hint in ("file:///data/demo/m.json", None):
@@ -267,7 +268,13 @@ def test_gym_pods_of_a_file_run_get_no_credential_and_only_the_audit_directory()
 def test_a_gym_credentials_secret_on_file_storage_is_unusable():
     from rolloutrun_operator.problems import storage_problem
 
-    run = make_run(storage={"uri": "file:///data/x", "gymCredentialsSecret": {"name": "k"}})
+    run = make_run(
+        storage={
+            "uri": "file:///data/x",
+            "volumeClaimName": "c",
+            "gymCredentialsSecret": {"name": "k"},
+        }
+    )
     assert storage_problem(run) == "storage.gymCredentialsSecret is for gs:// storage, not file://"
 
 

@@ -22,7 +22,14 @@ from rolloutrun_localcluster.testing import eventually
 from rolloutrun_operator.handlers import MAX_IDLE_SECONDS, next_pass_delay
 from rolloutrun_operator.kube import permission_rules
 from rolloutrun_runtime.coordination import FencedError, KubernetesLease
-from tests.support.operator_cluster import GROUP, PLURAL, VERSION, operator_thread
+from tests.support.operator_cluster import (
+    GROUP,
+    PLURAL,
+    STORAGE_CLAIM,
+    VERSION,
+    create_storage_claim,
+    operator_thread,
+)
 
 
 def rolloutrun(name: str) -> dict[str, Any]:
@@ -31,7 +38,7 @@ def rolloutrun(name: str) -> dict[str, Any]:
         "kind": "RolloutRun",
         "metadata": {"name": name},
         "spec": {
-            "storage": {"uri": "file:///tmp/rolloutrun-test"},
+            "storage": {"uri": "file:///tmp/rolloutrun-test", "volumeClaimName": STORAGE_CLAIM},
             "gym": {"replicas": 2, "port": 8000, "terminationGracePeriodSeconds": 2},
             "trainer": {"terminationGracePeriodSeconds": 2},
             "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 2},
@@ -53,6 +60,7 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
     namespace = f"op-{uuid.uuid4().hex[:6]}"
     core: Any = k8s.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": namespace}})
+    create_storage_claim(core, namespace)
     runs: Any = k8s.CustomObjectsApi(api)
 
     def run() -> dict[str, Any]:
@@ -199,6 +207,7 @@ def test_a_lost_node_ends_the_incarnation_without_waiting_for_eviction(cluster, 
     namespace = f"nl-{uuid.uuid4().hex[:6]}"
     core: Any = k8s.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": namespace}})
+    create_storage_claim(core, namespace)
     runs: Any = k8s.CustomObjectsApi(api)
     body = rolloutrun("nl")
     body["spec"]["recovery"]["nodeLossTimeoutSeconds"] = 1
@@ -241,6 +250,7 @@ class Namespace:
         self.rbac: Any = k8s.RbacAuthorizationV1Api(api)
         self.leases: Any = k8s.CoordinationV1Api(api)
         self.core.create_namespace({"metadata": {"name": self.name}})
+        create_storage_claim(self.core, self.name)
 
     def create_run(self, body: dict[str, Any]) -> None:
         self.runs.create_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, body)
@@ -410,6 +420,7 @@ def test_a_trainer_clock_skew_is_no_loss_until_it_stops_renewing(cluster, api, s
     namespace = f"sk-{uuid.uuid4().hex[:6]}"
     core: Any = k8s.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": namespace}})
+    create_storage_claim(core, namespace)
     runs: Any = k8s.CustomObjectsApi(api)
 
     def status() -> dict[str, Any]:
@@ -458,6 +469,7 @@ def test_the_operator_command_serves_metrics_and_liveness_and_stops_on_sigterm(c
     namespace = f"cli-{uuid.uuid4().hex[:6]}"
     core: Any = k8s.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": namespace}})
+    create_storage_claim(core, namespace)
     runs: Any = k8s.CustomObjectsApi(api)
     metrics, health = free_port(), free_port()
     # cluster-wide, as the chart's default, as the chart's ServiceAccount and ClusterRole

@@ -116,13 +116,26 @@ def test_a_claim_inside_the_read_only_config_is_refused_and_elsewhere_accepted()
         parse_rolloutrun(
             document("demo", storage={"uri": f"file://{path}", "volumeClaimName": "c"})
         )
-    parse_rolloutrun(document("demo", storage={"uri": "file:///tmp"}))  # no claim: no mount
+
+
+@pytest.mark.parametrize("uri", ["file:///tmp", "file:///data/ckpt", "/data/ckpt"])
+def test_file_storage_without_a_claim_is_refused_naming_the_field_and_why(uri):
+    with pytest.raises(RolloutRunInvalid) as caught:
+        parse_rolloutrun(document("demo", storage={"uri": uri}))
+    (problem,) = caught.value.problems
+    assert problem.startswith("spec.storage.volumeClaimName: required with file:// storage")
+    assert "dies with the pod" in problem and "PersistentVolumeClaim" in problem
+    parse_rolloutrun(document("demo", storage={"uri": "gs://bucket/runs"}))  # no claim needed
 
 
 def test_the_own_mount_list_is_what_the_builders_mount():
     run = parse_rolloutrun(document("demo"))
     for pod in (builders.trainer_pod(run, 1), builders.gym_pod(run, 1, 0)):
-        mounts = {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        mounts = {
+            m["mountPath"]
+            for m in pod["spec"]["containers"][0]["volumeMounts"]
+            if m["name"] != "storage"  # the run's claim, at the user's storage path
+        }
         assert mounts == set(name_rules.OWN_MOUNT_PATHS)
 
 

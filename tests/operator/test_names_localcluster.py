@@ -14,7 +14,14 @@ import uuid
 from typing import Any
 
 from rolloutrun_localcluster.testing import eventually
-from tests.support.operator_cluster import GROUP, PLURAL, VERSION, operator_thread
+from tests.support.operator_cluster import (
+    GROUP,
+    PLURAL,
+    STORAGE_CLAIM,
+    VERSION,
+    create_storage_claim,
+    operator_thread,
+)
 
 
 def rolloutrun(name: str, **trainer: Any) -> dict[str, Any]:
@@ -23,7 +30,10 @@ def rolloutrun(name: str, **trainer: Any) -> dict[str, Any]:
         "kind": "RolloutRun",
         "metadata": {"name": name},
         "spec": {
-            "storage": {"uri": "file:///tmp/rolloutrun-names-test"},
+            "storage": {
+                "uri": "file:///tmp/rolloutrun-names-test",
+                "volumeClaimName": STORAGE_CLAIM,
+            },
             "gym": {"replicas": 2, "port": 8000, "terminationGracePeriodSeconds": 2},
             "trainer": {"terminationGracePeriodSeconds": 2, **trainer},
             "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 30},
@@ -43,6 +53,7 @@ class Namespace:
         self.runs: Any = k8s.CustomObjectsApi(api)
         self.coordination: Any = k8s.CoordinationV1Api(api)
         self.core.create_namespace({"metadata": {"name": self.name}})
+        create_storage_claim(self.core, self.name)
 
     def create(self, body: dict[str, Any]) -> None:
         self.runs.create_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, body)

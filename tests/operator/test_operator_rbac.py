@@ -13,7 +13,14 @@ import urllib3
 
 from rolloutrun_localcluster.testing import eventually
 from rolloutrun_operator.kube import PERMISSIONS, permission_rules
-from tests.support.operator_cluster import GROUP, PLURAL, VERSION, operator_thread
+from tests.support.operator_cluster import (
+    GROUP,
+    PLURAL,
+    STORAGE_CLAIM,
+    VERSION,
+    create_storage_claim,
+    operator_thread,
+)
 
 
 def rolloutrun(name: str) -> dict[str, Any]:
@@ -22,7 +29,7 @@ def rolloutrun(name: str) -> dict[str, Any]:
         "kind": "RolloutRun",
         "metadata": {"name": name},
         "spec": {
-            "storage": {"uri": "file:///tmp/rolloutrun-rbac-test"},
+            "storage": {"uri": "file:///tmp/rolloutrun-rbac-test", "volumeClaimName": STORAGE_CLAIM},
             "gym": {"replicas": 1, "port": 8000, "terminationGracePeriodSeconds": 2},
             "trainer": {"terminationGracePeriodSeconds": 2},
             "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 30},
@@ -39,6 +46,7 @@ class Namespace:
         self.core: Any = k8s.CoreV1Api(api)
         self.runs: Any = k8s.CustomObjectsApi(api)
         self.core.create_namespace({"metadata": {"name": self.name}})
+        create_storage_claim(self.core, self.name)
 
     def create(self, name: str) -> None:
         self.runs.create_namespaced_custom_object(

@@ -400,7 +400,11 @@ PROBLEMS = [
         },
         "SecretNotFound",
     ),
-    ("storage without a directory", {"storage": {"uri": "file://"}}, "StorageUnusable"),
+    (
+        "storage without a directory",
+        {"storage": {"uri": "file://", "volumeClaimName": "c"}},
+        "StorageUnusable",
+    ),
     (
         "claim with gs storage",
         {"storage": {"uri": "gs://bucket-x/p", "volumeClaimName": "pvc"}},

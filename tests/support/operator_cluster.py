@@ -43,6 +43,19 @@ time.sleep(600)
 """
 
 
+#: The claim every RolloutRun of these tests keeps its file:// storage on (validation
+#: refuses file:// storage without one); :func:`create_storage_claim` makes it.
+STORAGE_CLAIM = "run-storage"
+
+
+def create_storage_claim(core: Any, namespace: str) -> None:
+    """The run's storage claim in ``namespace`` (the default StorageClass binds it)."""
+    spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
+    core.create_namespaced_persistent_volume_claim(
+        namespace, {"metadata": {"name": STORAGE_CLAIM}, "spec": spec}
+    )
+
+
 def shimmed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A local cluster whose pods find the stand-in ``rolloutrun`` first on their PATH."""
     shims = tmp_path_factory.mktemp("bin")

@@ -19,7 +19,7 @@ BASE: dict[str, Any] = {
     "kind": "RolloutRun",
     "metadata": {"name": RUN, "namespace": "ns", "uid": "uid-1", "generation": 1},
     "spec": {
-        "storage": {"uri": "file:///data/demo"},
+        "storage": {"uri": "file:///data/demo", "volumeClaimName": "demo-storage"},
         "gym": {"replicas": 2, "port": 8000},
         "recovery": {
             "maxRestarts": 2,
@@ -35,10 +35,13 @@ BASE: dict[str, Any] = {
 
 
 def make_run(status: dict[str, Any] | None = None, **spec: Any) -> RolloutRun:
-    """A valid RolloutRun ``demo`` with ``spec`` merged (one level deep) and ``status``."""
+    """A valid RolloutRun ``demo`` with ``spec`` merged (one level deep; ``storage``
+    replaced) and ``status``."""
     document = copy.deepcopy(BASE)
     for key, value in spec.items():
-        if isinstance(value, dict) and isinstance(document["spec"].get(key), dict):
+        if key == "storage":  # a unit: a gs:// uri takes no claim
+            document["spec"][key] = value
+        elif isinstance(value, dict) and isinstance(document["spec"].get(key), dict):
             document["spec"][key] = {**document["spec"][key], **value}
         else:
             document["spec"][key] = value

@@ -307,7 +307,8 @@ class StorageSpec(_Model):
         pattern=DNS_SUBDOMAIN_PATTERN,
         description=(
             "PersistentVolumeClaim (ReadWriteMany) mounted at the file:// path in the trainer "
-            "pod, so incarnations share checkpoints; omit for gs:// or a path the nodes share."
+            "and Gym pods, so incarnations share checkpoints; required with file:// storage "
+            "(a path no volume holds dies with its pod), omitted with gs://."
         ),
     )
 

@@ -100,10 +100,25 @@ def parse_rolloutrun(document: Any, source: str = "RolloutRun") -> RolloutRun:
                 for item in error.errors()
             ],
         ) from error
-    problems = name_problems(run)
+    problems = name_problems(run) + storage_claim_problems(run)
     if problems:
         raise RolloutRunInvalid(source, problems)
     return run
+
+
+def storage_claim_problems(run: RolloutRun) -> list[str]:
+    """A ``file://`` storage path needs a claim: without a volume the path lies in each
+    pod's own filesystem (read-only, or dying with the pod), so the first preemption loses
+    every checkpoint and Gym audit record. Refused, not warned: it cannot work on a cluster."""
+    storage = run.spec.storage
+    if storage.uri.startswith("gs://") or storage.volume_claim_name is not None:
+        return []
+    return [
+        "spec.storage.volumeClaimName: required with file:// storage "
+        f"({storage.uri!r}): without a volume the path lies in each pod's own filesystem "
+        "and dies with the pod, losing every checkpoint; name a ReadWriteMany "
+        "PersistentVolumeClaim, or use gs://"
+    ]
 
 
 def name_problems(run: RolloutRun) -> list[str]:
