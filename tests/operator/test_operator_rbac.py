@@ -29,7 +29,10 @@ def rolloutrun(name: str) -> dict[str, Any]:
         "kind": "RolloutRun",
         "metadata": {"name": name},
         "spec": {
-            "storage": {"uri": "file:///tmp/rolloutrun-rbac-test", "volumeClaimName": STORAGE_CLAIM},
+            "storage": {
+                "uri": "file:///tmp/rolloutrun-rbac-test",
+                "volumeClaimName": STORAGE_CLAIM,
+            },
             "gym": {"replicas": 1, "port": 8000, "terminationGracePeriodSeconds": 2},
             "trainer": {"terminationGracePeriodSeconds": 2},
             "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 30},
