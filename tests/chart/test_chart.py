@@ -252,6 +252,8 @@ def test_peering_objects_match_the_operators_mode(helm):
     --peering name when it watches the cluster, a KopfPeering of that name in each --namespace
     otherwise. The objects are plain release objects (no hooks: their CRDs come first, from
     crds/), and no template renders a CRD, so a second Kopf operator never collides."""
+    from rolloutrun_operator.cli import operator_config
+    from rolloutrun_operator.runner import peering_paths
     from rolloutrun_runtime.cli import build_parser
 
     for sets, kind, namespaces in (
@@ -265,6 +267,12 @@ def test_peering_objects_match_the_operators_mode(helm):
             (kind, ns) for ns in namespaces
         ]
         assert {d["metadata"]["name"] for d in peerings} == {args.peering}
+        # ...and they are the objects the operator checks for at startup
+        described = [
+            f"{d['kind']} {d['metadata']['namespace'] + '/' if ns else ''}{d['metadata']['name']}"
+            for d, ns in zip(peerings, namespaces, strict=True)
+        ]
+        assert [text for text, _ in peering_paths(operator_config(args))] == described
         assert (args.namespace or [None]) == namespaces
         assert all("helm.sh/hook" not in d["metadata"].get("annotations", {}) for d in peerings)
         assert not [d for d in docs if d["kind"] == "CustomResourceDefinition"]

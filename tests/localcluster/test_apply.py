@@ -5,7 +5,10 @@ namespaced mode, uninstall of the chart)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -403,7 +406,7 @@ def _handles_a_run(custom: Any, namespace: str) -> None:
 
 
 def test_helm_namespaced_peering_beside_another_kopf_operator(
-    cluster: LocalCluster, helm: Any, client: Any, namespace: str
+    cluster: LocalCluster, helm: Any, client: Any, namespace: str, caplog: Any
 ) -> None:
     """Another Kopf operator installed the peering CRD first: the chart installs (its
     crds/ skip what exists; a CRD in templates/ was refused as owned by no release) and the
@@ -411,7 +414,7 @@ def test_helm_namespaced_peering_beside_another_kopf_operator(
     its KopfPeering in the watched namespace (its keep-alive lands in the object's status)
     and handles a run there instead of pausing."""
     from rolloutrun_localcluster.testing import eventually
-    from rolloutrun_operator.runner import OperatorThread
+    from rolloutrun_operator.runner import OperatorThread, warn_of_missing_peerings
 
     ext: Any = k8s.ApiextensionsV1Api(client)
     core: Any = k8s.CoreV1Api(client)
@@ -433,6 +436,14 @@ def test_helm_namespaced_peering_beside_another_kopf_operator(
         assert labels["app.kubernetes.io/instance"] == release
         config = _as_the_chart_runs_it(cluster, client, release, namespace)
         assert (config.namespaces, config.peering) == ([watched], "rolloutrun")
+        assert asyncio.run(warn_of_missing_peerings(config)) == []
+        # a name the chart did not install: said at ERROR, where Kopf pauses at DEBUG
+        absent = dataclasses.replace(config, peering="absent")
+        with caplog.at_level(logging.ERROR, logger="rolloutrun_operator.runner"):
+            assert asyncio.run(warn_of_missing_peerings(absent)) == [
+                f"KopfPeering {watched}/absent"
+            ]
+        assert f"KopfPeering {watched}/absent does not exist: Kopf pauses" in caplog.text
 
         def keepalive() -> list[Any]:
             status = custom.get_namespaced_custom_object(*peering).get("status", {})
