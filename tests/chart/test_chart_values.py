@@ -83,9 +83,12 @@ def test_security_contexts_are_restricted_by_default_and_overridable(helm):
         "capabilities": {"drop": ["ALL"]},
     }
     custom = render(helm, "podSecurityContext.runAsUser=4242", "securityContext.runAsUser=4343")
-    assert the(custom, "Deployment")["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    pod = the(custom, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 4242
     assert container(custom)["securityContext"]["runAsUser"] == 4343
     assert container(custom)["securityContext"]["readOnlyRootFilesystem"] is True  # merged
+    dropped = render(helm, "securityContext.readOnlyRootFilesystem=null")
+    assert "readOnlyRootFilesystem" not in container(dropped)["securityContext"]
 
 
 def test_extra_args_follow_the_charts_and_parse(helm):
