@@ -9,15 +9,27 @@ several replicas run with Kopf's peering, the highest priority active and the ot
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rolloutrun_operator.runner import OperatorConfig
 
 
 def _run_operator(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rolloutrun_operator.handlers import Options
-    from rolloutrun_operator.runner import OperatorConfig, run_operator
+    from rolloutrun_operator.runner import run_operator
 
-    config = OperatorConfig(
+    asyncio.run(run_operator(operator_config(args)))
+    return 0
+
+
+def operator_config(args: argparse.Namespace) -> OperatorConfig:
+    """The command's options as the runner's config (the chart's args, tested as such)."""
+    from rolloutrun_operator.handlers import Options
+    from rolloutrun_operator.runner import OperatorConfig
+
+    return OperatorConfig(
         options=Options(
             kubeconfig=args.kubeconfig,
             metrics_port=args.metrics_port if args.metrics_port > 0 else None,
@@ -28,8 +40,6 @@ def _run_operator(args: argparse.Namespace) -> int:
         priority=args.priority,
         liveness=args.liveness,
     )
-    asyncio.run(run_operator(config))
-    return 0
 
 
 def register_operator(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ settings, registry and memo as the deployed one.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from typing import Any
 import kopf
 
 from rolloutrun_operator import handlers
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,6 +45,8 @@ async def run_operator(
 ) -> None:
     """Run Kopf with the RolloutRun handlers until ``stop_flag`` is set (or forever)."""
     peered = config.peering is not None
+    if peered:
+        await warn_of_missing_peerings(config)
     await kopf.operator(
         registry=handlers.registry,
         clusterwide=not config.namespaces,
@@ -54,6 +59,54 @@ async def run_operator(
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     )
+
+
+def peering_paths(config: OperatorConfig) -> list[tuple[str, str]]:
+    """``(description, API path)`` of each peering object Kopf waits for: a
+    ClusterKopfPeering when it watches the cluster, a KopfPeering in each watched namespace."""
+    name = config.peering
+    if name is None:
+        return []
+    if not config.namespaces:
+        return [(f"ClusterKopfPeering {name}", f"/apis/kopf.dev/v1/clusterkopfpeerings/{name}")]
+    return [
+        (f"KopfPeering {ns}/{name}", f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/{name}")
+        for ns in config.namespaces
+    ]
+
+
+async def warn_of_missing_peerings(config: OperatorConfig) -> list[str]:
+    """Log an error for each peering object that does not exist; return their descriptions.
+
+    Why: Kopf pauses every watch until its peering object exists and says so only at DEBUG,
+    so a missing object looked like an operator that silently did nothing. Not fatal: Kopf
+    resumes as soon as the object is created."""
+    from rolloutrun_operator.kube import Kube, KubeError, load_credentials
+
+    try:
+        kube = Kube(load_credentials(config.options.kubeconfig))
+    except Exception as error:  # Kopf's own login reports it
+        logger.warning("could not check the peering objects: %s", error)
+        return []
+    missing = []
+    try:
+        for description, path in peering_paths(config):
+            try:
+                await kube.request("GET", path)
+            except KubeError as error:
+                if error.status != 404:
+                    logger.warning("could not check %s (peering): %s", description, error)
+                    continue
+                missing.append(description)
+                logger.error(
+                    "%s does not exist: Kopf pauses this operator until it does. Create it "
+                    "(the chart does with peering.enabled; its CRD is in the chart's crds/) "
+                    "or run without --peering",
+                    description,
+                )
+    finally:
+        await kube.close()
+    return missing
 
 
 class OperatorThread:

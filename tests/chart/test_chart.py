@@ -38,12 +38,25 @@ def helm() -> Path:
     return HELM
 
 
-def render(helm: Path, *sets: str) -> list[dict[str, Any]]:
-    args = [str(helm), "template", "rr", str(CHART), "--namespace", "ops", "--include-crds"]
+def render(helm: Path, *sets: str, crds: bool = True) -> list[dict[str, Any]]:
+    args = [str(helm), "template", "rr", str(CHART), "--namespace", "ops"]
+    args += ["--include-crds"] if crds else []
     for value in sets:
         args += ["--set", value]
     out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def the(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind]
+    return doc
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = the(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    result: dict[str, Any] = containers[0]
+    return result
 
 
 VARIANTS = {
@@ -51,6 +64,19 @@ VARIANTS = {
     "namespaced": ("watchNamespaces={team-a,team-b}",),
     "peering": ("peering.enabled=true", "metrics.service=false"),
     "namespaced-peering": ("watchNamespaces={team-a}", "peering.enabled=true"),
+    "everything": (
+        "watchNamespaces={team-a,team-b}",
+        "peering.enabled=true",
+        "peering.replicas=3",
+        "metrics.port=9100",
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.labels.release=prom",
+        "extraArgs={--log-level=DEBUG}",
+        "securityContext.runAsUser=20002",
+        "imagePullSecrets[0].name=regcred",
+        "tolerations[0].operator=Exists",
+    ),
+    "cluster-peering-monitor": ("peering.enabled=true", "metrics.serviceMonitor.enabled=true"),
 }
 
 
@@ -66,16 +92,37 @@ def test_every_rendered_object_is_valid_kubernetes(helm, sets):
     docs = render(helm, *sets)
     kinds = {doc["kind"] for doc in docs}
     assert {"CustomResourceDefinition", "Deployment", "ClusterRole", "ServiceAccount"} <= kinds
+    crds = {
+        (f"{c['spec']['group']}/{v['name']}", c["spec"]["names"]["kind"]): c["spec"]["scope"]
+        for c in docs
+        if c["kind"] == "CustomResourceDefinition"
+        for v in c["spec"]["versions"]
+    }
     for doc in docs:
         if doc["kind"] in ("ClusterKopfPeering", "KopfPeering"):
-            continue  # a custom resource: kubernetes-validate knows only built-in kinds
-        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+            # a custom resource: kubernetes-validate knows only built-in kinds; its CRD ships
+            # in crds/ and its scope decides whether it may have a namespace
+            scope = crds[(doc["apiVersion"], doc["kind"])]
+            assert ("namespace" in doc["metadata"]) == (scope == "Namespaced")
+            assert set(doc) == {"apiVersion", "kind", "metadata"}
+        elif doc["kind"] == "ServiceMonitor":  # the Prometheus Operator's CRD, not shipped
+            assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+        else:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert not [
+        d for d in render(helm, *sets, crds=False) if d["kind"] == "CustomResourceDefinition"
+    ]
 
 
 def test_the_chart_ships_the_generated_crd(helm):
     crds = [doc for doc in render(helm) if doc["kind"] == "CustomResourceDefinition"]
     generated = yaml.safe_load((ROOT / "crds" / "rolloutruns.rolloutrun.dev.yaml").read_text())
-    assert crds == [generated]
+    assert [c for c in crds if c["spec"]["group"] == GROUP] == [generated]
+    # Kopf's peering CRDs, as Kopf's docs ship them, for both modes whatever the values
+    assert sorted(c["metadata"]["name"] for c in crds if c["spec"]["group"] == "kopf.dev") == [
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    ]
 
 
 def rules_of(
@@ -115,7 +162,11 @@ def test_the_operator_is_granted_exactly_what_it_uses(helm):
     peering = rules_of(render(helm, "peering.enabled=true"), "rr-rolloutrun-operator")
     assert peering - set(PERMISSIONS) == {
         ("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch")),
-        ("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch")),
+    }
+    scoped = render(helm, *VARIANTS["namespaced"], "peering.enabled=true")
+    role = rules_of(scoped, "rr-rolloutrun-operator", "Role", "team-a")
+    assert role - set(PERMISSIONS) == {
+        ("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch"))
     }
 
 
@@ -195,16 +246,46 @@ def test_namespaced_mode_grants_no_cluster_wide_secret_access(helm, peering):
         "team-b/rr-rolloutrun-operator",
     ]
     peerings = [d for d in docs if d["kind"] in ("KopfPeering", "ClusterKopfPeering")]
-    crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
     if peering:
         assert sorted((d["kind"], d["metadata"]["namespace"]) for d in peerings) == [
             ("KopfPeering", "team-a"),
             ("KopfPeering", "team-b"),
         ]
-        assert "kopfpeerings.kopf.dev" in crds and "clusterkopfpeerings.kopf.dev" not in crds
         assert len(granted(docs, "Role", "kopfpeerings")) == 2
+        assert granted(docs, "Role", "clusterkopfpeerings") == []
     else:
-        assert peerings == [] and not [c for c in crds if c.endswith(".kopf.dev")]
+        assert peerings == []
+
+
+def test_peering_objects_match_the_operators_mode(helm):
+    """Kopf pauses until its peering object exists: a ClusterKopfPeering with the chart's
+    --peering name when it watches the cluster, a KopfPeering of that name in each --namespace
+    otherwise. The objects are plain release objects (no hooks: their CRDs come first, from
+    crds/), and no template renders a CRD, so a second Kopf operator never collides."""
+    from rolloutrun_operator.cli import operator_config
+    from rolloutrun_operator.runner import peering_paths
+    from rolloutrun_runtime.cli import build_parser
+
+    for sets, kind, namespaces in (
+        (("peering.enabled=true", "peering.name=team-peers"), "ClusterKopfPeering", [None]),
+        ((*VARIANTS["namespaced"], "peering.enabled=true"), "KopfPeering", ["team-a", "team-b"]),
+    ):
+        docs = render(helm, *sets, crds=False)
+        args = build_parser().parse_args(container(docs)["args"])
+        peerings = [d for d in docs if d["kind"] in ("KopfPeering", "ClusterKopfPeering")]
+        assert [(d["kind"], d["metadata"].get("namespace")) for d in peerings] == [
+            (kind, ns) for ns in namespaces
+        ]
+        assert {d["metadata"]["name"] for d in peerings} == {args.peering}
+        # ...and they are the objects the operator checks for at startup
+        described = [
+            f"{d['kind']} {d['metadata']['namespace'] + '/' if ns else ''}{d['metadata']['name']}"
+            for d, ns in zip(peerings, namespaces, strict=True)
+        ]
+        assert [text for text, _ in peering_paths(operator_config(args))] == described
+        assert (args.namespace or [None]) == namespaces
+        assert all("helm.sh/hook" not in d["metadata"].get("annotations", {}) for d in peerings)
+        assert not [d for d in docs if d["kind"] == "CustomResourceDefinition"]
 
 
 def test_the_deployment_is_non_root_read_only_and_bounded(helm):
@@ -244,7 +325,7 @@ def test_the_rendered_args_parse_as_a_rolloutrun_command(helm):
 
 
 #: Maps whose keys are the user's (resource names, annotations), not chart settings.
-FREE_FORM = {"resources", "serviceAnnotations"}
+FREE_FORM = {"resources", "serviceAnnotations", "podSecurityContext", "securityContext"}
 
 
 def test_every_value_is_documented():

@@ -5,7 +5,10 @@ namespaced mode, uninstall of the chart)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -323,3 +326,134 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart(
     finally:
         for ns in watched:
             core.delete_namespace(ns)
+
+
+#: Kopf's namespaced peering CRD as another Kopf operator installs it (Kopf's docs), unowned.
+FOREIGN_PEERING_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "kopfpeerings.kopf.dev", "labels": {"installed-by": "other-operator"}},
+    "spec": {
+        "scope": "Namespaced",
+        "group": "kopf.dev",
+        "names": {"kind": "KopfPeering", "plural": "kopfpeerings", "singular": "kopfpeering"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "status": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def _as_the_chart_runs_it(cluster: LocalCluster, client: Any, release: str, namespace: str) -> Any:
+    """The operator's config from the installed Deployment's own arguments, authenticated as
+    the chart's ServiceAccount; its 0.0.0.0 endpoints off (nothing here listens but loopback)."""
+    from rolloutrun_localcluster import kubeconfig
+    from rolloutrun_operator.cli import operator_config
+    from rolloutrun_runtime.cli import build_parser
+
+    name = f"{release}-rolloutrun-operator"
+    deployment = k8s.AppsV1Api(client).read_namespaced_deployment(name, namespace)
+    args = build_parser().parse_args(deployment.spec.template.spec.containers[0].args)
+    token = _kubectl(cluster, "-n", namespace, "create", "token", name).stdout.strip()
+    path = cluster.directory / f"{release}.kubeconfig"
+    ca = cluster.ca_path.read_bytes()
+    args.kubeconfig = str(kubeconfig.write(path, cluster.api_url, token, ca, namespace))
+    config = operator_config(args)
+    config.liveness = None
+    config.options.metrics_port = None
+    return config
+
+
+def _handles_a_run(custom: Any, namespace: str) -> None:
+    """A suspended run (no pods) reaches Suspended=True and is released on deletion."""
+    from rolloutrun_localcluster.testing import eventually
+
+    api = ("rolloutrun.dev", "v1alpha1", namespace, "rolloutruns")
+    run = {
+        "apiVersion": "rolloutrun.dev/v1alpha1",
+        "kind": "RolloutRun",
+        "metadata": {"name": "peered", "namespace": namespace},
+        "spec": {"storage": {"uri": "gs://bucket/peered"}, "suspend": True},
+    }
+    custom.create_namespaced_custom_object(*api, run)
+
+    def suspended() -> list[Any]:
+        status = custom.get_namespaced_custom_object(*api, "peered").get("status", {})
+        conditions = status.get("conditions", [])
+        return [c for c in conditions if c["type"] == "Suspended" and c["status"] == "True"]
+
+    def gone() -> bool:
+        return not _exists(custom.get_namespaced_custom_object, *api, "peered")
+
+    eventually(suspended, what="the peered operator handling a run")
+    custom.delete_namespaced_custom_object(*api, "peered")
+    eventually(gone, what="the run's finalizer released")
+
+
+def test_helm_namespaced_peering_beside_another_kopf_operator(
+    cluster: LocalCluster, helm: Any, client: Any, namespace: str, caplog: Any
+) -> None:
+    """Another Kopf operator installed the peering CRD first: the chart installs (its
+    crds/ skip what exists; a CRD in templates/ was refused as owned by no release) and the
+    operator, run with the Deployment's own arguments as the chart's ServiceAccount, finds
+    its KopfPeering in the watched namespace (its keep-alive lands in the object's status)
+    and handles a run there instead of pausing."""
+    from rolloutrun_localcluster.testing import eventually
+    from rolloutrun_operator.runner import OperatorThread, warn_of_missing_peerings
+
+    ext: Any = k8s.ApiextensionsV1Api(client)
+    core: Any = k8s.CoreV1Api(client)
+    custom: Any = k8s.CustomObjectsApi(client)
+    if not _exists(ext.read_custom_resource_definition, "kopfpeerings.kopf.dev"):
+        ext.create_custom_resource_definition(FOREIGN_PEERING_CRD)
+    watched = f"{namespace}-team"
+    core.create_namespace({"metadata": {"name": watched}})
+    peering = ("kopf.dev", "v1", watched, "kopfpeerings", "rolloutrun")
+    release = f"p{uuid.uuid4().hex[:6]}"
+    try:
+        helm(
+            "install", release, str(CHART), "--namespace", namespace,
+            "--set", f"watchNamespaces={{{watched}}}", "--set", "peering.enabled=true",
+            # the local cluster serves no policy/v1 (tests/chart renders and validates the PDB)
+            "--set", "podDisruptionBudget.enabled=false",
+        )  # fmt: skip
+        labels = custom.get_namespaced_custom_object(*peering)["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == release
+        config = _as_the_chart_runs_it(cluster, client, release, namespace)
+        assert (config.namespaces, config.peering) == ([watched], "rolloutrun")
+        assert asyncio.run(warn_of_missing_peerings(config)) == []
+        # a name the chart did not install: said at ERROR, where Kopf pauses at DEBUG
+        absent = dataclasses.replace(config, peering="absent")
+        with caplog.at_level(logging.ERROR, logger="rolloutrun_operator.runner"):
+            assert asyncio.run(warn_of_missing_peerings(absent)) == [
+                f"KopfPeering {watched}/absent"
+            ]
+        assert f"KopfPeering {watched}/absent does not exist: Kopf pauses" in caplog.text
+
+        def keepalive() -> list[Any]:
+            status = custom.get_namespaced_custom_object(*peering).get("status", {})
+            return [peer for peer in status.values() if peer.get("priority") == 100]
+
+        with OperatorThread(config):
+            eventually(keepalive, what="the operator's keep-alive in its KopfPeering")
+            _handles_a_run(custom, watched)
+        helm("uninstall", release, "--namespace", namespace)
+        assert not _exists(custom.get_namespaced_custom_object, *peering)
+        assert _exists(ext.read_custom_resource_definition, "kopfpeerings.kopf.dev")
+    finally:
+        core.delete_namespace(watched)

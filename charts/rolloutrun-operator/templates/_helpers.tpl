@@ -82,8 +82,9 @@ names exist (RBAC has no metadata-only read); `create` makes the token Secret. *
   resources: [networkpolicies]
   verbs: [get, create]
 {{- if .Values.peering.enabled }}
+# Kopf's peering object: a ClusterKopfPeering in cluster mode, a KopfPeering per watched namespace
 - apiGroups: [kopf.dev]
-  resources: [clusterkopfpeerings, kopfpeerings]
+  resources: [{{ if .Values.watchNamespaces }}kopfpeerings{{ else }}clusterkopfpeerings{{ end }}]
   verbs: [get, list, watch, patch]
 {{- end }}
 {{- end -}}
