@@ -175,9 +175,7 @@ async def run_trainer(
     storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
     observation = await Observation(cfg, storage, log_dir, trace.run_id).start()
-    hooks = _TrainerHooks(
-        hooks, MetricsWriter(log_dir), log_dir / SNAPSHOTS_LOG, observation
-    )
+    hooks = _TrainerHooks(hooks, MetricsWriter(log_dir), log_dir / SNAPSHOTS_LOG, observation)
     checkpointer = fenced_checkpointer(
         storage, cfg.checkpointing.keep_latest, fence=hooks.fence, on_anchor=hooks.on_anchor
     )
