@@ -3,10 +3,11 @@ RunConfig of every trainer process, past the pod that wrote them.
 
 Why segments of create-once parts: on a cluster the log directory is an emptyDir that dies
 with each pod, and an object store cannot append. So each trainer process ships the complete
-lines its local log files gain into parts ``logs/<log>/<segment>/part-<n>.jsonl`` of its own
-segment (``i<incarnation>-<start ms>-<run id>``, names in :mod:`rolloutrun_runtime.contract.
-layout`); a published part is never rewritten, and a reader concatenates segments in name
-order (incarnation, then start time) and each segment's parts in number order. A shipper
+lines its local log files gain into parts ``run_logs/<log>/<segment>/part-<n>.jsonl`` of its
+own segment (``i<incarnation>-<start ms>-<run id>``, names in
+:mod:`rolloutrun_runtime.contract.layout`); a published part is never rewritten, and a
+reader concatenates segments in name order (incarnation, then start time) and each
+segment's parts in number order. A shipper
 runs in a thread every :data:`SHIP_INTERVAL_S` and once more when the trainer stops, so a
 pod killed without a stop loses at most the last interval's lines in storage.
 """
@@ -110,11 +111,15 @@ def _parts(storage: Any, log: str) -> list[_Part]:
     return sorted(parts, key=lambda p: (p.segment, p.number))
 
 
-def read_log_lines(storage: Any, log: str) -> list[str]:
-    """Every line of log ``log`` in the run's storage, in order (empty when none)."""
-    lines: list[str] = []
-    for part in _parts(storage, log):
-        lines += storage.read_bytes(part.key).decode("utf-8", "replace").splitlines()
+def read_log_lines(storage: Any, log: str, *, threads: int = 16) -> list[str]:
+    """Every line of log ``log`` in the run's storage, in order (empty when none); the parts
+    are read in parallel (one request each on an object store)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys = [part.key for part in _parts(storage, log)]
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(keys) or 1))) as pool:
+        blobs = list(pool.map(storage.read_bytes, keys))
+    lines = [line for blob in blobs for line in blob.decode("utf-8", "replace").splitlines()]
     return [line for line in lines if line.strip()]
 
 

@@ -9,6 +9,7 @@ so a run's last lines reach the storage however it ends.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -50,15 +51,19 @@ class Observation:
         self.metrics = TrainerMetrics(run=cfg.name, incarnation=incarnation)
         self.server: MetricsServer | None = None
         self.shippers: list[LogShipper] = []
-        #: Earlier incarnations' trace events until the first step accounts the restore.
-        self._prior_trace: list[dict[str, Any]] | None = None
+        #: Earlier incarnations' trace lines, read until a step accounts the restore.
+        self._prior_trace: asyncio.Future[list[str]] | None = None
 
     async def start(self) -> Observation:
         """Keep the config, read earlier traces, start shipping and serving."""
         write_config(self.storage, self.segment, self.cfg.model_dump(mode="json", by_alias=True))
         files = [(METRICS_LOG, self.log_dir / METRICS_FILE)]
         if self.cfg.checkpointing.trace:
-            self._prior_trace = _events(read_log_lines(self.storage, TRACE_LOG))
+            # Off the event loop: on an object store, one request per part of every earlier
+            # incarnation; the first step after it arrives accounts the restore.
+            self._prior_trace = asyncio.ensure_future(
+                asyncio.to_thread(read_log_lines, self.storage, TRACE_LOG)
+            )
             files.append((TRACE_LOG, self.log_dir / TRACE_FILE))
         self.shippers = [
             LogShipper(self.storage, log, path, self.segment).start() for log, path in files
@@ -70,9 +75,15 @@ class Observation:
         return self
 
     def on_step(self, record: dict[str, Any]) -> None:
-        if self._prior_trace is not None:  # the restore relaunched its groups by now
-            self._account_restore(self._prior_trace)
+        # By the first step the restore relaunched its groups (its abandoned attempts are in
+        # this process's trace); earlier traces may still be on their way.
+        prior = self._prior_trace
+        if prior is not None and prior.done():
             self._prior_trace = None
+            try:
+                self._account_restore(_events(prior.result()))
+            except Exception as error:  # the metric stays 0; the run goes on
+                logger.warning("cannot read earlier traces from the run's storage: %s", error)
         self.metrics.on_step(record)
 
     def on_published(self, published: dict[str, Any]) -> None:
@@ -92,6 +103,8 @@ class Observation:
         self.metrics.thrown_away_s_total = float(report["thrown_away_s_total"])
 
     async def stop(self) -> None:
+        if self._prior_trace is not None and not self._prior_trace.done():
+            self._prior_trace.cancel()
         if self.server is not None:
             await self.server.stop()
         for shipper in self.shippers:

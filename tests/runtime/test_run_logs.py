@@ -1,4 +1,4 @@
-"""Run logs in the run's storage (``logs/<log>/<segment>/part-<n>.jsonl``) on both backends,
+"""Run logs in the run's storage (``run_logs/<log>/<segment>/part-<n>.jsonl``) on both backends,
 and ``rolloutrun audit`` / ``rolloutrun trace`` given nothing but a storage URI.
 
 Before: metrics and the trace lived only in the log directory (an emptyDir on a cluster),
@@ -29,7 +29,7 @@ def test_each_process_ships_its_own_segment_of_create_once_parts(storage: Any, t
     with first.open("a") as out:
         out.write('{"step": 1}\n{"step": 2}\n{"step": 3')  # the third line is still being written
     assert zero.ship() > 0
-    parts = {key: storage.read_bytes(key) for key in storage.list("logs/")}
+    parts = {key: storage.read_bytes(key) for key in storage.list("run_logs/")}
     assert read_log_lines(storage, METRICS_LOG) == ['{"step": 1}', '{"step": 2}']
     with first.open("a") as out:
         out.write("}\n")
@@ -45,7 +45,7 @@ def test_each_process_ships_its_own_segment_of_create_once_parts(storage: Any, t
     # a published part is never rewritten: later lines went into new parts
     for key, data in parts.items():
         assert storage.read_bytes(key) == data
-    assert len(storage.list("logs/")) == 3
+    assert len(storage.list("run_logs/")) == 3
     assert zero.ship() == 0  # nothing new: no empty part
 
 

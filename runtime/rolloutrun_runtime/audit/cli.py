@@ -23,7 +23,7 @@ def run_audit(
 ) -> AuditReport:
     """Audit a run: ``run_dir`` (its log directory; None: the storage alone) and/or
     ``storage_uri``. The seed and step count come from ``config_file``, else from the
-    RunConfig the trainer kept in the storage (``logs/config/``), else the manifests."""
+    RunConfig the trainer kept in the storage (``run_logs/config/``), else the manifests."""
     seed = max_steps = None
     if config_file is not None:
         from rolloutrun_runtime.contract.run_config import load_run_config

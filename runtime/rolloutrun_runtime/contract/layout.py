@@ -18,6 +18,8 @@ list is silently not restored), so each is spelled here once and every reader im
           MANIFEST.json                   written last (create-only on GCS): the commit
         LATEST                            POSIX only: a hint, never trusted over listing
       gym-audit/<rollout>/<revision>.json one object per environment side effect (gs://)
+      run_logs/{metrics,trace}/i<inc>-<ms>-<run id>/part-<n>.jsonl   what users watch
+      run_logs/config/i<inc>-<ms>-<run id>.json                      each trainer's RunConfig
 
 Format versions are the writers' current versions; each reader says which older ones it
 still reads beside its parser.
@@ -122,7 +124,7 @@ SNAPSHOTS_LOG = "snapshots.jsonl"
 #: segments, one per trainer process (``i<incarnation>-<start ms>-<run id>``), each a run of
 #: create-once parts; readers concatenate segments in name order, parts in number order.
 #: A published part is never rewritten (object stores cannot append).
-LOGS_PREFIX = "logs"
+LOGS_PREFIX = "run_logs"
 METRICS_LOG = "metrics"
 TRACE_LOG = "trace"
 #: One object per trainer process: the RunConfig it ran (JSON), for audit and trace readers.

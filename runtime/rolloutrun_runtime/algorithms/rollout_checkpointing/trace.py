@@ -373,7 +373,7 @@ def _render_text(report: TraceReport) -> str:
 
 
 def _stored_events(storage_uri: str) -> list[dict[str, Any]]:
-    """Every incarnation's trace from the run's storage (``logs/trace/``), in order."""
+    """Every incarnation's trace from the run's storage (``run_logs/trace/``), in order."""
     from rolloutrun_runtime.contract.layout import TRACE_LOG
     from rolloutrun_runtime.run_logs import read_log_lines
     from rolloutrun_runtime.storage import StorageError, open_storage
