@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rolloutrun_runtime.contract.layout import SNAPSHOTS_LOG
+from rolloutrun_runtime.contract.layout import SNAPSHOTS_LOG, TRACE_FILE
 from rolloutrun_runtime.pod import (
     EXIT_FENCED,
     PodLease,
@@ -29,6 +29,7 @@ from rolloutrun_runtime.pod import (
     resolve_config_path,
     take_gym_token,
 )
+from rolloutrun_runtime.trainer_observe import Observation
 
 if TYPE_CHECKING:
     from rolloutrun_runtime.algorithms.single_controller import RunHooks, SingleController
@@ -157,12 +158,10 @@ async def run_trainer(
     from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
     from rolloutrun_runtime.algorithms.single_controller import SingleController
-    from rolloutrun_runtime.contract.layout import TRACE_FILE
     from rolloutrun_runtime.metrics import MetricsWriter
     from rolloutrun_runtime.policy.model import build_model
     from rolloutrun_runtime.policy.tokenizer import TOKENIZER
     from rolloutrun_runtime.storage import open_storage
-    from rolloutrun_runtime.trainer_observe import Observation
     from rolloutrun_runtime.workers import build_workers
 
     torch.set_num_threads(TORCH_THREADS)
@@ -174,7 +173,7 @@ async def run_trainer(
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
     storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
-    observation = await Observation(cfg, storage, log_dir, trace.run_id).start()
+    observation = Observation(cfg, storage, log_dir, trace.run_id)  # started with the run
     hooks = _TrainerHooks(hooks, MetricsWriter(log_dir), log_dir / SNAPSHOTS_LOG, observation)
     checkpointer = fenced_checkpointer(
         storage, cfg.checkpointing.keep_latest, fence=hooks.fence, on_anchor=hooks.on_anchor
@@ -182,14 +181,11 @@ async def run_trainer(
     gym_token = _run_token(gym_token)
     host, port = generation_address()
     workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port, token=gym_token)
-    try:
-        await workers.start()
-    except BaseException:
-        await observation.stop()
-        raise
+    await workers.start()
     environment = await _environment_checkpoint(cfg, gym_token)
     resumed_from = None
     try:
+        await observation.start()
         controller = SingleController(
             cfg,
             model=model,
