@@ -25,6 +25,11 @@ from pydantic import BaseModel
 from rolloutrun_operator import naming
 from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, PodSettings, RolloutRun
 from rolloutrun_runtime.contract.layout import AUDIT_FILE_SUFFIX, GYM_AUDIT_PREFIX
+from rolloutrun_runtime.contract.pod import (
+    ENV_METRICS_PORT,
+    PORT_NAME_METRICS,
+    TRAINER_METRICS_PORT,
+)
 from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
 
 Manifest = dict[str, Any]
@@ -216,8 +221,9 @@ def gym_network_policy(run: RolloutRun) -> Manifest:
 
 
 def generation_network_policy(run: RolloutRun) -> Manifest:
-    """Only the run's Gyms and trainer (and the metrics peers) reach the generation port."""
-    return _ingress_policy(
+    """Only the run's Gyms and trainer (and the metrics peers) reach the generation port;
+    only the metrics peers reach the trainer's ``/metrics`` port (no peers: no one)."""
+    policy = _ingress_policy(
         run,
         naming.generation_network_policy_name(run_name(run)),
         naming.Role.TRAINER,
@@ -225,6 +231,12 @@ def generation_network_policy(run: RolloutRun) -> Manifest:
         naming.Role.GYM,
         naming.Role.TRAINER,
     )
+    peers = _metrics_peers(run)
+    if peers:  # an empty "from" would admit every source
+        policy["spec"]["ingress"].append(
+            {"from": peers, "ports": [{"protocol": "TCP", "port": TRAINER_METRICS_PORT}]}
+        )
+    return policy
 
 
 # ------------------------------------------------------------------------ run config
@@ -491,7 +503,10 @@ def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:
     container = {
         "name": "trainer",
         "command": ["rolloutrun", "trainer", "--config", naming.CONFIG_PATH],
-        "ports": [{"name": naming.PORT_NAME_GENERATION, "containerPort": port}],
+        "ports": [
+            {"name": naming.PORT_NAME_GENERATION, "containerPort": port},
+            {"name": PORT_NAME_METRICS, "containerPort": TRAINER_METRICS_PORT},
+        ],
         # why it failed, in the pod's status (the operator quotes it when the run fails)
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -512,6 +527,7 @@ def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:
             "value": str(run.spec.recovery.lease_duration_seconds),
         },
         {"name": naming.ENV_GENERATION_PORT, "value": str(port)},
+        {"name": ENV_METRICS_PORT, "value": str(TRAINER_METRICS_PORT)},
     ]
     return pod
 

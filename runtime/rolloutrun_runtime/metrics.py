@@ -112,3 +112,19 @@ def format_progress(record: Mapping[str, Any], max_steps: int) -> str:
         f"{record['tokens_per_s']:.0f} tok/s  age {record['batch_age']:.2f}  "
         f"{record['step_time_s']:.2f}s"
     )
+
+
+def format_step_line(
+    record: Mapping[str, Any], max_steps: int, snapshot_age_s: float | None
+) -> str:
+    """The trainer pod's log line for a step (``kubectl logs``): ``key=value`` fields."""
+    age = "none" if snapshot_age_s is None else f"{snapshot_age_s:.1f}s"
+    reward, loss = _clean(record["reward_mean"]), _clean(record["loss"])
+    return (
+        f"step={record['step']}/{max_steps} "
+        f"reward={'nan' if reward is None else format(reward, '.4f')} "
+        f"loss={'nan' if loss is None else format(loss, '+.4f')} "
+        f"step_time={record['step_time_s']:.2f}s "
+        f"weight_version={record.get('weight_version', record['step'])} "
+        f"snapshot_age={age}"
+    )

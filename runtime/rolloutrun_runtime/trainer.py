@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rolloutrun_runtime.contract.layout import SNAPSHOTS_LOG
+from rolloutrun_runtime.contract.layout import SNAPSHOTS_LOG, TRACE_FILE
 from rolloutrun_runtime.pod import (
     EXIT_FENCED,
     PodLease,
@@ -29,6 +29,7 @@ from rolloutrun_runtime.pod import (
     resolve_config_path,
     take_gym_token,
 )
+from rolloutrun_runtime.trainer_observe import Observation
 
 if TYPE_CHECKING:
     from rolloutrun_runtime.algorithms.single_controller import RunHooks, SingleController
@@ -112,7 +113,12 @@ async def _run_until_signalled(
     pod = pod or PodLease()
     preemption = asyncio.Event()  # SIGTERM: snapshot within the grace, then stop (143)
     task = asyncio.ensure_future(
-        run_trainer(cfg, hooks=_PodHooks(pod), preemption=preemption, gym_token=gym_token)
+        run_trainer(
+            cfg,
+            hooks=_PodHooks(pod, cfg.grpo.max_steps),
+            preemption=preemption,
+            gym_token=gym_token,
+        )
     )
     loop = asyncio.get_running_loop()
     pod.attach(loop, task)
@@ -152,7 +158,6 @@ async def run_trainer(
     from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
     from rolloutrun_runtime.algorithms.single_controller import SingleController
-    from rolloutrun_runtime.contract.layout import TRACE_FILE
     from rolloutrun_runtime.metrics import MetricsWriter
     from rolloutrun_runtime.policy.model import build_model
     from rolloutrun_runtime.policy.tokenizer import TOKENIZER
@@ -166,14 +171,13 @@ async def run_trainer(
 
     model = build_model(cfg.policy, TOKENIZER.vocab_size, cfg.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
-    hooks = _TrainerHooks(hooks, MetricsWriter(log_dir), log_dir / SNAPSHOTS_LOG)
-    checkpointer = fenced_checkpointer(
-        open_storage(cfg.resolved_storage_uri()),
-        cfg.checkpointing.keep_latest,
-        fence=hooks.fence,
-        on_anchor=hooks.on_anchor,
-    )
+    storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
+    observation = Observation(cfg, storage, log_dir, trace.run_id)  # started with the run
+    hooks = _TrainerHooks(hooks, MetricsWriter(log_dir), log_dir / SNAPSHOTS_LOG, observation)
+    checkpointer = fenced_checkpointer(
+        storage, cfg.checkpointing.keep_latest, fence=hooks.fence, on_anchor=hooks.on_anchor
+    )
     gym_token = _run_token(gym_token)
     host, port = generation_address()
     workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port, token=gym_token)
@@ -181,6 +185,7 @@ async def run_trainer(
     environment = await _environment_checkpoint(cfg, gym_token)
     resumed_from = None
     try:
+        await observation.start()
         controller = SingleController(
             cfg,
             model=model,
@@ -209,6 +214,7 @@ async def run_trainer(
         await workers.stop()
         await environment.close()
         trace.close()
+        await observation.stop()  # after the trace closed: its last lines reach the storage
     return _finished(controller, log_dir, resumed_from)
 
 
@@ -253,48 +259,70 @@ class _TrainerHooks:
     """The caller's hooks, plus what the trainer itself records: each step in the metrics
     log, each snapshot attempt (outcome and timings) as one JSON line in ``snapshots.jsonl``."""
 
-    def __init__(self, outer: RunHooks | None, metrics: Any, snapshots_log: Path) -> None:
+    def __init__(
+        self, outer: RunHooks | None, metrics: Any, snapshots_log: Path, live: Any = None
+    ) -> None:
         from rolloutrun_runtime.algorithms.single_controller.hooks import NoHooks
 
         self.outer: RunHooks = outer if outer is not None else NoHooks()
         self.metrics = metrics
         self.snapshots_log = snapshots_log
+        self.live = live  # the trainer's Observation (logs in storage, /metrics), if any
 
     def fence(self) -> None:
         self.outer.fence()
 
     def on_step(self, record: dict[str, Any]) -> None:
         self.metrics.write(record)
+        if self.live is not None:
+            self.live.on_step(record)
         self.outer.on_step(record)
 
     def on_anchor(self, step: int) -> None:
         self.outer.on_anchor(step)
 
     def on_published(self, published: dict[str, Any]) -> None:
+        if self.live is not None:
+            self.live.on_published(published)
         self.outer.on_published(published)
 
     def on_snapshot(self, record: dict[str, Any]) -> None:
         with self.snapshots_log.open("a") as handle:
             handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        if self.live is not None:
+            self.live.on_snapshot(record)
         self.outer.on_snapshot(record)
 
 
 class _PodHooks:
-    """The pod's lease as run hooks: fencing, and progress annotations on the Lease."""
+    """The pod's lease as run hooks: fencing, and progress annotations on the Lease; and one
+    line per step in the pod's log (what ``kubectl logs`` shows)."""
 
-    def __init__(self, pod: PodLease) -> None:
+    def __init__(self, pod: PodLease, max_steps: int = 0) -> None:
         self.pod = pod
+        self.max_steps = max_steps
+        self.last_snapshot_at: float | None = None
 
     def fence(self) -> None:
         self.pod.fence()  # nothing to fence without a lease
 
     def on_step(self, record: dict[str, Any]) -> None:
+        import time
+
+        from rolloutrun_runtime.metrics import format_step_line
+
+        age = None if self.last_snapshot_at is None else time.time() - self.last_snapshot_at
+        logger.info("%s", format_step_line(record, self.max_steps, age))
         self.pod.on_step(record)
 
     def on_anchor(self, step: int) -> None:
         self.pod.on_anchor(step)
 
     def on_published(self, published: dict[str, Any]) -> None:
+        import time
+
+        when = published.get("published_at")
+        self.last_snapshot_at = float(when) if isinstance(when, int | float) else time.time()
         self.pod.on_published(published)
 
     def on_snapshot(self, record: dict[str, Any]) -> None:

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import json
 import signal
+from typing import Any
 
 from rolloutrun_localcluster.testing import eventually
+from rolloutrun_runtime.cli import main as rolloutrun
+from rolloutrun_runtime.run_logs import read_stored_metrics
+from rolloutrun_runtime.storage import open_storage
 from tests.e2e.conftest import (
     RUN_BOUND_S,
     TINY,
@@ -64,6 +68,22 @@ def test_a_run_is_created_runs_in_pods_and_succeeds_with_a_clean_audit(start_run
     assert run.pods()["tiny-i1-trainer"].status.phase == "Succeeded"
     assert summary["audit"]["side_effects"]["applied"] > 0  # the Gym pods' audit files
     assert summary["audit"].get("ok") is True, summary["audit"]
+    _what_users_watch_outlives_the_pods(run)
+
+
+def _what_users_watch_outlives_the_pods(run: Any) -> None:
+    """``kubectl logs`` shows one line a step; metrics are in the storage; ``rolloutrun
+    audit --run`` reads the run from the cluster and its storage alone."""
+    log = run.core.read_namespaced_pod_log("tiny-i1-trainer", run.namespace)
+    lines = [line.split("rolloutrun_runtime.trainer: ")[-1] for line in log.splitlines()]
+    assert [line.split()[0] for line in lines if line.startswith("step=")] == [
+        f"step={step}/{MAX_STEPS}" for step in range(1, MAX_STEPS + 1)
+    ]
+    stored = read_stored_metrics(open_storage(f"file://{run.storage_dir}"))
+    assert [row["step"] for row in stored] == list(range(1, MAX_STEPS + 1))
+    kubeconfig = str(run.cluster.kubeconfig_path)
+    where = ["--run", run.name, "-n", run.namespace, "--kubeconfig", kubeconfig]
+    assert rolloutrun(["audit", *where]) == 0
 
 
 def test_a_deleted_trainer_pod_is_replaced_and_the_run_resumes(start_run):

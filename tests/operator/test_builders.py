@@ -82,6 +82,9 @@ def test_the_trainer_pod_carries_the_contract():
     assert env["ROLLOUTRUN_LEASE_NAME"]["value"] == "demo-trainer"
     assert env["ROLLOUTRUN_LEASE_DURATION_SECONDS"]["value"] == "15"
     assert env["ROLLOUTRUN_GENERATION_PORT"]["value"] == "8100"
+    # the trainer's Prometheus /metrics: a named container port, and the port in its env
+    assert {"name": "metrics", "containerPort": 9464} in container["ports"]
+    assert env["ROLLOUTRUN_METRICS_PORT"]["value"] == "9464"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env["ROLLOUTRUN_GYM_CONTROL_TOKEN"]["valueFrom"]["secretKeyRef"] == {

@@ -14,6 +14,7 @@ import pytest
 
 from rolloutrun_operator import builders, naming, reconcile
 from rolloutrun_operator.kube import PERMISSIONS, RESOURCES
+from rolloutrun_runtime.contract.pod import TRAINER_METRICS_PORT
 from tests.support.rolloutruns import make_run
 
 K8S_VERSION = "1.33.0"
@@ -52,10 +53,14 @@ def test_policies_admit_only_the_run_and_its_metrics_peers(network: dict[str, An
     assert rule["from"][1:] == expected_extra
 
     assert _roles(generation["spec"]["podSelector"]) == ("demo", ["trainer"])
-    (rule,) = generation["spec"]["ingress"]
+    rule, *metrics = generation["spec"]["ingress"]
     assert rule["ports"] == [{"protocol": "TCP", "port": 8456}]
     assert _roles(rule["from"][0]["podSelector"]) == ("demo", ["gym", "trainer"])
     assert rule["from"][1:] == expected_extra
+    # The trainer's /metrics port: only the metrics peers; without peers, no rule (an empty
+    # "from" would admit every source).
+    port = [{"protocol": "TCP", "port": TRAINER_METRICS_PORT}]
+    assert metrics == ([{"from": expected_extra, "ports": port}] if expected_extra else [])
 
 
 def test_the_run_creates_its_policies_and_the_operator_may() -> None:

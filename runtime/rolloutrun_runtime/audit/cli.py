@@ -1,4 +1,5 @@
-"""``rolloutrun audit RUN_DIR``: load a run's durable state, check it, print the verdict.
+"""``rolloutrun audit RUN_DIR | STORAGE_URI | --run NAME``: load a run's durable state,
+check it, print the verdict.
 
 Why a module of its own: the command's exit codes (0 every check holds, 1 one fails, 2 the
 state cannot be read) and its text and JSON renderings are the audit's interface to users
@@ -14,32 +15,60 @@ from pathlib import Path
 from rolloutrun_runtime.audit.checks import AuditReport, audit
 from rolloutrun_runtime.audit.durable import load_durable_state
 from rolloutrun_runtime.audit.state import EXAMPLES, AuditError
+from rolloutrun_runtime.run_lookup import RunLookupError, add_target_arguments, resolve_target
 
 
 def run_audit(
-    run_dir: Path, *, config_file: Path | None = None, storage_uri: str | None = None
+    run_dir: Path | None, *, config_file: Path | None = None, storage_uri: str | None = None
 ) -> AuditReport:
-    """Load and audit ``run_dir``; ``config_file`` supplies the seed and the storage URI."""
+    """Audit a run: ``run_dir`` (its log directory; None: the storage alone) and/or
+    ``storage_uri``. The seed and step count come from ``config_file``, else from the
+    RunConfig the trainer kept in the storage (``run_logs/config/``), else the manifests."""
     seed = max_steps = None
     if config_file is not None:
         from rolloutrun_runtime.contract.run_config import load_run_config
 
         cfg = load_run_config(config_file)
-        cfg = cfg.model_copy(update={"log_dir": str(run_dir)})
+        if run_dir is not None:
+            cfg = cfg.model_copy(update={"log_dir": str(run_dir)})
+            storage_uri = storage_uri or cfg.resolved_storage_uri()
+        else:
+            storage_uri = storage_uri or cfg.checkpointing.storage_uri
         seed, max_steps = cfg.seed, cfg.grpo.max_steps
-        storage_uri = storage_uri or cfg.resolved_storage_uri()
+    elif storage_uri is not None:
+        seed, max_steps = _kept_config(storage_uri)
     state = load_durable_state(run_dir, storage_uri=storage_uri, seed=seed, max_steps=max_steps)
     return audit(state)
+
+
+def _kept_config(storage_uri: str) -> tuple[int | None, int | None]:
+    """Seed and ``grpo.maxSteps`` of the RunConfig the newest trainer kept in the storage."""
+    from rolloutrun_runtime.run_logs import read_latest_config
+    from rolloutrun_runtime.storage import StorageError, open_storage
+
+    try:
+        document = read_latest_config(open_storage(storage_uri))
+    except (StorageError, ValueError) as error:
+        raise AuditError(f"cannot read the run's config in {storage_uri}: {error}") from error
+    if document is None:
+        return None, None
+    seed, max_steps = document.get("seed"), (document.get("grpo") or {}).get("maxSteps")
+    return (
+        seed if isinstance(seed, int) else None,
+        max_steps if isinstance(max_steps, int) else None,
+    )
 
 
 # --------------------------------------------------------------------------- CLI
 def register(parser: argparse.ArgumentParser) -> None:
     """Check from durable state that a run lost no prompt and repeated no side effect."""
-    parser.add_argument("run_dir", help="the run's log directory")
+    add_target_arguments(parser, "what to audit")
     parser.add_argument(
         "--config", default=None, help="the run's YAML (gives the seed and the storage URI)"
     )
-    parser.add_argument("--storage", default=None, help="storage URI (default RUN_DIR/checkpoints)")
+    parser.add_argument(
+        "--storage", default=None, help="storage URI (default: the target's; RUN_DIR/checkpoints)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=main)
 
@@ -73,12 +102,16 @@ def main(args: argparse.Namespace) -> int:
     import sys
 
     try:
-        report = run_audit(
-            Path(args.run_dir),
-            config_file=Path(args.config) if args.config else None,
-            storage_uri=args.storage,
+        target = resolve_target(args)
+        storage_uri = args.storage or (
+            None if target.log_dir is not None and args.config else target.storage_uri
         )
-    except AuditError as error:
+        report = run_audit(
+            target.log_dir,
+            config_file=Path(args.config) if args.config else None,
+            storage_uri=storage_uri,
+        )
+    except (AuditError, RunLookupError) as error:
         print(f"rolloutrun audit: {error}", file=sys.stderr)
         return 2
     if args.json:

@@ -291,13 +291,14 @@ def _retained_train_keys(runtime_state: Mapping[str, Any]) -> list[str]:
 
 
 def load_durable_state(
-    run_dir: Path,
+    run_dir: Path | None,
     *,
     storage_uri: str | None = None,
     seed: int | None = None,
     max_steps: int | None = None,
 ) -> DurableState:
-    """Read the newest committed entry and the Gym audit files of ``run_dir``.
+    """Read the newest committed entry and the Gym audit files of ``run_dir`` (None: of the
+    storage, see :func:`load_side_effects`).
 
     The newest entry is the newest trainer checkpoint, or an intact snapshot taken after it
     (a run stopped between trainer checkpoints); after a completed run it is the final
@@ -305,7 +306,9 @@ def load_durable_state(
     """
     from rolloutrun_runtime.data_plane.store import DataPlaneError, row_keys_in
 
-    uri = storage_uri or "file://" + str((run_dir / DEFAULT_STORAGE_DIR).resolve())
+    if storage_uri is None and run_dir is None:
+        raise AuditError("give a run's log directory or its storage URI")
+    uri = storage_uri or "file://" + str((Path(run_dir or ".") / DEFAULT_STORAGE_DIR).resolve())
     storage, raw = _read_entry(uri, seed)
     trained, dropped = parse_journal(raw.journal, raw.journal_uri)
     ledger, spare = _ledger_and_spare(raw)

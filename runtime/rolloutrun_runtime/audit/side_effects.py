@@ -80,9 +80,13 @@ def parse_side_effect_object(raw: bytes, key: str, source: str) -> SideEffect | 
 
 
 def load_side_effects(
-    run_dir: Path, storage: Any, *, threads: int = 16
+    run_dir: Path | None, storage: Any, *, threads: int = 16
 ) -> tuple[list[SideEffect], TornRecords]:
     """Side effects from ``RUN_DIR/gym-*.audit.jsonl`` and from the storage's objects.
+
+    Without ``run_dir`` (the audit of a storage, as on a cluster) the audit files are the
+    storage's ``gym-audit/gym-*.audit.jsonl``, where the Gym pods of a ``file://`` run
+    write them.
 
     ``rolloutrun gym --audit-uri <storage>/gym-audit`` (gs:// cluster runs) writes one
     object per effect at ``gym-audit/<rollout>/<revision>.json`` (older versions:
@@ -97,9 +101,8 @@ def load_side_effects(
 
     effects: list[SideEffect] = []
     torn = TornRecords()
-    for path in sorted(run_dir.glob(GYM_AUDIT_GLOB)):
-        text = path.read_bytes().decode("utf-8", errors="replace")
-        lines, bad = parse_audit_file(text, path.name)
+    for name, raw in _audit_files(run_dir, storage):
+        lines, bad = parse_audit_file(raw.decode("utf-8", errors="replace"), name)
         effects += lines
         torn.places += bad.places
         torn.tails += bad.tails
@@ -128,3 +131,23 @@ def load_side_effects(
             else:
                 effects.append(effect)
     return effects, torn
+
+
+def _audit_files(run_dir: Path | None, storage: Any) -> list[tuple[str, bytes]]:
+    """``(name, content)`` of each Gym audit file: in ``run_dir``, else in the storage."""
+    import fnmatch
+
+    from rolloutrun_runtime.storage import StorageError
+
+    if run_dir is not None:
+        return [(p.name, p.read_bytes()) for p in sorted(run_dir.glob(GYM_AUDIT_GLOB))]
+    prefix = GYM_AUDIT_PREFIX + "/"
+    try:
+        keys = [
+            key
+            for key in storage.list(prefix)
+            if "/" not in key[len(prefix) :] and fnmatch.fnmatch(key[len(prefix) :], GYM_AUDIT_GLOB)
+        ]
+        return [(key[len(prefix) :], storage.read_bytes(key)) for key in sorted(keys)]
+    except StorageError as error:
+        raise AuditError(f"cannot read the Gym audit files: {error}") from error

@@ -18,6 +18,8 @@ list is silently not restored), so each is spelled here once and every reader im
           MANIFEST.json                   written last (create-only on GCS): the commit
         LATEST                            POSIX only: a hint, never trusted over listing
       gym-audit/<rollout>/<revision>.json one object per environment side effect (gs://)
+      run_logs/{metrics,trace}/i<inc>-<ms>-<run id>/part-<n>.jsonl   what users watch
+      run_logs/config/i<inc>-<ms>-<run id>.json                      each trainer's RunConfig
 
 Format versions are the writers' current versions; each reader says which older ones it
 still reads beside its parser.
@@ -116,3 +118,36 @@ TRACE_FILE = "rollout_trace.jsonl"
 METRICS_FILE = "metrics.jsonl"
 FINAL_WEIGHTS_FILE = "final_weights.sha256"
 SNAPSHOTS_LOG = "snapshots.jsonl"
+
+# ------------------------------------------------------------------ run logs in storage
+#: Under the run's storage: what users watch, kept past the pod. Each log is a set of
+#: segments, one per trainer process (``i<incarnation>-<start ms>-<run id>``), each a run of
+#: create-once parts; readers concatenate segments in name order, parts in number order.
+#: A published part is never rewritten (object stores cannot append).
+LOGS_PREFIX = "run_logs"
+METRICS_LOG = "metrics"
+TRACE_LOG = "trace"
+#: One object per trainer process: the RunConfig it ran (JSON), for audit and trace readers.
+CONFIG_LOG = "config"
+LOG_SEGMENT = re.compile(r"^i(\d{6})-(\d{13})-([0-9a-z]+)$")
+LOG_PART = re.compile(r"^part-(\d{6})\.jsonl$")
+
+
+def log_segment(incarnation: int, started_ms: int, run_id: str) -> str:
+    """A process's segment name: sorts by incarnation, then start time."""
+    return f"i{incarnation:06d}-{started_ms:013d}-{run_id}"
+
+
+def log_prefix(log: str) -> str:
+    """Where log ``log`` (``METRICS_LOG``, ``TRACE_LOG``) keeps its segments."""
+    return f"{LOGS_PREFIX}/{log}/"
+
+
+def log_part_key(log: str, segment: str, part: int) -> str:
+    """Part ``part`` (from 1) of a segment of log ``log``."""
+    return f"{log_prefix(log)}{segment}/part-{part:06d}.jsonl"
+
+
+def config_key(segment: str) -> str:
+    """The RunConfig (JSON) the trainer process of ``segment`` ran."""
+    return f"{log_prefix(CONFIG_LOG)}{segment}.json"

@@ -60,6 +60,8 @@ ENV_GYM_TOKEN = "ROLLOUTRUN_GYM_CONTROL_TOKEN"
 """The Gym control-plane bearer token (from the run's Secret, in trainer and Gym pods)."""
 ENV_GENERATION_PORT = "ROLLOUTRUN_GENERATION_PORT"
 ENV_GYM_INSTANCE_ID = "ROLLOUTRUN_GYM_INSTANCE_ID"
+ENV_METRICS_PORT = "ROLLOUTRUN_METRICS_PORT"
+"""The trainer's Prometheus ``/metrics`` port (unset: no metrics server)."""
 ENV_POD_NAME = "POD_NAME"
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 ENV_POD_IP = "POD_IP"
@@ -75,6 +77,7 @@ RESERVED_ENV = frozenset(
         ENV_GYM_TOKEN,
         ENV_GENERATION_PORT,
         ENV_GYM_INSTANCE_ID,
+        ENV_METRICS_PORT,
         ENV_POD_NAME,
         ENV_POD_NAMESPACE,
         ENV_POD_IP,
@@ -104,9 +107,12 @@ GYM_TOKEN_KEY = "token"
 #: Container port names (Services and probes refer to them).
 PORT_NAME_GENERATION = "generation"
 PORT_NAME_GYM = "gym"
+PORT_NAME_METRICS = "metrics"
 #: Defaults of ``spec.gym.port`` and ``spec.trainer.generationPort``.
 DEFAULT_GYM_PORT = 8000
 DEFAULT_GENERATION_PORT = 8100
+#: The trainer container's Prometheus ``/metrics`` port (its own network namespace).
+TRAINER_METRICS_PORT = 9464
 
 # ------------------------------------------------------------------------------ Lease
 #: Seconds a trainer's Lease stays valid without renewal when the pod does not say.

@@ -16,7 +16,9 @@ new in every run. Per stop (a change of ``run_id``), the analyzer reports:
 * **batch age** per step: the token-weighted number of policy updates between generating a
   token and training on it, from ``group_trained`` events' per-version token counts.
 
-``rolloutrun trace LOG_DIR [--json] [--plot FILE.png] [--baseline TRACE]`` prints it.
+``rolloutrun trace LOG_DIR|STORAGE_URI|--run NAME [--json] [--plot FILE.png] [--baseline
+TRACE]`` prints it; from a storage URI or a RolloutRun it reads every incarnation's trace
+segments from the run's storage (:mod:`rolloutrun_runtime.run_logs`).
 """
 
 from __future__ import annotations
@@ -370,14 +372,53 @@ def _render_text(report: TraceReport) -> str:
     return "\n".join(lines)
 
 
-def _run_trace(args: argparse.Namespace) -> int:
+def _stored_events(storage_uri: str) -> list[dict[str, Any]]:
+    """Every incarnation's trace from the run's storage (``run_logs/trace/``), in order."""
+    from rolloutrun_runtime.contract.layout import TRACE_LOG
+    from rolloutrun_runtime.run_logs import read_log_lines
+    from rolloutrun_runtime.storage import StorageError, open_storage
+
     try:
-        path = _find_trace(Path(args.log_dir))
-    except FileNotFoundError as error:
-        print(error)
+        lines = read_log_lines(open_storage(storage_uri), TRACE_LOG)
+    except (StorageError, ValueError) as error:
+        raise FileNotFoundError(f"{storage_uri}: cannot read the rollout trace: {error}") from error
+    events = []
+    for number, line in enumerate(lines, 1):
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            log.warning("%s trace line %d: skipping a torn line", storage_uri, number)
+            continue
+        if isinstance(event, dict) and "event" in event and "t" in event:
+            events.append(event)
+    if not events:
+        raise FileNotFoundError(
+            f"{storage_uri}: no rollout trace in the run's storage (set checkpointing.trace: true)"
+        )
+    return events
+
+
+def _events_of(target: str) -> list[dict[str, Any]]:
+    """A trace from a log directory, a trace file or a storage URI."""
+    from rolloutrun_runtime.run_lookup import is_storage_uri
+
+    if is_storage_uri(target):
+        return _stored_events(target)
+    return list(read_events(_find_trace(Path(target))))
+
+
+def _run_trace(args: argparse.Namespace) -> int:
+    from rolloutrun_runtime.run_lookup import RunLookupError, resolve_target
+
+    try:
+        if args.run is not None or args.target is None:
+            events = _stored_events(resolve_target(args).storage_uri)
+        else:
+            events = _events_of(args.target)
+        baseline = _events_of(args.baseline) if args.baseline else None
+    except (FileNotFoundError, RunLookupError) as error:
+        print(f"rolloutrun trace: {error}")
         return 2
-    events = list(read_events(path))
-    baseline = list(read_events(_find_trace(Path(args.baseline)))) if args.baseline else None
     report = analyze(events, baseline)
     if args.plot:
         plot_attempts(events, Path(args.plot))
@@ -387,10 +428,14 @@ def _run_trace(args: argparse.Namespace) -> int:
 
 def register_cli(parser: argparse.ArgumentParser) -> None:
     """Analyze a rollout trace: per-stop thrown-away time, lost progress, batch age."""
-    parser.add_argument("log_dir", help="a run's log dir (or its rollout_trace.jsonl)")
+    from rolloutrun_runtime.run_lookup import add_target_arguments
+
+    add_target_arguments(parser, "the trace: a run's log dir (or its rollout_trace.jsonl)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="draw each slot's attempts")
     parser.add_argument(
-        "--baseline", metavar="LOG_DIR", help="an uninterrupted run's trace, for lost progress"
+        "--baseline",
+        metavar="LOG_DIR|URI",
+        help="an uninterrupted run's trace (log dir, file or storage URI), for lost progress",
     )
     parser.set_defaults(handler=_run_trace)

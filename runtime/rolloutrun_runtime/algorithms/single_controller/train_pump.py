@@ -324,6 +324,7 @@ class TrainPump:
         overhead_s = self.overhead.take()
         record: dict[str, Any] = {
             "step": step,
+            "weight_version": state.trainer_version,
             "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
             "trained_reward_mean": float(np.mean(trained_rewards)) if trained_rewards else 0.0,
             "loss": stats["loss"],
