@@ -177,8 +177,9 @@ class FaultProxy:
     ``max_in_flight`` the most requests it held at once.
     """
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, delay_s: float = 0.0) -> None:
         self.upstream = upstream.rstrip("/")
+        self.delay_s = delay_s  # added to every request: a network round trip, for benchmarks
         self.port = free_port()
         self.requests: list[tuple[str, str, int]] = []
         self.received: list[tuple[str, str, int]] = []
@@ -237,6 +238,8 @@ class FaultProxy:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
             return await self._forward(request)
         finally:
             with self._lock:
