@@ -158,3 +158,14 @@ def test_only_a_transport_failure_reads_as_unreachable(api, lease_name):
     broken.leases = object()  # a programming error surfaces as itself
     with pytest.raises(AttributeError):
         broken.try_acquire()
+
+
+def test_a_moment_on_a_whole_second_still_serializes_as_a_micro_time():
+    import datetime as dt
+
+    from rolloutrun_runtime.coordination import micro_time
+
+    whole = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    assert micro_time(whole).isoformat() == "2026-01-02T03:04:05.000001+00:00"  # type: ignore[union-attr]
+    assert micro_time(whole.replace(microsecond=7)) == whole.replace(microsecond=7)
+    assert micro_time(None) is None
