@@ -2,9 +2,12 @@
 
 Prints one JSON object: for each backend, small-object write / read / create-only latency
 (p50, p95 in ms), the latency of publishing and listing a committed entry, and large-file
-upload / download throughput (MiB/s). The gs:// numbers are against a local fake-gcs-server,
-so they measure the client, HTTP and resumable-upload overhead, not GCS itself; the file://
-numbers include every fsync the crash-safety design pays for.
+upload / download throughput (MiB/s); and ``snapshot_publish``: publishing a snapshot of N
+files on gs:// with one upload at a time (the baseline: how every release before parallel
+uploads published) against ``parallel_uploads`` at once, with and without a simulated
+network round trip (a delaying proxy on 127.0.0.1). The gs:// numbers are against a local
+fake-gcs-server, so they measure the client, HTTP and resumable-upload overhead, not GCS
+itself; the file:// numbers include every fsync the crash-safety design pays for.
 
     .venv/bin/python -m bench.storage [--iterations 50] [--large-mib 64]
 """
@@ -12,6 +15,7 @@ numbers include every fsync the crash-safety design pays for.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -28,7 +32,8 @@ from rolloutrun_runtime.storage import (
     open_storage,
     publish_entry,
 )
-from tests.support.gcs_emulator import FakeGcs
+from rolloutrun_runtime.storage.gcs import PARALLEL_UPLOADS, GcsStorage
+from tests.support.gcs_emulator import FakeGcs, FaultProxy
 
 BUCKET = "rolloutrun-bench"
 
@@ -94,6 +99,66 @@ def bench_backend(
     return result
 
 
+def _publish_step(storage: CheckpointStorage, files: dict[str, bytes], step: int) -> str:
+    return publish_entry(storage, f"snaps/step_{step}", dict(files))
+
+
+def bench_snapshot_publish(
+    gcs: FakeGcs, files: int, kib: int, rtt_ms: float, repeats: int
+) -> dict[str, Any]:
+    """Publish an N-file snapshot sequentially (baseline) and in parallel; p50 seconds."""
+    shard = os.urandom(kib * 1024)
+    snapshot = {f"shard_{j:03d}.bin": shard for j in range(files)}
+    result: dict[str, Any] = {"files": files, "file_KiB": kib, "rtt_ms": rtt_ms}
+    with FaultProxy(gcs.url, delay_s=rtt_ms / 1e3) as proxy:
+        for label, workers in (("baseline_sequential", 1), ("parallel", PARALLEL_UPLOADS)):
+            prefix = f"snap-{label}-{uuid.uuid4().hex[:8]}"
+            storage = GcsStorage(
+                BUCKET, prefix, client=gcs.client(proxy.url), parallel_uploads=workers
+            )
+            samples = _timed(functools.partial(_publish_step, storage, snapshot), repeats)
+            result[label] = {
+                "parallel_uploads": workers,
+                "p50_s": round(statistics.median(samples), 3),
+            }
+            storage.delete_prefix("")
+    result["speedup"] = round(
+        result["baseline_sequential"]["p50_s"] / result["parallel"]["p50_s"], 2
+    )
+    return result
+
+
+def bench_interrupted_upload(gcs: FakeGcs, workdir: Path, mib: int) -> dict[str, Any]:
+    """Upload ``mib`` MiB while the chunk at 3/4 fails once with 503: what goes over the wire."""
+    chunk = 8 * 1024 * 1024
+    src = workdir / "interrupted.bin"
+    src.write_bytes(os.urandom(mib * 1024 * 1024))
+    failed_at = (mib * 1024 * 1024 * 3 // 4) // chunk * chunk
+    with FaultProxy(gcs.url) as proxy:
+        storage = GcsStorage(BUCKET, f"int-{uuid.uuid4().hex[:8]}", client=gcs.client(proxy.url))
+        proxy.fail_matching(
+            lambda method, _path, headers: (
+                method == "PUT"
+                and headers.get("Content-Range", "").startswith(f"bytes {failed_at}-")
+            ),
+            status=503,
+        )
+        start = time.perf_counter()
+        storage.upload_file("big.bin", src)
+        seconds = time.perf_counter() - start
+        sent = sum(n for method, _p, n in proxy.received if method == "PUT")
+        sessions = sum(1 for m, p, _ in proxy.received if m == "POST" and "resumable" in p)
+        storage.delete_prefix("")
+    return {
+        "object_MiB": mib,
+        "failed_chunk_offset_MiB": failed_at // (1024 * 1024),
+        "upload_sessions": sessions,
+        "bytes_sent_MiB": round(sent / (1024 * 1024), 1),
+        "overhead_MiB": round((sent - src.stat().st_size) / (1024 * 1024), 1),
+        "seconds": round(seconds, 3),
+    }
+
+
 def compare(file: dict[str, Any], gs: dict[str, Any]) -> dict[str, float]:
     """gs:// over file://: p50 latency ratios (>1 is slower) and throughput ratios (<1)."""
     out: dict[str, float] = {}
@@ -111,6 +176,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--large-mib", type=int, default=64)
+    parser.add_argument("--snapshot-files", type=int, default=32)
+    parser.add_argument("--snapshot-file-kib", type=int, default=512)
+    parser.add_argument("--rtt-ms", type=float, default=20.0, help="simulated round trip")
+    parser.add_argument("--publish-repeats", type=int, default=3)
     args = parser.parse_args()
 
     report: dict[str, Any] = {
@@ -133,6 +202,13 @@ def main() -> None:
             name: bench_backend(storage, work / f"{name}-work", args.iterations, args.large_mib)
             for name, storage in backends.items()
         }
+        sizes = [(args.snapshot_file_kib, 0.0), (args.snapshot_file_kib, args.rtt_ms)]
+        report["snapshot_publish"] = [
+            bench_snapshot_publish(gcs, args.snapshot_files, kib, rtt, args.publish_repeats)
+            for kib, rtt in [*sizes, (4, args.rtt_ms)]
+        ]
+        report["interrupted_upload"] = bench_interrupted_upload(gcs, work, args.large_mib)
+        report["cpus"], report["load_average_1m"] = os.cpu_count(), os.getloadavg()[0]
     report["gs_vs_file"] = compare(report["backends"]["file"], report["backends"]["gs_emulator"])
     print(json.dumps(report, indent=2))
 

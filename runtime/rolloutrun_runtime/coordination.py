@@ -74,6 +74,8 @@ def format_micro_time(moment: dt.datetime) -> str:
 def parse_time(value: Any) -> dt.datetime | None:
     if not value:
         return None
+    if isinstance(value, dt.datetime):  # the typed client's models hold datetimes
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
     try:
         parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
@@ -362,9 +364,15 @@ def _maybe_time(moment: dt.datetime | None) -> str | None:
 
 # --------------------------------------------------------------------- kubernetes lease
 class KubernetesLease(_Lease):
-    """A ``coordination.k8s.io/v1`` Lease, read and replaced with ``resourceVersion`` checks."""
+    """A ``coordination.k8s.io/v1`` Lease, read and replaced with ``resourceVersion`` checks.
 
-    PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+    Only the typed ``CoordinationV1Api`` (``read_namespaced_lease``,
+    ``replace_namespaced_lease``) and ``ApiException``: both exist unchanged across the
+    supported ``kubernetes>=29`` (``ApiClient`` internals such as ``param_serialize`` do
+    not; tests/runtime/coordination/kubernetes_min_surface.json records what 29.0.0 offers).
+    Only transport failures read as "API server unreachable"; anything else is a bug and
+    propagates as itself.
+    """
 
     def __init__(
         self,
@@ -377,83 +385,94 @@ class KubernetesLease(_Lease):
         **options: Any,
     ) -> None:
         super().__init__(identity, incarnation, **options)
+        from kubernetes import client, config
+
         self.name = name
         self.namespace = namespace
         self.request_timeout = request_timeout
         if api_client is None:
-            from kubernetes import client, config
-
             try:
                 config.load_incluster_config()
             except config.ConfigException:
                 config.load_kube_config()
             api_client = client.ApiClient()
         self.api = api_client
-        self._last: dict[str, Any] = {}
+        self.leases = client.CoordinationV1Api(api_client)
+        self._last: Any = None
 
-    def _call(self, method: str, body: Any = None) -> dict[str, Any]:
+    def _call(self, verb: str, operation: Callable[[], Any]) -> tuple[int, Any]:
+        """``(200, result)``, or ``(status, reason)`` for an HTTP error; LeaseError when the
+        API server cannot be reached. Other exceptions are bugs and propagate unchanged."""
+        import urllib3
         from kubernetes.client.exceptions import ApiException
 
-        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        unreachable = f"{verb} lease {self.namespace}/{self.name}: API server unreachable"
         try:
-            request = self.api.param_serialize(
-                method,
-                self.PATH,
-                path_params={"namespace": self.namespace, "name": self.name},
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = self.api.call_api(*request, _request_timeout=self.request_timeout)
-            text = response.read()
+            return 200, operation()
         except ApiException as error:
             if not error.status:
-                raise LeaseError(f"{method} lease {self.namespace}/{self.name}: {error}") from error
-            return {"__status": error.status, "message": str(error.reason)}
-        except Exception as error:  # urllib3 errors: the API server is unreachable
-            raise LeaseError(f"{method} lease {self.namespace}/{self.name}: {error}") from error
-        answer: dict[str, Any] = json.loads(text) if text else {}
-        answer["__status"] = response.status
-        return answer
+                raise LeaseError(f"{unreachable}: {error}") from error
+            return int(error.status), f"{error.reason} {error.body or ''}".strip()
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise LeaseError(f"{unreachable}: {error}") from error
 
     def _read(self) -> tuple[LeaseRecord, str]:
-        answer = self._call("GET")
-        status = answer.pop("__status")
+        status, lease = self._call(
+            "reading",
+            lambda: self.leases.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self.request_timeout
+            ),
+        )
         if status == 404:
             where = f"{self.namespace}/{self.name}"
             raise LeaseError(f"lease {where} not found (the operator creates it)")
         if status >= 400:
-            raise LeaseError(f"reading lease {self.namespace}/{self.name}: {status} {answer}")
-        self._last = answer
-        spec = answer.get("spec") or {}
+            raise LeaseError(f"reading lease {self.namespace}/{self.name}: {status} {lease}")
+        self._last = lease
+        spec = lease.spec
         record = LeaseRecord(
-            holder=spec.get("holderIdentity") or None,
-            acquire_time=parse_time(spec.get("acquireTime")),
-            renew_time=parse_time(spec.get("renewTime")),
-            duration_seconds=int(spec.get("leaseDurationSeconds") or self.duration_seconds),
-            annotations=dict((answer.get("metadata") or {}).get("annotations") or {}),
+            holder=(spec and spec.holder_identity) or None,
+            acquire_time=parse_time(spec and spec.acquire_time),
+            renew_time=parse_time(spec and spec.renew_time),
+            duration_seconds=int((spec and spec.lease_duration_seconds) or self.duration_seconds),
+            annotations=dict(lease.metadata.annotations or {}),
         )
-        return record, str(answer["metadata"]["resourceVersion"])
+        return record, str(lease.metadata.resource_version)
 
     def _write(self, record: LeaseRecord, version: str) -> bool:
-        body = json.loads(json.dumps(self._last))
-        metadata = body.setdefault("metadata", {})
-        metadata["resourceVersion"] = version
-        metadata["annotations"] = dict(record.annotations)
-        spec = body.setdefault("spec", {})
-        spec["holderIdentity"] = record.holder
-        spec["leaseDurationSeconds"] = record.duration_seconds
-        spec["acquireTime"] = _maybe_time(record.acquire_time)
-        spec["renewTime"] = _maybe_time(record.renew_time)
-        if record.holder is None:
-            spec.pop("holderIdentity")
-        answer = self._call("PUT", body)
-        status = answer.pop("__status")
+        from kubernetes import client
+
+        lease = self._last
+        lease.metadata.resource_version = version
+        lease.metadata.annotations = dict(record.annotations)
+        if lease.spec is None:
+            lease.spec = client.V1LeaseSpec()
+        lease.spec.holder_identity = record.holder
+        lease.spec.lease_duration_seconds = record.duration_seconds
+        lease.spec.acquire_time = micro_time(record.acquire_time)
+        lease.spec.renew_time = micro_time(record.renew_time)
+        status, answer = self._call(
+            "writing",
+            lambda: self.leases.replace_namespaced_lease(
+                self.name, self.namespace, lease, _request_timeout=self.request_timeout
+            ),
+        )
         if status == 409:
             return False
         if status >= 400:
             raise LeaseError(f"writing lease {self.namespace}/{self.name}: {status} {answer}")
         return True
+
+
+def micro_time(moment: dt.datetime | None) -> dt.datetime | None:
+    """A moment the client serializes as a valid ``MicroTime``.
+
+    The client writes datetimes with ``isoformat()``, which drops the fraction when it is
+    zero; the API server's MicroTime wants six digits, so such a moment moves by 1 µs."""
+    if moment is None:
+        return None
+    moment = moment.astimezone(dt.UTC)
+    return moment.replace(microsecond=1) if moment.microsecond == 0 else moment
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -168,15 +169,24 @@ class FaultProxy:
     to ``upstream``, rewriting upload ``Location`` headers so resumable chunks come back
     through it too. Queue faults with :meth:`fail_next` (answer with ``status`` without
     forwarding), :meth:`fail_after_forward` (forward, then answer ``status``: the request
-    took effect but the client sees an error) and :meth:`deny` (answer every request with
-    ``status``). ``requests`` records ``(method, path_qs, status)`` of each request.
+    took effect but the client sees an error), :meth:`deny` (answer every request with
+    ``status``) and :meth:`fail_matching` (the first request a predicate picks, e.g. one
+    chunk of a resumable upload, fails with ``status`` or a dropped connection).
+    ``requests`` records ``(method, path_qs, status)`` of each request, ``received``
+    ``(method, path_qs, body bytes)`` of each request that reached the proxy, and
+    ``max_in_flight`` the most requests it held at once.
     """
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, delay_s: float = 0.0) -> None:
         self.upstream = upstream.rstrip("/")
+        self.delay_s = delay_s  # added to every request: a network round trip, for benchmarks
         self.port = free_port()
         self.requests: list[tuple[str, str, int]] = []
+        self.received: list[tuple[str, str, int]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0  # the most requests the proxy held at once
         self._faults: list[tuple[str, int]] = []
+        self._matching: list[tuple[Callable[[str, str, Mapping[str, str]], bool], int]] = []
         self._deny: int | None = None
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -196,6 +206,23 @@ class FaultProxy:
         with self._lock:
             self._faults.extend([("after", status)] * count)
 
+    def fail_matching(
+        self, match: Callable[[str, str, Mapping[str, str]], bool], status: int = 503
+    ) -> None:
+        """Fail the first request with ``match(method, path_qs, headers)`` true, once, before
+        forwarding it: with ``status``, or with status 0 by closing the connection unanswered
+        (after reading the whole body, as a connection reset mid-response looks)."""
+        with self._lock:
+            self._matching.append((match, status))
+
+    def _matched_fault(self, request: Any) -> int | None:
+        with self._lock:
+            for i, (match, status) in enumerate(self._matching):
+                if match(request.method, request.path_qs, request.headers):
+                    del self._matching[i]
+                    return status
+        return None
+
     def deny(self, status: int | None = 403) -> None:
         with self._lock:
             self._deny = status
@@ -207,12 +234,34 @@ class FaultProxy:
             return self._faults.pop(0) if self._faults else None
 
     async def _handle(self, request: Any) -> Any:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            return await self._forward(request)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    async def _forward(self, request: Any) -> Any:
         from aiohttp import web
 
         fault = self._next_fault()
         if fault is not None and fault[0] == "before":
             return self._fault_response(request, fault[1])
         body = await request.read()
+        with self._lock:
+            self.received.append((request.method, request.path_qs, len(body)))
+        matched = self._matched_fault(request)
+        if matched == 0:
+            with self._lock:
+                self.requests.append((request.method, request.path_qs, 0))
+            request.transport.close()  # the client sees the connection drop
+            raise ConnectionResetError("injected connection reset")
+        if matched is not None:
+            return self._fault_response(request, matched)
         headers = {
             k: v
             for k, v in request.headers.items()

@@ -56,6 +56,12 @@ class CheckpointStorage(Protocol):
         """Like :meth:`write_bytes` from a local file, streamed (chunked on gs://)."""
         ...
 
+    def upload_files(self, items: Mapping[str, Path]) -> None:
+        """:meth:`upload_file` for several keys (concurrently on gs://); all durable on return.
+
+        If it raises, some may have been written, but none is still being written."""
+        ...
+
     def download_file(self, key: str, local_path: Path) -> None:
         """Copy ``key`` to ``local_path`` (replaced atomically); ``ObjectNotFoundError``."""
         ...

@@ -1,4 +1,4 @@
-"""gs:// backend on google-cloud-storage, with our own retries and a create-only commit.
+"""gs:// backend on google-cloud-storage: the library's retries, a create-only commit.
 
 Why the pieces:
 
@@ -8,26 +8,37 @@ Why the pieces:
   (``GOOGLE_APPLICATION_CREDENTIALS`` pointing at a mounted Secret, or workload identity);
   with ``STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT`` set, google-cloud-storage talks to
   that emulator with anonymous credentials. No project is needed for object operations.
-* The library's own retries are switched off (``retry=None``) and one
-  :class:`~.retry.RetryPolicy` retries 429/5xx/connection errors for every call, so retries
-  are bounded, jittered and visible in one place.
+* Retries are the library's own, request by request (:func:`request_retry`): each JSON
+  call, multipart upload and *chunk* of a resumable upload gets the
+  :class:`~.retry.RetryPolicy`'s attempts for 408/429/5xx/connection errors. A 5xx on chunk
+  50 of a checkpoint re-sends chunk 50 to the same upload session (the server keeps the
+  committed bytes), never the object from byte 0. Reads, lists, existence checks and deletes
+  are idempotent; create-only writes go through the library's conditional policy
+  (``ConditionalRetryPolicy``: retried because ``ifGenerationMatch`` is set); plain
+  overwrites are retried too, as our overwrites are idempotent by construction (the same
+  bytes to the same key under an uncommitted entry, one writer fenced by the trainer lease).
 * Objects over 8 MiB go through a chunked resumable upload; smaller ones are one multipart
   request. Create-only writes (``ifGenerationMatch=0``) are always the latter: the marker or
   manifest written that way is the commit point, and it is atomic on GCS and the emulator.
 * A create-only write that hit a transient error may have committed before the error
   reached us; its retry then sees 412. Each create-only write carries a random writer token
-  in its metadata, so the retry can tell "I already won" from "someone else won".
+  in its metadata, so a 412 can tell "I already won" from "someone else won".
+* ``write_many`` (a snapshot's files) uploads in parallel, at most ``parallel_uploads`` at
+  once, and returns only when every upload has ended, so nothing is still in flight when
+  the publisher's lease check and commit marker follow.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,7 +51,7 @@ from .errors import (
     TransientStorageError,
 )
 from .keys import TMP_PREFIX, check_create_only_size, normalize_prefix, validate_key
-from .retry import RetryPolicy, call_with_retry
+from .retry import AttemptBudget, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +66,9 @@ WRITER_TOKEN_KEY = "rolloutrun-writer"
 DISABLE_BUCKET_METADATA_ENV = "DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA"
 
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+PARALLEL_UPLOADS = 8
+"""Uploads of one ``write_many`` in flight at once (the client's HTTP pool holds 10)."""
 
 
 def import_gcs() -> Any:
@@ -132,6 +146,67 @@ def translate_gcs_error(exc: BaseException, uri: str) -> StorageError | None:
     return None
 
 
+def is_transient(exc: BaseException) -> bool:
+    """Whether a library/transport exception is worth retrying (408/429/5xx, connection)."""
+    return isinstance(translate_gcs_error(exc, ""), TransientStorageError)
+
+
+@functools.cache
+def _request_retry_class() -> Any:
+    """``google.api_core.retry.Retry`` giving each wrapped request its own attempt budget.
+
+    A plain ``Retry`` is deadline-bounded and shares nothing per request; the library wraps
+    every request it sends (each chunk included) with ``retry(request)``, so overriding
+    ``__call__`` gives each one ``policy.attempts`` tries. Built lazily: no Google import
+    until a gs:// storage is used.
+    """
+    import_gcs()
+    from google.api_core.retry import Retry
+
+    class RequestRetry(Retry):
+        def __init__(self, policy: RetryPolicy, what: str) -> None:
+            super().__init__(
+                predicate=is_transient,
+                initial=policy.initial_delay,
+                maximum=policy.max_delay,
+                multiplier=policy.multiplier,
+                timeout=None,
+            )
+            self.policy, self.what = policy, what
+
+        def __call__(self, func: Callable[..., Any], on_error: Any = None) -> Any:
+            budget = AttemptBudget(self.policy)
+
+            def predicate(exc: Exception) -> bool:
+                again = budget.allow(is_transient(exc))
+                if again:
+                    log.info(
+                        "retrying %s (attempt %d of %d): %s",
+                        self.what, budget.failures + 1, self.policy.attempts, exc,
+                    )  # fmt: skip
+                return again
+
+            return Retry(
+                predicate=predicate,
+                initial=self.policy.initial_delay,
+                maximum=self.policy.max_delay,
+                multiplier=self.policy.multiplier,
+                timeout=None,
+            )(func, on_error=on_error)
+
+    return RequestRetry
+
+
+def request_retry(policy: RetryPolicy, what: str, *, conditional: bool = False) -> Any:
+    """The library retry for one operation; ``conditional``: only with a precondition set."""
+    retry = _request_retry_class()(policy, what)
+    if not conditional:
+        return retry
+    from google.cloud.storage.retry import ConditionalRetryPolicy, is_generation_specified
+
+    return ConditionalRetryPolicy(retry, is_generation_specified, ["query_params"])
+
+
 class GcsStorage:
     """:class:`~.base.CheckpointStorage` over ``gs://bucket/prefix``."""
 
@@ -143,12 +218,16 @@ class GcsStorage:
         client: Any = None,
         retry: RetryPolicy | None = None,
         timeout: float = 60.0,
+        parallel_uploads: int = PARALLEL_UPLOADS,
     ) -> None:
+        if parallel_uploads < 1:
+            raise ValueError(f"parallel_uploads must be >= 1, got {parallel_uploads}")
         self.bucket_name = bucket
         self.prefix = prefix.strip("/")
         self.base_uri = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
         self.retry = retry or RetryPolicy()
         self.timeout = timeout
+        self.parallel_uploads = parallel_uploads
         self._client = client
         self._lock = threading.Lock()
 
@@ -181,14 +260,11 @@ class GcsStorage:
             blob.chunk_size = UPLOAD_CHUNK_BYTES
         return blob
 
-    def _call(self, uri: str, what: str, op: Callable[[], T]) -> T:
-        """Run ``op`` with errors translated and transient ones retried."""
-
-        def attempt() -> T:
-            with _translated(uri):
-                return op()
-
-        return call_with_retry(attempt, policy=self.retry, what=f"{what} {uri}")
+    def _call(self, uri: str, what: str, op: Callable[[Any], T], *, conditional: bool = False) -> T:
+        """Run ``op(retry)`` (it passes ``retry`` to the library) with errors translated."""
+        retry = request_retry(self.retry, f"{what} {uri}", conditional=conditional)
+        with _translated(uri):
+            return op(retry)
 
     def _bucket_missing(self) -> bool:
         """Whether the bucket is known not to exist (False when we may not ask)."""
@@ -196,8 +272,8 @@ class GcsStorage:
             return not self._call(
                 self.base_uri,
                 "checking bucket",
-                lambda: self.client.bucket(self.bucket_name).exists(
-                    retry=None, timeout=self.timeout
+                lambda retry: self.client.bucket(self.bucket_name).exists(
+                    retry=retry, timeout=self.timeout
                 ),
             )
         except StorageError:
@@ -220,10 +296,10 @@ class GcsStorage:
             self._call(
                 uri,
                 "writing",
-                lambda: self._blob(key, upload=True).upload_from_string(
+                lambda retry: self._blob(key, upload=True).upload_from_string(
                     bytes(data),
                     content_type="application/octet-stream",
-                    retry=None,
+                    retry=retry,
                     timeout=self.timeout,
                 ),
             )
@@ -231,33 +307,40 @@ class GcsStorage:
             raise self._upload_404(exc) from exc
 
     def write_many(self, items: Mapping[str, bytes]) -> None:
-        # Each upload is durable when it returns; nothing to batch.
-        for key, data in items.items():
-            self.write_bytes(key, data)
+        """Upload in parallel (bounded); return once all ended, raise the first error."""
+        if len(items) <= 1 or self.parallel_uploads == 1:
+            for key, data in items.items():
+                self.write_bytes(key, data)
+            return
+        jobs = [functools.partial(self.write_bytes, key, data) for key, data in items.items()]
+        _run_all(jobs, self.parallel_uploads)
+
+    def upload_files(self, items: Mapping[str, Path]) -> None:
+        """:meth:`upload_file` for several keys, in parallel like :meth:`write_many`."""
+        jobs = [functools.partial(self.upload_file, key, path) for key, path in items.items()]
+        _run_all(jobs, self.parallel_uploads)
 
     def write_bytes_if_absent(self, key: str, data: bytes) -> None:
         uri = self.uri_for(key)
         check_create_only_size(uri, len(data))
         token = uuid.uuid4().hex
-        tries = 0
 
-        def op() -> None:
-            nonlocal tries
-            tries += 1
+        def op(retry: Any) -> None:
             blob = self._blob(key, upload=True)
             blob.metadata = {WRITER_TOKEN_KEY: token}
             blob.upload_from_string(
                 bytes(data),
                 content_type="application/octet-stream",
                 if_generation_match=0,
-                retry=None,
+                retry=retry,
                 timeout=self.timeout,
             )
 
         try:
-            self._call(uri, "creating", op)
+            self._call(uri, "creating", op, conditional=True)
         except ObjectExistsError:
-            if tries > 1 and self._written_by(key, token):
+            # The library may have retried after a lost response: only our token says won.
+            if self._written_by(key, token):
                 log.info("create-only write of %s had succeeded before a retry", uri)
                 return
             raise
@@ -269,8 +352,8 @@ class GcsStorage:
         blob = self._call(
             uri,
             "checking writer of",
-            lambda: self.client.bucket(self.bucket_name).get_blob(
-                self._object_name(key), retry=None, timeout=self.timeout
+            lambda retry: self.client.bucket(self.bucket_name).get_blob(
+                self._object_name(key), retry=retry, timeout=self.timeout
             ),
         )
         return blob is not None and (blob.metadata or {}).get(WRITER_TOKEN_KEY) == token
@@ -284,10 +367,10 @@ class GcsStorage:
             self._call(
                 uri,
                 "uploading",
-                lambda: self._blob(key, upload=True).upload_from_filename(
+                lambda retry: self._blob(key, upload=True).upload_from_filename(
                     str(local_path),
                     content_type="application/octet-stream",
-                    retry=None,
+                    retry=retry,
                     timeout=self.timeout,
                 ),
             )
@@ -302,7 +385,7 @@ class GcsStorage:
             data: bytes = self._call(
                 uri,
                 "reading",
-                lambda: self._blob(key).download_as_bytes(retry=None, timeout=self.timeout),
+                lambda retry: self._blob(key).download_as_bytes(retry=retry, timeout=self.timeout),
             )
         except ObjectNotFoundError as exc:
             if self._bucket_missing():
@@ -318,8 +401,8 @@ class GcsStorage:
             self._call(
                 uri,
                 "downloading",
-                lambda: self._blob(key).download_to_filename(
-                    str(tmp), retry=None, timeout=self.timeout
+                lambda retry: self._blob(key).download_to_filename(
+                    str(tmp), retry=retry, timeout=self.timeout
                 ),
             )
             os.replace(tmp, local_path)
@@ -338,7 +421,7 @@ class GcsStorage:
         found: bool = self._call(
             uri,
             "checking",
-            lambda: self._blob(key).exists(retry=None, timeout=self.timeout),
+            lambda retry: self._blob(key).exists(retry=retry, timeout=self.timeout),
         )
         return found
 
@@ -349,9 +432,9 @@ class GcsStorage:
         strip = len(self.prefix) + 1 if self.prefix else 0
         uri = f"gs://{self.bucket_name}/{list_prefix}"
 
-        def op() -> list[str]:
+        def op(retry: Any) -> list[str]:
             blobs = self.client.list_blobs(
-                self.bucket_name, prefix=list_prefix, retry=None, timeout=self.timeout
+                self.bucket_name, prefix=list_prefix, retry=retry, timeout=self.timeout
             )
             return [blob.name[strip:] for blob in blobs]
 
@@ -369,7 +452,7 @@ class GcsStorage:
             self._call(
                 uri,
                 "deleting",
-                lambda: self._blob(key).delete(retry=None, timeout=self.timeout),
+                lambda retry: self._blob(key).delete(retry=retry, timeout=self.timeout),
             )
         except ObjectNotFoundError as exc:
             if self._bucket_missing():
@@ -381,6 +464,17 @@ class GcsStorage:
             self.delete(key)
         log.debug("deleted %d objects under %s/%s", len(keys), self.base_uri, prefix)
         return len(keys)
+
+
+def _run_all(jobs: Sequence[Callable[[], None]], workers: int) -> None:
+    """Run ``jobs`` on at most ``workers`` threads; wait for all, then raise the first error."""
+    if not jobs:
+        return
+    with ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="gcs") as pool:
+        futures = [pool.submit(job) for job in jobs]
+    errors = [error for future in futures if (error := future.exception()) is not None]
+    if errors:
+        raise errors[0]
 
 
 @contextlib.contextmanager

@@ -140,6 +140,10 @@ class LocalStorage:
         except OSError as exc:
             raise _translate_os_error(exc, uri) from exc
 
+    def upload_files(self, items: Mapping[str, Path]) -> None:
+        for key, local_path in items.items():
+            self.upload_file(key, local_path)
+
     def download_file(self, key: str, local_path: Path) -> None:
         src = self.path_for(key)
         uri = self.uri_for(key)

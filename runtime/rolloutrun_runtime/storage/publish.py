@@ -80,16 +80,9 @@ def publish_entry(
         keys[join_key(entry, name)] = content
     if storage.exists(marker):
         raise ObjectExistsError(storage.uri_for(marker), "entry is already committed")
-    batch: dict[str, bytes] = {}  # in key order; written together, durable before the marker
-    for key in sorted(keys):
-        content = keys[key]
-        if isinstance(content, Path):
-            storage.write_many(batch)
-            batch = {}
-            storage.upload_file(key, content)
-        else:
-            batch[key] = bytes(content)
-    storage.write_many(batch)
+    # all durable before the marker; gs:// uploads each group in parallel
+    storage.write_many({k: bytes(v) for k, v in sorted(keys.items()) if not isinstance(v, Path)})
+    storage.upload_files({k: v for k, v in sorted(keys.items()) if isinstance(v, Path)})
     if before_commit is not None:
         before_commit()
     storage.write_bytes_if_absent(marker, marker_payload)

@@ -1,32 +1,25 @@
-"""Bounded retries with exponential backoff and full jitter for transient failures.
+"""How patiently transient storage failures are retried, and how many tries one request gets.
 
 Object stores answer 429/5xx under load and connections drop; GCS's guidance is to retry
-with truncated exponential backoff and jitter. Retrying lives here, above the backends'
-error translation, so every operation shares one policy and a test can shrink the delays.
+with truncated exponential backoff and jitter, request by request. The retrying itself is
+google-cloud-storage's (see :mod:`.gcs`): each HTTP request (one JSON call, one multipart
+upload, one chunk of a resumable upload) is retried on its own, so a 503 on chunk 50 of a
+checkpoint re-sends chunk 50, not the whole object. This module holds the policy (kept free
+of Google imports so file:// users configure it too) and the per-request attempt budget.
 """
 
 from __future__ import annotations
 
-import logging
-import random
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
-
-from .errors import TransientStorageError
-
-log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """How often and how patiently transient failures are retried.
 
-    ``attempts`` counts the first try; the delay before retry ``n`` (0-based) is drawn
-    uniformly from ``[0, min(max_delay, initial_delay * multiplier**n)]``.
+    ``attempts`` counts the first try of each request; the delay before retry ``n``
+    (0-based) is exponential from ``initial_delay`` by ``multiplier``, capped at
+    ``max_delay``, with jitter.
     """
 
     attempts: int = 6
@@ -48,34 +41,14 @@ def backoff_cap(policy: RetryPolicy, retry_index: int) -> float:
     return min(policy.max_delay, policy.initial_delay * policy.multiplier**retry_index)
 
 
-def call_with_retry(
-    op: Callable[[], T],
-    *,
-    policy: RetryPolicy,
-    what: str,
-    sleep: Callable[[float], None] = time.sleep,
-    rand: Callable[[], float] = random.random,
-) -> T:
-    """Run ``op``; on :class:`TransientStorageError` back off and retry, up to the policy.
+class AttemptBudget:
+    """The tries one request has left: ``allow`` decides whether a failure is retried."""
 
-    The last transient error is re-raised once attempts are exhausted; any other exception
-    propagates at once.
-    """
-    for attempt in range(policy.attempts):
-        try:
-            return op()
-        except TransientStorageError as exc:
-            if attempt + 1 >= policy.attempts:
-                log.warning("giving up %s after %d attempts: %s", what, attempt + 1, exc)
-                raise
-            delay = rand() * backoff_cap(policy, attempt)
-            log.info(
-                "retrying %s in %.3fs (attempt %d of %d): %s",
-                what,
-                delay,
-                attempt + 2,
-                policy.attempts,
-                exc,
-            )
-            sleep(delay)
-    raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.failures = 0
+
+    def allow(self, transient: bool) -> bool:
+        """Record a failure; True when it is transient and the request has tries left."""
+        self.failures += 1
+        return transient and self.failures < self.policy.attempts

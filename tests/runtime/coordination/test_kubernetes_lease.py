@@ -20,6 +20,8 @@ from rolloutrun_runtime.coordination import (
     holder_identity,
 )
 
+from .surface import Recording, violations
+
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
@@ -116,3 +118,54 @@ def test_racing_trainers_elect_exactly_one_holder(api, lease_name):
 def test_a_missing_lease_is_a_clear_error(api):
     with pytest.raises(LeaseError, match="operator creates it"):
         trainer(api, "no-such-lease", 1).acquire(timeout=1)
+
+
+def test_the_lease_uses_only_what_the_minimum_kubernetes_offers(api, lease_name):
+    """Every path (acquire, renew, progress, conflict, release, missing lease) touches only
+    ApiClient/CoordinationV1Api attributes and keywords kubernetes 29.0.0 has."""
+    log: list[tuple[str, str, tuple[str, ...]]] = []
+
+    def recorded(name: str) -> KubernetesLease:
+        lease = KubernetesLease(
+            name, "default", "p/1", 1, api_client=Recording(api, "ApiClient", log)
+        )
+        if hasattr(lease, "leases"):  # (a client that bypasses the typed API has none)
+            lease.leases = Recording(lease.leases, "CoordinationV1Api", log)
+        return lease
+
+    lease = recorded(lease_name)
+    lease.acquire(timeout=10)
+    lease.renew()
+    lease.record_progress(train_step=1, latest_manifest="gs://b/run/m1.json")
+    record, version = lease._read()
+    lease.renew()
+    assert lease._write(record, version) is False  # the 409 path
+    lease.stop(release=True)
+    with pytest.raises(LeaseError, match="operator creates it"):
+        recorded("no-such-lease").acquire(timeout=1)
+    touched = {name for _, name, _ in log}
+    assert {"read_namespaced_lease", "replace_namespaced_lease"} <= touched
+    assert violations(log) == []
+
+
+def test_only_a_transport_failure_reads_as_unreachable(api, lease_name):
+    from kubernetes import client as k8s
+
+    nowhere = k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:1"))
+    with pytest.raises(LeaseError, match="unreachable"):
+        KubernetesLease(lease_name, "default", "p/1", 1, api_client=nowhere).try_acquire()
+    broken = trainer(api, lease_name, 1)
+    broken.leases = object()  # a programming error surfaces as itself
+    with pytest.raises(AttributeError):
+        broken.try_acquire()
+
+
+def test_a_moment_on_a_whole_second_still_serializes_as_a_micro_time():
+    import datetime as dt
+
+    from rolloutrun_runtime.coordination import micro_time
+
+    whole = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    assert micro_time(whole).isoformat() == "2026-01-02T03:04:05.000001+00:00"  # type: ignore[union-attr]
+    assert micro_time(whole.replace(microsecond=7)) == whole.replace(microsecond=7)
+    assert micro_time(None) is None

@@ -223,3 +223,74 @@ def test_errors_are_storage_errors(proxied: CheckpointStorage, proxy: FaultProxy
     with pytest.raises(StorageError, match="HTTP 400") as info:
         proxied.write_bytes("k", b"v")
     assert type(info.value) is StorageError
+
+
+CHUNK = 8 * 1024 * 1024
+
+
+def _chunk_at(offset: int) -> Callable[[str, str, Any], bool]:
+    """Picks the resumable-upload PUT carrying the chunk that starts at ``offset``."""
+    return lambda method, _path, headers: (
+        method == "PUT" and headers.get("Content-Range", "").startswith(f"bytes {offset}-")
+    )
+
+
+@pytest.mark.parametrize("status", [503, 0], ids=["http-503", "connection-dropped"])
+def test_an_interrupted_large_upload_resumes_from_its_last_chunk(
+    proxied: CheckpointStorage, proxy: FaultProxy, tmp_path: Path, status: int
+) -> None:
+    """Chunk 3 of 5 fails; the same upload session gets chunk 3 again and goes on: one
+    session, every byte sent once plus the one chunk, never the object from byte 0."""
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(5 * CHUNK - 12345))
+    proxy.fail_matching(_chunk_at(2 * CHUNK), status=status)
+    proxied.upload_file("big/weights.bin", src)
+    sessions = [p for m, p, _ in proxy.received if m == "POST" and "uploadType=resumable" in p]
+    assert len(sessions) == 1
+    chunks = [(p, n) for m, p, n in proxy.received if m == "PUT" and "/upload/" in p]
+    assert [n for _, n in chunks] == [CHUNK, CHUNK, CHUNK, CHUNK, CHUNK, CHUNK - 12345]
+    assert sum(n for _, n in chunks) == src.stat().st_size + CHUNK
+    assert status in [s for _, _, s in proxy.requests]  # the fault did happen
+    back = tmp_path / "back.bin"
+    proxied.download_file("big/weights.bin", back)
+    assert back.read_bytes() == src.read_bytes()
+
+
+def test_a_publication_with_an_interrupted_chunk_commits_once_and_fences_a_second_writer(
+    proxied: CheckpointStorage, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    files: dict[str, bytes | Path] = {f"shard_{i}.bin": os.urandom(1024) for i in range(6)}
+    big = tmp_path / "weights.bin"
+    big.write_bytes(os.urandom(2 * CHUNK + 1))
+    files["weights.bin"] = big
+    proxy.fail_matching(_chunk_at(CHUNK), status=503)
+    publish_entry(proxied, "snaps/step_1", files)
+    assert list_committed(proxied, "snaps") == ["snaps/step_1"]
+    # a second writer (another incarnation) finds the entry committed and changes nothing
+    with pytest.raises(ObjectExistsError):
+        publish_entry(proxied, "snaps/step_1", {"shard_0.bin": b"stale"})
+    # and racing for the marker itself, its create-only write is refused, retried or not
+    proxy.fail_next(1, status=503)
+    with pytest.raises(ObjectExistsError, match="already exists"):
+        proxied.write_bytes_if_absent("snaps/step_1/COMMITTED", b"stale")
+    assert proxied.read_bytes("snaps/step_1/shard_0.bin") == files["shard_0.bin"]
+
+
+def test_write_many_uploads_in_parallel_and_waits_for_all(
+    fake_gcs: FakeGcs, proxy: FaultProxy
+) -> None:
+    storage = open_storage(
+        f"gs://{BUCKET}/par-{uuid.uuid4().hex[:8]}", client=fake_gcs.client(proxy.url),
+        retry=FAST_RETRY,
+    )  # fmt: skip
+    items = {f"k{i}": bytes([i]) * 100 for i in range(12)}
+    storage.write_many(items)
+    assert proxy.max_in_flight > 1
+    assert all(storage.read_bytes(k) == v for k, v in items.items())
+
+    posts = iter(range(100))
+    proxy.fail_matching(lambda m, _p, _h: m == "POST" and next(posts) == 3, status=403)
+    with pytest.raises(StoragePermissionError):
+        storage.write_many({f"again/{k}": v for k, v in items.items()})
+    # every other upload ended before write_many raised: eleven are there, whole
+    assert len(storage.list("again")) == 11

@@ -71,8 +71,10 @@ def test_sigkill_mid_file_leaves_nothing_committed(tmp_path: Path) -> None:
 
     storage = open_storage(str(root))
     assert list_committed(storage, "snaps") == []
-    assert storage.list() == ["snaps/step_0/a"]  # whole file a; b only as a hidden temp
+    # in-memory contents go first, whole; the file being copied (b) only as a hidden temp
+    assert storage.list() == ["snaps/step_0/a", "snaps/step_0/c"]
     assert storage.read_bytes("snaps/step_0/a") == content(0, 0)
+    assert storage.read_bytes("snaps/step_0/c") == content(0, 2)
     assert any(p.name.startswith(".rr-tmp-b") for p in entry_dir.iterdir())
 
     publish_entry(storage, "snaps/step_0", {"a": b"A", "b": b"B", "c": b"C"})

@@ -10,7 +10,6 @@ import pytest
 
 from rolloutrun_runtime.storage import (
     RetryPolicy,
-    TransientStorageError,
     UnsupportedStorageError,
     open_storage,
     parse_gs_uri,
@@ -18,7 +17,7 @@ from rolloutrun_runtime.storage import (
 from rolloutrun_runtime.storage.gcs import GcsStorage, status_error
 from rolloutrun_runtime.storage.keys import key_problem
 from rolloutrun_runtime.storage.local import LocalStorage
-from rolloutrun_runtime.storage.retry import backoff_cap, call_with_retry
+from rolloutrun_runtime.storage.retry import AttemptBudget, backoff_cap
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -134,44 +133,11 @@ def test_backoff_grows_and_is_capped() -> None:
     assert [backoff_cap(policy, i) for i in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
 
 
-def test_call_with_retry_retries_transient_then_succeeds() -> None:
-    sleeps: list[float] = []
-    calls = 0
-
-    def flaky() -> str:
-        nonlocal calls
-        calls += 1
-        if calls < 3:
-            raise TransientStorageError("gs://b/k", "HTTP 503")
-        return "ok"
-
-    policy = RetryPolicy(attempts=5, initial_delay=1.0, max_delay=10.0)
-    result = call_with_retry(flaky, policy=policy, what="t", sleep=sleeps.append, rand=lambda: 0.5)
-    assert result == "ok"
-    assert sleeps == [0.5, 1.0]  # full jitter with rand()=0.5 over caps 1, 2
-
-
-def test_call_with_retry_gives_up_and_does_not_retry_permanent() -> None:
-    calls = 0
-
-    def always() -> None:
-        nonlocal calls
-        calls += 1
-        raise TransientStorageError("gs://b/k", "HTTP 503")
-
-    with pytest.raises(TransientStorageError):
-        call_with_retry(always, policy=RetryPolicy(attempts=3), what="t", sleep=lambda _: None)
-    assert calls == 3
-
-    def permanent() -> None:
-        nonlocal calls
-        calls += 1
-        raise ValueError("bug")
-
-    calls = 0
-    with pytest.raises(ValueError):
-        call_with_retry(permanent, policy=RetryPolicy(attempts=3), what="t", sleep=lambda _: None)
-    assert calls == 1
+def test_each_request_gets_the_policys_attempts_and_only_transient_failures_retry() -> None:
+    budget = AttemptBudget(RetryPolicy(attempts=3))
+    assert [budget.allow(True) for _ in range(3)] == [True, True, False]
+    assert AttemptBudget(RetryPolicy(attempts=3)).allow(False) is False
+    assert AttemptBudget(RetryPolicy(attempts=1)).allow(True) is False
 
 
 @pytest.mark.parametrize("bad", [{"attempts": 0}, {"initial_delay": -1}, {"multiplier": 0.5}])
