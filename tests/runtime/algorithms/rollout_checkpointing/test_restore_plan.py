@@ -58,7 +58,8 @@ def _with(cfg: RunConfig, **checkpointing: Any) -> RunConfig:
 
 def _rendered(cfg: RunConfig, hint: str) -> RunConfig:
     """``cfg`` as the operator renders it for a run that wrote it as ``spec.run``."""
-    run = make_run(storage={"uri": cfg.resolved_storage_uri()}, run=cfg.to_yaml_dict())
+    storage = {"uri": cfg.resolved_storage_uri(), "volumeClaimName": "checkpoints"}
+    run = make_run(storage=storage, run=cfg.to_yaml_dict())
     rendered = builders.render_run_config(run, list(cfg.gym.endpoints), hint)
     assert rendered.checkpointing.resume_from == cfg.checkpointing.resume_from
     return rendered
