@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from rolloutrun_operator import naming
+from rolloutrun_operator import naming, pod_templates
 from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, PodSettings, RolloutRun
 from rolloutrun_runtime.contract.layout import AUDIT_FILE_SUFFIX, GYM_AUDIT_PREFIX
 from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
@@ -134,7 +134,9 @@ def referenced_secrets(run: RolloutRun) -> list[str]:
         if secret is not None:
             names.append(secret.name)
     for settings in (run.spec.trainer, run.spec.gym):
-        for var in settings.env:
+        template = settings.template
+        extra = [v for c in template.spec.containers for v in c.env] if template else []
+        for var in [*settings.env, *extra]:
             if var.value_from is not None and var.value_from.secret_key_ref is not None:
                 names.append(var.value_from.secret_key_ref.name)
     return sorted(set(names))
@@ -513,7 +515,7 @@ def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:
         },
         {"name": naming.ENV_GENERATION_PORT, "value": str(port)},
     ]
-    return pod
+    return shape(pod, run.spec.trainer, "spec.trainer")
 
 
 def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
@@ -557,4 +559,13 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
     pod["spec"]["containers"][0]["env"].insert(
         0, {"name": naming.ENV_GYM_INSTANCE_ID, "value": instance}
     )
-    return pod
+    return shape(pod, run.spec.gym, "spec.gym")
+
+
+def shape(pod: Manifest, settings: PodSettings, where: str) -> Manifest:
+    """The member pod with ``settings.template`` merged in (:mod:`pod_templates`); raises
+    :class:`~rolloutrun_operator.pod_templates.TemplateConflict`, which validation reports
+    before any pod is built."""
+    if settings.template is None:
+        return pod
+    return pod_templates.merge_template(pod, settings.template, f"{where}.template")
