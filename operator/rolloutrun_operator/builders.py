@@ -17,6 +17,7 @@ select by the run's labels; the bearer token each server checks is what authenti
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import yaml
@@ -92,17 +93,29 @@ def member_role(run: RolloutRun) -> Manifest:
     }
 
 
-def member_role_binding(run: RolloutRun) -> Manifest:
+def member_account(run: RolloutRun) -> str:
+    """The ServiceAccount the member pods run as: ``spec.serviceAccountName`` or the run's."""
+    return run.spec.service_account_name or naming.member_account_name(run_name(run))
+
+
+def member_role_binding(run: RolloutRun, live: Iterable[str] = ()) -> Manifest:
     """Binds the member Role to the account the pods run as: the run's own, or the
-    ``spec.serviceAccountName`` that opted in (so its trainer can renew the Lease too)."""
+    ``spec.serviceAccountName`` that opted in (so its trainer can renew the Lease too).
+
+    ``live``: accounts of trainers still running (a spec that switched accounts takes effect
+    at the next incarnation); they stay bound until their pods are gone, so a switch never
+    cuts a renewing trainer off its Lease."""
     name = naming.member_account_name(run_name(run))
-    account = run.spec.service_account_name or name
+    accounts = sorted({member_account(run), *live})
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": metadata(run, name),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": run_namespace(run)}],
+        "subjects": [
+            {"kind": "ServiceAccount", "name": account, "namespace": run_namespace(run)}
+            for account in accounts
+        ],
     }
 
 
@@ -425,8 +438,7 @@ def _pod(
     }
     spec: Manifest = {
         "restartPolicy": "Never",
-        "serviceAccountName": run.spec.service_account_name
-        or naming.member_account_name(run_name(run)),
+        "serviceAccountName": member_account(run),
         "automountServiceAccountToken": role is naming.Role.TRAINER,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,

@@ -138,3 +138,43 @@ def test_a_gpu_trainer_tolerating_the_gpu_taint_is_created_and_a_protected_field
             assert pods.items == []
     finally:
         kubectl(cluster, "taint", "nodes", "--all", f"{taint}-")
+
+
+def test_the_lease_binding_follows_a_switched_service_account(cluster, api):
+    """A run switched to a consenting account (say, one with a Workload Identity) binds its
+    Lease Role to it at once, keeps the running trainer's account bound until that trainer
+    is gone, then binds the new account alone; the next trainer runs as it."""
+    namespace = f"sa-{uuid.uuid4().hex[:6]}"
+    from kubernetes import client as k8s
+
+    core: Any = k8s.CoreV1Api(api)
+    rbac: Any = k8s.RbacAuthorizationV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    create_storage_claim(core, namespace)
+    allow = {"rolloutrun.dev/allow-runs": "true", "iam.gke.io/gcp-service-account": "x@p.iam"}
+    core.create_namespaced_service_account(
+        namespace, {"metadata": {"name": "robot", "annotations": allow}}
+    )
+
+    def bound() -> list[str]:
+        binding = rbac.read_namespaced_role_binding("switch-member", namespace)
+        return sorted(subject.name for subject in binding.subjects)
+
+    def account(pod: str) -> str | None:
+        try:
+            return str(core.read_namespaced_pod(pod, namespace).spec.service_account_name)
+        except k8s.ApiException:
+            return None
+
+    with operator_thread(cluster, namespace) as operator:
+        body = rolloutrun("switch", {})
+        kubectl(cluster, "-n", namespace, "apply", "-f", "-", stdin=json.dumps(body))
+        eventually(lambda: account("switch-i1-trainer") == "switch-member", what="trainer 1")
+        assert bound() == ["switch-member"]
+        patch = json.dumps({"spec": {"serviceAccountName": "robot"}})
+        kubectl(cluster, "-n", namespace, "patch", "rr", "switch", "--type", "merge", "-p", patch)
+        eventually(lambda: bound() == ["robot", "switch-member"], what="both bound")
+        core.delete_namespaced_pod("switch-i1-trainer", namespace)
+        eventually(lambda: account("switch-i2-trainer") == "robot", what="trainer 2 as robot")
+        eventually(lambda: bound() == ["robot"], what="the old account unbound")
+    assert operator.error is None
