@@ -44,7 +44,7 @@ def _key_problems(
     for key, value in wanted.items():
         path = f"{where}.metadata.{kind}[{key!r}]"
         if key in taken or key.startswith(PROTECTED_KEY_PREFIXES):
-            problems.append(f"{path}: protected, the operator sets the pod's {key!r} {kind}")
+            problems.append(f"{path}: protected, the operator sets the pod's {kind[:-1]} {key!r}")
             continue
         errors = kube_names.is_qualified_name(key.rpartition("/")[2])
         if kind == "labels":
@@ -68,7 +68,7 @@ def _container_problems(
     """The template's container entry against the operator's container."""
     problems: list[str] = []
     for index, entry in enumerate(template.spec.containers):
-        path = f"{where}.spec.containers[{index}]"
+        path = f"{where}.spec.containers.{index}"
         if entry.name != container["name"]:
             problems.append(
                 f"{path}.name: {entry.name!r} is no container of this pod; "
@@ -85,16 +85,16 @@ def _container_problems(
         for position, var in enumerate(entry.env):
             if var.name in RESERVED_ENV:
                 problems.append(
-                    f"{path}.env[{position}].name: {var.name!r} is reserved, the operator "
+                    f"{path}.env.{position}.name: {var.name!r} is reserved, the operator "
                     "sets it on every member pod"
                 )
             elif var.name in env:
                 problems.append(
-                    f"{path}.env[{position}].name: {var.name!r} is also set by "
+                    f"{path}.env.{position}.name: {var.name!r} is also set by "
                     f"{settings}.env; set it in one place"
                 )
         for position, mount in enumerate(entry.volume_mounts):
-            mount_path = f"{path}.volumeMounts[{position}]"
+            mount_path = f"{path}.volumeMounts.{position}"
             if mount.name not in volumes:
                 problems.append(
                     f"{mount_path}.name: {mount.name!r} is no volume of {where}.spec.volumes "
@@ -129,7 +129,7 @@ def template_problems(pod: Manifest, template: PodTemplate, where: str) -> list[
     volumes: set[str] = set()
     for index, volume in enumerate(template.spec.volumes):
         name = str(volume["name"])
-        path = f"{where}.spec.volumes[{index}].name"
+        path = f"{where}.spec.volumes.{index}.name"
         if name in operator_volumes:
             problems.append(
                 f"{path}: {name!r} is protected, the operator's volumes are "

@@ -96,7 +96,7 @@ def parse_rolloutrun(document: Any, source: str = "RolloutRun") -> RolloutRun:
         raise RolloutRunInvalid(
             source,
             [
-                f"{'.'.join(str(p) for p in item['loc']) or '(root)'}: {item['msg']}"
+                f"{'.'.join(str(p) for p in item['loc']) or '(root)'}: {_message(item['msg'])}"
                 for item in error.errors()
             ],
         ) from error
@@ -104,6 +104,11 @@ def parse_rolloutrun(document: Any, source: str = "RolloutRun") -> RolloutRun:
     if problems:
         raise RolloutRunInvalid(source, problems)
     return run
+
+
+def _message(text: str) -> str:
+    """A model's own check without pydantic's "Value error, " in front of what it says."""
+    return text.removeprefix("Value error, ")
 
 
 def storage_claim_problems(run: RolloutRun) -> list[str]:
