@@ -221,6 +221,8 @@ def _rebind(p: Pass) -> None:
     with a Lease its trainer cannot renew, nor an old account with one it no longer needs."""
     if p.observed.binding_accounts is None:
         return  # created with the static children
+    if account_problem(p.run, p.observed) is not None:
+        return  # an account that did not consent gets nothing (the launch reports it)
     live = [
         pod.service_account
         for pod in p.observed.pods

@@ -160,3 +160,11 @@ def test_a_binding_that_already_follows_the_spec_is_left_alone():
     live = tuple(dataclasses.replace(pod, service_account="demo-member") for pod in members(1))
     seen = observed(live, binding_accounts=("demo-member",))
     assert _binding_replacement(reconcile(run, seen, NOW)) is None
+
+
+def test_a_switch_to_an_account_that_did_not_consent_binds_nothing():
+    run = make_run(status=running_status(1), serviceAccountName="mine")
+    live = tuple(dataclasses.replace(pod, service_account="demo-member") for pod in members(1))
+    for account in (None, {}, {ALLOW: "other"}):
+        seen = observed(live, account=account, binding_accounts=("demo-member",))
+        assert _binding_replacement(reconcile(run, seen, NOW)) is None
