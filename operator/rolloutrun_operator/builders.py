@@ -17,12 +17,13 @@ select by the run's labels; the bearer token each server checks is what authenti
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
 
-from rolloutrun_operator import naming
+from rolloutrun_operator import naming, pod_templates
 from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, PodSettings, RolloutRun
 from rolloutrun_runtime.contract.layout import AUDIT_FILE_SUFFIX, GYM_AUDIT_PREFIX
 from rolloutrun_runtime.contract.pod import (
@@ -97,17 +98,29 @@ def member_role(run: RolloutRun) -> Manifest:
     }
 
 
-def member_role_binding(run: RolloutRun) -> Manifest:
+def member_account(run: RolloutRun) -> str:
+    """The ServiceAccount the member pods run as: ``spec.serviceAccountName`` or the run's."""
+    return run.spec.service_account_name or naming.member_account_name(run_name(run))
+
+
+def member_role_binding(run: RolloutRun, live: Iterable[str] = ()) -> Manifest:
     """Binds the member Role to the account the pods run as: the run's own, or the
-    ``spec.serviceAccountName`` that opted in (so its trainer can renew the Lease too)."""
+    ``spec.serviceAccountName`` that opted in (so its trainer can renew the Lease too).
+
+    ``live``: accounts of trainers still running (a spec that switched accounts takes effect
+    at the next incarnation); they stay bound until their pods are gone, so a switch never
+    cuts a renewing trainer off its Lease."""
     name = naming.member_account_name(run_name(run))
-    account = run.spec.service_account_name or name
+    accounts = sorted({member_account(run), *live})
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": metadata(run, name),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": run_namespace(run)}],
+        "subjects": [
+            {"kind": "ServiceAccount", "name": account, "namespace": run_namespace(run)}
+            for account in accounts
+        ],
     }
 
 
@@ -139,7 +152,9 @@ def referenced_secrets(run: RolloutRun) -> list[str]:
         if secret is not None:
             names.append(secret.name)
     for settings in (run.spec.trainer, run.spec.gym):
-        for var in settings.env:
+        template = settings.template
+        extra = [v for c in template.spec.containers for v in c.env] if template else []
+        for var in [*settings.env, *extra]:
             if var.value_from is not None and var.value_from.secret_key_ref is not None:
                 names.append(var.value_from.secret_key_ref.name)
     return sorted(set(names))
@@ -435,8 +450,7 @@ def _pod(
     }
     spec: Manifest = {
         "restartPolicy": "Never",
-        "serviceAccountName": run.spec.service_account_name
-        or naming.member_account_name(run_name(run)),
+        "serviceAccountName": member_account(run),
         "automountServiceAccountToken": role is naming.Role.TRAINER,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
@@ -529,7 +543,7 @@ def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:
         {"name": naming.ENV_GENERATION_PORT, "value": str(port)},
         {"name": ENV_METRICS_PORT, "value": str(TRAINER_METRICS_PORT)},
     ]
-    return pod
+    return shape(pod, run.spec.trainer, "spec.trainer")
 
 
 def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
@@ -573,4 +587,13 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
     pod["spec"]["containers"][0]["env"].insert(
         0, {"name": naming.ENV_GYM_INSTANCE_ID, "value": instance}
     )
-    return pod
+    return shape(pod, run.spec.gym, "spec.gym")
+
+
+def shape(pod: Manifest, settings: PodSettings, where: str) -> Manifest:
+    """The member pod with ``settings.template`` merged in (:mod:`pod_templates`); raises
+    :class:`~rolloutrun_operator.pod_templates.TemplateConflict`, which validation reports
+    before any pod is built."""
+    if settings.template is None:
+        return pod
+    return pod_templates.merge_template(pod, settings.template, f"{where}.template")

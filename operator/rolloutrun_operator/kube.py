@@ -82,7 +82,7 @@ PERMISSIONS: list[tuple[str, str, tuple[str, ...]]] = [
     ("", "events", ("create",)),
     ("coordination.k8s.io", "leases", ("get", "list", "watch", "create", "update", "patch")),
     ("rbac.authorization.k8s.io", "roles", ("get", "create")),
-    ("rbac.authorization.k8s.io", "rolebindings", ("get", "create")),
+    ("rbac.authorization.k8s.io", "rolebindings", ("get", "create", "update")),
     ("networking.k8s.io", "networkpolicies", ("get", "create")),
 ]
 

@@ -94,6 +94,8 @@ class PodView:
     uid: str | None = None
     """The pod's uid: its deletion is conditional on it (a same-named pod that replaced it
     in the meantime is not the run's to delete)."""
+    service_account: str | None = None
+    """The ServiceAccount it runs as: a live trainer's stays bound to the Lease Role."""
 
     @property
     def terminated(self) -> bool:
@@ -141,6 +143,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         ready=ready,
         started=started,
         uid=meta.get("uid") or None,
+        service_account=(pod.get("spec") or {}).get("serviceAccountName") or None,
     )
 
 
@@ -219,6 +222,8 @@ class Observed:
     account: Mapping[str, str] | None = None
     """Annotations of the ServiceAccount ``spec.serviceAccountName`` names; None when the
     spec names none or it does not exist."""
+    binding_accounts: tuple[str, ...] | None = None
+    """The ServiceAccounts the member RoleBinding binds (sorted); None when it is absent."""
 
     def members(self, incarnation: int) -> list[PodView]:
         return [pod for pod in self.pods if pod.incarnation == incarnation]
@@ -274,7 +279,19 @@ def observed_from(
         account=dict((account.get("metadata") or {}).get("annotations") or {})
         if account is not None
         else None,
+        binding_accounts=_binding_accounts({ref: children[ref] for ref in present}),
     )
+
+
+def _binding_accounts(children: Mapping[str, Mapping[str, Any] | None]) -> tuple[str, ...] | None:
+    """The ServiceAccount subjects of the run's own member RoleBinding, if it has one."""
+    binding = next(
+        (obj for ref, obj in children.items() if ref.startswith("RoleBinding/") and obj), None
+    )
+    if binding is None:
+        return None
+    subjects = binding.get("subjects") or []
+    return tuple(sorted(str(s.get("name")) for s in subjects if s.get("kind") == "ServiceAccount"))
 
 
 def _name(obj: Mapping[str, Any]) -> str:

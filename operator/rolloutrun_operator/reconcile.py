@@ -213,6 +213,28 @@ def _ensure_static_children(p: Pass) -> None:
             p.create(manifest)
 
 
+def _rebind(p: Pass) -> None:
+    """The member RoleBinding follows ``spec.serviceAccountName``: bound to the account the
+    next pods run as, and to the accounts of trainers still running (a switch takes effect
+    at the next incarnation; a running trainer keeps renewing, and publishing to, its Lease
+    until it is gone). Replaced when its subjects differ, so a switched account is not left
+    with a Lease its trainer cannot renew, nor an old account with one it no longer needs."""
+    if p.observed.binding_accounts is None:
+        return  # created with the static children
+    if account_problem(p.run, p.observed) is not None:
+        return  # an account that did not consent gets nothing (the launch reports it)
+    live = [
+        pod.service_account
+        for pod in p.observed.pods
+        if pod.role == naming.Role.TRAINER and not pod.terminated and pod.service_account
+    ]
+    binding = builders.member_role_binding(p.run, live)
+    wanted = tuple(subject["name"] for subject in binding["subjects"])
+    if wanted != p.observed.binding_accounts:
+        name = binding["metadata"]["name"]
+        p.actions.append(Action(Verb.REPLACE, "RoleBinding", name, binding))
+
+
 def _put_config(p: Pass, endpoints: list[str] | None) -> None:
     data = builders.config_data(p.run, endpoints, p.status.latest_manifest_uri)
     if endpoints is None and p.observed.config is not None:
@@ -230,6 +252,7 @@ def _run_incarnation(p: Pass) -> None:
     n = p.status.incarnation
     stale = [pod for pod in p.observed.pods if pod.incarnation != n]
     _stop(p, stale)
+    _rebind(p)
     members = p.observed.members(n)
     trainer = next((pod for pod in members if pod.role == naming.Role.TRAINER), None)
     gyms = {pod.gym_index: pod for pod in members if pod.role == naming.Role.GYM}

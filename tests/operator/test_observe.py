@@ -190,3 +190,27 @@ def test_the_named_service_account_is_seen_with_its_annotations():
     seen = observed_from([], None, None, {}, [], [], "t", uid="u1", account=account)
     assert seen.account == {"rolloutrun.dev/allow-runs": "demo"}
     assert observed_from([], None, None, {}, [], [], "t", uid="u1").account is None
+
+
+def test_the_member_binding_subjects_and_each_pods_account_are_seen():
+    owner = [{"kind": "RolloutRun", "name": "demo", "uid": "u1", "controller": True}]
+    binding = {
+        "metadata": {"name": "demo-member", "ownerReferences": owner},
+        "subjects": [
+            {"kind": "ServiceAccount", "name": "mine", "namespace": "ns"},
+            {"kind": "ServiceAccount", "name": "demo-member", "namespace": "ns"},
+            {"kind": "User", "name": "alice"},
+        ],
+    }
+    pod = {
+        "metadata": {"name": "demo-i1-trainer", "ownerReferences": owner},
+        "spec": {"serviceAccountName": "mine"},
+    }
+    children = {"RoleBinding/demo-member": binding}
+    seen = observed_from([pod], None, None, children, [], [], "t", uid="u1")
+    assert seen.binding_accounts == ("demo-member", "mine")
+    assert seen.pods[0].service_account == "mine"
+    # absent, or someone else's: nothing to follow
+    assert observed_from([], None, None, {}, [], [], "t", uid="u1").binding_accounts is None
+    foreign = observed_from([], None, None, children, [], [], "t", uid="u2")
+    assert foreign.binding_accounts is None

@@ -3,6 +3,7 @@ consented; anything else holding a child's name is a ChildConflict, never adopte
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -131,3 +132,39 @@ def test_a_pod_delete_is_conditional_on_the_uid_observed():
 def test_the_allow_runs_annotation(value, allowed):
     assert allows_run({"rolloutrun.dev/allow-runs": value}, "demo") is allowed
     assert allows_run({}, "demo") is False
+
+
+def _binding_replacement(result):
+    replaced = [a for a in result.actions if a.kind == "RoleBinding" and a.verb.name == "REPLACE"]
+    if not replaced:
+        return None
+    (action,) = replaced
+    return [subject["name"] for subject in (action.manifest or {})["subjects"]]
+
+
+def test_the_lease_binding_follows_a_switched_service_account_keeping_live_trainers():
+    # incarnation 1 runs as the run's own account; the spec now names "mine"
+    run = make_run(status=running_status(1), serviceAccountName="mine")
+    live = tuple(dataclasses.replace(pod, service_account="demo-member") for pod in members(1))
+    seen = observed(live, account={ALLOW: "true"}, binding_accounts=("demo-member",))
+    # the running trainer keeps its Lease; the next one's account is bound already
+    assert _binding_replacement(reconcile(run, seen, NOW)) == ["demo-member", "mine"]
+    # once no trainer runs as the old account, the binding narrows to the new one
+    gone = tuple(pod for pod in live if pod.role != "trainer")
+    narrowed = observed(gone, account={ALLOW: "true"}, binding_accounts=("demo-member", "mine"))
+    assert _binding_replacement(reconcile(run, narrowed, NOW)) == ["mine"]
+
+
+def test_a_binding_that_already_follows_the_spec_is_left_alone():
+    run = make_run(status=running_status(1))
+    live = tuple(dataclasses.replace(pod, service_account="demo-member") for pod in members(1))
+    seen = observed(live, binding_accounts=("demo-member",))
+    assert _binding_replacement(reconcile(run, seen, NOW)) is None
+
+
+def test_a_switch_to_an_account_that_did_not_consent_binds_nothing():
+    run = make_run(status=running_status(1), serviceAccountName="mine")
+    live = tuple(dataclasses.replace(pod, service_account="demo-member") for pod in members(1))
+    for account in (None, {}, {ALLOW: "other"}):
+        seen = observed(live, account=account, binding_accounts=("demo-member",))
+        assert _binding_replacement(reconcile(run, seen, NOW)) is None

@@ -75,9 +75,10 @@ names exist (RBAC has no metadata-only read); `create` makes the token Secret. *
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles]
   verbs: [get, create]
+# update: the member RoleBinding follows spec.serviceAccountName
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [rolebindings]
-  verbs: [get, create]
+  verbs: [get, create, update]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, create]

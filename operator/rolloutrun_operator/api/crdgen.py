@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from rolloutrun_operator.api import v1alpha1 as api
 
@@ -100,7 +101,7 @@ def to_structural(node: Any, defs: dict[str, Any]) -> Any:
     return out
 
 
-def model_schema(model: type[api.BaseModel]) -> dict[str, Any]:
+def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The structural schema of one pydantic model (with camelCase aliases)."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.get("$defs", {})

@@ -15,10 +15,18 @@ import enum
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
-from pydantic.json_schema import JsonDict
+from pydantic import Field, field_validator
 
+from rolloutrun_operator.api.common import (
+    _LABEL_VALUE,
+    DNS_SUBDOMAIN_PATTERN,
+    LABEL_KEY_PATTERN,
+    EnvVar,
+    ResourceRequirements,
+    Toleration,
+    _Model,
+)
+from rolloutrun_operator.api.pod_template import RESERVED_OBJECT, PodTemplate, reserved_schema
 from rolloutrun_runtime.contract.pod import (
     API_GROUP,
     DEFAULT_GENERATION_PORT,
@@ -33,97 +41,6 @@ KIND = "RolloutRun"
 PLURAL = "rolloutruns"
 SINGULAR = "rolloutrun"
 SHORT_NAMES = ["rr"]
-
-#: Kubernetes resource quantities ("500m", "2", "4Gi").
-QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[numkMGTPE]i?|Ki)?$"
-#: Label/selector keys and values, and other Kubernetes names.
-LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
-
-
-_QUANTITY_VALUE: JsonDict = {"type": "string", "maxLength": 64, "pattern": QUANTITY_PATTERN}
-_LABEL_VALUE: JsonDict = {"type": "string", "maxLength": 63}
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
-    )
-
-
-class ResourceRequirements(_Model):
-    """Compute resources of a container, as in a Pod spec."""
-
-    requests: dict[str, str] = Field(
-        default_factory=dict,
-        max_length=16,
-        description='Minimum resources, e.g. {"cpu": "2", "memory": "8Gi"}.',
-        json_schema_extra={"additionalProperties": _QUANTITY_VALUE},
-    )
-    limits: dict[str, str] = Field(
-        default_factory=dict,
-        max_length=16,
-        description='Maximum resources, e.g. {"nvidia.com/gpu": "1"}.',
-        json_schema_extra={"additionalProperties": _QUANTITY_VALUE},
-    )
-
-
-class TolerationOperator(enum.StrEnum):
-    """How a toleration matches a taint's value."""
-
-    EXISTS = "Exists"
-    EQUAL = "Equal"
-
-
-class TaintEffect(enum.StrEnum):
-    """The taint effect a toleration matches (empty: all)."""
-
-    NO_SCHEDULE = "NoSchedule"
-    PREFER_NO_SCHEDULE = "PreferNoSchedule"
-    NO_EXECUTE = "NoExecute"
-
-
-class Toleration(_Model):
-    """A Pod toleration, e.g. for spot or GPU node taints."""
-
-    key: str | None = Field(None, max_length=317, description="Taint key; empty matches all.")
-    operator: TolerationOperator = Field(TolerationOperator.EQUAL, description="Exists or Equal.")
-    value: str | None = Field(None, max_length=63, description="Taint value for Equal.")
-    effect: TaintEffect | None = Field(None, description="Effect to match; empty matches all.")
-    toleration_seconds: int | None = Field(
-        None,
-        ge=0,
-        le=86_400,
-        description="For NoExecute: how long the pod stays bound after the taint appears.",
-    )
-
-
-class KeySelector(_Model):
-    """A key of a named Secret or ConfigMap."""
-
-    name: str = Field(
-        ..., min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Its name."
-    )
-    key: str = Field(..., min_length=1, max_length=253, description="The key within it.")
-
-
-class EnvVarSource(_Model):
-    """Where an environment variable's value comes from."""
-
-    secret_key_ref: KeySelector | None = Field(None, description="A Secret's key.")
-    config_map_key_ref: KeySelector | None = Field(None, description="A ConfigMap's key.")
-
-
-class EnvVar(_Model):
-    """An environment variable for a container."""
-
-    name: str = Field(
-        ..., min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name."
-    )
-    value: str | None = Field(None, max_length=32_768, description="A literal value.")
-    value_from: EnvVarSource | None = Field(None, description="A Secret or ConfigMap key.")
 
 
 class PodSettings(_Model):
@@ -143,6 +60,14 @@ class PodSettings(_Model):
     )
     env: list[EnvVar] = Field(
         default_factory=list, max_length=128, description="Extra environment variables."
+    )
+    template: PodTemplate | None = Field(
+        None,
+        description=(
+            "A PodTemplateSpec subset merged into the pod (labels, annotations, scheduling, "
+            "GPUs, pull secrets, volumes, security additions); the operator's fields are "
+            "protected: a template setting one is refused, naming the field."
+        ),
     )
     termination_grace_period_seconds: int = Field(
         30,
@@ -392,6 +317,26 @@ class RolloutRunSpec(_Model):
         default_factory=NetworkSpec,
         description="Ingress to the member pods beyond the run's own (NetworkPolicies).",
     )
+    workers: Any = Field(
+        None,
+        description=(
+            "Reserved for generation-worker pods (a template like spec.trainer.template); "
+            "refused today: the workers run inside the trainer pod, shaped by "
+            "spec.trainer.template."
+        ),
+        json_schema_extra=reserved_schema(RESERVED_OBJECT),
+    )
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_reserved(cls, workers: Any) -> Any:
+        if workers is not None:
+            raise ValueError(
+                "reserved: the operator builds no generation-worker pods; the workers run "
+                "inside the trainer pod (in-process or Ray): shape them with "
+                "spec.trainer.template"
+            )
+        return workers
 
 
 class ConditionStatus(enum.StrEnum):

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from rolloutrun_operator import name_rules
+from rolloutrun_operator import builders, name_rules, pod_templates
 from rolloutrun_operator.api import crdgen
 from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, RolloutRun
 
@@ -96,14 +96,19 @@ def parse_rolloutrun(document: Any, source: str = "RolloutRun") -> RolloutRun:
         raise RolloutRunInvalid(
             source,
             [
-                f"{'.'.join(str(p) for p in item['loc']) or '(root)'}: {item['msg']}"
+                f"{'.'.join(str(p) for p in item['loc']) or '(root)'}: {_message(item['msg'])}"
                 for item in error.errors()
             ],
         ) from error
-    problems = name_problems(run) + storage_claim_problems(run)
+    problems = name_problems(run) + storage_claim_problems(run) + template_problems(run)
     if problems:
         raise RolloutRunInvalid(source, problems)
     return run
+
+
+def _message(text: str) -> str:
+    """A model's own check without pydantic's "Value error, " in front of what it says."""
+    return text.removeprefix("Value error, ")
 
 
 def storage_claim_problems(run: RolloutRun) -> list[str]:
@@ -119,6 +124,23 @@ def storage_claim_problems(run: RolloutRun) -> list[str]:
         "and dies with the pod, losing every checkpoint; name a ReadWriteMany "
         "PersistentVolumeClaim, or use gs://"
     ]
+
+
+def template_problems(run: RolloutRun) -> list[str]:
+    """What the pod templates (``spec.trainer.template``, ``spec.gym.template``) would
+    override of the operator's member pods, found by merging them into the pods the
+    operator builds (:mod:`~rolloutrun_operator.pod_templates`), as ``path: why`` lines.
+    The fields the operator always sets are refused before, by the models."""
+    if run.spec.trainer.template is None and run.spec.gym.template is None:
+        return []
+    named = run.model_copy(update={"metadata": {"name": "run", **run.metadata}})
+    problems: list[str] = []
+    for build in (lambda: builders.trainer_pod(named, 0), lambda: builders.gym_pod(named, 0, 0)):
+        try:
+            build()
+        except pod_templates.TemplateConflict as conflict:
+            problems += conflict.problems
+    return problems
 
 
 def name_problems(run: RolloutRun) -> list[str]:
