@@ -91,7 +91,8 @@ def localize(document: dict[str, Any], work_dir: Path, namespace: str) -> dict[s
     """
     run = copy.deepcopy(document)
     name = run["metadata"]["name"]
-    run["metadata"] = {"name": name, "namespace": namespace}
+    kept = {k: v for k, v in run["metadata"].items() if k in ("labels", "annotations") and v}
+    run["metadata"] = {"name": name, "namespace": namespace, **kept}  # labels: a Kueue queue
     spec = run.setdefault("spec", {})
     work_dir = work_dir.resolve()
     spec["storage"] = {

@@ -18,7 +18,6 @@ from rolloutrun_localcluster.testing import eventually
 from rolloutrun_operator import kueue
 from tests.e2e.conftest import (
     RUN_BOUND_S,
-    assert_recovered_cleanly,
     finish,
     run_starts,
     tiny,
@@ -27,12 +26,13 @@ from tests.e2e.conftest import (
 from tests.support.kueue_admitter import CRDS, Admitter
 
 WORKLOAD = "rolloutrun-tiny"
+MAX_STEPS = 48
 
 
 def test_kueue_admits_evicts_with_a_forced_snapshot_and_readmits(start_run):
     document = tiny()
     document["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team-queue"}
-    document["spec"]["run"]["grpo"]["maxSteps"] = 48  # still training when evicted
+    document["spec"]["run"]["grpo"]["maxSteps"] = MAX_STEPS  # still training when evicted
     run = start_run(document, crds=CRDS)
     admitter = Admitter(run.api, run.namespace)
 
@@ -77,10 +77,15 @@ def test_kueue_admits_evicts_with_a_forced_snapshot_and_readmits(start_run):
     # Readmitted: the next incarnation resumes from that snapshot and finishes.
     admitter.admit(WORKLOAD, "local")
     summary = finish(run)
-    assert_recovered_cleanly(run, summary)
-    second = run_starts(run)[1]
-    assert second["snapshot_id"] is not None
-    assert second["resumed_from"] is not None
-    assert evicted_at < summary["steps"]
+    assert summary["result"] == "Succeeded", summary
+    assert summary["steps"] == MAX_STEPS
+    assert summary["incarnations"] == 2
+    assert (summary["restarts"], summary["preemptions"]) == (0, 0)  # an eviction is neither
+    first, second = run_starts(run)
+    assert first["snapshot_id"] is None
+    assert second["snapshot_id"] is not None and second["resumed_from"] is not None
+    assert evicted_at < MAX_STEPS
+    assert summary["audit"].get("ok") is True, summary["audit"]
+    assert summary["audit_holds"]
     finished = admitter.condition(WORKLOAD, "Finished")
     assert finished is not None and finished["status"] == "True", finished
