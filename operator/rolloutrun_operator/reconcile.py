@@ -30,6 +30,8 @@ The life of a run, as the conditions tell it:
 - the trainer exiting 0 means ``maxSteps`` were trained: ``Succeeded``, Gym pods removed.
 - ``suspend``: pods stopped the same way (the trainer first: its forced snapshot),
   ``Suspended``; unsuspending starts the next incarnation from the latest manifest.
+- Kueue (a run labelled ``kueue.x-k8s.io/queue-name``, :mod:`kueue`): held the same way as
+  suspended until its Workload is admitted, and again once Kueue evicts it.
 """
 
 from __future__ import annotations
@@ -126,8 +128,7 @@ def _decide(p: Pass) -> None:
         _suspend(p)
         return
     if gate is not None and gate.hold:
-        _suspend(p, gate.reason, gate.message)
-        p.look_again(5.0)  # Workload events wake the run too; this covers a missed one
+        _suspend(p, gate.reason, gate.message)  # Workload events wake the run (handlers)
         return
     resuming = is_true(conditions, C.SUSPENDED)
     p.say(suspended=Desired(False, "Resumed" if resuming else "NotSuspended"))
@@ -168,10 +169,13 @@ def _suspend(p: Pass, reason: str = "Suspended", why: str = "spec.suspend is tru
     state = "Suspending" if remaining else "Suspended"
     before = find(p.status.conditions, C.SUSPENDED)
     if not remaining and (before is None or before.reason != "Suspended"):
-        detail = "" if reason == "Suspended" else f" ({why})"
-        p.events.append(
-            Event("Normal", reason, f"member pods stopped{detail}; resume from manifest")
-        )
+        if reason == "Suspended":
+            message = "member pods stopped; resume from manifest"
+        elif p.status.incarnation == 0:
+            message = why  # queued before it ever ran: nothing was stopped
+        else:
+            message = f"member pods stopped ({why}); resume from manifest"
+        p.events.append(Event("Normal", reason, message))
     p.status.incarnation_start_time = None
     p.status.next_start_time = None
     message = "" if reason == "Suspended" else why

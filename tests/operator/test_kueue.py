@@ -119,6 +119,9 @@ def test_a_queued_run_creates_its_workload_and_no_pod_until_admitted():
     assert cond(result, "Suspended")[:2] == ("True", "Suspended")
     assert cond(result, "Ready")[:2] == ("False", kueue.QUEUED)
     assert result.status.incarnation == 0
+    assert [e.message for e in result.events] == [
+        f"Workload {WORKLOAD} created in queue team-a; waiting for admission"
+    ]
 
 
 def test_the_priority_label_becomes_the_workload_priority_class():
@@ -135,7 +138,7 @@ def test_a_pending_workload_keeps_the_run_held_and_says_why():
     status, reason, message = cond(result, "Ready")
     assert (status, reason) == ("False", kueue.QUEUED)
     assert "insufficient quota for cpu" in message
-    assert result.requeue_after == 5.0
+    assert result.requeue_after is None  # the Workload's events wake it
 
 
 def test_a_workload_someone_else_owns_is_not_taken_for_the_runs_own():
@@ -263,3 +266,14 @@ def test_spec_suspend_still_wins_over_an_admission():
     run.spec.suspend = True
     result = reconcile(run, observed(members(1), workload=ADMITTED), NOW)
     assert cond(result, "Ready")[:2] == ("False", "Suspended")
+
+
+def test_a_deleted_workload_is_recreated_and_the_run_stops_until_admitted_again():
+    """As Kueue's job controllers do: no Workload means no admission."""
+    run = queued_run(running_status())
+    result = reconcile(run, observed(members(1), workload=None), NOW)
+    assert [str(a) for a in result.actions] == [
+        f"create Workload/{WORKLOAD}",
+        "delete Pod/demo-i1-trainer",
+    ]
+    assert cond(result, "Ready")[:2] == ("False", kueue.QUEUED)
