@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolloutrun_operator import builders, naming
+from rolloutrun_operator import builders
 from rolloutrun_operator.api.v1alpha1 import RolloutRun
 from rolloutrun_operator.observe import format_time, owned_by
 from rolloutrun_operator.plan import Action, Verb
@@ -221,6 +221,8 @@ def release(workload: WorkloadView, reason: str, message: str, now: dt.datetime)
     _set(conditions, "QuotaReserved", False, "Pending", message, stamp)
     _set(conditions, "Admitted", False, "NoReservation", "The workload has no reservation", stamp)
     _set(conditions, "Requeued", reason in REQUEUED_AFTER, reason, message, stamp)
+    if workload.condition("PodsReady") is not None:  # the next admission's pods are not
+        _set(conditions, "PodsReady", False, "WaitForStart", "Not all pods are ready", stamp)
     return _status_action(workload, {"admission": None, "conditions": conditions})
 
 
@@ -280,8 +282,3 @@ def gate(
             _mark(workload, "PodsReady", True, "PodsReady", "All pods reached readiness", stamp),
         )
     return Gate(hold=False, actions=actions, placements=placements(workload, flavors))
-
-
-def pod_set(role: str) -> str:
-    """The podSet a member of ``role`` is counted in."""
-    return TRAINER_POD_SET if role == naming.Role.TRAINER else GYM_POD_SET

@@ -81,10 +81,11 @@ ADMITTED = workload(
 )
 
 
-def evicted(reason: str, pods_gone: bool = False) -> Any:
+def evicted(reason: str) -> Any:
     return workload(
         condition("QuotaReserved", True, "QuotaReserved"),
         condition("Admitted", True, "Admitted"),
+        condition("PodsReady", True, "PodsReady"),
         condition("Evicted", True, reason, "Preempted to accommodate a higher priority Workload"),
         admission=ADMISSION,
     )
@@ -223,6 +224,7 @@ def test_eviction_with_the_pods_gone_gives_the_quota_back_as_kueue_expects():
     assert by_type["Admitted"] == ("False", "NoReservation")
     assert by_type["Requeued"] == ("True", "Preempted")
     assert by_type["Evicted"] == ("True", "Preempted")  # Kueue's to clear on readmission
+    assert by_type["PodsReady"] == ("False", "WaitForStart")  # the next pods are not yet
     assert cond(result, "Suspended")[:2] == ("True", "Suspended")
     assert [e.reason for e in result.events] == [kueue.EVICTED]
 
