@@ -91,7 +91,8 @@ def localize(document: dict[str, Any], work_dir: Path, namespace: str) -> dict[s
     """
     run = copy.deepcopy(document)
     name = run["metadata"]["name"]
-    run["metadata"] = {"name": name, "namespace": namespace}
+    kept = {k: v for k, v in run["metadata"].items() if k in ("labels", "annotations") and v}
+    run["metadata"] = {"name": name, "namespace": namespace, **kept}  # labels: a Kueue queue
     spec = run.setdefault("spec", {})
     work_dir = work_dir.resolve()
     spec["storage"] = {
@@ -209,6 +210,7 @@ class EmbeddedRun:
         namespace: str = "default",
         nodes: int = 1,
         cluster_options: dict[str, Any] | None = None,
+        crds: list[dict[str, Any]] | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.namespace = namespace
@@ -223,6 +225,8 @@ class EmbeddedRun:
         self.api: Any = None
         self.started_at = time.monotonic()
         self.isolation: str | None = None  # the cluster's pod isolation, once started
+        self.crds = list(crds or [])
+        """More CRDs, installed before the operator starts (a test's emulated Kueue)."""
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> EmbeddedRun:
@@ -239,6 +243,8 @@ class EmbeddedRun:
             self.api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig_path))
             crds: Any = k8s.ApiextensionsV1Api(self.api)
             crds.create_custom_resource_definition(build_crd())
+            for crd in self.crds:
+                crds.create_custom_resource_definition(crd)
             if self.namespace != "default":
                 self.core.create_namespace({"metadata": {"name": self.namespace}})
             self._claim_storage()

@@ -11,13 +11,14 @@ never claims what did not happen; the next pass observes again and decides again
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from rolloutrun_operator import builders, naming
+from rolloutrun_operator import builders, kueue, naming
 from rolloutrun_operator.api.v1alpha1 import (
     Condition,
     RolloutRun,
@@ -90,6 +91,22 @@ async def observe(kube: Kube, run: RolloutRun) -> Observed:
     )
 
 
+async def observe_workload(kube: Kube, run: RolloutRun, observed: Observed) -> Observed:
+    """Add the run's Kueue Workload and the ResourceFlavors its admission names (only for a
+    run labelled ``kueue.x-k8s.io/queue-name``: other runs never touch Kueue's API)."""
+    if kueue.queue_name(run) is None:
+        return observed
+    name = kueue.workload_name(builders.run_name(run))
+    workload = await kube.get("Workload", builders.run_namespace(run), name)
+    view = kueue.workload_view(workload, str(run.metadata.get("uid") or ""))
+    names = sorted(
+        {flavor for flavors in (view.flavors if view else {}).values() for flavor in flavors}
+    )
+    found = await asyncio.gather(*(kube.get("ResourceFlavor", None, flavor) for flavor in names))
+    flavors = {flavor: obj for flavor, obj in zip(names, found, strict=True) if obj is not None}
+    return dataclasses.replace(observed, workload=workload, flavors=flavors)
+
+
 async def apply(kube: Kube, namespace: str, actions: list[Action]) -> None:
     """Apply the actions in order; a create of an existing child the run owns or a delete
     of a gone one counts as done. A name held by an object the run does not own raises
@@ -104,6 +121,9 @@ async def apply(kube: Kube, namespace: str, actions: list[Action]) -> None:
         elif action.verb is Verb.REPLACE and action.manifest is not None:
             await kube.replace(action.manifest)
             logger.info("replaced %s/%s", action.kind, action.name)
+        elif action.verb is Verb.PATCH_STATUS and action.manifest is not None:
+            if await kube.patch_status_at(action.kind, namespace, action.name, action.manifest):
+                logger.info("patched %s/%s status", action.kind, action.name)
         elif action.verb is Verb.DELETE:
             await kube.delete(
                 action.kind, namespace, action.name, action.grace_seconds, uid=action.uid
@@ -172,7 +192,7 @@ async def run_pass(kube: Kube, namespace: str, name: str, now: dt.datetime) -> O
         result = Result([], RolloutRunStatus(), events if changed else [], IDLE_REQUEUE_SECONDS)
         return Outcome(body, result, None, wrote_status=changed)
     run.status = lenient_status(body.get("status"), f"{namespace}/{name}")
-    observed = await observe(kube, run)
+    observed = await observe_workload(kube, run, await observe(kube, run))
     result = reconcile(run, observed, now)
     try:
         await apply(kube, namespace, result.actions)

@@ -275,3 +275,18 @@ async def lease_changed(
 ) -> None:
     """The trainer renewed its Lease or reported progress: mirror it into status."""
     memo["wakers"].wake(namespace, labels.get(naming.LABEL_RUN))
+
+
+@kopf.on.event(
+    "kueue.x-k8s.io",
+    "v1beta1",
+    "workloads",
+    labels={naming.LABEL_RUN: kopf.PRESENT},
+    registry=registry,
+)
+async def workload_changed(
+    namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
+) -> None:
+    """Kueue admitted or evicted the run's Workload (without Kueue's CRD at startup Kopf
+    logs that it cannot watch it, and the run's passes still look every few seconds)."""
+    memo["wakers"].wake(namespace, labels.get(naming.LABEL_RUN))

@@ -63,6 +63,8 @@ RESOURCES: dict[str, Resource] = {
     "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
     "NetworkPolicy": Resource("networking.k8s.io", "v1", "networkpolicies"),
     "RolloutRun": Resource(GROUP, VERSION, PLURAL),
+    "Workload": Resource("kueue.x-k8s.io", "v1beta1", "workloads"),
+    "ResourceFlavor": Resource("kueue.x-k8s.io", "v1beta1", "resourceflavors", namespaced=False),
 }
 
 #: (apiGroup, resource, verbs) this client, Kopf's watches and Kopf's Events use; the chart
@@ -84,6 +86,11 @@ PERMISSIONS: list[tuple[str, str, tuple[str, ...]]] = [
     ("rbac.authorization.k8s.io", "roles", ("get", "create")),
     ("rbac.authorization.k8s.io", "rolebindings", ("get", "create", "update")),
     ("networking.k8s.io", "networkpolicies", ("get", "create")),
+    # Kueue admission (runs labelled kueue.x-k8s.io/queue-name): the run's Workload, written
+    # as its job controller, and the admitted flavors' node labels and tolerations
+    ("kueue.x-k8s.io", "workloads", ("get", "list", "watch", "create")),
+    ("kueue.x-k8s.io", "workloads/status", ("patch",)),
+    ("kueue.x-k8s.io", "resourceflavors", ("get",)),
 ]
 
 
@@ -324,3 +331,20 @@ class Kube:
             {"status": status},
             content_type="application/merge-patch+json",
         )
+
+    async def patch_status_at(self, kind: str, namespace: str, name: str, body: Json) -> bool:
+        """A merge patch of the status subresource carrying ``metadata.resourceVersion``:
+        False (nothing written) when the object changed since it was read, or is gone."""
+        try:
+            await self.request(
+                "PATCH",
+                RESOURCES[kind].path(namespace, name, "status"),
+                body,
+                content_type="application/merge-patch+json",
+            )
+        except KubeError as error:
+            if error.status in (404, 409):
+                return False
+            error.child = f"{kind}/{name}"
+            raise
+        return True

@@ -224,6 +224,10 @@ class Observed:
     spec names none or it does not exist."""
     binding_accounts: tuple[str, ...] | None = None
     """The ServiceAccounts the member RoleBinding binds (sorted); None when it is absent."""
+    workload: Mapping[str, Any] | None = None
+    """The run's Kueue Workload (runs labelled ``kueue.x-k8s.io/queue-name``), if any."""
+    flavors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """The ResourceFlavors its admission names, by name (:mod:`rolloutrun_operator.kueue`)."""
 
     def members(self, incarnation: int) -> list[PodView]:
         return [pod for pod in self.pods if pod.incarnation == incarnation]

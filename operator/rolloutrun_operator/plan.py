@@ -32,6 +32,9 @@ class Verb(enum.StrEnum):
     """Overwrite it with the manifest (only the ConfigMap is ever replaced)."""
     DELETE = "delete"
     """Delete it; a missing one counts as done."""
+    PATCH_STATUS = "patch-status"
+    """Merge-patch its status, if still at the manifest's resourceVersion (the Workload a
+    run writes as its Kueue job controller: :mod:`rolloutrun_operator.kueue`)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,8 @@ class Pass:
     requeue: float | None = None
     forced: list[str] = field(default_factory=list)
     """Pods force-deleted in this pass because they outlived their grace period."""
+    placements: dict[str, Any] = field(default_factory=dict)
+    """PodSet name -> :class:`~rolloutrun_operator.kueue.Placement` of a Kueue admission."""
 
     @property
     def name(self) -> str:

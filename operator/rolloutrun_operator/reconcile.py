@@ -30,6 +30,8 @@ The life of a run, as the conditions tell it:
 - the trainer exiting 0 means ``maxSteps`` were trained: ``Succeeded``, Gym pods removed.
 - ``suspend``: pods stopped the same way (the trainer first: its forced snapshot),
   ``Suspended``; unsuspending starts the next incarnation from the latest manifest.
+- Kueue (a run labelled ``kueue.x-k8s.io/queue-name``, :mod:`kueue`): held the same way as
+  suspended until its Workload is admitted, and again once Kueue evicts it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from rolloutrun_operator import builders, naming
+from rolloutrun_operator import builders, kueue, naming
 from rolloutrun_operator.api.v1alpha1 import FailureRecord, RolloutRun, RolloutRunStatus
 from rolloutrun_operator.conditions import ConditionType as C
 from rolloutrun_operator.conditions import Desired, find, is_true, merge
@@ -114,6 +116,7 @@ def _stopped(reason: str, message: str = "") -> dict[str, Desired]:
 
 def _decide(p: Pass) -> None:
     conditions = p.status.conditions
+    gate = _kueue_gate(p)
     if is_true(conditions, C.SUCCEEDED):
         p.delete_pods([pod for pod in p.observed.pods if pod.role == naming.Role.GYM])
         return
@@ -124,10 +127,13 @@ def _decide(p: Pass) -> None:
     if p.run.spec.suspend:
         _suspend(p)
         return
+    if gate is not None and gate.hold:
+        _suspend(p, gate.reason, gate.message)  # Workload events wake the run (handlers)
+        return
     resuming = is_true(conditions, C.SUSPENDED)
     p.say(suspended=Desired(False, "Resumed" if resuming else "NotSuspended"))
     if resuming or p.status.incarnation == 0:
-        _start_next(p, after="Resumed" if resuming else "Created")
+        _start_next(p, after="Admitted" if gate is not None else "Resumed")
         return
     if is_true(conditions, C.RESTARTING):
         _wait_for_backoff(p)
@@ -135,15 +141,45 @@ def _decide(p: Pass) -> None:
     _run_incarnation(p)
 
 
-def _suspend(p: Pass) -> None:
+def _kueue_gate(p: Pass) -> kueue.Gate | None:
+    """Kueue's say (:func:`kueue.gate`), its Workload actions queued first."""
+    workload = kueue.workload_view(p.observed.workload, str(p.run.metadata.get("uid") or ""))
+    finished = None
+    for kind in (C.SUCCEEDED, C.FAILED):
+        done = find(p.status.conditions, kind)
+        if done is not None and is_true(p.status.conditions, kind):
+            finished = (done.reason or str(kind), done.message or str(kind))
+    n = p.status.incarnation
+    members = p.observed.members(n)
+    ready = len(members) == p.run.spec.gym.replicas + 1 and all(
+        pod.phase == "Running" for pod in members
+    )
+    pods_left = bool(p.observed.pods)
+    gate = kueue.gate(p.run, workload, p.observed.flavors, pods_left, ready, finished, p.now)
+    if gate is not None:
+        p.actions.extend(gate.actions)
+        p.placements = dict(gate.placements)
+    return gate
+
+
+def _suspend(p: Pass, reason: str = "Suspended", why: str = "spec.suspend is true") -> None:
+    """Stop the members trainer first (its forced snapshot): ``spec.suspend``, or Kueue
+    holding the run (``reason`` then says which: queued or evicted)."""
     remaining = _stop(p, list(p.observed.pods))
-    reason = "Suspending" if remaining else "Suspended"
+    state = "Suspending" if remaining else "Suspended"
     before = find(p.status.conditions, C.SUSPENDED)
     if not remaining and (before is None or before.reason != "Suspended"):
-        p.events.append(Event("Normal", "Suspended", "member pods stopped; resume from manifest"))
+        if reason == "Suspended":
+            message = "member pods stopped; resume from manifest"
+        elif p.status.incarnation == 0:
+            message = why  # queued before it ever ran: nothing was stopped
+        else:
+            message = f"member pods stopped ({why}); resume from manifest"
+        p.events.append(Event("Normal", reason, message))
     p.status.incarnation_start_time = None
     p.status.next_start_time = None
-    p.say(suspended=Desired(True, reason, "spec.suspend is true"), **_stopped("Suspended"))
+    message = "" if reason == "Suspended" else why
+    p.say(suspended=Desired(True, state, why), **_stopped(reason, message))
 
 
 def _wait_for_backoff(p: Pass) -> None:
@@ -292,7 +328,8 @@ def _run_incarnation(p: Pass) -> None:
         _put_config(p, [builders.gym_endpoint(ip, port) for ip in addresses] if all_up else None)
         for index in range(replicas):
             if index not in gyms:
-                p.create(builders.gym_pod(p.run, n, index))
+                gym = builders.gym_pod(p.run, n, index)
+                p.create(kueue.place(gym, p.placements.get(kueue.GYM_POD_SET)))
         if not all_up:
             ready = sum(1 for pod in up if pod is not None and serving(pod))
             message = f"{ready}/{replicas} Gym pods ready"
@@ -303,7 +340,8 @@ def _run_incarnation(p: Pass) -> None:
         if stale:
             _wait_for_previous(p, stale)
             return
-        p.create(builders.trainer_pod(p.run, n))
+        trainer_pod = builders.trainer_pod(p.run, n)
+        p.create(kueue.place(trainer_pod, p.placements.get(kueue.TRAINER_POD_SET)))
         p.status.incarnation_start_time = format_time(p.now)
         p.say(ready=Desired(False, "StartingTrainer"), progressing=Desired(True, "StartingTrainer"))
         p.look_again(5.0)

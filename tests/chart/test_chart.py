@@ -150,7 +150,7 @@ def flatten(rules: list[dict[str, Any]]) -> set[tuple[str, str, tuple[str, ...]]
 def test_the_operator_is_granted_exactly_what_it_uses(helm):
     docs = render(helm)
     nodes = rules_of(docs, "rr-rolloutrun-operator-nodes")
-    assert nodes == {("", "nodes", ("get",))}
+    assert nodes == {("", "nodes", ("get",)), ("kueue.x-k8s.io", "resourceflavors", ("get",))}
     assert rules_of(docs, "rr-rolloutrun-operator") | nodes == set(PERMISSIONS)
     # the same rules the local cluster binds the operator to (`rolloutrun run`, tests)
     assert rules_of(docs, "rr-rolloutrun-operator") | nodes == flatten(permission_rules())
@@ -228,8 +228,9 @@ def granted(docs: list[dict[str, Any]], kind: str, resource: str) -> list[str]:
 @pytest.mark.parametrize("peering", [False, True], ids=["standalone", "peering"])
 def test_namespaced_mode_grants_no_cluster_wide_secret_access(helm, peering):
     """watchNamespaces set: Secrets (and every namespaced right) only in those namespaces;
-    the only cluster-wide right is reading nodes. With peering, Kopf uses a KopfPeering in
-    each watched namespace (its Role grants it), so nothing cluster-scoped is needed."""
+    the only cluster-wide rights are reading nodes and Kueue's ResourceFlavors. With peering,
+    Kopf uses a KopfPeering in each watched namespace (its Role grants it), so nothing
+    cluster-scoped is needed."""
     sets = (*VARIANTS["namespaced"], f"peering.enabled={str(peering).lower()}")
     docs = render(helm, *sets)
     assert granted(docs, "ClusterRole", "secrets") == []
@@ -240,7 +241,7 @@ def test_namespaced_mode_grants_no_cluster_wide_secret_access(helm, peering):
         for rule in d["rules"]
         for resource in rule["resources"]
     }
-    assert cluster_resources == {"nodes"}
+    assert cluster_resources == {"nodes", "resourceflavors"}
     assert sorted(granted(docs, "Role", "secrets")) == [
         "team-a/rr-rolloutrun-operator",
         "team-b/rr-rolloutrun-operator",

@@ -34,7 +34,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/* The operator's rights: exactly what it uses (rolloutrun_operator.kube.PERMISSIONS less
-nodes; the chart tests compare the two). A ClusterRole's rules in cluster mode, each watched
+nodes and resourceflavors, cluster-scoped reads in clusterrole.yaml; the chart tests compare the two). A ClusterRole's rules in cluster mode, each watched
 namespace's Role's rules in namespaced mode. It holds the lease verbs it grants to member pods
 (RBAC forbids granting what one does not hold) and creates, per run, a Role limited to that
 run's Lease. Secrets: `get` reads the run's Gym token Secret and checks that the Secrets a run
@@ -82,6 +82,14 @@ names exist (RBAC has no metadata-only read); `create` makes the token Secret. *
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, create]
+# Kueue: a run labelled kueue.x-k8s.io/queue-name owns a Workload and writes its status as
+# its job controller (docs/operations.md, "Running under Kueue")
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, create]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
 {{- if .Values.peering.enabled }}
 # Kopf's peering object: a ClusterKopfPeering in cluster mode, a KopfPeering per watched namespace
 - apiGroups: [kopf.dev]
