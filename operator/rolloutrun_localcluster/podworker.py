@@ -78,6 +78,7 @@ class PodWorker:
     async def _run(self) -> None:
         try:
             self._prepare()
+            await self.kubelet.network.attach(self)
             self.report()
             for spec, record in zip(self.init_specs, self.init, strict=True):
                 if not await self._run_init(spec, record):
@@ -96,6 +97,8 @@ class PodWorker:
             logger.exception("pod %s/%s worker failed", self.namespace, self.name)
         finally:
             processes.kill_tagged(self.tag, self.sessions)
+            with contextlib.suppress(Exception):
+                await self.kubelet.network.detach(self)  # its address and links end here
             self.finished.set()
             self.report()
 
@@ -216,7 +219,10 @@ class PodWorker:
             return self._terminated(record, 128, "StartError", why)
         try:
             process = await processes.spawn(
-                [executable, *argv[1:]], self._workdir(spec), env, self.log_path(record.name)
+                [*self.kubelet.network.argv_prefix(self.uid), executable, *argv[1:]],
+                self._workdir(spec),
+                env,
+                self.log_path(record.name),
             )
         except OSError as error:
             return self._terminated(record, 128, "StartError", str(error))
@@ -279,7 +285,15 @@ class PodWorker:
         period = max(float(probe.get("periodSeconds", 10)), self.kubelet.min_probe_period)
         while process.returncode is None:
             await self.kubelet.node_up()
-            ok = await probes.probe_once(probe, spec, self.ip, env, self._workdir(spec))
+            ok = await probes.probe_once(
+                probe,
+                spec,
+                self.ip,
+                env,
+                self._workdir(spec),
+                dial=self.kubelet.network.dialer(),
+                argv_prefix=self.kubelet.network.argv_prefix(self.uid),
+            )
             if tracker.record(ok):
                 record.ready = tracker.ready
                 self.report()
