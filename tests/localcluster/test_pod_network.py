@@ -283,3 +283,78 @@ def test_the_kubelet_reaches_pods_through_the_node_namespace(cluster: LocalClust
     with pytest.raises(ConnectionRefusedError):
         sock.connect((gateway, 9))
     sock.close()
+
+
+#: Writes one object to gs:// storage at the fake GCS server the environment names.
+GS_WRITE = """
+import os, sys
+from rolloutrun_runtime.storage.base import open_storage
+open_storage(sys.argv[1]).write_bytes("from-pod", os.environ["POD_IP"].encode())
+print("written", flush=True)
+"""
+
+
+def test_a_pod_uses_gs_storage_at_the_fake_gcs_server_on_the_machines_loopback(
+    tmp_path: Path, fake_gcs: Any
+) -> None:
+    """A host service named in the cluster's environment (STORAGE_EMULATOR_HOST at
+    127.0.0.1) is reached from inside a pod's namespace at the same address."""
+    from tests.support.storage_params import BUCKET
+
+    uri = f"gs://{BUCKET}/netns-{time.time_ns()}"
+    clusters = local_cluster(tmp_path / "c", network="namespaces", extra_env=fake_gcs.env())
+    cluster = next(clusters)
+    try:
+        api = api_client(cluster)
+        core: Any = k8s.CoreV1Api(api)
+        core.create_namespaced_pod("default", _pod("gs", GS_WRITE, uri))
+        assert _finished(core, "gs").strip() == "written"
+        ip = core.read_namespaced_pod("gs", "default").status.pod_ip
+        api.close()
+    finally:
+        clusters.close()
+    blob = fake_gcs.client().bucket(BUCKET).blob(f"{uri.split('/', 3)[3]}/from-pod")
+    assert blob.download_as_bytes() == ip.encode() and ip.startswith("10.")
+
+
+def _node_ready(core: Any) -> str:
+    node = core.read_node("local")
+    return {c.type: c.status for c in node.status.conditions}["Ready"]
+
+
+def test_a_node_partition_turns_the_node_unknown_until_it_heals(
+    cluster: LocalCluster, core: Any
+) -> None:
+    core.create_namespaced_pod("default", _pod("sleeper", "import time; time.sleep(300)"))
+    eventually(lambda: _ready(core, "sleeper"), what="sleeper ready")
+    done = cluster.partition(node="local", seconds=2)
+    assert done.node == "local" and "default/sleeper" in done.pods
+    assert _node_ready(core) == "Unknown"
+    assert _ready(core, "sleeper") is None
+    pids = cluster.pod_pids("default", "sleeper")
+    assert pids and all(_proc_state(pid) != "T" for pid in pids)  # cut off, still running
+    eventually(lambda: _node_ready(core) == "True", timeout=30, what="the node back")
+    eventually(lambda: _ready(core, "sleeper"), what="sleeper ready again")
+    core.delete_namespaced_pod("sleeper", "default")
+
+
+def _proc_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_in_loopback_mode_a_partition_is_a_freeze(tmp_path: Path) -> None:
+    """The weaker stand-in, said so: no link to cut, so the pod's processes stop."""
+    clusters = local_cluster(tmp_path / "c", network="loopback")
+    cluster = next(clusters)
+    try:
+        api = api_client(cluster)
+        core: Any = k8s.CoreV1Api(api)
+        core.create_namespaced_pod("default", _pod("sleeper", "import time; time.sleep(300)"))
+        eventually(lambda: _ready(core, "sleeper"), what="sleeper ready")
+        pids = cluster.pod_pids("default", "sleeper")
+        done = cluster.partition(pod="sleeper", seconds=1)
+        assert done.mode == "freeze" and all(_proc_state(pid) == "T" for pid in pids)
+        eventually(lambda: all(_proc_state(pid) != "T" for pid in pids), timeout=30, what="thawed")
+        api.close()
+    finally:
+        clusters.close()
