@@ -40,7 +40,7 @@ def register_cli(parser: argparse.ArgumentParser) -> None:
         choices=("namespaces", "loopback", "auto"),
         default=None,
         help="pod network: a namespace per pod, or the shared loopback "
-        "(default: $ROLLOUTRUN_LOCALCLUSTER_NETWORK, else loopback)",
+        "(default: $ROLLOUTRUN_LOCALCLUSTER_NETWORK, else auto: namespaces if permitted)",
     )
     up.set_defaults(handler=cluster_up)
 

@@ -6,7 +6,9 @@ Ready) and the node lifecycle controller (a lost node turns ``Ready=Unknown``, i
 through the same store calls an API client's writes do, so watches see every change.
 
 Each pod gets its own loopback address ``127.0.0.N`` as its pod IP (the whole 127/8 is
-local on Linux), so pods reach each other by pod IP like on a flat pod network.
+local on Linux), so pods reach each other by pod IP like on a flat pod network. That is the
+``loopback`` pod network; in ``namespaces`` mode (:mod:`.netns`) the addresses are on a
+bridge and each pod runs in its own network namespace.
 """
 
 from __future__ import annotations

@@ -20,10 +20,11 @@ forwarders: packets are dropped, connections hang as on a real cut link, and res
 processes (SIGSTOP), which is weaker: the pod stops computing too.
 
 The mode comes from the ``network`` argument of ``LocalCluster`` or the environment
-variable ``ROLLOUTRUN_LOCALCLUSTER_NETWORK`` (``namespaces``, ``loopback`` or ``auto``:
-namespaces when the machine permits them). Namespaces are removed when their pod ends and
-when the cluster stops; those of a crashed earlier session (owner process gone) or of an
-earlier cluster on the same directory are removed when a cluster starts.
+variable ``ROLLOUTRUN_LOCALCLUSTER_NETWORK`` (``namespaces``, ``loopback`` or ``auto``, the
+default: namespaces when the machine permits them, else loopback with a warning).
+Namespaces are removed when their pod ends and when the cluster stops; those of a crashed
+earlier session (owner process gone) or of an earlier cluster on the same directory are
+removed when a cluster starts.
 """
 
 from __future__ import annotations
@@ -61,9 +62,9 @@ class NetworkError(RuntimeError):
 
 # ---------------------------------------------------------------------- decisions (pure)
 def requested_mode(argument: str | None, environ: dict[str, str] | None = None) -> str:
-    """The mode asked for: the argument, else the environment variable, else ``loopback``."""
+    """The mode asked for: the argument, else the environment variable, else ``auto``."""
     env = os.environ if environ is None else environ
-    mode = (argument or env.get(ENV_NETWORK) or "loopback").strip().lower()
+    mode = (argument or env.get(ENV_NETWORK) or "auto").strip().lower()
     if mode not in MODES:
         raise NetworkError(
             f"pod network mode {mode!r} is not one of {', '.join(MODES)} "

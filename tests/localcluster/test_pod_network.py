@@ -259,7 +259,7 @@ def test_namespaces_are_removed_with_the_cluster_and_stale_ones_at_start(tmp_pat
 
 
 def test_the_mode_is_chosen_by_argument_then_environment() -> None:
-    assert netns.requested_mode(None, {}) == "loopback"
+    assert netns.requested_mode(None, {}) == "auto"
     assert netns.requested_mode(None, {netns.ENV_NETWORK: "namespaces"}) == "namespaces"
     assert netns.requested_mode("loopback", {netns.ENV_NETWORK: "namespaces"}) == "loopback"
     with pytest.raises(netns.NetworkError, match="'bridged' is not one of"):
