@@ -35,11 +35,18 @@ def register_cli(parser: argparse.ArgumentParser) -> None:
         help="loopback /16 the pod IPs come from (default: 127.0.0.0/16)",
     )
     up.add_argument("--nodes", type=int, default=1, help="number of process kubelets (nodes)")
+    up.add_argument(
+        "--network",
+        choices=("namespaces", "loopback", "auto"),
+        default=None,
+        help="pod network: a namespace per pod, or the shared loopback "
+        "(default: $ROLLOUTRUN_LOCALCLUSTER_NETWORK, else auto: namespaces if permitted)",
+    )
     up.set_defaults(handler=cluster_up)
 
 
 def cluster_up(args: argparse.Namespace) -> int:
-    options = {"pod_network": args.pod_network, "nodes": args.nodes}
+    options = {"pod_network": args.pod_network, "nodes": args.nodes, "network": args.network}
     return asyncio.run(_serve(args.dir, args.port, args.token, options))
 
 
@@ -54,6 +61,8 @@ async def _serve(directory: Path, port: int, token: str | None, options: dict[st
     await cluster.astart()
     print(f"API server:  {cluster.api_url}", flush=True)
     print(f"kubeconfig:  {cluster.kubeconfig_path}", flush=True)
+    if cluster.network is not None:
+        print(f"pod network: {cluster.network.description}", flush=True)
     print(f"try:         kubectl --kubeconfig {cluster.kubeconfig_path} get nodes", flush=True)
     try:
         await stop.wait()

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from . import access, kubeconfig, mountns, tls
+from . import access, kubeconfig, mountns, netns, partition, tls
 from .controllers import Controllers
 from .kubelet import IpPool, Kubelet
 from .logs import PodLogs
@@ -58,6 +58,7 @@ class LocalCluster:
         nodes: int = 1,
         pod_network: str = "127.0.0.0/16",
         isolation: str | None = None,
+        network: str | None = None,
     ) -> None:
         self.directory = Path(directory).resolve()
         self.host = host
@@ -71,6 +72,9 @@ class LocalCluster:
         self.pod_network = pod_network
         # Each pod its own mount namespace, or the loopback fallback (see .mountns).
         self.isolation = mountns.choose_mode(isolation)
+        # namespaces | loopback | auto (None: $ROLLOUTRUN_LOCALCLUSTER_NETWORK); see netns.py
+        self.network_mode = netns.requested_mode(network)
+        self.network: netns.PodNetwork | None = None
         self.node_names = ["local", *(f"local-{index}" for index in range(2, nodes + 1))]
         self.controllers: Controllers | None = None
         self.scheduler: Scheduler | None = None
@@ -123,7 +127,14 @@ class LocalCluster:
         self.controllers = Controllers(self.store, self.registry)
         self.scheduler = Scheduler(self.store, self.registry)
         self.provisioner = Provisioner(self.store, self.registry, self.directory)
-        ips = IpPool(self.pod_network)
+        self.network = await asyncio.to_thread(
+            netns.create,
+            self.network_mode,
+            str(self.directory),
+            self.pod_network,
+            lambda: {self.port, *netns.host_ports_in(self._extra_env or {})},
+        )
+        ips = IpPool(self.network.pool_network(), loopback=self.network.mode == "loopback")
         for node in self.node_names:
             self.kubelets[node] = Kubelet(
                 self.store,
@@ -139,6 +150,7 @@ class LocalCluster:
                 extra_env=self._extra_env,
                 backoff=self._backoff,
                 isolation=self.isolation,
+                network=self.network,
             )
         logs = PodLogs(lambda: self.kubelets.values())
         self.server = ApiServer(self.store, self.registry, self.token, logs=logs)
@@ -171,10 +183,11 @@ class LocalCluster:
             kubelet.start()
         self.scheduler.start()
         logger.info(
-            "local cluster serving at %s (kubeconfig %s, pods isolated by %s)",
+            "local cluster serving at %s (kubeconfig %s), pods isolated by %s, pod network: %s",
             self.api_url,
             self.kubeconfig_path,
             self.isolation,
+            self.network.description,
         )
         return self
 
@@ -191,6 +204,8 @@ class LocalCluster:
         await self.controllers.stop()
         if self.provisioner is not None:
             await self.provisioner.stop()
+        if self.network is not None:
+            await self.network.close()
         self.server.watches.drop_all()
         await self._runner.cleanup()
         self._runner = None
@@ -282,6 +297,24 @@ class LocalCluster:
     def restore_node(self, node: str = "local") -> None:
         """The lost node comes back: processes resume (or report their deaths)."""
         self.call(self.kubelets[node].restore_node)
+
+    def partition(
+        self,
+        *,
+        pod: str | None = None,
+        node: str | None = None,
+        seconds: float,
+        namespace: str = "default",
+    ) -> partition.Partition:
+        """Cut a pod's (or every pod of a node's) links for ``seconds``, then heal them; returns
+        once cut. Namespace mode cuts links; loopback mode can only freeze (see partition.py)."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("the local cluster is not running")
+        job = partition.start(
+            self.kubelets, namespace=namespace, pod=pod, node=node, seconds=seconds
+        )
+        return asyncio.run_coroutine_threadsafe(job, loop).result(30)
 
     def node_of(self, namespace: str, name: str) -> str | None:
         """The node a pod is bound to (``None`` while unscheduled or gone)."""

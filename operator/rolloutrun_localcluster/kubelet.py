@@ -6,7 +6,9 @@ Ready) and the node lifecycle controller (a lost node turns ``Ready=Unknown``, i
 through the same store calls an API client's writes do, so watches see every change.
 
 Each pod gets its own loopback address ``127.0.0.N`` as its pod IP (the whole 127/8 is
-local on Linux), so pods reach each other by pod IP like on a flat pod network.
+local on Linux), so pods reach each other by pod IP like on a flat pod network. That is the
+``loopback`` pod network; in ``namespaces`` mode (:mod:`.netns`) the addresses are on a
+bridge and each pod runs in its own network namespace.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from rolloutrun_runtime.contract.pod import ENV_LOCALCLUSTER_ROOT, ENV_POD_IP
 
 from . import errors, mountns, podspec
+from .netns import LoopbackNetwork, PodNetwork
 from .podworker import PodWorker
 from .processes import CLUSTER_TAG, POD_TAG
 from .resources import Registry, ResourceType
@@ -64,9 +67,9 @@ class IpPool:
     clusters that run side by side on one machine (parallel test sessions) pass different
     networks so that their pods' addresses, and so their ports, never collide."""
 
-    def __init__(self, network: str = "127.0.0.0/16") -> None:
+    def __init__(self, network: str = "127.0.0.0/16", *, loopback: bool = True) -> None:
         net = ipaddress.IPv4Network(network)
-        if not net.subnet_of(ipaddress.IPv4Network("127.0.0.0/8")):
+        if loopback and not net.subnet_of(ipaddress.IPv4Network("127.0.0.0/8")):
             raise ValueError(f"pod network {network} is not loopback (127.0.0.0/8)")
         self._first = int(net.network_address) + 2
         self._last = int(net.broadcast_address) - 1
@@ -112,6 +115,7 @@ class Kubelet:
         backoff: tuple[float, float] = (1.0, 30.0),
         min_probe_period: float = 1.0,
         isolation: str = mountns.LOOPBACK,
+        network: PodNetwork | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -131,6 +135,7 @@ class Kubelet:
         self.workers: dict[str, PodWorker] = {}
         self.lost: str | None = None
         self._ips = ips or IpPool()
+        self.network: PodNetwork = network or LoopbackNetwork("127.0.0.0/16")
         self._node_up = asyncio.Event()
         self._node_up.set()
         self._dirty: set[str] = set()
@@ -381,15 +386,19 @@ class Kubelet:
             )
 
     def lose_node(self, mode: str = "freeze") -> None:
-        """The node stops answering: processes frozen (``freeze``) or gone (``kill``)."""
-        if mode not in ("freeze", "kill"):
-            raise ValueError(f"mode must be 'freeze' or 'kill', not {mode!r}")
+        """The node stops answering: processes frozen (``freeze``), gone (``kill``) or still
+        running behind cut links (``partition``, see :mod:`.partition`)."""
+        if mode not in ("freeze", "kill", "partition"):
+            raise ValueError(f"mode must be 'freeze', 'kill' or 'partition', not {mode!r}")
         self._write_node(ready=False)
         self._mark_pods_not_ready()
         self.lost = mode
         self._node_up.clear()
         for worker in self.workers.values():
-            worker.freeze(True) if mode == "freeze" else worker.kill_processes_only()
+            if mode == "freeze":
+                worker.freeze(True)
+            elif mode == "kill":
+                worker.kill_processes_only()
         logger.info("node %s lost (%s)", self.node_name, mode)
 
     def _mark_pods_not_ready(self) -> None:

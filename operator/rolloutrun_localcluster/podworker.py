@@ -78,6 +78,7 @@ class PodWorker:
     async def _run(self) -> None:
         try:
             self._prepare()
+            await self.kubelet.network.attach(self)
             self.report()
             for spec, record in zip(self.init_specs, self.init, strict=True):
                 if not await self._run_init(spec, record):
@@ -97,6 +98,8 @@ class PodWorker:
         finally:
             processes.kill_tagged(self.tag, self.sessions)
             mountns.remove_tmp(self.dir)  # the pod's private /tmp dies with it
+            with contextlib.suppress(Exception):
+                await self.kubelet.network.detach(self)  # its address and links end here
             self.finished.set()
             self.report()
 
@@ -219,6 +222,8 @@ class PodWorker:
             command, cwd = [executable, *argv[1:]], self._workdir(spec)
             if self.kubelet.isolation == mountns.NAMESPACES:
                 command, cwd = self.kubelet.volumes.namespaced(self, spec, env, command)
+            # The network prefix outermost: it names /run/netns/... as the machine sees it.
+            command = [*self.kubelet.network.argv_prefix(self.uid), *command]
             process = await processes.spawn(command, cwd, env, self.log_path(record.name))
         except (OSError, ConfigError) as error:
             return self._terminated(record, 128, "StartError", str(error))
@@ -282,9 +287,22 @@ class PodWorker:
         while process.returncode is None:
             await self.kubelet.node_up()
             inside = (
-                mountns.enter_prefix(process.pid, self.kubelet.isolation) if "exec" in probe else []
+                [
+                    *self.kubelet.network.argv_prefix(self.uid),
+                    *mountns.enter_prefix(process.pid, self.kubelet.isolation),
+                ]
+                if "exec" in probe
+                else []
             )
-            ok = await probes.probe_once(probe, spec, self.ip, env, self._workdir(spec), inside)
+            ok = await probes.probe_once(
+                probe,
+                spec,
+                self.ip,
+                env,
+                self._workdir(spec),
+                inside,
+                dial=self.kubelet.network.dialer(),
+            )
             if tracker.record(ok):
                 record.ready = tracker.ready
                 self.report()

@@ -13,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+import socket
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from . import netforward
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +46,18 @@ async def probe_once(
     env: Mapping[str, str],
     cwd: Path,
     exec_prefix: Sequence[str] = (),
+    *,
+    dial: Callable[[], socket.socket] | None = None,
 ) -> bool:
     """Run one probe; ``True`` on success. Every error counts as a failure. An exec probe's
-    command runs behind ``exec_prefix`` (one entering the container's mount namespace)."""
+    command runs behind ``exec_prefix`` (entering the container's network and mount
+    namespaces); ``dial`` makes the sockets that reach the pod (namespace mode, see
+    :mod:`.netns`)."""
     timeout = float(probe.get("timeoutSeconds", 1))
     try:
+        if dial is not None and ("httpGet" in probe or "tcpSocket" in probe):
+            async with asyncio.timeout(timeout):
+                return await _probe_through(probe, container, pod_ip, dial)
         if "exec" in probe:
             process = await asyncio.create_subprocess_exec(
                 *exec_prefix,
@@ -92,6 +102,26 @@ async def probe_once(
         logger.debug("probe failed: %s", error)
         return False
     return False
+
+
+async def _probe_through(
+    probe: Obj, container: Obj, pod_ip: str, dial: Callable[[], socket.socket]
+) -> bool:
+    """An httpGet (HTTP only) or tcpSocket probe over a socket ``dial`` creates."""
+    if "httpGet" in probe:
+        spec = probe["httpGet"]
+        if spec.get("scheme", "HTTP").upper() != "HTTP":
+            raise ValueError("HTTPS probes are not run in namespace mode")
+        headers = {h["name"]: h["value"] for h in spec.get("httpHeaders") or []}
+        port = resolve_port(spec.get("port"), container)
+        host = spec.get("host") or pod_ip
+        status = await netforward.http_status(dial, host, port, spec.get("path", "/"), headers)
+        return 200 <= status < 400
+    spec = probe["tcpSocket"]
+    port = resolve_port(spec.get("port"), container)
+    _, writer = await netforward.open_connection(dial, spec.get("host") or pod_ip, port)
+    writer.close()
+    return True
 
 
 class ReadinessTracker:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from rolloutrun_localcluster import podspec, probes
+from rolloutrun_localcluster.netns import LoopbackNetwork
 from rolloutrun_localcluster.podworker import PodWorker
 
 
@@ -58,6 +59,7 @@ def test_a_probe_cancelled_as_its_connection_opens_stays_cancelled(
 
 class _Kubelet:
     min_probe_period = 0.01
+    network = LoopbackNetwork("127.0.0.0/16")
 
     async def node_up(self) -> None:
         pass
@@ -74,7 +76,7 @@ def test_the_probe_loop_ends_once_its_container_exited_even_if_a_cancel_is_lost(
 
     inside = asyncio.Event()
 
-    async def swallowing_probe(*_args: Any) -> bool:
+    async def swallowing_probe(*_args: Any, **_kwargs: Any) -> bool:
         inside.set()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.sleep(30)
@@ -83,6 +85,7 @@ def test_the_probe_loop_ends_once_its_container_exited_even_if_a_cancel_is_lost(
     monkeypatch.setattr(probes, "probe_once", swallowing_probe)
     worker: Any = PodWorker.__new__(PodWorker)
     worker.kubelet, worker.ip, worker.dir = _Kubelet(), "127.0.0.1", tmp_path
+    worker.uid = "uid"
     worker.report = lambda: None
     record = podspec.ContainerRecord("main", state="running")
     process = _Process()

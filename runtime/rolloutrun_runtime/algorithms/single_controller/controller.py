@@ -117,6 +117,8 @@ class SingleController:
             fence=self.hooks.fence,
             on_published=self.hooks.on_published,
             on_record=self.hooks.on_snapshot,
+            # The manifest names its writer's incarnation, as a checkpoint's marker does.
+            incarnation=checkpointer.writer.incarnation if checkpointer is not None else 0,
         )
         self.rollout_restorer = RolloutRestorer(
             cfg,
