@@ -23,16 +23,24 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutrun_runtime.algorithms.single_controller.hooks import NoHooks
 from rolloutrun_runtime.cli import main as rolloutrun
-from rolloutrun_runtime.contract.pod import ENV_INCARNATION, ENV_METRICS_PORT, ENV_POD_IP
+from rolloutrun_runtime.contract.pod import (
+    ENV_INCARNATION,
+    ENV_METRICS_PORT,
+    ENV_METRICS_TOKEN,
+    ENV_POD_IP,
+)
 from rolloutrun_runtime.metrics import format_step_line
+from rolloutrun_runtime.policy.http import bearer_headers
 from rolloutrun_runtime.run_logs import read_stored_metrics
 from rolloutrun_runtime.storage import open_storage
 from rolloutrun_runtime.trainer import _run_until_signalled, run_trainer
+from tests.support.data_plane import HEADERS
 from tests.support.run_configs import tiny_config
 
 RUN_LIMIT_S = 150
 STEPS = 4
 PREEMPTED_AT = 2
+METRICS_TOKEN = "test-metrics-token"
 
 
 def _config(tmp_path: Path, storage: Path, log_dir: str) -> Any:
@@ -63,10 +71,18 @@ class _Scrape(NoHooks):
             self.task = asyncio.ensure_future(self._get())
 
     async def _get(self) -> str:
-        async with aiohttp.ClientSession() as session, session.get(self.url) as response:
-            assert response.status == 200
-            assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-            return await response.text()
+        async with aiohttp.ClientSession() as session:
+            for refused in ({}, HEADERS):  # no token; the run's data-plane token
+                async with session.get(self.url, headers=refused) as response:
+                    assert response.status == 401
+            async with session.get(self.url, headers=bearer_headers(METRICS_TOKEN)) as response:
+                return await self._check(response)
+
+    @staticmethod
+    async def _check(response: aiohttp.ClientResponse) -> str:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return await response.text()
 
 
 class _PreemptAt(NoHooks):
@@ -105,6 +121,7 @@ async def test_logs_metrics_trace_and_audit_outlive_each_pod(
     port = _free_port()
     monkeypatch.setenv(ENV_INCARNATION, "1")
     monkeypatch.setenv(ENV_METRICS_PORT, str(port))
+    monkeypatch.setenv(ENV_METRICS_TOKEN, METRICS_TOKEN)
     monkeypatch.setenv(ENV_POD_IP, "127.0.0.1")
     second = await gym_endpoints(_config(tmp_path, storage, "pod-1"))
     scrape = _Scrape(port, STEPS)
