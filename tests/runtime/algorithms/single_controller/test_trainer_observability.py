@@ -71,18 +71,23 @@ class _Scrape(NoHooks):
             self.task = asyncio.ensure_future(self._get())
 
     async def _get(self) -> str:
+        # at once (the server stops with the run): no token and the run's data-plane token
+        # get 401, the metrics token gets the metrics
         async with aiohttp.ClientSession() as session:
-            for refused in ({}, HEADERS):  # no token; the run's data-plane token
-                async with session.get(self.url, headers=refused) as response:
-                    assert response.status == 401
-            async with session.get(self.url, headers=bearer_headers(METRICS_TOKEN)) as response:
-                return await self._check(response)
+            no_token, data_plane, text = await asyncio.gather(
+                self._one(session, {}),
+                self._one(session, HEADERS),
+                self._one(session, bearer_headers(METRICS_TOKEN)),
+            )
+        assert no_token == data_plane == "401"
+        return text
 
-    @staticmethod
-    async def _check(response: aiohttp.ClientResponse) -> str:
-        assert response.status == 200
-        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        return await response.text()
+    async def _one(self, session: aiohttp.ClientSession, headers: dict[str, str]) -> str:
+        async with session.get(self.url, headers=headers) as response:
+            if response.status != 200:
+                return str(response.status)
+            assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            return await response.text()
 
 
 class _PreemptAt(NoHooks):
