@@ -158,9 +158,7 @@ async def run_trainer(
     each step's record (after the trainer wrote it to the metrics log). ``gym_token`` is
     the run's token (Gym control plane and data plane, generation server) the entry point
     took from its environment (``take_gym_token``); None reads ``ENV_GYM_TOKEN`` (an
-    in-process caller that set it). ``metrics_token``: what ``/metrics`` requires (taken
-    likewise; None reads ``ENV_METRICS_TOKEN``).
-    """
+    in-process caller that set it); ``metrics_token`` likewise, for ``/metrics`` only."""
     import torch
 
     from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
