@@ -86,6 +86,7 @@ async def observe(kube: Kube, run: RolloutRun) -> Observed:
         secrets=existing,
         nodes=[node for node in nodes if node],
         new_token=secrets.token_urlsafe(32),
+        new_metrics_token=secrets.token_urlsafe(32),
         uid=uid,
         account=account_obj,
     )

@@ -28,6 +28,8 @@ from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, PodSettings, 
 from rolloutrun_runtime.contract.layout import AUDIT_FILE_SUFFIX, GYM_AUDIT_PREFIX
 from rolloutrun_runtime.contract.pod import (
     ENV_METRICS_PORT,
+    ENV_METRICS_TOKEN,
+    METRICS_TOKEN_KEY,
     PORT_NAME_METRICS,
     TRAINER_METRICS_PORT,
 )
@@ -142,6 +144,19 @@ def gym_token_secret(run: RolloutRun, token: str) -> Manifest:
         "metadata": metadata(run, naming.gym_token_secret_name(run_name(run))),
         "type": "Opaque",
         "stringData": {naming.GYM_TOKEN_KEY: token},
+    }
+
+
+def metrics_token_secret(run: RolloutRun, token: str) -> Manifest:
+    """The metrics token: only the trainer's ``/metrics`` accepts it, only the trainer pod
+    gets it (never a Gym), and the scraper reads it from this Secret (a PodMonitor's
+    ``bearerTokenSecret``), so whoever may scrape cannot drive the data plane."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(run, naming.metrics_token_secret_name(run_name(run))),
+        "type": "Opaque",
+        "stringData": {METRICS_TOKEN_KEY: token},
     }
 
 
@@ -542,6 +557,15 @@ def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:
         },
         {"name": naming.ENV_GENERATION_PORT, "value": str(port)},
         {"name": ENV_METRICS_PORT, "value": str(TRAINER_METRICS_PORT)},
+        {
+            "name": ENV_METRICS_TOKEN,
+            "valueFrom": {
+                "secretKeyRef": {
+                    "name": naming.metrics_token_secret_name(name),
+                    "key": METRICS_TOKEN_KEY,
+                }
+            },
+        },
     ]
     return shape(pod, run.spec.trainer, "spec.trainer")
 

@@ -18,22 +18,34 @@ if TYPE_CHECKING:
 def _run_operator(args: argparse.Namespace) -> int:
     import asyncio
 
+    from rolloutrun_operator.metrics import token_problem
     from rolloutrun_operator.runner import run_operator
 
-    asyncio.run(run_operator(operator_config(args)))
+    config = operator_config(args)
+    if config.options.metrics_port is not None:  # the token file is there (the pod's mount)
+        problem = token_problem(args.metrics_address, args.metrics_token_file)
+        if problem is not None:
+            raise SystemExit(f"rolloutrun operator: {problem}")
+    asyncio.run(run_operator(config))
     return 0
 
 
 def operator_config(args: argparse.Namespace) -> OperatorConfig:
     """The command's options as the runner's config (the chart's args, tested as such)."""
     from rolloutrun_operator.handlers import Options
+    from rolloutrun_operator.metrics import token_problem
     from rolloutrun_operator.runner import OperatorConfig
 
+    if args.metrics_port > 0:
+        problem = token_problem(args.metrics_address, args.metrics_token_file, read=False)
+        if problem is not None:
+            raise SystemExit(f"rolloutrun operator: {problem}")
     return OperatorConfig(
         options=Options(
             kubeconfig=args.kubeconfig,
             metrics_port=args.metrics_port if args.metrics_port > 0 else None,
             metrics_address=args.metrics_address,
+            metrics_token_file=args.metrics_token_file,
         ),
         namespaces=list(args.namespace or []),
         peering=args.peering,
@@ -70,6 +82,12 @@ def register_operator(parser: argparse.ArgumentParser) -> None:
         "--metrics-address",
         default="127.0.0.1",
         help="address the metrics server binds (0.0.0.0 in a cluster)",
+    )
+    parser.add_argument(
+        "--metrics-token-file",
+        metavar="FILE",
+        help="scrapers must send 'Authorization: Bearer <the token in FILE>' (read at each "
+        "scrape); required unless --metrics-address is loopback",
     )
     parser.add_argument(
         "--liveness",

@@ -52,6 +52,8 @@ class Options:
     kubeconfig: str | None = None
     metrics_port: int | None = None
     metrics_address: str = "127.0.0.1"
+    metrics_token_file: str | None = None
+    """The bearer token ``/metrics`` requires (None: loopback only, no token)."""
 
 
 class Wakers:
@@ -192,7 +194,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     if metrics is None:
         metrics = memo["metrics"] = Metrics()
     if options.metrics_port is not None:
-        metrics.serve(options.metrics_port, options.metrics_address)
+        metrics.serve(options.metrics_port, options.metrics_address, options.metrics_token_file)
 
 
 @kopf.on.cleanup(registry=registry)

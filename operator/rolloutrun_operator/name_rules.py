@@ -108,6 +108,11 @@ def derived_names(run: str, replicas: int) -> list[tuple[str, str, Check]]:
         ),
         ("Lease name", naming.lease_name(run), dns1123_subdomain_problem),
         ("Secret name", naming.gym_token_secret_name(run), dns1123_subdomain_problem),
+        (
+            "metrics Secret name",
+            naming.metrics_token_secret_name(run),
+            dns1123_subdomain_problem,
+        ),
         ("ConfigMap name", naming.config_map_name(run), dns1123_subdomain_problem),
         (
             "ServiceAccount/Role/RoleBinding name",

@@ -97,6 +97,7 @@ __all__ = [
     "holder_incarnation",
     "lease_name",
     "member_account_name",
+    "metrics_token_secret_name",
     "run_selector",
     "trainer_pod_name",
     "trainer_service_name",
@@ -119,6 +120,11 @@ def config_map_name(run: str) -> str:
 
 def gym_token_secret_name(run: str) -> str:
     return f"{run}-gym-token"
+
+
+def metrics_token_secret_name(run: str) -> str:
+    """The run's metrics token (only ``/metrics``): a PodMonitor's ``bearerTokenSecret``."""
+    return f"{run}-metrics-token"
 
 
 def member_account_name(run: str) -> str:

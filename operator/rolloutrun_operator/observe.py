@@ -216,6 +216,8 @@ class Observed:
     nodes: Mapping[str, NodeView] = field(default_factory=dict)
     new_token: str = ""
     """A fresh random token, used only if the Gym token Secret must be created."""
+    new_metrics_token: str = ""
+    """Another one, used only if the metrics token Secret must be created."""
     foreign: Mapping[str, str] = field(default_factory=dict)
     """``Kind/name`` -> owner (:func:`owner_text`) of objects with a child's name or the
     run's label that this run does not own: never adopted, deleted or counted as members."""
@@ -243,6 +245,7 @@ def observed_from(
     new_token: str,
     uid: str,
     account: Mapping[str, Any] | None = None,
+    new_metrics_token: str = "",
 ) -> Observed:
     """Build an :class:`Observed` from the JSON the API server returned.
 
@@ -279,6 +282,7 @@ def observed_from(
         secrets=frozenset(secrets),
         nodes=node_views,
         new_token=new_token,
+        new_metrics_token=new_metrics_token,
         foreign=foreign,
         account=dict((account.get("metadata") or {}).get("annotations") or {})
         if account is not None

@@ -217,14 +217,17 @@ def _start_next(p: Pass, after: str) -> None:
     _run_incarnation(p)
 
 
-def static_children(run: RolloutRun, token: str) -> list[builders.Manifest]:
+def static_children(
+    run: RolloutRun, token: str, metrics_token: str = ""
+) -> list[builders.Manifest]:
     """The children that live as long as the run, in creation order (the members' RBAC
     first: the ServiceAccount unless the spec names its own, the Lease Role and its binding
-    to the account the pods run as; then the token Secret, the Lease, the Services, the
+    to the account the pods run as; then the token Secrets, the Lease, the Services, the
     NetworkPolicies). The one list of them: :func:`static_child_refs` (what the actuator
     fetches) is read off it, so what is observed and what is created cannot disagree."""
     wanted = [
         builders.gym_token_secret(run, token),
+        builders.metrics_token_secret(run, metrics_token),
         builders.trainer_lease(run),
         builders.trainer_service(run),
         builders.gym_service(run),
@@ -244,7 +247,7 @@ def static_child_refs(run: RolloutRun) -> list[tuple[str, str]]:
 
 
 def _ensure_static_children(p: Pass) -> None:
-    for manifest in static_children(p.run, p.observed.new_token):
+    for manifest in static_children(p.run, p.observed.new_token, p.observed.new_metrics_token):
         if f"{manifest['kind']}/{manifest['metadata']['name']}" not in p.observed.present:
             p.create(manifest)
 

@@ -21,6 +21,7 @@ from rolloutrun_runtime.contract.pod import (
     ENV_GENERATION_PORT,
     ENV_GYM_TOKEN,
     ENV_LOCALCLUSTER_ROOT,
+    ENV_METRICS_TOKEN,
     ENV_POD_IP,
 )
 
@@ -59,6 +60,12 @@ def take_gym_token() -> str | None:
     call this once at startup and hand the token on as an argument; later calls get None.
     """
     return os.environ.pop(ENV_GYM_TOKEN, None) or None
+
+
+def take_metrics_token() -> str | None:
+    """The metrics token (:data:`ENV_METRICS_TOKEN`), removed from the environment as
+    :func:`take_gym_token` removes the Gym token (no child process inherits it)."""
+    return os.environ.pop(ENV_METRICS_TOKEN, None) or None
 
 
 def generation_address(environ: Mapping[str, str] | None = None) -> tuple[str, int]:

@@ -6,14 +6,19 @@ are what a person watching a run asks first: the step, the last reward, how old 
 snapshot is, how long snapshots paused the rollout pump, how much generation restores threw
 away, which incarnation runs; plus the usual ``process_*`` metrics.
 
-Why no token: Prometheus scrapes without the run's token (giving it that token would give it
-the Gyms and the generation API). The endpoint serves numbers and the run's name only, no
-prompt, no token, no storage path; it is bound to the pod IP, and the run's generation
-NetworkPolicy admits to this port only the peers of ``spec.network.metricsFrom``.
+Why its own token: every endpoint is authenticated, with the least privilege that serves.
+The run's data-plane token would also open the Gyms and the generation API, so the scraper
+gets a metrics token instead (``contract.pod.ENV_METRICS_TOKEN``, from the run's metrics
+Secret, in the trainer pod only): it opens ``/metrics`` and nothing else, and the
+data-plane token does not open ``/metrics``. A call without it is answered 401; a server
+given no token refuses to start, as the data-plane servers do. The endpoint serves numbers
+and the run's name only; it is bound to the pod IP, and the run's generation NetworkPolicy
+admits to this port only the peers of ``spec.network.metricsFrom``.
 """
 
 from __future__ import annotations
 
+import hmac
 import os
 import resource
 import time
@@ -21,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolloutrun_runtime.contract.pod import ENV_METRICS_PORT, ENV_POD_IP
+from rolloutrun_runtime.contract.pod import ENV_METRICS_PORT, ENV_METRICS_TOKEN, ENV_POD_IP
 
 #: The exposition format version served (Prometheus text format 0.0.4).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -178,18 +183,50 @@ def metrics_address(environ: dict[str, str] | None = None) -> tuple[str, int] | 
     return env.get(ENV_POD_IP) or "127.0.0.1", int(port)
 
 
-class MetricsServer:
-    """``GET /metrics`` on the trainer's event loop (aiohttp, as the generation server)."""
+class MissingMetricsTokenError(ValueError):
+    """The metrics server was started without a metrics token."""
 
-    def __init__(self, metrics: TrainerMetrics) -> None:
+
+def metrics_token(token: str | None, environ: dict[str, str] | None = None) -> str:
+    """``token``, else :data:`ENV_METRICS_TOKEN`; refuse when neither is set."""
+    env = os.environ if environ is None else environ
+    resolved = token if token is not None else env.get(ENV_METRICS_TOKEN, "")
+    if not resolved:
+        raise MissingMetricsTokenError(
+            f"the trainer's /metrics needs a metrics token: set {ENV_METRICS_TOKEN} (the "
+            "operator gives the trainer the run's metrics Secret) or unset "
+            f"{ENV_METRICS_PORT} (no metrics server)"
+        )
+    return resolved
+
+
+def authorized(header: str, token: str) -> bool:
+    """Whether an ``Authorization`` header is ``Bearer <token>`` (constant-time)."""
+    return hmac.compare_digest(header.encode(), f"Bearer {token}".encode())
+
+
+class MetricsServer:
+    """``GET /metrics`` on the trainer's event loop (aiohttp, as the generation server),
+    behind the bearer ``token`` (required: no token, no server)."""
+
+    def __init__(self, metrics: TrainerMetrics, token: str) -> None:
+        if not token:
+            raise MissingMetricsTokenError("the metrics server needs a non-empty token")
         self.metrics = metrics
+        self._token = token
         self._runner: Any = None
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> MetricsServer:
         from aiohttp import web
 
-        async def handle(_request: web.Request) -> web.Response:
+        async def handle(request: web.Request) -> web.Response:
+            if not authorized(request.headers.get("Authorization", ""), self._token):
+                return web.Response(
+                    status=401,
+                    text="missing or wrong bearer token (the run's metrics token)\n",
+                    headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+                )
             return web.Response(
                 body=render(self.metrics).encode(), headers={"Content-Type": CONTENT_TYPE}
             )

@@ -28,6 +28,7 @@ from rolloutrun_runtime.pod import (
     generation_address,
     resolve_config_path,
     take_gym_token,
+    take_metrics_token,
 )
 from rolloutrun_runtime.trainer_observe import Observation
 
@@ -75,6 +76,7 @@ def main(args: argparse.Namespace) -> int:
     )
 
     gym_token = take_gym_token()  # first: no child process of the trainer inherits it
+    metrics_token = take_metrics_token()  # likewise (it opens /metrics only)
     try:
         cfg = load_run_config(resolve_config_path(args.config))
     except ConfigError as error:
@@ -93,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
         with holding(lease_from_environment(on_lost=pod.lost)) as lease:
             pod.lease = lease
             try:
-                return asyncio.run(_run_until_signalled(cfg, pod, gym_token))
+                return asyncio.run(_run_until_signalled(cfg, pod, gym_token, metrics_token))
             finally:
                 pod.close()  # the last progress (the forced snapshot) before the release
     except (FencedError, LeaseError) as error:
@@ -105,7 +107,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def _run_until_signalled(
-    cfg: RunConfig, pod: PodLease | None = None, gym_token: str | None = None
+    cfg: RunConfig,
+    pod: PodLease | None = None,
+    gym_token: str | None = None,
+    metrics_token: str | None = None,
 ) -> int:
     """Run the trainer; SIGTERM (a pod being stopped) cancels it cleanly, exit 143."""
     import signal
@@ -118,6 +123,7 @@ async def _run_until_signalled(
             hooks=_PodHooks(pod, cfg.grpo.max_steps),
             preemption=preemption,
             gym_token=gym_token,
+            metrics_token=metrics_token,
         )
     )
     loop = asyncio.get_running_loop()
@@ -142,6 +148,7 @@ async def run_trainer(
     hooks: RunHooks | None = None,
     preemption: asyncio.Event | None = None,
     gym_token: str | None = None,
+    metrics_token: str | None = None,
 ) -> TrainerResult:
     """Build the policy, workers and controller; resume if a checkpoint exists; run.
 
@@ -151,8 +158,7 @@ async def run_trainer(
     each step's record (after the trainer wrote it to the metrics log). ``gym_token`` is
     the run's token (Gym control plane and data plane, generation server) the entry point
     took from its environment (``take_gym_token``); None reads ``ENV_GYM_TOKEN`` (an
-    in-process caller that set it).
-    """
+    in-process caller that set it); ``metrics_token`` likewise, for ``/metrics`` only."""
     import torch
 
     from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
@@ -173,7 +179,7 @@ async def run_trainer(
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
     storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
-    observation = Observation(cfg, storage, log_dir, trace.run_id)  # started with the run
+    observation = Observation(cfg, storage, log_dir, trace.run_id, metrics_token)
     hooks = _TrainerHooks(hooks, MetricsWriter(log_dir), log_dir / SNAPSHOTS_LOG, observation)
     checkpointer = fenced_checkpointer(
         storage, cfg.checkpointing.keep_latest, fence=hooks.fence, on_anchor=hooks.on_anchor

@@ -25,7 +25,12 @@ from rolloutrun_runtime.contract.layout import (
     log_segment,
 )
 from rolloutrun_runtime.contract.pod import ENV_INCARNATION
-from rolloutrun_runtime.prometheus import MetricsServer, TrainerMetrics, metrics_address
+from rolloutrun_runtime.prometheus import (
+    MetricsServer,
+    TrainerMetrics,
+    metrics_address,
+    metrics_token,
+)
 from rolloutrun_runtime.run_logs import LogShipper, read_log_lines, write_config
 
 if TYPE_CHECKING:
@@ -41,8 +46,17 @@ def incarnation_from_environment() -> int:
 class Observation:
     """The trainer's logs in storage and its ``/metrics``: start, feed (hooks), stop."""
 
-    def __init__(self, cfg: RunConfig, storage: Any, log_dir: Path, run_id: str) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        storage: Any,
+        log_dir: Path,
+        run_id: str,
+        metrics_token: str | None = None,
+    ) -> None:
+        """``metrics_token``: what ``/metrics`` requires (None: ``ENV_METRICS_TOKEN``)."""
         self.cfg = cfg
+        self._metrics_token = metrics_token
         self.storage = storage
         self.log_dir = log_dir
         self.run_id = run_id
@@ -70,7 +84,8 @@ class Observation:
         ]
         address = metrics_address()
         if address is not None:
-            self.server = await MetricsServer(self.metrics).start(*address)
+            token = metrics_token(self._metrics_token)  # no token: refuse, never serve open
+            self.server = await MetricsServer(self.metrics, token).start(*address)
             logger.info("serving metrics on http://%s:%d/metrics", address[0], self.server.port)
         return self
 

@@ -140,15 +140,46 @@ def test_the_service_monitor_is_optional_and_selects_the_metrics_service(helm):
     assert (
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     )
+    secret = the(docs, "Secret")["metadata"]["name"]
     assert monitor["spec"]["endpoints"] == [
-        {"port": "metrics", "path": "/metrics", "interval": "30s"}
+        {
+            "port": "metrics",
+            "path": "/metrics",
+            "interval": "30s",
+            "authorization": {"type": "Bearer", "credentials": {"name": secret, "key": "token"}},
+        }
     ]
     assert service["spec"]["ports"][0]["name"] == "metrics"
     refused = template(helm, "metrics.serviceMonitor.enabled=true", "metrics.service=false")
     assert refused.returncode != 0 and "needs metrics.service=true" in refused.stderr
 
 
-def test_helm_test_pod_checks_the_operators_metrics(helm):
+def test_the_operators_metrics_need_the_charts_token_secret(helm):
+    """The operator serves /metrics (on 0.0.0.0) only with a token file: the chart's own
+    Secret, random per install, or one the user names (then the chart creates none)."""
+    docs = render(helm, "metrics.serviceMonitor.enabled=true")
+    secret = the(docs, "Secret")
+    name = secret["metadata"]["name"]
+    assert name == "rr-rolloutrun-operator-metrics-token"
+    assert len(secret["data"]["token"]) > 40  # base64 of 43 random characters
+    volumes = the(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "metrics-token", "secret": {"secretName": name}} in volumes
+    assert (
+        "--metrics-token-file=/var/run/secrets/rolloutrun/metrics/token" in container(docs)["args"]
+    )
+    own = render(
+        helm, "metrics.existingTokenSecret=my-token", "metrics.serviceMonitor.enabled=true"
+    )
+    assert not [d for d in own if d["kind"] == "Secret"]
+    volumes = the(own, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "metrics-token", "secret": {"secretName": "my-token"}} in volumes
+    credentials = the(own, "ServiceMonitor")["spec"]["endpoints"][0]["authorization"]
+    assert credentials["credentials"]["name"] == "my-token"
+    bad = template(helm, "metrics.existingTokenSecret=My_Token")
+    assert bad.returncode != 0 and "/metrics/existingTokenSecret" in bad.stderr
+
+
+def test_helm_test_pod_checks_the_operators_metrics(helm, tmp_path):
     """The test pod's command, run here against the operator's real metrics server: it
     passes when the operator answers, and fails naming the URL when nothing does."""
     from rolloutrun_operator.metrics import Metrics
@@ -163,13 +194,37 @@ def test_helm_test_pod_checks_the_operators_metrics(helm):
     assert command[-1] == "http://rr-rolloutrun-operator-metrics.ops.svc:9090/metrics"
     assert command[0] == "python"
 
+    # it sends the metrics token from the chart's Secret, mounted where the operator has it
+    (secret,) = [d for d in docs if d["kind"] == "Secret"]
+    (volume,) = pod["spec"]["volumes"]
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    (mount,) = check["volumeMounts"]
+    assert mount["name"] == volume["name"] and mount["readOnly"] is True
+    (token_env,) = check["env"]
+    assert token_env["value"] == f"{mount['mountPath']}/token"
+    assert f"--metrics-token-file={token_env['value']}" in container(docs)["args"]
+
+    token = tmp_path / "token"
+    token.write_text("the-metrics-token")
+    env = {"PATH": "/usr/bin:/bin", "METRICS_TOKEN_FILE": str(token)}
     metrics = Metrics()
-    port = metrics.serve(0, "127.0.0.1")
+    port = metrics.serve(0, "127.0.0.1", str(token))
     try:
         url = f"http://127.0.0.1:{port}/metrics"
-        done = subprocess.run([sys.executable, *command[1:-1], url], capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, *command[1:-1], url], capture_output=True, text=True, env=env
+        )
         assert done.returncode == 0, done.stderr
         assert f"the operator answers at {url}" in done.stdout
+        other = tmp_path / "other"
+        other.write_text("not-the-operators-token")  # a wrong token: 401, the check fails
+        wrong = subprocess.run(
+            [sys.executable, *command[1:-1], url, "1"],
+            capture_output=True,
+            text=True,
+            env={**env, "METRICS_TOKEN_FILE": str(other)},
+        )
+        assert wrong.returncode != 0 and "401" in wrong.stdout
     finally:
         metrics.close()
     not_metrics = subprocess.run(
@@ -177,7 +232,7 @@ def test_helm_test_pod_checks_the_operators_metrics(helm):
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PATH": "/usr/bin:/bin"},
+        env=env,
         check=False,
     )
     assert not_metrics.returncode != 0

@@ -9,8 +9,11 @@ or trained twice, no side effect applied twice).
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
+import urllib.error
+import urllib.request
 from typing import Any
 
 from rolloutrun_localcluster.testing import eventually
@@ -42,6 +45,7 @@ def test_a_run_is_created_runs_in_pods_and_succeeds_with_a_clean_audit(start_run
     pods = run.pods()
     assert {"tiny-i1-trainer", "tiny-i1-gym-0", "tiny-i1-gym-1"} <= set(pods)
     assert pods["tiny-i1-trainer"].status.pod_ip != "127.0.0.1"  # pods have their own IPs
+    _metrics_open_to_the_metrics_token_only(run, pods["tiny-i1-trainer"].status.pod_ip)
 
     summary = finish(run)
     assert summary["result"] == "Succeeded", summary
@@ -69,6 +73,34 @@ def test_a_run_is_created_runs_in_pods_and_succeeds_with_a_clean_audit(start_run
     assert summary["audit"]["side_effects"]["applied"] > 0  # the Gym pods' audit files
     assert summary["audit"].get("ok") is True, summary["audit"]
     _what_users_watch_outlives_the_pods(run)
+
+
+def _scrape(url: str, token: str | None) -> int:
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return 200 if "rolloutrun_trainer_step" in answer.read().decode() else -1
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0  # not serving yet
+
+
+def _metrics_open_to_the_metrics_token_only(run: Any, pod_ip: str) -> None:
+    """The trainer pod's ``/metrics``, as a PodMonitor scrapes it: the key ``token`` of the
+    run's metrics Secret opens it; no token and the run's data-plane token get 401."""
+
+    def secret(name: str) -> str:
+        data = run.core.read_namespaced_secret(name, run.namespace).data["token"]
+        return base64.b64decode(data).decode()
+
+    url = f"http://{pod_ip}:9464/metrics"
+    metrics_token = secret("tiny-metrics-token")
+    eventually(lambda: _scrape(url, metrics_token) == 200, what="the trainer's /metrics")
+    assert _scrape(url, None) == 401
+    assert _scrape(url, secret("tiny-gym-token")) == 401
 
 
 def _what_users_watch_outlives_the_pods(run: Any) -> None:

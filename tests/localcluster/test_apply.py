@@ -294,6 +294,8 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart(
     assert core.read_namespaced_service_account(name, namespace).metadata.name == name
     releases = core.list_namespaced_secret(namespace, label_selector=f"owner=helm,name={release}")
     assert [s.type for s in releases.items] == ["helm.sh/release.v1"]
+    token = core.read_namespaced_secret(f"{name}-metrics-token", namespace).data["token"]
+    assert token  # the operator's /metrics bearer token: random, kept by the upgrade below
 
     # Namespaced mode: a Role + RoleBinding per watched namespace, no cluster-wide grant.
     watched = [f"{namespace}-a", f"{namespace}-b"]
@@ -313,6 +315,8 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart(
         assert _exists(rbac.read_cluster_role, f"{name}-nodes")
         args = apps.read_namespaced_deployment(name, namespace).spec.template.spec.containers[0]
         assert any(ns in arg for arg in args.args for ns in watched)
+        again = core.read_namespaced_secret(f"{name}-metrics-token", namespace).data["token"]
+        assert again == token  # scrapers holding it keep working across upgrades
 
         helm("uninstall", release, "--namespace", namespace)
         for ns in watched:

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from rolloutrun_operator import builders, naming
+from rolloutrun_runtime.contract.pod import ENV_METRICS_TOKEN, METRICS_TOKEN_KEY
 from rolloutrun_runtime.contract.run_config import RunConfig
 from tests.support.rolloutruns import make_run
 
@@ -21,6 +22,7 @@ def everything(run):
         builders.member_role_binding(run),
         builders.trainer_lease(run),
         builders.gym_token_secret(run, "secret-token"),
+        builders.metrics_token_secret(run, "metrics-token"),
         builders.trainer_service(run),
         builders.gym_service(run),
         builders.gym_network_policy(run),
@@ -85,6 +87,11 @@ def test_the_trainer_pod_carries_the_contract():
     # the trainer's Prometheus /metrics: a named container port, and the port in its env
     assert {"name": "metrics", "containerPort": 9464} in container["ports"]
     assert env["ROLLOUTRUN_METRICS_PORT"]["value"] == "9464"
+    # ... behind the run's metrics token (its own Secret: it opens /metrics only)
+    assert env["ROLLOUTRUN_METRICS_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "demo-metrics-token",
+        "key": "token",
+    }
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env["ROLLOUTRUN_GYM_CONTROL_TOKEN"]["valueFrom"]["secretKeyRef"] == {
@@ -103,6 +110,17 @@ def test_the_trainer_pod_carries_the_contract():
     assert spec["nodeSelector"] == {"pool": "spot"}
     assert spec["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "2"}}
+
+
+def test_the_metrics_token_is_its_own_secret_and_reaches_the_trainer_only():
+    run = make_run(**GCS)
+    secret = builders.metrics_token_secret(run, "metrics-token")
+    assert secret["metadata"]["name"] == naming.metrics_token_secret_name("demo")
+    assert secret["stringData"] == {METRICS_TOKEN_KEY: "metrics-token"}
+    assert secret["metadata"]["name"] != naming.gym_token_secret_name("demo")
+    gym = builders.gym_pod(run, 1, 0)
+    assert ENV_METRICS_TOKEN not in env_of(gym)
+    assert "demo-metrics-token" not in yaml.safe_dump(gym)  # no env, no volume: not at all
 
 
 @pytest.mark.parametrize(

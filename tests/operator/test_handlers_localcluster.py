@@ -95,7 +95,10 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
             f"http://{pod.status.pod_ip}:8000" for pod in gyms
         ]
         assert trainer_config["checkpointing"]["storageUri"] == "file:///tmp/rolloutrun-test"
-        assert core.read_namespaced_secret("demo-gym-token", namespace).data["token"]
+        gym_token = core.read_namespaced_secret("demo-gym-token", namespace).data["token"]
+        metrics = core.read_namespaced_secret("demo-metrics-token", namespace)
+        assert metrics.data["token"] and metrics.data["token"] != gym_token
+        assert metrics.metadata.owner_references[0].name == "demo"
         assert core.read_namespaced_service("demo-trainer", namespace).spec.ports[0].port == 8100
         leases: Any = k8s.CoordinationV1Api(api)
         lease_obj = leases.read_namespaced_lease("demo-trainer", namespace)

@@ -49,6 +49,7 @@ def test_a_new_run_creates_its_static_children_config_and_gym_pods_first():
             "create Role/demo-member",
             "create RoleBinding/demo-member",
             "create Secret/demo-gym-token",
+            "create Secret/demo-metrics-token",
             "create Lease/demo-trainer",
             "create Service/demo-trainer",
             "create Service/demo-gym",

@@ -56,6 +56,7 @@ STATIC = frozenset(
         f"Role/{RUN}-member",
         f"RoleBinding/{RUN}-member",
         f"Secret/{RUN}-gym-token",
+        f"Secret/{RUN}-metrics-token",
         f"Lease/{RUN}-trainer",
         f"Service/{RUN}-trainer",
         f"Service/{RUN}-gym",

@@ -97,3 +97,13 @@ names exist (RBAC has no metadata-only read); `create` makes the token Secret. *
   verbs: [get, list, watch, patch]
 {{- end }}
 {{- end -}}
+
+{{/* The Secret holding the bearer token of the operator's /metrics (key `token`). */}}
+{{- define "rolloutrun.metricsTokenSecret" -}}
+{{- default (printf "%s-metrics-token" (include "rolloutrun.fullname" .)) .Values.metrics.existingTokenSecret -}}
+{{- end -}}
+
+{{/* Where the operator and the helm test pod mount that Secret. */}}
+{{- define "rolloutrun.metricsTokenDir" -}}
+/var/run/secrets/rolloutrun/metrics
+{{- end -}}

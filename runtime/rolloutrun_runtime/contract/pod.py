@@ -62,6 +62,10 @@ ENV_GENERATION_PORT = "ROLLOUTRUN_GENERATION_PORT"
 ENV_GYM_INSTANCE_ID = "ROLLOUTRUN_GYM_INSTANCE_ID"
 ENV_METRICS_PORT = "ROLLOUTRUN_METRICS_PORT"
 """The trainer's Prometheus ``/metrics`` port (unset: no metrics server)."""
+ENV_METRICS_TOKEN = "ROLLOUTRUN_METRICS_TOKEN"
+"""The bearer token the trainer's ``/metrics`` requires (from the run's metrics Secret, in
+the trainer pod only): it opens ``/metrics`` and nothing else, so a scraper holding it
+cannot drive the Gyms or the generation API, and a data-plane token does not open it."""
 ENV_POD_NAME = "POD_NAME"
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 ENV_POD_IP = "POD_IP"
@@ -78,6 +82,7 @@ RESERVED_ENV = frozenset(
         ENV_GENERATION_PORT,
         ENV_GYM_INSTANCE_ID,
         ENV_METRICS_PORT,
+        ENV_METRICS_TOKEN,
         ENV_POD_NAME,
         ENV_POD_NAMESPACE,
         ENV_POD_IP,
@@ -102,6 +107,9 @@ WORK_DIR = "/var/lib/rolloutrun"
 """Writable working directory (an emptyDir): relative ``logDir`` paths land here."""
 GYM_TOKEN_KEY = "token"
 """Key of the Gym token in the run's Secret (exposed as :data:`ENV_GYM_TOKEN`)."""
+METRICS_TOKEN_KEY = "token"
+"""Key of the metrics token in the run's metrics Secret (exposed as
+:data:`ENV_METRICS_TOKEN`; a PodMonitor's ``bearerTokenSecret`` names this key)."""
 
 # ------------------------------------------------------------------------------- ports
 #: Container port names (Services and probes refer to them).

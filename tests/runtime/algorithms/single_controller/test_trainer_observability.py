@@ -23,16 +23,24 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rolloutrun_runtime.algorithms.single_controller.hooks import NoHooks
 from rolloutrun_runtime.cli import main as rolloutrun
-from rolloutrun_runtime.contract.pod import ENV_INCARNATION, ENV_METRICS_PORT, ENV_POD_IP
+from rolloutrun_runtime.contract.pod import (
+    ENV_INCARNATION,
+    ENV_METRICS_PORT,
+    ENV_METRICS_TOKEN,
+    ENV_POD_IP,
+)
 from rolloutrun_runtime.metrics import format_step_line
+from rolloutrun_runtime.policy.http import bearer_headers
 from rolloutrun_runtime.run_logs import read_stored_metrics
 from rolloutrun_runtime.storage import open_storage
 from rolloutrun_runtime.trainer import _run_until_signalled, run_trainer
+from tests.support.data_plane import HEADERS
 from tests.support.run_configs import tiny_config
 
 RUN_LIMIT_S = 150
 STEPS = 4
 PREEMPTED_AT = 2
+METRICS_TOKEN = "test-metrics-token"
 
 
 def _config(tmp_path: Path, storage: Path, log_dir: str) -> Any:
@@ -63,8 +71,21 @@ class _Scrape(NoHooks):
             self.task = asyncio.ensure_future(self._get())
 
     async def _get(self) -> str:
-        async with aiohttp.ClientSession() as session, session.get(self.url) as response:
-            assert response.status == 200
+        # at once (the server stops with the run): no token and the run's data-plane token
+        # get 401, the metrics token gets the metrics
+        async with aiohttp.ClientSession() as session:
+            no_token, data_plane, text = await asyncio.gather(
+                self._one(session, {}),
+                self._one(session, HEADERS),
+                self._one(session, bearer_headers(METRICS_TOKEN)),
+            )
+        assert no_token == data_plane == "401"
+        return text
+
+    async def _one(self, session: aiohttp.ClientSession, headers: dict[str, str]) -> str:
+        async with session.get(self.url, headers=headers) as response:
+            if response.status != 200:
+                return str(response.status)
             assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             return await response.text()
 
@@ -105,6 +126,7 @@ async def test_logs_metrics_trace_and_audit_outlive_each_pod(
     port = _free_port()
     monkeypatch.setenv(ENV_INCARNATION, "1")
     monkeypatch.setenv(ENV_METRICS_PORT, str(port))
+    monkeypatch.setenv(ENV_METRICS_TOKEN, METRICS_TOKEN)
     monkeypatch.setenv(ENV_POD_IP, "127.0.0.1")
     second = await gym_endpoints(_config(tmp_path, storage, "pod-1"))
     scrape = _Scrape(port, STEPS)
