@@ -3,7 +3,12 @@
 These models are the single source of truth for the API. The CRD in ``crds/`` (and the Helm
 chart's copy) is generated from them by :mod:`rolloutrun_operator.api.crdgen`, and a test fails
 when the checked-in YAML drifts. The embedded ``spec.run`` is the runtime's own
-:class:`~rolloutrun_runtime.contract.run_config.RunConfig`, so the pod contract is defined once.
+:class:`~rolloutrun_runtime.contract.run_config.RunSettings` (the pods' ``RunConfig`` less the
+fields the operator derives), so the pod contract is defined once.
+
+Rules across fields are :class:`~rolloutrun_runtime.contract.field_rules.FieldRule` objects:
+the CRD carries them as CEL (``x-kubernetes-validations``, refused at admission) and the
+models' validators raise the same messages.
 
 Every field carries a description (it becomes the CRD's documentation, shown by
 ``kubectl explain``) and bounds; counts are integers, never floats.
@@ -15,17 +20,22 @@ import enum
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonDict
 
+from rolloutrun_runtime.contract.field_rules import FieldRule, cel_rules
 from rolloutrun_runtime.contract.pod import (
     API_GROUP,
     DEFAULT_GENERATION_PORT,
     DEFAULT_GYM_PORT,
     RESERVED_ENV,
 )
-from rolloutrun_runtime.contract.run_config import STORAGE_URI_PATTERN, RunConfig
+from rolloutrun_runtime.contract.run_config import (
+    STORAGE_URI_PATTERN,
+    CheckpointingSettings,
+    RunSettings,
+)
 
 GROUP = API_GROUP
 VERSION = "v1alpha1"
@@ -45,6 +55,23 @@ ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
 _QUANTITY_VALUE: JsonDict = {"type": "string", "maxLength": 64, "pattern": QUANTITY_PATTERN}
 _LABEL_VALUE: JsonDict = {"type": "string", "maxLength": 63}
+#: A time the operator writes (RFC 3339, as :func:`rolloutrun_operator.observe.format_time`).
+_DATE_TIME: JsonDict = {"format": "date-time"}
+
+#: The operator's own variables carry fencing and identity: a user's entry would win.
+RESERVED_ENV_RULE = FieldRule(
+    rule=(
+        "!has(self.env) || self.env.all(e, !(e.name in ["
+        + ", ".join(f"'{name}'" for name in sorted(RESERVED_ENV))
+        + "]))"
+    ),
+    message=(
+        "reserved, the operator sets it on every member pod (reserved names: "
+        + ", ".join(sorted(RESERVED_ENV))
+        + ")"
+    ),
+    field_path=".env",
+)
 
 
 class _Model(BaseModel):
@@ -129,6 +156,8 @@ class EnvVar(_Model):
 class PodSettings(_Model):
     """Scheduling and container settings for one kind of member pod."""
 
+    model_config = ConfigDict(json_schema_extra=cel_rules(RESERVED_ENV_RULE))
+
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Container resources."
     )
@@ -161,19 +190,14 @@ class PodSettings(_Model):
         carry fencing and identity: an entry of the user's that overrode one would win."""
         reserved = sorted({var.name for var in env} & RESERVED_ENV)
         if reserved:
-            raise ValueError(
-                f"env {', '.join(reserved)}: reserved, the operator sets it on every member "
-                f"pod (reserved names: {', '.join(sorted(RESERVED_ENV))})"
-            )
+            raise ValueError(f"env {', '.join(reserved)}: {RESERVED_ENV_RULE.message}")
         return env
 
 
 class GymPodSettings(PodSettings):
     """Gym environment server pods."""
 
-    replicas: int = Field(
-        2, ge=1, le=1024, description="Gym server replicas (overrides spec.run.gym.replicas)."
-    )
+    replicas: int = Field(2, ge=1, le=1024, description="Gym server replicas.")
     port: int = Field(
         DEFAULT_GYM_PORT, ge=1024, le=65_535, description="Port the Gym servers listen on."
     )
@@ -274,8 +298,23 @@ class NetworkSpec(_Model):
     )
 
 
+#: A path no volume holds lies in each pod's own filesystem and dies with it.
+STORAGE_NEEDS_CLAIM = FieldRule(
+    rule="self.uri.startsWith('gs://') || has(self.volumeClaimName)",
+    message=(
+        "required with file:// storage: without a volume the path lies in each pod's own "
+        "filesystem and dies with the pod, losing every checkpoint; name a ReadWriteMany "
+        "PersistentVolumeClaim, or use gs://"
+    ),
+    field_path=".volumeClaimName",
+    reason="FieldValueRequired",
+)
+
+
 class StorageSpec(_Model):
     """Where checkpoints and rollout snapshots are kept."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(STORAGE_NEEDS_CLAIM))
 
     uri: str = Field(
         ...,
@@ -357,8 +396,31 @@ class RecoveryPolicy(_Model):
     )
 
 
+def _grace_rule() -> FieldRule:
+    preemption = CheckpointingSettings.model_fields["preemption_grace_seconds"].default
+    termination = PodSettings.model_fields["termination_grace_period_seconds"].default
+    return FieldRule(
+        rule=(
+            "(has(self.run) && has(self.run.checkpointing) ? "
+            f"self.run.checkpointing.preemptionGraceSeconds : {preemption}) < "
+            f"(has(self.trainer) ? self.trainer.terminationGracePeriodSeconds : {termination})"
+        ),
+        message=(
+            "spec.run.checkpointing.preemptionGraceSeconds must be below "
+            "spec.trainer.terminationGracePeriodSeconds: the trainer's forced snapshot "
+            "publishes within the first, the kubelet kills the trainer at the second"
+        ),
+    )
+
+
+#: The forced snapshot on SIGTERM must publish before the kubelet's SIGKILL.
+GRACE_BELOW_TERMINATION = _grace_rule()
+
+
 class RolloutRunSpec(_Model):
     """The desired state of a RolloutRun."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(GRACE_BELOW_TERMINATION))
 
     images: Images = Field(default_factory=Images, description="Member pod images.")
     trainer: TrainerPodSettings = Field(
@@ -377,9 +439,13 @@ class RolloutRunSpec(_Model):
         ),
     )
     storage: StorageSpec = Field(..., description="Checkpoint and snapshot storage.")
-    run: RunConfig = Field(
-        default_factory=RunConfig,
-        description="The runtime's RunConfig (policy, task, GRPO, rollout, checkpointing).",
+    run: RunSettings = Field(
+        default_factory=RunSettings,
+        description=(
+            "The runtime's RunConfig (policy, task, GRPO, rollout, checkpointing) less what "
+            "the operator derives: the storage URI (from storage.uri), the Gym replicas (from "
+            "gym.replicas) and endpoints, the resume hint."
+        ),
     )
     recovery: RecoveryPolicy = Field(
         default_factory=RecoveryPolicy, description="Restart policy after member loss."
@@ -392,6 +458,17 @@ class RolloutRunSpec(_Model):
         default_factory=NetworkSpec,
         description="Ingress to the member pods beyond the run's own (NetworkPolicies).",
     )
+
+    @model_validator(mode="after")
+    def _grace_below_termination(self) -> RolloutRunSpec:
+        preemption = self.run.checkpointing.preemption_grace_seconds
+        termination = self.trainer.termination_grace_period_seconds
+        if preemption >= termination:
+            raise ValueError(
+                f"{GRACE_BELOW_TERMINATION.message} (preemptionGraceSeconds {preemption}, "
+                f"terminationGracePeriodSeconds {termination})"
+            )
+        return self
 
 
 class ConditionStatus(enum.StrEnum):
@@ -408,14 +485,18 @@ class Condition(_Model):
     type: str = Field(..., min_length=1, max_length=64, description="Condition type.")
     status: ConditionStatus = Field(..., description="True, False or Unknown.")
     reason: str = Field(
-        "",
+        ...,
+        min_length=1,
         max_length=128,
-        pattern=r"^([A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?)?$",
-        description="CamelCase reason for the last transition.",
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="CamelCase reason for the last transition (never empty).",
     )
     message: str = Field("", max_length=32_768, description="Human-readable details.")
     last_transition_time: str | None = Field(
-        None, max_length=64, description="When the status last changed (RFC 3339)."
+        None,
+        max_length=64,
+        description="When the status last changed (RFC 3339).",
+        json_schema_extra=_DATE_TIME,
     )
     observed_generation: int | None = Field(
         None, ge=0, le=2**53, description="The spec generation this condition describes."
@@ -427,7 +508,9 @@ class FailureRecord(_Model):
 
     reason: str = Field("", max_length=128, description="Why the incarnation ended.")
     pod: str = Field("", max_length=253, description="The member pod that was lost.")
-    time: str | None = Field(None, max_length=64, description="When (RFC 3339).")
+    time: str | None = Field(
+        None, max_length=64, description="When (RFC 3339).", json_schema_extra=_DATE_TIME
+    )
     message: str = Field("", max_length=4096, description="Details.")
 
 
@@ -453,6 +536,7 @@ class LeaseObservation(_Model):
         ...,
         max_length=64,
         description="When the operator first saw this holder and renewTime (its clock, RFC 3339).",
+        json_schema_extra=_DATE_TIME,
     )
 
 
@@ -481,15 +565,22 @@ class RolloutRunStatus(_Model):
         None, max_length=2048, description="The latest published snapshot manifest."
     )
     latest_manifest_time: str | None = Field(
-        None, max_length=64, description="When it was published (RFC 3339)."
+        None,
+        max_length=64,
+        description="When it was published (RFC 3339).",
+        json_schema_extra=_DATE_TIME,
     )
     next_start_time: str | None = Field(
-        None, max_length=64, description="When the next incarnation may start (backoff)."
+        None,
+        max_length=64,
+        description="When the next incarnation may start (backoff; RFC 3339).",
+        json_schema_extra=_DATE_TIME,
     )
     incarnation_start_time: str | None = Field(
         None,
         max_length=64,
         description="When the current incarnation's trainer was started; unset while starting.",
+        json_schema_extra=_DATE_TIME,
     )
     consecutive_losses: int = Field(
         0,
