@@ -7,7 +7,11 @@ through ``rolloutrun validate``'s parse, which must refuse them with the same me
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +208,34 @@ def test_status_times_are_date_time_and_reasons_never_empty():
     assert "reason" in condition["required"] and condition["properties"]["reason"]["minLength"] == 1
     with pytest.raises(ValueError, match="reason must not be empty"):
         Desired(False, "")
+
+
+@needs_cel
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_the_local_cluster_refuses_a_cel_violation_with_the_real_422(tmp_path):
+    import yaml
+
+    from rolloutrun_localcluster.testing import local_cluster
+
+    with contextlib.contextmanager(local_cluster)(tmp_path / "cluster") as cluster:
+        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)}
+
+        def kubectl(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["kubectl", *args], input=stdin, env=env, capture_output=True, text=True
+            )
+
+        crd = (ROOT / "crds" / "rolloutruns.rolloutrun.dev.yaml").read_text()
+        assert kubectl("create", "-f", "-", stdin=crd).returncode == 0
+        bad = _bad(BAD_SPECS[0][1])
+        bad["metadata"] = {"name": "bad", "namespace": "default"}
+        refused = kubectl("create", "-f", "-", stdin=yaml.safe_dump(bad))
+        assert refused.returncode == 1
+        assert refused.stderr.strip() == (
+            'The RolloutRun "bad" is invalid: spec.run.policy: Invalid value: "object": '
+            f"{HEADS_DIVIDE_WIDTH.message}"
+        )
+        good = _document()
+        good["metadata"] = {"name": "good", "namespace": "default"}
+        created = kubectl("create", "-f", "-", stdin=yaml.safe_dump(good))
+        assert created.stdout == "rolloutrun.rolloutrun.dev/good created\n", created.stderr
