@@ -473,6 +473,15 @@ class RunConfig(RunSettings):
             )
         return self
 
+    def settings_yaml_dict(self) -> dict[str, Any]:
+        """The config as a RolloutRun's ``spec.run`` may state it: without the fields the
+        operator derives (:data:`OPERATOR_OWNED_FIELDS`)."""
+        data = self.to_yaml_dict()
+        for dotted in OPERATOR_OWNED_FIELDS:
+            section, _, key = dotted.partition(".")
+            data.get(section, {}).pop(key, None)
+        return data
+
     # ----------------------------------------------------------------- derived values
     @property
     def uses_ledger(self) -> bool:
