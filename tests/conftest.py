@@ -75,6 +75,6 @@ def storage(request: pytest.FixtureRequest) -> CheckpointStorage:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """``--kubeconfig``/``--image``...: tests/e2e's cluster tests against a real cluster."""
-    from tests.e2e.any_cluster import add_options
+    from tests.e2e.options import add_options
 
     add_options(parser)

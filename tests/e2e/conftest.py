@@ -19,6 +19,7 @@ import pytest
 from rolloutrun_localcluster.embedded import EmbeddedRun, condition_of
 from rolloutrun_localcluster.testing import eventually
 from tests.e2e import any_cluster as ac
+from tests.e2e import options as opt
 from tests.e2e.any_cluster import EmbeddedCluster, Target
 
 #: A run that trains in seconds on 2 cores: 24 steps, snapshots every second, a trainer
@@ -154,22 +155,22 @@ def any_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Targ
     from kubernetes import config
 
     option = request.config.getoption
-    kubeconfig = option(ac.KUBECONFIG_OPTION)
+    kubeconfig = option(opt.KUBECONFIG_OPTION)
     if not kubeconfig:
         with EmbeddedCluster(tmp_path) as (api, namespace):
             yield Target(api, namespace, local_storage=tmp_path / "storage")
         return
     api = config.new_client_from_config(config_file=kubeconfig)
-    given = option(ac.NAMESPACE_OPTION)
-    namespaces = iter([given]) if given else ac.fresh_namespace(api, option(ac.KEEP_OPTION))
+    given = option(opt.NAMESPACE_OPTION)
+    namespaces = iter([given]) if given else ac.fresh_namespace(api, option(opt.KEEP_OPTION))
     try:
         for namespace in namespaces:
             yield Target(
                 api,
                 namespace,
-                image=option(ac.IMAGE_OPTION),
-                storage_class=option(ac.STORAGE_CLASS_OPTION),
-                storage_uri=option(ac.STORAGE_URI_OPTION),
+                image=option(opt.IMAGE_OPTION),
+                storage_class=option(opt.STORAGE_CLASS_OPTION),
+                storage_uri=option(opt.STORAGE_URI_OPTION),
             )
     finally:
         api.close()
