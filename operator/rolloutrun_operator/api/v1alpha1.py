@@ -24,7 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonDict
 
-from rolloutrun_runtime.contract.field_rules import FieldRule, cel_rules
+from rolloutrun_operator.api.rules import (
+    RESERVED_ENV_RULE,
+    STORAGE_NEEDS_CLAIM,
+    grace_below_termination,
+)
+from rolloutrun_runtime.contract.field_rules import cel_rules
 from rolloutrun_runtime.contract.pod import (
     API_GROUP,
     DEFAULT_GENERATION_PORT,
@@ -57,21 +62,6 @@ _QUANTITY_VALUE: JsonDict = {"type": "string", "maxLength": 64, "pattern": QUANT
 _LABEL_VALUE: JsonDict = {"type": "string", "maxLength": 63}
 #: A time the operator writes (RFC 3339, as :func:`rolloutrun_operator.observe.format_time`).
 _DATE_TIME: JsonDict = {"format": "date-time"}
-
-#: The operator's own variables carry fencing and identity: a user's entry would win.
-RESERVED_ENV_RULE = FieldRule(
-    rule=(
-        "!has(self.env) || self.env.all(e, !(e.name in ["
-        + ", ".join(f"'{name}'" for name in sorted(RESERVED_ENV))
-        + "]))"
-    ),
-    message=(
-        "reserved, the operator sets it on every member pod (reserved names: "
-        + ", ".join(sorted(RESERVED_ENV))
-        + ")"
-    ),
-    field_path=".env",
-)
 
 
 class _Model(BaseModel):
@@ -298,19 +288,6 @@ class NetworkSpec(_Model):
     )
 
 
-#: A path no volume holds lies in each pod's own filesystem and dies with it.
-STORAGE_NEEDS_CLAIM = FieldRule(
-    rule="self.uri.startsWith('gs://') || has(self.volumeClaimName)",
-    message=(
-        "required with file:// storage: without a volume the path lies in each pod's own "
-        "filesystem and dies with the pod, losing every checkpoint; name a ReadWriteMany "
-        "PersistentVolumeClaim, or use gs://"
-    ),
-    field_path=".volumeClaimName",
-    reason="FieldValueRequired",
-)
-
-
 class StorageSpec(_Model):
     """Where checkpoints and rollout snapshots are kept."""
 
@@ -396,25 +373,11 @@ class RecoveryPolicy(_Model):
     )
 
 
-def _grace_rule() -> FieldRule:
-    preemption = CheckpointingSettings.model_fields["preemption_grace_seconds"].default
-    termination = PodSettings.model_fields["termination_grace_period_seconds"].default
-    return FieldRule(
-        rule=(
-            "(has(self.run) && has(self.run.checkpointing) ? "
-            f"self.run.checkpointing.preemptionGraceSeconds : {preemption}) < "
-            f"(has(self.trainer) ? self.trainer.terminationGracePeriodSeconds : {termination})"
-        ),
-        message=(
-            "spec.run.checkpointing.preemptionGraceSeconds must be below "
-            "spec.trainer.terminationGracePeriodSeconds: the trainer's forced snapshot "
-            "publishes within the first, the kubelet kills the trainer at the second"
-        ),
-    )
-
-
 #: The forced snapshot on SIGTERM must publish before the kubelet's SIGKILL.
-GRACE_BELOW_TERMINATION = _grace_rule()
+GRACE_BELOW_TERMINATION = grace_below_termination(
+    CheckpointingSettings.model_fields["preemption_grace_seconds"].default,
+    PodSettings.model_fields["termination_grace_period_seconds"].default,
+)
 
 
 class RolloutRunSpec(_Model):
