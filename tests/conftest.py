@@ -71,3 +71,10 @@ def storage(request: pytest.FixtureRequest) -> CheckpointStorage:
     fixture = "file_storage" if request.param == "file" else "gs_storage"
     result: CheckpointStorage = request.getfixturevalue(fixture)
     return result
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--kubeconfig``/``--image``...: tests/e2e's cluster tests against a real cluster."""
+    from tests.e2e.options import add_options
+
+    add_options(parser)

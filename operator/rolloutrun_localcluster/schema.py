@@ -6,8 +6,10 @@ kube-openapi (``spec.replicas: Invalid value: -1: spec.replicas in body should b
 than or equal to 0``). Unknown fields are pruned (and reported as a ``Warning`` header);
 with ``fieldValidation=Strict`` they are a 400 "strict decoding error", as real.
 
-Not emulated: CEL rules (``x-kubernetes-validations``), ``format`` checks beyond integers,
-``oneOf``/``anyOf``/``not`` (structural schemas use them only for validation; ignored).
+CEL rules (``x-kubernetes-validations``) are evaluated after these checks pass by
+:mod:`.cel` when cel-python is importable (the ``test`` extra), else not at all. Not
+emulated: ``format`` checks beyond integers, ``oneOf``/``anyOf``/``not`` (structural schemas
+use them only for validation; ignored).
 """
 
 from __future__ import annotations

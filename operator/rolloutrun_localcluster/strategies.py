@@ -13,7 +13,7 @@ import base64
 import binascii
 from typing import TYPE_CHECKING, Any
 
-from . import errors, schema, validation
+from . import cel, errors, schema, validation
 from .resources import ResourceType
 
 if TYPE_CHECKING:
@@ -384,6 +384,8 @@ class CustomResourceStrategy(Strategy):
         if rtype.schema is not None:
             body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
             causes += schema.validate(body, rtype.schema)
+            if not causes and cel.available():  # the CRD's CEL rules, on the defaulted object
+                causes += cel.rule_causes(body, rtype.schema)
         return causes
 
 

@@ -46,6 +46,11 @@ class Desired:
     reason: str
     message: str = ""
 
+    def __post_init__(self) -> None:
+        # A condition without a reason tells ``kubectl get rr`` nothing (the CRD refuses one).
+        if not self.reason:
+            raise ValueError(f"a condition's reason must not be empty (message {self.message!r})")
+
 
 def is_true(conditions: Sequence[Condition], kind: ConditionType) -> bool:
     return any(c.type == kind and c.status is ConditionStatus.TRUE for c in conditions)

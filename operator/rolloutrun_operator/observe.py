@@ -176,8 +176,15 @@ def lease_view(lease: Mapping[str, Any]) -> LeaseView:
         train_step=_int(notes.get(naming.ANNOTATION_TRAIN_STEP)),
         anchor_step=_int(notes.get(naming.ANNOTATION_ANCHOR_STEP)),
         latest_manifest=notes.get(naming.ANNOTATION_LATEST_MANIFEST) or None,
-        latest_manifest_time=notes.get(naming.ANNOTATION_LATEST_MANIFEST_TIME) or None,
+        # the trainer's text goes into status.latestManifestTime (format: date-time): an
+        # unparsable one would make the API server refuse every status write of the run
+        latest_manifest_time=_rfc3339(notes.get(naming.ANNOTATION_LATEST_MANIFEST_TIME)),
     )
+
+
+def _rfc3339(value: Any) -> str | None:
+    parsed = parse_time(value)
+    return format_time(parsed) if parsed is not None else None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,9 @@ import pytest
 
 from rolloutrun_localcluster.embedded import EmbeddedRun, condition_of
 from rolloutrun_localcluster.testing import eventually
+from tests.e2e import any_cluster as ac
+from tests.e2e import options as opt
+from tests.e2e.any_cluster import EmbeddedCluster, Target
 
 #: A run that trains in seconds on 2 cores: 24 steps, snapshots every second, a trainer
 #: checkpoint every 4 steps (so snapshots replay trained groups), short grace and lease.
@@ -143,3 +146,31 @@ def kill_pod_processes(run: EmbeddedRun, pod: str, signum: signal.Signals) -> se
     for pid in pids:
         os.kill(pid, signum)
     return pids
+
+
+@pytest.fixture
+def any_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    """The cluster a ``cluster`` test runs on: the one ``--kubeconfig`` names (``make e2e``,
+    the operator and CRD installed there), else a local cluster with the operator in process."""
+    from kubernetes import config
+
+    option = request.config.getoption
+    kubeconfig = option(opt.KUBECONFIG_OPTION)
+    if not kubeconfig:
+        with EmbeddedCluster(tmp_path) as (api, namespace):
+            yield Target(api, namespace, local_storage=tmp_path / "storage")
+        return
+    api = config.new_client_from_config(config_file=kubeconfig)
+    given = option(opt.NAMESPACE_OPTION)
+    namespaces = iter([given]) if given else ac.fresh_namespace(api, option(opt.KEEP_OPTION))
+    try:
+        for namespace in namespaces:
+            yield Target(
+                api,
+                namespace,
+                image=option(opt.IMAGE_OPTION),
+                storage_class=option(opt.STORAGE_CLASS_OPTION),
+                storage_uri=option(opt.STORAGE_URI_OPTION),
+            )
+    finally:
+        api.close()

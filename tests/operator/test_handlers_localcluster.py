@@ -42,7 +42,11 @@ def rolloutrun(name: str) -> dict[str, Any]:
             "gym": {"replicas": 2, "port": 8000, "terminationGracePeriodSeconds": 2},
             "trainer": {"terminationGracePeriodSeconds": 2},
             "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 2},
-            "run": {"workers": {"backend": "inprocess"}},
+            "run": {
+                "workers": {"backend": "inprocess"},
+                # below the trainer's terminationGracePeriodSeconds, as the CRD requires
+                "checkpointing": {"preemptionGraceSeconds": 1},
+            },
         },
     }
 
@@ -171,9 +175,10 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
         events = core.list_namespaced_event(namespace).items
         reasons = {event.reason for event in events}
         assert {"IncarnationStarting", "PodDeleted", "LeaseExpired", "Suspended"} <= reasons
-        # What the schema cannot reject becomes a condition, and a fixed spec runs.
+        # What the schema (and its CEL rules) cannot reject becomes a condition, and a fixed
+        # spec runs: a claim mounted over the pods' own /tmp.
         bad = rolloutrun("bad")
-        bad["spec"]["run"]["policy"] = {"dModel": 30, "nHeads": 4}
+        bad["spec"]["storage"]["uri"] = "file:///tmp"
         runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, bad)
 
         def bad_ready() -> tuple[str, str, str] | None:
@@ -185,10 +190,9 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
 
         eventually(lambda: (bad_ready() or ("",))[0] == "False", what="invalid spec reported")
         _status, reason, message = bad_ready() or ("", "", "")
-        assert reason == "InvalidSpec" and "divisible" in message
-        runs.patch_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, "bad", {"spec": {"run": {"policy": {"nHeads": 2}}}}
-        )
+        assert reason == "InvalidSpec" and "mounted over the pods' own '/tmp'" in message
+        fixed = {"spec": {"storage": {"uri": "file:///tmp/rolloutrun-test"}}}
+        runs.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "bad", fixed)
         eventually(lambda: (bad_ready() or ("", ""))[1] != "InvalidSpec", what="fixed spec runs")
         runs.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "bad")
         eventually(

@@ -17,7 +17,10 @@ def status(**fields) -> RolloutRunStatus:
     return RolloutRunStatus.model_validate(fields)
 
 
-READY = [{"type": "Ready", "status": "True"}, {"type": "Progressing", "status": "True"}]
+READY = [
+    {"type": "Ready", "status": "True", "reason": "Running"},
+    {"type": "Progressing", "status": "True", "reason": "Training"},
+]
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -35,7 +38,7 @@ def test_runs_by_condition_restarts_and_latency_are_served():
         metrics.record_run("ns", "a", None, status(conditions=READY))
         metrics.record_run("ns", "b", None, status(conditions=READY[:1]))
         restarted = status(
-            conditions=[{"type": "Restarting", "status": "True"}],
+            conditions=[{"type": "Restarting", "status": "True", "reason": "TrainerFailed"}],
             restarts=1,
             lastFailure={"reason": "TrainerFailed"},
         )

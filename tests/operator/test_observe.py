@@ -103,6 +103,18 @@ def test_lease_annotations_and_expiry():
     assert garbage.train_step is None
 
 
+def test_a_lease_time_the_crd_would_refuse_is_not_copied_into_status():
+    # status.latestManifestTime is format: date-time: the API server would refuse the pass's
+    # status write over the trainer's text, so only an RFC 3339 time is carried over
+    def view(written: str) -> str | None:
+        notes = {naming.ANNOTATION_LATEST_MANIFEST_TIME: written}
+        return lease_view({"metadata": {"annotations": notes}}).latest_manifest_time
+
+    assert view("2026-01-01T12:00:00Z") == "2026-01-01T12:00:00Z"
+    assert view("2026-01-01T13:00:00+01:00") == "2026-01-01T12:00:00Z"
+    assert view("yesterday") is None
+
+
 def test_node_readiness_and_observed_assembly():
     node = {
         "metadata": {"name": "n1"},

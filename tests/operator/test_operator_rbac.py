@@ -36,7 +36,11 @@ def rolloutrun(name: str) -> dict[str, Any]:
             "gym": {"replicas": 1, "port": 8000, "terminationGracePeriodSeconds": 2},
             "trainer": {"terminationGracePeriodSeconds": 2},
             "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 30},
-            "run": {"workers": {"backend": "inprocess"}},
+            "run": {
+                "workers": {"backend": "inprocess"},
+                # below the trainer's terminationGracePeriodSeconds, as the CRD requires
+                "checkpointing": {"preemptionGraceSeconds": 1},
+            },
         },
     }
 

@@ -56,7 +56,11 @@ def rolloutrun(name: str, trainer_template: dict[str, Any]) -> dict[str, Any]:
             "gym": {"replicas": 1, "terminationGracePeriodSeconds": 2, "template": gym_template},
             "trainer": {"terminationGracePeriodSeconds": 2, "template": trainer_template},
             "recovery": {"backoffSeconds": 0, "leaseDurationSeconds": 2},
-            "run": {"workers": {"backend": "inprocess"}},
+            "run": {
+                "workers": {"backend": "inprocess"},
+                # below the trainer's terminationGracePeriodSeconds, as the CRD requires
+                "checkpointing": {"preemptionGraceSeconds": 1},
+            },
         },
     }
 

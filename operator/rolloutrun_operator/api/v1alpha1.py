@@ -3,7 +3,12 @@
 These models are the single source of truth for the API. The CRD in ``crds/`` (and the Helm
 chart's copy) is generated from them by :mod:`rolloutrun_operator.api.crdgen`, and a test fails
 when the checked-in YAML drifts. The embedded ``spec.run`` is the runtime's own
-:class:`~rolloutrun_runtime.contract.run_config.RunConfig`, so the pod contract is defined once.
+:class:`~rolloutrun_runtime.contract.run_config.RunSettings` (the pods' ``RunConfig`` less the
+fields the operator derives), so the pod contract is defined once.
+
+Rules across fields are :class:`~rolloutrun_runtime.contract.field_rules.FieldRule` objects:
+the CRD carries them as CEL (``x-kubernetes-validations``, refused at admission) and the
+models' validators raise the same messages.
 
 Every field carries a description (it becomes the CRD's documentation, shown by
 ``kubectl explain``) and bounds; counts are integers, never floats.
@@ -15,7 +20,8 @@ import enum
 import re
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic.json_schema import JsonDict
 
 from rolloutrun_operator.api.common import (
     _LABEL_VALUE,
@@ -27,13 +33,23 @@ from rolloutrun_operator.api.common import (
     _Model,
 )
 from rolloutrun_operator.api.pod_template import RESERVED_OBJECT, PodTemplate, reserved_schema
+from rolloutrun_operator.api.rules import (
+    RESERVED_ENV_RULE,
+    STORAGE_NEEDS_CLAIM,
+    grace_below_termination,
+)
+from rolloutrun_runtime.contract.field_rules import cel_rules
 from rolloutrun_runtime.contract.pod import (
     API_GROUP,
     DEFAULT_GENERATION_PORT,
     DEFAULT_GYM_PORT,
     RESERVED_ENV,
 )
-from rolloutrun_runtime.contract.run_config import STORAGE_URI_PATTERN, RunConfig
+from rolloutrun_runtime.contract.run_config import (
+    STORAGE_URI_PATTERN,
+    CheckpointingSettings,
+    RunSettings,
+)
 
 GROUP = API_GROUP
 VERSION = "v1alpha1"
@@ -42,9 +58,14 @@ PLURAL = "rolloutruns"
 SINGULAR = "rolloutrun"
 SHORT_NAMES = ["rr"]
 
+#: A time the operator writes (RFC 3339, as :func:`rolloutrun_operator.observe.format_time`).
+_DATE_TIME: JsonDict = {"format": "date-time"}
+
 
 class PodSettings(_Model):
     """Scheduling and container settings for one kind of member pod."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(RESERVED_ENV_RULE))
 
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Container resources."
@@ -86,19 +107,14 @@ class PodSettings(_Model):
         carry fencing and identity: an entry of the user's that overrode one would win."""
         reserved = sorted({var.name for var in env} & RESERVED_ENV)
         if reserved:
-            raise ValueError(
-                f"env {', '.join(reserved)}: reserved, the operator sets it on every member "
-                f"pod (reserved names: {', '.join(sorted(RESERVED_ENV))})"
-            )
+            raise ValueError(f"env {', '.join(reserved)}: {RESERVED_ENV_RULE.message}")
         return env
 
 
 class GymPodSettings(PodSettings):
     """Gym environment server pods."""
 
-    replicas: int = Field(
-        2, ge=1, le=1024, description="Gym server replicas (overrides spec.run.gym.replicas)."
-    )
+    replicas: int = Field(2, ge=1, le=1024, description="Gym server replicas.")
     port: int = Field(
         DEFAULT_GYM_PORT, ge=1024, le=65_535, description="Port the Gym servers listen on."
     )
@@ -202,6 +218,8 @@ class NetworkSpec(_Model):
 class StorageSpec(_Model):
     """Where checkpoints and rollout snapshots are kept."""
 
+    model_config = ConfigDict(json_schema_extra=cel_rules(STORAGE_NEEDS_CLAIM))
+
     uri: str = Field(
         ...,
         min_length=1,
@@ -282,8 +300,17 @@ class RecoveryPolicy(_Model):
     )
 
 
+#: The forced snapshot on SIGTERM must publish before the kubelet's SIGKILL.
+GRACE_BELOW_TERMINATION = grace_below_termination(
+    CheckpointingSettings.model_fields["preemption_grace_seconds"].default,
+    PodSettings.model_fields["termination_grace_period_seconds"].default,
+)
+
+
 class RolloutRunSpec(_Model):
     """The desired state of a RolloutRun."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(GRACE_BELOW_TERMINATION))
 
     images: Images = Field(default_factory=Images, description="Member pod images.")
     trainer: TrainerPodSettings = Field(
@@ -302,9 +329,13 @@ class RolloutRunSpec(_Model):
         ),
     )
     storage: StorageSpec = Field(..., description="Checkpoint and snapshot storage.")
-    run: RunConfig = Field(
-        default_factory=RunConfig,
-        description="The runtime's RunConfig (policy, task, GRPO, rollout, checkpointing).",
+    run: RunSettings = Field(
+        default_factory=RunSettings,
+        description=(
+            "The runtime's RunConfig (policy, task, GRPO, rollout, checkpointing) less what "
+            "the operator derives: the storage URI (from storage.uri), the Gym replicas (from "
+            "gym.replicas) and endpoints, the resume hint."
+        ),
     )
     recovery: RecoveryPolicy = Field(
         default_factory=RecoveryPolicy, description="Restart policy after member loss."
@@ -338,6 +369,17 @@ class RolloutRunSpec(_Model):
             )
         return workers
 
+    @model_validator(mode="after")
+    def _grace_below_termination(self) -> RolloutRunSpec:
+        preemption = self.run.checkpointing.preemption_grace_seconds
+        termination = self.trainer.termination_grace_period_seconds
+        if preemption >= termination:
+            raise ValueError(
+                f"{GRACE_BELOW_TERMINATION.message} (preemptionGraceSeconds {preemption}, "
+                f"terminationGracePeriodSeconds {termination})"
+            )
+        return self
+
 
 class ConditionStatus(enum.StrEnum):
     """Kubernetes condition status."""
@@ -353,14 +395,18 @@ class Condition(_Model):
     type: str = Field(..., min_length=1, max_length=64, description="Condition type.")
     status: ConditionStatus = Field(..., description="True, False or Unknown.")
     reason: str = Field(
-        "",
+        ...,
+        min_length=1,
         max_length=128,
-        pattern=r"^([A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?)?$",
-        description="CamelCase reason for the last transition.",
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="CamelCase reason for the last transition (never empty).",
     )
     message: str = Field("", max_length=32_768, description="Human-readable details.")
     last_transition_time: str | None = Field(
-        None, max_length=64, description="When the status last changed (RFC 3339)."
+        None,
+        max_length=64,
+        description="When the status last changed (RFC 3339).",
+        json_schema_extra=_DATE_TIME,
     )
     observed_generation: int | None = Field(
         None, ge=0, le=2**53, description="The spec generation this condition describes."
@@ -372,7 +418,9 @@ class FailureRecord(_Model):
 
     reason: str = Field("", max_length=128, description="Why the incarnation ended.")
     pod: str = Field("", max_length=253, description="The member pod that was lost.")
-    time: str | None = Field(None, max_length=64, description="When (RFC 3339).")
+    time: str | None = Field(
+        None, max_length=64, description="When (RFC 3339).", json_schema_extra=_DATE_TIME
+    )
     message: str = Field("", max_length=4096, description="Details.")
 
 
@@ -398,6 +446,7 @@ class LeaseObservation(_Model):
         ...,
         max_length=64,
         description="When the operator first saw this holder and renewTime (its clock, RFC 3339).",
+        json_schema_extra=_DATE_TIME,
     )
 
 
@@ -426,15 +475,22 @@ class RolloutRunStatus(_Model):
         None, max_length=2048, description="The latest published snapshot manifest."
     )
     latest_manifest_time: str | None = Field(
-        None, max_length=64, description="When it was published (RFC 3339)."
+        None,
+        max_length=64,
+        description="When it was published (RFC 3339).",
+        json_schema_extra=_DATE_TIME,
     )
     next_start_time: str | None = Field(
-        None, max_length=64, description="When the next incarnation may start (backoff)."
+        None,
+        max_length=64,
+        description="When the next incarnation may start (backoff; RFC 3339).",
+        json_schema_extra=_DATE_TIME,
     )
     incarnation_start_time: str | None = Field(
         None,
         max_length=64,
         description="When the current incarnation's trainer was started; unset while starting.",
+        json_schema_extra=_DATE_TIME,
     )
     consecutive_losses: int = Field(
         0,

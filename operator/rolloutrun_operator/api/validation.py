@@ -3,8 +3,11 @@
 Two layers, because neither alone is enough: the CRD's structural schema (what
 ``kubectl apply`` against a real API server enforces, with strict field validation rejecting
 unknown fields) and the pydantic models (which also check what a schema cannot express, such
-as ``dModel`` divisible by ``nHeads``). ``rolloutrun validate FILE`` runs both offline, so a
-user finds a typo before the cluster does; errors name the field path.
+as the run name's length against the Gym replicas). The rules across fields that CEL can
+express (``dModel`` divisible by ``nHeads``, ``file://`` storage with a claim, ...) are in the
+CRD as ``x-kubernetes-validations`` and in the models' validators, with one message each.
+``rolloutrun validate FILE`` runs both offline, so a user finds a typo before the cluster
+does; errors name the field path.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from pydantic import ValidationError
 
 from rolloutrun_operator import builders, name_rules, pod_templates
 from rolloutrun_operator.api import crdgen
-from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, RolloutRun
+from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, STORAGE_NEEDS_CLAIM, VERSION, RolloutRun
+from rolloutrun_runtime.contract.run_config import OPERATOR_OWNED_FIELDS
 
 
 class RolloutRunInvalid(ValueError):
@@ -87,7 +91,7 @@ def parse_rolloutrun(document: Any, source: str = "RolloutRun") -> RolloutRun:
         header.append(f"apiVersion: expected {expected!r}, got {document.get('apiVersion')!r}")
     if document.get("kind") != KIND:
         header.append(f"kind: expected {KIND!r}, got {document.get('kind')!r}")
-    problems = header + schema_problems(document)
+    problems = header + operator_owned_problems(document) + schema_problems(document)
     if problems:
         raise RolloutRunInvalid(source, problems)
     try:
@@ -118,12 +122,24 @@ def storage_claim_problems(run: RolloutRun) -> list[str]:
     storage = run.spec.storage
     if storage.uri.startswith("gs://") or storage.volume_claim_name is not None:
         return []
-    return [
-        "spec.storage.volumeClaimName: required with file:// storage "
-        f"({storage.uri!r}): without a volume the path lies in each pod's own filesystem "
-        "and dies with the pod, losing every checkpoint; name a ReadWriteMany "
-        "PersistentVolumeClaim, or use gs://"
-    ]
+    return [f"spec.storage.volumeClaimName: {STORAGE_NEEDS_CLAIM.message} (uri {storage.uri!r})"]
+
+
+def operator_owned_problems(document: dict[str, Any]) -> list[str]:
+    """``spec.run`` fields the operator derives, set by the user: said plainly (the schema
+    alone would only call them unknown). A real API server prunes them, or refuses them as
+    unknown fields under strict field validation (kubectl's default)."""
+    spec = document.get("spec")
+    run = spec.get("run") if isinstance(spec, dict) else None
+    problems = []
+    for dotted, source in OPERATOR_OWNED_FIELDS.items():
+        section, _, key = dotted.partition(".")
+        block = run.get(section) if isinstance(run, dict) else None
+        if isinstance(block, dict) and key in block:
+            problems.append(
+                f"spec.run.{dotted}: set by the operator from {source}, not in spec.run; remove it"
+            )
+    return problems
 
 
 def template_problems(run: RolloutRun) -> list[str]:

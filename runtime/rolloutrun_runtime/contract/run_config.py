@@ -27,6 +27,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
+from rolloutrun_runtime.contract.field_rules import FieldRule, cel_rules
 from rolloutrun_runtime.contract.layout import DEFAULT_STORAGE_DIR
 
 #: Storage URIs the runtime can write checkpoints to (see ``rolloutrun_runtime.storage``).
@@ -46,6 +47,21 @@ UNRESTORABLE_EXIT_CODE = 78
 EndpointUrl = Annotated[
     str, StringConstraints(max_length=512, pattern=r"^https?://[^\s/]+(:[0-9]+)?(/[^\s]*)?$")
 ]
+
+
+#: Every attention head gets dModel/nHeads dimensions.
+HEADS_DIVIDE_WIDTH = FieldRule(
+    rule="self.dModel % self.nHeads == 0",
+    message="policy.dModel must be divisible by policy.nHeads",
+)
+#: Only a multi-turn task has turns to resume at.
+TURN_NEEDS_MULTI_TURN = FieldRule(
+    rule=(
+        "!has(self.checkpointing) || self.checkpointing.targetLevel != 'turn' || "
+        "(has(self.task) && self.task.name == 'reach_target')"
+    ),
+    message=("checkpointing.targetLevel 'turn' needs a multi-turn task (task.name: reach_target)"),
+)
 
 
 class _Model(BaseModel):
@@ -106,6 +122,8 @@ class Device(enum.StrEnum):
 class PolicyConfig(_Model):
     """The policy: a small causal transformer over the task's character vocabulary."""
 
+    model_config = ConfigDict(json_schema_extra=cel_rules(HEADS_DIVIDE_WIDTH))
+
     d_model: int = Field(64, ge=8, le=4096, description="Transformer hidden size.")
     n_layers: int = Field(2, ge=1, le=64, description="Number of transformer blocks.")
     n_heads: int = Field(4, ge=1, le=64, description="Attention heads per block.")
@@ -121,8 +139,7 @@ class PolicyConfig(_Model):
     def _heads_divide_width(self) -> PolicyConfig:
         if self.d_model % self.n_heads:
             raise ValueError(
-                f"policy.dModel ({self.d_model}) must be divisible by "
-                f"policy.nHeads ({self.n_heads})"
+                f"{HEADS_DIVIDE_WIDTH.message} (dModel {self.d_model}, nHeads {self.n_heads})"
             )
         return self
 
@@ -242,18 +259,9 @@ class RolloutConfig(_Model):
     )
 
 
-class CheckpointingConfig(_Model):
-    """Trainer checkpoints, rollout snapshots and their storage."""
+class CheckpointingSettings(_Model):
+    """Trainer checkpoints and rollout snapshots: what a RolloutRun's ``spec.run`` may set."""
 
-    storage_uri: str | None = Field(
-        None,
-        max_length=1024,
-        pattern=STORAGE_URI_PATTERN,
-        description=(
-            "Where checkpoints and snapshots go: file:///path or gs://bucket/prefix. "
-            "Default: <logDir>/checkpoints."
-        ),
-    )
     save_period: int = Field(
         5, ge=1, le=1_000_000, description="Save a trainer checkpoint every this many steps."
     )
@@ -312,6 +320,21 @@ class CheckpointingConfig(_Model):
             "entry of the storage."
         ),
     )
+
+
+class CheckpointingConfig(CheckpointingSettings):
+    """Trainer checkpoints, rollout snapshots and their storage, as the pods receive them:
+    the settings plus what the operator derives (``spec.storage.uri``, the latest manifest)."""
+
+    storage_uri: str | None = Field(
+        None,
+        max_length=1024,
+        pattern=STORAGE_URI_PATTERN,
+        description=(
+            "Where checkpoints and snapshots go: file:///path or gs://bucket/prefix. "
+            "Default: <logDir>/checkpoints."
+        ),
+    )
     resume_hint: str | None = Field(
         None,
         max_length=2048,
@@ -322,18 +345,9 @@ class CheckpointingConfig(_Model):
     )
 
 
-class GymConfig(_Model):
-    """The Gym environment servers."""
+class GymSettings(_Model):
+    """The Gym environment servers: what a RolloutRun's ``spec.run`` may set."""
 
-    replicas: int = Field(2, ge=1, le=1024, description="Gym server replicas.")
-    endpoints: list[EndpointUrl] = Field(
-        default_factory=list,
-        max_length=1024,
-        description=(
-            "Base URLs of the Gym replicas (rendered by the operator once pods have "
-            "addresses); empty in local mode, where the launcher starts them."
-        ),
-    )
     request_max_bytes: int = Field(
         1_048_576,
         ge=1024,
@@ -347,6 +361,22 @@ class GymConfig(_Model):
         description=(
             "If the trainer stops renewing a checkpoint phase for deadline plus this, the "
             "Gym resumes on its own."
+        ),
+    )
+
+
+class GymConfig(GymSettings):
+    """The Gym environment servers as the pods receive them: the settings plus the
+    replicas (``spec.gym.replicas`` in a RolloutRun) and their endpoints (rendered by the
+    operator once pods have addresses)."""
+
+    replicas: int = Field(2, ge=1, le=1024, description="Gym server replicas.")
+    endpoints: list[EndpointUrl] = Field(
+        default_factory=list,
+        max_length=1024,
+        description=(
+            "Base URLs of the Gym replicas (rendered by the operator once pods have "
+            "addresses); empty in local mode, where the launcher starts them."
         ),
     )
 
@@ -365,8 +395,15 @@ class WorkersConfig(_Model):
     )
 
 
-class RunConfig(_Model):
-    """One RL post-training run: everything the trainer and Gym pods need to know."""
+class RunSettings(_Model):
+    """One RL post-training run as a user states it (a RolloutRun's ``spec.run``): the
+    policy, task, GRPO, rollout, checkpointing, Gym and worker settings.
+
+    Why apart from :class:`RunConfig`: the fields the operator derives (the storage URI from
+    ``spec.storage``, the Gym replicas from ``spec.gym`` and their endpoints, the latest
+    manifest as a resume hint) are not the user's to set, so the CRD does not offer them."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(TURN_NEEDS_MULTI_TURN))
 
     name: str = Field(
         "run",
@@ -388,29 +425,62 @@ class RunConfig(_Model):
     rollout: RolloutConfig = Field(
         default_factory=RolloutConfig, description="Rollout dispatch settings."
     )
-    checkpointing: CheckpointingConfig = Field(
-        default_factory=CheckpointingConfig, description="Checkpoints and rollout snapshots."
+    checkpointing: CheckpointingSettings = Field(
+        default_factory=CheckpointingSettings, description="Checkpoints and rollout snapshots."
     )
-    gym: GymConfig = Field(default_factory=GymConfig, description="Gym environment servers.")
+    gym: GymSettings = Field(default_factory=GymSettings, description="Gym environment servers.")
     workers: WorkersConfig = Field(
         default_factory=WorkersConfig, description="Policy worker placement."
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> RunConfig:
+    def _turn_needs_multi_turn(self) -> RunSettings:
         if self.checkpointing.target_level is TargetLevel.TURN and self.task.name is not (
             TaskName.REACH_TARGET
         ):
-            raise ValueError(
-                "checkpointing.targetLevel 'turn' needs a multi-turn task "
-                f"(task.name: reach_target), not {self.task.name.value!r}"
-            )
+            raise ValueError(f"{TURN_NEEDS_MULTI_TURN.message}, not {self.task.name.value!r}")
+        return self
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """The config as the camelCase mapping a RolloutRun's ``spec.run`` holds."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+#: RunConfig fields the operator derives, as dotted camelCase paths of ``spec.run``.
+OPERATOR_OWNED_FIELDS: dict[str, str] = {
+    "checkpointing.storageUri": "spec.storage.uri",
+    "checkpointing.resumeHint": "the latest published snapshot manifest",
+    "gym.replicas": "spec.gym.replicas",
+    "gym.endpoints": "the Gym pods' addresses",
+}
+
+
+class RunConfig(RunSettings):
+    """One RL post-training run: everything the trainer and Gym pods need to know (the
+    settings plus what the operator derives; ``rolloutrun train`` sets those itself)."""
+
+    checkpointing: CheckpointingConfig = Field(
+        default_factory=CheckpointingConfig, description="Checkpoints and rollout snapshots."
+    )
+    gym: GymConfig = Field(default_factory=GymConfig, description="Gym environment servers.")
+
+    @model_validator(mode="after")
+    def _endpoints_match_replicas(self) -> RunConfig:
         if self.gym.endpoints and len(self.gym.endpoints) != self.gym.replicas:
             raise ValueError(
                 f"gym.endpoints lists {len(self.gym.endpoints)} URLs but gym.replicas is "
                 f"{self.gym.replicas}"
             )
         return self
+
+    def settings_yaml_dict(self) -> dict[str, Any]:
+        """The config as a RolloutRun's ``spec.run`` may state it: without the fields the
+        operator derives (:data:`OPERATOR_OWNED_FIELDS`)."""
+        data = self.to_yaml_dict()
+        for dotted in OPERATOR_OWNED_FIELDS:
+            section, _, key = dotted.partition(".")
+            data.get(section, {}).pop(key, None)
+        return data
 
     # ----------------------------------------------------------------- derived values
     @property
@@ -428,10 +498,6 @@ class RunConfig(_Model):
         if uri.startswith("/"):
             return "file://" + uri
         return uri
-
-    def to_yaml_dict(self) -> dict[str, Any]:
-        """The config as the camelCase mapping a RolloutRun's ``spec.run`` holds."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
     def fingerprint(self, exclude: frozenset[str] = frozenset()) -> str:
         """sha256 over the canonical JSON of the config, minus the dotted keys in ``exclude``."""
@@ -489,7 +555,8 @@ def parse_run_config(data: dict[str, Any], source: str = "config") -> RunConfig:
 def load_run_config(path: str | Path) -> RunConfig:
     """Load a RunConfig from a YAML file: a RolloutRun (its ``spec.run``) or a bare RunConfig.
 
-    A RolloutRun's ``metadata.name`` becomes the run name unless ``spec.run.name`` is set.
+    A RolloutRun's ``metadata.name`` becomes the run name unless ``spec.run.name`` is set,
+    and its ``spec.gym.replicas`` the Gym replicas (as the operator renders them).
     """
     import yaml
 
@@ -510,5 +577,8 @@ def load_run_config(path: str | Path) -> RunConfig:
         name = (document.get("metadata") or {}).get("name")
         if name and "name" not in run:
             run["name"] = name
+        replicas = (spec.get("gym") or {}).get("replicas")
+        if replicas is not None and isinstance(run.get("gym", {}), dict):
+            run["gym"] = {**run.get("gym", {}), "replicas": replicas}
         return parse_run_config(run, source=f"{path}: spec.run")
     return parse_run_config(document, source=str(path))

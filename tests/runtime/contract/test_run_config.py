@@ -51,6 +51,23 @@ def test_fingerprint_ignores_excluded_keys_only():
     assert a.fingerprint(frozenset({"logDir"})) == b.fingerprint(frozenset({"logDir"}))
 
 
+def test_the_settings_a_rolloutrun_states_are_the_config_less_what_the_operator_derives():
+    from rolloutrun_runtime.contract.run_config import RunSettings
+
+    full = parse_run_config(
+        {
+            "gym": {"replicas": 1, "endpoints": ["http://127.0.0.2:8000"]},
+            "checkpointing": {"storageUri": "gs://bucket/p", "resumeHint": "gs://b/m.json"},
+        }
+    )
+    settings = full.settings_yaml_dict()
+    assert "endpoints" not in settings["gym"] and "replicas" not in settings["gym"]
+    assert not {"storageUri", "resumeHint"} & set(settings["checkpointing"])
+    assert RunSettings.model_validate(settings).to_yaml_dict() == settings
+    with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+        RunSettings.model_validate(full.to_yaml_dict())
+
+
 def test_endpoints_must_match_replicas():
     with pytest.raises(ConfigError, match=r"gym\.endpoints lists 1 URLs"):
         parse_run_config({"gym": {"replicas": 2, "endpoints": ["http://127.0.0.2:8000"]}})

@@ -58,8 +58,11 @@ def _with(cfg: RunConfig, **checkpointing: Any) -> RunConfig:
 
 def _rendered(cfg: RunConfig, hint: str) -> RunConfig:
     """``cfg`` as the operator renders it for a run that wrote it as ``spec.run``."""
-    storage = {"uri": cfg.resolved_storage_uri(), "volumeClaimName": "checkpoints"}
-    run = make_run(storage=storage, run=cfg.to_yaml_dict())
+    run = make_run(
+        storage={"uri": cfg.resolved_storage_uri(), "volumeClaimName": "demo-storage"},
+        gym={"replicas": cfg.gym.replicas},
+        run=cfg.settings_yaml_dict(),
+    )
     rendered = builders.render_run_config(run, list(cfg.gym.endpoints), hint)
     assert rendered.checkpointing.resume_from == cfg.checkpointing.resume_from
     return rendered
