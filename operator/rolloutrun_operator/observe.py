@@ -9,6 +9,7 @@ tested on literal JSON of the shape the API server returns.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,15 @@ def _int(value: Any) -> int | None:
     return number if number >= 0 else None
 
 
+def _float(value: Any) -> float | None:
+    """A finite number, or None (a missing or garbled annotation is no reward)."""
+    try:
+        number = float(str(value))
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
     """The uid of the object's controller (the owner reference with ``controller: true``)."""
     for reference in (obj.get("metadata") or {}).get("ownerReferences") or []:
@@ -65,6 +75,38 @@ def owner_text(obj: Mapping[str, Any]) -> str:
             kind, name = reference.get("kind", "?"), reference.get("name", "?")
             return f"{kind}/{name} (uid {reference.get('uid', '?')})"
     return "no owner"
+
+
+#: Waiting reasons of a container that is merely starting: not a problem to report.
+STARTING_REASONS = frozenset({"", "ContainerCreating", "PodInitializing"})
+
+
+@dataclass(frozen=True)
+class ContainerWaiting:
+    """A container the kubelet holds back, as ``state.waiting`` says."""
+
+    container: str
+    reason: str
+    message: str = ""
+
+
+def _waiting(status: Mapping[str, Any]) -> ContainerWaiting | None:
+    """The first container (init containers first) waiting for a reason worth reporting."""
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(key) or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            reason = str(waiting.get("reason") or "")
+            if waiting and reason not in STARTING_REASONS:
+                name, message = str(container.get("name", "")), str(waiting.get("message") or "")
+                return ContainerWaiting(name, reason, message)
+    return None
+
+
+def _unschedulable(conditions: Iterable[Mapping[str, Any]]) -> str | None:
+    for condition in conditions:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("message") or condition.get("reason") or "Unschedulable")
+    return None
 
 
 @dataclass(frozen=True)
@@ -94,6 +136,11 @@ class PodView:
     uid: str | None = None
     """The pod's uid: its deletion is conditional on it (a same-named pod that replaced it
     in the meantime is not the run's to delete)."""
+    waiting: ContainerWaiting | None = None
+    """The first container the kubelet holds in ``Waiting`` with a reason other than
+    ``ContainerCreating``/``PodInitializing`` (``ImagePullBackOff``, ``CrashLoopBackOff``...)."""
+    unschedulable: str | None = None
+    """The scheduler's message of a ``PodScheduled=False`` condition (reason Unschedulable)."""
 
     @property
     def terminated(self) -> bool:
@@ -141,6 +188,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         ready=ready,
         started=started,
         uid=meta.get("uid") or None,
+        waiting=_waiting(status),
+        unschedulable=_unschedulable(status.get("conditions") or []),
     )
 
 
@@ -157,6 +206,8 @@ class LeaseView:
     anchor_step: int | None = None
     latest_manifest: str | None = None
     latest_manifest_time: str | None = None
+    reward: float | None = None
+    """The mean reward of the trainer's last step (``ANNOTATION_REWARD``)."""
 
     @property
     def holder_incarnation(self) -> int | None:
@@ -174,6 +225,7 @@ def lease_view(lease: Mapping[str, Any]) -> LeaseView:
         anchor_step=_int(notes.get(naming.ANNOTATION_ANCHOR_STEP)),
         latest_manifest=notes.get(naming.ANNOTATION_LATEST_MANIFEST) or None,
         latest_manifest_time=notes.get(naming.ANNOTATION_LATEST_MANIFEST_TIME) or None,
+        reward=_float(notes.get(naming.ANNOTATION_REWARD)),
     )
 
 

@@ -38,7 +38,12 @@ import datetime as dt
 from dataclasses import dataclass
 
 from rolloutrun_operator import builders, naming
-from rolloutrun_operator.api.v1alpha1 import FailureRecord, RolloutRun, RolloutRunStatus
+from rolloutrun_operator.api.v1alpha1 import (
+    FailureRecord,
+    RolloutRun,
+    RolloutRunStatus,
+    StepSample,
+)
 from rolloutrun_operator.conditions import ConditionType as C
 from rolloutrun_operator.conditions import Desired, find, is_true, merge
 from rolloutrun_operator.losses import find_loss, serving
@@ -59,13 +64,15 @@ from rolloutrun_operator.plan import (
     Verb,
     restart_delay,
 )
-from rolloutrun_operator.problems import spec_problems
+from rolloutrun_operator.problems import Problem, first_pod_problem, spec_problems
 
 #: How long a healthy run waits before looking again without any event.
 IDLE_REQUEUE_SECONDS = 30.0
 #: Losses that say the trainer cannot snapshot (hung, partitioned from the API, stuck at
 #: startup): its Gym pods are not kept for it.
 TRAINER_UNRESPONSIVE = frozenset({"LeaseExpired", "LeaseNotAcquired"})
+#: The shortest window of operator time ``status.stepRate`` is measured over.
+STEP_RATE_WINDOW_SECONDS = 60.0
 
 
 @dataclass
@@ -85,6 +92,7 @@ def reconcile(run: RolloutRun, observed: Observed, now: dt.datetime) -> Result:
     generation = run.metadata.get("generation")
     _mirror_lease(p)
     _decide(p)
+    _step_rate(p)
     _report_forced(p)
     status.observed_generation = generation
     status.conditions = merge(status.conditions, p.desired, now, generation)
@@ -102,6 +110,30 @@ def _mirror_lease(p: Pass) -> None:
     if lease.latest_manifest:
         p.status.latest_manifest_uri = lease.latest_manifest
         p.status.latest_manifest_time = lease.latest_manifest_time
+    if lease.reward is not None:
+        p.status.last_reward = lease.reward
+
+
+def _step_rate(p: Pass) -> None:
+    """Steps per minute on the operator's clock: the train step now against the one seen at
+    the start of the window, once the window is :data:`STEP_RATE_WINDOW_SECONDS` long (passes
+    come at least every :data:`IDLE_REQUEUE_SECONDS`, so a stalled trainer reads 0). No
+    extra API call: the step is the Lease annotation each pass reads anyway. Cleared while
+    the run is not training (starting over after a restart, suspended, finished)."""
+    training = p.desired.get(C.PROGRESSING)
+    status = p.status
+    if training is None or not training.status or p.observed.lease is None:
+        status.step_rate, status.step_sample = None, None
+        return
+    sample = status.step_sample
+    since = parse_time(sample.time) if sample is not None else None
+    if sample is None or since is None or since > p.now or status.train_step < sample.step:
+        status.step_sample = StepSample(step=status.train_step, time=format_time(p.now))
+        return
+    elapsed = (p.now - since).total_seconds()
+    if elapsed >= STEP_RATE_WINDOW_SECONDS:
+        status.step_rate = round((status.train_step - sample.step) * 60.0 / elapsed, 2)
+        status.step_sample = StepSample(step=status.train_step, time=format_time(p.now))
 
 
 def _stopped(reason: str, message: str = "") -> dict[str, Desired]:
@@ -273,7 +305,9 @@ def _run_incarnation(p: Pass) -> None:
         if not all_up:
             ready = sum(1 for pod in up if pod is not None and serving(pod))
             message = f"{ready}/{replicas} Gym pods ready"
-            p.say(ready=Desired(False, "StartingGyms", message))
+            held = _held_back(p, up)
+            reason, why = held if held is not None else ("StartingGyms", message)
+            p.say(ready=Desired(False, reason, why))
             p.say(progressing=Desired(True, "StartingGyms", message))
             p.look_again(5.0)
             return
@@ -296,9 +330,21 @@ def _run_incarnation(p: Pass) -> None:
     if all_running:
         p.say(ready=Desired(True, "Running", f"incarnation {n}"))
     else:
-        p.say(ready=Desired(False, "StartingTrainer", f"incarnation {n}"))
+        held = _held_back(p, [trainer, *(gyms.get(i) for i in range(replicas))])
+        reason, why = held if held is not None else ("StartingTrainer", f"incarnation {n}")
+        p.say(ready=Desired(False, reason, why))
     p.say(progressing=Desired(True, "Training", step), restarting=Desired(False, "Running"))
     p.look_again(IDLE_REQUEUE_SECONDS)  # the Lease's expiry: losses.lease_loss
+
+
+def _held_back(p: Pass, pods: list[PodView | None]) -> Problem | None:
+    """The first member the kubelet or the scheduler holds back (:func:`first_pod_problem`),
+    announced by a Warning Event when the Ready condition did not say so already."""
+    problem = first_pod_problem(pods)
+    before = find(p.status.conditions, C.READY)
+    if problem is not None and (before is None or (before.reason, before.message) != problem):
+        p.events.append(Event("Warning", problem[0], problem[1][:1024]))
+    return problem
 
 
 def _conflicting(p: Pass, missing_gyms: list[int]) -> bool:

@@ -456,6 +456,13 @@ class LeaseObservation(_Model):
     )
 
 
+class StepSample(_Model):
+    """A trainer step as the operator saw it at a time of its own clock (stepRate's window)."""
+
+    step: int = Field(0, ge=0, le=2**53, description="The trainer step seen.")
+    time: str = Field(..., max_length=64, description="When (operator clock, RFC 3339).")
+
+
 class RolloutRunStatus(_Model):
     """The observed state of a RolloutRun, written by the operator once per pass."""
 
@@ -507,6 +514,24 @@ class RolloutRunStatus(_Model):
             "expired once it has not changed for leaseDurationSeconds of operator time."
         ),
     )
+    last_reward: float | None = Field(
+        None,
+        ge=-1e15,
+        le=1e15,
+        description="Mean reward of the trainer's latest step (from its Lease).",
+    )
+    step_rate: float | None = Field(
+        None,
+        ge=0,
+        le=1e9,
+        description=(
+            "Trainer steps per minute over the last window of at least 60 s of operator time "
+            "(0 while no step is made)."
+        ),
+    )
+    step_sample: StepSample | None = Field(
+        None, description="The step and operator time the current stepRate window began at."
+    )
 
 
 class RolloutRun(_Model):
@@ -528,6 +553,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "integer",
         "jsonPath": ".status.trainStep",
         "description": "Latest trainer step.",
+    },
+    {
+        "name": "Reward",
+        "type": "number",
+        "jsonPath": ".status.lastReward",
+        "description": "Mean reward of the latest step.",
     },
     {
         "name": "Restarts",
@@ -572,6 +603,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "integer",
         "jsonPath": ".status.anchorStep",
         "description": "Trainer checkpoint step of the latest snapshot.",
+        "priority": 1,
+    },
+    {
+        "name": "Steps/min",
+        "type": "number",
+        "jsonPath": ".status.stepRate",
+        "description": "Trainer steps per minute over the last window.",
         "priority": 1,
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
