@@ -118,8 +118,9 @@ def _step_rate(p: Pass) -> None:
     """Steps per minute on the operator's clock: the train step now against the one seen at
     the start of the window, once the window is :data:`STEP_RATE_WINDOW_SECONDS` long (passes
     come at least every :data:`IDLE_REQUEUE_SECONDS`, so a stalled trainer reads 0). No
-    extra API call: the step is the Lease annotation each pass reads anyway. Cleared while
-    the run is not training (starting over after a restart, suspended, finished)."""
+    extra API call: the step is the Lease annotation each pass reads anyway. 0 while the
+    run is starting or restarting (no step is made); cleared once it is not progressing
+    (suspended, finished, failed, a spec it cannot run)."""
     training = p.desired.get(C.PROGRESSING)
     status = p.status
     if training is None or not training.status or p.observed.lease is None:
@@ -188,12 +189,13 @@ def _wait_for_backoff(p: Pass) -> None:
     loss = p.status.last_failure
     reason = loss.reason if loss and loss.reason else "MemberLost"
     waiting = Desired(True, reason, f"next incarnation at {p.status.next_start_time}")
+    why = f"{loss.message}; {waiting.message}" if loss and loss.message else waiting.message
     if remaining or (start is not None and p.now < start):
         if start is not None and p.now < start:
             p.look_again_at(start)
         p.say(
             restarting=waiting,
-            ready=Desired(False, reason),
+            ready=Desired(False, reason, why),
             progressing=Desired(True, "Restarting", waiting.message),
         )
         return

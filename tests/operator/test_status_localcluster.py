@@ -2,7 +2,8 @@
 
 The local cluster's kubelet runs commands, so a Gym whose ``PATH`` hides its command fails
 to start as a real container runtime reports it (``StartError``, exit 128, ``exec: ...
-executable file not found in $PATH``); its scheduler leaves a trainer with a node selector
+executable file not found in $PATH``), a container whose ConfigMap is missing waits in
+``CreateContainerConfigError``; its scheduler leaves a trainer with a node selector
 no node matches ``PodScheduled=False`` (Unschedulable, with the scheduler's message). The
 trainer is the stand-in ``rolloutrun`` (see test_handlers_localcluster.py); its reward and
 steps are written by the runtime's own :class:`KubernetesLease`, as the trainer does.
@@ -54,10 +55,13 @@ def test_pods_held_back_are_ready_reasons_and_progress_shows_reward(cluster, api
     nostart = rolloutrun("nostart")
     nostart["spec"]["gym"]["env"] = [{"name": "PATH", "value": "/nonexistent"}]
     nostart["spec"]["recovery"]["backoffSeconds"] = 3600  # stays Restarting, says why
+    noconfig = rolloutrun("noconfig")
+    missing = {"configMapKeyRef": {"name": "no-such-config", "key": "k"}}
+    noconfig["spec"]["gym"]["env"] = [{"name": "SETTING", "valueFrom": missing}]
     unplaced = rolloutrun("unplaced")
     unplaced["spec"]["trainer"]["nodeSelector"] = {"example.com/pool": "none"}
     with operator_thread(cluster, namespace) as operator:
-        for run in (nostart, unplaced, rolloutrun("healthy")):
+        for run in (nostart, noconfig, unplaced, rolloutrun("healthy")):
             runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run)
 
         eventually(
@@ -69,6 +73,17 @@ def test_pods_held_back_are_ready_reasons_and_progress_shows_reward(cluster, api
         assert "exit code 128 (StartError)" in message
         assert 'exec: "rolloutrun": executable file not found in $PATH' in message
         assert "GymStartError" in warnings("nostart")
+
+        eventually(
+            lambda: ready("noconfig").get("reason") == "GymCreateContainerConfigError",
+            interval=0.5,
+            what="CreateContainerConfigError",
+        )
+        assert ready("noconfig")["message"] == (
+            "pod noconfig-i1-gym-0 container gym: CreateContainerConfigError: "
+            'configmap "no-such-config" not found'
+        )
+        assert "GymCreateContainerConfigError" in warnings("noconfig")
 
         eventually(
             lambda: ready("unplaced").get("reason") == "TrainerUnschedulable",

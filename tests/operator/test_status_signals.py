@@ -183,3 +183,20 @@ def test_the_step_rate_is_steps_per_minute_over_a_window_of_operator_time():
         NOW + dt.timedelta(seconds=160),
     ).status
     assert (suspended.step_rate, suspended.step_sample) == (None, None)
+
+
+def test_while_backing_off_ready_keeps_saying_why_the_incarnation_ended():
+    why = 'demo-i1-gym-0: exit code 128 (StartError): exec: "gym": not found'
+    status = {
+        "incarnation": 1,
+        "restarts": 1,
+        "nextStartTime": "2026-01-01T13:00:00Z",
+        "lastFailure": {"reason": "GymStartError", "pod": "demo-i1-gym-0", "message": why},
+        "conditions": [{"type": "Restarting", "status": "True", "reason": "GymStartError"}],
+    }
+    result = reconcile(make_run(status), observed(), NOW)
+    assert cond(result, "Ready") == (
+        "False",
+        "GymStartError",
+        f"{why}; next incarnation at 2026-01-01T13:00:00Z",
+    )
