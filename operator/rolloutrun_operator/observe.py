@@ -131,16 +131,16 @@ class PodView:
     """The container's termination message (``terminationMessagePath``, or the tail of its
     log with ``FallbackToLogsOnError``), if it wrote one."""
     ready: bool = False
-    started: dt.datetime | None = None
-    """When its container started running (``state.running.startedAt``)."""
-    uid: str | None = None
-    """The pod's uid: its deletion is conditional on it (a same-named pod that replaced it
-    in the meantime is not the run's to delete)."""
     waiting: ContainerWaiting | None = None
     """The first container the kubelet holds in ``Waiting`` with a reason other than
     ``ContainerCreating``/``PodInitializing`` (``ImagePullBackOff``, ``CrashLoopBackOff``...)."""
     unschedulable: str | None = None
     """The scheduler's message of a ``PodScheduled=False`` condition (reason Unschedulable)."""
+    started: dt.datetime | None = None
+    """When its container started running (``state.running.startedAt``)."""
+    uid: str | None = None
+    """The pod's uid: its deletion is conditional on it (a same-named pod that replaced it
+    in the meantime is not the run's to delete)."""
 
     @property
     def terminated(self) -> bool:
@@ -185,11 +185,11 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         exit_code=exit_code,
         terminated_reason=terminated_reason,
         terminated_message=terminated_message,
+        waiting=_waiting(status),
+        unschedulable=_unschedulable(status.get("conditions") or []),
         ready=ready,
         started=started,
         uid=meta.get("uid") or None,
-        waiting=_waiting(status),
-        unschedulable=_unschedulable(status.get("conditions") or []),
     )
 
 

@@ -38,12 +38,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from rolloutrun_operator import builders, naming
-from rolloutrun_operator.api.v1alpha1 import (
-    FailureRecord,
-    RolloutRun,
-    RolloutRunStatus,
-    StepSample,
-)
+from rolloutrun_operator.api.v1alpha1 import FailureRecord, RolloutRun, RolloutRunStatus
 from rolloutrun_operator.conditions import ConditionType as C
 from rolloutrun_operator.conditions import Desired, find, is_true, merge
 from rolloutrun_operator.losses import find_loss, serving
@@ -65,14 +60,13 @@ from rolloutrun_operator.plan import (
     restart_delay,
 )
 from rolloutrun_operator.problems import Problem, first_pod_problem, spec_problems
+from rolloutrun_operator.progress import step_rate
 
 #: How long a healthy run waits before looking again without any event.
 IDLE_REQUEUE_SECONDS = 30.0
 #: Losses that say the trainer cannot snapshot (hung, partitioned from the API, stuck at
 #: startup): its Gym pods are not kept for it.
 TRAINER_UNRESPONSIVE = frozenset({"LeaseExpired", "LeaseNotAcquired"})
-#: The shortest window of operator time ``status.stepRate`` is measured over.
-STEP_RATE_WINDOW_SECONDS = 60.0
 
 
 @dataclass
@@ -92,7 +86,8 @@ def reconcile(run: RolloutRun, observed: Observed, now: dt.datetime) -> Result:
     generation = run.metadata.get("generation")
     _mirror_lease(p)
     _decide(p)
-    _step_rate(p)
+    progressing = p.desired.get(C.PROGRESSING)
+    step_rate(status, bool(progressing and progressing.status and observed.lease), now)
     _report_forced(p)
     status.observed_generation = generation
     status.conditions = merge(status.conditions, p.desired, now, generation)
@@ -112,29 +107,6 @@ def _mirror_lease(p: Pass) -> None:
         p.status.latest_manifest_time = lease.latest_manifest_time
     if lease.reward is not None:
         p.status.last_reward = lease.reward
-
-
-def _step_rate(p: Pass) -> None:
-    """Steps per minute on the operator's clock: the train step now against the one seen at
-    the start of the window, once the window is :data:`STEP_RATE_WINDOW_SECONDS` long (passes
-    come at least every :data:`IDLE_REQUEUE_SECONDS`, so a stalled trainer reads 0). No
-    extra API call: the step is the Lease annotation each pass reads anyway. 0 while the
-    run is starting or restarting (no step is made); cleared once it is not progressing
-    (suspended, finished, failed, a spec it cannot run)."""
-    training = p.desired.get(C.PROGRESSING)
-    status = p.status
-    if training is None or not training.status or p.observed.lease is None:
-        status.step_rate, status.step_sample = None, None
-        return
-    sample = status.step_sample
-    since = parse_time(sample.time) if sample is not None else None
-    if sample is None or since is None or since > p.now or status.train_step < sample.step:
-        status.step_sample = StepSample(step=status.train_step, time=format_time(p.now))
-        return
-    elapsed = (p.now - since).total_seconds()
-    if elapsed >= STEP_RATE_WINDOW_SECONDS:
-        status.step_rate = round((status.train_step - sample.step) * 60.0 / elapsed, 2)
-        status.step_sample = StepSample(step=status.train_step, time=format_time(p.now))
 
 
 def _stopped(reason: str, message: str = "") -> dict[str, Desired]:
