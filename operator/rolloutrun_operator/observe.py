@@ -222,10 +222,10 @@ def lease_view(lease: Mapping[str, Any]) -> LeaseView:
         renew_time=str(spec.get("renewTime") or spec.get("acquireTime") or "") or None,
         duration_seconds=_int(spec.get("leaseDurationSeconds")),
         train_step=_int(notes.get(naming.ANNOTATION_TRAIN_STEP)),
+        reward=_float(notes.get(naming.ANNOTATION_REWARD)),
         anchor_step=_int(notes.get(naming.ANNOTATION_ANCHOR_STEP)),
         latest_manifest=notes.get(naming.ANNOTATION_LATEST_MANIFEST) or None,
         latest_manifest_time=notes.get(naming.ANNOTATION_LATEST_MANIFEST_TIME) or None,
-        reward=_float(notes.get(naming.ANNOTATION_REWARD)),
     )
 
 
