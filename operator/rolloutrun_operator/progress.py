@@ -10,15 +10,24 @@ from __future__ import annotations
 
 import datetime as dt
 
-from rolloutrun_operator.api.v1alpha1 import RolloutRunStatus, StepSample
+from rolloutrun_operator.api.v1alpha1 import RolloutRunStatus
 from rolloutrun_operator.observe import format_time, parse_time
 
 #: The shortest window of operator time ``status.stepRate`` is measured over.
 STEP_RATE_WINDOW_SECONDS = 60.0
 
 
+def window_start(text: str | None) -> tuple[int, dt.datetime] | None:
+    """``status.stepWindow`` (``<step>@<RFC 3339 time>``) read back, or None if unreadable."""
+    step, _, time = (text or "").partition("@")
+    when = parse_time(time)
+    if not step.isdigit() or when is None:
+        return None
+    return int(step), when
+
+
 def step_rate(status: RolloutRunStatus, training: bool, now: dt.datetime) -> None:
-    """Update ``status.stepRate`` and its window's start (``status.stepSample``) in place.
+    """Update ``status.stepRate`` and its window's start (``status.stepWindow``) in place.
 
     Steps per minute: the train step now against the one seen at the window's start, once
     the window is :data:`STEP_RATE_WINDOW_SECONDS` long; a pass comes at least every idle
@@ -26,14 +35,14 @@ def step_rate(status: RolloutRunStatus, training: bool, now: dt.datetime) -> Non
     window's (a restart resumed from an older checkpoint) starts a new window. Not
     ``training`` (not progressing, or no Lease yet): both cleared."""
     if not training:
-        status.step_rate, status.step_sample = None, None
+        status.step_rate, status.step_window = None, None
         return
-    sample = status.step_sample
-    since = parse_time(sample.time) if sample is not None else None
-    if sample is None or since is None or since > now or status.train_step < sample.step:
-        status.step_sample = StepSample(step=status.train_step, time=format_time(now))
+    start = window_start(status.step_window)
+    here = f"{status.train_step}@{format_time(now)}"
+    if start is None or start[1] > now or status.train_step < start[0]:
+        status.step_window = here
         return
-    elapsed = (now - since).total_seconds()
+    elapsed = (now - start[1]).total_seconds()
     if elapsed >= STEP_RATE_WINDOW_SECONDS:
-        status.step_rate = round((status.train_step - sample.step) * 60.0 / elapsed, 2)
-        status.step_sample = StepSample(step=status.train_step, time=format_time(now))
+        status.step_rate = round((status.train_step - start[0]) * 60.0 / elapsed, 2)
+        status.step_window = here

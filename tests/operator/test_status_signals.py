@@ -168,12 +168,12 @@ def test_the_step_rate_is_steps_per_minute_over_a_window_of_operator_time():
 
     first = step(running_status(), 10, NOW)
     assert first.step_rate is None  # one sample is no rate
-    assert first.step_sample is not None and first.step_sample.step == 10
+    assert first.step_window == "10@2026-01-01T12:01:00Z"
     early = step(first.model_dump(by_alias=True), 14, NOW + dt.timedelta(seconds=30))
-    assert early.step_rate is None and early.step_sample == first.step_sample
+    assert early.step_rate is None and early.step_window == first.step_window
     later = step(early.model_dump(by_alias=True), 40, NOW + dt.timedelta(seconds=90))
     assert later.step_rate == 20.0  # 30 steps in 90 s
-    assert later.step_sample is not None and later.step_sample.step == 40
+    assert later.step_window == "40@2026-01-01T12:02:30Z"
     stalled = step(later.model_dump(by_alias=True), 40, NOW + dt.timedelta(seconds=150))
     assert stalled.step_rate == 0.0
     # not training (suspended): no rate
@@ -182,7 +182,12 @@ def test_the_step_rate_is_steps_per_minute_over_a_window_of_operator_time():
         observed(members(1), lease=lease(1, NOW, train_step=40)),
         NOW + dt.timedelta(seconds=160),
     ).status
-    assert (suspended.step_rate, suspended.step_sample) == (None, None)
+    assert (suspended.step_rate, suspended.step_window) == (None, None)
+    # a window the operator cannot read back starts anew
+    garbled = {**later.model_dump(by_alias=True), "stepWindow": "x@never"}
+    assert step(garbled, 41, NOW + dt.timedelta(seconds=200)).step_window == (
+        "41@2026-01-01T12:04:20Z"
+    )
 
 
 def test_while_backing_off_ready_keeps_saying_why_the_incarnation_ended():

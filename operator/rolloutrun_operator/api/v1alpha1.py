@@ -456,13 +456,6 @@ class LeaseObservation(_Model):
     )
 
 
-class StepSample(_Model):
-    """A trainer step as the operator saw it at a time of its own clock (stepRate's window)."""
-
-    step: int = Field(0, ge=0, le=2**53, description="The trainer step seen.")
-    time: str = Field(..., max_length=64, description="When (operator clock, RFC 3339).")
-
-
 class RolloutRunStatus(_Model):
     """The observed state of a RolloutRun, written by the operator once per pass."""
 
@@ -515,22 +508,13 @@ class RolloutRunStatus(_Model):
         ),
     )
     last_reward: float | None = Field(
-        None,
-        ge=-1e15,
-        le=1e15,
-        description="Mean reward of the trainer's latest step (from its Lease).",
+        None, ge=-1e15, le=1e15, description="Mean reward of the trainer's latest step."
     )
     step_rate: float | None = Field(
-        None,
-        ge=0,
-        le=1e9,
-        description=(
-            "Trainer steps per minute over the last window of at least 60 s of operator time "
-            "(0 while no step is made)."
-        ),
+        None, ge=0, le=1e9, description="Trainer steps per minute over the last 60+ s."
     )
-    step_sample: StepSample | None = Field(
-        None, description="The step and operator time the current stepRate window began at."
+    step_window: str | None = Field(
+        None, max_length=96, description="stepRate's window start: '<step>@<RFC 3339 time>'."
     )
 
 
@@ -554,12 +538,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.trainStep",
         "description": "Latest trainer step.",
     },
-    {
-        "name": "Reward",
-        "type": "number",
-        "jsonPath": ".status.lastReward",
-        "description": "Mean reward of the latest step.",
-    },
+    {"name": "Reward", "type": "number", "jsonPath": ".status.lastReward"},
     {
         "name": "Restarts",
         "type": "integer",
@@ -605,12 +584,6 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Trainer checkpoint step of the latest snapshot.",
         "priority": 1,
     },
-    {
-        "name": "Steps/min",
-        "type": "number",
-        "jsonPath": ".status.stepRate",
-        "description": "Trainer steps per minute over the last window.",
-        "priority": 1,
-    },
+    {"name": "Steps/min", "type": "number", "jsonPath": ".status.stepRate", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
