@@ -279,8 +279,7 @@ def _run_incarnation(p: Pass) -> None:
         if not all_up:
             ready = sum(1 for pod in up if pod is not None and serving(pod))
             message = f"{ready}/{replicas} Gym pods ready"
-            held = _held_back(p, up)
-            reason, why = held if held is not None else ("StartingGyms", message)
+            reason, why = _held_back(p, up) or ("StartingGyms", message)
             p.say(ready=Desired(False, reason, why))
             p.say(progressing=Desired(True, "StartingGyms", message))
             p.look_again(5.0)
@@ -304,8 +303,8 @@ def _run_incarnation(p: Pass) -> None:
     if all_running:
         p.say(ready=Desired(True, "Running", f"incarnation {n}"))
     else:
-        held = _held_back(p, [trainer, *(gyms.get(i) for i in range(replicas))])
-        reason, why = held if held is not None else ("StartingTrainer", f"incarnation {n}")
+        members_now = [trainer, *(gyms.get(i) for i in range(replicas))]
+        reason, why = _held_back(p, members_now) or ("StartingTrainer", f"incarnation {n}")
         p.say(ready=Desired(False, reason, why))
     p.say(progressing=Desired(True, "Training", step), restarting=Desired(False, "Running"))
     p.look_again(IDLE_REQUEUE_SECONDS)  # the Lease's expiry: losses.lease_loss
