@@ -44,13 +44,19 @@ def _int(value: Any) -> int | None:
     return number if number >= 0 else None
 
 
+#: The bound of ``status.lastReward`` in the CRD: a number past it would make the API server
+#: refuse every status write of the run, so it reads as no reward.
+REWARD_BOUND = 1e15
+
+
 def _float(value: Any) -> float | None:
-    """A finite number, or None (a missing or garbled annotation is no reward)."""
+    """A finite number within :data:`REWARD_BOUND`, or None (a missing or garbled
+    annotation is no reward)."""
     try:
         number = float(str(value))
     except (TypeError, ValueError):
         return None
-    return number if math.isfinite(number) else None
+    return number if math.isfinite(number) and abs(number) <= REWARD_BOUND else None
 
 
 def controller_uid(obj: Mapping[str, Any]) -> str | None:

@@ -153,7 +153,7 @@ def test_a_gym_whose_command_cannot_start_is_reported_with_the_kubelets_message(
 def test_the_reward_annotation_is_read_and_mirrored_into_status():
     raw = {"metadata": {"annotations": {naming.ANNOTATION_REWARD: "0.4375"}}, "spec": {}}
     assert lease_view(raw).reward == 0.4375
-    for garbled in ("nan", "x", ""):
+    for garbled in ("nan", "x", "", "1e20"):  # 1e20: past the CRD's bound
         raw["metadata"]["annotations"][naming.ANNOTATION_REWARD] = garbled
         assert lease_view(raw).reward is None
     view = lease(1, NOW, train_step=12, reward=0.4375)
