@@ -41,6 +41,12 @@ PREEMPTION_REASONS = frozenset(
 )
 
 
+#: Terminated reasons of a container that never ran its command (``exec`` failed: a command
+#: that does not exist, a bad working directory): reported as ``GymStartError`` with the
+#: kubelet's message rather than as a bare ``GymFailed`` exit code 128.
+START_ERRORS = frozenset({"StartError", "ContainerCannotRun"})
+
+
 def serving(pod: PodView) -> bool:
     """Running, and its readiness probe (the Gym port accepts connections) passed."""
     return pod.phase == "Running" and pod.ready and pod.deletion_time is None
@@ -62,6 +68,10 @@ def pod_loss(p: Pass, pod: PodView) -> Loss | None:
             return Loss(preempted, pod.name, LossKind.PREEMPTION, f"{pod.name}: {detail}")
         if pod.role == naming.Role.TRAINER and pod.exit_code == UNRESTORABLE_EXIT_CODE:
             return unrestorable(pod, detail)
+        if pod.terminated_reason in START_ERRORS:
+            why = (pod.terminated_message or "").strip()[-1024:]
+            message = f"{pod.name}: {detail}" + (f": {why}" if why else "")
+            return Loss(f"{role}{pod.terminated_reason}", pod.name, LossKind.FAILURE, message)
         return Loss(f"{role}Failed", pod.name, LossKind.FAILURE, f"{pod.name}: {detail}")
     if pod.phase == "Succeeded":
         if preempted:

@@ -9,6 +9,7 @@ tested on literal JSON of the shape the API server returns.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,21 @@ def _int(value: Any) -> int | None:
     return number if number >= 0 else None
 
 
+#: The bound of ``status.lastReward`` in the CRD: a number past it would make the API server
+#: refuse every status write of the run, so it reads as no reward.
+REWARD_BOUND = 1e15
+
+
+def _float(value: Any) -> float | None:
+    """A finite number within :data:`REWARD_BOUND`, or None (a missing or garbled
+    annotation is no reward)."""
+    try:
+        number = float(str(value))
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and abs(number) <= REWARD_BOUND else None
+
+
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
     """The uid of the object's controller (the owner reference with ``controller: true``)."""
     for reference in (obj.get("metadata") or {}).get("ownerReferences") or []:
@@ -67,6 +83,38 @@ def owner_text(obj: Mapping[str, Any]) -> str:
     return "no owner"
 
 
+#: Waiting reasons of a container that is merely starting: not a problem to report.
+STARTING_REASONS = frozenset({"", "ContainerCreating", "PodInitializing"})
+
+
+@dataclass(frozen=True)
+class ContainerWaiting:
+    """A container the kubelet holds back, as ``state.waiting`` says."""
+
+    container: str
+    reason: str
+    message: str = ""
+
+
+def _waiting(status: Mapping[str, Any]) -> ContainerWaiting | None:
+    """The first container (init containers first) waiting for a reason worth reporting."""
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(key) or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            reason = str(waiting.get("reason") or "")
+            if waiting and reason not in STARTING_REASONS:
+                name, message = str(container.get("name", "")), str(waiting.get("message") or "")
+                return ContainerWaiting(name, reason, message)
+    return None
+
+
+def _unschedulable(conditions: Iterable[Mapping[str, Any]]) -> str | None:
+    for condition in conditions:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("message") or condition.get("reason") or "Unschedulable")
+    return None
+
+
 @dataclass(frozen=True)
 class PodView:
     """One member pod, reduced to what recovery decisions need."""
@@ -89,6 +137,11 @@ class PodView:
     """The container's termination message (``terminationMessagePath``, or the tail of its
     log with ``FallbackToLogsOnError``), if it wrote one."""
     ready: bool = False
+    waiting: ContainerWaiting | None = None
+    """The first container the kubelet holds in ``Waiting`` with a reason other than
+    ``ContainerCreating``/``PodInitializing`` (``ImagePullBackOff``, ``CrashLoopBackOff``...)."""
+    unschedulable: str | None = None
+    """The scheduler's message of a ``PodScheduled=False`` condition (reason Unschedulable)."""
     started: dt.datetime | None = None
     """When its container started running (``state.running.startedAt``)."""
     uid: str | None = None
@@ -140,6 +193,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         exit_code=exit_code,
         terminated_reason=terminated_reason,
         terminated_message=terminated_message,
+        waiting=_waiting(status),
+        unschedulable=_unschedulable(status.get("conditions") or []),
         ready=ready,
         started=started,
         uid=meta.get("uid") or None,
@@ -160,6 +215,8 @@ class LeaseView:
     anchor_step: int | None = None
     latest_manifest: str | None = None
     latest_manifest_time: str | None = None
+    reward: float | None = None
+    """The mean reward of the trainer's last step (``ANNOTATION_REWARD``)."""
 
     @property
     def holder_incarnation(self) -> int | None:
@@ -174,6 +231,7 @@ def lease_view(lease: Mapping[str, Any]) -> LeaseView:
         renew_time=str(spec.get("renewTime") or spec.get("acquireTime") or "") or None,
         duration_seconds=_int(spec.get("leaseDurationSeconds")),
         train_step=_int(notes.get(naming.ANNOTATION_TRAIN_STEP)),
+        reward=_float(notes.get(naming.ANNOTATION_REWARD)),
         anchor_step=_int(notes.get(naming.ANNOTATION_ANCHOR_STEP)),
         latest_manifest=notes.get(naming.ANNOTATION_LATEST_MANIFEST) or None,
         # the trainer's text goes into status.latestManifestTime (format: date-time): an

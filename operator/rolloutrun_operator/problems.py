@@ -3,14 +3,20 @@
 Why: a bad spec must end as a clear ``Ready=False`` condition (with the reason and what to
 fix), not as an exception that makes Kopf retry the handler forever. These checks run before
 an incarnation starts; a fixed spec (or a Secret created later) lets the next pass go on.
+
+The same goes for a member pod the kubelet or the scheduler holds back (an image that
+cannot be pulled, a container that cannot be created, no node that fits): without
+:func:`pod_problem` such a run only said ``StartingGyms`` for as long as it lasted.
 """
 
 from __future__ import annotations
 
-from rolloutrun_operator import builders
+from collections.abc import Iterable
+
+from rolloutrun_operator import builders, naming
 from rolloutrun_operator.api.v1alpha1 import RolloutRun
 from rolloutrun_operator.api.validation import name_problems
-from rolloutrun_operator.observe import Observed
+from rolloutrun_operator.observe import Observed, PodView
 from rolloutrun_runtime.contract.run_config import ConfigError
 
 #: (reason, message) pairs, reasons CamelCase as conditions want them.
@@ -62,3 +68,33 @@ def spec_problems(run: RolloutRun, observed: Observed) -> list[Problem]:
             )
         )
     return problems
+
+
+def pod_problem(pod: PodView) -> Problem | None:
+    """Why ``pod`` does not start, as the kubelet or the scheduler said, or None.
+
+    The reason is the role and the kubelet's (or the scheduler's) own reason, e.g.
+    ``GymImagePullBackOff``, ``TrainerCrashLoopBackOff``, ``GymUnschedulable``; the message
+    names the pod, the container and what the kubelet or the scheduler wrote."""
+    if pod.deletion_time is not None or pod.terminated:
+        return None
+    role = "Trainer" if pod.role == naming.Role.TRAINER else "Gym"
+    if pod.unschedulable is not None:
+        return f"{role}Unschedulable", f"pod {pod.name} unschedulable: {pod.unschedulable}"
+    waiting = pod.waiting
+    if waiting is None:
+        return None
+    reason = "".join(ch for ch in waiting.reason if ch.isalnum() or ch == "_")[:100]
+    message = f"pod {pod.name} container {waiting.container}: {waiting.reason}"
+    if waiting.message:
+        message += f": {waiting.message}"
+    return f"{role}{reason or 'Waiting'}", message
+
+
+def first_pod_problem(pods: Iterable[PodView | None]) -> Problem | None:
+    """The first of ``pods`` that the kubelet or the scheduler holds back, or None."""
+    for pod in pods:
+        problem = pod_problem(pod) if pod is not None else None
+        if problem is not None:
+            return problem
+    return None

@@ -61,7 +61,8 @@ from rolloutrun_operator.plan import (
     Verb,
     restart_delay,
 )
-from rolloutrun_operator.problems import spec_problems
+from rolloutrun_operator.problems import Problem, first_pod_problem, spec_problems
+from rolloutrun_operator.progress import step_rate
 
 #: How long a healthy run waits before looking again without any event.
 IDLE_REQUEUE_SECONDS = 30.0
@@ -87,6 +88,8 @@ def reconcile(run: RolloutRun, observed: Observed, now: dt.datetime) -> Result:
     generation = run.metadata.get("generation")
     _mirror_lease(p)
     _decide(p)
+    progressing = p.desired.get(C.PROGRESSING)
+    step_rate(status, bool(progressing and progressing.status and observed.lease), now)
     _report_forced(p)
     status.observed_generation = generation
     status.conditions = merge(status.conditions, p.desired, now, generation)
@@ -104,6 +107,8 @@ def _mirror_lease(p: Pass) -> None:
     if lease.latest_manifest:
         p.status.latest_manifest_uri = lease.latest_manifest
         p.status.latest_manifest_time = lease.latest_manifest_time
+    if lease.reward is not None:
+        p.status.last_reward = lease.reward
 
 
 def _stopped(reason: str, message: str = "") -> dict[str, Desired]:
@@ -192,12 +197,13 @@ def _wait_for_backoff(p: Pass) -> None:
     loss = p.status.last_failure
     reason = loss.reason if loss and loss.reason else "MemberLost"
     waiting = Desired(True, reason, f"next incarnation at {p.status.next_start_time}")
+    why = f"{loss.message}; {waiting.message}" if loss and loss.message else waiting.message
     if remaining or (start is not None and p.now < start):
         if start is not None and p.now < start:
             p.look_again_at(start)
         p.say(
             restarting=waiting,
-            ready=Desired(False, reason),
+            ready=Desired(False, reason, why),
             progressing=Desired(True, "Restarting", waiting.message),
         )
         return
@@ -336,7 +342,8 @@ def _run_incarnation(p: Pass) -> None:
         if not all_up:
             ready = sum(1 for pod in up if pod is not None and serving(pod))
             message = f"{ready}/{replicas} Gym pods ready"
-            p.say(ready=Desired(False, "StartingGyms", message))
+            reason, why = _held_back(p, up) or ("StartingGyms", message)
+            p.say(ready=Desired(False, reason, why))
             p.say(progressing=Desired(True, "StartingGyms", message))
             p.look_again(5.0)
             return
@@ -360,9 +367,21 @@ def _run_incarnation(p: Pass) -> None:
     if all_running:
         p.say(ready=Desired(True, "Running", f"incarnation {n}"))
     else:
-        p.say(ready=Desired(False, "StartingTrainer", f"incarnation {n}"))
+        members_now = [trainer, *(gyms.get(i) for i in range(replicas))]
+        reason, why = _held_back(p, members_now) or ("StartingTrainer", f"incarnation {n}")
+        p.say(ready=Desired(False, reason, why))
     p.say(progressing=Desired(True, "Training", step), restarting=Desired(False, "Running"))
     p.look_again(IDLE_REQUEUE_SECONDS)  # the Lease's expiry: losses.lease_loss
+
+
+def _held_back(p: Pass, pods: list[PodView | None]) -> Problem | None:
+    """The first member the kubelet or the scheduler holds back (:func:`first_pod_problem`),
+    announced by a Warning Event when the Ready condition did not say so already."""
+    problem = first_pod_problem(pods)
+    before = find(p.status.conditions, C.READY)
+    if problem is not None and (before is None or (before.reason, before.message) != problem):
+        p.events.append(Event("Warning", problem[0], problem[1][:1024]))
+    return problem
 
 
 def _conflicting(p: Pass, missing_gyms: list[int]) -> bool:

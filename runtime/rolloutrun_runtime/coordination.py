@@ -27,6 +27,7 @@ import datetime as dt
 import fcntl
 import json
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +39,7 @@ from rolloutrun_runtime.contract.pod import (
     ANNOTATION_ANCHOR_STEP,
     ANNOTATION_LATEST_MANIFEST,
     ANNOTATION_LATEST_MANIFEST_TIME,
+    ANNOTATION_REWARD,
     ANNOTATION_TRAIN_STEP,
     DEFAULT_LEASE_DURATION_S,
     ENV_INCARNATION,
@@ -136,6 +138,7 @@ class LeaseHolder(Protocol):
         anchor_step: int | None = None,
         latest_manifest: str | None = None,
         latest_manifest_time: dt.datetime | None = None,
+        reward: float | None = None,
     ) -> None:
         """Write progress annotations (only while holding the lease)."""
 
@@ -240,6 +243,7 @@ class _Lease:
         anchor_step: int | None = None,
         latest_manifest: str | None = None,
         latest_manifest_time: dt.datetime | None = None,
+        reward: float | None = None,
     ) -> None:
         if latest_manifest is not None and latest_manifest_time is None:
             latest_manifest_time = self.clock()
@@ -250,6 +254,9 @@ class _Lease:
             ANNOTATION_LATEST_MANIFEST_TIME: None
             if latest_manifest_time is None
             else latest_manifest_time.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            ANNOTATION_REWARD: None
+            if reward is None or not math.isfinite(reward)
+            else f"{reward:.6g}",
         }
         changes = {key: value for key, value in values.items() if value is not None}
 

@@ -122,7 +122,9 @@ class PodLease:
             logger.warning("recording progress on the lease failed: %s", error)
 
     def on_step(self, step: dict[str, Any]) -> None:
-        self._record(train_step=int(step["step"]))
+        reward = step.get("reward_mean")
+        reward = float(reward) if isinstance(reward, int | float) else None
+        self._record(train_step=int(step["step"]), reward=reward)
 
     def on_anchor(self, step: int) -> None:
         self._anchor = max(self._anchor, step)

@@ -67,6 +67,10 @@ def test_a_run_is_created_runs_in_pods_and_succeeds_with_a_clean_audit(start_run
     assert final["latestManifestUri"].startswith(f"file://{run.storage_dir}/")
     steps = [json.loads(line)["step"] for line in (run.log_dir / "metrics.jsonl").open()]
     assert steps == list(range(1, MAX_STEPS + 1))
+    # The last step's mean reward rides on the Lease into status (kubectl get rr: Reward).
+    reward = json.loads((run.log_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert annotations["rolloutrun.dev/reward"] == f"{reward['reward_mean']:.6g}"
+    assert final["lastReward"] == float(f"{reward['reward_mean']:.6g}")
     # The trainer pod stays (for its logs) and succeeded; the Gym pods are removed.
     eventually(lambda: set(run.pods()) == {"tiny-i1-trainer"}, what="the Gym pods removed")
     assert run.pods()["tiny-i1-trainer"].status.phase == "Succeeded"

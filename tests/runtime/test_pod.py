@@ -18,6 +18,7 @@ from rolloutrun_runtime.coordination import (
     ANNOTATION_ANCHOR_STEP,
     ANNOTATION_LATEST_MANIFEST,
     ANNOTATION_LATEST_MANIFEST_TIME,
+    ANNOTATION_REWARD,
     ANNOTATION_TRAIN_STEP,
     FencedError,
     FileLease,
@@ -101,6 +102,18 @@ def test_progress_reaches_the_lease_in_order_off_the_event_loop(tmp_path):
     assert annotations[ANNOTATION_ANCHOR_STEP] == "4"
     assert annotations[ANNOTATION_LATEST_MANIFEST].endswith("snapshot_000002/MANIFEST.json")
     assert annotations[ANNOTATION_LATEST_MANIFEST_TIME] == "2026-05-01T10:00:00Z"
+
+
+def test_each_step_writes_its_mean_reward_with_its_step(tmp_path):
+    lease = lease_files(tmp_path / "lease.json", 1)
+    lease.acquire(timeout=5)
+    pod = PodLease(lease)
+    pod.on_step({"step": 1, "reward_mean": 0.123456789})
+    pod.on_step({"step": 2, "reward_mean": float("nan")})  # no number: the last one stays
+    pod.close()
+    annotations = json.loads((tmp_path / "lease.json").read_text())["annotations"]
+    assert annotations[ANNOTATION_TRAIN_STEP] == "2"
+    assert annotations[ANNOTATION_REWARD] == "0.123457"
 
 
 async def test_a_lost_lease_cancels_the_run():

@@ -508,6 +508,15 @@ class RolloutRunStatus(_Model):
             "expired once it has not changed for leaseDurationSeconds of operator time."
         ),
     )
+    last_reward: float | None = Field(
+        None, ge=-1e15, le=1e15, description="Mean reward of the trainer's latest step."
+    )
+    step_rate: float | None = Field(
+        None, ge=0, le=1e9, description="Trainer steps per minute over the last 60+ s."
+    )
+    step_window: str | None = Field(
+        None, max_length=96, description="stepRate's window start: '<step>@<RFC 3339 time>'."
+    )
 
 
 class RolloutRun(_Model):
@@ -530,6 +539,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.trainStep",
         "description": "Latest trainer step.",
     },
+    {"name": "Reward", "type": "number", "jsonPath": ".status.lastReward"},
     {
         "name": "Restarts",
         "type": "integer",
@@ -575,5 +585,6 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Trainer checkpoint step of the latest snapshot.",
         "priority": 1,
     },
+    {"name": "Steps/min", "type": "number", "jsonPath": ".status.stepRate", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

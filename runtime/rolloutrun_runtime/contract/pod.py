@@ -44,11 +44,14 @@ ANNOTATION_TRAIN_STEP = f"{API_GROUP}/train-step"
 ANNOTATION_ANCHOR_STEP = f"{API_GROUP}/anchor-step"
 ANNOTATION_LATEST_MANIFEST = f"{API_GROUP}/latest-manifest"
 ANNOTATION_LATEST_MANIFEST_TIME = f"{API_GROUP}/latest-manifest-time"
+ANNOTATION_REWARD = f"{API_GROUP}/reward"
+"""The mean reward of the trainer's last step (decimal), written with its train step."""
 LEASE_ANNOTATIONS = (
     ANNOTATION_TRAIN_STEP,
     ANNOTATION_ANCHOR_STEP,
     ANNOTATION_LATEST_MANIFEST,
     ANNOTATION_LATEST_MANIFEST_TIME,
+    ANNOTATION_REWARD,
 )
 
 # ------------------------------------------------------------------ environment of pods

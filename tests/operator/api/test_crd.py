@@ -105,4 +105,5 @@ def test_crd_names_and_columns():
     version = crd["spec"]["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [column["name"] for column in version["additionalPrinterColumns"]]
-    assert columns[:4] == ["Step", "Restarts", "Snapshot-Age", "Ready"]
+    assert columns[:5] == ["Step", "Reward", "Restarts", "Snapshot-Age", "Ready"]
+    assert "Steps/min" in columns

@@ -1,0 +1,145 @@
+"""What ``kubectl get rr`` shows on the local cluster: pods held back, reward, step rate.
+
+The local cluster's kubelet runs commands, so a Gym whose ``PATH`` hides its command fails
+to start as a real container runtime reports it (``StartError``, exit 128, ``exec: ...
+executable file not found in $PATH``), a container whose ConfigMap is missing waits in
+``CreateContainerConfigError``; its scheduler leaves a trainer with a node selector
+no node matches ``PodScheduled=False`` (Unschedulable, with the scheduler's message). The
+trainer is the stand-in ``rolloutrun`` (see test_handlers_localcluster.py); its reward and
+steps are written by the runtime's own :class:`KubernetesLease`, as the trainer does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import uuid
+from typing import Any
+
+from rolloutrun_localcluster.testing import eventually
+from rolloutrun_runtime.coordination import KubernetesLease
+from tests.operator.test_handlers_localcluster import rolloutrun
+from tests.support.operator_cluster import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    create_storage_claim,
+    operator_thread,
+)
+
+
+def test_pods_held_back_are_ready_reasons_and_progress_shows_reward(cluster, api):
+    from kubernetes import client as k8s
+
+    namespace = f"st-{uuid.uuid4().hex[:6]}"
+    core: Any = k8s.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    create_storage_claim(core, namespace)
+    runs: Any = k8s.CustomObjectsApi(api)
+
+    def kubectl(*args: str) -> str:
+        command = ["kubectl", f"--kubeconfig={cluster.kubeconfig_path}", "-n", namespace, *args]
+        return subprocess.run(command, check=True, capture_output=True, text=True).stdout
+
+    def ready(name: str) -> dict[str, Any]:
+        found = json.loads(kubectl("get", "rr", name, "-o", "json"))
+        conditions = (found.get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "Ready"), {})
+
+    def warnings(name: str) -> set[str]:
+        selector = f"involvedObject.name={name},type=Warning"
+        return {
+            e.reason for e in core.list_namespaced_event(namespace, field_selector=selector).items
+        }
+
+    nostart = rolloutrun("nostart")
+    nostart["spec"]["gym"]["env"] = [{"name": "PATH", "value": "/nonexistent"}]
+    nostart["spec"]["recovery"]["backoffSeconds"] = 3600  # stays Restarting, says why
+    noconfig = rolloutrun("noconfig")
+    missing = {"configMapKeyRef": {"name": "no-such-config", "key": "k"}}
+    noconfig["spec"]["gym"]["env"] = [{"name": "SETTING", "valueFrom": missing}]
+    unplaced = rolloutrun("unplaced")
+    unplaced["spec"]["trainer"]["nodeSelector"] = {"example.com/pool": "none"}
+    with operator_thread(cluster, namespace) as operator:
+        for run in (nostart, noconfig, unplaced, rolloutrun("healthy")):
+            runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run)
+
+        eventually(
+            lambda: ready("nostart").get("reason") == "GymStartError",
+            timeout=120,
+            interval=0.5,
+            what="StartError",
+        )
+        message = ready("nostart")["message"]
+        assert "exit code 128 (StartError)" in message
+        assert 'exec: "rolloutrun": executable file not found in $PATH' in message
+        assert "GymStartError" in warnings("nostart")
+
+        eventually(
+            lambda: ready("noconfig").get("reason") == "GymCreateContainerConfigError",
+            timeout=120,
+            interval=0.5,
+            what="CreateContainerConfigError",
+        )
+        assert ready("noconfig")["message"] == (
+            "pod noconfig-i1-gym-0 container gym: CreateContainerConfigError: "
+            'configmap "no-such-config" not found'
+        )
+        assert "GymCreateContainerConfigError" in warnings("noconfig")
+
+        eventually(
+            lambda: ready("unplaced").get("reason") == "TrainerUnschedulable",
+            timeout=120,
+            interval=0.5,
+            what="Unschedulable",
+        )
+        assert ready("unplaced")["message"] == (
+            "pod unplaced-i1-trainer unschedulable: 0/1 nodes are available: "
+            "1 node(s) didn't match Pod's node affinity/selector."
+        )
+        assert "TrainerUnschedulable" in warnings("unplaced")
+
+        eventually(
+            lambda: ready("healthy").get("reason") == "Running",
+            timeout=120,
+            interval=0.5,
+            what="healthy running",
+        )
+        trainer = KubernetesLease(
+            "healthy-trainer", namespace, "healthy-i1-trainer/1", 1, api_client=api
+        )
+        trainer.acquire(timeout=30)
+        trainer.start_renewing()
+
+        def status() -> dict[str, Any]:
+            return json.loads(kubectl("get", "rr", "healthy", "-o", "json"))["status"]
+
+        stepping = threading.Event()
+
+        def train() -> None:  # a step a second, as the trainer reports them
+            step = 0
+            while not stepping.wait(1.0):
+                step += 1
+                trainer.record_progress(train_step=step, reward=0.4375)
+
+        worker = threading.Thread(target=train, daemon=True)
+        worker.start()
+        try:
+            eventually(
+                lambda: status().get("lastReward") == 0.4375, interval=0.5, what="reward mirrored"
+            )
+            # the window closes after 60 s of the operator's clock
+            eventually(lambda: status().get("stepRate"), timeout=180, interval=1.0, what="rate")
+            stepping.set()
+            worker.join()
+            trainer.record_progress(train_step=1000, reward=0.5)
+            eventually(lambda: status().get("trainStep") == 1000, interval=0.5, what="last step")
+            table = kubectl("get", "rr", "healthy", "-o", "wide").splitlines()
+            header = table[0].split()
+            assert header[:3] == ["NAME", "STEP", "REWARD"] and "STEPS/MIN" in header
+            assert table[1].split()[:3] == ["healthy", "1000", "0.5"]
+        finally:
+            stepping.set()
+            trainer.stop()
+    assert operator.error is None
