@@ -1,16 +1,23 @@
-"""Local cluster load benchmark: watch fan-out latency and list latency, printed as JSON.
+"""Local cluster load benchmark: watch fan-out, list and pod start latency, printed as JSON.
 
 - watch: W concurrent watches on one namespace's ConfigMaps (W = 1 as the baseline, then
   100); N ConfigMaps created one after another over HTTPS; each event's latency is the time
   from the client sending the create to a watcher receiving the ADDED event.
 - list: GET of all ConfigMaps of a namespace holding 10 (baseline) and 1,000 objects.
-- pod start: P pods (``/bin/true`` with the volumes and read-only root of a member pod),
-  one after another, from the create to phase ``Succeeded``, in each isolation mode
-  (``namespaces``: a mount namespace per container; ``loopback``: none).
+- pod start: P pods (``sh -c 'date +%s.%N'`` with the volumes and read-only root of a member
+  pod), one after another, on one cluster per combination of the cluster's two pod modes,
+  ``LocalCluster(isolation=..., network=...)``: ``loopback+loopback`` (no namespaces) is the
+  baseline, ``namespaces+namespaces`` (a mount and a network namespace per pod) the default
+  where permitted, and each namespace kind alone. Two latencies per pod: from the create to
+  the container's first instruction (the timestamp it prints) and to phase ``Succeeded``.
+  A combination this machine cannot run is reported as skipped, with why.
+- suite (``--suite``, off by default: about 15 minutes): one run of the default test suite
+  (``python -m pytest -q -p no:cacheprovider``), its wall time and pass/fail counts.
 
 The cluster runs in its own thread (as in tests); clients share one asyncio loop here, so
 the numbers include client-side parsing on the same 2 cores. Usage:
-``python -m bench.localcluster [--events 200] [--watchers 100] [--objects 1000] [--pods 20]``.
+``python -m bench.localcluster [--events 200] [--watchers 100] [--objects 1000] [--pods 20]
+[--suite]``.
 """
 
 from __future__ import annotations
@@ -18,16 +25,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import ssl
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from rolloutrun_localcluster import mountns
+from rolloutrun_localcluster import mountns, netns
 from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.kubelet import free_pod_network
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE = ("loopback", "loopback")
+# (isolation, network): the baseline, each namespace kind alone, the default (both).
+COMBINATIONS = (
+    BASELINE,
+    ("namespaces", "loopback"),
+    ("loopback", "namespaces"),
+    ("namespaces", "namespaces"),
+)
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -59,6 +81,13 @@ class Client:
             if response.status >= 300:
                 raise RuntimeError(f"{method} {path}: {response.status} {data[:200]!r}")
             return json.loads(data)
+
+    async def text(self, path: str) -> str:
+        async with self.session.get(self.base + path) as response:
+            data = await response.text()
+            if response.status >= 300:
+                raise RuntimeError(f"GET {path}: {response.status} {data[:200]!r}")
+            return data
 
     async def close(self) -> None:
         await self.session.close()
@@ -156,7 +185,7 @@ def _member_like_pod(name: str) -> dict[str, Any]:
     container = {
         "name": "main",
         "image": "none",
-        "command": ["/bin/true"],
+        "command": ["sh", "-c", "date +%s.%N"],
         "workingDir": "/var/lib/rolloutrun",
         "volumeMounts": mounts,
         "securityContext": {"readOnlyRootFilesystem": True},
@@ -170,32 +199,82 @@ def _member_like_pod(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": spec}
 
 
-async def bench_pod_start(mode: str, pods: int) -> dict[str, Any]:
-    """Create to ``Succeeded`` of ``pods`` short pods, one at a time, in isolation ``mode``."""
+def unavailable(isolation: str, network: str) -> str | None:
+    """Why this machine cannot run the combination, or ``None`` when it can."""
+    if isolation == mountns.NAMESPACES and not mountns.namespaces_permitted():
+        return "mount namespaces: `unshare -m true` failed"
+    return netns.namespaces_unavailable() if network == "namespaces" else None
+
+
+async def _one_pod(client: Client, base: str, name: str) -> tuple[float, float]:
+    """Create one pod and wait for it: seconds to its first instruction and to Succeeded."""
+    sent, started = time.time(), time.perf_counter()
+    await client.request("POST", f"{base}/pods", _member_like_pod(name))
+    while True:
+        pod = await client.request("GET", f"{base}/pods/{name}")
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            break
+        await asyncio.sleep(0.002)
+    done = time.perf_counter() - started
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    printed = (await client.text(f"{base}/pods/{name}/log")).strip().splitlines()[-1]
+    await client.request("DELETE", f"{base}/pods/{name}")
+    return float(printed) - sent, done
+
+
+async def bench_pod_start(isolation: str, network: str, pods: int) -> dict[str, Any]:
+    """``pods`` short pods, one at a time, on a cluster in the given modes."""
     with (
         tempfile.TemporaryDirectory() as directory,
-        LocalCluster(directory, isolation=mode) as cluster,
+        LocalCluster(
+            directory, isolation=isolation, network=network, pod_network=free_pod_network()
+        ) as cluster,
     ):
         client = Client(cluster)
         base = "/api/v1/namespaces/default"
         try:
             body = {"metadata": {"name": "bench"}, "data": {"run.yaml": "{}"}}
             await client.request("POST", f"{base}/configmaps", body)
-            samples = []
-            for index in range(pods):
-                name = f"start-{index}"
-                started = time.perf_counter()
-                await client.request("POST", f"{base}/pods", _member_like_pod(name))
-                while True:
-                    pod = await client.request("GET", f"{base}/pods/{name}")
-                    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                        break
-                    await asyncio.sleep(0.002)
-                assert pod["status"]["phase"] == "Succeeded", pod["status"]
-                samples.append(time.perf_counter() - started)
-            return {"mode": mode, **_percentiles(samples)}
+            samples = [await _one_pod(client, base, f"start-{index}") for index in range(pods)]
         finally:
             await client.close()
+        return {
+            "isolation": cluster.isolation,
+            "network": cluster.network.description if cluster.network else network,
+            "to_first_instruction": _percentiles([first for first, _ in samples]),
+            "to_succeeded": _percentiles([done for _, done in samples]),
+        }
+
+
+async def bench_pod_starts(pods: int) -> dict[str, Any]:
+    """Every combination, each against the baseline measured in the same run."""
+    result: dict[str, Any] = {"baseline": "+".join(BASELINE)}
+    for isolation, network in COMBINATIONS:
+        key = f"{isolation}+{network}"
+        why = unavailable(isolation, network)
+        result[key] = {"skipped": why} if why else await bench_pod_start(isolation, network, pods)
+    base = result[result["baseline"]]["to_succeeded"]["p50_ms"]
+    for entry in result.values():
+        if isinstance(entry, dict) and "to_succeeded" in entry:
+            entry["p50_to_succeeded_vs_baseline"] = round(entry["to_succeeded"]["p50_ms"] / base, 2)
+    return result
+
+
+def bench_suite() -> dict[str, Any]:
+    """One run of the default test suite: wall time and the counts pytest reports."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - started
+    summary = (done.stdout.strip().splitlines() or [""])[-1]
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) ([a-z]+)", summary)}
+    return {
+        "command": " ".join(["python", *command[1:]]),
+        "wall_s": round(wall, 1),
+        "exit_code": done.returncode,
+        "counts": counts,
+        "summary": summary,
+    }
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -208,9 +287,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         result["configmaps_in_store"] = cluster.call(
             lambda: sum(1 for _ in cluster.store.objects("configmaps"))
         )
-    modes = mountns.MODES if mountns.namespaces_permitted() else (mountns.LOOPBACK,)
-    for mode in modes:
-        result[f"pod_start_{mode}"] = await bench_pod_start(mode, args.pods)
+    result["pod_start"] = await bench_pod_starts(args.pods)
+    if args.suite:
+        result["suite"] = await asyncio.to_thread(bench_suite)
     return result
 
 
@@ -221,4 +300,7 @@ if __name__ == "__main__":
     parser.add_argument("--objects", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--pods", type=int, default=20)
+    parser.add_argument(
+        "--suite", action="store_true", help="also time one run of the default test suite"
+    )
     print(json.dumps(asyncio.run(main(parser.parse_args())), indent=2))

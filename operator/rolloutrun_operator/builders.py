@@ -10,9 +10,7 @@ Endpoints without cluster DNS: the Gym pods start first; once their pod IPs are 
 trainer's RunConfig is rendered with ``gym.endpoints`` filled in, and the trainer tells each
 Gym its own generation URL (``POD_IP`` + ``ROLLOUTRUN_GENERATION_PORT``) in every ``/run``.
 
-Network: two NetworkPolicies per run admit, on the Gym port, only the run's trainer and, on
-the generation port, only its Gyms and trainer (plus ``spec.network.metricsFrom``). They
-select by the run's labels; the bearer token each server checks is what authenticates.
+The run's NetworkPolicies are built in network_policies.py.
 """
 
 from __future__ import annotations
@@ -202,71 +200,6 @@ def gym_service(run: RolloutRun) -> Manifest:
             "ports": [{"name": naming.PORT_NAME_GYM, "port": port, "targetPort": port}],
         },
     }
-
-
-# ------------------------------------------------------------------ network policies
-def _member_pods(run: RolloutRun, *roles: str) -> Manifest:
-    """A selector of this run's member pods in ``roles``."""
-    return {
-        "matchLabels": {naming.LABEL_RUN: run_name(run)},
-        "matchExpressions": [{"key": naming.LABEL_ROLE, "operator": "In", "values": sorted(roles)}],
-    }
-
-
-def _metrics_peers(run: RolloutRun) -> list[Manifest]:
-    peers: list[Manifest] = []
-    for peer in run.spec.network.metrics_from:
-        entry: Manifest = {"podSelector": {"matchLabels": dict(peer.pod_selector.match_labels)}}
-        if peer.namespace_selector is not None:
-            entry["namespaceSelector"] = {"matchLabels": dict(peer.namespace_selector.match_labels)}
-        peers.append(entry)
-    return peers
-
-
-def _ingress_policy(run: RolloutRun, name: str, to: str, port: int, *clients: str) -> Manifest:
-    """Ingress to the run's ``to`` pods: only the run's ``clients`` pods (and the metrics
-    peers of ``spec.network.metricsFrom``) on ``port``; everything else is dropped."""
-    peers = [{"podSelector": _member_pods(run, *clients)}, *_metrics_peers(run)]
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": metadata(run, name),
-        "spec": {
-            "podSelector": _member_pods(run, to),
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": port}]}],
-        },
-    }
-
-
-def gym_network_policy(run: RolloutRun) -> Manifest:
-    """Only the run's trainer (and the metrics peers) reaches its Gyms' port."""
-    return _ingress_policy(
-        run,
-        naming.gym_network_policy_name(run_name(run)),
-        naming.Role.GYM,
-        run.spec.gym.port,
-        naming.Role.TRAINER,
-    )
-
-
-def generation_network_policy(run: RolloutRun) -> Manifest:
-    """Only the run's Gyms and trainer (and the metrics peers) reach the generation port;
-    only the metrics peers reach the trainer's ``/metrics`` port (no peers: no one)."""
-    policy = _ingress_policy(
-        run,
-        naming.generation_network_policy_name(run_name(run)),
-        naming.Role.TRAINER,
-        run.spec.trainer.generation_port,
-        naming.Role.GYM,
-        naming.Role.TRAINER,
-    )
-    peers = _metrics_peers(run)
-    if peers:  # an empty "from" would admit every source
-        policy["spec"]["ingress"].append(
-            {"from": peers, "ports": [{"protocol": "TCP", "port": TRAINER_METRICS_PORT}]}
-        )
-    return policy
 
 
 # ------------------------------------------------------------------------ run config

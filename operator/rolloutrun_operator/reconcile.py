@@ -39,7 +39,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from rolloutrun_operator import builders, kueue, naming
+from rolloutrun_operator import builders, kueue, naming, network_policies
 from rolloutrun_operator.api.v1alpha1 import FailureRecord, RolloutRun, RolloutRunStatus
 from rolloutrun_operator.conditions import ConditionType as C
 from rolloutrun_operator.conditions import Desired, find, is_true, merge
@@ -237,8 +237,8 @@ def static_children(
         builders.trainer_lease(run),
         builders.trainer_service(run),
         builders.gym_service(run),
-        builders.gym_network_policy(run),
-        builders.generation_network_policy(run),
+        network_policies.gym_network_policy(run),
+        network_policies.generation_network_policy(run),
     ]
     wanted[:0] = [builders.member_role(run), builders.member_role_binding(run)]
     if run.spec.service_account_name is None:

@@ -6,7 +6,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rolloutrun_operator import builders, naming
+from rolloutrun_operator import builders, naming, network_policies
 from rolloutrun_runtime.contract.pod import ENV_METRICS_TOKEN, METRICS_TOKEN_KEY
 from rolloutrun_runtime.contract.run_config import RunConfig
 from tests.support.rolloutruns import make_run
@@ -25,8 +25,8 @@ def everything(run):
         builders.metrics_token_secret(run, "metrics-token"),
         builders.trainer_service(run),
         builders.gym_service(run),
-        builders.gym_network_policy(run),
-        builders.generation_network_policy(run),
+        network_policies.gym_network_policy(run),
+        network_policies.generation_network_policy(run),
         builders.config_map(run, data, 3),
         builders.trainer_pod(run, 3),
         builders.gym_pod(run, 3, 0),

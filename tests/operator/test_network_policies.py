@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from rolloutrun_operator import builders, naming, reconcile
+from rolloutrun_operator import builders, naming, network_policies, reconcile
 from rolloutrun_operator.kube import PERMISSIONS, RESOURCES
 from rolloutrun_runtime.contract.pod import TRAINER_METRICS_PORT
 from tests.support.rolloutruns import make_run
@@ -35,7 +35,10 @@ def _roles(selector: dict[str, Any]) -> tuple[str, list[str]]:
 @pytest.mark.parametrize("network", [{}, {"metricsFrom": [PROMETHEUS, {}]}])
 def test_policies_admit_only_the_run_and_its_metrics_peers(network: dict[str, Any]) -> None:
     run = make_run(network=network, gym={"port": 8123}, trainer={"generationPort": 8456})
-    gym, generation = builders.gym_network_policy(run), builders.generation_network_policy(run)
+    gym, generation = (
+        network_policies.gym_network_policy(run),
+        network_policies.generation_network_policy(run),
+    )
     for policy in (gym, generation):
         kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
         assert policy["metadata"]["ownerReferences"] == [builders.owner_reference(run)]
