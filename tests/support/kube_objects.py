@@ -3,18 +3,24 @@ spelled once here so each test says only what it is about."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client as k8s
 
 
-def pod_gone(core: Any, namespace: str, name: str) -> bool:
-    """Whether the pod is no longer there (a read answers 404)."""
+def gone(read: Callable[[], object]) -> bool:
+    """Whether what ``read`` reads is no longer there (the read answers 404)."""
     try:
-        core.read_namespaced_pod(name, namespace)
+        read()
     except k8s.ApiException as error:
         return error.status == 404
     return False
+
+
+def pod_gone(core: Any, namespace: str, name: str) -> bool:
+    """Whether the pod is no longer there."""
+    return gone(lambda: core.read_namespaced_pod(name, namespace))
 
 
 def grant_pod_listing(core: Any, namespace: str) -> None:
