@@ -6,12 +6,12 @@ ServiceAccount. They react to store events (debounced) and apply the pure plans 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from typing import Any
 
 from . import errors, gc
+from .passes import PassLoop
 from .resources import Registry, ResourceType
 from .store import Event, Store
 
@@ -26,10 +26,21 @@ class Controllers:
     def __init__(self, store: Store, registry: Registry, debounce: float = 0.02) -> None:
         self.store = store
         self.registry = registry
-        self.debounce = debounce
-        self._gc_due = asyncio.Event()
-        self._endpoints_due = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        failure = "local cluster controller pass failed"
+        self._gc = PassLoop(
+            self.collect_garbage,
+            name="localcluster-gc",
+            failure=failure,
+            logger=logger,
+            debounce=debounce,
+        )
+        self._endpoints = PassLoop(
+            self.sync_endpoints,
+            name="localcluster-endpoints",
+            failure=failure,
+            logger=logger,
+            debounce=debounce,
+        )
         store.subscribe(self._on_event)
 
     def _type(self, group: str, plural: str) -> ResourceType:
@@ -48,9 +59,9 @@ class Controllers:
         old_references = (event.old or {}).get("metadata", {}).get("ownerReferences")
         references_changed = meta.get("ownerReferences") != old_references
         if event.type == "DELETED" or meta.get("deletionTimestamp") or references_changed:
-            self._gc_due.set()
+            self._gc.mark_due()
         if event.storage_key in ("pods", "services"):
-            self._endpoints_due.set()
+            self._endpoints.mark_due()
 
     def _on_crd(self, event: Event) -> None:
         name = event.obj["metadata"]["name"]
@@ -69,34 +80,14 @@ class Controllers:
                 self.store.create(rtype, namespace, {"metadata": {"name": "default"}})
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(
-                self._loop(self._gc_due, self.collect_garbage), name="localcluster-gc"
-            ),
-            asyncio.create_task(
-                self._loop(self._endpoints_due, self.sync_endpoints), name="localcluster-endpoints"
-            ),
-        ]
-        self._gc_due.set()
-        self._endpoints_due.set()
+        self._gc.start()
+        self._endpoints.start()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
-
-    async def _loop(self, due: asyncio.Event, work: Any) -> None:
-        while True:
-            await due.wait()
-            await asyncio.sleep(self.debounce)
-            due.clear()
-            try:
-                work()
-            except Exception:
-                logger.exception("local cluster controller pass failed")
+        self._gc.cancel()
+        self._endpoints.cancel()
+        await self._gc.stop()
+        await self._endpoints.stop()
 
     # ------------------------------------------------------------ garbage collection
     def _all_objects(self) -> list[tuple[str, dict[str, Any]]]:
@@ -115,7 +106,7 @@ class Controllers:
                         "garbage collection %s of %s failed: %s", action.verb, action.target, error
                     )
         if actions:
-            self._gc_due.set()  # dependents of what was just deleted may be due now
+            self._gc.mark_due()  # dependents of what was just deleted may be due now
         return len(actions)
 
     def _apply(self, action: gc.Action) -> None:

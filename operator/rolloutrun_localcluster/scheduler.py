@@ -9,13 +9,12 @@ cordoned, its ``nodeSelector`` matches the node's labels and it tolerates the no
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any
 
 from . import errors
+from .passes import PassLoop
 from .resources import Registry
 from .storage_provisioner import claim_problem, scheduler_message
 from .store import Event, Store, now_iso
@@ -81,32 +80,23 @@ class Scheduler:
     def __init__(self, store: Store, registry: Registry) -> None:
         self.store = store
         self.registry = registry
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._passes = PassLoop(
+            self.schedule,
+            name="localcluster-scheduler",
+            failure="scheduling pass failed",
+            logger=logger,
+        )
         store.subscribe(self._on_event)
 
     def _on_event(self, event: Event) -> None:
         if event.storage_key in ("pods", "nodes", "persistentvolumeclaims"):
-            self._wake.set()
+            self._passes.mark_due()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="localcluster-scheduler")
-        self._wake.set()
+        self._passes.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                self.schedule()
-            except Exception:
-                logger.exception("scheduling pass failed")
+        await self._passes.stop()
 
     def schedule(self) -> None:
         pods_type = self.registry.get("", "v1", "pods")

@@ -15,7 +15,6 @@ the real scheduler's message (:func:`claim_problem`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import errors
+from .passes import PassLoop
 from .resources import Registry, ResourceType
 from .store import Event, Store
 
@@ -115,8 +115,12 @@ class Provisioner:
         self.store = store
         self.registry = registry
         self.directory = directory
-        self._due = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._passes = PassLoop(
+            self.reconcile,
+            name="localcluster-provisioner",
+            failure="volume provisioning pass failed",
+            logger=logger,
+        )
         store.subscribe(self._on_event)
 
     def _type(self, group: str, plural: str) -> ResourceType:
@@ -126,34 +130,21 @@ class Provisioner:
 
     def _on_event(self, event: Event) -> None:
         if event.storage_key in _STORAGE_KEYS:
-            self._due.set()
+            self._passes.mark_due()
         elif event.storage_key == "pods" and (
             event.type == "DELETED"
             or (event.obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         ):
-            self._due.set()  # a claim being deleted may have lost its last user
+            self._passes.mark_due()  # a claim being deleted may have lost its last user
 
     def start(self) -> None:
         classes = self._type("storage.k8s.io", "storageclasses")
         if not any(True for _ in self.store.objects(classes.storage_key)):
             self.store.create(classes, "", default_class())
-        self._task = asyncio.create_task(self._loop(), name="localcluster-provisioner")
-        self._due.set()
+        self._passes.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            await self._due.wait()
-            self._due.clear()
-            try:
-                self.reconcile()
-            except Exception:
-                logger.exception("volume provisioning pass failed")
+        await self._passes.stop()
 
     def _class_of(self, claim: Obj) -> Obj | None:
         classes = self._type("storage.k8s.io", "storageclasses")

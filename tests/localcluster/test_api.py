@@ -16,6 +16,7 @@ from kubernetes import client as k8s
 from rolloutrun_localcluster.cluster import LocalCluster
 from rolloutrun_localcluster.testing import eventually
 from tests.support.kopf_operator import CRD, GROUP, PLURAL, VERSION
+from tests.support.kube_objects import gone, pod_gone
 
 
 def _status(error: pytest.ExceptionInfo[k8s.ApiException]) -> dict[str, Any]:
@@ -356,7 +357,7 @@ def test_edges_of_the_http_surface(
     unknown paths, wrong methods and unsupported patch types."""
     core: Any = k8s.CoreV1Api(client)
     dry = core.create_namespaced_config_map(namespace, {"metadata": {"name": "dry"}}, dry_run="All")
-    assert dry.metadata.uid and _missing(core, namespace, "dry")
+    assert dry.metadata.uid and gone(lambda: core.read_namespaced_config_map("dry", namespace))
     for index in range(3):
         core.create_namespaced_config_map(
             namespace, {"metadata": {"name": f"dc{index}", "labels": {"dc": "y"}}}
@@ -415,20 +416,4 @@ def test_edges_of_the_http_surface(
     core.create_namespaced_pod(namespace, pod)
     eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "evictee"}}
     assert call("POST", f"{base}/pods/evictee/eviction", eviction)[0] == 201
-    eventually(lambda: _pod_missing(core, namespace, "evictee"), what="evicted pod gone")
-
-
-def _missing(core: Any, namespace: str, name: str) -> bool:
-    try:
-        core.read_namespaced_config_map(name, namespace)
-    except k8s.ApiException as error:
-        return error.status == 404
-    return False
-
-
-def _pod_missing(core: Any, namespace: str, name: str) -> bool:
-    try:
-        core.read_namespaced_pod(name, namespace)
-    except k8s.ApiException as error:
-        return error.status == 404
-    return False
+    eventually(lambda: pod_gone(core, namespace, "evictee"), what="evicted pod gone")

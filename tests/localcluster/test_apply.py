@@ -24,21 +24,13 @@ import yaml
 from kubernetes import client as k8s
 
 from rolloutrun_localcluster.cluster import LocalCluster
+from tests.support.kubectl import kubectl_result as _kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rolloutrun-operator"
 CRD_FILE = CHART / "crds" / "rolloutruns.rolloutrun.dev.yaml"
 HELM = ROOT / ".tools" / "helm"
 needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl")
-
-
-def _kubectl(
-    cluster: LocalCluster, *args: str, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)}
-    return subprocess.run(
-        ["kubectl", *args], input=stdin, capture_output=True, text=True, env=env, timeout=60
-    )
 
 
 def _managed(obj: dict[str, Any]) -> dict[tuple[str, str], Any]:

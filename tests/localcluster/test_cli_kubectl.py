@@ -4,7 +4,6 @@ kubectl against the emulator when kubectl is installed."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -19,6 +18,8 @@ from kubernetes import config
 from rolloutrun_localcluster.cluster import LocalCluster
 from rolloutrun_localcluster.processes import pod_tag, tagged_pids
 from rolloutrun_localcluster.testing import eventually
+from tests.support.kubectl import kubectl as run_kubectl
+from tests.support.kubectl import kubectl_result
 
 
 def _rolloutrun() -> str:
@@ -97,19 +98,8 @@ def test_a_restarted_cluster_kills_what_a_killed_one_left(tmp_path: Path) -> Non
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_kubectl_works_unchanged(cluster: LocalCluster, widgets: Any, namespace: str) -> None:
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)}
-
     def kubectl(*args: str, stdin: str | None = None) -> str:
-        done = subprocess.run(
-            ["kubectl", "-n", namespace, *args],
-            env=env,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return run_kubectl(cluster, *args, stdin=stdin, namespace=namespace)
 
     nodes = json.loads(kubectl("get", "nodes", "-o", "json"))
     assert [n["metadata"]["name"] for n in nodes["items"]] == ["local"]
@@ -134,13 +124,6 @@ def test_kubectl_works_unchanged(cluster: LocalCluster, widgets: Any, namespace:
     # field is refused by name.
     bad = {"apiVersion": "test.rolloutrun.dev/v1", "kind": "Widget", "metadata": {"name": "bad"}}
     bad["spec"] = {"size": 1, "bogus": 1}
-    failed = subprocess.run(
-        ["kubectl", "-n", namespace, "apply", "-f", "-"],
-        env=env,
-        input=json.dumps(bad),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    failed = kubectl_result(cluster, "apply", "-f", "-", stdin=json.dumps(bad), namespace=namespace)
     assert failed.returncode != 0 and 'unknown field "spec.bogus"' in failed.stderr
     assert "deleted" in kubectl("delete", "pod", "kubectl-pod")

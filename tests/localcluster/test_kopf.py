@@ -11,6 +11,7 @@ from kubernetes import client as k8s
 from rolloutrun_localcluster.cluster import LocalCluster
 from rolloutrun_localcluster.testing import eventually
 from tests.support.kopf_operator import GROUP, PLURAL, VERSION, KopfThread
+from tests.support.kube_objects import gone as _gone
 
 
 def _widget(name: str, size: int = 2, **spec: Any) -> dict[str, Any]:
@@ -92,11 +93,3 @@ def _running(core: Any, namespace: str, name: str) -> Any:
     except k8s.ApiException:
         return None
     return pod if pod.status.phase == "Running" else None
-
-
-def _gone(read: Any) -> bool:
-    try:
-        read()
-    except k8s.ApiException as error:
-        return error.status == 404
-    return False

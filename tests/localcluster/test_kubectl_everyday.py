@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
-import subprocess
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,6 +18,7 @@ import yaml
 from kubernetes import client as k8s
 
 from rolloutrun_localcluster.cluster import LocalCluster
+from tests.support.kubectl import kubectl as run_kubectl
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 
@@ -29,19 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def kubectl(cluster: LocalCluster, namespace: str) -> Kubectl:
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)}
-
     def run(*args: str, stdin: str | None = None) -> str:
-        done = subprocess.run(
-            ["kubectl", "-n", namespace, *args],
-            env=env,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-        return done.stdout
+        return run_kubectl(cluster, *args, stdin=stdin, namespace=namespace)
 
     return run
 

@@ -16,6 +16,8 @@ from kubernetes import client as k8s
 from rolloutrun_localcluster.cluster import LocalCluster
 from rolloutrun_localcluster.mountns import LOOPBACK, NAMESPACES, namespaces_permitted
 from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
+from tests.support.kube_objects import grant_pod_listing
+from tests.support.kube_objects import pod_gone as _gone
 
 PY = sys.executable
 MODES = [NAMESPACES, LOOPBACK] if namespaces_permitted() else [LOOPBACK]
@@ -58,14 +60,6 @@ def _phase(core: Any, namespace: str, name: str, *phases: str) -> Any:
     return pod if pod.status.phase in phases else None
 
 
-def _gone(core: Any, namespace: str, name: str) -> bool:
-    try:
-        core.read_namespaced_pod(name, namespace)
-    except k8s.ApiException as error:
-        return error.status == 404
-    return False
-
-
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -98,13 +92,7 @@ def test_pod_environment_downward_api_and_api_access(client: Any, namespace: str
         namespace, {"metadata": {"name": "sec"}, "stringData": {"k": "from-secret"}}
     )
     # The pod lists pods with its account's token: RBAC must grant it, as on a real cluster.
-    rbac: Any = k8s.RbacAuthorizationV1Api(client)
-    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "lister"}, "rules": [rule]})
-    subject = {"kind": "ServiceAccount", "name": "default", "namespace": namespace}
-    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lister"}
-    binding = {"metadata": {"name": "lister"}, "roleRef": ref, "subjects": [subject]}
-    rbac.create_namespaced_role_binding(namespace, binding)
+    grant_pod_listing(core, namespace)
     env = [
         {"name": "LIT", "value": "literal"},
         {"name": "FROM_CM", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}},

@@ -18,6 +18,7 @@ from kubernetes import client as k8s
 from rolloutrun_localcluster import mountns
 from rolloutrun_localcluster.cluster import LocalCluster
 from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
+from tests.support.kube_objects import pod_gone as _gone
 
 pytestmark = pytest.mark.skipif(
     not mountns.namespaces_permitted(), reason="mount namespaces are not permitted here"
@@ -57,14 +58,6 @@ def _finish(core: Any, namespace: str, name: str) -> tuple[str, str]:
 
     phase = eventually(done, what=f"{name} to finish").status.phase
     return phase, core.read_namespaced_pod_log(name, namespace)
-
-
-def _gone(core: Any, namespace: str, name: str) -> bool:
-    try:
-        core.read_namespaced_pod(name, namespace)
-    except k8s.ApiException as error:
-        return error.status == 404
-    return False
 
 
 def _claim(name: str, **spec: Any) -> Any:

@@ -21,6 +21,7 @@ from kubernetes import client as k8s
 from rolloutrun_localcluster import netns
 from rolloutrun_localcluster.cluster import LocalCluster
 from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
+from tests.support.kube_objects import grant_pod_listing
 
 PY = sys.executable
 
@@ -107,19 +108,8 @@ print(json.dumps({"names": names, "pods": sorted(pods), "api": host, "ip": os.en
 """
 
 
-def _grant_pod_listing(core: Any, namespace: str) -> None:
-    """The fetching pod lists pods with its account's token: RBAC must grant it."""
-    rbac: Any = k8s.RbacAuthorizationV1Api(core.api_client)
-    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "lister"}, "rules": [rule]})
-    subject = {"kind": "ServiceAccount", "name": "default", "namespace": namespace}
-    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lister"}
-    binding = {"metadata": {"name": "lister"}, "roleRef": ref, "subjects": [subject]}
-    rbac.create_namespaced_role_binding(namespace, binding)
-
-
 def test_two_pods_serve_one_port_at_their_own_ips_and_reach_the_api(core: Any) -> None:
-    _grant_pod_listing(core, "default")
+    grant_pod_listing(core, "default")  # the fetching pod lists pods with its token
     for name in ("web-a", "web-b"):
         core.create_namespaced_pod("default", _pod(name, SERVE, **PROBE))
     ips = [

@@ -25,30 +25,11 @@ from rolloutrun_runtime.coordination import FencedError, KubernetesLease
 from tests.support.operator_cluster import (
     GROUP,
     PLURAL,
-    STORAGE_CLAIM,
     VERSION,
-    create_storage_claim,
+    RunNamespace,
     operator_thread,
+    rolloutrun,
 )
-
-
-def rolloutrun(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "RolloutRun",
-        "metadata": {"name": name},
-        "spec": {
-            "storage": {"uri": "file:///tmp/rolloutrun-test", "volumeClaimName": STORAGE_CLAIM},
-            "gym": {"replicas": 2, "port": 8000, "terminationGracePeriodSeconds": 2},
-            "trainer": {"terminationGracePeriodSeconds": 2},
-            "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 2},
-            "run": {
-                "workers": {"backend": "inprocess"},
-                # below the trainer's terminationGracePeriodSeconds, as the CRD requires
-                "checkpointing": {"preemptionGraceSeconds": 1},
-            },
-        },
-    }
 
 
 def test_a_pass_asking_to_look_again_at_once_is_not_left_idle():
@@ -59,13 +40,8 @@ def test_a_pass_asking_to_look_again_at_once_is_not_left_idle():
 
 
 def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
-    from kubernetes import client as k8s
-
-    namespace = f"op-{uuid.uuid4().hex[:6]}"
-    core: Any = k8s.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": namespace}})
-    create_storage_claim(core, namespace)
-    runs: Any = k8s.CustomObjectsApi(api)
+    ns = RunNamespace(api, "op")
+    namespace, core, runs = ns.name, ns.core, ns.runs
 
     def run() -> dict[str, Any]:
         return runs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "demo")
@@ -104,9 +80,10 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
         assert metrics.data["token"] and metrics.data["token"] != gym_token
         assert metrics.metadata.owner_references[0].name == "demo"
         assert core.read_namespaced_service("demo-trainer", namespace).spec.ports[0].port == 8100
-        leases: Any = k8s.CoordinationV1Api(api)
-        lease_obj = leases.read_namespaced_lease("demo-trainer", namespace)
+        lease_obj = ns.leases.read_namespaced_lease("demo-trainer", namespace)
         assert lease_obj.metadata.owner_references[0].name == "demo"
+        from kubernetes import client as k8s
+
         policies: Any = k8s.NetworkingV1Api(api)
         for name, port in (("demo-gym-ingress", 8000), ("demo-generation-ingress", 8100)):
             policy = policies.read_namespaced_network_policy(name, namespace)
@@ -209,13 +186,8 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
 
 
 def test_a_lost_node_ends_the_incarnation_without_waiting_for_eviction(cluster, api):
-    from kubernetes import client as k8s
-
-    namespace = f"nl-{uuid.uuid4().hex[:6]}"
-    core: Any = k8s.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": namespace}})
-    create_storage_claim(core, namespace)
-    runs: Any = k8s.CustomObjectsApi(api)
+    ns = RunNamespace(api, "nl")
+    namespace, core, runs = ns.name, ns.core, ns.runs
     body = rolloutrun("nl")
     body["spec"]["recovery"]["nodeLossTimeoutSeconds"] = 1
 
@@ -245,31 +217,12 @@ def test_a_lost_node_ends_the_incarnation_without_waiting_for_eviction(cluster, 
     core.delete_namespace(namespace)
 
 
-class Namespace:
+class Namespace(RunNamespace):
     """One test namespace: the run's status and conditions, its pods, a wake-up poke."""
 
-    def __init__(self, api: Any, prefix: str) -> None:
-        from kubernetes import client as k8s
-
-        self.name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-        self.core: Any = k8s.CoreV1Api(api)
-        self.runs: Any = k8s.CustomObjectsApi(api)
-        self.rbac: Any = k8s.RbacAuthorizationV1Api(api)
-        self.leases: Any = k8s.CoordinationV1Api(api)
-        self.core.create_namespace({"metadata": {"name": self.name}})
-        create_storage_claim(self.core, self.name)
-
-    def create_run(self, body: dict[str, Any]) -> None:
-        self.runs.create_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, body)
-
-    def run(self, name: str) -> dict[str, Any]:
-        return self.runs.get_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, name)
-
     def ready(self, name: str) -> tuple[str, str, str]:
-        for item in (self.run(name).get("status") or {}).get("conditions") or []:
-            if item["type"] == "Ready":
-                return item["status"], item["reason"], item.get("message", "")
-        return "", "", ""
+        item = self.ready_condition(name)
+        return item.get("status", ""), item.get("reason", ""), item.get("message", "")
 
     def poke(self, name: str) -> None:
         """Wake the run's daemon now (a deleted Secret or Role is not watched)."""
@@ -423,13 +376,8 @@ def test_a_trainer_clock_skew_is_no_loss_until_it_stops_renewing(cluster, api, s
     import datetime as dt
     import time
 
-    from kubernetes import client as k8s
-
-    namespace = f"sk-{uuid.uuid4().hex[:6]}"
-    core: Any = k8s.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": namespace}})
-    create_storage_claim(core, namespace)
-    runs: Any = k8s.CustomObjectsApi(api)
+    ns = RunNamespace(api, "sk")
+    namespace, core, runs = ns.name, ns.core, ns.runs
 
     def status() -> dict[str, Any]:
         found = runs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "sk")
@@ -472,13 +420,8 @@ def test_the_operator_command_serves_metrics_and_liveness_and_stops_on_sigterm(c
     import subprocess
     import urllib.request
 
-    from kubernetes import client as k8s
-
-    namespace = f"cli-{uuid.uuid4().hex[:6]}"
-    core: Any = k8s.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": namespace}})
-    create_storage_claim(core, namespace)
-    runs: Any = k8s.CustomObjectsApi(api)
+    ns = RunNamespace(api, "cli")
+    namespace, core, runs = ns.name, ns.core, ns.runs
     metrics, health = free_port(), free_port()
     # cluster-wide, as the chart's default, as the chart's ServiceAccount and ClusterRole
     kubeconfig = operator_kubeconfig(cluster, permission_rules())

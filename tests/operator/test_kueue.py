@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import datetime as dt
 from typing import Any
 
 from rolloutrun_operator import kueue
@@ -14,7 +13,7 @@ from rolloutrun_operator.plan import Verb
 from rolloutrun_operator.reconcile import reconcile
 from tests.support.rolloutruns import (
     BASE,
-    T0,
+    NOW,
     gym,
     make_run,
     members,
@@ -22,8 +21,10 @@ from tests.support.rolloutruns import (
     running_status,
     trainer,
 )
+from tests.support.rolloutruns import (
+    condition as cond,
+)
 
-NOW = T0 + dt.timedelta(seconds=60)
 WORKLOAD = "rolloutrun-demo"
 
 
@@ -89,11 +90,6 @@ def evicted(reason: str) -> Any:
         condition("Evicted", True, reason, "Preempted to accommodate a higher priority Workload"),
         admission=ADMISSION,
     )
-
-
-def cond(result: Any, kind: str) -> tuple[str, str, str]:
-    (found,) = [c for c in result.status.conditions if c.type == kind]
-    return found.status.value, found.reason, found.message
 
 
 def of_kind(result: Any, kind: str) -> list[Any]:

@@ -11,7 +11,6 @@ condition and a Warning Event naming the child, and the run goes on once the quo
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import pytest
@@ -22,60 +21,27 @@ from rolloutrun_localcluster.testing import eventually
 from tests.support.operator_cluster import (
     GROUP,
     PLURAL,
-    STORAGE_CLAIM,
     VERSION,
-    create_storage_claim,
+    RunNamespace,
     operator_thread,
 )
+from tests.support.operator_cluster import rolloutrun as stand_in_run
 
 
 def rolloutrun(name: str, **trainer: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "RolloutRun",
-        "metadata": {"name": name},
-        "spec": {
-            "storage": {
-                "uri": "file:///tmp/rolloutrun-names-test",
-                "volumeClaimName": STORAGE_CLAIM,
-            },
-            "gym": {"replicas": 2, "port": 8000, "terminationGracePeriodSeconds": 2},
-            "trainer": {"terminationGracePeriodSeconds": 2, **trainer},
-            "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 30},
-            "run": {
-                "workers": {"backend": "inprocess"},
-                # below the trainer's terminationGracePeriodSeconds, as the CRD requires
-                "checkpointing": {"preemptionGraceSeconds": 1},
-            },
-        },
-    }
+    body = stand_in_run(name, storage_uri="file:///tmp/rolloutrun-names-test", lease_seconds=30)
+    body["spec"]["trainer"].update(trainer)
+    return body
 
 
-class Namespace:
+class Namespace(RunNamespace):
     """A fresh namespace with its operator, and what the tests read in it."""
 
     def __init__(self, api: Any) -> None:
-        from kubernetes import client as k8s
-
-        self.name = f"nm-{uuid.uuid4().hex[:6]}"
-        self.core: Any = k8s.CoreV1Api(api)
-        self.runs: Any = k8s.CustomObjectsApi(api)
-        self.coordination: Any = k8s.CoordinationV1Api(api)
-        self.core.create_namespace({"metadata": {"name": self.name}})
-        create_storage_claim(self.core, self.name)
-
-    def create(self, body: dict[str, Any]) -> None:
-        self.runs.create_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, body)
-
-    def ready(self, run: str) -> dict[str, Any] | None:
-        body = self.runs.get_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, run)
-        for item in (body.get("status") or {}).get("conditions") or []:
-            if item["type"] == "Ready":
-                return dict(item)
-        return None
+        super().__init__(api, "nm")
 
     def reason(self, run: str) -> str:
-        return (self.ready(run) or {}).get("reason", "")
+        return self.ready_condition(run).get("reason", "")
 
     def children(self) -> list[str]:
         """Every object a run could own in the namespace (the default account aside)."""
@@ -93,10 +59,7 @@ class Namespace:
                 for o in self.core.list_namespaced_service_account(ns).items
                 if o.metadata.name != "default"
             ),
-            *(
-                f"Lease/{o.metadata.name}"
-                for o in self.coordination.list_namespaced_lease(ns).items
-            ),
+            *(f"Lease/{o.metadata.name}" for o in self.leases.list_namespaced_lease(ns).items),
         ]
         return sorted(found)
 
@@ -110,31 +73,31 @@ def test_names_the_api_server_refuses_and_reserved_env_end_invalid_with_no_child
     long_name = "r" + "x" * 59
     reserved = {"env": [{"name": "ROLLOUTRUN_INCARNATION", "value": "99"}]}
     with operator_thread(cluster, ns.name):
-        ns.create(rolloutrun("7b-grpo"))
-        ns.create(rolloutrun(long_name))
+        ns.create_run(rolloutrun("7b-grpo"))
+        ns.create_run(rolloutrun(long_name))
         invalid = ["7b-grpo", long_name]
         if cel.available():  # the CRD's CEL rule refuses it at admission, as a real API server
             with pytest.raises(ApiException) as refused:
-                ns.create(rolloutrun("fenced", **reserved))
+                ns.create_run(rolloutrun("fenced", **reserved))
             assert refused.value.status == 422
             message = json.loads(refused.value.body)["message"]
             assert 'spec.trainer.env: Invalid value: "object": reserved' in message
         else:  # an API server without CEL: the operator's own parse refuses it
-            ns.create(rolloutrun("fenced", **reserved))
+            ns.create_run(rolloutrun("fenced", **reserved))
             invalid.append("fenced")
         for run in invalid:
             eventually(lambda run=run: ns.reason(run) == "InvalidSpec", what=f"{run} invalid")
-        assert ns.ready("7b-grpo")["status"] == "False"
+        assert ns.ready_condition("7b-grpo")["status"] == "False"
         assert (
             "Service name '7b-grpo-trainer' must be a DNS-1035 label"
-            in (ns.ready("7b-grpo")["message"])
+            in (ns.ready_condition("7b-grpo")["message"])
         )
         assert (
             f"'{long_name}-trainer' must be a DNS-1035 label: 68 characters"
-            in (ns.ready(long_name)["message"])
+            in (ns.ready_condition(long_name)["message"])
         )
         if "fenced" in invalid:
-            assert "ROLLOUTRUN_INCARNATION: reserved" in ns.ready("fenced")["message"]
+            assert "ROLLOUTRUN_INCARNATION: reserved" in ns.ready_condition("fenced")["message"]
         eventually(lambda: ns.events("InvalidSpec"), what="an InvalidSpec Event")
         assert ns.children() == []
         for run in invalid:
@@ -147,9 +110,9 @@ def test_a_child_the_api_refuses_is_a_condition_naming_it_then_the_run_goes_on(c
     quota = {"metadata": {"name": "two-pods"}, "spec": {"hard": {"pods": "1"}}}
     ns.core.create_namespaced_resource_quota(ns.name, quota)
     with operator_thread(cluster, ns.name):
-        ns.create(rolloutrun("quota"))
+        ns.create_run(rolloutrun("quota"))
         eventually(lambda: ns.reason("quota") == "ChildRejected", what="the refusal reported")
-        message = ns.ready("quota")["message"]
+        message = ns.ready_condition("quota")["message"]
         assert "the API refused Pod/quota-i1-gym-1: 403 Forbidden" in message
         assert "exceeded quota: two-pods" in message
         eventually(lambda: ns.events("ChildRejected"), what="a ChildRejected Event")

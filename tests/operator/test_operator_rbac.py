@@ -6,73 +6,28 @@ names the missing permission, as it would on a real cluster."""
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import urllib3
 
 from rolloutrun_localcluster.testing import eventually
 from rolloutrun_operator.kube import PERMISSIONS, permission_rules
-from tests.support.operator_cluster import (
-    GROUP,
-    PLURAL,
-    STORAGE_CLAIM,
-    VERSION,
-    create_storage_claim,
-    operator_thread,
-)
+from tests.support.operator_cluster import GROUP, PLURAL, VERSION, RunNamespace, operator_thread
+from tests.support.operator_cluster import rolloutrun as stand_in_run
 
 
 def rolloutrun(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "RolloutRun",
-        "metadata": {"name": name},
-        "spec": {
-            "storage": {
-                "uri": "file:///tmp/rolloutrun-rbac-test",
-                "volumeClaimName": STORAGE_CLAIM,
-            },
-            "gym": {"replicas": 1, "port": 8000, "terminationGracePeriodSeconds": 2},
-            "trainer": {"terminationGracePeriodSeconds": 2},
-            "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 30},
-            "run": {
-                "workers": {"backend": "inprocess"},
-                # below the trainer's terminationGracePeriodSeconds, as the CRD requires
-                "checkpointing": {"preemptionGraceSeconds": 1},
-            },
-        },
-    }
-
-
-class Namespace:
-    def __init__(self, api: Any) -> None:
-        from kubernetes import client as k8s
-
-        self.name = f"rb-{uuid.uuid4().hex[:6]}"
-        self.core: Any = k8s.CoreV1Api(api)
-        self.runs: Any = k8s.CustomObjectsApi(api)
-        self.core.create_namespace({"metadata": {"name": self.name}})
-        create_storage_claim(self.core, self.name)
-
-    def create(self, name: str) -> None:
-        self.runs.create_namespaced_custom_object(
-            GROUP, VERSION, self.name, PLURAL, rolloutrun(name)
-        )
-
-    def ready(self, run: str) -> dict[str, Any]:
-        body = self.runs.get_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, run)
-        for item in (body.get("status") or {}).get("conditions") or []:
-            if item["type"] == "Ready":
-                return dict(item)
-        return {}
+    uri = "file:///tmp/rolloutrun-rbac-test"
+    return stand_in_run(name, storage_uri=uri, gym_replicas=1, lease_seconds=30)
 
 
 def test_under_the_charts_rules_the_run_starts_and_the_trainer_reaches_only_its_lease(cluster, api):
-    ns = Namespace(api)
+    ns = RunNamespace(api, "rb")
     with operator_thread(cluster, ns.name):
-        ns.create("demo")
-        eventually(lambda: ns.ready("demo").get("reason") == "Running", what="run running")
+        ns.create_run(rolloutrun("demo"))
+        eventually(
+            lambda: ns.ready_condition("demo").get("reason") == "Running", what="run running"
+        )
         directory = eventually(
             lambda: cluster.pod_dir(ns.name, "demo-i1-trainer"), what="trainer dir"
         )
@@ -112,15 +67,18 @@ def test_under_the_charts_rules_the_run_starts_and_the_trainer_reaches_only_its_
 
 
 def test_without_pods_create_the_run_stops_at_a_403_naming_the_permission(cluster, api):
-    ns = Namespace(api)
+    ns = RunNamespace(api, "rb")
     narrowed = [
         (group, resource, tuple(v for v in verbs if v != "create") if resource == "pods" else verbs)
         for group, resource, verbs in PERMISSIONS
     ]
     with operator_thread(cluster, ns.name, permission_rules(narrowed)):
-        ns.create("starved")
-        eventually(lambda: ns.ready("starved").get("reason") == "ChildRejected", what="the refusal")
-        message = ns.ready("starved")["message"]
+        ns.create_run(rolloutrun("starved"))
+        eventually(
+            lambda: ns.ready_condition("starved").get("reason") == "ChildRejected",
+            what="the refusal",
+        )
+        message = ns.ready_condition("starved")["message"]
     operator = f"system:serviceaccount:rolloutrun-system:rolloutrun-operator-{ns.name}"
     assert "403 Forbidden" in message
     assert (

@@ -11,8 +11,10 @@ import pytest
 from rolloutrun_operator.ownership import allows_run
 from rolloutrun_operator.reconcile import reconcile
 from tests.support.rolloutruns import (
+    NOW,
     STATIC,
     T0,
+    condition,
     gym,
     make_run,
     members,
@@ -20,13 +22,9 @@ from tests.support.rolloutruns import (
     running_status,
 )
 
-NOW = T0 + dt.timedelta(seconds=60)
-
 
 def cond(result, kind):
-    found = [c for c in result.status.conditions if c.type == kind]
-    assert len(found) == 1, kind
-    return found[0].status.value, found[0].reason
+    return condition(result, kind)[:2]
 
 
 ALLOW = "rolloutrun.dev/allow-runs"

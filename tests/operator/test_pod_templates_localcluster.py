@@ -12,16 +12,14 @@ run only because their templates tolerate it.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import uuid
 from typing import Any
 
 import pytest
 
-from rolloutrun_localcluster.cluster import LocalCluster
 from rolloutrun_localcluster.testing import eventually
+from tests.support.kubectl import kubectl
 from tests.support.operator_cluster import (
     GROUP,
     STORAGE_CLAIM,
@@ -34,15 +32,6 @@ pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kube
 
 TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATE = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-
-def kubectl(cluster: LocalCluster, *args: str, stdin: str | None = None) -> str:
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)}
-    done = subprocess.run(
-        ["kubectl", *args], input=stdin, capture_output=True, text=True, env=env, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def rolloutrun(name: str, trainer_template: dict[str, Any]) -> dict[str, Any]:

@@ -15,9 +15,11 @@ from rolloutrun_operator.observe import NodeView
 from rolloutrun_operator.plan import Verb, backoff_seconds
 from rolloutrun_operator.reconcile import reconcile
 from tests.support.rolloutruns import (
+    NOW,
     RUN,
     STATIC,
     T0,
+    condition,
     gym,
     lease,
     make_run,
@@ -27,13 +29,9 @@ from tests.support.rolloutruns import (
     trainer,
 )
 
-NOW = T0 + dt.timedelta(seconds=60)
-
 
 def cond(result, kind):
-    found = [c for c in result.status.conditions if c.type == kind]
-    assert len(found) == 1, kind
-    return found[0].status.value, found[0].reason
+    return condition(result, kind)[:2]
 
 
 def verbs(result):

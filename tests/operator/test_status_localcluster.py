@@ -14,29 +14,23 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-import uuid
 from typing import Any
 
 from rolloutrun_localcluster.testing import eventually
 from rolloutrun_runtime.coordination import KubernetesLease
-from tests.operator.test_handlers_localcluster import rolloutrun
 from tests.support.operator_cluster import (
     GROUP,
     PLURAL,
     VERSION,
-    create_storage_claim,
+    RunNamespace,
     operator_thread,
+    rolloutrun,
 )
 
 
 def test_pods_held_back_are_ready_reasons_and_progress_shows_reward(cluster, api):
-    from kubernetes import client as k8s
-
-    namespace = f"st-{uuid.uuid4().hex[:6]}"
-    core: Any = k8s.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": namespace}})
-    create_storage_claim(core, namespace)
-    runs: Any = k8s.CustomObjectsApi(api)
+    ns = RunNamespace(api, "st")
+    namespace, core, runs = ns.name, ns.core, ns.runs
 
     def kubectl(*args: str) -> str:
         command = ["kubectl", f"--kubeconfig={cluster.kubeconfig_path}", "-n", namespace, *args]

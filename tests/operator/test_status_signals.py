@@ -16,8 +16,8 @@ from rolloutrun_operator.observe import ContainerWaiting, lease_view, pod_view
 from rolloutrun_operator.problems import pod_problem
 from rolloutrun_operator.reconcile import reconcile
 from tests.support.rolloutruns import (
+    NOW,
     RUN,
-    T0,
     gym,
     lease,
     make_run,
@@ -26,13 +26,9 @@ from tests.support.rolloutruns import (
     running_status,
     trainer,
 )
-
-NOW = T0 + dt.timedelta(seconds=60)
-
-
-def cond(result, kind):
-    found = next(c for c in result.status.conditions if c.type == kind)
-    return found.status.value, found.reason, found.message
+from tests.support.rolloutruns import (
+    condition as cond,
+)
 
 
 def waiting_pod(role: str, reason: str, message: str) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,3 +89,63 @@ def operator_thread(
     kubeconfig = operator_kubeconfig(cluster, granted, name=account)
     options = Options(kubeconfig=str(kubeconfig))
     return OperatorThread(OperatorConfig(options=options, namespaces=[namespace]))
+
+
+def rolloutrun(
+    name: str,
+    *,
+    storage_uri: str = "file:///tmp/rolloutrun-test",
+    gym_replicas: int = 2,
+    lease_seconds: int = 2,
+) -> dict[str, Any]:
+    """A RolloutRun of stand-in pods on the run's storage claim, quick to recover: short
+    grace periods, no backoff; tests change what they are about in the returned body."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "RolloutRun",
+        "metadata": {"name": name},
+        "spec": {
+            "storage": {"uri": storage_uri, "volumeClaimName": STORAGE_CLAIM},
+            "gym": {"replicas": gym_replicas, "port": 8000, "terminationGracePeriodSeconds": 2},
+            "trainer": {"terminationGracePeriodSeconds": 2},
+            "recovery": {
+                "backoffSeconds": 0,
+                "maxRestarts": 3,
+                "leaseDurationSeconds": lease_seconds,
+            },
+            "run": {
+                "workers": {"backend": "inprocess"},
+                # below the trainer's terminationGracePeriodSeconds, as the CRD requires
+                "checkpointing": {"preemptionGraceSeconds": 1},
+            },
+        },
+    }
+
+
+class RunNamespace:
+    """A fresh namespace (``prefix`` and a random suffix) with the run's storage claim, and
+    the API clients and reads the tests use in it."""
+
+    def __init__(self, api: Any, prefix: str) -> None:
+        from kubernetes import client as k8s
+
+        self.name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.core: Any = k8s.CoreV1Api(api)
+        self.runs: Any = k8s.CustomObjectsApi(api)
+        self.rbac: Any = k8s.RbacAuthorizationV1Api(api)
+        self.leases: Any = k8s.CoordinationV1Api(api)
+        self.core.create_namespace({"metadata": {"name": self.name}})
+        create_storage_claim(self.core, self.name)
+
+    def create_run(self, body: dict[str, Any]) -> None:
+        self.runs.create_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, body)
+
+    def run(self, name: str) -> dict[str, Any]:
+        return self.runs.get_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, name)
+
+    def ready_condition(self, name: str) -> dict[str, Any]:
+        """The run's Ready condition, ``{}`` while it has none."""
+        for item in (self.run(name).get("status") or {}).get("conditions") or []:
+            if item["type"] == "Ready":
+                return dict(item)
+        return {}

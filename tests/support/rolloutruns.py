@@ -13,6 +13,8 @@ from rolloutrun_operator.observe import LeaseView, Observed, PodView
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 RUN = "demo"
+#: The tables' "now": a minute after :data:`T0`.
+NOW = T0 + dt.timedelta(seconds=60)
 
 BASE: dict[str, Any] = {
     "apiVersion": "rolloutrun.dev/v1alpha1",
@@ -128,3 +130,10 @@ def running_status(incarnation: int = 1, **fields: Any) -> dict[str, Any]:
         ],
         **fields,
     }
+
+
+def condition(result: Any, kind: str) -> tuple[str, str, str]:
+    """The one condition ``kind`` of a reconcile result: (status, reason, message)."""
+    found = [c for c in result.status.conditions if c.type == kind]
+    assert len(found) == 1, kind
+    return found[0].status.value, found[0].reason, found[0].message

@@ -38,6 +38,7 @@ from rolloutrun_operator.api.rules import (
     STORAGE_NEEDS_CLAIM,
     grace_below_termination,
 )
+from rolloutrun_operator.kube_names import LABEL_VALUE, LABEL_VALUE_MAX
 from rolloutrun_runtime.contract.field_rules import cel_rules
 from rolloutrun_runtime.contract.pod import (
     API_GROUP,
@@ -166,10 +167,6 @@ class SecretReference(_Model):
     )
 
 
-#: A label value (empty, or up to 63 alphanumerics, ``-``, ``_``, ``.`` between alphanumerics).
-LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-
-
 class MatchLabels(_Model):
     """A label selector of exact matches (a NetworkPolicy peer's pod or namespace selector)."""
 
@@ -186,7 +183,7 @@ class MatchLabels(_Model):
         for key, value in labels.items():
             if len(key) > 317 or not re.match(LABEL_KEY_PATTERN, key):
                 raise ValueError(f"matchLabels key {key!r} is not a label key")
-            if len(value) > 63 or not re.match(LABEL_VALUE_PATTERN, value):
+            if len(value) > LABEL_VALUE_MAX or not LABEL_VALUE.fullmatch(value):
                 raise ValueError(f"matchLabels[{key!r}] value {value!r} is not a label value")
         return labels
 
