@@ -121,6 +121,7 @@ def test_kubectl_get_rr_fills_ready_and_reason(
     assert list(row) == [
         "NAME",
         "STEP",
+        "REWARD",
         "RESTARTS",
         "SNAPSHOT-AGE",
         "READY",
