@@ -311,7 +311,7 @@ def test_objects_holding_a_childs_name_are_conflicts_never_adopted(cluster, api)
         for ref in ("Secret/own-gym-token", "Role/own-member", "Lease/own-trainer"):
             assert f"{ref} exists and is not owned by this run (owner: no owner)" in message
         assert set(ns.pods("own")) == {"squatter"}  # no member started beside them
-        assert "ChildConflict" in eventually(ns.event_reasons, what="events")
+        eventually(lambda: "ChildConflict" in ns.event_reasons(), what="the ChildConflict Event")
         # removed one by one: each still held name keeps the run waiting, named
         ns.core.delete_namespaced_secret("own-gym-token", ns.name)
         ns.poke("own")
