@@ -240,12 +240,16 @@ async def one_pass(
     kube: Kube, memory: RunMemory, known: Known, namespace: str, name: str
 ) -> Outcome | None:
     """A full pass from the indexes, or from the API while they lag the last pass's writes."""
-    memory.dirty = False
-    if memory.indexes_current(known.pods, known.lease):
-        outcome = await run_pass(kube, namespace, name, now(), known, memory.lease_for_pass)
-    else:
-        memory.forget_expectations()
-        outcome = await run_pass(kube, namespace, name, now())
+    memory.dirty, memory.busy = False, True
+    memory.passes += 1
+    try:
+        if memory.indexes_current(known.pods, known.lease):
+            outcome = await run_pass(kube, namespace, name, now(), known, memory.lease_for_pass)
+        else:
+            memory.forget_expectations()
+            outcome = await run_pass(kube, namespace, name, now())
+    finally:
+        memory.busy = False
     if outcome is not None:
         memory.expect(outcome.result.actions)
         memory.mirrored_progress(status_json(outcome.result.status), time.monotonic())

@@ -116,6 +116,9 @@ class RunMemory:
     signature: tuple[Any, ...] | None = None
     dirty: bool = True
     """A pass is needed (a change of the run, a member pod or the Lease's holder)."""
+    passes: int = 0
+    busy: bool = False
+    """A pass is under way."""
     lease: LeaseSeen | None = None
     progress: dict[str, Any] = field(default_factory=dict)
     mirrored: dict[str, Any] = field(default_factory=dict)
@@ -156,7 +159,7 @@ class RunMemory:
 
     def progress_due(self, monotonic: float) -> float | None:
         """Seconds until the pending progress may be mirrored (0: now); None: nothing new."""
-        if not self.progress or self.progress == self.mirrored:
+        if all(self.mirrored.get(k) == v for k, v in self.progress.items()):
             return None
         return max(self.mirrored_at + PROGRESS_MIRROR_SECONDS - monotonic, 0.0)
 
