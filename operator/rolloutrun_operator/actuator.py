@@ -59,7 +59,12 @@ class Known:
     lease: Json | None
 
 
-async def observe(kube: Kube, run: RolloutRun, known: Known | None = None) -> Observed:
+async def observe(
+    kube: Kube,
+    run: RolloutRun,
+    known: Known | None = None,
+    saw: Callable[[list[Json], Json | None], None] | None = None,
+) -> Observed:
     """Everything the reconcile needs to know about ``run``'s children, fetched concurrently
     (the pods and the Lease from ``known`` when given)."""
     name, namespace = builders.run_name(run), builders.run_namespace(run)
@@ -85,6 +90,8 @@ async def observe(kube: Kube, run: RolloutRun, known: Known | None = None) -> Ob
             *await asyncio.gather(*(kube.get(k, namespace, c) for k, c in gets[1:])),
         ]
     lease, config = found[0], found[1]
+    if saw is not None:
+        saw(pods, lease)
     statics = found[2 : 2 + len(static)]
     children = {f"{kind}/{child}": obj for (kind, child), obj in zip(static, statics, strict=True)}
     secret_objs = found[2 + len(static) : 2 + len(static) + len(user_secrets)]
@@ -181,10 +188,12 @@ async def run_pass(
     known: Known | None = None,
     lease_seen: Callable[[Json | None, LeaseObservation | None], LeaseObservation | None]
     | None = None,
+    saw: Callable[[list[Json], Json | None], None] | None = None,
 ) -> Outcome | None:
     """One full pass over the run ``namespace/name``; None when the run is gone. ``known``:
     its pods and Lease from the watch indexes; ``lease_seen`` gives ``status.lease`` from the
-    renewals the operator saw (see :meth:`watching.RunMemory.lease_for_pass`)."""
+    renewals the operator saw (see :meth:`watching.RunMemory.lease_for_pass`); ``saw`` is
+    told the pods and Lease the pass decided on."""
     body = await kube.get("RolloutRun", namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return None
@@ -203,9 +212,10 @@ async def run_pass(
     if lease_seen is not None and known is not None:
         recorded = run.status.lease if run.status is not None else None
         seen = lease_seen(known.lease, recorded)
-        if seen is not recorded and run.status is not None:
+        renewal = recorded is not None and seen is not None and seen.holder == recorded.holder
+        if renewal and seen is not recorded and run.status is not None:
             run.status.lease = seen  # a renewal alone is not worth a status write
-    observed = await observe(kube, run, known)
+    observed = await observe(kube, run, known, saw)
     result = reconcile(run, observed, now)
     try:
         await apply(kube, namespace, result.actions)

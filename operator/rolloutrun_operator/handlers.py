@@ -244,10 +244,12 @@ async def one_pass(
     memory.passes += 1
     try:
         if memory.indexes_current(known.pods, known.lease):
-            outcome = await run_pass(kube, namespace, name, now(), known, memory.lease_for_pass)
+            outcome = await run_pass(
+                kube, namespace, name, now(), known, memory.lease_for_pass, memory.saw
+            )
         else:
             memory.forget_expectations()
-            outcome = await run_pass(kube, namespace, name, now())
+            outcome = await run_pass(kube, namespace, name, now(), saw=memory.saw)
     finally:
         memory.busy = False
     if outcome is not None:

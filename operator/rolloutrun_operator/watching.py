@@ -125,6 +125,10 @@ class RunMemory:
     """Progress as last written into status."""
     mirrored_at: float = float("-inf")
     """Monotonic time of the last progress write."""
+    seen: dict[tuple[str, str], str] = field(default_factory=dict)
+    """``resourceVersion`` of each pod and Lease the last pass saw: Kopf handles each
+    object's events on its own, so an index can hold one pod newer and another older than a
+    pass saw; a pass never decides on a view older than the last one."""
     created: set[tuple[str, str]] = field(default_factory=set)
     deleted: set[tuple[str, str, str | None]] = field(default_factory=set)
 
@@ -184,6 +188,10 @@ class RunMemory:
         found = {("Pod", _name(pod)): pod for pod in pods}
         if lease is not None:
             found[("Lease", _name(lease))] = lease
+        for key, version in self.seen.items():
+            obj = found.get(key)
+            if obj is None or older(_version(obj), version):
+                return False
         for key in self.created:
             if key not in found:
                 return False
@@ -197,6 +205,12 @@ class RunMemory:
             return False
         self.forget_expectations()
         return True
+
+    def saw(self, pods: Iterable[Json], lease: Json | None) -> None:
+        """Record what a pass decided on (see :attr:`seen`)."""
+        self.seen = {("Pod", _name(pod)): _version(pod) for pod in pods}
+        if lease is not None:
+            self.seen[("Lease", _name(lease))] = _version(lease)
 
     def forget_expectations(self) -> None:
         self.created.clear()
@@ -235,6 +249,18 @@ def expiry_wait(
         if later is not None and later > due:
             due = later
     return (due - now).total_seconds()
+
+
+def older(version: str, than: str) -> bool:
+    """Whether ``version`` precedes ``than`` (resourceVersions are opaque, but etcd's and
+    the local cluster's are increasing integers; other values only compare equal)."""
+    if version.isdigit() and than.isdigit():
+        return int(version) < int(than)
+    return version != than
+
+
+def _version(obj: Json) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def _name(obj: Json) -> str:

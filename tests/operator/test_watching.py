@@ -96,3 +96,16 @@ def test_a_pass_starts_from_the_renewal_the_operator_saw_arrive():
     same = LeaseObservation(holder="r-i1-trainer/1", renew_time="t2", observed_at="earlier")
     assert memory.lease_for_pass(lease(renewed="t2"), same) is same  # a restart keeps counting
     assert memory.lease_for_pass(lease(renewed="t3"), older) is older  # index ahead of memory
+
+
+def test_an_index_older_than_the_last_pass_for_any_object_is_not_trusted():
+    memory = RunMemory()
+
+    def pod(name: str, version: str) -> dict:
+        return {"metadata": {"name": name, "resourceVersion": version}}
+
+    memory.saw([pod("r-i1-gym-0", "5"), pod("r-i1-gym-1", "7")], None)
+    # gym-1's newer event not yet handled (each object's events are handled on their own)
+    assert not memory.indexes_current([pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "6")], None)
+    assert not memory.indexes_current([pod("r-i1-gym-0", "9")], None)  # or not yet listed
+    assert memory.indexes_current([pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "7")], None)
