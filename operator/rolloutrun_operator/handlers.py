@@ -48,7 +48,7 @@ registry = kopf.OperatorRegistry()
 
 #: Longest wait between passes with nothing happening (a resync: every change of the run,
 #: its pods and its Lease's holder wakes a pass at once, the Lease's expiry is timed).
-MAX_IDLE_SECONDS = 600.0
+MAX_IDLE_SECONDS = 1200.0
 #: First delay after a failed pass; it doubles with each failure in a row, up to the max.
 RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 300.0

@@ -64,7 +64,7 @@ from rolloutrun_operator.problems import spec_problems
 #: How long a healthy run waits before looking again without any event: a resync (events of
 #: the run, its pods and its Lease's holder wake it sooner; the Lease's expiry is timed
 #: apart, see ``Result.lease_expiry``).
-IDLE_REQUEUE_SECONDS = 600.0
+IDLE_REQUEUE_SECONDS = 1200.0
 #: Losses that say the trainer cannot snapshot (hung, partitioned from the API, stuck at
 #: startup): its Gym pods are not kept for it.
 TRAINER_UNRESPONSIVE = frozenset({"LeaseExpired", "LeaseNotAcquired"})
