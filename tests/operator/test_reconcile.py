@@ -513,9 +513,8 @@ def test_a_trainer_starting_within_the_acquire_timeout_is_waited_for():
     pods = (trainer(1, started=NOW - dt.timedelta(seconds=100)), gym(1, 0), gym(1, 1))
     result = reconcile(make_run(running_status()), observed(pods), NOW)
     assert result.actions == [] and cond(result, "Ready") == ("True", "Running")
-    assert result.requeue_after == pytest.approx(
-        IDLE_REQUEUE_SECONDS
-    )  # acquire deadline 800 s away
+    deadline = 800.0  # the acquire timeout (900 s) after the trainer started 100 s ago
+    assert result.requeue_after == pytest.approx(min(deadline, IDLE_REQUEUE_SECONDS))
     off = make_run(running_status(), recovery={"leaseAcquireTimeoutSeconds": 0})
     late = (trainer(1, started=NOW - dt.timedelta(days=1)), gym(1, 0), gym(1, 1))
     assert reconcile(off, observed(late), NOW).actions == []
