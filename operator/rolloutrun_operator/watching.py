@@ -3,12 +3,13 @@
 Why: a full pass costs about ten API requests (the run, its static children, nodes, the
 status patch). A trainer renews its Lease every ``duration/3`` seconds; waking a full pass
 for each renewal made the API load grow with every renewal. Here a renewal only moves the
-expiry deadline (judged on the operator's clock, as ``status.lease`` does); progress
-annotations are mirrored into status by one small patch, at most once per
-:data:`PROGRESS_MIRROR_SECONDS`; a pass runs on a change of the run, of a member pod, of
-the Lease's holder, or when a deadline is due. The pods and the Lease come from Kopf
-indexes, trusted once they show what the last pass created and deleted (else the pass reads
-them from the API: an index may lag behind the operator's own writes).
+expiry deadline (judged on the operator's clock, as ``status.lease`` does). Progress
+annotations are mirrored into status by one small patch: a new snapshot manifest or anchor
+step at once, the train step alone at most once per :data:`PROGRESS_MIRROR_SECONDS`. A pass
+runs on a change of the run, of a member pod, of the Lease's holder, or when a deadline is
+due. The pods and the Lease come from Kopf indexes, trusted once they show what the last
+pass created and deleted and nothing older than it saw (else the pass reads them from the
+API: an index may lag behind the operator's own writes).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from rolloutrun_operator.losses import LEASE_EXPIRY_MARGIN_SECONDS
 from rolloutrun_operator.observe import format_time
 from rolloutrun_operator.plan import Action, Verb
 
-#: Shortest time between two progress mirrors of one run (train step, anchor, manifest).
+#: Shortest time between two mirrors of a run's train step alone (a new anchor step or
+#: snapshot manifest is mirrored at once, with the train step).
 PROGRESS_MIRROR_SECONDS = 60.0
 
 #: Lease annotation -> status field (JSON name) it is mirrored into.
@@ -163,8 +165,11 @@ class RunMemory:
 
     def progress_due(self, monotonic: float) -> float | None:
         """Seconds until the pending progress may be mirrored (0: now); None: nothing new."""
-        if all(self.mirrored.get(k) == v for k, v in self.progress.items()):
+        changed = {k for k, v in self.progress.items() if self.mirrored.get(k) != v}
+        if not changed:
             return None
+        if changed - {"trainStep"}:
+            return 0.0  # a new anchor or snapshot manifest: at once (rare, and users wait on it)
         return max(self.mirrored_at + PROGRESS_MIRROR_SECONDS - monotonic, 0.0)
 
     def mirrored_progress(self, status: Json, monotonic: float) -> None:

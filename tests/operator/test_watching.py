@@ -54,7 +54,7 @@ def test_the_expiry_is_the_passes_until_a_renewal_is_seen_then_moves():
     assert expiry_wait(memory, None, "t1", NOW) == float("inf")
 
 
-def test_progress_is_mirrored_once_per_change_at_most_once_per_window():
+def test_progress_is_mirrored_once_per_change_the_train_step_alone_at_most_once_per_window():
     memory = RunMemory()
     memory.saw_lease(lease(), NOW)
     assert memory.progress_due(0.0) is None  # no annotations: nothing to mirror
@@ -66,6 +66,10 @@ def test_progress_is_mirrored_once_per_change_at_most_once_per_window():
     assert memory.progress_due(101.0) is None  # unchanged: no request
     memory.saw_lease(lease(**{**notes, "rolloutrun.dev/train-step": "8"}), NOW)
     assert memory.progress_due(101.0) == watching.PROGRESS_MIRROR_SECONDS - 1.0
+    memory.saw_lease(
+        lease(**{"rolloutrun.dev/train-step": "8", "rolloutrun.dev/anchor-step": "8"}), NOW
+    )
+    assert memory.progress_due(101.0) == 0.0  # a new anchor: at once
 
 
 def test_indexes_are_trusted_once_they_show_the_last_passes_writes():
