@@ -419,10 +419,10 @@ async def lease_changed(
         return
     memory = memory_of(memo, namespace, run)
     before = memory.progress_due(time.monotonic())
-    if memory.saw_lease(body, now(), deleted=type == "DELETED") or (
-        before is None and memory.progress_due(time.monotonic()) is not None
-    ):
-        memo["wakers"].wake(namespace, run)
+    asks_pass = memory.saw_lease(body, now(), deleted=type == "DELETED")
+    due = memory.progress_due(time.monotonic())
+    if asks_pass or (due is not None and (before is None or due < before)):
+        memo["wakers"].wake(namespace, run)  # a pass, or progress due sooner than planned
 
 
 def _name(obj: Json) -> str:
