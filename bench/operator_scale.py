@@ -299,6 +299,8 @@ def measure(
         made = {k: v for k, v in made.items() if v}
         total = sum(made.values())
         rss = rss_kib(operator.pid)
+        items = objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+        restarts = sum(int((i.get("status") or {}).get("restarts") or 0) for i in items)
         note(f"{namespace}: {sum(made.values())} operator requests in {elapsed:.0f} s")
         pass_cost = one_pass_cost(cluster, objects, namespace, names[-1])
         reaction = lost_pods(core, objects, namespace, names[:losses])
@@ -316,6 +318,7 @@ def measure(
         "api_requests_per_run_per_minute": round(per_run_min, 3),
         "api_requests_by_verb": made,
         "pass_cost_requests": pass_cost,
+        "restarts_before_losses": restarts,
         "resync_s": resync,
         "api_requests_per_run_per_minute_with_resync": round(
             per_run_min + (pass_cost * 60 / resync if resync and window < resync else 0), 3
@@ -352,15 +355,19 @@ def lost_pods(core: Any, objects: Any, namespace: str, victims: list[str]) -> di
     from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 
     samples: list[float] = []
+    skipped = 0
     for run in victims:
         status = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run)
         n = int((status.get("status") or {}).get("incarnation") or 0)
+        if not exists(core, namespace, f"{run}-i{n}-trainer"):
+            skipped += 1  # between incarnations: not a running trainer to lose
+            continue
         t0 = time.monotonic()
         core.delete_namespaced_pod(f"{run}-i{n}-trainer", namespace, grace_period_seconds=0)
         replacement = f"{run}-i{n + 1}-gym-0"
         wait(lambda r=replacement: exists(core, namespace, r), f"{replacement}", bound=120)
         samples.append(time.monotonic() - t0)
-    return {**quantiles(samples), "goal_p99_s": 2.0}
+    return {**quantiles(samples), "skipped": skipped, "goal_p99_s": 2.0}
 
 
 def exists(core: Any, namespace: str, name: str) -> bool:

@@ -10,7 +10,8 @@ also serializes its passes, so two passes never race to create the same pod.
 Why label selectors and indexes (see :mod:`watching`): the API load must not grow with the
 trainers' renewals. Only pods and Leases with the run label are streamed; a pass reads them
 from Kopf indexes instead of the API; a renewal moves the expiry deadline in memory and
-wakes nothing; progress is mirrored into status by one small patch at most once a minute.
+wakes nothing; progress is mirrored into status by one small patch (a new snapshot manifest
+at once, the train step alone at most every two minutes).
 Every decision is in :func:`~rolloutrun_operator.reconcile.reconcile`; the I/O in
 :mod:`actuator`.
 

@@ -27,7 +27,7 @@ from rolloutrun_operator.plan import Action, Verb
 
 #: Shortest time between two mirrors of a run's train step alone (a new anchor step or
 #: snapshot manifest is mirrored at once, with the train step).
-PROGRESS_MIRROR_SECONDS = 60.0
+PROGRESS_MIRROR_SECONDS = 120.0
 
 #: Lease annotation -> status field (JSON name) it is mirrored into.
 PROGRESS_FIELDS = {
