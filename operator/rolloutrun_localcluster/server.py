@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -94,6 +95,11 @@ class ApiServer:
         self.access = Access(store, registry, token)
         self.logs = logs
         self.watches = WatchHub(store)
+        self.requests: Counter[tuple[str, str, str]] = Counter()
+        """Admitted requests by (user, verb, resource): what a benchmark counts the load of a
+        client by (a watch counts once, when it is opened)."""
+        self.watch_selectors: Counter[tuple[str, str, str]] = Counter()
+        """Watches opened, by (user, resource, labelSelector)."""
         self.address = "127.0.0.1:0"
         self.app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self._dispatch)
@@ -110,6 +116,10 @@ class ApiServer:
                 request.headers,
                 request.headers.getall("Impersonate-Group", []),
             )
+            self.requests[(attributes.user.name, attributes.verb, attributes.resource)] += 1
+            if attributes.verb == "watch":
+                selector = request.query.get("labelSelector", "")
+                self.watch_selectors[(attributes.user.name, attributes.resource, selector)] += 1
             if self.access.computed(attributes):
                 return _json(*self.access.answer(attributes, await self._body(request)))
             if attributes.api_group == RBAC_GROUP:

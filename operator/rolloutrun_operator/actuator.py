@@ -15,12 +15,14 @@ import dataclasses
 import datetime as dt
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rolloutrun_operator import builders, kueue, naming
 from rolloutrun_operator.api.v1alpha1 import (
     Condition,
+    LeaseObservation,
     RolloutRun,
     RolloutRunStatus,
 )
@@ -50,8 +52,22 @@ class Outcome:
     wrote_status: bool
 
 
-async def observe(kube: Kube, run: RolloutRun) -> Observed:
-    """Everything the reconcile needs to know about ``run``'s children, fetched concurrently."""
+@dataclass
+class Known:
+    """The run's pods and Lease as the operator's watch indexes hold them (no request)."""
+
+    pods: list[Json]
+    lease: Json | None
+
+
+async def observe(
+    kube: Kube,
+    run: RolloutRun,
+    known: Known | None = None,
+    saw: Callable[[list[Json], Json | None], None] | None = None,
+) -> Observed:
+    """Everything the reconcile needs to know about ``run``'s children, fetched concurrently
+    (the pods and the Lease from ``known`` when given)."""
     name, namespace = builders.run_name(run), builders.run_namespace(run)
     static = static_child_refs(run)
     user_secrets = builders.referenced_secrets(run)
@@ -63,11 +79,20 @@ async def observe(kube: Kube, run: RolloutRun) -> Observed:
         *(("Secret", secret) for secret in user_secrets),
         *([("ServiceAccount", account)] if account else []),
     ]
-    pods, found = await asyncio.gather(
-        kube.list("Pod", namespace, naming.run_selector(name)),
-        asyncio.gather(*(kube.get(kind, namespace, child) for kind, child in gets)),
-    )
+    if known is None:
+        pods, found = await asyncio.gather(
+            kube.list("Pod", namespace, naming.run_selector(name)),
+            asyncio.gather(*(kube.get(kind, namespace, child) for kind, child in gets)),
+        )
+    else:
+        pods = known.pods
+        found = [
+            known.lease,
+            *await asyncio.gather(*(kube.get(k, namespace, c) for k, c in gets[1:])),
+        ]
     lease, config = found[0], found[1]
+    if saw is not None:
+        saw(pods, lease)
     statics = found[2 : 2 + len(static)]
     children = {f"{kind}/{child}": obj for (kind, child), obj in zip(static, statics, strict=True)}
     secret_objs = found[2 + len(static) : 2 + len(static) + len(user_secrets)]
@@ -176,8 +201,20 @@ def invalid_status(body: Json, problem: RolloutRunInvalid, now: dt.datetime) -> 
     }
 
 
-async def run_pass(kube: Kube, namespace: str, name: str, now: dt.datetime) -> Outcome | None:
-    """One full pass over the run ``namespace/name``; None when the run is gone."""
+async def run_pass(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    now: dt.datetime,
+    known: Known | None = None,
+    lease_seen: Callable[[Json | None, LeaseObservation | None], LeaseObservation | None]
+    | None = None,
+    saw: Callable[[list[Json], Json | None], None] | None = None,
+) -> Outcome | None:
+    """One full pass over the run ``namespace/name``; None when the run is gone. ``known``:
+    its pods and Lease from the watch indexes; ``lease_seen`` gives ``status.lease`` from the
+    renewals the operator saw (see :meth:`watching.RunMemory.lease_for_pass`); ``saw`` is
+    told the pods and Lease the pass decided on."""
     body = await kube.get("RolloutRun", namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return None
@@ -193,7 +230,13 @@ async def run_pass(kube: Kube, namespace: str, name: str, now: dt.datetime) -> O
         result = Result([], RolloutRunStatus(), events if changed else [], IDLE_REQUEUE_SECONDS)
         return Outcome(body, result, None, wrote_status=changed)
     run.status = lenient_status(body.get("status"), f"{namespace}/{name}")
-    observed = await observe_workload(kube, run, await observe(kube, run))
+    if lease_seen is not None and known is not None:
+        recorded = run.status.lease if run.status is not None else None
+        seen = lease_seen(known.lease, recorded)
+        renewal = recorded is not None and seen is not None and seen.holder == recorded.holder
+        if renewal and seen is not recorded and run.status is not None:
+            run.status.lease = seen  # a renewal alone is not worth a status write
+    observed = await observe_workload(kube, run, await observe(kube, run, known, saw))
     result = reconcile(run, observed, now)
     try:
         await apply(kube, namespace, result.actions)

@@ -3,10 +3,17 @@
 Why a daemon per run rather than change handlers: recovery reacts to things that are not
 changes of the RolloutRun (a pod deleted, a Lease that stops being renewed, a node going
 NotReady, a backoff elapsing). Each run gets one daemon that loops *pass, then wait*; the
-wait ends early when an event on the run, one of its pods or its Lease wakes it, else after
-the delay the pass asked for. One loop per run also serializes its passes, so two passes
-never race to create the same pod. Every decision is in
-:func:`~rolloutrun_operator.reconcile.reconcile`; the I/O in :mod:`actuator`.
+wait ends early when a change of the run, one of its pods or its Lease's holder wakes it,
+else after the delay the pass asked for or when the Lease's expiry is due. One loop per run
+also serializes its passes, so two passes never race to create the same pod.
+
+Why label selectors and indexes (see :mod:`watching`): the API load must not grow with the
+trainers' renewals. Only pods and Leases with the run label are streamed; a pass reads them
+from Kopf indexes instead of the API; a renewal moves the expiry deadline in memory and
+wakes nothing; progress is mirrored into status by one small patch (a new snapshot manifest
+at once, the train step alone at most every two minutes).
+Every decision is in :func:`~rolloutrun_operator.reconcile.reconcile`; the I/O in
+:mod:`actuator`.
 
 Kopf keeps its progress and diff-base in annotations (``status.kopf`` would be pruned by
 the structural schema); the operator writes ``status`` itself, once per pass. A failed
@@ -29,17 +36,20 @@ from typing import Any, cast
 import kopf
 
 from rolloutrun_operator import naming
-from rolloutrun_operator.actuator import run_pass
+from rolloutrun_operator.actuator import Known, Outcome, run_pass, status_json
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 from rolloutrun_operator.conditions import failure_patch
-from rolloutrun_operator.kube import Kube, KubeError, load_credentials
+from rolloutrun_operator.kube import Json, Kube, KubeError, load_credentials
 from rolloutrun_operator.metrics import Metrics
+from rolloutrun_operator.reconcile import Result
+from rolloutrun_operator.watching import RunMemory, expiry_wait, rate_after
 
 registry = kopf.OperatorRegistry()
 """The handlers' own registry: embedding the operator never touches Kopf's global one."""
 
-#: Longest wait between passes with nothing happening.
-MAX_IDLE_SECONDS = 30.0
+#: Longest wait between passes with nothing happening (a resync: every change of the run,
+#: its pods and its Lease's holder wakes a pass at once, the Lease's expiry is timed).
+MAX_IDLE_SECONDS = 1200.0
 #: First delay after a failed pass; it doubles with each failure in a row, up to the max.
 RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 300.0
@@ -187,9 +197,13 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.scanning.disabled = True  # the CRD exists before the operator starts: fewer rights
+    # Only the runs' own children are streamed: not every pod, not the nodes' heartbeat Leases.
+    settings.watching.label_selectors["v1", "pods"] = naming.LABEL_RUN
+    settings.watching.label_selectors["coordination.k8s.io", "leases"] = naming.LABEL_RUN
     options: Options = memo.get("options") or Options()
     memo["kube"] = Kube(load_credentials(options.kubeconfig))
     memo["wakers"] = Wakers()
+    memo["memories"] = {}
     metrics = memo.get("metrics")
     if metrics is None:
         metrics = memo["metrics"] = Metrics()
@@ -207,6 +221,85 @@ async def close(memo: Any, **_: Any) -> None:
         metrics.close()
 
 
+def memory_of(memo: Any, namespace: str | None, name: str | None) -> RunMemory:
+    memories: dict[tuple[str, str], RunMemory] = memo["memories"]
+    return memories.setdefault((namespace or "default", name or ""), RunMemory())
+
+
+def indexed(
+    pod_index: kopf.Index[tuple[str, str], Json],
+    lease_index: kopf.Index[tuple[str, str], Json],
+    namespace: str,
+    name: str,
+) -> Known:
+    """The run's pods and Lease as the indexes hold them now."""
+    pods = list(pod_index.get((namespace, name), []))
+    lease_name = naming.lease_name(name)
+    leases = [x for x in lease_index.get((namespace, name), []) if _name(x) == lease_name]
+    return Known(pods, leases[0] if leases else None)
+
+
+async def one_pass(
+    kube: Kube, memory: RunMemory, known: Known, namespace: str, name: str
+) -> Outcome | None:
+    """A full pass from the indexes, or from the API while they lag the last pass's writes."""
+    memory.dirty, memory.busy = False, True
+    memory.passes += 1
+    try:
+        if memory.indexes_current(known.pods, known.lease):
+            outcome = await run_pass(
+                kube, namespace, name, now(), known, memory.lease_for_pass, memory.saw
+            )
+        else:
+            memory.forget_expectations()
+            outcome = await run_pass(kube, namespace, name, now(), saw=memory.saw)
+    finally:
+        memory.busy = False
+    if outcome is not None:
+        memory.expect(outcome.result.actions)
+        memory.mirrored_progress(status_json(outcome.result.status), time.monotonic())
+    return outcome
+
+
+async def mirror_progress(kube: Kube, memory: RunMemory, namespace: str, name: str) -> None:
+    """One status patch with the Lease's progress annotations and the step rate (no pass)."""
+    patch = dict(memory.progress)
+    patch.update(rate_after(memory.mirrored, patch.get("trainStep"), now()))
+    await kube.patch_status("RolloutRun", namespace, name, patch)
+    memory.mirrored = {**memory.mirrored, **patch}
+    memory.mirrored_at = time.monotonic()
+
+
+async def idle(
+    kube: Kube,
+    memory: RunMemory,
+    wake: asyncio.Event,
+    stopped: kopf.DaemonStopped,
+    result: Result,
+    namespace: str,
+    name: str,
+) -> None:
+    """Wait until the next pass is due: a wake-up that asks for one, the pass's requeue,
+    or the Lease's expiry (moved by each renewal seen); mirror progress meanwhile."""
+    other_due = time.monotonic() + next_pass_delay(result.other_requeue_after)
+    pass_renew = result.status.lease.renew_time if result.status.lease is not None else None
+    while not stopped and not memory.dirty:
+        expiry = expiry_wait(memory, result.lease_expiry, pass_renew, now())
+        progress = memory.progress_due(time.monotonic())
+        waits = [other_due - time.monotonic(), expiry]
+        if progress is not None:
+            waits.append(progress)
+        if min(waits) <= 0:
+            if progress == 0.0 and min(waits[:2]) > 0:
+                try:
+                    await mirror_progress(kube, memory, namespace, name)
+                except KubeError:
+                    memory.mirrored_at = time.monotonic()  # retried after the throttle
+                continue
+            return
+        await wait_for_wake(wake, stopped, min(waits))
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0)
 async def keep_running(
     name: str,
@@ -214,23 +307,29 @@ async def keep_running(
     stopped: kopf.DaemonStopped,
     memo: Any,
     logger: logging.Logger | logging.LoggerAdapter[Any],
-    **_: Any,
+    **indexes: Any,
 ) -> None:
-    """Reconcile the run until it is deleted: pass, emit Events, wait for a wake-up."""
+    """Reconcile the run until it is deleted: pass, emit Events, wait until one is due.
+    Kopf passes the indexes below by their names (``pod_index``, ``lease_index``)."""
+    pod_index: kopf.Index[tuple[str, str], Json] = indexes["pod_index"]
+    lease_index: kopf.Index[tuple[str, str], Json] = indexes["lease_index"]
     namespace = namespace or "default"
     kube: Kube = memo["kube"]
     wakers: Wakers = memo["wakers"]
     metrics: Metrics = memo["metrics"]
     wake = wakers.event(namespace, name)
+    memory = memory_of(memo, namespace, name)
     failures = 0
     while not stopped:
         began = time.perf_counter()
         try:
-            outcome = await run_pass(kube, namespace, name, now())
+            known = indexed(pod_index, lease_index, namespace, name)
+            outcome = await one_pass(kube, memory, known, namespace, name)
         except Exception as error:  # every failure is reported and retried, none kills the loop
             metrics.reconcile_errors.inc()
             failures += 1
             delay = retry_delay(failures)
+            memory.forget_expectations()
             await report_failure(kube, namespace, name, error, delay, logger)
             await wait_for_wake(wake, stopped, delay)
             continue
@@ -246,15 +345,49 @@ async def keep_running(
         for event in result.events:
             body = cast(kopf.Body, outcome.body)
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-        await wait_for_wake(wake, stopped, next_pass_delay(result.requeue_after))
+        if result.actions:
+            memory.dirty = True  # look again once the indexes show what this pass did
+            await wait_for_wake(wake, stopped, next_pass_delay(result.requeue_after))
+            continue
+        await idle(kube, memory, wake, stopped, result, namespace, name)
     metrics.forget_run(namespace, name)
     wakers.forget(namespace, name)
+    memo["memories"].pop((namespace, name), None)
+
+
+@kopf.index("v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
+async def pod_index(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[tuple[str, str], Json]:
+    """The member pods by run (labels as the operator writes them; ownership is checked in
+    the pass)."""
+    return {(namespace or "default", labels[naming.LABEL_RUN]): dict(body)}
+
+
+@kopf.index(
+    "coordination.k8s.io",
+    "v1",
+    "leases",
+    labels={naming.LABEL_RUN: kopf.PRESENT},
+    registry=registry,
+)
+async def lease_index(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[tuple[str, str], Json]:
+    """The runs' Leases by run."""
+    return {(namespace or "default", labels[naming.LABEL_RUN]): dict(body)}
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-async def run_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    """Any change of the run (spec, suspend, deletion) wakes its daemon."""
-    memo["wakers"].wake(namespace, name)
+async def run_changed(
+    name: str, namespace: str | None, body: kopf.Body, type: str | None, memo: Any, **_: Any
+) -> None:
+    """A change of the run's spec, deletion, labels or annotations wakes its daemon (its
+    own status writes do not)."""
+    memory = memory_of(memo, namespace, name)
+    if type == "DELETED" or memory.saw_run(body):
+        memory.dirty = True
+        memo["wakers"].wake(namespace, name)
 
 
 @kopf.on.event("v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
@@ -262,7 +395,9 @@ async def member_changed(
     namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
 ) -> None:
     """A member pod changed phase, got an IP, was evicted or deleted."""
-    memo["wakers"].wake(namespace, labels.get(naming.LABEL_RUN))
+    run = labels.get(naming.LABEL_RUN)
+    memory_of(memo, namespace, run).dirty = True
+    memo["wakers"].wake(namespace, run)
 
 
 @kopf.on.event(
@@ -273,10 +408,29 @@ async def member_changed(
     registry=registry,
 )
 async def lease_changed(
-    namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
+    namespace: str | None,
+    name: str,
+    labels: Mapping[str, str],
+    body: kopf.Body,
+    type: str | None,
+    memo: Any,
+    **_: Any,
 ) -> None:
-    """The trainer renewed its Lease or reported progress: mirror it into status."""
-    memo["wakers"].wake(namespace, labels.get(naming.LABEL_RUN))
+    """A new holder wakes a pass; a renewal only moves the expiry; progress is mirrored by
+    the daemon at most once per ``PROGRESS_MIRROR_SECONDS``."""
+    run = labels.get(naming.LABEL_RUN)
+    if not run or name != naming.lease_name(run):
+        return
+    memory = memory_of(memo, namespace, run)
+    before = memory.progress_due(time.monotonic())
+    asks_pass = memory.saw_lease(body, now(), deleted=type == "DELETED")
+    due = memory.progress_due(time.monotonic())
+    if asks_pass or (due is not None and (before is None or due < before)):
+        memo["wakers"].wake(namespace, run)  # a pass, or progress due sooner than planned
+
+
+def _name(obj: Json) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
 
 
 @kopf.on.event(

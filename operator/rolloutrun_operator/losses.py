@@ -169,7 +169,7 @@ def lease_loss(p: Pass, trainer: PodView) -> Loss | None:
                 f"{observation.observed_at}"
             )
             return Loss("LeaseExpired", trainer.name, LossKind.FAILURE, message)
-        p.look_again_at(expiry)
+        p.lease_expiry = expiry
         return None
     p.status.lease = None
     timeout = p.run.spec.recovery.lease_acquire_timeout_seconds

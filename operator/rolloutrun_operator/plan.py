@@ -116,6 +116,9 @@ class Pass:
     events: list[Event] = field(default_factory=list)
     desired: dict[ConditionType, Desired] = field(default_factory=dict)
     requeue: float | None = None
+    lease_expiry: dt.datetime | None = None
+    """When the trainer's Lease expires unless renewed (``losses.lease_loss``): kept apart
+    from ``requeue`` so the daemon can move it with each renewal it sees."""
     forced: list[str] = field(default_factory=list)
     """Pods force-deleted in this pass because they outlived their grace period."""
     placements: dict[str, Any] = field(default_factory=dict)

@@ -64,8 +64,10 @@ from rolloutrun_operator.plan import (
 from rolloutrun_operator.problems import Problem, first_pod_problem, spec_problems
 from rolloutrun_operator.progress import step_rate
 
-#: How long a healthy run waits before looking again without any event.
-IDLE_REQUEUE_SECONDS = 30.0
+#: How long a healthy run waits before looking again without any event: a resync (events of
+#: the run, its pods and its Lease's holder wake it sooner; the Lease's expiry is timed
+#: apart, see ``Result.lease_expiry``).
+IDLE_REQUEUE_SECONDS = 1200.0
 #: Losses that say the trainer cannot snapshot (hung, partitioned from the API, stuck at
 #: startup): its Gym pods are not kept for it.
 TRAINER_UNRESPONSIVE = frozenset({"LeaseExpired", "LeaseNotAcquired"})
@@ -79,6 +81,10 @@ class Result:
     status: RolloutRunStatus
     events: list[Event]
     requeue_after: float | None
+    lease_expiry: dt.datetime | None = None
+    """When the Lease expires unless renewed; already counted in ``requeue_after``."""
+    other_requeue_after: float | None = None
+    """``requeue_after`` without the Lease's expiry."""
 
 
 def reconcile(run: RolloutRun, observed: Observed, now: dt.datetime) -> Result:
@@ -93,7 +99,11 @@ def reconcile(run: RolloutRun, observed: Observed, now: dt.datetime) -> Result:
     _report_forced(p)
     status.observed_generation = generation
     status.conditions = merge(status.conditions, p.desired, now, generation)
-    return Result(p.actions, status, p.events, p.requeue)
+    requeue = p.requeue
+    if p.lease_expiry is not None:
+        until = max((p.lease_expiry - now).total_seconds(), 0.0)
+        requeue = until if requeue is None else min(requeue, until)
+    return Result(p.actions, status, p.events, requeue, p.lease_expiry, p.requeue)
 
 
 def _mirror_lease(p: Pass) -> None:

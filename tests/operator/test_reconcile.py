@@ -13,7 +13,7 @@ from rolloutrun_operator.api.v1alpha1 import RecoveryPolicy
 from rolloutrun_operator.name_rules import max_run_name
 from rolloutrun_operator.observe import NodeView
 from rolloutrun_operator.plan import Verb, backoff_seconds
-from rolloutrun_operator.reconcile import reconcile
+from rolloutrun_operator.reconcile import IDLE_REQUEUE_SECONDS, reconcile
 from tests.support.rolloutruns import (
     NOW,
     RUN,
@@ -512,7 +512,8 @@ def test_a_trainer_starting_within_the_acquire_timeout_is_waited_for():
     pods = (trainer(1, started=NOW - dt.timedelta(seconds=100)), gym(1, 0), gym(1, 1))
     result = reconcile(make_run(running_status()), observed(pods), NOW)
     assert result.actions == [] and cond(result, "Ready") == ("True", "Running")
-    assert result.requeue_after == pytest.approx(30.0)
+    deadline = 800.0  # the acquire timeout (900 s) after the trainer started 100 s ago
+    assert result.requeue_after == pytest.approx(min(deadline, IDLE_REQUEUE_SECONDS))
     off = make_run(running_status(), recovery={"leaseAcquireTimeoutSeconds": 0})
     late = (trainer(1, started=NOW - dt.timedelta(days=1)), gym(1, 0), gym(1, 1))
     assert reconcile(off, observed(late), NOW).actions == []

@@ -1,0 +1,454 @@
+"""The operator's API load at scale, with trainers renewing their Leases, printed as JSON.
+
+One operator process (``rolloutrun operator``, under the chart's rights) and N RolloutRuns
+on the local cluster. Their pods are bound to a *hollow* node no process kubelet runs:
+this benchmark's hollow kubelet (as Kubernetes' kubemark does) marks them Running and
+Ready through the API and finishes their deletion; a load generator acts as each run's
+trainer: it takes the run's Lease when its trainer pod runs and renews it every
+``duration/3`` seconds through the API, recording a new train step with each renewal and
+a new anchor step every minute, as trainers do. Measured, at the API server (which counts
+admitted requests per user):
+
+- ``api_requests_per_run_per_minute``: the operator's requests in steady state (all runs
+  Ready and renewing), over ``--window`` seconds. Goal: ≤ 2.
+- ``pod_lost_to_replacement_s``: a running trainer pod is lost (deleted at once); the time
+  until the run's next incarnation has its first pod. Goal: p99 ≤ 2 s.
+- ``operator_rss_mib``: the operator's RSS once steady, and its peak.
+
+``baseline``: the same measurement, on fewer runs, with the operator of ``--baseline-ref``
+(default: the commit before label-selected watches and Lease-driven passes), run from a
+``git archive`` of that commit. Usage: ``python -m bench.operator_scale [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.operator_recovery import quantiles, rss_kib, wait
+from rolloutrun_localcluster import LocalCluster
+from rolloutrun_localcluster.kubelet import free_pod_network
+from rolloutrun_localcluster.operator_access import ACCOUNT, NAMESPACE, operator_kubeconfig
+from rolloutrun_localcluster.testing import api_client
+from rolloutrun_operator.kube import permission_rules
+
+OPERATOR = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
+HOLLOW = "hollow"
+LEASE_DURATION_S = 15
+ANCHOR_EVERY_S = 60.0
+BASELINE_REF = "f9d7b81"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def hollow_run(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rolloutrun.dev/v1alpha1",
+        "kind": "RolloutRun",
+        "metadata": {"name": name},
+        "spec": {
+            "storage": {"uri": f"gs://bench-bucket/{name}"},
+            "gym": {"replicas": 2, "nodeSelector": {"bench": HOLLOW}},
+            "trainer": {"nodeSelector": {"bench": HOLLOW}},
+            "recovery": {
+                "maxRestarts": 10000,
+                "backoffSeconds": 0,
+                "leaseDurationSeconds": LEASE_DURATION_S,
+            },
+            "run": {"workers": {"backend": "inprocess"}},
+        },
+    }
+
+
+def note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def micro_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Hollow:
+    """The hollow node's kubelet and the runs' trainers, through the API (admin)."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        from kubernetes import client as k8s
+
+        self.core: Any = k8s.CoreV1Api(api)
+        self.leases: Any = k8s.CoordinationV1Api(api)
+        self.namespace = namespace
+        self.pool = ThreadPoolExecutor(4)  # the kubelet's
+        self.renewers = ThreadPoolExecutor(8)  # the trainers'
+
+        self.stop = threading.Event()
+        self.trainers: dict[str, str] = {}  # run -> holder identity of its running trainer
+        self.lock = threading.Lock()
+        self.step = 0
+        self.renewals = 0
+        self.threads = [
+            threading.Thread(target=self._kubelet, daemon=True),
+            threading.Thread(target=self._trainers, daemon=True),
+        ]
+        self.address = 0
+
+    def close(self) -> None:
+        self.stop.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.renewers.shutdown(wait=False, cancel_futures=True)
+
+    # ---------------------------------------------------------------- the hollow kubelet
+    def _kubelet(self) -> None:
+        from kubernetes import watch
+
+        while not self.stop.is_set():
+            stream = watch.Watch().stream(
+                self.core.list_namespaced_pod,
+                self.namespace,
+                field_selector=f"spec.nodeName={HOLLOW}",
+                timeout_seconds=60,
+            )
+            for event in stream:
+                if self.stop.is_set():
+                    return
+                pod = event["object"]
+                if event["type"] == "DELETED":
+                    self._gone(pod)
+                elif pod.metadata.deletion_timestamp is not None:
+                    self.pool.submit(self._finish, pod.metadata.name)
+                elif pod.status.phase != "Running":
+                    self.pool.submit(self._run, pod.metadata.name)
+
+    def _run(self, name: str) -> None:
+        self.address += 1
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        ip = f"10.{(self.address >> 16) & 255}.{(self.address >> 8) & 255}.{self.address & 255}"
+        status = {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Ready", "status": "True", "lastTransitionTime": now},
+            ],
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "ready": True,
+                    "restartCount": 0,
+                    "image": "x",
+                    "imageID": "",
+                    "state": {"running": {"startedAt": now}},
+                }
+            ],
+        }
+        try:
+            self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
+        except Exception:  # deleted meanwhile
+            return
+        run, _, rest = name.rpartition("-i")
+        number, _, role = rest.partition("-")
+        if role == "trainer":
+            with self.lock:
+                self.trainers[run] = f"{name}/{number}"
+            self.renewers.submit(self._renew, run)
+
+    def _finish(self, name: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+        except Exception:
+            return
+
+    def _gone(self, pod: Any) -> None:
+        run, _, rest = pod.metadata.name.rpartition("-i")
+        number, _, role = rest.partition("-")
+        if role == "trainer":
+            with self.lock:
+                if self.trainers.get(run) == f"{pod.metadata.name}/{number}":
+                    del self.trainers[run]
+
+    # ---------------------------------------------------------------- the trainers
+    def _renew(self, run: str) -> None:
+        with self.lock:
+            holder = self.trainers.get(run)
+            self.step += 1
+            step = self.step
+        if holder is None:
+            return
+        notes = {"rolloutrun.dev/train-step": str(step)}
+        if int(time.time() // ANCHOR_EVERY_S) != int((time.time() - 5) // ANCHOR_EVERY_S):
+            notes["rolloutrun.dev/anchor-step"] = str(step)
+        spec = {
+            "holderIdentity": holder,
+            "renewTime": micro_now(),
+            "leaseDurationSeconds": LEASE_DURATION_S,
+        }
+        try:
+            self.leases.patch_namespaced_lease(
+                f"{run}-trainer", self.namespace, {"metadata": {"annotations": notes}, "spec": spec}
+            )
+            self.renewals += 1
+        except Exception:
+            return
+
+    def _trainers(self) -> None:
+        period = LEASE_DURATION_S / 3
+        while not self.stop.wait(period):
+            with self.lock:
+                runs = list(self.trainers)
+            for run in runs:
+                self.renewers.submit(self._renew, run)
+
+
+# ------------------------------------------------------------------ the operator
+def start_operator(cluster: LocalCluster, namespace: str, tree: Path | None) -> Any:
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = f"{tree}/operator:{tree}/runtime:{tree}"
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rolloutrun_runtime.cli",
+            "operator",
+            "--kubeconfig",
+            str(operator_kubeconfig(cluster, permission_rules())),
+            "-n",
+            namespace,
+            "--metrics-port",
+            "0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(os.environ.get("BENCH_OPERATOR_LOG", os.devnull), "ab"),
+        env=env,
+    )
+
+
+def operator_requests(cluster: LocalCluster) -> dict[str, int]:
+    server = cluster.server
+    assert server is not None
+    counts: dict[str, int] = {}
+    for (user, verb, resource), count in list(server.requests.items()):
+        if user == OPERATOR and resource != "events":
+            key = f"{verb} {resource}"
+            counts[key] = counts.get(key, 0) + count
+    return counts
+
+
+def measure(
+    cluster: LocalCluster,
+    api: Any,
+    namespace: str,
+    runs: int,
+    window: float,
+    losses: int,
+    tree: Path | None,
+) -> dict[str, Any]:
+    from kubernetes import client as k8s
+
+    from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
+
+    core: Any = k8s.CoreV1Api(api)
+    objects: Any = k8s.CustomObjectsApi(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    hollow = Hollow(api, namespace)
+    for thread in hollow.threads:
+        thread.start()
+    operator = start_operator(cluster, namespace, tree)
+    try:
+        names = [f"r{index:04d}" for index in range(runs)]
+        t0 = time.monotonic()
+        for name in names:
+            objects.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, hollow_run(name)
+            )
+
+        def all_held() -> bool:
+            items = objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+            held = 0
+            for item in items["items"]:
+                status = item.get("status") or {}
+                lease = (status.get("lease") or {}).get("holder", "")
+                if lease.endswith(f"/{status.get('incarnation')}"):
+                    held += 1
+            note(f"{namespace}: {held}/{runs} runs hold their Lease")
+            return held == runs
+
+        deadline = time.monotonic() + 1800
+        while not all_held():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{runs} runs running and renewing")
+            time.sleep(2.0)
+        note(f"{namespace}: {runs} runs renewing after {time.monotonic() - t0:.0f} s")
+        converged = time.monotonic() - t0
+        time.sleep(min(20.0, window / 4))  # the last passes done
+        before, renewals0 = operator_requests(cluster), hollow.renewals
+        w0 = time.monotonic()
+        time.sleep(window)
+        after, elapsed = operator_requests(cluster), time.monotonic() - w0
+        renewals = hollow.renewals - renewals0
+        made = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        made = {k: v for k, v in made.items() if v}
+        total = sum(made.values())
+        rss = rss_kib(operator.pid)
+        items = objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+        restarts = sum(int((i.get("status") or {}).get("restarts") or 0) for i in items)
+        note(f"{namespace}: {sum(made.values())} operator requests in {elapsed:.0f} s")
+        pass_cost = one_pass_cost(cluster, objects, namespace, names[-1])
+        reaction = lost_pods(core, objects, namespace, names[:losses])
+    finally:
+        operator.send_signal(signal.SIGTERM)
+        operator.wait(60)
+        hollow.close()
+    per_run_min = total / runs / (elapsed / 60)
+    resync = resync_seconds(tree)
+    return {
+        "runs": runs,
+        "converged_s": round(converged, 1),
+        "window_s": round(elapsed, 1),
+        "lease_renewals_per_run_per_minute": round(renewals / runs / (elapsed / 60), 2),
+        "api_requests_per_run_per_minute": round(per_run_min, 3),
+        "api_requests_by_verb": made,
+        "pass_cost_requests": pass_cost,
+        "restarts_before_losses": restarts,
+        "resync_s": resync,
+        "api_requests_per_run_per_minute_with_resync": round(
+            per_run_min + (pass_cost * 60 / resync if resync and window < resync else 0), 3
+        ),
+        "pod_lost_to_replacement_s": reaction,
+        "operator_rss_mib": {
+            "steady": round(rss["VmRSS"] / 1024, 1),
+            "peak": round(rss["VmHWM"] / 1024, 1),
+        },
+    }
+
+
+def one_pass_cost(cluster: LocalCluster, objects: Any, namespace: str, run: str) -> int:
+    """The operator's requests for one pass of a steady run, woken by an annotation."""
+    from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
+
+    before = sum(operator_requests(cluster).values())
+    patch = {"metadata": {"annotations": {"bench/poke": micro_now()}}}
+    objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run, patch)
+    time.sleep(5.0)  # the pass done (a steady pass takes milliseconds)
+    return sum(operator_requests(cluster).values()) - before
+
+
+def resync_seconds(tree: Path | None) -> float | None:
+    """The operator's longest wait without an event (its resync), from its source."""
+    source = (tree or REPO) / "operator" / "rolloutrun_operator" / "handlers.py"
+    for line in source.read_text().splitlines():
+        if line.startswith("MAX_IDLE_SECONDS"):
+            return float(line.split("=")[1].strip())
+    return None
+
+
+def lost_pods(core: Any, objects: Any, namespace: str, victims: list[str]) -> dict[str, Any]:
+    from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
+
+    samples: list[float] = []
+    skipped = 0
+    for run in victims:
+        status = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run)
+        n = int((status.get("status") or {}).get("incarnation") or 0)
+        if not exists(core, namespace, f"{run}-i{n}-trainer"):
+            skipped += 1  # between incarnations: not a running trainer to lose
+            continue
+        t0 = time.monotonic()
+        core.delete_namespaced_pod(f"{run}-i{n}-trainer", namespace, grace_period_seconds=0)
+        replacement = f"{run}-i{n + 1}-gym-0"
+        wait(lambda r=replacement: exists(core, namespace, r), f"{replacement}", bound=120)
+        samples.append(time.monotonic() - t0)
+    return {**quantiles(samples), "skipped": skipped, "goal_p99_s": 2.0}
+
+
+def exists(core: Any, namespace: str, name: str) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        core.read_namespaced_pod(name, namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def archive(ref: str, into: Path) -> Path:
+    into.mkdir(parents=True)
+    tar = subprocess.run(
+        ["git", "-C", str(REPO), "archive", ref, "operator", "runtime"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
+    return into
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--window", type=float, default=600.0, help="steady-state seconds")
+    parser.add_argument("--losses", type=int, default=20, help="trainer pods lost")
+    parser.add_argument("--baseline-runs", type=int, default=50)
+    parser.add_argument("--baseline-window", type=float, default=120.0)
+    parser.add_argument("--baseline-ref", default=BASELINE_REF)
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="50 runs, 60 s windows")
+    args = parser.parse_args()
+    if args.quick:
+        args.runs, args.window, args.losses = 50, 60.0, 5
+        args.baseline_runs, args.baseline_window = 20, 60.0
+    report: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
+    with tempfile.TemporaryDirectory(prefix="rolloutrun-scale-") as tmp:
+        work = Path(tmp)
+        with LocalCluster(work / "cluster", pod_network=free_pod_network()) as cluster:
+            from kubernetes import client as k8s
+
+            from rolloutrun_operator.api.crdgen import build_crd
+
+            api = api_client(cluster)
+            k8s.ApiextensionsV1Api(api).create_custom_resource_definition(build_crd())
+            node = {
+                "metadata": {"name": HOLLOW, "labels": {"bench": HOLLOW}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            }
+            k8s.CoreV1Api(api).create_node(node)
+            k8s.CoreV1Api(api).patch_node_status(HOLLOW, {"status": node["status"]})
+            if not args.no_baseline:
+                tree = archive(args.baseline_ref, work / "baseline")
+                report["baseline"] = {
+                    "ref": args.baseline_ref,
+                    **measure(
+                        cluster,
+                        api,
+                        "baseline",
+                        args.baseline_runs,
+                        args.baseline_window,
+                        min(args.losses, 5),
+                        tree,
+                    ),
+                }
+            report["load"] = measure(
+                cluster, api, "load", args.runs, args.window, args.losses, None
+            )
+            api.close()
+    load = report["load"]
+    report["goals"] = {
+        "api_requests_per_run_per_minute_le_2": load["api_requests_per_run_per_minute"] <= 2,
+        "pod_lost_to_replacement_p99_le_2s": load["pod_lost_to_replacement_s"].get("p99", 99) <= 2,
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,289 @@
+"""What the operator keeps in memory per run between passes, and which watch events wake one.
+
+Why: a full pass costs about ten API requests (the run, its static children, nodes, the
+status patch). A trainer renews its Lease every ``duration/3`` seconds; waking a full pass
+for each renewal made the API load grow with every renewal. Here a renewal only moves the
+expiry deadline (judged on the operator's clock, as ``status.lease`` does). Progress
+annotations are mirrored into status by one small patch: a new snapshot manifest or anchor
+step at once, the train step alone at most once per :data:`PROGRESS_MIRROR_SECONDS`. A pass
+runs on a change of the run, of a member pod, of the Lease's holder, or when a deadline is
+due. The pods and the Lease come from Kopf indexes, trusted once they show what the last
+pass created and deleted and nothing older than it saw (else the pass reads them from the
+API: an index may lag behind the operator's own writes).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rolloutrun_operator import naming
+from rolloutrun_operator.api.v1alpha1 import LeaseObservation, RolloutRunStatus
+from rolloutrun_operator.losses import LEASE_EXPIRY_MARGIN_SECONDS
+from rolloutrun_operator.observe import format_time, lease_view
+from rolloutrun_operator.plan import Action, Verb
+from rolloutrun_operator.progress import step_rate
+
+#: Shortest time between two mirrors of a run's train step alone (a new anchor step or
+#: snapshot manifest is mirrored at once, with the train step).
+PROGRESS_MIRROR_SECONDS = 120.0
+
+#: The status fields (JSON names) the Lease's progress annotations are mirrored into, and
+#: those that change every step (mirrored at most once per :data:`PROGRESS_MIRROR_SECONDS`).
+PROGRESS_FIELDS = (
+    "trainStep",
+    "anchorStep",
+    "latestManifestUri",
+    "latestManifestTime",
+    "lastReward",
+)
+EVERY_STEP_FIELDS = frozenset({"trainStep", "lastReward"})
+#: The step-rate fields a mirror moves along with the train step (see :mod:`.progress`).
+RATE_FIELDS = ("stepRate", "stepWindow")
+
+Json = Mapping[str, Any]
+
+
+def run_signature(body: Json) -> tuple[Any, ...]:
+    """What of the run a pass reacts to: its generation (spec), deletion, labels and the
+    annotations that are not Kopf's. The operator's own status patches leave it unchanged,
+    so they do not wake another pass."""
+    meta = body.get("metadata") or {}
+    notes = meta.get("annotations") or {}
+    own = {k: v for k, v in notes.items() if not k.startswith(naming.KOPF_ANNOTATION_PREFIX)}
+    return (
+        meta.get("generation"),
+        meta.get("deletionTimestamp"),
+        tuple(sorted((meta.get("labels") or {}).items())),
+        tuple(sorted(own.items())),
+    )
+
+
+def lease_progress(body: Json) -> dict[str, Any]:
+    """The status fields the Lease's progress annotations stand for, read as a pass reads
+    them (:func:`~rolloutrun_operator.observe.lease_view`: a time the CRD would refuse or a
+    reward past its bound is dropped), so a mirror writes what ``_mirror_lease`` would."""
+    lease = lease_view(body)
+    progress: dict[str, Any] = {
+        "trainStep": lease.train_step,
+        "anchorStep": lease.anchor_step,
+        "lastReward": lease.reward,
+    }
+    if lease.latest_manifest:
+        progress["latestManifestUri"] = lease.latest_manifest
+        progress["latestManifestTime"] = lease.latest_manifest_time
+    return {key: value for key, value in progress.items() if value is not None}
+
+
+def rate_after(mirrored: Json, train_step: int | None, now: dt.datetime) -> dict[str, Any]:
+    """``stepRate`` and ``stepWindow`` once the train step is ``train_step``, from the ones
+    last written (``mirrored``), as a pass computes them (:func:`.progress.step_rate`): a
+    mirror moves the rate along with the step, so it is no staler than the step."""
+    if train_step is None:
+        return {}
+    status = RolloutRunStatus(
+        train_step=train_step,
+        step_rate=mirrored.get("stepRate"),
+        step_window=mirrored.get("stepWindow"),
+    )
+    step_rate(status, True, now)
+    return {"stepRate": status.step_rate, "stepWindow": status.step_window}
+
+
+@dataclass
+class LeaseSeen:
+    """The Lease's holder and ``renewTime`` as last seen, and when (operator clock)."""
+
+    holder: str
+    renew_time: str
+    observed_at: dt.datetime
+    duration_seconds: int | None
+
+    def deadline(self) -> dt.datetime | None:
+        if self.duration_seconds is None:
+            return None
+        margin = self.duration_seconds + LEASE_EXPIRY_MARGIN_SECONDS
+        return self.observed_at + dt.timedelta(seconds=margin)
+
+    def observation(self) -> LeaseObservation:
+        return LeaseObservation(
+            holder=self.holder,
+            renew_time=self.renew_time,
+            observed_at=format_time(self.observed_at),
+        )
+
+
+def lease_seen(body: Json, now: dt.datetime) -> LeaseSeen:
+    spec = body.get("spec") or {}
+    renewed = str(spec.get("renewTime") or spec.get("acquireTime") or "")
+    duration = spec.get("leaseDurationSeconds")
+    return LeaseSeen(
+        holder=str(spec.get("holderIdentity") or "")[:253],
+        renew_time=renewed[:64],
+        observed_at=now,
+        duration_seconds=int(duration) if isinstance(duration, int) else None,
+    )
+
+
+@dataclass
+class RunMemory:
+    """One run's in-memory state, touched only on the operator's event loop."""
+
+    signature: tuple[Any, ...] | None = None
+    dirty: bool = True
+    """A pass is needed (a change of the run, a member pod or the Lease's holder)."""
+    passes: int = 0
+    busy: bool = False
+    """A pass is under way."""
+    lease: LeaseSeen | None = None
+    progress: dict[str, Any] = field(default_factory=dict)
+    mirrored: dict[str, Any] = field(default_factory=dict)
+    """Progress as last written into status."""
+    mirrored_at: float = float("-inf")
+    """Monotonic time of the last progress write."""
+    seen: dict[tuple[str, str], str] = field(default_factory=dict)
+    """``resourceVersion`` of each pod and Lease the last pass saw: Kopf handles each
+    object's events on its own, so an index can hold one pod newer and another older than a
+    pass saw; a pass never decides on a view older than the last one."""
+    created: set[tuple[str, str]] = field(default_factory=set)
+    deleted: set[tuple[str, str, str | None]] = field(default_factory=set)
+
+    def saw_run(self, body: Json) -> bool:
+        """Record a run event; True when it asks for a pass."""
+        signature = run_signature(body)
+        if signature != self.signature:
+            self.signature = signature
+            self.dirty = True
+        return self.dirty
+
+    def saw_lease(self, body: Json, now: dt.datetime, deleted: bool = False) -> bool:
+        """Record a Lease event; True when it asks for a pass (a new holder, a duration
+        change, the Lease gone); a renewal only moves the deadline."""
+        if deleted:
+            self.lease = None
+            self.dirty = True
+            return True
+        seen = lease_seen(body, now)
+        self.progress = lease_progress(body)
+        before = self.lease
+        if before is None or (before.holder, before.duration_seconds) != (
+            seen.holder,
+            seen.duration_seconds,
+        ):
+            self.lease = seen
+            self.dirty = True
+            return True
+        if before.renew_time != seen.renew_time:
+            self.lease = seen
+        return False
+
+    def progress_due(self, monotonic: float) -> float | None:
+        """Seconds until the pending progress may be mirrored (0: now); None: nothing new."""
+        changed = {k for k, v in self.progress.items() if self.mirrored.get(k) != v}
+        if not changed:
+            return None
+        if changed - EVERY_STEP_FIELDS:
+            return 0.0  # a new anchor or snapshot manifest: at once (rare, and users wait on it)
+        return max(self.mirrored_at + PROGRESS_MIRROR_SECONDS - monotonic, 0.0)
+
+    def mirrored_progress(self, status: Json, monotonic: float) -> None:
+        fields = (*PROGRESS_FIELDS, *RATE_FIELDS)
+        self.mirrored = {k: status.get(k) for k in fields if k in status}
+        self.mirrored_at = monotonic
+
+    def expect(self, actions: Iterable[Action]) -> None:
+        """Remember the pods and Lease the pass created or deleted: until the indexes show
+        them, the next pass reads the API instead."""
+        for action in actions:
+            if action.kind not in ("Pod", "Lease"):
+                continue
+            if action.verb is Verb.CREATE:
+                self.created.add((action.kind, action.name))
+            elif action.verb is Verb.DELETE:
+                self.deleted.add((action.kind, action.name, action.uid))
+
+    def indexes_current(self, pods: Iterable[Json], lease: Json | None) -> bool:
+        """Whether the indexed ``pods`` and ``lease`` show every expected create and delete;
+        clears the expectations when they do."""
+        found = {("Pod", _name(pod)): pod for pod in pods}
+        if lease is not None:
+            found[("Lease", _name(lease))] = lease
+        for key, version in self.seen.items():
+            obj = found.get(key)
+            if obj is None or older(_version(obj), version):
+                return False
+        for key in self.created:
+            if key not in found:
+                return False
+        for kind, name, uid in self.deleted:
+            obj = found.get((kind, name))
+            if obj is None:
+                continue
+            meta = obj.get("metadata") or {}
+            if meta.get("deletionTimestamp") or (uid and meta.get("uid") != uid):
+                continue
+            return False
+        self.forget_expectations()
+        return True
+
+    def saw(self, pods: Iterable[Json], lease: Json | None) -> None:
+        """Record what a pass decided on (see :attr:`seen`)."""
+        self.seen = {("Pod", _name(pod)): _version(pod) for pod in pods}
+        if lease is not None:
+            self.seen[("Lease", _name(lease))] = _version(lease)
+
+    def forget_expectations(self) -> None:
+        self.created.clear()
+        self.deleted.clear()
+
+    def lease_for_pass(
+        self, lease: Json | None, recorded: LeaseObservation | None
+    ) -> LeaseObservation | None:
+        """The ``status.lease`` a pass should start from: the renewal this operator saw
+        arrive (its own clock) when the Lease still shows it and ``status.lease`` records an
+        older one; else what status records (a restarted operator keeps counting)."""
+        if lease is None or self.lease is None:
+            return recorded
+        current = lease_seen(lease, self.lease.observed_at)
+        if (current.holder, current.renew_time) != (self.lease.holder, self.lease.renew_time):
+            return recorded
+        if recorded is not None and (recorded.holder, recorded.renew_time) == (
+            current.holder,
+            current.renew_time,
+        ):
+            return recorded
+        return self.lease.observation()
+
+
+def expiry_wait(
+    memory: RunMemory, pass_expiry: dt.datetime | None, pass_renew: str | None, now: dt.datetime
+) -> float:
+    """Seconds until the Lease's expiry is due (inf: the pass found no Lease to time): the
+    pass's own expiry, moved later by a renewal seen since (``renewTime`` no longer the
+    ``pass_renew`` the pass judged)."""
+    if pass_expiry is None:
+        return float("inf")
+    due = pass_expiry
+    if memory.lease is not None and memory.lease.renew_time != pass_renew:
+        later = memory.lease.deadline()
+        if later is not None and later > due:
+            due = later
+    return (due - now).total_seconds()
+
+
+def older(version: str, than: str) -> bool:
+    """Whether ``version`` precedes ``than`` (resourceVersions are opaque, but etcd's and
+    the local cluster's are increasing integers; other values only compare equal)."""
+    if version.isdigit() and than.isdigit():
+        return int(version) < int(than)
+    return version != than
+
+
+def _version(obj: Json) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _name(obj: Json) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))

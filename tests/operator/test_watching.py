@@ -1,0 +1,115 @@
+"""What wakes a pass and what the operator keeps between passes (``watching``), on literal
+API JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from rolloutrun_operator import watching
+from rolloutrun_operator.api.v1alpha1 import LeaseObservation
+from rolloutrun_operator.plan import Action, Verb
+from rolloutrun_operator.watching import RunMemory, expiry_wait, run_signature
+
+NOW = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+
+def lease(holder: str = "r-i1-trainer/1", renewed: str = "t1", **notes: str) -> dict:
+    spec = {"holderIdentity": holder, "renewTime": renewed, "leaseDurationSeconds": 15}
+    return {"metadata": {"name": "r-trainer", "annotations": notes}, "spec": spec}
+
+
+def test_status_and_kopf_writes_do_not_change_the_runs_signature():
+    run = {"metadata": {"generation": 2, "annotations": {"a": "1"}}, "status": {"x": 1}}
+    written = {
+        "metadata": {"generation": 2, "annotations": {"a": "1", "kopf.rolloutrun.dev/x": "y"}},
+        "status": {"x": 2},
+    }
+    assert run_signature(run) == run_signature(written)
+    suspended = {"metadata": {"generation": 3, "annotations": {"a": "1"}}}
+    assert run_signature(run) != run_signature(suspended)
+    memory = RunMemory(dirty=False)
+    memory.saw_run(run)
+    memory.dirty = False
+    assert not memory.saw_run(written) and memory.saw_run(suspended)
+
+
+def test_a_renewal_moves_the_deadline_and_wakes_no_pass_a_new_holder_does():
+    memory = RunMemory(dirty=False)
+    assert memory.saw_lease(lease(), NOW)  # first sight: a pass
+    memory.dirty = False
+    later = NOW + dt.timedelta(seconds=5)
+    assert not memory.saw_lease(lease(renewed="t2"), later) and not memory.dirty
+    assert memory.lease is not None and memory.lease.deadline() == later + dt.timedelta(seconds=17)
+    assert memory.saw_lease(lease(holder="r-i2-trainer/2", renewed="t3"), later)
+    assert memory.saw_lease({}, later, deleted=True) and memory.lease is None
+
+
+def test_the_expiry_is_the_passes_until_a_renewal_is_seen_then_moves():
+    memory = RunMemory()
+    memory.saw_lease(lease(renewed="t1"), NOW)
+    pass_expiry = NOW + dt.timedelta(seconds=17)
+    assert expiry_wait(memory, pass_expiry, "t1", NOW) == 17.0
+    memory.saw_lease(lease(renewed="t2"), NOW + dt.timedelta(seconds=10))
+    assert expiry_wait(memory, pass_expiry, "t1", NOW) == 27.0
+    assert expiry_wait(memory, None, "t1", NOW) == float("inf")
+
+
+def test_progress_is_mirrored_once_per_change_the_train_step_alone_at_most_once_per_window():
+    memory = RunMemory()
+    memory.saw_lease(lease(), NOW)
+    assert memory.progress_due(0.0) is None  # no annotations: nothing to mirror
+    notes = {"rolloutrun.dev/train-step": "7", "rolloutrun.dev/anchor-step": "5"}
+    memory.saw_lease(lease(**notes), NOW)
+    assert memory.progress == {"trainStep": 7, "anchorStep": 5}
+    assert memory.progress_due(0.0) == 0.0
+    memory.mirrored_progress({"trainStep": 7, "anchorStep": 5, "latestManifestUri": None}, 100.0)
+    assert memory.progress_due(101.0) is None  # unchanged: no request
+    memory.saw_lease(lease(**{**notes, "rolloutrun.dev/train-step": "8"}), NOW)
+    assert memory.progress_due(101.0) == watching.PROGRESS_MIRROR_SECONDS - 1.0
+    memory.saw_lease(
+        lease(**{"rolloutrun.dev/train-step": "8", "rolloutrun.dev/anchor-step": "8"}), NOW
+    )
+    assert memory.progress_due(101.0) == 0.0  # a new anchor: at once
+
+
+def test_indexes_are_trusted_once_they_show_the_last_passes_writes():
+    memory = RunMemory()
+    memory.expect(
+        [
+            Action(Verb.CREATE, "Pod", "r-i2-trainer", manifest={}),
+            Action(Verb.DELETE, "Pod", "r-i1-trainer", uid="u1"),
+            Action(Verb.CREATE, "Secret", "r-gym-token", manifest={}),
+        ]
+    )
+    old = {"metadata": {"name": "r-i1-trainer", "uid": "u1"}}
+    new = {"metadata": {"name": "r-i2-trainer", "uid": "u2"}}
+    assert not memory.indexes_current([old], None)  # neither write shown yet
+    assert not memory.indexes_current([old, new], None)  # the deleted pod still there
+    terminating = {"metadata": {"name": "r-i1-trainer", "uid": "u1", "deletionTimestamp": "x"}}
+    assert memory.indexes_current([terminating, new], None)
+    assert not memory.created and not memory.deleted
+
+
+def test_a_pass_starts_from_the_renewal_the_operator_saw_arrive():
+    memory = RunMemory()
+    seen_at = NOW + dt.timedelta(seconds=3)
+    memory.saw_lease(lease(renewed="t2"), seen_at)
+    older = LeaseObservation(holder="r-i1-trainer/1", renew_time="t1", observed_at="x")
+    got = memory.lease_for_pass(lease(renewed="t2"), older)
+    assert got is not None and got.renew_time == "t2" and got.observed_at == "2026-12-01T12:00:03Z"
+    same = LeaseObservation(holder="r-i1-trainer/1", renew_time="t2", observed_at="earlier")
+    assert memory.lease_for_pass(lease(renewed="t2"), same) is same  # a restart keeps counting
+    assert memory.lease_for_pass(lease(renewed="t3"), older) is older  # index ahead of memory
+
+
+def test_an_index_older_than_the_last_pass_for_any_object_is_not_trusted():
+    memory = RunMemory()
+
+    def pod(name: str, version: str) -> dict:
+        return {"metadata": {"name": name, "resourceVersion": version}}
+
+    memory.saw([pod("r-i1-gym-0", "5"), pod("r-i1-gym-1", "7")], None)
+    # gym-1's newer event not yet handled (each object's events are handled on their own)
+    assert not memory.indexes_current([pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "6")], None)
+    assert not memory.indexes_current([pod("r-i1-gym-0", "9")], None)  # or not yet listed
+    assert memory.indexes_current([pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "7")], None)

@@ -1,0 +1,143 @@
+"""The operator's API load does not grow with the trainers' renewals (issue 16).
+
+Against the local cluster, which counts every admitted request by user: the operator
+watches pods and Leases with the run label only; a renewal of the run's Lease with
+unchanged annotations costs the operator no request; a progress annotation costs one status
+patch; a foreign Lease renewing wakes nothing; and a Lease that stops being renewed still
+expires and is acted on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import pytest
+
+from rolloutrun_localcluster.operator_access import ACCOUNT, NAMESPACE
+from rolloutrun_localcluster.testing import eventually
+from rolloutrun_operator import watching
+from rolloutrun_operator.handlers import RunMemory
+from tests.support.operator_cluster import (
+    GROUP,
+    PLURAL,
+    STORAGE_CLAIM,
+    VERSION,
+    create_storage_claim,
+    operator_thread,
+)
+
+OPERATOR = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
+
+
+def rolloutrun(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "RolloutRun",
+        "metadata": {"name": name},
+        "spec": {
+            "storage": {"uri": "file:///tmp/rolloutrun-test", "volumeClaimName": STORAGE_CLAIM},
+            "gym": {"replicas": 1, "port": 8000, "terminationGracePeriodSeconds": 1},
+            "trainer": {"terminationGracePeriodSeconds": 1},
+            "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 3},
+            "run": {"workers": {"backend": "inprocess"}},
+        },
+    }
+
+
+def micro_time() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def ready(status: dict[str, Any]) -> tuple[str, str] | None:
+    for item in status.get("conditions") or []:
+        if item["type"] == "Ready":
+            return item["status"], item.get("reason", "")
+    return None
+
+
+def operator_requests(cluster: Any) -> int:
+    """The operator's requests so far, its Events left out (posted asynchronously)."""
+    server = cluster.server
+    return sum(
+        count
+        for (user, _verb, resource), count in list(server.requests.items())
+        if user == OPERATOR and resource != "events"
+    )
+
+
+def test_renewals_cost_the_operator_nothing_and_an_expired_lease_still_acts(
+    cluster, api, monkeypatch: pytest.MonkeyPatch
+):
+    from kubernetes import client as k8s
+
+    monkeypatch.setattr(watching, "PROGRESS_MIRROR_SECONDS", 0.0)
+    namespace = f"watch-{uuid.uuid4().hex[:6]}"
+    core: Any = k8s.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    create_storage_claim(core, namespace)
+    runs: Any = k8s.CustomObjectsApi(api)
+    leases: Any = k8s.CoordinationV1Api(api)
+
+    def status() -> dict[str, Any]:
+        run = runs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "w")
+        return run.get("status") or {}
+
+    def renew(name: str, holder: str, **notes: str) -> str:
+        renewed = micro_time()
+        spec = {"holderIdentity": holder, "renewTime": renewed, "leaseDurationSeconds": 3}
+        patch = {"metadata": {"annotations": notes}, "spec": spec}
+        leases.patch_namespaced_lease(name, namespace, patch)
+        return renewed
+
+    with operator_thread(cluster, namespace) as operator:
+
+        def watched() -> set[tuple[str, str]]:
+            opened = list(cluster.server.watch_selectors)
+            return {(resource, selector) for user, resource, selector in opened if user == OPERATOR}
+
+        def both() -> set[tuple[str, str]] | None:
+            seen = watched()
+            return seen if {"pods", "leases"} <= {resource for resource, _ in seen} else None
+
+        selectors = eventually(both, what="the operator's watches")
+        assert ("pods", "rolloutrun.dev/run") in selectors
+        assert ("leases", "rolloutrun.dev/run") in selectors
+        assert not {resource for resource, selector in selectors if not selector} & {
+            "pods",
+            "leases",
+        }  # node heartbeats and foreign pods are never streamed
+        runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rolloutrun("w"))
+        eventually(lambda: ready(status()) == ("True", "Running"), what="the run running")
+        holder = "w-i1-trainer/1"
+        memories: dict[tuple[str, str], RunMemory] = operator.memo["memories"]
+        memory = eventually(lambda: memories.get((namespace, "w")), what="the run's memory")
+        renew("w-trainer", holder)  # the trainer takes its Lease: a pass mirrors the holder
+        eventually(lambda: (status().get("lease") or {}).get("holder") == holder, what="holder")
+        eventually(lambda: not (memory.dirty or memory.busy), what="the pass done")
+        # a foreign Lease (no run label), renewing beside it
+        foreign = {"metadata": {"name": "node-heartbeat"}, "spec": {"holderIdentity": "node"}}
+        leases.create_namespaced_lease(namespace, foreign)
+        before, passes = operator_requests(cluster), memory.passes
+        snapshot = dict(cluster.server.requests)
+        for _ in range(5):
+            renewed = renew("w-trainer", holder)
+            renew("node-heartbeat", "node")
+            eventually(lambda r=renewed: memory.lease and memory.lease.renew_time == r)
+        made = {k: v - snapshot.get(k, 0) for k, v in cluster.server.requests.items()}
+        made = {k: v for k, v in made.items() if v and k[0] == OPERATOR}
+        assert operator_requests(cluster) == before, made  # renewals: no request at all
+        assert memory.passes == passes
+        # progress: one status patch, no pass
+        renew("w-trainer", holder, **{"rolloutrun.dev/train-step": "7"})
+        eventually(lambda: status().get("trainStep") == 7, what="the train step mirrored")
+        made = {k: v - snapshot.get(k, 0) for k, v in cluster.server.requests.items()}
+        made = {k[1:]: v for k, v in made.items() if v and k[0] == OPERATOR and k[2] != "events"}
+        assert made == {("patch", "rolloutruns"): 1} and memory.passes == passes
+        # the trainer stops renewing: its Lease expires on the operator's clock and is acted on
+        eventually(
+            lambda: (status().get("lastFailure") or {}).get("reason") == "LeaseExpired",
+            what="the expired Lease acted on",
+        )
+        eventually(lambda: status().get("incarnation") == 2, what="the next incarnation")
