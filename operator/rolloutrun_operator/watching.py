@@ -186,6 +186,8 @@ class RunMemory:
             return None
         if changed - EVERY_STEP_FIELDS:
             return 0.0  # a new anchor or snapshot manifest: at once (rare, and users wait on it)
+        if any(self.mirrored.get(key) is None for key in changed):
+            return 0.0  # the first step or reward an incarnation reports: users wait on it too
         return max(self.mirrored_at + PROGRESS_MIRROR_SECONDS - monotonic, 0.0)
 
     def mirrored_progress(self, status: Json, monotonic: float) -> None:

@@ -41,6 +41,8 @@ def test_the_mirror_reads_the_lease_as_a_pass_does() -> None:
 
 def test_a_new_reward_alone_waits_for_the_throttle_like_the_step() -> None:
     memory = RunMemory()
+    memory.progress = {"trainStep": 3}
+    assert memory.progress_due(101.0) == 0.0  # an incarnation's first step: at once
     memory.progress = {"trainStep": 3, "lastReward": 0.25}
     memory.mirrored = {"trainStep": 3, "lastReward": 0.5}
     memory.mirrored_at = 100.0

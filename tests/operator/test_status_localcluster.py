@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 from rolloutrun_localcluster.testing import eventually
+from rolloutrun_operator import watching
 from rolloutrun_runtime.coordination import KubernetesLease
 from tests.support.operator_cluster import (
     GROUP,
@@ -28,7 +29,9 @@ from tests.support.operator_cluster import (
 )
 
 
-def test_pods_held_back_are_ready_reasons_and_progress_shows_reward(cluster, api):
+def test_pods_held_back_are_ready_reasons_and_progress_shows_reward(cluster, api, monkeypatch):
+    # progress every second instead of every two minutes (the throttle is watching.py's)
+    monkeypatch.setattr(watching, "PROGRESS_MIRROR_SECONDS", 1.0)
     ns = RunNamespace(api, "st")
     namespace, core, runs = ns.name, ns.core, ns.runs
 

@@ -22,28 +22,13 @@ from rolloutrun_operator.handlers import RunMemory
 from tests.support.operator_cluster import (
     GROUP,
     PLURAL,
-    STORAGE_CLAIM,
     VERSION,
     create_storage_claim,
     operator_thread,
+    rolloutrun,
 )
 
 OPERATOR = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
-
-
-def rolloutrun(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "RolloutRun",
-        "metadata": {"name": name},
-        "spec": {
-            "storage": {"uri": "file:///tmp/rolloutrun-test", "volumeClaimName": STORAGE_CLAIM},
-            "gym": {"replicas": 1, "port": 8000, "terminationGracePeriodSeconds": 1},
-            "trainer": {"terminationGracePeriodSeconds": 1},
-            "recovery": {"backoffSeconds": 0, "maxRestarts": 3, "leaseDurationSeconds": 3},
-            "run": {"workers": {"backend": "inprocess"}},
-        },
-    }
 
 
 def micro_time() -> str:
@@ -108,7 +93,9 @@ def test_renewals_cost_the_operator_nothing_and_an_expired_lease_still_acts(
             "pods",
             "leases",
         }  # node heartbeats and foreign pods are never streamed
-        runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rolloutrun("w"))
+        runs.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, rolloutrun("w", gym_replicas=1, lease_seconds=3)
+        )
         eventually(lambda: ready(status()) == ("True", "Running"), what="the run running")
         holder = "w-i1-trainer/1"
         memories: dict[tuple[str, str], RunMemory] = operator.memo["memories"]
