@@ -10,14 +10,14 @@ or trained twice, no side effect applied twice).
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import signal
-import urllib.error
-import urllib.request
 from typing import Any
 
 from rolloutrun_localcluster.testing import eventually
 from rolloutrun_runtime.cli import main as rolloutrun
+from rolloutrun_runtime.contract.pod import TRAINER_METRICS_PORT
 from rolloutrun_runtime.run_logs import read_stored_metrics
 from rolloutrun_runtime.storage import open_storage
 from tests.e2e.conftest import (
@@ -79,17 +79,30 @@ def test_a_run_is_created_runs_in_pods_and_succeeds_with_a_clean_audit(start_run
     _what_users_watch_outlives_the_pods(run)
 
 
-def _scrape(url: str, token: str | None) -> int:
-    request = urllib.request.Request(url)
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
+def _scrape(run: Any, pod_ip: str, token: str | None) -> int:
+    """GET the trainer's ``/metrics`` as Prometheus would: 200 with metrics, else the HTTP
+    status, 0 while nothing answers. In the cluster's namespace network mode pod IPs live
+    in the cluster's node namespace: the socket is made there (``network.dialer``)."""
+    network = run.cluster.network if run.cluster is not None else None
+    dial = network.dialer() if network is not None else None
+    connection = http.client.HTTPConnection(pod_ip, TRAINER_METRICS_PORT, timeout=10)
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return 200 if "rolloutrun_trainer_step" in answer.read().decode() else -1
-    except urllib.error.HTTPError as error:
-        return error.code
+        if dial is not None:
+            sock = dial()
+            sock.settimeout(10)
+            sock.connect((pod_ip, TRAINER_METRICS_PORT))
+            connection.sock = sock
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        connection.request("GET", "/metrics", headers=headers)
+        answer = connection.getresponse()
+        body = answer.read().decode()
     except OSError:
         return 0  # not serving yet
+    finally:
+        connection.close()
+    if answer.status != 200:
+        return answer.status
+    return 200 if "rolloutrun_trainer_step" in body else -1
 
 
 def _metrics_open_to_the_metrics_token_only(run: Any, pod_ip: str) -> None:
@@ -100,11 +113,10 @@ def _metrics_open_to_the_metrics_token_only(run: Any, pod_ip: str) -> None:
         data = run.core.read_namespaced_secret(name, run.namespace).data["token"]
         return base64.b64decode(data).decode()
 
-    url = f"http://{pod_ip}:9464/metrics"
     metrics_token = secret("tiny-metrics-token")
-    eventually(lambda: _scrape(url, metrics_token) == 200, what="the trainer's /metrics")
-    assert _scrape(url, None) == 401
-    assert _scrape(url, secret("tiny-gym-token")) == 401
+    eventually(lambda: _scrape(run, pod_ip, metrics_token) == 200, what="the trainer's /metrics")
+    assert _scrape(run, pod_ip, None) == 401
+    assert _scrape(run, pod_ip, secret("tiny-gym-token")) == 401
 
 
 def _what_users_watch_outlives_the_pods(run: Any) -> None:
