@@ -22,6 +22,7 @@ so a network-namespace prefix (``nsenter --net=...``) composes in front of it.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import logging
 import marshal
@@ -121,7 +122,10 @@ def plan(
     mounts.sort(key=lambda m: m["target"].count("/"))
     targets = [m["target"] for m in mounts]
     hidden = [*targets, hide] if hide else targets
-    kept = sorted({p for p in keep if any(_under(p, t) for t in hidden)} | {pod_dir})
+    # only what lies strictly below a mount: keeping a mount point itself (a PATH entry of
+    # /tmp) would undo the mount
+    below = {p for p in keep if any(_under(p, t) and p != t for t in hidden)}
+    kept = sorted(below | {pod_dir})
     security = container.get("securityContext") or {}
     return {
         "mounts": mounts,
@@ -137,12 +141,25 @@ def keep_paths(env: dict[str, str]) -> list[str]:
     """Host paths a container's programs live in: its ``PATH``, ``PYTHONPATH``, the virtual
     environment and the interpreter's prefix (not the cluster's directory: other pods'
     files and the claims' directories are not the pod's to see)."""
-    paths = [sys.prefix, sys.base_prefix]
+    paths = [sys.prefix, sys.base_prefix, *_package_roots()]
+    paths += [p for p in sys.path if os.path.isabs(p)]
     for name in ("PATH", "PYTHONPATH"):
         paths += [p for p in env.get(name, "").split(os.pathsep) if os.path.isabs(p)]
     if env.get("VIRTUAL_ENV"):
         paths.append(env["VIRTUAL_ENV"])
     return [os.path.normpath(p) for p in paths]
+
+
+def _package_roots() -> list[str]:
+    """Where the project's own packages live: an editable install maps them to its source
+    tree, which is on no ``PATH``, ``PYTHONPATH`` or ``sys.path`` entry (a checkout under
+    ``/tmp`` would vanish behind the pod's private ``/tmp``)."""
+    roots = []
+    for name in ("rolloutrun_runtime", "rolloutrun_operator", "rolloutrun_localcluster"):
+        spec = importlib.util.find_spec(name)
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            roots.append(os.path.dirname(location))
+    return roots
 
 
 def launcher_prefix(spec_path: Path) -> list[str]:

@@ -317,6 +317,19 @@ def test_the_plan_binds_each_mount_adds_a_private_tmp_and_keeps_hidden_programs(
         )
 
 
+def test_a_checkout_under_tmp_stays_visible_and_tmp_itself_is_never_kept() -> None:
+    """CI clones the project under /tmp: the editable install maps the packages to that
+    source tree, on no PATH or PYTHONPATH entry; pods must go on seeing it behind their
+    private /tmp (they failed with ``No module named 'rolloutrun_runtime'``)."""
+    import rolloutrun_runtime
+
+    root = os.path.dirname(os.path.dirname(rolloutrun_runtime.__file__))
+    assert root in mountns.keep_paths({})
+    keep = ["/tmp", "/tmp/ci.x/main/runtime"]
+    spec = mountns.plan({}, {"name": "main"}, {}, "/c/pods/p", "/c/pods/p/tmp", keep, "/c")
+    assert spec["keep"] == ["/c/pods/p", "/tmp/ci.x/main/runtime"]  # not /tmp: the mount stays
+
+
 def test_where_mount_namespaces_are_not_permitted_loopback_is_chosen_and_namespaces_refused() -> (
     None
 ):
