@@ -444,5 +444,8 @@ async def workload_changed(
     namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
 ) -> None:
     """Kueue admitted or evicted the run's Workload (without Kueue's CRD at startup Kopf
-    logs that it cannot watch it, and the run's passes still look every few seconds)."""
-    memo["wakers"].wake(namespace, labels.get(naming.LABEL_RUN))
+    logs that it cannot watch it, and a held run's passes still look every 30 s): a pass is
+    due, not only a wake-up (an idle daemon goes back to sleep unless one is)."""
+    run = labels.get(naming.LABEL_RUN)
+    memory_of(memo, namespace, run).dirty = True
+    memo["wakers"].wake(namespace, run)
