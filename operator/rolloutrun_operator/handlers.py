@@ -226,6 +226,13 @@ def memory_of(memo: Any, namespace: str | None, name: str | None) -> RunMemory:
     return memories.setdefault((namespace or "default", name or ""), RunMemory())
 
 
+def pass_due(memo: Any, namespace: str | None, run: str | None) -> None:
+    """Make a pass of ``run`` due and wake its daemon: a wake-up alone only lets an idle
+    daemon look at its deadlines, then sleep again."""
+    memory_of(memo, namespace, run).dirty = True
+    memo["wakers"].wake(namespace, run)
+
+
 def indexed(
     pod_index: kopf.Index[tuple[str, str], Json],
     lease_index: kopf.Index[tuple[str, str], Json],
@@ -395,9 +402,7 @@ async def member_changed(
     namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
 ) -> None:
     """A member pod changed phase, got an IP, was evicted or deleted."""
-    run = labels.get(naming.LABEL_RUN)
-    memory_of(memo, namespace, run).dirty = True
-    memo["wakers"].wake(namespace, run)
+    pass_due(memo, namespace, labels.get(naming.LABEL_RUN))
 
 
 @kopf.on.event(
@@ -446,6 +451,4 @@ async def workload_changed(
     """Kueue admitted or evicted the run's Workload (without Kueue's CRD at startup Kopf
     logs that it cannot watch it, and a held run's passes still look every 30 s): a pass is
     due, not only a wake-up (an idle daemon goes back to sleep unless one is)."""
-    run = labels.get(naming.LABEL_RUN)
-    memory_of(memo, namespace, run).dirty = True
-    memo["wakers"].wake(namespace, run)
+    pass_due(memo, namespace, labels.get(naming.LABEL_RUN))
