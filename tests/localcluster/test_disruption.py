@@ -246,3 +246,23 @@ def test_helm_installs_the_charts_pdb_and_kubectl_drain_respects_it(
     finally:
         kubectl(cluster, "uncordon", "local")
         helm(cluster, tmp_path, "uninstall", release, "--namespace", namespace)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_creates_a_budget_as_protobuf_and_prints_it(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    created = kubectl(
+        cluster,
+        "create",
+        "pdb",
+        "web",
+        "--selector=app=web",
+        "--max-unavailable=50%",
+        namespace=namespace,
+    )
+    assert created == "poddisruptionbudget.policy/web created\n"
+    spec = kubectl(cluster, "get", "pdb", "web", "-o", "jsonpath={.spec}", namespace=namespace)
+    assert '"maxUnavailable":"50%"' in spec and '"matchLabels":{"app":"web"}' in spec
+    row = kubectl(cluster, "get", "pdb", "web", "--no-headers", namespace=namespace).split()
+    assert row[:4] == ["web", "N/A", "50%", "0"]
