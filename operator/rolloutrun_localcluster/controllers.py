@@ -7,6 +7,7 @@ make.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from datetime import UTC, datetime
@@ -50,6 +51,7 @@ class Controllers:
             logger=logger,
             debounce=debounce,
         )
+        self._budget_timer: asyncio.TimerHandle | None = None
         store.subscribe(self._on_event)
 
     def _type(self, group: str, plural: str) -> ResourceType:
@@ -96,6 +98,8 @@ class Controllers:
         self._budgets.start()
 
     async def stop(self) -> None:
+        if self._budget_timer is not None:
+            self._budget_timer.cancel()
         loops = (self._gc, self._endpoints, self._budgets)
         for loop in loops:
             loop.cancel()
@@ -200,11 +204,15 @@ class Controllers:
         rtype = self._type("policy", "poddisruptionbudgets")
         pods = list(self.store.objects("pods"))
         now = datetime.now(UTC)
+        expiries: list[float] = []
         for budget in budgets:
             meta = budget["metadata"]
             if meta.get("deletionTimestamp"):
                 continue
             status = disruption.budget_status(budget, pods, self.store.by_uid, now)
+            expiry = disruption.next_expiry(status, now)
+            if expiry is not None:
+                expiries.append(expiry)
             if status == budget.get("status"):
                 continue
             try:
@@ -219,3 +227,9 @@ class Controllers:
             except errors.ApiError as error:
                 logger.debug("budget %s/%s not synced: %s", meta["namespace"], meta["name"], error)
                 self._budgets.mark_due()
+        if self._budget_timer is not None:
+            self._budget_timer.cancel()
+        self._budget_timer = None
+        if expiries:  # an eviction whose pod was never deleted stops counting then
+            loop = asyncio.get_running_loop()
+            self._budget_timer = loop.call_later(min(expiries) + 1, self._budgets.mark_due)

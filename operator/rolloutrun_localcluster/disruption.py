@@ -131,6 +131,14 @@ def still_disrupted(status: Obj, pods: list[Obj], now: datetime) -> dict[str, st
     return kept
 
 
+def next_expiry(status: Obj, now: datetime) -> float | None:
+    """Seconds until the first ``disruptedPods`` entry expires (the controller looks again
+    then, as it requeues a budget), None without entries."""
+    moments = [parse_time(t) for t in (status.get("disruptedPods") or {}).values()]
+    waits = [(m + DELETION_TIMEOUT - now).total_seconds() for m in moments if m is not None]
+    return max(min(waits), 0.0) if waits else None
+
+
 def healthy(pods: list[Obj], disrupted: dict[str, str], now: datetime) -> int:
     count = 0
     for pod in pods:

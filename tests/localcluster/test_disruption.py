@@ -67,6 +67,14 @@ def test_status_counts_ready_pods_against_min_available() -> None:
     assert (status["currentHealthy"], status["disruptionsAllowed"]) == (0, 0)
     assert status["disruptedPods"] == evicted["disruptedPods"]
     assert status["conditions"][0]["reason"] == "InsufficientPods"
+    assert disruption.next_expiry(status, NOW) == 115.0  # looked at again when it expires
+    late = NOW + timedelta(minutes=3)
+    assert (
+        disruption.budget_status(budget({"minAvailable": 1}, evicted), [pod("p1")], no_owner, late)[
+            "currentHealthy"
+        ]
+        == 1
+    )  # the eviction never went through: healthy again
 
 
 def test_percentages_and_max_unavailable_scale_by_the_pods_controller() -> None:
