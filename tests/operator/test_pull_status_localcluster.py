@@ -5,7 +5,8 @@ image on a registry that cannot exist goes ``ErrImagePull`` then ``ImagePullBack
 trainer image the cluster refuses likewise; the operator turns the kubelet's waiting reason
 into the run's ``Ready=False`` reason (``GymImagePullBackOff``, ``TrainerErrImagePull``) and
 a Warning Event, and ``kubectl get rr`` prints it. (That a pull succeeds once the image
-exists is the kubelet's test, tests/localcluster/test_image_pulls.py.)
+exists is the kubelet's test, tests/localcluster/test_image_pulls.py.) A crash loop, as the
+kubelet reports it, reads as the run's reason too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import subprocess
 from typing import Any
 
 from rolloutrun_localcluster.testing import eventually
+from rolloutrun_operator import naming
+from rolloutrun_operator.observe import pod_view
+from rolloutrun_operator.problems import pod_problem
 from tests.support.operator_cluster import (
     GROUP,
     PLURAL,
@@ -80,3 +84,31 @@ def test_an_image_that_cannot_be_pulled_is_the_runs_ready_reason(cluster: Any, a
         }
         assert reasons & {"TrainerErrImagePull", "TrainerImagePullBackOff"}
     assert operator.error is None
+
+
+def test_a_crash_loop_as_the_kubelet_reports_it_is_a_pod_problem(cluster: Any, api: Any) -> None:
+    """Members run with ``restartPolicy: Never`` (a crashed member is a lost member, replaced
+    by the operator), so a crash loop is seen only on a pod that restarts in place: the
+    kubelet's own status of one (the default back-off, 10 s) reads as
+    ``TrainerCrashLoopBackOff`` with the kubelet's message."""
+    ns = RunNamespace(api, "loop")
+    labels = {naming.LABEL_ROLE: "trainer", naming.LABEL_INCARNATION: "1"}
+    container = {"name": "trainer", "image": "busybox", "command": ["sh", "-c", "exit 1"]}
+    body = {
+        "metadata": {"name": "looping-i1-trainer", "labels": labels},
+        "spec": {"restartPolicy": "Always", "containers": [container]},
+    }
+    ns.core.create_namespaced_pod(ns.name, body)
+
+    def problem() -> Any:
+        raw = ns.core.read_namespaced_pod("looping-i1-trainer", ns.name, _preload_content=False)
+        found = pod_problem(pod_view(json.loads(raw.data)))
+        return found if found and found[0] == "TrainerCrashLoopBackOff" else None
+
+    _, message = eventually(problem, timeout=60, what="CrashLoopBackOff")
+    uid = ns.core.read_namespaced_pod("looping-i1-trainer", ns.name).metadata.uid
+    assert message == (
+        "pod looping-i1-trainer container trainer: CrashLoopBackOff: back-off 10s restarting "
+        f"failed container=trainer pod=looping-i1-trainer_{ns.name}({uid})"
+    )
+    ns.core.delete_namespaced_pod("looping-i1-trainer", ns.name, grace_period_seconds=0)
