@@ -136,3 +136,11 @@ def test_a_crashing_container_loops_with_the_kubelets_back_off(
     status = eventually(restarted, what="three restarts")
     assert status.last_state.terminated.exit_code == 2
     assert core.read_namespaced_pod("crasher", namespace).status.phase == "Running"
+
+
+def test_unpullable_images_can_be_named_in_the_environment(monkeypatch: Any) -> None:
+    monkeypatch.setenv(images.ENV_UNPULLABLE, "team/gym:v2, ghcr.io/org/trainer:1")
+    registry = images.Images.from_env(["busybox"])
+    for image in ("team/gym:v2", "ghcr.io/org/trainer:1", "docker.io/library/busybox:latest"):
+        assert registry.pull(image, "IfNotPresent") is not None, image
+    assert registry.pull("team/gym:v3", "IfNotPresent") is None
