@@ -15,14 +15,14 @@ import concurrent.futures
 import logging
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 from aiohttp import web
 
-from . import access, kubeconfig, mountns, netns, partition, tls
+from . import access, images, kubeconfig, mountns, netns, partition, podspec, tls
 from .controllers import Controllers
 from .kubelet import IpPool, Kubelet
 from .logs import PodLogs
@@ -54,7 +54,9 @@ class LocalCluster:
         extra_env: dict[str, str] | None = None,
         bookmark_interval: float = 5.0,
         history: int = 50_000,
-        restart_backoff: tuple[float, float] = (1.0, 30.0),
+        restart_backoff: tuple[float, float] = podspec.RESTART_BACKOFF,
+        image_backoff: tuple[float, float] = images.IMAGE_BACKOFF,
+        unpullable_images: Iterable[str] = (),
         nodes: int = 1,
         pod_network: str = "127.0.0.0/16",
         isolation: str | None = None,
@@ -69,6 +71,9 @@ class LocalCluster:
         self._extra_env = extra_env
         self._bookmark_interval = bookmark_interval
         self._backoff = restart_backoff
+        self._image_backoff = image_backoff
+        # Which images cannot be pulled (images.py); tests refuse and allow while it runs.
+        self.images = images.Images.from_env(unpullable_images)
         self.pod_network = pod_network
         # Each pod its own mount namespace, or the loopback fallback (see .mountns).
         self.isolation = mountns.choose_mode(isolation)
@@ -149,6 +154,8 @@ class LocalCluster:
                 ips=ips,
                 extra_env=self._extra_env,
                 backoff=self._backoff,
+                image_backoff=self._image_backoff,
+                registry_images=self.images,
                 isolation=self.isolation,
                 network=self.network,
             )

@@ -1,16 +1,19 @@
 """The control-plane loops the API server alone does not do: garbage collection, namespace
-termination, CRD registration, Services' Endpoints and each namespace's default
-ServiceAccount. They react to store events (debounced) and apply the pure plans of
-:mod:`.gc` through the same store calls a client would make.
+termination, CRD registration, Services' Endpoints, PodDisruptionBudgets' status and each
+namespace's default ServiceAccount. They react to store events (debounced) and apply the
+pure plans of :mod:`.gc` and :mod:`.disruption` through the same store calls a client would
+make.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
-from . import errors, gc
+from . import disruption, errors, gc
 from .passes import PassLoop
 from .resources import Registry, ResourceType
 from .store import Event, Store
@@ -41,6 +44,14 @@ class Controllers:
             logger=logger,
             debounce=debounce,
         )
+        self._budgets = PassLoop(
+            self.sync_budgets,
+            name="localcluster-disruption",
+            failure=failure,
+            logger=logger,
+            debounce=debounce,
+        )
+        self._budget_timer: asyncio.TimerHandle | None = None
         store.subscribe(self._on_event)
 
     def _type(self, group: str, plural: str) -> ResourceType:
@@ -62,6 +73,8 @@ class Controllers:
             self._gc.mark_due()
         if event.storage_key in ("pods", "services"):
             self._endpoints.mark_due()
+        if event.storage_key in ("pods", disruption.STORAGE_KEY):
+            self._budgets.mark_due()
 
     def _on_crd(self, event: Event) -> None:
         name = event.obj["metadata"]["name"]
@@ -82,12 +95,16 @@ class Controllers:
     def start(self) -> None:
         self._gc.start()
         self._endpoints.start()
+        self._budgets.start()
 
     async def stop(self) -> None:
-        self._gc.cancel()
-        self._endpoints.cancel()
-        await self._gc.stop()
-        await self._endpoints.stop()
+        if self._budget_timer is not None:
+            self._budget_timer.cancel()
+        loops = (self._gc, self._endpoints, self._budgets)
+        for loop in loops:
+            loop.cancel()
+        for loop in loops:
+            await loop.stop()
 
     # ------------------------------------------------------------ garbage collection
     def _all_objects(self) -> list[tuple[str, dict[str, Any]]]:
@@ -177,3 +194,42 @@ class Controllers:
             if key not in wanted and managed and gone:
                 with contextlib.suppress(errors.ApiError):
                     self.store.delete(endpoints, *key)
+
+    # ------------------------------------------------------------ disruption budgets
+    def sync_budgets(self) -> None:
+        """The disruption controller: each budget's status from the pods it covers."""
+        budgets = list(self.store.objects(disruption.STORAGE_KEY))
+        if not budgets:
+            return
+        rtype = self._type("policy", "poddisruptionbudgets")
+        pods = list(self.store.objects("pods"))
+        now = datetime.now(UTC)
+        expiries: list[float] = []
+        for budget in budgets:
+            meta = budget["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            status = disruption.budget_status(budget, pods, self.store.by_uid, now)
+            expiry = disruption.next_expiry(status, now)
+            if expiry is not None:
+                expiries.append(expiry)
+            if status == budget.get("status"):
+                continue
+            try:
+                self.store.update(
+                    rtype,
+                    meta["namespace"],
+                    meta["name"],
+                    {**budget, "status": status},
+                    subresource="status",
+                    precondition_rv=meta["resourceVersion"],
+                )
+            except errors.ApiError as error:
+                logger.debug("budget %s/%s not synced: %s", meta["namespace"], meta["name"], error)
+                self._budgets.mark_due()
+        if self._budget_timer is not None:
+            self._budget_timer.cancel()
+        self._budget_timer = None
+        if expiries:  # an eviction whose pod was never deleted stops counting then
+            loop = asyncio.get_running_loop()
+            self._budget_timer = loop.call_later(min(expiries) + 1, self._budgets.mark_due)

@@ -26,7 +26,7 @@ from typing import Any
 
 from rolloutrun_runtime.contract.pod import ENV_LOCALCLUSTER_ROOT, ENV_POD_IP
 
-from . import errors, mountns, podspec
+from . import errors, images, mountns, podspec
 from .netns import LoopbackNetwork, PodNetwork
 from .podworker import PodWorker
 from .processes import CLUSTER_TAG, POD_TAG
@@ -112,7 +112,9 @@ class Kubelet:
         node_name: str = "local",
         ips: IpPool | None = None,
         extra_env: dict[str, str] | None = None,
-        backoff: tuple[float, float] = (1.0, 30.0),
+        backoff: tuple[float, float] = podspec.RESTART_BACKOFF,
+        image_backoff: tuple[float, float] = images.IMAGE_BACKOFF,
+        registry_images: images.Images | None = None,
         min_probe_period: float = 1.0,
         isolation: str = mountns.LOOPBACK,
         network: PodNetwork | None = None,
@@ -129,6 +131,8 @@ class Kubelet:
         self.host_ip = "127.0.0.1"
         self.extra_env = dict(extra_env or {})
         self.backoff = backoff
+        self.image_backoff = image_backoff
+        self.images = registry_images or images.Images()
         self.min_probe_period = min_probe_period
         self.isolation = isolation  # mountns.NAMESPACES or LOOPBACK
         self.volumes = Volumes(self)

@@ -162,6 +162,29 @@ def should_restart(policy: str, exit_code: int) -> bool:
     return False
 
 
+#: The kubelet's container restart back-off: first delay and cap (seconds); a container that
+#: ran twice the cap since its last back-off starts again from the first delay.
+RESTART_BACKOFF = (10.0, 300.0)
+
+
+def next_delay(base: float, cap: float, failures: int) -> float:
+    """The back-off after the ``failures``-th consecutive failure (1-based): ``base``,
+    doubling, at most ``cap`` (the kubelet's restart and image pull back-offs alike)."""
+    return min(cap, base * 2 ** min(max(failures - 1, 0), 30))
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go's ``time.Duration`` prints it (``10s``, ``5m0s``, ``200ms``)."""
+    if seconds < 1:
+        return f"{round(seconds * 1000):d}ms"
+    minutes, rest = divmod(seconds, 60)
+    hours, minutes = divmod(int(minutes), 60)
+    text = f"{rest:g}s"
+    if minutes or hours:
+        text = f"{minutes}m{text}"
+    return f"{hours}h{text}" if hours else text
+
+
 def exit_code_of(returncode: int) -> int:
     """A killed process reports 128 + the signal number, as container runtimes do."""
     return 128 - returncode if returncode < 0 else returncode
@@ -201,6 +224,8 @@ class ContainerRecord:
     ready: bool = False
     last_state: Obj = field(default_factory=dict)
     will_restart: bool = False
+    backoff_steps: int = 0  # consecutive restarts since the back-off was last reset
+    backoff_at: float | None = None  # monotonic time of the last back-off
 
     def status(self) -> Obj:
         if self.state == "running":
@@ -234,6 +259,17 @@ class ContainerRecord:
         if self.pid:
             result["containerID"] = f"local://{self.pid}"
         return result
+
+
+def restart_delay(record: ContainerRecord, now: float, base: float, cap: float) -> float:
+    """The back-off before ``record``'s next restart (``now`` on a monotonic clock): the
+    kubelet's, doubling per consecutive restart and forgotten once the container has gone
+    twice the cap (10 minutes) without one."""
+    if record.backoff_at is not None and now - record.backoff_at > 2 * cap:
+        record.backoff_steps = 0
+    record.backoff_steps += 1
+    record.backoff_at = now
+    return next_delay(base, cap, record.backoff_steps)
 
 
 def pod_phase(init: list[ContainerRecord], main: list[ContainerRecord], policy: str) -> str:

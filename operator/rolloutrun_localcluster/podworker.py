@@ -1,11 +1,13 @@
 """One pod's life on the process kubelet: its directory, containers, restarts and status.
 
 A worker runs the init containers one after another, then every container at once, each
-as a process in its own session with the pod's environment. It restarts containers per
-``restartPolicy`` with an exponential back-off, runs readiness probes, reports phase,
-conditions and ``containerStatuses`` through the pod's status subresource, and on deletion
-sends SIGTERM to each container's main process (as a runtime signals a container's PID 1),
-waits up to the grace period, then SIGKILLs everything the pod started.
+as a process in its own session with the pod's environment, once its image "pulled"
+(:mod:`.images`: ``ErrImagePull`` then ``ImagePullBackOff`` while it cannot). It restarts
+containers per ``restartPolicy`` with the kubelet's exponential back-off
+(``CrashLoopBackOff``; reset once a container ran twice the cap), runs readiness probes,
+reports phase, conditions and ``containerStatuses`` through the pod's status subresource,
+and on deletion sends SIGTERM to each container's main process (as a runtime signals a
+container's PID 1), waits up to the grace period, then SIGKILLs everything the pod started.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import logging
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import mountns, podspec, probes, processes
+from . import images, mountns, podspec, probes, processes
 from .kubeconfig import private_dir, write_private
 from .podspec import ConfigError, ContainerRecord
 from .store import now_iso
@@ -151,13 +154,13 @@ class PodWorker:
             await self._back_off(record)
 
     async def _back_off(self, record: ContainerRecord) -> None:
-        base, cap = self.kubelet.backoff
-        delay = min(cap, base * (2 ** min(record.restart_count, 10)))
+        delay = podspec.restart_delay(record, time.monotonic(), *self.kubelet.backoff)
         record.last_state = {"terminated": record.status()["state"]["terminated"]}
         record.state, record.reason, record.message = (
             "waiting",
             "CrashLoopBackOff",
-            f"back-off {delay:g}s restarting failed container={record.name} pod={self.name}",
+            f"back-off {podspec.go_duration(delay)} restarting failed container={record.name} "
+            f"pod={self.name}_{self.namespace}({self.uid})",
         )
         self.report()
         await _wait(self.terminating, delay)
@@ -187,8 +190,38 @@ class PodWorker:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    async def _pull(self, spec: Obj, record: ContainerRecord) -> bool:
+        """Pull the container's image: True once it pulled, False if the pod is going away.
+
+        A failed pull is reported as the kubelet does (``ErrImagePull`` with the runtime's
+        error; at the pod's next sync, a second later, ``ImagePullBackOff`` until the
+        back-off ran out), then tried again."""
+        image = str(spec.get("image", ""))
+        policy = str(spec.get("imagePullPolicy", "IfNotPresent"))
+        base, cap = self.kubelet.image_backoff
+        failures = 0
+        while not self.terminating.is_set():
+            await self.kubelet.node_up()
+            failure = self.kubelet.images.pull(image, policy)
+            if failure is None:
+                return True
+            failures += 1
+            delay = podspec.next_delay(base, cap, failures)
+            record.state, record.reason, record.message = "waiting", failure.reason, failure.message
+            self.report()
+            sync = min(delay / 2, 1.0)  # the pod's next sync: a second, or half a short delay
+            await _wait(self.terminating, sync)
+            if failure.retried and not self.terminating.is_set():
+                record.reason = "ImagePullBackOff"
+                record.message = images.backoff_message(image, failure)
+                self.report()
+            await _wait(self.terminating, delay - sync)
+        return False
+
     async def _run_container(self, spec: Obj, record: ContainerRecord) -> int | None:
         """Run the container once; its exit code, or ``None`` if the pod is going away."""
+        if not await self._pull(spec, record):
+            return None
         while True:
             if self.terminating.is_set():
                 return None

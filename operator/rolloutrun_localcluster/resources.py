@@ -115,6 +115,17 @@ BUILTINS: tuple[ResourceType, ...] = (
             ("authentication.k8s.io", "selfsubjectreviews", "SelfSubjectReview", False),
         )
     ),
+    # Status computed by the disruption controller, honoured by pods/eviction (disruption.py).
+    ResourceType(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        True,
+        "poddisruptionbudget",
+        ("pdb",),
+        ("status",),
+    ),
     # Stored, not enforced: pods of the local cluster share the host's network (issue 13).
     ResourceType(
         "networking.k8s.io",

@@ -16,11 +16,12 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from aiohttp import web
 
-from . import apply, errors, openapi, openapi_v2, patches, protobuf, resources
+from . import apply, disruption, errors, openapi, openapi_v2, patches, protobuf, resources
 from .access import Access
 from .errors import ApiError
 from .rbac import RBAC_GROUP
@@ -76,7 +77,11 @@ def _json(body: Any, status: int = 200, warnings: list[str] | None = None) -> we
 
 
 def _error(error: ApiError) -> web.Response:
-    return _json(error.status(), error.code)
+    response = _json(error.status(), error.code)
+    retry_after = (error.details or {}).get("retryAfterSeconds")
+    if retry_after:  # a 429 says when to come back, in the body and the header
+        response.headers["Retry-After"] = str(retry_after)
+    return response
 
 
 def _pop_warnings(obj: dict[str, Any]) -> list[str]:
@@ -425,7 +430,26 @@ class ApiServer:
         assert target.name is not None
         body = await self._body(request) or {}
         options = body.get("deleteOptions") or {}
-        self.store.delete(target.rtype, target.namespace or "", target.name, options)
+        namespace = target.namespace or ""
+        pod = self.store.get(target.rtype, namespace, target.name)
+        budgets = self.registry.get("policy", "v1", "poddisruptionbudgets")
+        verdict = disruption.evict(
+            pod,
+            self.store.objects(disruption.STORAGE_KEY) if budgets else (),
+            datetime.now(UTC),
+        )
+        dry_run = request.query.get("dryRun") == "All" or options.get("dryRun") == ["All"]
+        if verdict.budget is not None and budgets is not None and not dry_run:
+            meta = verdict.budget["metadata"]
+            self.store.update(
+                budgets,
+                namespace,
+                meta["name"],
+                {**verdict.budget, "status": verdict.status},
+                subresource="status",
+                precondition_rv=meta["resourceVersion"],
+            )
+        self.store.delete(target.rtype, namespace, target.name, options, dry_run=dry_run)
         return _json(
             {
                 "kind": "Status",

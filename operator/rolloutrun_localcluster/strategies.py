@@ -425,6 +425,23 @@ class VolumeStrategy(Strategy):
         return []
 
 
+class DisruptionBudgetStrategy(Strategy):
+    """A new budget starts with the zero status (the disruption controller fills it in, and
+    an eviction waits until it has observed the budget's generation); its spec rules are
+    validation.py's."""
+
+    def prepare_create(
+        self, rtype: ResourceType, obj: Obj, store: Store, strict: bool
+    ) -> list[str]:
+        obj["status"] = {
+            "disruptionsAllowed": 0,
+            "currentHealthy": 0,
+            "desiredHealthy": 0,
+            "expectedPods": 0,
+        }
+        return []
+
+
 _STRATEGIES: dict[str, Strategy] = {
     **{
         f"{plural}.rbac.authorization.k8s.io": _RBAC
@@ -437,6 +454,7 @@ _STRATEGIES: dict[str, Strategy] = {
     "customresourcedefinitions.apiextensions.k8s.io": CrdStrategy(),
     "persistentvolumeclaims": VolumeStrategy(),
     "persistentvolumes": VolumeStrategy(),
+    "poddisruptionbudgets.policy": DisruptionBudgetStrategy(),
 }
 _DEFAULT = Strategy()
 _CUSTOM = CustomResourceStrategy()

@@ -427,6 +427,13 @@ BUILTIN_COLUMNS: dict[str, tuple[Column, ...]] = {
         AGE,
         Column("VolumeMode", _get("spec", "volumeMode", default="<unset>"), priority=1),
     ),
+    "poddisruptionbudgets.policy": (
+        NAME,
+        Column("Min Available", lambda p: str(_get("spec", "minAvailable", default="N/A")(p))),
+        Column("Max Unavailable", lambda p: str(_get("spec", "maxUnavailable", default="N/A")(p))),
+        Column("Allowed Disruptions", _get("status", "disruptionsAllowed", default=0), "integer"),
+        AGE,
+    ),
     "storageclasses.storage.k8s.io": (
         Column("Name", _storage_class_name, format="name"),
         Column("Provisioner", _get("provisioner")),

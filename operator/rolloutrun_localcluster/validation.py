@@ -223,10 +223,36 @@ def network_policy_causes(spec: Mapping[str, Any]) -> list[Cause]:
     return causes
 
 
+def disruption_budget_causes(spec: Mapping[str, Any]) -> list[Cause]:
+    """A PodDisruptionBudget's spec: one of minAvailable and maxUnavailable, a known
+    unhealthyPodEvictionPolicy, a valid selector."""
+    causes = label_selector_causes(spec.get("selector"), "spec.selector")
+    if spec.get("minAvailable") is not None and spec.get("maxUnavailable") is not None:
+        causes.append(
+            (
+                "FieldValueInvalid",
+                "spec",
+                'spec: Invalid value: "": minAvailable and maxUnavailable cannot be both set',
+            )
+        )
+    policy = spec.get("unhealthyPodEvictionPolicy")
+    if policy is not None and policy not in ("IfHealthyBudget", "AlwaysAllow"):
+        causes.append(
+            (
+                "FieldValueNotSupported",
+                "spec.unhealthyPodEvictionPolicy",
+                f'spec.unhealthyPodEvictionPolicy: Unsupported value: "{policy}": supported '
+                'values: "AlwaysAllow", "IfHealthyBudget"',
+            )
+        )
+    return causes
+
+
 _SPEC_RULES: dict[str, Callable[[Mapping[str, Any]], list[Cause]]] = {
     "services": service_causes,
     "pods": pod_spec_causes,
     "networkpolicies.networking.k8s.io": network_policy_causes,
+    "poddisruptionbudgets.policy": disruption_budget_causes,
 }
 
 

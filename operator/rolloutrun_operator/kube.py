@@ -88,7 +88,8 @@ PERMISSIONS: list[tuple[str, str, tuple[str, ...]]] = [
     ("networking.k8s.io", "networkpolicies", ("get", "create")),
     # Kueue admission (runs labelled kueue.x-k8s.io/queue-name): the run's Workload, written
     # as its job controller, and the admitted flavors' node labels and tolerations
-    ("kueue.x-k8s.io", "workloads", ("get", "list", "watch", "create")),
+    # (update and delete: its podSets follow the run's size, kueue.py)
+    ("kueue.x-k8s.io", "workloads", ("get", "list", "watch", "create", "update", "delete")),
     ("kueue.x-k8s.io", "workloads/status", ("patch",)),
     ("kueue.x-k8s.io", "resourceflavors", ("get",)),
 ]

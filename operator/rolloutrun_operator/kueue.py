@@ -11,6 +11,12 @@ stopped until Kueue admits it, places them on the admitted flavors, stops them (
 first: its forced snapshot) when Kueue evicts it, then gives the quota back and waits to be
 admitted again; a finished run finishes its Workload.
 
+When the run's size changes (Gym replicas, resources, scheduling), its podSets follow by
+Kueue's own rule (``jobframework``'s ``ensureOneWorkload``; podSets are immutable while
+quota is reserved): a Workload without a reservation is updated in place; one with a
+reservation no longer matches the run, so the members are stopped (the forced snapshot
+again) and, once they are gone, the Workload is deleted and a new one queued.
+
 Pure: :func:`gate` maps the run, its Workload and what is left of its pods to a
 :class:`Gate`; the actuator only fetches the Workload and the admitted ResourceFlavors and
 applies the actions.
@@ -18,6 +24,7 @@ applies the actions.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +48,10 @@ REQUEUED_AFTER = frozenset({"Preempted", "NodeFailures"})
 #: What the run's ``Ready``/``Progressing`` say while Kueue holds it.
 QUEUED = "QueuedByKueue"
 EVICTED = "EvictedByKueue"
+RESIZED = "WorkloadOutOfDate"
+"""The run's size changed under an admitted Workload: stopping, then queued anew."""
+#: What of a podSet's pod spec Kueue's quota and flavor assignment see (besides its count).
+SHAPE_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName")
 
 
 def queue_name(run: RolloutRun) -> str | None:
@@ -88,6 +99,29 @@ def workload_manifest(run: RolloutRun, queue: str) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": "Workload", "metadata": meta, "spec": spec}
 
 
+def _containers_shape(spec: Mapping[str, Any], key: str) -> list[Any]:
+    return [(c.get("name"), c.get("resources") or {}) for c in spec.get(key) or []]
+
+
+def pod_sets_shape(pod_sets: Any) -> list[Any]:
+    """What must match between the run and its Workload: each podSet's name, count, and
+    the resources and scheduling fields of its pod template (what quota and flavors see; an
+    env var or a command is not Kueue's business)."""
+    shape = []
+    for pod_set in pod_sets or []:
+        spec = (pod_set.get("template") or {}).get("spec") or {}
+        shape.append(
+            (
+                pod_set.get("name"),
+                pod_set.get("count"),
+                _containers_shape(spec, "initContainers"),
+                _containers_shape(spec, "containers"),
+                [spec.get(key) for key in SHAPE_FIELDS],
+            )
+        )
+    return shape
+
+
 @dataclass(frozen=True)
 class Placement:
     """What an admission adds to one podSet's pods: the admitted flavors' node labels and
@@ -108,6 +142,9 @@ class WorkloadView:
     """``status.admission`` is set: Kueue holds quota for the run."""
     flavors: Mapping[str, tuple[str, ...]]
     """PodSet name -> the ResourceFlavors admitted for it."""
+    pod_sets: tuple[Mapping[str, Any], ...] = ()
+    """``spec.podSets`` as Kueue admits them."""
+    uid: str = ""
 
     def condition(self, kind: str) -> Mapping[str, Any] | None:
         return next((c for c in self.conditions if c.get("type") == kind), None)
@@ -138,6 +175,8 @@ def workload_view(obj: Mapping[str, Any] | None, run_uid: str) -> WorkloadView |
         conditions=tuple(c for c in status.get("conditions") or [] if isinstance(c, Mapping)),
         reserved=admission is not None,
         flavors=flavors,
+        pod_sets=tuple((obj.get("spec") or {}).get("podSets") or ()),
+        uid=str(meta.get("uid") or ""),
     )
 
 
@@ -271,6 +310,9 @@ def gate(
         if workload.reserved and not pods_left:
             actions = (release(workload, why, text, now),)
         return Gate(hold=True, reason=EVICTED, message=message, actions=actions)
+    wanted = workload_manifest(run, queue)
+    if pod_sets_shape(wanted["spec"]["podSets"]) != pod_sets_shape(workload.pod_sets):
+        return follow_size(workload, wanted, pods_left)
     if not workload.admitted:
         pending = workload.condition("QuotaReserved")
         detail = str((pending or {}).get("message") or "")
@@ -282,3 +324,27 @@ def gate(
             _mark(workload, "PodsReady", True, "PodsReady", "All pods reached readiness", stamp),
         )
     return Gate(hold=False, actions=actions, placements=placements(workload, flavors))
+
+
+def follow_size(workload: WorkloadView, wanted: dict[str, Any], pods_left: bool) -> Gate:
+    """The run's podSets changed: Kueue's rule for a Workload that no longer matches its job.
+
+    Without a reservation the Workload takes the new podSets in place (``Updated not
+    matching Workload``, conditional on the version observed); with one, its podSets are
+    immutable: the members stop (trainer first, as on an eviction) and, once they are gone,
+    the Workload is deleted (``Deleted not matching Workload``) and the next pass queues a
+    new one."""
+    name = workload.name
+    if not workload.reserved:
+        body = copy.deepcopy(wanted)
+        body["metadata"]["resourceVersion"] = workload.resource_version
+        message = f"Workload {name} updated to the run's podSets; waiting for admission"
+        update = Action(Verb.REPLACE, "Workload", name, body)
+        return Gate(hold=True, reason=QUEUED, message=message, actions=(update,))
+    message = f"the run's podSets changed under admitted Workload {name}: " + (
+        "stopping the members, then it is queued anew" if pods_left else "queued anew"
+    )
+    actions: tuple[Action, ...] = ()
+    if not pods_left:
+        actions = (Action(Verb.DELETE, "Workload", name, uid=workload.uid or None),)
+    return Gate(hold=True, reason=RESIZED, message=message, actions=actions)

@@ -17,7 +17,9 @@ from rolloutrun_localcluster.testing import api_client, local_cluster
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     directory: Path = tmp_path_factory.mktemp("localcluster")
-    yield from local_cluster(directory, restart_backoff=(0.2, 2.0), bookmark_interval=0.5)
+    yield from local_cluster(
+        directory, restart_backoff=(0.2, 2.0), image_backoff=(2.0, 20.0), bookmark_interval=0.5
+    )
 
 
 @pytest.fixture(scope="session")

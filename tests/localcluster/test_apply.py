@@ -425,8 +425,6 @@ def test_helm_namespaced_peering_beside_another_kopf_operator(
         helm(
             "install", release, str(CHART), "--namespace", namespace,
             "--set", f"watchNamespaces={{{watched}}}", "--set", "peering.enabled=true",
-            # the local cluster serves no policy/v1 (tests/chart renders and validates the PDB)
-            "--set", "podDisruptionBudget.enabled=false",
         )  # fmt: skip
         labels = custom.get_namespaced_custom_object(*peering)["metadata"]["labels"]
         assert labels["app.kubernetes.io/instance"] == release

@@ -50,6 +50,7 @@ def workload(*conditions: dict[str, Any], admission: dict[str, Any] | None = Non
             "resourceVersion": "7",
             "ownerReferences": [{"kind": "RolloutRun", "uid": "uid-1", "controller": True}],
         },
+        "spec": kueue.workload_manifest(queued_run(), "team-a")["spec"],
         "status": status,
     }
 
@@ -275,3 +276,66 @@ def test_a_deleted_workload_is_recreated_and_the_run_stops_until_admitted_again(
         "delete Pod/demo-i1-trainer",
     ]
     assert cond(result, "Ready")[:2] == ("False", kueue.QUEUED)
+
+
+def resized_run(status: dict[str, Any] | None = None) -> Any:
+    """The queued run with three Gyms of 4 CPUs instead of two of 2."""
+    run = queued_run(status)
+    document = run.model_dump(by_alias=True, exclude_none=True)
+    document["spec"]["gym"]["replicas"] = 3
+    document["spec"]["gym"]["resources"] = {"requests": {"cpu": "4"}}
+    return parse_rolloutrun(document)
+
+
+def test_a_size_change_updates_a_workload_without_a_reservation_in_place():
+    pending = workload(condition("QuotaReserved", False, "Pending", "insufficient quota"))
+    result = reconcile(resized_run(), observed(present=frozenset(), workload=pending), NOW)
+    (update,) = of_kind(result, "Workload")
+    assert update.verb is Verb.REPLACE
+    assert update.manifest["metadata"]["resourceVersion"] == "7"  # not over Kueue's write
+    sets = {s["name"]: s for s in update.manifest["spec"]["podSets"]}
+    assert sets["gym"]["count"] == 3
+    (container,) = sets["gym"]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"]["cpu"] == "4"
+    assert cond(result, "Ready")[:2] == ("False", kueue.QUEUED)
+    assert of_kind(result, "Pod") == []
+    # the unchanged run leaves its Workload alone
+    assert (
+        of_kind(
+            reconcile(queued_run(), observed(present=frozenset(), workload=pending), NOW),
+            "Workload",
+        )
+        == []
+    )
+
+
+def test_a_size_change_under_an_admission_stops_the_members_then_requeues():
+    """podSets are immutable while quota is reserved: never updated, the Workload is
+    deleted once the members are gone (the trainer first: its forced snapshot)."""
+    run = resized_run(running_status())
+    result = reconcile(run, observed(members(1), workload=ADMITTED), NOW)
+    assert [str(a) for a in result.actions] == ["delete Pod/demo-i1-trainer"]
+    status, reason, message = cond(result, "Ready")
+    assert (status, reason) == ("False", kueue.RESIZED)
+    assert f"Workload {WORKLOAD}" in message
+    gone = copy.deepcopy(ADMITTED)
+    gone["metadata"]["uid"] = "wl-1"
+    result = reconcile(run, observed((), workload=gone), NOW)
+    (delete,) = of_kind(result, "Workload")
+    assert (delete.verb, delete.uid) == (Verb.DELETE, "wl-1")
+    assert of_kind(result, "Pod") == []
+    # and with no Workload the next pass queues the new size
+    (create,) = reconcile(run, observed((), workload=None), NOW).actions
+    assert {s["name"]: s["count"] for s in create.manifest["spec"]["podSets"]} == {
+        "trainer": 1,
+        "gym": 3,
+    }
+
+
+def test_only_what_kueue_sees_counts_as_a_change():
+    base = kueue.workload_manifest(queued_run(), "team-a")["spec"]["podSets"]
+    other = copy.deepcopy(base)
+    other[1]["template"]["spec"]["containers"][0]["env"].append({"name": "X", "value": "1"})
+    assert kueue.pod_sets_shape(other) == kueue.pod_sets_shape(base)
+    other[1]["template"]["spec"]["tolerations"] = [{"key": "spot", "operator": "Exists"}]
+    assert kueue.pod_sets_shape(other) != kueue.pod_sets_shape(base)

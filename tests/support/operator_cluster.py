@@ -63,7 +63,10 @@ def shimmed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
     (shims / "rolloutrun").write_text(SHIM.replace("PYTHON", sys.executable))
     (shims / "rolloutrun").chmod(0o755)
     env = {"PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    yield from local_cluster(tmp_path_factory.mktemp("cluster"), extra_env=env)
+    # image pulls retried after 2 s, not the kubelet's 10 s (test_pull_status_localcluster.py)
+    yield from local_cluster(
+        tmp_path_factory.mktemp("cluster"), extra_env=env, image_backoff=(2.0, 20.0)
+    )
 
 
 def client_with_crd(cluster: LocalCluster) -> Iterator[Any]:

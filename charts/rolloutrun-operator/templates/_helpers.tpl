@@ -86,7 +86,7 @@ names exist (RBAC has no metadata-only read); `create` makes the token Secret. *
 # its job controller (docs/operations.md, "Running under Kueue")
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
-  verbs: [get, list, watch, create]
+  verbs: [get, list, watch, create, update, delete]
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
   verbs: [patch]
