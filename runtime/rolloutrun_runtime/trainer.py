@@ -52,6 +52,9 @@ class TrainerResult:
     final_weights_sha256: str
     resumed_from: str | None
     trained_prompt_ids: list[int]
+    #: The level the run recovered at (``checkpointing.targetLevel``, or sibling where an
+    #: environment server has no checkpoint control plane: see ``trainer_inputs``).
+    recovery_level: str = ""
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -168,8 +171,11 @@ async def run_trainer(
     from rolloutrun_runtime.policy.model import build_model
     from rolloutrun_runtime.policy.tokenizer import TOKENIZER
     from rolloutrun_runtime.storage import open_storage
+    from rolloutrun_runtime.trainer_inputs import settle_inputs
     from rolloutrun_runtime.workers import build_workers
 
+    inputs = await settle_inputs(cfg)  # the prompt set; turn level needs the control plane
+    cfg = inputs.cfg
     torch.set_num_threads(TORCH_THREADS)
     torch.manual_seed(cfg.seed)
     log_dir = Path(cfg.log_dir)
@@ -205,6 +211,7 @@ async def run_trainer(
             environment=environment,
             hooks=hooks,
             gym_token=gym_token,
+            prompt_payload=inputs.prompts.payload if inputs.prompts is not None else None,
         )
         resumed_from = await _restore(controller, trace)
         # Start-up left ~190k long-lived objects (torch, the model, the restore); a full
@@ -258,6 +265,7 @@ def _finished(
         final_weights_sha256=digest,
         resumed_from=resumed_from,
         trained_prompt_ids=controller.trained_prompt_ids,
+        recovery_level=controller.cfg.checkpointing.target_level.value,
     )
 
 

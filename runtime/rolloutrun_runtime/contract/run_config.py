@@ -58,9 +58,17 @@ HEADS_DIVIDE_WIDTH = FieldRule(
 TURN_NEEDS_MULTI_TURN = FieldRule(
     rule=(
         "!has(self.checkpointing) || self.checkpointing.targetLevel != 'turn' || "
-        "(has(self.task) && self.task.name == 'reach_target')"
+        "(has(self.task) && (self.task.name == 'reach_target' || self.task.name == 'external'))"
     ),
-    message=("checkpointing.targetLevel 'turn' needs a multi-turn task (task.name: reach_target)"),
+    message=(
+        "checkpointing.targetLevel 'turn' needs a multi-turn task "
+        "(task.name: reach_target, or external: the user's environment server)"
+    ),
+)
+#: A prompt set feeds the user's environment server; the built-in tasks make their own.
+DATASET_NEEDS_EXTERNAL = FieldRule(
+    rule="!has(self.dataset) || self.name == 'external'",
+    message="task.dataset needs task.name: external (the built-in tasks make their own prompts)",
 )
 
 
@@ -86,6 +94,18 @@ class TaskName(enum.StrEnum):
     """Single turn: answer ``a+b=`` with the sum."""
     REACH_TARGET = "reach_target"
     """Multi turn: move a counter to a target with ``add(k)`` tool calls, one per turn."""
+    EXTERNAL = "external"
+    """The user's own environment server (``spec.gym.image``/``command``), reached through
+    the HTTP contract of docs/environment-contract.md; its prompts come from ``dataset``."""
+
+
+class DatasetFormat(enum.StrEnum):
+    """How a prompt file is read."""
+
+    AUTO = "auto"
+    """From the file name: ``.jsonl``/``.json`` (one JSON object a line) or ``.parquet``."""
+    JSONL = "jsonl"
+    PARQUET = "parquet"
 
 
 class TargetLevel(enum.StrEnum):
@@ -144,8 +164,49 @@ class PolicyConfig(_Model):
         return self
 
 
+#: A prompt file: an absolute path, ``file:///...``, ``gs://bucket/...``, or a key relative
+#: to the run's storage (``data/train.jsonl``).
+DATASET_URI_PATTERN = (
+    r"^(file:///[^\s]+|gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]/[^\s]+|/[^\s]+|[A-Za-z0-9_][^\s:]*)$"
+)
+#: A field name of a prompt record.
+FieldName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\s]+$")]
+
+
+class DatasetConfig(_Model):
+    """A prompt set in a JSONL or Parquet file, and which fields are what.
+
+    Row ``i`` of the file is prompt id ``i``: the epoch permutation, the cursor, the spare
+    pool and the ledger keep ids as with the built-in tasks; ``POST /run`` carries the row's
+    prompt, answer and metadata to the environment server (``RunRequest.prompt``)."""
+
+    uri: str = Field(
+        min_length=1,
+        max_length=2048,
+        pattern=DATASET_URI_PATTERN,
+        description=(
+            "The prompt file: gs://bucket/path, file:///path, /path, or a key relative to "
+            "the run's storage (spec.storage.uri), such as data/train.jsonl."
+        ),
+    )
+    format: DatasetFormat = Field(
+        DatasetFormat.AUTO, description="jsonl, parquet, or auto (from the file name)."
+    )
+    prompt_field: FieldName = Field("prompt", description="The field holding the prompt text.")
+    answer_field: FieldName | None = Field(
+        None, description="The field holding the reference answer (optional; any JSON value)."
+    )
+    metadata_fields: list[FieldName] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Further fields passed to the environment as the prompt's metadata.",
+    )
+
+
 class TaskConfig(_Model):
     """The task the Gym servers run and the dataset of prompts the trainer draws from."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(DATASET_NEEDS_EXTERNAL))
 
     name: TaskName = Field(TaskName.ARITHMETIC, description="Environment task.")
     dataset_size: int = Field(
@@ -169,6 +230,19 @@ class TaskConfig(_Model):
             "be caught in flight by a snapshot or a kill)."
         ),
     )
+    dataset: DatasetConfig | None = Field(
+        None,
+        description=(
+            "Prompts from a JSONL or Parquet file (task.name: external); its row count "
+            "replaces datasetSize."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _dataset_needs_external(self) -> TaskConfig:
+        if self.dataset is not None and self.name is not TaskName.EXTERNAL:
+            raise ValueError(f"{DATASET_NEEDS_EXTERNAL.message}, not {self.name.value!r}")
+        return self
 
 
 class GRPOConfig(_Model):
@@ -435,8 +509,9 @@ class RunSettings(_Model):
 
     @model_validator(mode="after")
     def _turn_needs_multi_turn(self) -> RunSettings:
-        if self.checkpointing.target_level is TargetLevel.TURN and self.task.name is not (
-            TaskName.REACH_TARGET
+        if self.checkpointing.target_level is TargetLevel.TURN and self.task.name not in (
+            TaskName.REACH_TARGET,
+            TaskName.EXTERNAL,
         ):
             raise ValueError(f"{TURN_NEEDS_MULTI_TURN.message}, not {self.task.name.value!r}")
         return self
