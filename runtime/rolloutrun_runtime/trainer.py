@@ -185,6 +185,11 @@ async def run_trainer(
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
     storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
+    if inputs.level_note is not None:
+        level = cfg.checkpointing.target_level.value
+        trace.emit(
+            "recovery_level_lowered", requested="turn", level=level, reason=inputs.level_note
+        )
     observation = Observation(cfg, storage, log_dir, trace.run_id, metrics_token)
     hooks = _TrainerHooks(hooks, MetricsWriter(log_dir), log_dir / SNAPSHOTS_LOG, observation)
     checkpointer = fenced_checkpointer(

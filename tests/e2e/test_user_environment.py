@@ -9,6 +9,7 @@ checkpoint control plane on those servers and says it recovers at sibling level.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -42,3 +43,6 @@ def test_the_example_environment_runs_under_the_operator(start_run, tmp_path):
     trainer_log = (trainer_dir / "logs" / "trainer.log").read_text()
     assert "prompt set " in trainer_log and ": 64 prompts" in trainer_log
     assert "recovers at sibling level" in trainer_log
+    trace = [json.loads(line) for line in (run.log_dir / "rollout_trace.jsonl").open()]
+    lowered = [event for event in trace if event["event"] == "recovery_level_lowered"]
+    assert lowered and all(e["requested"] == "turn" and e["level"] == "sibling" for e in lowered)

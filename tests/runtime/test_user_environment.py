@@ -125,6 +125,9 @@ def test_the_trainer_runs_against_the_example_through_the_contract(
     assert result.recovery_level == "sibling"
     assert any("recovers at sibling level" in r.getMessage() for r in caplog.records)
     assert any(f"prompt set {uri}: 64 prompts" in r.getMessage() for r in caplog.records)
+    trace = [json.loads(line) for line in (tmp_path / "run" / "rollout_trace.jsonl").open()]
+    (lowered,) = [event for event in trace if event["event"] == "recovery_level_lowered"]
+    assert (lowered["requested"], lowered["level"]) == ("turn", "sibling")
     # Prompt ids are rows of the Parquet file (64), not the config's datasetSize (96).
     assert result.trained_prompt_ids and max(result.trained_prompt_ids) < 64
     rewards = [step["reward_mean"] for step in result.history if "reward_mean" in step]
