@@ -77,6 +77,7 @@ def main(args: argparse.Namespace) -> int:
         holding,
         lease_from_environment,
     )
+    from rolloutrun_runtime.prompt_data import PromptDataError
 
     gym_token = take_gym_token()  # first: no child process of the trainer inherits it
     metrics_token = take_metrics_token()  # likewise (it opens /metrics only)
@@ -107,6 +108,9 @@ def main(args: argparse.Namespace) -> int:
     except UnrestorableError as error:  # a restart would refuse the same entries: no loop
         print(f"rolloutrun trainer: {error}", file=sys.stderr)
         return UNRESTORABLE_EXIT_CODE
+    except PromptDataError as error:  # the prompt file: named, without a traceback
+        print(f"rolloutrun trainer: {error}", file=sys.stderr)
+        return 2
 
 
 async def _run_until_signalled(

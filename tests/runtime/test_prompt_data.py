@@ -6,6 +6,7 @@ wire contract's ``PromptPayload``; the dataloader over the set keeps its cursor 
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 from pathlib import Path
@@ -150,3 +151,24 @@ def test_a_dataset_needs_the_external_task() -> None:
     assert parse_run_config(run).task.dataset is not None
     turn = {"task": {"name": "external"}, "checkpointing": {"targetLevel": "turn"}}
     assert parse_run_config(turn).checkpointing.target_level.value == "turn"
+
+
+def test_the_trainer_entry_point_names_a_bad_prompt_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rolloutrun_runtime import trainer
+
+    config = tmp_path / "run.yaml"
+    absent = tmp_path / "absent.jsonl"
+    config.write_text(
+        json.dumps(
+            {
+                "logDir": str(tmp_path / "run"),
+                "task": {"name": "external", "dataset": {"uri": str(absent)}},
+                "gym": {"replicas": 1, "endpoints": ["http://127.0.0.1:9"]},
+                "workers": {"backend": "inprocess"},
+            }
+        )
+    )
+    assert trainer.main(argparse.Namespace(config=str(config), log_dir=None)) == 2
+    assert f"{absent}: cannot read the prompt file" in capsys.readouterr().err

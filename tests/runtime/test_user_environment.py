@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
 from rolloutrun_runtime.trainer import run_trainer
@@ -132,3 +133,28 @@ def test_the_trainer_runs_against_the_example_through_the_contract(
     assert result.trained_prompt_ids and max(result.trained_prompt_ids) < 64
     rewards = [step["reward_mean"] for step in result.history if "reward_mean" in step]
     assert len(rewards) == 2 and all(0.0 <= reward <= 1.0 for reward in rewards)
+
+
+def test_rolloutrun_train_runs_the_users_server_from_spec_gym_command(tmp_path: Path) -> None:
+    """Without a cluster, ``rolloutrun train`` starts ``spec.gym.command`` as the replicas
+    (``$(POD_IP)``/``$(ROLLOUTRUN_GYM_PORT)`` expanded) and waits for their ``/healthz``."""
+    document = yaml.safe_load((EXAMPLE / "times-table.yaml").read_text())
+    document["spec"]["run"]["grpo"]["maxSteps"] = 1
+    document["spec"]["run"]["task"]["dataset"]["uri"] = str(EXAMPLE / "prompts.jsonl")
+    document["spec"]["gym"]["command"][0] = sys.executable
+    path = tmp_path / "times-table.yaml"
+    path.write_text(yaml.safe_dump(document))
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    cli = [sys.executable, "-m", "rolloutrun_runtime.cli", "--log-level", "WARNING", "train"]
+    done = subprocess.run(
+        [*cli, str(path), "--log-dir", str(tmp_path / "run"), "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": pythonpath},
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "done: step 1" in done.stdout
+    for index in range(2):
+        assert "READY http://127.0.0.1:" in (tmp_path / "run" / f"gym-{index}.log").read_text()
