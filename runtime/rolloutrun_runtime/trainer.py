@@ -175,11 +175,10 @@ async def run_trainer(
     from rolloutrun_runtime.policy.model import build_model
     from rolloutrun_runtime.policy.tokenizer import TOKENIZER
     from rolloutrun_runtime.storage import open_storage
-    from rolloutrun_runtime.trainer_inputs import settle_inputs
+    from rolloutrun_runtime.trainer_inputs import with_prompt_set, with_recovery_level
     from rolloutrun_runtime.workers import build_workers
 
-    inputs = await settle_inputs(cfg)  # the prompt set; turn level needs the control plane
-    cfg = inputs.cfg
+    cfg, prompts = with_prompt_set(cfg)  # task.dataset: read once, sizes the dataset
     torch.set_num_threads(TORCH_THREADS)
     torch.manual_seed(cfg.seed)
     log_dir = Path(cfg.log_dir)
@@ -189,11 +188,6 @@ async def run_trainer(
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
     storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
-    if inputs.level_note is not None:
-        level = cfg.checkpointing.target_level.value
-        trace.emit(
-            "recovery_level_lowered", requested="turn", level=level, reason=inputs.level_note
-        )
     observation = Observation(cfg, storage, log_dir, trace.run_id, metrics_token)
     hooks = _TrainerHooks(hooks, MetricsWriter(log_dir), log_dir / SNAPSHOTS_LOG, observation)
     checkpointer = fenced_checkpointer(
@@ -203,6 +197,10 @@ async def run_trainer(
     host, port = generation_address()
     workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port, token=gym_token)
     await workers.start()
+    cfg, level_note = await with_recovery_level(cfg)  # turn needs the control plane
+    if level_note is not None:
+        level = cfg.checkpointing.target_level.value
+        trace.emit("recovery_level_lowered", requested="turn", level=level, reason=level_note)
     environment = await _environment_checkpoint(cfg, gym_token)
     resumed_from = None
     try:
@@ -220,7 +218,7 @@ async def run_trainer(
             environment=environment,
             hooks=hooks,
             gym_token=gym_token,
-            prompt_payload=inputs.prompts.payload if inputs.prompts is not None else None,
+            prompt_payload=prompts.payload if prompts is not None else None,
         )
         resumed_from = await _restore(controller, trace)
         # Start-up left ~190k long-lived objects (torch, the model, the restore); a full

@@ -1,8 +1,9 @@
-"""What the trainer settles before it builds anything: the prompt set and the recovery level.
+"""What the trainer settles from outside its config: the prompt set and the recovery level.
 
 Why apart from ``trainer.py``: both facts come from outside the config (a file in a bucket,
 the environment servers' ``/healthz``), and both change the config the rest of the trainer
-sees, so they are decided once, here, on a copy:
+sees, so they are decided once, here, on a copy (the prompt set first of all, the level
+right before the environment checkpoint is built):
 
 - ``task.dataset``: the prompt file is read once and held (:mod:`rolloutrun_runtime.prompt_data`);
   its row count becomes ``task.datasetSize``, so the dataloader's permutation, its cursor
@@ -13,13 +14,13 @@ sees, so they are decided once, here, on a copy:
   :data:`~rolloutrun_runtime.contract.wire.CHECKPOINT_CONTROL_CAPABILITY` in its
   ``/healthz`` answer (the user's own server may leave it out: it is optional in
   docs/environment-contract.md) makes the run recover at sibling level instead, and the
-  trainer says so (a warning naming the server, and ``recovery_level`` in its result).
+  trainer says so (a warning naming the server, a ``recovery_level_lowered`` trace event,
+  and ``recovery_level`` in its result).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from rolloutrun_runtime.contract.run_config import RunConfig, TargetLevel
 from rolloutrun_runtime.contract.wire import (
@@ -30,15 +31,6 @@ from rolloutrun_runtime.contract.wire import (
 from rolloutrun_runtime.prompt_data import PromptSet, read_prompt_set
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainerInputs:
-    """The config the trainer runs with, its prompt set, and why the level changed (if)."""
-
-    cfg: RunConfig
-    prompts: PromptSet | None
-    level_note: str | None = None
 
 
 def recovery_level(requested: TargetLevel, lacking: list[str]) -> tuple[TargetLevel, str | None]:
@@ -73,18 +65,31 @@ async def lacking_control_plane(urls: list[str]) -> list[str]:
     return lacking
 
 
-async def settle_inputs(cfg: RunConfig) -> TrainerInputs:
-    """Read the prompt set and settle the recovery level (see the module doc)."""
+def with_prompt_set(cfg: RunConfig) -> tuple[RunConfig, PromptSet | None]:
+    """A copy of ``cfg`` sized to its prompt set, and the set (None without ``task.dataset``).
+
+    Read first, before anything is built: a bad file fails the start naming itself."""
+    if cfg.task.dataset is None:
+        return cfg, None
+    prompts = read_prompt_set(cfg.task.dataset, cfg.resolved_storage_uri())
     cfg = cfg.model_copy(deep=True)
-    prompts = None
-    if cfg.task.dataset is not None:
-        prompts = read_prompt_set(cfg.task.dataset, cfg.resolved_storage_uri())
-        cfg.task.dataset_size = len(prompts)
-        logger.info("prompt set %s: %d prompts", prompts.source, len(prompts))
-    note = None
-    if cfg.checkpointing.target_level is TargetLevel.TURN and cfg.gym.endpoints:
-        lacking = await lacking_control_plane(list(cfg.gym.endpoints))
-        cfg.checkpointing.target_level, note = recovery_level(TargetLevel.TURN, lacking)
-        if note is not None:
-            logger.warning(note)
-    return TrainerInputs(cfg=cfg, prompts=prompts, level_note=note)
+    cfg.task.dataset_size = len(prompts)
+    logger.info("prompt set %s: %d prompts", prompts.source, len(prompts))
+    return cfg, prompts
+
+
+async def with_recovery_level(cfg: RunConfig) -> tuple[RunConfig, str | None]:
+    """A copy of ``cfg`` at the level its environment servers allow, and why it changed.
+
+    Asked right before the environment checkpoint is built, when the trainer first needs
+    the servers (as the turn-level instance ids are)."""
+    if cfg.checkpointing.target_level is not TargetLevel.TURN or not cfg.gym.endpoints:
+        return cfg, None
+    lacking = await lacking_control_plane(list(cfg.gym.endpoints))
+    level, note = recovery_level(TargetLevel.TURN, lacking)
+    if note is None:
+        return cfg, None
+    logger.warning(note)
+    cfg = cfg.model_copy(deep=True)
+    cfg.checkpointing.target_level = level
+    return cfg, note

@@ -18,7 +18,11 @@ from rolloutrun_runtime.contract.run_config import TargetLevel, parse_run_config
 from rolloutrun_runtime.environments.gym import GymServer
 from rolloutrun_runtime.environments.gym.control import GymCheckpointControl
 from rolloutrun_runtime.policy.http import serve_app
-from rolloutrun_runtime.trainer_inputs import lacking_control_plane, recovery_level, settle_inputs
+from rolloutrun_runtime.trainer_inputs import (
+    lacking_control_plane,
+    recovery_level,
+    with_recovery_level,
+)
 
 CFG = parse_run_config({"task": {"name": "reach_target"}, "checkpointing": {"targetLevel": "turn"}})
 
@@ -52,18 +56,16 @@ async def test_the_built_in_gym_with_its_control_plane_keeps_turn_level(serve: A
     urls = [await serve("gym-0", True), await serve("gym-1", True)]
     assert await lacking_control_plane(urls) == []
     cfg = CFG.model_copy(update={"gym": CFG.gym.model_copy(update={"endpoints": urls})})
-    settled = await settle_inputs(cfg)
-    assert settled.cfg.checkpointing.target_level is TargetLevel.TURN
-    assert settled.level_note is None and settled.prompts is None
+    settled, note = await with_recovery_level(cfg)
+    assert settled.checkpointing.target_level is TargetLevel.TURN and note is None
 
 
 async def test_a_server_without_the_plane_lowers_the_run_to_sibling(serve: Any) -> None:
     urls = [await serve("gym-0", True), await serve("gym-1", False)]
     cfg = CFG.model_copy(update={"gym": CFG.gym.model_copy(update={"endpoints": urls})})
-    settled = await settle_inputs(cfg)
-    assert settled.cfg.checkpointing.target_level is TargetLevel.SIBLING
-    assert settled.level_note is not None and urls[1] in settled.level_note
-    assert urls[0] not in settled.level_note
+    settled, note = await with_recovery_level(cfg)
+    assert settled.checkpointing.target_level is TargetLevel.SIBLING
+    assert note is not None and urls[1] in note and urls[0] not in note
     assert cfg.checkpointing.target_level is TargetLevel.TURN  # the caller's config is kept
 
 
