@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolloutrun_runtime.contract.run_config import DatasetConfig, DatasetFormat
+from rolloutrun_runtime.contract.prompt_set import DatasetConfig, DatasetFormat
 from rolloutrun_runtime.storage import StorageError, open_storage
 
 #: The most rows a prompt set may hold (``task.datasetSize``'s bound).

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import JsonDict
 
 from rolloutrun_operator.api.common import (
@@ -32,6 +32,7 @@ from rolloutrun_operator.api.common import (
     Toleration,
     _Model,
 )
+from rolloutrun_operator.api.gym_server import ARGS_NEED_COMMAND, UserServerSettings
 from rolloutrun_operator.api.pod_template import RESERVED_OBJECT, PodTemplate, reserved_schema
 from rolloutrun_operator.api.rules import (
     RESERVED_ENV_RULE,
@@ -39,7 +40,7 @@ from rolloutrun_operator.api.rules import (
     grace_below_termination,
 )
 from rolloutrun_operator.kube_names import LABEL_VALUE, LABEL_VALUE_MAX
-from rolloutrun_runtime.contract.field_rules import FieldRule, cel_rules
+from rolloutrun_runtime.contract.field_rules import cel_rules
 from rolloutrun_runtime.contract.pod import (
     API_GROUP,
     DEFAULT_GENERATION_PORT,
@@ -112,14 +113,7 @@ class PodSettings(_Model):
         return env
 
 
-#: A user's server is started by ``command``; ``args`` alone would go to the built-in Gym.
-ARGS_NEED_COMMAND = FieldRule(
-    rule="!has(self.args) || size(self.args) == 0 || has(self.command)",
-    message="gym.args needs gym.command (the built-in Gym takes no args)",
-)
-
-
-class GymPodSettings(PodSettings):
+class GymPodSettings(PodSettings, UserServerSettings):
     """Gym environment server pods: the built-in Gym, or the user's own server
     (``image``/``command``/``args``; docs/environment-contract.md)."""
 
@@ -129,36 +123,6 @@ class GymPodSettings(PodSettings):
     port: int = Field(
         DEFAULT_GYM_PORT, ge=1024, le=65_535, description="Port the Gym servers listen on."
     )
-    image: str | None = Field(
-        None,
-        min_length=1,
-        max_length=512,
-        description=(
-            "Image of the user's own environment server (default: images.gym); see "
-            "docs/environment-contract.md."
-        ),
-    )
-    command: list[Annotated[str, StringConstraints(max_length=4096)]] | None = Field(
-        None,
-        min_length=1,
-        max_length=64,
-        description=(
-            "Run the user's own environment server instead of the built-in Gym: it serves "
-            "docs/environment-contract.md on $(POD_IP):$(ROLLOUTRUN_GYM_PORT); $(VAR) "
-            "expands as in Kubernetes."
-        ),
-    )
-    args: list[Annotated[str, StringConstraints(max_length=4096)]] = Field(
-        default_factory=list,
-        max_length=256,
-        description="Arguments of command (with command only).",
-    )
-
-    @model_validator(mode="after")
-    def _args_need_command(self) -> GymPodSettings:
-        if self.args and self.command is None:
-            raise ValueError(ARGS_NEED_COMMAND.message)
-        return self
 
 
 class TrainerPodSettings(PodSettings):

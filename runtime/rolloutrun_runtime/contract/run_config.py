@@ -24,11 +24,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
+from rolloutrun_runtime.contract.config_base import ConfigSection as _Model
 from rolloutrun_runtime.contract.field_rules import FieldRule, cel_rules
 from rolloutrun_runtime.contract.layout import DEFAULT_STORAGE_DIR
+from rolloutrun_runtime.contract.prompt_set import DatasetConfig as DatasetConfig
+from rolloutrun_runtime.contract.prompt_set import DatasetFormat as DatasetFormat
 
 #: Storage URIs the runtime can write checkpoints to (see ``rolloutrun_runtime.storage``).
 STORAGE_URI_PATTERN = (
@@ -72,21 +74,6 @@ DATASET_NEEDS_EXTERNAL = FieldRule(
 )
 
 
-class _Model(BaseModel):
-    """Base for every config section: camelCase aliases, unknown fields rejected, no NaN or
-    infinity in a float (YAML's ``.nan`` would otherwise be refused only by a bound's
-    comparison, with a message about the bound instead of the value)."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        validate_default=True,
-        frozen=False,
-        allow_inf_nan=False,
-    )
-
-
 class TaskName(enum.StrEnum):
     """The environment tasks the Gym servers implement."""
 
@@ -97,15 +84,6 @@ class TaskName(enum.StrEnum):
     EXTERNAL = "external"
     """The user's own environment server (``spec.gym.image``/``command``), reached through
     the HTTP contract of docs/environment-contract.md; its prompts come from ``dataset``."""
-
-
-class DatasetFormat(enum.StrEnum):
-    """How a prompt file is read."""
-
-    AUTO = "auto"
-    """From the file name: ``.jsonl``/``.json`` (one JSON object a line) or ``.parquet``."""
-    JSONL = "jsonl"
-    PARQUET = "parquet"
 
 
 class TargetLevel(enum.StrEnum):
@@ -162,45 +140,6 @@ class PolicyConfig(_Model):
                 f"{HEADS_DIVIDE_WIDTH.message} (dModel {self.d_model}, nHeads {self.n_heads})"
             )
         return self
-
-
-#: A prompt file: an absolute path, ``file:///...``, ``gs://bucket/...``, or a key relative
-#: to the run's storage (``data/train.jsonl``).
-DATASET_URI_PATTERN = (
-    r"^(file:///[^\s]+|gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]/[^\s]+|/[^\s]+|[A-Za-z0-9_][^\s:]*)$"
-)
-#: A field name of a prompt record.
-FieldName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\s]+$")]
-
-
-class DatasetConfig(_Model):
-    """A prompt set in a JSONL or Parquet file, and which fields are what.
-
-    Row ``i`` of the file is prompt id ``i``: the epoch permutation, the cursor, the spare
-    pool and the ledger keep ids as with the built-in tasks; ``POST /run`` carries the row's
-    prompt, answer and metadata to the environment server (``RunRequest.prompt``)."""
-
-    uri: str = Field(
-        min_length=1,
-        max_length=2048,
-        pattern=DATASET_URI_PATTERN,
-        description=(
-            "The prompt file: gs://bucket/path, file:///path, /path, or a key relative to "
-            "the run's storage (spec.storage.uri), such as data/train.jsonl."
-        ),
-    )
-    format: DatasetFormat = Field(
-        DatasetFormat.AUTO, description="jsonl, parquet, or auto (from the file name)."
-    )
-    prompt_field: FieldName = Field("prompt", description="The field holding the prompt text.")
-    answer_field: FieldName | None = Field(
-        None, description="The field holding the reference answer (optional; any JSON value)."
-    )
-    metadata_fields: list[FieldName] = Field(
-        default_factory=list,
-        max_length=64,
-        description="Further fields passed to the environment as the prompt's metadata.",
-    )
 
 
 class TaskConfig(_Model):
