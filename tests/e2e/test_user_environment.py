@@ -22,7 +22,7 @@ from tests.e2e.conftest import finish, run_starts, wait_for_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "envs" / "times_table"
-MAX_STEPS = 8
+MAX_STEPS = 6
 
 
 def test_the_example_environment_runs_under_the_operator(start_run, tmp_path):

@@ -30,6 +30,7 @@ import hmac
 import json
 import os
 import re
+import signal
 import socket
 import sys
 from typing import Any
@@ -273,13 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         runner = web.AppRunner(server.app())
         await runner.setup()
         await web.SockSite(runner, sock).start()
+        stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):  # pod deletion: stop cleanly
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
         print(f"READY http://{host}:{port}", flush=True)
-        await asyncio.Event().wait()
+        await stop.wait()
+        await runner.cleanup()
 
-    try:
-        asyncio.run(serve())
-    except KeyboardInterrupt:
-        pass
+    asyncio.run(serve())
     return 0
 
 
