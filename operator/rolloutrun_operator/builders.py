@@ -25,6 +25,7 @@ from rolloutrun_operator import naming, pod_templates
 from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, VERSION, PodSettings, RolloutRun
 from rolloutrun_runtime.contract.layout import AUDIT_FILE_SUFFIX, GYM_AUDIT_PREFIX
 from rolloutrun_runtime.contract.pod import (
+    ENV_GYM_PORT,
     ENV_METRICS_PORT,
     ENV_METRICS_TOKEN,
     METRICS_TOKEN_KEY,
@@ -531,6 +532,10 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
     audit_uri = gym_audit_uri(run)
     if audit_uri is not None:
         container["command"] += ["--audit-uri", audit_uri]
+    if run.spec.gym.command is not None:  # the user's own server (environment-contract.md)
+        container["command"] = list(run.spec.gym.command)
+        if run.spec.gym.args:
+            container["args"] = list(run.spec.gym.args)
     pod = _pod(
         run,
         naming.gym_pod_name(name, incarnation, index),
@@ -541,9 +546,11 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
         naming.GYM_CONFIG_KEY,
         {naming.LABEL_GYM_INDEX: str(index)},
     )
-    pod["spec"]["containers"][0]["env"].insert(
-        0, {"name": naming.ENV_GYM_INSTANCE_ID, "value": instance}
-    )
+    gym = pod["spec"]["containers"][0]
+    gym["env"].insert(0, {"name": naming.ENV_GYM_INSTANCE_ID, "value": instance})
+    gym["env"].insert(1, {"name": ENV_GYM_PORT, "value": str(port)})
+    if run.spec.gym.image is not None:
+        gym["image"] = run.spec.gym.image
     return shape(pod, run.spec.gym, "spec.gym")
 
 

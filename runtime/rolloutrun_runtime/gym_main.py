@@ -82,6 +82,13 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"rolloutrun gym: {error}", file=sys.stderr)
         return 2
+    if cfg.task.name == "external":
+        print(
+            "rolloutrun gym: task.name external is served by the user's own environment server "
+            "(spec.gym.command; docs/environment-contract.md), not the built-in Gym",
+            file=sys.stderr,
+        )
+        return 2
 
     instance_id = args.instance_id or default_instance_id(args.port)
     audit = Path(args.audit_file) if args.audit_file else None

@@ -5,6 +5,12 @@ the same processes are started here instead: ``gym.replicas`` Gym servers as chi
 processes (each in its own process group, so a Ctrl-C or a crash of the trainer never leaves
 one behind), then the trainer in this process with ``gym.endpoints`` filled in. One progress
 line per train step goes to the terminal; every step is also in ``DIR/metrics.jsonl``.
+
+A RolloutRun whose ``spec.gym.command`` names the user's own environment server
+(docs/environment-contract.md) gets that command as its replicas instead, with the
+variables a Gym pod gives it (``POD_IP`` 127.0.0.1, ``ROLLOUTRUN_GYM_PORT`` a free port,
+the instance id and the token; ``$(VAR)`` expanded as the kubelet does); it is ready when
+its ``/healthz`` answers.
 """
 
 from __future__ import annotations
@@ -12,16 +18,25 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
+from rolloutrun_runtime.contract.pod import (
+    ENV_GYM_INSTANCE_ID,
+    ENV_GYM_PORT,
+    ENV_GYM_TOKEN,
+    ENV_POD_IP,
+)
+from rolloutrun_runtime.contract.wire import HEALTHZ_ROUTE
 
 #: Seconds a Gym replica may take to print its READY line.
 GYM_START_TIMEOUT_S = 120.0
@@ -100,6 +115,70 @@ def start_gym(
     )
 
 
+def user_server_command(config_file: Path) -> list[str] | None:
+    """``spec.gym.command`` + ``args`` of a RolloutRun file; None: the built-in Gym."""
+    import yaml
+
+    document = yaml.safe_load(config_file.read_text())
+    if not isinstance(document, dict) or document.get("kind") != "RolloutRun":
+        return None
+    gym = (document.get("spec") or {}).get("gym") or {}
+    if not isinstance(gym, dict) or not gym.get("command"):
+        return None
+    return [str(part) for part in [*gym["command"], *(gym.get("args") or [])]]
+
+
+def expand(part: str, env: dict[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion: defined names expand, ``$$`` escapes, others stay."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        part,
+    )
+
+
+def start_user_gym(
+    command: list[str], log_dir: Path, index: int, gym_token: str | None
+) -> GymProcess:
+    """Start one replica of the user's server on a free loopback port; wait for /healthz."""
+    instance_id = f"gym-{index}"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        ENV_POD_IP: "127.0.0.1",
+        ENV_GYM_PORT: str(port),
+        ENV_GYM_INSTANCE_ID: instance_id,
+    }
+    if gym_token is not None:
+        env[ENV_GYM_TOKEN] = gym_token
+    log = (log_dir / f"{instance_id}.log").open("a")
+    argv = [expand(part, env) for part in command]
+    try:
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=log, text=True, start_new_session=True, env=env
+        )
+    except OSError as error:
+        log.close()
+        raise LaunchError(f"Gym replica {instance_id}: cannot run {argv[0]!r}: {error}") from error
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + GYM_START_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(url + HEALTHZ_ROUTE, timeout=2) as answer:
+                if answer.status == 200:
+                    return GymProcess(instance_id, process, url, log)
+        except OSError:
+            time.sleep(0.2)
+    stop_process(process)
+    log.close()
+    raise LaunchError(
+        f"Gym replica {instance_id} ({' '.join(argv)}) did not answer {url}{HEALTHZ_ROUTE} "
+        f"(exit {process.returncode}); see {log_dir / (instance_id + '.log')}"
+    )
+
+
 def route_logs(log_dir: Path, verbose: bool) -> logging.Handler:
     """Log records go to ``DIR/trainer.log``; the terminal shows WARNING and up unless verbose.
 
@@ -137,6 +216,7 @@ def main(args: argparse.Namespace) -> int:
     from rolloutrun_runtime.algorithms.single_controller.hooks import OnStep
     from rolloutrun_runtime.contract.run_config import ConfigError, load_run_config
     from rolloutrun_runtime.metrics import format_progress
+    from rolloutrun_runtime.prompt_data import PromptDataError
     from rolloutrun_runtime.storage import StorageError
     from rolloutrun_runtime.trainer import run_trainer
 
@@ -157,9 +237,13 @@ def main(args: argparse.Namespace) -> int:
     # argument): never in this process's environment, which every child would inherit.
     os.environ.pop(ENV_GYM_TOKEN, None)
     gym_token = secrets.token_hex(16)
+    user_command = user_server_command(config_file)
     try:
         for index in range(cfg.gym.replicas):
-            gyms.append(start_gym(config_file, log_dir, index, gym_token))
+            if user_command is not None:  # the user's own environment server
+                gyms.append(start_user_gym(user_command, log_dir, index, gym_token))
+            else:
+                gyms.append(start_gym(config_file, log_dir, index, gym_token))
         gym = cfg.gym.model_copy(update={"endpoints": [g.url for g in gyms]})
         cfg = cfg.model_copy(update={"gym": gym})
         print(
@@ -176,7 +260,7 @@ def main(args: argparse.Namespace) -> int:
     except LaunchError as error:
         print(f"rolloutrun train: {error}", file=sys.stderr)
         return 1
-    except (RuntimeError, StorageError) as error:
+    except (RuntimeError, StorageError, PromptDataError) as error:
         # Controller, ledger, checkpoint and storage errors name their problem; the
         # traceback is in the log at DEBUG.
         logging.getLogger(__name__).debug("run failed", exc_info=error)

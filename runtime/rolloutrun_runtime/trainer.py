@@ -52,6 +52,9 @@ class TrainerResult:
     final_weights_sha256: str
     resumed_from: str | None
     trained_prompt_ids: list[int]
+    #: The level the run recovered at (``checkpointing.targetLevel``, or sibling where an
+    #: environment server has no checkpoint control plane: see ``trainer_inputs``).
+    recovery_level: str = ""
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +77,7 @@ def main(args: argparse.Namespace) -> int:
         holding,
         lease_from_environment,
     )
+    from rolloutrun_runtime.prompt_data import PromptDataError
 
     gym_token = take_gym_token()  # first: no child process of the trainer inherits it
     metrics_token = take_metrics_token()  # likewise (it opens /metrics only)
@@ -104,6 +108,9 @@ def main(args: argparse.Namespace) -> int:
     except UnrestorableError as error:  # a restart would refuse the same entries: no loop
         print(f"rolloutrun trainer: {error}", file=sys.stderr)
         return UNRESTORABLE_EXIT_CODE
+    except PromptDataError as error:  # the prompt file: named, without a traceback
+        print(f"rolloutrun trainer: {error}", file=sys.stderr)
+        return 2
 
 
 async def _run_until_signalled(
@@ -168,8 +175,10 @@ async def run_trainer(
     from rolloutrun_runtime.policy.model import build_model
     from rolloutrun_runtime.policy.tokenizer import TOKENIZER
     from rolloutrun_runtime.storage import open_storage
+    from rolloutrun_runtime.trainer_inputs import with_prompt_set, with_recovery_level
     from rolloutrun_runtime.workers import build_workers
 
+    cfg, prompts = with_prompt_set(cfg)  # task.dataset: read once, sizes the dataset
     torch.set_num_threads(TORCH_THREADS)
     torch.manual_seed(cfg.seed)
     log_dir = Path(cfg.log_dir)
@@ -188,6 +197,10 @@ async def run_trainer(
     host, port = generation_address()
     workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port, token=gym_token)
     await workers.start()
+    cfg, level_note = await with_recovery_level(cfg)  # turn needs the control plane
+    if level_note is not None:
+        level = cfg.checkpointing.target_level.value
+        trace.emit("recovery_level_lowered", requested="turn", level=level, reason=level_note)
     environment = await _environment_checkpoint(cfg, gym_token)
     resumed_from = None
     try:
@@ -205,6 +218,7 @@ async def run_trainer(
             environment=environment,
             hooks=hooks,
             gym_token=gym_token,
+            prompt_payload=prompts.payload if prompts is not None else None,
         )
         resumed_from = await _restore(controller, trace)
         # Start-up left ~190k long-lived objects (torch, the model, the restore); a full
@@ -258,6 +272,7 @@ def _finished(
         final_weights_sha256=digest,
         resumed_from=resumed_from,
         trained_prompt_ids=controller.trained_prompt_ids,
+        recovery_level=controller.cfg.checkpointing.target_level.value,
     )
 
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from rolloutrun_operator import builders, naming, network_policies
-from rolloutrun_runtime.contract.pod import ENV_METRICS_TOKEN, METRICS_TOKEN_KEY
+from rolloutrun_runtime.contract.pod import ENV_GYM_PORT, ENV_METRICS_TOKEN, METRICS_TOKEN_KEY
 from rolloutrun_runtime.contract.run_config import RunConfig
 from tests.support.rolloutruns import make_run
 
@@ -313,3 +313,29 @@ def test_gym_pods_without_a_credentials_secret_get_no_gcs_volume():
 def test_referenced_secrets_are_listed_once():
     assert builders.referenced_secrets(make_run(**GCS)) == ["gcs-key", "s"]
     assert builders.referenced_secrets(make_run()) == []
+
+
+USER_GYM = {
+    "image": "registry.example/times-table:1",
+    "command": ["python", "/env/server.py"],
+    "args": ["--host", "$(POD_IP)", "--port", "$(ROLLOUTRUN_GYM_PORT)"],
+}
+
+
+def test_a_users_environment_server_runs_its_own_image_and_command():
+    run = make_run(gym=USER_GYM)
+    pod = builders.gym_pod(run, 2, 1)
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == USER_GYM["image"]
+    assert container["command"] == USER_GYM["command"]
+    assert container["args"] == USER_GYM["args"]
+    env = env_of(pod)
+    assert env[ENV_GYM_PORT]["value"] == str(run.spec.gym.port)
+    assert env[naming.ENV_GYM_INSTANCE_ID]["value"] == naming.gym_instance_id("demo", 1)
+    # The contract's token and the rendered config reach it as they reach the built-in Gym.
+    assert naming.ENV_GYM_TOKEN in env
+    # The built-in Gym keeps its command and the run's image.
+    builtin = builders.gym_pod(make_run(), 2, 1)["spec"]["containers"][0]
+    assert builtin["command"][:2] == ["rolloutrun", "gym"] and "args" not in builtin
+    assert builtin["image"] == run.spec.images.gym

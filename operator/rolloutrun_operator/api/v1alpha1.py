@@ -32,6 +32,7 @@ from rolloutrun_operator.api.common import (
     Toleration,
     _Model,
 )
+from rolloutrun_operator.api.gym_server import ARGS_NEED_COMMAND, UserServerSettings
 from rolloutrun_operator.api.pod_template import RESERVED_OBJECT, PodTemplate, reserved_schema
 from rolloutrun_operator.api.rules import (
     RESERVED_ENV_RULE,
@@ -112,8 +113,11 @@ class PodSettings(_Model):
         return env
 
 
-class GymPodSettings(PodSettings):
-    """Gym environment server pods."""
+class GymPodSettings(PodSettings, UserServerSettings):
+    """Gym environment server pods: the built-in Gym, or the user's own server
+    (``image``/``command``/``args``; docs/environment-contract.md)."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(RESERVED_ENV_RULE, ARGS_NEED_COMMAND))
 
     replicas: int = Field(2, ge=1, le=1024, description="Gym server replicas.")
     port: int = Field(

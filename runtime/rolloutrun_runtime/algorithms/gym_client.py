@@ -235,21 +235,27 @@ def segments_to_row(result: Mapping[str, Any], max_seq_len: int) -> dict[str, An
 
 
 def run_request_body(
-    episode: EnvironmentEpisode, prompt_id: int, policy_url: str, sampling: Mapping[str, Any]
+    episode: EnvironmentEpisode,
+    prompt_id: int,
+    policy_url: str,
+    sampling: Mapping[str, Any],
+    prompt: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /run`` (a :class:`RunRequest`; only the fields given are sent).
 
+    ``prompt`` is the prompt set's row (``task.dataset``), sent only when given.
     A body the Gym would refuse fails here as the same failed sample (``GymCallError``).
     """
+    body: dict[str, Any] = {
+        "episode_id": {"rollout_id": episode.rollout_id, "attempt": episode.attempt},
+        "prompt_id": prompt_id,
+        "policy_url": policy_url,
+        "sampling": dict(sampling),
+    }
+    if prompt is not None:
+        body["prompt"] = dict(prompt)
     try:
-        request = RunRequest.model_validate(
-            {
-                "episode_id": {"rollout_id": episode.rollout_id, "attempt": episode.attempt},
-                "prompt_id": prompt_id,
-                "policy_url": policy_url,
-                "sampling": dict(sampling),
-            }
-        )
+        request = RunRequest.model_validate(body)
     except ValidationError as error:
         raise GymCallError(f"invalid /run request: {error}") from error
     return request.model_dump(mode="json", exclude_unset=True)
@@ -267,9 +273,13 @@ class GymClient:
         overhead: OverheadClock,
         unreachable_budget_s: float = 120.0,
         token: str | None = None,
+        prompt_payload: Callable[[int], Mapping[str, Any]] | None = None,
     ) -> None:
-        """``token``: the run's bearer token (default: ``ENV_GYM_TOKEN``; required)."""
+        """``token``: the run's bearer token (default: ``ENV_GYM_TOKEN``; required);
+        ``prompt_payload``: a prompt id's row of the run's prompt set (``task.dataset``),
+        carried by every ``/run``."""
         self.token = data_plane_token(token, "the trainer's Gym client")
+        self.prompt_payload = prompt_payload
         if not endpoints:
             raise GymUnavailableError("no Gym endpoints: set gym.endpoints or start Gym replicas")
         self.replicas = [GymReplica(url.rstrip("/"), f"gym-{i}") for i, url in enumerate(endpoints)]
@@ -341,7 +351,8 @@ class GymClient:
         """``POST /run`` and convert the result into a training row (``GymCallError`` if not)."""
         if self._session is None:
             raise GymUnavailableError("the Gym client is not open")
-        body = run_request_body(episode, prompt_id, policy_url, sampling)
+        prompt = None if self.prompt_payload is None else self.prompt_payload(prompt_id)
+        body = run_request_body(episode, prompt_id, policy_url, sampling, prompt)
         await self._announce(replica, policy_url)
         status, raw = await self._post(replica, GYM_RUN_ROUTE, body)
         if is_not_announced(status, raw):  # a restarted replica forgot the announcement

@@ -63,6 +63,9 @@ ENV_GYM_TOKEN = "ROLLOUTRUN_GYM_CONTROL_TOKEN"
 """The Gym control-plane bearer token (from the run's Secret, in trainer and Gym pods)."""
 ENV_GENERATION_PORT = "ROLLOUTRUN_GENERATION_PORT"
 ENV_GYM_INSTANCE_ID = "ROLLOUTRUN_GYM_INSTANCE_ID"
+ENV_GYM_PORT = "ROLLOUTRUN_GYM_PORT"
+"""The port a Gym pod's server listens on (``spec.gym.port``), on ``$POD_IP``: what a
+user's environment server (``spec.gym.command``) binds (docs/environment-contract.md)."""
 ENV_METRICS_PORT = "ROLLOUTRUN_METRICS_PORT"
 """The trainer's Prometheus ``/metrics`` port (unset: no metrics server)."""
 ENV_METRICS_TOKEN = "ROLLOUTRUN_METRICS_TOKEN"
@@ -84,6 +87,7 @@ RESERVED_ENV = frozenset(
         ENV_GYM_TOKEN,
         ENV_GENERATION_PORT,
         ENV_GYM_INSTANCE_ID,
+        ENV_GYM_PORT,
         ENV_METRICS_PORT,
         ENV_METRICS_TOKEN,
         ENV_POD_NAME,

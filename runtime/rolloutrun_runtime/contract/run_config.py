@@ -24,11 +24,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
+from rolloutrun_runtime.contract.config_base import ConfigSection as _Model
 from rolloutrun_runtime.contract.field_rules import FieldRule, cel_rules
 from rolloutrun_runtime.contract.layout import DEFAULT_STORAGE_DIR
+from rolloutrun_runtime.contract.prompt_set import DatasetConfig as DatasetConfig
+from rolloutrun_runtime.contract.prompt_set import DatasetFormat as DatasetFormat
 
 #: Storage URIs the runtime can write checkpoints to (see ``rolloutrun_runtime.storage``).
 STORAGE_URI_PATTERN = (
@@ -58,25 +60,18 @@ HEADS_DIVIDE_WIDTH = FieldRule(
 TURN_NEEDS_MULTI_TURN = FieldRule(
     rule=(
         "!has(self.checkpointing) || self.checkpointing.targetLevel != 'turn' || "
-        "(has(self.task) && self.task.name == 'reach_target')"
+        "(has(self.task) && (self.task.name == 'reach_target' || self.task.name == 'external'))"
     ),
-    message=("checkpointing.targetLevel 'turn' needs a multi-turn task (task.name: reach_target)"),
+    message=(
+        "checkpointing.targetLevel 'turn' needs a multi-turn task "
+        "(task.name: reach_target, or external: the user's environment server)"
+    ),
 )
-
-
-class _Model(BaseModel):
-    """Base for every config section: camelCase aliases, unknown fields rejected, no NaN or
-    infinity in a float (YAML's ``.nan`` would otherwise be refused only by a bound's
-    comparison, with a message about the bound instead of the value)."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        validate_default=True,
-        frozen=False,
-        allow_inf_nan=False,
-    )
+#: A prompt set feeds the user's environment server; the built-in tasks make their own.
+DATASET_NEEDS_EXTERNAL = FieldRule(
+    rule="!has(self.dataset) || self.name == 'external'",
+    message="task.dataset needs task.name: external (the built-in tasks make their own prompts)",
+)
 
 
 class TaskName(enum.StrEnum):
@@ -86,6 +81,9 @@ class TaskName(enum.StrEnum):
     """Single turn: answer ``a+b=`` with the sum."""
     REACH_TARGET = "reach_target"
     """Multi turn: move a counter to a target with ``add(k)`` tool calls, one per turn."""
+    EXTERNAL = "external"
+    """The user's own environment server (``spec.gym.image``/``command``), reached through
+    the HTTP contract of docs/environment-contract.md; its prompts come from ``dataset``."""
 
 
 class TargetLevel(enum.StrEnum):
@@ -147,6 +145,8 @@ class PolicyConfig(_Model):
 class TaskConfig(_Model):
     """The task the Gym servers run and the dataset of prompts the trainer draws from."""
 
+    model_config = ConfigDict(json_schema_extra=cel_rules(DATASET_NEEDS_EXTERNAL))
+
     name: TaskName = Field(TaskName.ARITHMETIC, description="Environment task.")
     dataset_size: int = Field(
         512, ge=1, le=10_000_000, description="Number of prompts in one epoch of the dataset."
@@ -169,6 +169,19 @@ class TaskConfig(_Model):
             "be caught in flight by a snapshot or a kill)."
         ),
     )
+    dataset: DatasetConfig | None = Field(
+        None,
+        description=(
+            "Prompts from a JSONL or Parquet file (task.name: external); its row count "
+            "replaces datasetSize."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _dataset_needs_external(self) -> TaskConfig:
+        if self.dataset is not None and self.name is not TaskName.EXTERNAL:
+            raise ValueError(f"{DATASET_NEEDS_EXTERNAL.message}, not {self.name.value!r}")
+        return self
 
 
 class GRPOConfig(_Model):
@@ -435,8 +448,9 @@ class RunSettings(_Model):
 
     @model_validator(mode="after")
     def _turn_needs_multi_turn(self) -> RunSettings:
-        if self.checkpointing.target_level is TargetLevel.TURN and self.task.name is not (
-            TaskName.REACH_TARGET
+        if self.checkpointing.target_level is TargetLevel.TURN and self.task.name not in (
+            TaskName.REACH_TARGET,
+            TaskName.EXTERNAL,
         ):
             raise ValueError(f"{TURN_NEEDS_MULTI_TURN.message}, not {self.task.name.value!r}")
         return self

@@ -127,6 +127,21 @@ PolicyUrl = Annotated[str, Field(min_length=8, max_length=2048, pattern=r"^https
 MAX_ANNOUNCED_POLICIES = 64
 
 
+#: Longest prompt text a ``/run`` carries, in characters.
+MAX_PROMPT_CHARS = 1_000_000
+
+
+class PromptPayload(_Request):
+    """A prompt-set row as ``/run`` carries it (``task.dataset``; see
+    docs/environment-contract.md): the prompt text, the reference answer and the metadata
+    fields the run's field mapping names. Sent with every attempt, so an environment server
+    keeps no copy of the data."""
+
+    text: str = Field(max_length=MAX_PROMPT_CHARS)
+    answer: Any = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
 class RunRequest(_Request):
     """The JSON body of ``POST /run``."""
 
@@ -135,6 +150,9 @@ class RunRequest(_Request):
     policy_url: PolicyUrl
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     task: str | None = Field(None, max_length=64, description="If given, must be this server's.")
+    #: The row of the run's prompt set (``task.dataset``); None with the built-in tasks,
+    #: which rebuild their problem from ``prompt_id``.
+    prompt: PromptPayload | None = None
 
 
 class PolicyAnnouncement(_Request):
@@ -179,6 +197,11 @@ class EpisodesAnswer(_Answer):
     episodes: list[dict[str, Any]]
 
 
+#: The capability a Gym names in ``GymHealth.capabilities`` when it serves the checkpoint
+#: control plane (:data:`CONTROL_ROUTES`); without it the trainer recovers at sibling level.
+CHECKPOINT_CONTROL_CAPABILITY = "checkpoint_control"
+
+
 class GymHealth(_Answer):
     """The answer of a Gym's ``GET /healthz`` (its ``instance_id`` is its stable id)."""
 
@@ -187,6 +210,8 @@ class GymHealth(_Answer):
     task: str
     live_episodes: int
     episodes_by_phase: dict[str, int]
+    #: Optional features served (:data:`CHECKPOINT_CONTROL_CAPABILITY`); none when absent.
+    capabilities: list[str] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------- Gym: checkpoint control plane

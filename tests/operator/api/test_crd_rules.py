@@ -21,6 +21,7 @@ from rolloutrun_localcluster import cel
 from rolloutrun_localcluster.schema import apply_defaults
 from rolloutrun_operator.api import crdgen
 from rolloutrun_operator.api.v1alpha1 import (
+    ARGS_NEED_COMMAND,
     GRACE_BELOW_TERMINATION,
     RESERVED_ENV_RULE,
     STORAGE_NEEDS_CLAIM,
@@ -30,6 +31,7 @@ from rolloutrun_operator.builders import render_run_config
 from rolloutrun_operator.conditions import Desired
 from rolloutrun_runtime.contract.field_rules import FieldRule
 from rolloutrun_runtime.contract.run_config import (
+    DATASET_NEEDS_EXTERNAL,
     HEADS_DIVIDE_WIDTH,
     OPERATOR_OWNED_FIELDS,
     TURN_NEEDS_MULTI_TURN,
@@ -44,6 +46,8 @@ RULES = (
     STORAGE_NEEDS_CLAIM,
     GRACE_BELOW_TERMINATION,
     RESERVED_ENV_RULE,
+    DATASET_NEEDS_EXTERNAL,
+    ARGS_NEED_COMMAND,
 )
 needs_cel = pytest.mark.skipif(not cel.available(), reason="cel-python (test extra) missing")
 
@@ -101,6 +105,12 @@ BAD_SPECS: list[tuple[FieldRule, dict[str, Any], str]] = [
         {"gym": {"env": [{"name": "ROLLOUTRUN_INCARNATION", "value": "9"}]}},
         "spec.gym.env",
     ),
+    (
+        DATASET_NEEDS_EXTERNAL,
+        {"run": {"task": {"name": "arithmetic", "dataset": {"uri": "data/p.jsonl"}}}},
+        "spec.run.task",
+    ),
+    (ARGS_NEED_COMMAND, {"gym": {"args": ["--port", "8000"]}}, "spec.gym"),
 ]
 
 

@@ -18,7 +18,9 @@ from rolloutrun_operator.api.validation import (
 from rolloutrun_runtime.contract.run_config import ConfigError, load_run_config
 
 ROOT = Path(__file__).resolve().parents[3]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml")) + sorted(
+    (ROOT / "examples").glob("envs/*/*.yaml")  # with their own environment servers
+)
 
 
 def test_there_are_examples_for_both_task_shapes():

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 #: Every event the runtime writes, with the fields it carries (besides t, run_id, event).
 EVENTS: dict[str, tuple[str, ...]] = {
     "run_started": ("incarnation", "resumed_from", "snapshot_id", "cut_time"),
+    # An environment server without the checkpoint control plane: turn became sibling.
+    "recovery_level_lowered": ("requested", "level", "reason"),
     "restore_refused": ("entry", "reason"),
     # The environment refused a turn-level restore: one episode (it restarts from turn 0),
     # or the whole restore (rollout_id and instance_id None: every episode restarts).

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -86,6 +87,7 @@ class SingleController:
         environment: EnvironmentCheckpoint | None = None,
         hooks: RunHooks | None = None,
         gym_token: str | None = None,
+        prompt_payload: Callable[[int], Mapping[str, Any]] | None = None,
     ) -> None:
         if cfg.rollout.replay_capacity < cfg.grpo.prompts_per_step:
             raise ControllerError(
@@ -106,6 +108,7 @@ class SingleController:
             overhead=self.overhead,
             unreachable_budget_s=cfg.rollout.gym_unreachable_seconds,
             token=gym_token,
+            prompt_payload=prompt_payload,
         )
         self.state = RunState(cfg, model, optimizer)
         self.rollout_snapshots = RolloutSnapshotter(

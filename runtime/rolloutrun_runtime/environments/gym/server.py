@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.contract.wire import (
+    CHECKPOINT_CONTROL_CAPABILITY,
     GYM_EPISODES_ROUTE,
     GYM_POLICY_ROUTE,
     GYM_RUN_ROUTE,
@@ -184,6 +185,8 @@ class GymServer:
             task=self.cfg.task.name.value,
             live_episodes=live,
             episodes_by_phase=counts,
+            # The control plane installs continue_restored (gym_main) when it serves.
+            capabilities=[CHECKPOINT_CONTROL_CAPABILITY] if self.continue_restored else [],
         )
         return web.json_response(health.model_dump(mode="json"))
 
