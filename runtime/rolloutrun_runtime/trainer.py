@@ -165,8 +165,7 @@ async def run_trainer(
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
     from rolloutrun_runtime.algorithms.single_controller import SingleController
     from rolloutrun_runtime.metrics import MetricsWriter
-    from rolloutrun_runtime.policy.model import build_model
-    from rolloutrun_runtime.policy.tokenizer import TOKENIZER
+    from rolloutrun_runtime.policy.family import build_policy_model, policy_tokenizer
     from rolloutrun_runtime.storage import open_storage
     from rolloutrun_runtime.workers import build_workers
 
@@ -175,7 +174,7 @@ async def run_trainer(
     log_dir = Path(cfg.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
 
-    model = build_model(cfg.policy, TOKENIZER.vocab_size, cfg.seed)
+    model = build_policy_model(cfg.policy, cfg.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
     storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
@@ -199,7 +198,7 @@ async def run_trainer(
             workers=workers,
             gym_endpoints=list(cfg.gym.endpoints),
             checkpointer=checkpointer,
-            pad_id=TOKENIZER.pad_id,
+            pad_id=policy_tokenizer(cfg.policy).pad_id,
             trace=trace,
             manifests=ManifestStore(checkpointer.storage, cfg.name),
             environment=environment,

@@ -67,6 +67,7 @@ from rolloutrun_runtime.environments.gym.episode import (
     Sampling,
 )
 from rolloutrun_runtime.experience.rollout_recovery import valid_rollout_id
+from rolloutrun_runtime.policy.family import policy_tokenizer
 from rolloutrun_runtime.policy.http import authenticated, data_plane_token, json_error
 
 logger = logging.getLogger(__name__)
@@ -166,6 +167,7 @@ class GymServer:
             policy=policy,
             effects=self.effects,
             hooks=self.hooks,
+            tokenizer=policy_tokenizer(self.cfg.policy),
         )
         logger.info("gym %s serving task %s", self.instance_id, self.cfg.task.name.value)
 
