@@ -215,6 +215,8 @@ async def run_trainer(
         with _preemption_snapshots(controller, preemption):
             if controller.trainer_version < cfg.grpo.max_steps:
                 await controller.run()
+        if cfg.policy.model is not None and controller.trainer_version >= cfg.grpo.max_steps:
+            await asyncio.to_thread(_export_final_model, cfg, controller.model, storage)
     finally:
         await workers.stop()
         await environment.close()
@@ -237,6 +239,21 @@ async def _restore(controller: SingleController, trace: Any) -> str | None:
         cut_time=restored.cut_time if restored is not None else None,
     )
     return resumed_from
+
+
+def _export_final_model(cfg: RunConfig, model: Any, storage: Any) -> None:
+    """The final weights of a Hugging Face policy, in the Hugging Face layout, to
+    ``<storage>/final_model/`` (rewritten whole by an incarnation that finishes again)."""
+    import tempfile
+
+    from rolloutrun_runtime.contract.layout import FINAL_MODEL_DIR
+    from rolloutrun_runtime.policy.hf import export_hf
+
+    assert cfg.policy.model is not None
+    with tempfile.TemporaryDirectory() as scratch:
+        files = export_hf(model, cfg.policy.model, Path(scratch))
+        storage.upload_files({f"{FINAL_MODEL_DIR}/{path.name}": path for path in files})
+    logger.info("exported the final model to %s", storage.uri_for(FINAL_MODEL_DIR))
 
 
 def _finished(
