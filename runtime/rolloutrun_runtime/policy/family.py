@@ -3,7 +3,8 @@
 Why one seam: the trainer, the GRPO loss, refits, checkpoints, the generation engine and
 the Gym's agent must not care whether the policy is the built-in ``TinyCausalLM`` over the
 character tokenizer or a Hugging Face causal LM (``policy.model``). They ask this module
-for a tokenizer (``policy_tokenizer``) and a freshly built model (``build_policy_model``)
+for a tokenizer (``policy_tokenizer``, defined beside the built-in tokenizer so the Gym
+imports no torch) and a freshly built model (``build_policy_model``)
 and use only the surface both families share: ``PolicyTokenizer`` and ``PolicyModel``.
 The Hugging Face family is imported only when ``policy.model`` is set, so the built-in path
 never pays for ``transformers``.
@@ -11,7 +12,6 @@ never pays for ``transformers``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import torch
@@ -19,24 +19,16 @@ from torch import nn
 
 from rolloutrun_runtime.contract.run_config import PolicyConfig, PolicyDtype
 from rolloutrun_runtime.policy.model import build_model, resolve_device
-from rolloutrun_runtime.policy.tokenizer import TOKENIZER
+from rolloutrun_runtime.policy.tokenizer import TOKENIZER, PolicyTokenizer, policy_tokenizer
 
-
-class PolicyTokenizer(Protocol):
-    """What the runtime asks of a tokenizer."""
-
-    pad_id: int
-    bos_id: int
-    eos_id: int
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str: ...
-
-    def strip_eos(self, ids: Sequence[int]) -> tuple[list[int], bool]: ...
+__all__ = [
+    "PolicyModel",
+    "PolicyTokenizer",
+    "build_policy_model",
+    "is_hf",
+    "policy_tokenizer",
+    "resolve_dtype",
+]
 
 
 class PolicyModel(Protocol):
@@ -71,15 +63,6 @@ def resolve_dtype(cfg: PolicyConfig, device: torch.device) -> torch.dtype:
     if cfg.model is not None and device.type == "cuda":
         return torch.bfloat16
     return torch.float32
-
-
-def policy_tokenizer(cfg: PolicyConfig) -> PolicyTokenizer:
-    """The policy's tokenizer: the model directory's ``tokenizer.json``, or the built-in one."""
-    if cfg.model is None:
-        return TOKENIZER
-    from rolloutrun_runtime.policy.hf import load_tokenizer
-
-    return load_tokenizer(cfg.model)
 
 
 def build_policy_model(cfg: PolicyConfig, seed: int, vocab_size: int | None = None) -> nn.Module:

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from rolloutrun_runtime.policy.hf import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, offline_transformers
+from rolloutrun_runtime.policy.hf import offline_transformers
+from rolloutrun_runtime.policy.hf_files import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 VOCAB_SIZE = 320

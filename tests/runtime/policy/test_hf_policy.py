@@ -16,7 +16,8 @@ from rolloutrun_runtime.contract.run_config import PolicyConfig
 from rolloutrun_runtime.policy.engine import RefitError
 from rolloutrun_runtime.policy.family import build_policy_model, policy_tokenizer
 from rolloutrun_runtime.policy.generation import GenerationEngine, GenerationRequest
-from rolloutrun_runtime.policy.hf import HFCausalLM, HFModelError, export_hf, local_model_dir
+from rolloutrun_runtime.policy.hf import HFCausalLM, export_hf
+from rolloutrun_runtime.policy.hf_files import HFModelError, local_model_dir
 from rolloutrun_runtime.policy.make_tiny_hf import write_model, write_to
 from rolloutrun_runtime.policy.model import token_logprobs
 from rolloutrun_runtime.storage import CheckpointStorage
@@ -177,3 +178,28 @@ def test_a_model_in_gs_storage_is_copied_and_loaded(
     assert (directory / "model.safetensors").read_bytes() == gs_storage.read_bytes(
         "models/tiny/model.safetensors"
     )
+
+
+def test_the_gym_tokenizes_an_hf_model_without_torch_and_the_builtin_path_without_transformers(
+    model_dir: Path,
+) -> None:
+    """The Gym only tokenizes: loading a model directory's tokenizer there imports neither
+    torch nor transformers; the trainer's and engine's modules do not import transformers
+    until a Hugging Face model is built."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "import rolloutrun_runtime.environments.gym.server\n"
+        "from rolloutrun_runtime.contract.run_config import PolicyConfig\n"
+        "from rolloutrun_runtime.policy.tokenizer import policy_tokenizer\n"
+        f"tok = policy_tokenizer(PolicyConfig(model={str(model_dir)!r}))\n"
+        "assert tok.decode(tok.encode('3+4=')) == '3+4='\n"
+        "gym = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "import rolloutrun_runtime.trainer, rolloutrun_runtime.policy.engine\n"
+        "import rolloutrun_runtime.workers.inprocess\n"
+        "print(gym, 'transformers' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == "[] False", out.stdout + out.stderr

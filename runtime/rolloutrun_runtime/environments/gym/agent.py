@@ -41,7 +41,6 @@ from rolloutrun_runtime.environments.gym.episode import (
     Segment,
 )
 from rolloutrun_runtime.environments.gym.tasks import make_env
-from rolloutrun_runtime.policy.family import PolicyTokenizer
 from rolloutrun_runtime.policy.http import (
     GenerationRequest,
     GenerationResult,
@@ -49,7 +48,7 @@ from rolloutrun_runtime.policy.http import (
     bounded,
     data_plane_token,
 )
-from rolloutrun_runtime.policy.tokenizer import TOKENIZER
+from rolloutrun_runtime.policy.tokenizer import TOKENIZER, PolicyTokenizer
 from rolloutrun_runtime.tasks import make_problem
 
 logger = logging.getLogger(__name__)

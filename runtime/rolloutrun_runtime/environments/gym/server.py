@@ -67,8 +67,8 @@ from rolloutrun_runtime.environments.gym.episode import (
     Sampling,
 )
 from rolloutrun_runtime.experience.rollout_recovery import valid_rollout_id
-from rolloutrun_runtime.policy.family import policy_tokenizer
 from rolloutrun_runtime.policy.http import authenticated, data_plane_token, json_error
+from rolloutrun_runtime.policy.tokenizer import policy_tokenizer
 
 logger = logging.getLogger(__name__)
 
