@@ -11,9 +11,12 @@ and before it, a baseline: the same generation workers driven directly with conc
 - ``controller_overhead_share``: the share of step time spent in the controller's own
   bookkeeping (admission, dispatch records, result parsing, finalization, selection,
   batch assembly, commit), i.e. outside model compute and environment work;
-- ``train_compute_share``, ``refit_share``: the train step's model compute and refits.
+- ``train_compute_share``, ``refit_share``: the train step's model compute and refits;
+- ``hf_baseline_generation_tokens_per_s``: the same workers' baseline with a Hugging Face
+  policy (the tiny Llama-style model ``make_tiny_hf`` writes, or ``--hf-model DIR``) in
+  place of the built-in model, measured in the same process (``--no-hf`` skips it).
 
-Usage: ``python -m bench.runtime_throughput [--config FILE] [--steps N]``.
+Usage: ``python -m bench.runtime_throughput [--config FILE] [--steps N] [--hf-model DIR]``.
 """
 
 from __future__ import annotations
@@ -35,9 +38,8 @@ import aiohttp
 from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
 from rolloutrun_runtime.contract.run_config import RunConfig, load_run_config
 from rolloutrun_runtime.launcher import start_gym, stop_process
+from rolloutrun_runtime.policy.family import build_policy_model, policy_tokenizer
 from rolloutrun_runtime.policy.http import bearer_headers
-from rolloutrun_runtime.policy.model import build_model
-from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 from rolloutrun_runtime.tasks import make_problem
 from rolloutrun_runtime.trainer import run_trainer
 from rolloutrun_runtime.workers import build_workers
@@ -47,7 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 async def generation_baseline(cfg: RunConfig, calls: int) -> float:
     """Tokens/s of the workers alone, at the concurrency the run uses."""
-    model = build_model(cfg.policy, TOKENIZER.vocab_size, cfg.seed)
+    model = build_policy_model(cfg.policy, cfg.seed)
+    tokenizer = policy_tokenizer(cfg.policy)
     workers = build_workers(cfg, model.state_dict(), 0)
     await workers.start()
     concurrency = cfg.rollout.max_in_flight_groups * cfg.grpo.group_size
@@ -58,7 +61,7 @@ async def generation_baseline(cfg: RunConfig, calls: int) -> float:
         nonlocal tokens
         problem = make_problem(cfg.task, cfg.seed, index % cfg.task.dataset_size)
         body = {
-            "prompt_token_ids": [TOKENIZER.bos_id, *TOKENIZER.encode(problem.prompt_text)],
+            "prompt_token_ids": [tokenizer.bos_id, *tokenizer.encode(problem.prompt_text)],
             "max_tokens": cfg.task.max_new_tokens,
             "temperature": cfg.policy.temperature,
             "seed": index,
@@ -82,6 +85,17 @@ async def generation_baseline(cfg: RunConfig, calls: int) -> float:
     return tokens / elapsed
 
 
+def hf_generation_baseline(cfg: RunConfig, calls: int, model_dir: str | None, tmp: Path) -> float:
+    """``generation_baseline`` with a Hugging Face policy (written offline unless given)."""
+    if model_dir is None:
+        from rolloutrun_runtime.policy.make_tiny_hf import write_model
+
+        write_model(tmp / "tiny-hf-model", "llama", seed=0)
+        model_dir = str(tmp / "tiny-hf-model")
+    policy = cfg.policy.model_copy(update={"model": model_dir})
+    return asyncio.run(generation_baseline(cfg.model_copy(update={"policy": policy}), calls))
+
+
 def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
     steady = history[1:] or history
     wall = sum(r["step_time_s"] for r in steady)
@@ -103,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "examples" / "tiny-grpo.yaml"))
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--hf-model", default=None, help="a Hugging Face model directory")
+    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baseline")
     args = parser.parse_args(argv)
     config_file = Path(args.config)
     cfg = load_run_config(config_file)
@@ -115,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = cfg.model_copy(update={"log_dir": str(log_dir), "grpo": grpo})
         calls = args.steps * cfg.grpo.prompts_per_step * cfg.grpo.group_size
         baseline = asyncio.run(generation_baseline(cfg, calls))
+        hf_baseline = (
+            None if args.no_hf else hf_generation_baseline(cfg, calls, args.hf_model, log_dir)
+        )
         gyms = [start_gym(config_file, log_dir, i) for i in range(cfg.gym.replicas)]
         try:
             gym = cfg.gym.model_copy(update={"endpoints": [g.url for g in gyms]})
@@ -134,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "run_wall_s": total,
         **summarize(result.history),
         "baseline_generation_tokens_per_s": baseline,
+        "hf_baseline_generation_tokens_per_s": hf_baseline,
     }
     report["generation_efficiency"] = report["generation_tokens_per_s"] / baseline
     json.dump(report, sys.stdout, indent=1, sort_keys=True)

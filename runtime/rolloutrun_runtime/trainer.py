@@ -172,8 +172,7 @@ async def run_trainer(
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
     from rolloutrun_runtime.algorithms.single_controller import SingleController
     from rolloutrun_runtime.metrics import MetricsWriter
-    from rolloutrun_runtime.policy.model import build_model
-    from rolloutrun_runtime.policy.tokenizer import TOKENIZER
+    from rolloutrun_runtime.policy.family import build_policy_model, policy_tokenizer
     from rolloutrun_runtime.storage import open_storage
     from rolloutrun_runtime.trainer_inputs import with_prompt_set, with_recovery_level
     from rolloutrun_runtime.workers import build_workers
@@ -184,7 +183,7 @@ async def run_trainer(
     log_dir = Path(cfg.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
 
-    model = build_model(cfg.policy, TOKENIZER.vocab_size, cfg.seed)
+    model = build_policy_model(cfg.policy, cfg.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
     storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
@@ -212,7 +211,7 @@ async def run_trainer(
             workers=workers,
             gym_endpoints=list(cfg.gym.endpoints),
             checkpointer=checkpointer,
-            pad_id=TOKENIZER.pad_id,
+            pad_id=policy_tokenizer(cfg.policy).pad_id,
             trace=trace,
             manifests=ManifestStore(checkpointer.storage, cfg.name),
             environment=environment,
@@ -230,6 +229,8 @@ async def run_trainer(
         with _preemption_snapshots(controller, preemption):
             if controller.trainer_version < cfg.grpo.max_steps:
                 await controller.run()
+        if cfg.policy.model is not None and controller.trainer_version >= cfg.grpo.max_steps:
+            await asyncio.to_thread(_export_final_model, cfg, controller.model, storage)
     finally:
         await workers.stop()
         await environment.close()
@@ -252,6 +253,21 @@ async def _restore(controller: SingleController, trace: Any) -> str | None:
         cut_time=restored.cut_time if restored is not None else None,
     )
     return resumed_from
+
+
+def _export_final_model(cfg: RunConfig, model: Any, storage: Any) -> None:
+    """The final weights of a Hugging Face policy, in the Hugging Face layout, to
+    ``<storage>/final_model/`` (rewritten whole by an incarnation that finishes again)."""
+    import tempfile
+
+    from rolloutrun_runtime.contract.layout import FINAL_MODEL_DIR
+    from rolloutrun_runtime.policy.hf import export_hf
+
+    assert cfg.policy.model is not None
+    with tempfile.TemporaryDirectory() as scratch:
+        files = export_hf(model, cfg.policy.model, Path(scratch))
+        storage.upload_files({f"{FINAL_MODEL_DIR}/{path.name}": path for path in files})
+    logger.info("exported the final model to %s", storage.uri_for(FINAL_MODEL_DIR))
 
 
 def _finished(

@@ -20,6 +20,7 @@ list is silently not restored), so each is spelled here once and every reader im
       gym-audit/<rollout>/<revision>.json one object per environment side effect (gs://)
       run_logs/{metrics,trace}/i<inc>-<ms>-<run id>/part-<n>.jsonl   what users watch
       run_logs/config/i<inc>-<ms>-<run id>.json                      each trainer's RunConfig
+      final_model/                        a Hugging Face policy's final weights (HF layout)
 
 Format versions are the writers' current versions; each reader says which older ones it
 still reads beside its parser.
@@ -117,6 +118,9 @@ AUDIT_WRITER_LOCK_SUFFIX = ".lock"
 TRACE_FILE = "rollout_trace.jsonl"
 METRICS_FILE = "metrics.jsonl"
 FINAL_WEIGHTS_FILE = "final_weights.sha256"
+#: Under the run's storage: a Hugging Face policy's final weights in the Hugging Face layout
+#: (config.json, model.safetensors, tokenizer files), written when the run reaches maxSteps.
+FINAL_MODEL_DIR = "final_model"
 SNAPSHOTS_LOG = "snapshots.jsonl"
 
 # ------------------------------------------------------------------ run logs in storage

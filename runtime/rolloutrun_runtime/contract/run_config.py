@@ -117,8 +117,19 @@ class Device(enum.StrEnum):
     CUDA = "cuda"
 
 
+class PolicyDtype(enum.StrEnum):
+    """The dtype of the policy's weights."""
+
+    AUTO = "auto"
+    """bfloat16 on CUDA, float32 on CPU."""
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
 class PolicyConfig(_Model):
-    """The policy: a small causal transformer over the task's character vocabulary."""
+    """The policy: the built-in small causal transformer over the tasks' character
+    vocabulary, or a Hugging Face causal LM (``model``)."""
 
     model_config = ConfigDict(json_schema_extra=cel_rules(HEADS_DIVIDE_WIDTH))
 
@@ -132,6 +143,20 @@ class PolicyConfig(_Model):
         1.0, gt=0.0, le=10.0, description="Sampling temperature for rollouts."
     )
     device: Device = Field(Device.AUTO, description="Device for the policy's tensors.")
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=2048,
+        description=(
+            "A Hugging Face causal LM: a directory or a file:// or gs:// URI holding "
+            "config.json, *.safetensors and tokenizer.json. Unset: the built-in model "
+            "(dModel, nLayers, nHeads apply only to it)."
+        ),
+    )
+    dtype: PolicyDtype = Field(
+        PolicyDtype.AUTO,
+        description="Dtype of the policy's weights (auto: bfloat16 on CUDA, float32 on CPU).",
+    )
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> PolicyConfig:

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 import torch
 
 from rolloutrun_runtime.contract.run_config import PolicyConfig
+from rolloutrun_runtime.policy.family import PolicyModel, build_policy_model
 from rolloutrun_runtime.policy.http import GenerationRequest, GenerationResult
-from rolloutrun_runtime.policy.model import TinyCausalLM, build_model, resolve_device
+from rolloutrun_runtime.policy.model import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class _Call:
 class _Group:
     """The calls running under one weight version, and their KV cache rows (0..n-1)."""
 
-    def __init__(self, model: TinyCausalLM, device: torch.device) -> None:
+    def __init__(self, model: PolicyModel, device: torch.device) -> None:
         self.model = model
         self.device = device
         self.calls: list[_Call] = []
@@ -219,9 +220,10 @@ class GenerationEngine:
         self.threaded = threaded
         self.capture = TokenCapture()
         self._rng = random.Random(seed)
-        self._template = build_model(cfg, vocab_size, seed=0).eval().requires_grad_(False)
-        self._spare: list[TinyCausalLM] = []  # evicted models, reused by the next refit
-        self._models: OrderedDict[int, TinyCausalLM] = OrderedDict()
+        template = build_policy_model(cfg, seed=0, vocab_size=vocab_size)
+        self._template = template.eval().requires_grad_(False)
+        self._spare: list[torch.nn.Module] = []  # evicted models, reused by the next refit
+        self._models: OrderedDict[int, torch.nn.Module] = OrderedDict()
         self._models[version] = self._load(state_dict)
         self._groups: dict[int, _Group] = {}
         self._pending: list[_Call] = []
@@ -253,8 +255,8 @@ class GenerationEngine:
         return sum(1 for call in self._pending if not call.future.done())
 
     def _load(
-        self, state_dict: Mapping[str, torch.Tensor], into: TinyCausalLM | None = None
-    ) -> TinyCausalLM:
+        self, state_dict: Mapping[str, torch.Tensor], into: torch.nn.Module | None = None
+    ) -> torch.nn.Module:
         """Load weights into ``into`` (an evicted model) or a copy of the template.
 
         A copy, not a freshly built model: building draws initial weights from torch's
@@ -430,7 +432,8 @@ class GenerationEngine:
     def _group(self, version: int) -> _Group:
         group = self._groups.get(version)
         if group is None:
-            group = self._groups[version] = _Group(self._models[version], self.device)
+            model: PolicyModel = self._models[version]  # type: ignore[assignment]
+            group = self._groups[version] = _Group(model, self.device)
         return group
 
     async def _run(self) -> None:
@@ -548,7 +551,7 @@ class GenerationEngine:
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def _rows_logits(
-        self, model: TinyCausalLM, cache: torch.Tensor, calls: list[_Call], lo: int, hi: int
+        self, model: PolicyModel, cache: torch.Tensor, calls: list[_Call], lo: int, hi: int
     ) -> torch.Tensor:
         rows = calls[lo:hi]
         news = [c.tokens[c.cached :] for c in rows]

@@ -124,10 +124,12 @@ class TinyCausalLM(nn.Module):
         return self.head(self.ln_f(x))
 
     def new_cache(
-        self, rows: int, device: torch.device, dtype: torch.dtype = torch.float32
+        self, rows: int, device: torch.device, dtype: torch.dtype | None = None
     ) -> torch.Tensor:
-        """An empty KV buffer [layers, 2, rows, heads, max_seq_len, head_dim]."""
+        """An empty KV buffer [layers, 2, rows, heads, max_seq_len, head_dim] (in the
+        weights' dtype unless ``dtype`` says otherwise)."""
         head_dim = self.d_model // self.n_heads
+        dtype = dtype or self.head.weight.dtype
         return torch.zeros(
             (self.n_layers, 2, rows, self.n_heads, self.max_seq_len, head_dim),
             device=device,

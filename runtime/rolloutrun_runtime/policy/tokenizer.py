@@ -9,6 +9,10 @@ the task it was trained on, and the generation server needs no task knowledge.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from rolloutrun_runtime.contract.run_config import PolicyConfig
 
 #: Printable characters the tasks use, in token-id order after the special tokens.
 CHARSET = "0123456789abcdefghijklmnopqrstuvwxyz+-*/=()<>?:;,. _\n"
@@ -72,3 +76,31 @@ class CharTokenizer:
 
 #: The one tokenizer every part of the runtime uses.
 TOKENIZER = CharTokenizer()
+
+
+class PolicyTokenizer(Protocol):
+    """What the runtime asks of a tokenizer (the built-in one or a model directory's)."""
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str: ...
+
+    def strip_eos(self, ids: Sequence[int]) -> tuple[list[int], bool]: ...
+
+
+def policy_tokenizer(cfg: PolicyConfig) -> PolicyTokenizer:
+    """The policy's tokenizer: ``policy.model``'s ``tokenizer.json``, or the built-in one.
+    The tokenizer half of the model-family seam (``family.py``), kept free of torch so the
+    Gym, which only tokenizes, never imports it."""
+    if cfg.model is None:
+        return TOKENIZER
+    from rolloutrun_runtime.policy.hf_files import load_tokenizer
+
+    return load_tokenizer(cfg.model)

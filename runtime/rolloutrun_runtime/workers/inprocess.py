@@ -13,9 +13,9 @@ import torch
 from aiohttp import web
 
 from rolloutrun_runtime.contract.run_config import RunConfig
+from rolloutrun_runtime.policy.family import policy_tokenizer
 from rolloutrun_runtime.policy.generation import GenerationEngine, build_generation_app
 from rolloutrun_runtime.policy.http import serve_app
-from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 from rolloutrun_runtime.workers import WorkerError
 
 logger = logging.getLogger(__name__)
@@ -25,10 +25,11 @@ def make_engine(
     cfg: RunConfig, state_dict: dict[str, torch.Tensor], version: int, worker_index: int
 ) -> GenerationEngine:
     """The engine one worker runs: batch-invariant in deterministic mode."""
+    tokenizer = policy_tokenizer(cfg.policy)
     return GenerationEngine(
         cfg.policy,
-        TOKENIZER.vocab_size,
-        TOKENIZER.eos_id,
+        tokenizer.vocab_size,
+        tokenizer.eos_id,
         state_dict,
         version,
         batch_invariant=cfg.checkpointing.deterministic,

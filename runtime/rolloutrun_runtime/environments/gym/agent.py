@@ -48,7 +48,7 @@ from rolloutrun_runtime.policy.http import (
     bounded,
     data_plane_token,
 )
-from rolloutrun_runtime.policy.tokenizer import TOKENIZER, CharTokenizer
+from rolloutrun_runtime.policy.tokenizer import TOKENIZER, PolicyTokenizer
 from rolloutrun_runtime.tasks import make_problem
 
 logger = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ class AgentLoop:
         policy: PolicyClient,
         effects: SideEffectLog,
         hooks: list[BoundaryHook] | None = None,
-        tokenizer: CharTokenizer = TOKENIZER,
+        tokenizer: PolicyTokenizer = TOKENIZER,
     ) -> None:
         self.task = task
         self.seed = seed

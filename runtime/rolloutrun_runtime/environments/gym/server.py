@@ -69,6 +69,7 @@ from rolloutrun_runtime.environments.gym.episode import (
 )
 from rolloutrun_runtime.experience.rollout_recovery import valid_rollout_id
 from rolloutrun_runtime.policy.http import authenticated, data_plane_token, json_error
+from rolloutrun_runtime.policy.tokenizer import policy_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +168,7 @@ class GymServer:
             policy=policy,
             effects=self.effects,
             hooks=self.hooks,
+            tokenizer=policy_tokenizer(self.cfg.policy),
         )
         logger.info("gym %s serving task %s", self.instance_id, self.cfg.task.name.value)
 

@@ -1,0 +1,148 @@
+"""A Hugging Face model directory and its tokenizer, without torch or transformers.
+
+Why apart from ``hf.py``: the Gym only tokenizes (prompts in, the model's text out), and
+must not pay for importing torch or transformers to do so; the trainer and the generation
+engine build the model from the same directory through ``hf.py``. Models are read only from
+a local directory or a ``file://``/``gs://`` URI (``gs://`` copied into a local cache
+first), never from a hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+#: Files a model directory must hold (and at least one ``*.safetensors``).
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+TOKENIZER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE)
+#: Where ``gs://`` model directories are copied (one sub-directory per URI).
+MODEL_CACHE_ENV = "ROLLOUTRUN_MODEL_CACHE"
+_COMPLETE = ".complete"
+
+
+class HFModelError(ValueError):
+    """A model directory that cannot be used (missing files, an unsupported config)."""
+
+
+# ------------------------------------------------------------------ the model directory
+def _cache_root() -> Path:
+    root = os.environ.get(MODEL_CACHE_ENV)
+    return Path(root) if root else Path(tempfile.gettempdir()) / "rolloutrun-models"
+
+
+def _copy_from_storage(uri: str, only: Sequence[str] | None) -> Path:
+    """Copy the objects under ``uri`` (``gs://``) into the local model cache, once."""
+    from rolloutrun_runtime.storage import open_storage
+
+    tag = hashlib.sha256(f"{uri}|{only}".encode()).hexdigest()[:16]
+    target = _cache_root() / tag
+    if (target / _COMPLETE).exists():
+        return target
+    storage = open_storage(uri)
+    keys = [k for k in storage.list("") if "/" not in k]
+    if only is not None:
+        keys = [k for k in keys if k in only]
+    if not keys:
+        raise HFModelError(f"policy.model {uri} holds no files")
+    partial = Path(tempfile.mkdtemp(prefix=f"{tag}.", dir=_ensure(target.parent)))
+    for key in keys:
+        storage.download_file(key, partial / key)
+    (partial / _COMPLETE).write_text(uri + "\n")
+    try:
+        partial.rename(target)
+    except OSError:  # another process finished first: use its copy
+        pass
+    return target
+
+
+def _ensure(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def model_dir_problem(directory: Path, *, tokenizer_only: bool = False) -> str | None:
+    """What a model directory lacks, or None when it holds a model."""
+    if not directory.is_dir():
+        return f"{directory} is not a directory"
+    needed = [TOKENIZER_FILE] if tokenizer_only else [CONFIG_FILE, TOKENIZER_FILE]
+    missing = [name for name in needed if not (directory / name).is_file()]
+    if not tokenizer_only and not any(directory.glob("*.safetensors")):
+        missing.append("*.safetensors")
+    return f"{directory} lacks {', '.join(missing)}" if missing else None
+
+
+def local_model_dir(uri: str, *, tokenizer_only: bool = False) -> Path:
+    """The local directory of ``policy.model`` (a path, ``file://`` or ``gs://``)."""
+    if uri.startswith("gs://"):
+        directory = _copy_from_storage(uri, list(TOKENIZER_FILES) if tokenizer_only else None)
+    elif uri.startswith("file://"):
+        directory = Path(uri[len("file://") :])
+    elif "://" in uri:
+        raise HFModelError(f"policy.model {uri!r}: only a directory, file:// or gs:// is read")
+    else:
+        directory = Path(uri)
+    problem = model_dir_problem(directory, tokenizer_only=tokenizer_only)
+    if problem:
+        raise HFModelError(f"policy.model {uri}: {problem}")
+    return directory
+
+
+# ------------------------------------------------------------------ the tokenizer
+class HFTokenizer:
+    """``tokenizer.json`` with the built-in tokenizer's surface (ids, encode, decode)."""
+
+    def __init__(self, directory: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
+        settings_path = directory / TOKENIZER_CONFIG_FILE
+        settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
+        self.chat_template: str | None = settings.get("chat_template")
+        eos = self._special(settings, "eos_token")
+        if eos is None:
+            raise HFModelError(f"{directory}: the tokenizer names no eos_token")
+        self.eos_id = eos
+        bos = self._special(settings, "bos_token")
+        pad = self._special(settings, "pad_token")
+        # A model without BOS (Qwen2) starts its prompts after an end-of-text token.
+        self.bos_id = bos if bos is not None else eos
+        self.pad_id = pad if pad is not None else eos
+        self._special_ids = {self.eos_id, self.bos_id, self.pad_id}
+
+    def _special(self, settings: dict[str, Any], name: str) -> int | None:
+        token = settings.get(name)
+        if isinstance(token, dict):
+            token = token.get("content")
+        if not isinstance(token, str):
+            return None
+        return self.tokenizer.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        return str(self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=skip_special))
+
+    def strip_eos(self, ids: Sequence[int]) -> tuple[list[int], bool]:
+        ids = list(ids)
+        if self.eos_id in ids:
+            return ids[: ids.index(self.eos_id)], True
+        return ids, False
+
+
+@lru_cache(maxsize=8)
+def load_tokenizer(uri: str) -> HFTokenizer:
+    """The tokenizer of ``policy.model`` (read once per process)."""
+    return HFTokenizer(local_model_dir(uri, tokenizer_only=True))
