@@ -29,6 +29,10 @@ from pydantic import ConfigDict, Field, StringConstraints, model_validator
 from rolloutrun_runtime.contract.config_base import ConfigSection as _Model
 from rolloutrun_runtime.contract.field_rules import FieldRule, cel_rules
 from rolloutrun_runtime.contract.layout import DEFAULT_STORAGE_DIR
+from rolloutrun_runtime.contract.policy_config import HEADS_DIVIDE_WIDTH as HEADS_DIVIDE_WIDTH
+from rolloutrun_runtime.contract.policy_config import Device as Device
+from rolloutrun_runtime.contract.policy_config import PolicyConfig as PolicyConfig
+from rolloutrun_runtime.contract.policy_config import PolicyDtype as PolicyDtype
 from rolloutrun_runtime.contract.prompt_set import DatasetConfig as DatasetConfig
 from rolloutrun_runtime.contract.prompt_set import DatasetFormat as DatasetFormat
 
@@ -51,11 +55,6 @@ EndpointUrl = Annotated[
 ]
 
 
-#: Every attention head gets dModel/nHeads dimensions.
-HEADS_DIVIDE_WIDTH = FieldRule(
-    rule="self.dModel % self.nHeads == 0",
-    message="policy.dModel must be divisible by policy.nHeads",
-)
 #: Only a multi-turn task has turns to resume at.
 TURN_NEEDS_MULTI_TURN = FieldRule(
     rule=(
@@ -106,65 +105,6 @@ class WorkerBackend(enum.StrEnum):
     """Ray actors: ``ray.init`` locally, or join ``workers.rayAddress``."""
     INPROCESS = "inprocess"
     """In the trainer process itself: no Ray, used by fast tests and tiny runs."""
-
-
-class Device(enum.StrEnum):
-    """Where the policy's tensors live."""
-
-    AUTO = "auto"
-    """CUDA when present, else CPU."""
-    CPU = "cpu"
-    CUDA = "cuda"
-
-
-class PolicyDtype(enum.StrEnum):
-    """The dtype of the policy's weights."""
-
-    AUTO = "auto"
-    """bfloat16 on CUDA, float32 on CPU."""
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-    FLOAT16 = "float16"
-
-
-class PolicyConfig(_Model):
-    """The policy: the built-in small causal transformer over the tasks' character
-    vocabulary, or a Hugging Face causal LM (``model``)."""
-
-    model_config = ConfigDict(json_schema_extra=cel_rules(HEADS_DIVIDE_WIDTH))
-
-    d_model: int = Field(64, ge=8, le=4096, description="Transformer hidden size.")
-    n_layers: int = Field(2, ge=1, le=64, description="Number of transformer blocks.")
-    n_heads: int = Field(4, ge=1, le=64, description="Attention heads per block.")
-    max_seq_len: int = Field(
-        128, ge=16, le=8192, description="Longest token sequence (prompt plus all turns)."
-    )
-    temperature: float = Field(
-        1.0, gt=0.0, le=10.0, description="Sampling temperature for rollouts."
-    )
-    device: Device = Field(Device.AUTO, description="Device for the policy's tensors.")
-    model: str | None = Field(
-        None,
-        min_length=1,
-        max_length=2048,
-        description=(
-            "A Hugging Face causal LM: a directory or a file:// or gs:// URI holding "
-            "config.json, *.safetensors and tokenizer.json. Unset: the built-in model "
-            "(dModel, nLayers, nHeads apply only to it)."
-        ),
-    )
-    dtype: PolicyDtype = Field(
-        PolicyDtype.AUTO,
-        description="Dtype of the policy's weights (auto: bfloat16 on CUDA, float32 on CPU).",
-    )
-
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> PolicyConfig:
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"{HEADS_DIVIDE_WIDTH.message} (dModel {self.d_model}, nHeads {self.n_heads})"
-            )
-        return self
 
 
 class TaskConfig(_Model):
