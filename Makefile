@@ -37,9 +37,9 @@ run: $(STAMP) ## examples/tiny-grpo.yaml on a local cluster with the operator, a
 	@# 300 steps instead of the example's 30 (about 3 s here): long enough to be preempted
 	$(BIN)/rolloutrun run examples/tiny-grpo.yaml --preempt-every 15 --max-steps 300 --summary runs/tiny-grpo-summary.json
 
-chaos: $(STAMP) ## the long crash campaign: every crash site, random multi-kill runs, the long operator oracle (-m chaos)
+chaos: $(STAMP) ## the long campaigns (-m chaos): every crash site, random multi-kill runs, the long operator oracle, the long e2e and learning runs
 	@echo "==> pytest -m chaos"
-	$(BIN)/python -m pytest tests/crash tests/oracle -m chaos -v
+	$(BIN)/python -m pytest tests -m chaos -v
 
 e2e: $(STAMP) ## the cluster e2e tests against a real cluster: make e2e KUBECONFIG=FILE IMAGE=RUNTIME_IMAGE [STORAGE_CLASS=rwx-class | STORAGE_URI=gs://b/p] [NAMESPACE=ns]
 	@test -n "$(KUBECONFIG)" -a -n "$(IMAGE)" || { echo "usage: make e2e KUBECONFIG=FILE IMAGE=RUNTIME_IMAGE (the operator and CRD installed there: docs/operations.md)"; exit 2; }
