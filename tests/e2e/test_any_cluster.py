@@ -12,7 +12,9 @@ import pytest
 from tests.e2e.any_cluster import ClusterRun, Target
 from tests.e2e.conftest import RUN_BOUND_S, TINY, tiny
 
-pytestmark = pytest.mark.cluster
+# On the local cluster it repeats test_lifecycle's trainer deletion: `make chaos` runs it there,
+# `make e2e` against a real cluster.
+pytestmark = [pytest.mark.cluster, pytest.mark.chaos]
 
 
 def _published(run: ClusterRun) -> dict | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rolloutrun_localcluster.embedded import condition_of
 from rolloutrun_localcluster.testing import eventually
 from rolloutrun_operator import kueue
@@ -29,6 +31,7 @@ WORKLOAD = "rolloutrun-tiny"
 MAX_STEPS = 48
 
 
+@pytest.mark.chaos  # minutes on two cores: `make chaos` (the default suite stays under 15 min)
 def test_kueue_admits_evicts_with_a_forced_snapshot_and_readmits(start_run):
     document = tiny()
     document["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team-queue"}

@@ -57,6 +57,7 @@ def published_by_incarnation(storage: Path) -> list[tuple[int, dt.datetime, str]
     return sorted(found)
 
 
+@pytest.mark.chaos  # minutes on two cores: `make chaos` (the default suite stays under 15 min)
 def test_a_partitioned_trainer_loses_its_lease_and_publishes_nothing_after(start_run):
     document = tiny()
     document["spec"]["run"]["checkpointing"]["keepLatest"] = 1000  # every entry stays to audit

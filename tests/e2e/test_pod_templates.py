@@ -8,6 +8,8 @@ limit runs here (on the CPU); a real scheduler would wait for a node with a free
 
 from __future__ import annotations
 
+import pytest
+
 from rolloutrun_localcluster.testing import eventually
 from tests.e2e.conftest import RUN_BOUND_S, TINY, finish, tiny
 
@@ -33,6 +35,7 @@ def shaped(container: str, **resources: dict[str, str]) -> dict:
     }
 
 
+@pytest.mark.chaos  # minutes on two cores: `make chaos` (the default suite stays under 15 min)
 def test_a_run_shaped_by_pod_templates_succeeds(start_run):
     document = tiny(
         trainer={"template": shaped("trainer", limits={"nvidia.com/gpu": "1"})},

@@ -15,6 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rolloutrun_localcluster.testing import eventually
@@ -25,6 +26,7 @@ EXAMPLE = ROOT / "examples" / "envs" / "times_table"
 MAX_STEPS = 6
 
 
+@pytest.mark.chaos  # minutes on two cores: `make chaos` (the default suite stays under 15 min)
 def test_the_example_environment_runs_under_the_operator(start_run, tmp_path):
     document = yaml.safe_load((EXAMPLE / "times-table.yaml").read_text())
     run_spec = document["spec"]["run"]
