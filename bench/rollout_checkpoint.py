@@ -20,6 +20,14 @@ baseline from the same run:
 - **resume**: from a resumed trainer's ``run_started`` to its first ``attempt_dispatched``
   (and from the process launch, which adds interpreter and torch start-up). Goal: <= 5 s.
 
+- **pause side by side** (``--pause-baseline DIR``, e.g. ``git archive`` of the base commit):
+  the pause part for each size in a fresh process per tree, trees alternating; each row also
+  reports the loop's CPU time in the cut (``cut_held_cpu``), which a shared machine does not
+  inflate. Goals (``pause.goals``): p99 <= 10 ms at 1,000 groups, <= 25 ms at 10,000, write +
+  publish off the pump <= a quarter of the default snapshot interval at 10,000.
+- **startup** (``--parts startup --startup-baseline DIR``): process launch -> first
+  redispatch of resumed trainers in short kill campaigns, per tree. Goal: <= 2 s.
+
 Usage: ``python -m bench.rollout_checkpoint [--quick] [--kills 6] [--out FILE]``.
 """
 
