@@ -20,6 +20,14 @@ baseline from the same run:
 - **resume**: from a resumed trainer's ``run_started`` to its first ``attempt_dispatched``
   (and from the process launch, which adds interpreter and torch start-up). Goal: <= 5 s.
 
+- **pause side by side** (``--pause-baseline DIR``, e.g. ``git archive`` of the base commit):
+  the pause part for each size in a fresh process per tree, trees alternating; each row also
+  reports the loop's CPU time in the cut (``cut_held_cpu``), which a shared machine does not
+  inflate. Goals (``pause.goals``): p99 <= 10 ms at 1,000 groups, <= 25 ms at 10,000, write +
+  publish off the pump <= a quarter of the default snapshot interval at 10,000.
+- **startup** (``--parts startup --startup-baseline DIR``): process launch -> first
+  redispatch of resumed trainers in short kill campaigns, per tree. Goal: <= 2 s.
+
 Usage: ``python -m bench.rollout_checkpoint [--quick] [--kills 6] [--out FILE]``.
 """
 
@@ -41,6 +49,7 @@ import yaml
 
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
+from rolloutrun_runtime.algorithms.rollout_checkpointing.state import FinalizerResult
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import read_events
 from rolloutrun_runtime.algorithms.single_controller import SingleController
 from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
@@ -144,6 +153,7 @@ async def _filled_controller(groups: int, root: Path) -> SingleController:
         gym_endpoints=["http://127.0.0.1:9"],
         checkpointer=TrainerCheckpointer(storage, 2),
         manifests=ManifestStore(storage, cfg.name),
+        gym_token="bench",  # never used: the bench dispatches nothing
     )
     ledger = controller.ledger
     assert ledger is not None
@@ -188,6 +198,10 @@ async def _filled_controller(groups: int, root: Path) -> SingleController:
             controller.buffer.add(
                 ReplayGroup(group_id, prompt.prompt_id, 1, tuple(keys), (0.0,) * GROUP_SIZE, 48)
             )
+            # as the rollout pump leaves it: one finalizer result per buffered group
+            controller.state.runtime_state.finalizer_results[group_id] = FinalizerResult(
+                group_id, 1, [0.0] * GROUP_SIZE, 48, {0: 48}
+            )
     controller.rollout_snapshots.ensure_bootstrap_anchor()
     return controller
 
@@ -223,10 +237,13 @@ async def _pause_samples(groups: int, repeats: int) -> dict[str, Any]:
             r["timing/rollout_checkpoint"]["write_s"] + r["timing/rollout_checkpoint"]["publish_s"]
             for r in published
         ]
+        # the loop thread's CPU time in the cut (0 where the runtime does not report it)
+        cpu = [r["timing/rollout_checkpoint"].get("cut_held_cpu_s", 0.0) for r in published]
         return {
             "groups": groups,
             "pause": _percentiles(pauses),
             "cut_held": _percentiles(held),
+            "cut_held_cpu": _percentiles(cpu),
             "write_and_publish_off_pump": _percentiles(writes),
             "gc_passes": {
                 "n": len(passes),
@@ -234,6 +251,51 @@ async def _pause_samples(groups: int, repeats: int) -> dict[str, Any]:
                 "max_ms": round(max(passes, default=0.0) * 1000, 3),
             },
         }
+
+
+def _pause_side_by_side(sizes: tuple[int, ...], repeats: dict[int, int], baseline: str) -> dict:
+    """The pause part against another checkout's runtime (e.g. ``git archive main``) in
+    the same session: each size runs in a fresh process per tree, the trees alternating."""
+    import os
+    import subprocess
+
+    here = Path(__file__).resolve().parent.parent
+    trees = {"baseline": Path(baseline).resolve(), "this_tree": here}
+    out: dict[str, Any] = {"baseline_tree": str(trees["baseline"]), "by_groups": []}
+    for groups in sizes:
+        row: dict[str, Any] = {"groups": groups}
+        for name, tree in trees.items():
+            path = os.pathsep.join([str(here), str(tree / "runtime"), str(tree / "operator")])
+            command = [sys.executable, "-m", "bench.rollout_checkpoint", "--pause-one"]
+            done = subprocess.run(
+                [*command, str(groups), "--repeats", str(repeats[groups])],
+                env={**os.environ, "PYTHONPATH": path},
+                cwd=here,
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
+            row[name] = json.loads(done.stdout)
+        out["by_groups"].append(row)
+    return out
+
+
+def _pause_goals(rows: list[dict[str, Any]], interval_s: float = 10.0) -> dict[str, Any]:
+    """The pause goals against this tree's rows: p99 <= 10 ms at 1,000 groups, <= 25 ms at
+    10,000, write + publish off the pump <= a quarter of the (default) snapshot interval."""
+    by = {row["groups"]: row for row in rows}
+    goals: dict[str, Any] = {}
+    for groups, limit_ms in ((1000, 10.0), (10_000, 25.0)):
+        if groups in by:
+            p99 = by[groups]["pause"]["p99_ms"]
+            goals[f"pause_p99_at_{groups}"] = {"p99_ms": p99, "goal_ms": limit_ms}
+            goals[f"pause_p99_at_{groups}"]["met"] = p99 <= limit_ms
+    if 10_000 in by:
+        p50 = by[10_000]["write_and_publish_off_pump"]["p50_ms"]
+        goal = interval_s * 1000 / 4
+        goals["write_publish_at_10000"] = {"p50_ms": p50, "goal_ms": goal, "met": p50 <= goal}
+    return goals
 
 
 # --------------------------------------------------------------------------- runs
@@ -336,6 +398,45 @@ def _thrown_away(root: Path, kills: int, seed: int) -> dict[str, Any]:
     return out
 
 
+def _startup_one(root: Path, kills: int, seed: int) -> dict[str, Any]:
+    """Process launch -> first redispatch of resumed trainers (this process's runtime): a
+    short kill campaign with snapshots after every step."""
+    config = _config(root / "startup.yaml", 8, snapshotIntervalSeconds=1, snapshotEverySteps=1)
+    result = run_chaos(config, root / "startup", kills=kills, seed=seed, compare=False)
+    return _resume_times(root / "startup", result.to_json()["incarnations_launched_at"])
+
+
+def _startup_side_by_side(kills: int, seed: int, baseline: str, rounds: int) -> dict[str, Any]:
+    """Start-up against another checkout's runtime in the same session, trees alternating."""
+    import os
+    import subprocess
+
+    here = Path(__file__).resolve().parent.parent
+    trees = {"baseline": Path(baseline).resolve(), "this_tree": here}
+    out: dict[str, Any] = {name: [] for name in trees}
+    for _ in range(rounds):
+        for name, tree in trees.items():
+            path = os.pathsep.join([str(here), str(tree / "runtime"), str(tree / "operator")])
+            command = [sys.executable, "-m", "bench.rollout_checkpoint", "--startup-one"]
+            done = subprocess.run(
+                [*command, "--kills", str(kills), "--seed", str(seed)],
+                env={**os.environ, "PYTHONPATH": path},
+                cwd=here,
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
+            out[name].extend(json.loads(done.stdout)["launch_to_first_dispatch_s"])
+    for name in trees:
+        samples = sorted(out[name])
+        out[f"{name}_max_s"] = samples[-1] if samples else None
+        out[f"{name}_median_s"] = statistics.median(samples) if samples else None
+    out["goal"] = "<= 2 s from process launch to the first redispatch"
+    out["met"] = bool(out["this_tree"]) and max(out["this_tree"]) <= 2.0
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats, no 10,000 groups")
@@ -346,12 +447,32 @@ def main() -> int:
         "--parts", default="pause,throughput,thrown_away", help="comma-separated parts to run"
     )
     parser.add_argument(
+        "--pause-baseline",
+        default=None,
+        help="a checkout (e.g. `git archive main`) whose runtime's pause runs side by side",
+    )
+    parser.add_argument("--pause-one", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--startup-one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--startup-baseline",
+        default=None,
+        help="a checkout whose trainer start-up (launch -> first redispatch) runs side by side",
+    )
+    parser.add_argument("--repeats", type=int, default=5, help=argparse.SUPPRESS)
+    parser.add_argument(
         "--target-level",
         default="turn",
         choices=["turn", "sibling", "prompt_group"],
         help="checkpointing.targetLevel of the throughput and kill runs",
     )
     args = parser.parse_args()
+    if args.pause_one is not None:  # one size, this process's runtime (--pause-baseline)
+        print(json.dumps(asyncio.run(_pause_samples(args.pause_one, args.repeats))))
+        return 0
+    if args.startup_one:  # one short campaign, this process's runtime (--startup-baseline)
+        with tempfile.TemporaryDirectory(prefix="rr-bench-startup-") as tmp:
+            print(json.dumps(_startup_one(Path(tmp), args.kills, args.seed)))
+        return 0
     parts = set(args.parts.split(","))
     TINY["checkpointing"]["targetLevel"] = args.target_level
     started = time.monotonic()
@@ -365,11 +486,20 @@ def main() -> int:
             "by_groups": pause,
             "goal": "p99 <= 100 ms at 1,000 groups",
             "met": at_1000["pause"]["p99_ms"] <= 100.0,
+            "goals": _pause_goals(pause),
         }
+        if args.pause_baseline:
+            report["pause"]["side_by_side"] = _pause_side_by_side(
+                sizes, repeats, args.pause_baseline
+            )
     with tempfile.TemporaryDirectory(prefix="rr-bench-ckpt-") as tmp:
         root = Path(tmp)
         if "throughput" in parts:
             report["throughput"] = _throughput(root, 1 if args.quick else 2)
+        if "startup" in parts and args.startup_baseline:
+            report["startup"] = _startup_side_by_side(
+                min(args.kills, 3), args.seed, args.startup_baseline, 1 if args.quick else 2
+            )
         if "thrown_away" in parts:
             report["thrown_away"] = _thrown_away(root, args.kills, args.seed)
             report["resume"] = report["thrown_away"]["snapshots"]["resume"]

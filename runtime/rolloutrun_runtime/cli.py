@@ -3,7 +3,9 @@
 Why plug-ins: the operator image installs no torch and the runtime image must never import
 kopf, yet one console script serves both. Each subcommand is an entry point in the group
 ``rolloutrun.commands`` whose value is a ``register(parser)`` function; the dispatcher loads
-them by name, so the heavy imports happen only inside the chosen command's handler.
+them by name, so the heavy imports happen only inside the chosen command's handler. Only
+the command being run is loaded (``rolloutrun trainer`` never imports the operator, the
+local cluster or kopf); ``--help``, no command or an unknown one loads them all, to list them.
 
 A ``register`` function fills in its ``argparse`` parser (the first line of its docstring
 is the one-line help) and sets ``parser.set_defaults(handler=callable)``; the handler takes
@@ -43,9 +45,13 @@ def _unavailable(name: str, error: Exception) -> Register:
     return register
 
 
-def _load_commands() -> dict[str, Register]:
+def _load_commands(only: str | None = None) -> dict[str, Register]:
+    """Every command's ``register``, or only the command ``only`` when it exists."""
+    entries = entry_points(group=COMMAND_GROUP)
+    if only is not None and only in entries.names:
+        entries = entries.select(name=only)
     commands: dict[str, Register] = {}
-    for entry in entry_points(group=COMMAND_GROUP):
+    for entry in entries:
         try:
             commands[entry.name] = entry.load()
         except ImportError as error:
@@ -53,8 +59,23 @@ def _load_commands() -> dict[str, Register]:
     return dict(sorted(commands.items()))
 
 
-def build_parser(commands: dict[str, Register] | None = None) -> argparse.ArgumentParser:
-    commands = _load_commands() if commands is None else commands
+def command_named(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` runs: its first word that is not an option (``--log-level``
+    takes a value); None when an option such as ``--help`` or ``--version`` comes first."""
+    words = list(argv)
+    while words:
+        word = words.pop(0)
+        if word == "--log-level":
+            words = words[1:]
+        elif not word.startswith("--log-level="):
+            return None if word.startswith("-") else word
+    return None
+
+
+def build_parser(
+    commands: dict[str, Register] | None = None, *, only: str | None = None
+) -> argparse.ArgumentParser:
+    commands = _load_commands(only) if commands is None else commands
     parser = argparse.ArgumentParser(
         prog="rolloutrun",
         description=(
@@ -76,7 +97,8 @@ def build_parser(commands: dict[str, Register] | None = None) -> argparse.Argume
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only=command_named(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),

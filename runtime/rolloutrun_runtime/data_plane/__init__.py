@@ -10,6 +10,7 @@ from rolloutrun_runtime.data_plane.barrier import (
     CheckpointCut,
     DataPlaneBarrier,
     MutationCut,
+    hold_gc,
 )
 from rolloutrun_runtime.data_plane.store import (
     PARTITIONS,
@@ -27,4 +28,5 @@ __all__ = [
     "DataPlaneError",
     "MutationCut",
     "RowNotFoundError",
+    "hold_gc",
 ]

@@ -8,7 +8,9 @@ stops new slots from starting, waits for the active ones to drain, and while it 
 slot can start, so whatever the holder reads is consistent. Each completed slot bumps
 ``mutation_version``, which lets a snapshot pump skip when nothing changed. Automatic
 garbage collection is deferred while the cut is held (it runs right after), so a collection
-triggered by a capture's allocations never stretches the pumps' pause.
+triggered by a capture's allocations never stretches the pumps' pause; a snapshot extends
+that deferral over its write (``hold_gc``), so the write's temporaries die by reference
+counting instead of triggering a full pass over every buffered record.
 
 Slots hand out a cut object whose ``require_live()`` proves to a mutator (the ledger) that
 its caller holds a slot right now. Everything here is asyncio, single event loop: slot
@@ -21,10 +23,11 @@ import asyncio
 import contextvars
 import gc
 import logging
+import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
@@ -35,6 +38,40 @@ CHECKPOINT_KIND = "checkpoint"
 _held: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "rolloutrun_barrier_held", default=None
 )
+
+
+_gc_lock = threading.Lock()
+_gc_holds = 0
+_gc_was_enabled = False
+
+
+def acquire_gc_hold() -> None:
+    """Defer automatic cyclic GC until every hold is released (holds nest, any thread)."""
+    global _gc_holds, _gc_was_enabled
+    with _gc_lock:
+        if _gc_holds == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_holds += 1
+
+
+def release_gc_hold() -> None:
+    """Release one hold; the last one re-enables automatic GC if it was on before."""
+    global _gc_holds
+    with _gc_lock:
+        _gc_holds -= 1
+        if _gc_holds == 0 and _gc_was_enabled:
+            gc.enable()
+
+
+@contextmanager
+def hold_gc() -> Iterator[None]:
+    """``acquire_gc_hold`` for the ``with`` block."""
+    acquire_gc_hold()
+    try:
+        yield
+    finally:
+        release_gc_hold()
 
 
 class BarrierError(RuntimeError):
@@ -142,7 +179,7 @@ class DataPlaneBarrier:
         await self._wait_until(lambda: not self._cut_claimed)
         self._cut_claimed = True
         cut: CheckpointCut | None = None
-        deferred_gc = False
+        held_gc = False
         try:
             await self._wait_until(lambda: not any(self._active.values()))
             self._stats(CHECKPOINT_KIND).record(time.monotonic() - started)
@@ -151,8 +188,8 @@ class DataPlaneBarrier:
             # Every pump waits while the cut is held, and a capture allocates many small
             # objects: a cyclic-GC pass triggered inside it would hold the pumps for 100+ ms
             # at 1,000 buffered groups. Defer automatic collection until the cut is released.
-            deferred_gc = gc.isenabled()
-            gc.disable()
+            acquire_gc_hold()
+            held_gc = True
             try:
                 yield cut
             finally:
@@ -165,8 +202,8 @@ class DataPlaneBarrier:
             self._wake()
             # Only now: the collection the capture's allocations are due runs with the
             # mutations already let in, never while they wait.
-            if deferred_gc:
-                gc.enable()
+            if held_gc:
+                release_gc_hold()
 
     # ------------------------------------------------------------------ internals
     def _refuse_nesting(self, what: str) -> None:

@@ -126,10 +126,13 @@ class DataPlane:
         return sum(len(rows) for rows in self._rows.values())
 
     def copy(self) -> DataPlane:
-        """A shallow copy (rows are replaced, never mutated, so sharing values is safe)."""
+        """A copy-on-write view: new partition maps that share the row dicts. A row is
+        replaced (``put`` stores a new dict), never mutated, so the copy cannot see a change
+        made after it; it costs one map copy per partition, not one dict per row (the
+        snapshot's cut takes it)."""
         clone = DataPlane()
         for partition, rows in self._rows.items():
-            clone._rows[partition] = {key: dict(row) for key, row in rows.items()}
+            clone._rows[partition] = dict(rows)
         return clone
 
     # ------------------------------------------------------------------ checkpoints

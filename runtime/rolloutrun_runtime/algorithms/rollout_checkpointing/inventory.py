@@ -16,7 +16,6 @@ from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
 from rolloutrun_runtime.data_plane import DataPlane
 from rolloutrun_runtime.experience.rollout_recovery import (
     AttemptStatus,
-    GroupStatus,
     RecoveryLedger,
 )
 
@@ -48,7 +47,7 @@ def expected_staging_rows(ledger: RecoveryLedger | None) -> set[str]:
     if ledger is None:
         return set()
     keys = set()
-    for group in ledger.with_status(GroupStatus.GENERATING, GroupStatus.READY_TO_FINALIZE):
+    for group in ledger.unfinished():  # generating or ready to finalize
         for sibling in group.siblings:
             attempt = sibling.current
             if attempt.status is AttemptStatus.SEALED and attempt.row_key:
@@ -64,10 +63,27 @@ def take_inventory(
     ledger: RecoveryLedger | None,
 ) -> Inventory:
     """Compare the data plane with everything that references it."""
+    return compare_rows(
+        data_plane,
+        replay_view=replay_view,
+        retained_row_keys=retained_row_keys,
+        staging_refs=None if ledger is None else expected_staging_rows(ledger),
+    )
+
+
+def compare_rows(
+    data_plane: DataPlane,
+    *,
+    replay_view: Iterable[ReplayGroup],
+    retained_row_keys: Iterable[str],
+    staging_refs: set[str] | None,
+) -> Inventory:
+    """:func:`take_inventory` with the ledger's staging references already taken (``None``:
+    no ledger), so a capture can take them under its cut and compare after it."""
     train = set(data_plane.list("train"))
     staging = set(data_plane.list("staging"))
     want_train = expected_train_rows(replay_view, retained_row_keys)
-    want_staging = expected_staging_rows(ledger)
+    want_staging = staging_refs or set()
     inventory = Inventory(
         missing=sorted(
             [f"train/{key}" for key in want_train - train]
@@ -76,7 +92,7 @@ def take_inventory(
         orphan_train=sorted(train - want_train),
     )
     # Without the ledger nothing records staged rows: only ledger runs can call them orphans.
-    if ledger is not None:
+    if staging_refs is not None:
         inventory.orphan_staging = sorted(staging - want_staging)
     return inventory
 

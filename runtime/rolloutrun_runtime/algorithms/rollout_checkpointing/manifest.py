@@ -249,9 +249,11 @@ class ManifestStore:
         config: RunConfig,
         anchor_is_durable: Callable[[Anchor], bool],
         check_files: bool = True,
+        manifest: SnapshotManifest | None = None,
     ) -> Candidate:
-        """Every check a candidate must pass, or a ManifestError saying which failed."""
-        manifest = self.load_manifest(snapshot_id)
+        """Every check a candidate must pass, or a ManifestError saying which failed
+        (``manifest``: the one already read for ``snapshot_id``, not read again)."""
+        manifest = manifest or self.load_manifest(snapshot_id)
         entry = snapshot_dir(snapshot_id)
         uri = self.storage.uri_for(join_key(entry, MANIFEST_NAME))
         if manifest.run_name != self.run_name:

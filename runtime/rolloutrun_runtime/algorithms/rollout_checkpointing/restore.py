@@ -47,6 +47,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     Candidate,
     ManifestError,
     ManifestStore,
+    SnapshotManifest,
     fingerprint_of,
     rollout_config_view,
 )
@@ -142,6 +143,8 @@ class DurableEntry:
     resume_step: int
     """The train step a resume from it continues at."""
     snapshot_id: int | None = None
+    manifest: SnapshotManifest | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The snapshot's manifest as listed (verified, not read again, when it is tried)."""
 
     @property
     def label(self) -> str:
@@ -270,7 +273,9 @@ class RolloutRestorer:
                     self._refuse(f"snapshot {snapshot_dir(snapshot_id)}", uri, str(error))
                     continue
                 found.append(
-                    DurableEntry(ResumeKind.SNAPSHOT, uri, manifest.train_step, snapshot_id)
+                    DurableEntry(
+                        ResumeKind.SNAPSHOT, uri, manifest.train_step, snapshot_id, manifest
+                    )
                 )
         if self._checkpointer is not None:
             storage = self._checkpointer.storage
@@ -347,6 +352,7 @@ class RolloutRestorer:
                     entry.snapshot_id,
                     config=self._config,
                     anchor_is_durable=self.anchor_is_durable,
+                    manifest=entry.manifest,
                 )
                 return self._from_snapshot(candidate), candidate
             return self._from_trainer_checkpoint(entry.resume_step), None

@@ -43,8 +43,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
+    compare_rows,
+    expected_staging_rows,
     require_complete,
-    take_inventory,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     Anchor,
@@ -60,6 +61,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions imp
     SnapshotTimings,
     abandoned_episodes,
     dispatched_episodes,
+    encode_captured_ledger,
     lost_episodes,
     mark_restart_from_turn_zero,
     require_replay_from,
@@ -84,6 +86,7 @@ from rolloutrun_runtime.contract.layout import (
     RUNTIME_STATE_FILE,
 )
 from rolloutrun_runtime.crash import crash_point
+from rolloutrun_runtime.data_plane import hold_gc
 from rolloutrun_runtime.environments.checkpointing import (
     EnvironmentCheckpoint,
     EnvironmentCheckpointError,
@@ -95,13 +98,13 @@ from rolloutrun_runtime.environments.checkpointing.interfaces import (
     ExportMismatchError,
     check_export,
 )
-from rolloutrun_runtime.experience.rollout_recovery import encode_sidecar
 from rolloutrun_runtime.storage import StorageError
 
 logger = logging.getLogger(__name__)
 
 #: Seconds an environment phase may take in a periodic snapshot.
 ENV_PHASE_TIMEOUT_S = 20.0
+SERIALIZE_SLICE = 64  # ledger groups serialized per turn of the loop before the cut (~1 ms)
 
 
 @dataclasses.dataclass
@@ -165,38 +168,29 @@ class RolloutSnapshotter:
         parts = self._parts
         state = parts.runtime_state
         progress = parts.read_progress()
-        replay_view = parts.buffer.groups()
+        replay_view = tuple(parts.buffer.groups())
         if kind is CaptureKind.ROLLOUT_SNAPSHOT:
-            replay_view = [*replay_view, *state.open_step_groups]
+            replay_view = (*replay_view, *state.open_step_groups)
         elif state.open_step_groups:
             raise SnapshotError(
                 f"a trainer checkpoint cannot be taken inside step {progress.trainer_version + 1}"
                 f" ({len(state.open_step_groups)} groups selected, not committed)"
             )
-        inventory = take_inventory(
-            parts.data_plane,
-            replay_view=replay_view,
-            retained_row_keys=state.retained_row_keys(),
-            ledger=parts.ledger,
-        )
-        require_complete(inventory, f"{kind.value} at step {progress.trainer_version}")
-        replay_json = [group.to_json() for group in replay_view]
         controller_state: dict[str, Any] = {
             "schema": CONTROLLER_STATE_SCHEMA,
             "kind": kind.value,
             "trainer_version": progress.trainer_version,
             "dataloader": parts.dataloader.state_dict(),
             "sampler": parts.sampler.state_dict(),
-            "replay": replay_json,
             "mutation_version": parts.barrier.mutation_version,
             # the rollout-relevant view: Gym endpoints and other operational keys may change
             "config_fingerprint": fingerprint_of(rollout_config_view(parts.config)),
         }
-        dp_metadata: dict[str, Any] = {"replay": replay_json}
-        ledger_document = None
+        ledger_capture = None
         if parts.ledger is not None:
-            # Only the dicts under the cut; their JSON and sha256 are written after it.
-            ledger_document = parts.ledger.sidecar_document(
+            # Only the groups changed since the last capture are serialized here; joining
+            # the sidecar and its sha256 are written after the cut.
+            ledger_capture = parts.ledger.sidecar_capture(
                 spare_prompts=state.spare_prompts,
                 batch_shortfall=state.batch_shortfall,
                 sampler_stamps_target_steps=state.sampler_stamps_target_steps,
@@ -208,28 +202,44 @@ class RolloutSnapshotter:
             cut_time=time.time(),
             controller_state=controller_state,
             data_plane=parts.data_plane.copy(),
-            data_plane_metadata=dp_metadata,
-            runtime_state=state.to_json(),
+            data_plane_metadata={},
+            runtime_state=state.to_json(results=False),
             journal=state.journal_json(),
-            ledger_document=ledger_document,
+            ledger_capture=ledger_capture,
+            replay_view=replay_view,
+            retained_row_keys=tuple(state.retained_row_keys()),
+            staging_refs=None if parts.ledger is None else expected_staging_rows(parts.ledger),
+            finalizer_results=tuple(state.finalizer_results.values()),
         )
 
     @staticmethod
     def write_controller_sidecars(captured: CapturedRolloutState) -> dict[str, bytes]:
         """Serialize a capture: the files both checkpoint kinds hold (runs off the loop)."""
         files: dict[str, bytes] = {}
-        if captured.ledger_document is not None:
-            sidecar = encode_sidecar(captured.ledger_document)
+        # The inventory of the cut's copies, off the loop (an incomplete capture fails here).
+        inventory = compare_rows(
+            captured.data_plane,
+            replay_view=captured.replay_view,
+            retained_row_keys=captured.retained_row_keys,
+            staging_refs=captured.staging_refs,
+        )
+        require_complete(inventory, f"{captured.kind.value} at step {captured.train_step}")
+        # per-group JSON only in locals (not on ``captured``): gone when this call returns
+        replay_json = [group.to_json() for group in captured.replay_view]
+        if captured.ledger_capture is not None:
+            sidecar = encode_captured_ledger(captured)
             files[LEDGER_FILE] = sidecar.data
             captured.controller_state["rollout_recovery"] = sidecar.metadata()
             captured.data_plane_metadata.update(sidecar.metadata())
-        for name, data in captured.data_plane.to_files(captured.data_plane_metadata).items():
+        dp_metadata = {**captured.data_plane_metadata, "replay": replay_json}
+        for name, data in captured.data_plane.to_files(dp_metadata).items():
             files[DATA_PLANE_PREFIX + name] = data
         crash_point("after_data_plane_save")
-        files[CONTROLLER_STATE_FILE] = json.dumps(
-            captured.controller_state, sort_keys=True
-        ).encode()
-        files[RUNTIME_STATE_FILE] = json.dumps(captured.runtime_state, sort_keys=True).encode()
+        controller_state = {**captured.controller_state, "replay": replay_json}
+        files[CONTROLLER_STATE_FILE] = json.dumps(controller_state, sort_keys=True).encode()
+        results = [r.to_json() for r in captured.finalizer_results]
+        runtime_state = {**captured.runtime_state, "finalizer_results": results}
+        files[RUNTIME_STATE_FILE] = json.dumps(runtime_state, sort_keys=True).encode()
         files[JOURNAL_FILE] = json.dumps(captured.journal, sort_keys=True).encode()
         if captured.environment_snapshot is not None:
             files[ENVIRONMENT_FILE] = captured.environment_snapshot.to_bytes()
@@ -325,8 +335,23 @@ class RolloutSnapshotter:
         if phase.discarded is not None:
             return SnapshotOutcome.DISCARDED_ENV, {"error": phase.discarded}
         timings.env_phase_s = time.monotonic() - env_started
-        # 4. the exclusive cut: re-check, check the export against the cut, capture
-        # 5. leave the cut, then end the environment phase (before any disk write)
+        serialize_started = time.monotonic()
+        await self._serialize_changed_groups()
+        timings.serialize_ahead_s = time.monotonic() - serialize_started
+        # No automatic GC from the cut until the files are written and the capture is gone:
+        # no pass over every buffered record lands in the cut or right after it.
+        with hold_gc():
+            return await self._cut_and_publish(anchor, progress, phase, timings)
+
+    async def _cut_and_publish(
+        self,
+        anchor: Anchor,
+        progress: TrainingProgress,
+        phase: _EnvironmentPhase,
+        timings: SnapshotTimings,
+    ) -> tuple[SnapshotOutcome, dict[str, Any]]:
+        # 4. the exclusive cut: re-check, check the export against the cut, capture; 5. leave
+        # the cut, then end the environment phase (before any disk write)
         detail: dict[str, Any] = {}
         try:
             captured = await self._capture_under_cut(progress, phase, timings, detail)
@@ -335,6 +360,16 @@ class RolloutSnapshotter:
             return SnapshotOutcome.DISCARDED_ENV, {"error": str(error)}
         # 6. publish
         return await self._publish_captured(anchor, captured, phase.unavailable, timings, detail)
+
+    async def _serialize_changed_groups(self) -> None:
+        """Before the cut, a slice per turn of the loop: serialize the ledger groups changed
+        since the last capture, so the cut serializes only the few that change meanwhile."""
+        ledger = self._parts.ledger
+        for _ in range(len(ledger or ()) // SERIALIZE_SLICE + 1):  # one pass; later: the cut
+            assert ledger is not None
+            if ledger.refresh_fragments(SERIALIZE_SLICE) < SERIALIZE_SLICE:
+                return
+            await asyncio.sleep(0)
 
     async def _environment_phase(self, checkpoint_id: str) -> _EnvironmentPhase:
         """Step 3: retire the attempts the ledger gave up, park the running episodes and
@@ -382,7 +417,7 @@ class RolloutSnapshotter:
         cut = None
         try:
             async with parts.barrier.checkpoint() as cut:
-                held_started = time.monotonic()
+                held_started, held_cpu = time.monotonic(), time.thread_time()
                 timings.barrier_wait_s = held_started - wait_started
                 now = parts.read_progress()
                 if now.durable_step != progress.durable_step:
@@ -391,6 +426,7 @@ class RolloutSnapshotter:
                 if phase.snapshot is not None:
                     self._check_export(captured, phase, detail)
                 timings.cut_held_s = time.monotonic() - held_started
+                timings.cut_held_cpu_s = time.thread_time() - held_cpu
         finally:
             # Until the barrier let mutations in again; the cyclic-GC pass it deferred may
             # run right after, with the pumps free to go on (it blocks the event loop like
@@ -417,11 +453,9 @@ class RolloutSnapshotter:
         captured.environment_snapshot = check.kept
         detail["env_records"] = len(check.kept.episodes())
         detail["env_records_dropped"] = check.finished_since_copy
-        if phase.unavailable and captured.ledger_document is not None:
-            lost = lost_episodes(check.without_record, phase.unavailable)
-            detail["env_restart_from_turn_0"] = mark_restart_from_turn_zero(
-                captured.ledger_document, lost
-            )
+        if phase.unavailable and captured.ledger_capture is not None:
+            # Marked in the saved document after the cut (encode_captured_ledger).
+            captured.restart_from_turn_zero = lost_episodes(check.without_record, phase.unavailable)
 
     async def _publish_captured(
         self,
@@ -435,6 +469,8 @@ class RolloutSnapshotter:
         write_started = time.monotonic()
         files = await asyncio.to_thread(self.write_controller_sidecars, captured)
         timings.write_s = time.monotonic() - write_started
+        if captured.restart_from_turn_zero:
+            detail["env_restart_from_turn_0"] = captured.restarted_from_turn_zero
         publish_started = time.monotonic()
         candidate = await asyncio.to_thread(self._publish, anchor, captured, files)
         crash_point("after_manifest_write")

@@ -15,9 +15,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import BOOTSTRAP_ANCHOR, Anchor
-from rolloutrun_runtime.algorithms.rollout_checkpointing.state import TrainingProgress
+from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
+    CapturedRolloutState,
+    TrainingProgress,
+)
 from rolloutrun_runtime.environments.checkpointing import EnvironmentEpisode
-from rolloutrun_runtime.experience.rollout_recovery import AttemptStatus, RecoveryLedger
+from rolloutrun_runtime.experience.rollout_recovery import (
+    AttemptStatus,
+    LedgerSidecar,
+    RecoveryLedger,
+    encode_sidecar,
+)
 
 
 class SnapshotError(RuntimeError):
@@ -48,6 +56,11 @@ class SnapshotTimings:
     publish_s: float = 0.0
     pump_paused_s: float = 0.0
     """How long the rollout pump could not mutate: the barrier wait plus the cut held."""
+    cut_held_cpu_s: float = 0.0
+    """The event loop thread's CPU time in the cut (what the cut costs on an idle machine)."""
+    serialize_ahead_s: float = 0.0
+    """Serializing the changed ledger groups before the cut, in slices between the loop's
+    other work (the pumps run meanwhile)."""
 
 
 def resolve_anchor(trainer_version: int, durable_step: int | None) -> Anchor:
@@ -128,6 +141,20 @@ def mark_restart_from_turn_zero(
             attempt["failure"] = f"restart: no environment record ({why})"
             marked += 1
     return marked
+
+
+def encode_captured_ledger(captured: CapturedRolloutState) -> LedgerSidecar:
+    """The captured ledger's sidecar bytes (after the cut); when a Gym replica failed the
+    phase, its episodes' attempts are first marked abandoned in the saved document (never in
+    the live ledger) and ``captured.restarted_from_turn_zero`` counts them."""
+    assert captured.ledger_capture is not None
+    if not captured.restart_from_turn_zero:
+        return captured.ledger_capture.encode()
+    document = captured.ledger_capture.document()
+    captured.restarted_from_turn_zero = mark_restart_from_turn_zero(
+        document, captured.restart_from_turn_zero
+    )
+    return encode_sidecar(document)
 
 
 def should_snapshot_after_step(step: int, every_steps: int) -> bool:

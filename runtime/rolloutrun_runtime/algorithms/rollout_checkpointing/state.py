@@ -32,8 +32,11 @@ if TYPE_CHECKING:
     from rolloutrun_runtime.algorithms.samplers import InOrderSampler, PromptDataloader
     from rolloutrun_runtime.contract.run_config import RunConfig
     from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
-    from rolloutrun_runtime.environments.checkpointing import EnvironmentSnapshot
-    from rolloutrun_runtime.experience.rollout_recovery import RecoveryLedger
+    from rolloutrun_runtime.environments.checkpointing import (
+        EnvironmentEpisode,
+        EnvironmentSnapshot,
+    )
+    from rolloutrun_runtime.experience.rollout_recovery import RecoveryLedger, SidecarCapture
 
 #: Schema of ``RolloutRuntimeState.to_json``; bump it when the saved fields change.
 #: 2 added the training journal and the steps trained since the anchor (schema 1 still reads,
@@ -384,8 +387,10 @@ class RolloutRuntimeState:
             steps[-1] = self.journal[-1].journal_json(tuple(self.pending_drops))
         return {"schema": TRAINING_JOURNAL_SCHEMA, "steps": steps}
 
-    def to_json(self) -> dict[str, Any]:
-        return {
+    def to_json(self, *, results: bool = True) -> dict[str, Any]:
+        """The saved form; ``results=False`` leaves out ``finalizer_results`` (one per
+        buffered group; a capture shares the records and adds their JSON after its cut)."""
+        data = {
             "schema": RUNTIME_STATE_SCHEMA,
             "journal": [
                 {**entry.journal_json(), "row_groups": [g.to_json() for g in entry.row_groups]}
@@ -397,13 +402,15 @@ class RolloutRuntimeState:
             "batch_shortfall": {str(k): v for k, v in sorted(self.batch_shortfall.items())},
             "replacements": {str(k): v for k, v in sorted(self.replacements.items())},
             "sampler_stamps_target_steps": self.sampler_stamps_target_steps,
-            "finalizer_results": [r.to_json() for r in self.finalizer_results.values()],
             "step_reserves": {
                 str(step): record.to_json() for step, record in sorted(self.step_reserves.items())
             },
             "leftovers": [left.to_json() for left in self.leftovers],
             "step_rewards": {str(k): v for k, v in sorted(self.step_rewards.items())},
         }
+        if results:
+            data["finalizer_results"] = [r.to_json() for r in self.finalizer_results.values()]
+        return data
 
     @staticmethod
     def keeps_reserves(data: Mapping[str, Any]) -> bool:
@@ -518,8 +525,11 @@ class CaptureKind(enum.StrEnum):
 class CapturedRolloutState:
     """In-memory copies of the rollout state taken under the exclusive cut.
 
-    Everything here is a copy: the pumps may change the live state as soon as the cut is
-    left, while these are serialized and written.
+    Everything here is a copy or immutable: the pumps may change the live state as soon as
+    the cut is left, while these are serialized and written. The large parts are shared, not
+    copied (the cut's cost does not grow with the buffer): the replay view holds the frozen
+    ``ReplayGroup`` objects, the data plane copy shares its row dicts (rows are replaced,
+    never mutated), and the ledger is each group's cached JSON text.
     """
 
     kind: CaptureKind
@@ -532,7 +542,19 @@ class CapturedRolloutState:
     data_plane_metadata: dict[str, Any]
     runtime_state: dict[str, Any]
     journal: dict[str, Any]
-    ledger_document: dict[str, Any] | None = None
-    """The ledger sidecar as dicts, taken under the cut; serialized after it."""
+    ledger_capture: SidecarCapture | None = None
+    """The ledger sidecar (each group's JSON text), taken under the cut; joined after it."""
+    replay_view: tuple[ReplayGroup, ...] = ()
+    """The replay view at the cut; its JSON (``controller_state["replay"]``) is made after."""
+    restart_from_turn_zero: Mapping[EnvironmentEpisode, str] = field(default_factory=dict)
+    """Episodes the saved ledger marks abandoned (no environment record), applied after the
+    cut; ``restarted_from_turn_zero`` counts the attempts it marked."""
+    restarted_from_turn_zero: int = 0
+    retained_row_keys: tuple[str, ...] = ()
+    staging_refs: set[str] | None = None
+    """What the inventory expects besides the replay view (taken under the cut, compared
+    with the data plane copy after it)."""
+    finalizer_results: tuple[FinalizerResult, ...] = ()
+    """``runtime_state["finalizer_results"]`` at the cut (never mutated); JSON made after."""
     environment_snapshot: EnvironmentSnapshot | None = None
     """The environment's records still out at the cut; encoded with the files, off the loop."""

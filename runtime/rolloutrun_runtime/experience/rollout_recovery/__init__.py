@@ -45,6 +45,7 @@ from rolloutrun_runtime.experience.rollout_recovery.records import (
 from rolloutrun_runtime.experience.rollout_recovery.sidecar import (
     LedgerSidecar,
     RecoveredLedger,
+    SidecarCapture,
     encode_sidecar,
     read_recovery_sidecar,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "RolloutAttempt",
     "RolloutIdError",
     "SiblingRecord",
+    "SidecarCapture",
     "encode_sidecar",
     "new_attempt",
     "new_uuid_hex",

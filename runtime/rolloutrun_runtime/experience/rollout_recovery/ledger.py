@@ -24,7 +24,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rolloutrun_runtime.contract.layout import LEDGER_SCHEMA_VERSION
 from rolloutrun_runtime.experience.rollout_recovery.ids import (
     RolloutIdError,
     new_uuid_hex,
@@ -37,6 +36,7 @@ from rolloutrun_runtime.experience.rollout_recovery.records import (
     Granularity,
     GroupPhase,
     GroupStatus,
+    GroupTexts,
     LedgerError,
     LedgerRestartError,
     LedgerSidecarError,
@@ -47,10 +47,14 @@ from rolloutrun_runtime.experience.rollout_recovery.records import (
     RestoreLevel,
     RolloutAttempt,
     SiblingRecord,
+    sidecar_rest,
 )
 
 if TYPE_CHECKING:
-    from rolloutrun_runtime.experience.rollout_recovery.sidecar import LedgerSidecar
+    from rolloutrun_runtime.experience.rollout_recovery.sidecar import (
+        LedgerSidecar,
+        SidecarCapture,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +70,8 @@ _ATTEMPT_MOVES: dict[AttemptStatus, frozenset[AttemptStatus]] = {
     AttemptStatus.FAILED: frozenset(),
     AttemptStatus.ABANDONED: frozenset(),
 }
+
+_UNFINISHED = frozenset({GroupStatus.GENERATING, GroupStatus.READY_TO_FINALIZE})
 
 _GROUP_MOVES: dict[GroupStatus, frozenset[GroupStatus]] = {
     GroupStatus.GENERATING: frozenset({GroupStatus.READY_TO_FINALIZE}),
@@ -115,6 +121,17 @@ class RecoveryLedger:
     def __init__(self) -> None:
         self._groups: dict[str, PromptGroupRecord] = {}
         self._siblings: dict[str, tuple[str, int]] = {}
+        self._texts = GroupTexts()  # each group's sidecar JSON (see ``sidecar_capture``)
+        #: Groups still generating or ready to finalize (the ones whose sealed attempts
+        #: reference staged rows), kept so a capture need not scan every group.
+        self._unfinished: set[str] = set()
+
+    def _changed(self, group_id: str) -> None:
+        self._texts.changed(group_id)
+        if self._groups[group_id].status in _UNFINISHED:
+            self._unfinished.add(group_id)
+        else:
+            self._unfinished.discard(group_id)
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -145,6 +162,10 @@ class RecoveryLedger:
 
     def with_status(self, *statuses: GroupStatus) -> list[PromptGroupRecord]:
         return [g for g in self._groups.values() if g.status in statuses]
+
+    def unfinished(self) -> list[PromptGroupRecord]:
+        """``with_status(GENERATING, READY_TO_FINALIZE)`` from an index, in no fixed order."""
+        return [self._groups[group_id] for group_id in self._unfinished]
 
     def referenced_row_keys(self) -> set[str]:
         """Staging keys that sealed attempts of unfinalized groups still reference."""
@@ -195,6 +216,7 @@ class RecoveryLedger:
         self._groups[group_id] = record
         for sibling in siblings:
             self._siblings[sibling.sibling_id] = (group_id, sibling.index)
+        self._changed(group_id)
         return record
 
     def admit(self, cut: LiveCut, group_id: str) -> None:
@@ -204,6 +226,7 @@ class RecoveryLedger:
         if group.phase is not GroupPhase.RESERVED:
             raise LedgerTransitionError(f"group {group_id!r} is already admitted")
         group.phase = GroupPhase.ADMITTED
+        self._changed(group_id)
 
     # ------------------------------------------------------------------ attempts
     def _attempt(self, sibling_id: str, attempt_uuid: str) -> tuple[SiblingRecord, RolloutAttempt]:
@@ -248,6 +271,7 @@ class RecoveryLedger:
             )
         self._move(attempt, AttemptStatus.DISPATCHED, "dispatch")
         attempt.gym_instance_id = gym_instance_id
+        self._changed(group.group_id)
         return attempt
 
     def seal(
@@ -267,6 +291,7 @@ class RecoveryLedger:
         self._move(attempt, AttemptStatus.SEALED, "seal")
         attempt.reward = float(reward)
         attempt.row_key = row_key
+        self._changed(group.group_id)
         if group.sealed():
             group.status = GroupStatus.READY_TO_FINALIZE
         return group
@@ -279,6 +304,7 @@ class RecoveryLedger:
         _, attempt = self._attempt(sibling_id, attempt_uuid)
         self._move(attempt, AttemptStatus.FAILED, "fail")
         attempt.failure = reason
+        self._changed(group.group_id)
         return attempt
 
     def abandon(self, cut: LiveCut, sibling_id: str, attempt_uuid: str, reason: str) -> None:
@@ -287,6 +313,7 @@ class RecoveryLedger:
         _, attempt = self._attempt(sibling_id, attempt_uuid)
         self._move(attempt, AttemptStatus.ABANDONED, "abandon")
         attempt.failure = reason
+        self._changed(self._siblings[sibling_id][0])
 
     def retry(self, cut: LiveCut, sibling_id: str) -> RolloutAttempt:
         """Append a fresh reserved attempt after a failed or abandoned one."""
@@ -301,6 +328,7 @@ class RecoveryLedger:
             )
         attempt = new_attempt(sibling_id)
         sibling.attempts.append(attempt)
+        self._changed(group.group_id)
         return attempt
 
     # ------------------------------------------------------------------ groups
@@ -310,6 +338,7 @@ class RecoveryLedger:
                 f"group {group.group_id!r} cannot go {group.status.value} -> {to.value}"
             )
         group.status = to
+        self._changed(group.group_id)
 
     def begin_finalize(self, cut: LiveCut, group_id: str) -> PromptGroupRecord:
         cut.require_live()
@@ -356,6 +385,7 @@ class RecoveryLedger:
         for group in groups:
             group.status = to
             group.claimed_step = step
+            self._changed(group.group_id)
 
     def remove_trained(self, cut: LiveCut, group_ids: Iterable[str], step: int) -> None:
         """Drop groups whose step committed (they were trained exactly once)."""
@@ -388,6 +418,8 @@ class RecoveryLedger:
 
     def _drop(self, group: PromptGroupRecord) -> None:
         del self._groups[group.group_id]
+        self._texts.dropped(group.group_id)
+        self._unfinished.discard(group.group_id)
         for sibling in group.siblings:
             self._siblings.pop(sibling.sibling_id, None)
 
@@ -422,6 +454,7 @@ class RecoveryLedger:
                 f"the environment restored episodes no ledger attempt claims: {sorted(unclaimed)}"
             )
         report = RestartReport()
+        self._texts = GroupTexts(dirty=set(self._groups))
         for group in self._groups.values():
             if group.status is GroupStatus.CLAIMED:
                 group.status = GroupStatus.FINALIZED
@@ -511,13 +544,31 @@ class RecoveryLedger:
         Cheap enough to take under the exclusive cut; :func:`encode_sidecar` (the costly
         serialization and hashing) can then run after the cut, off the event loop.
         """
-        return {
-            "schema_version": LEDGER_SCHEMA_VERSION,
-            "groups": [g.to_json() for g in self._groups.values()],
-            "batch_shortfall": {str(k): int(v) for k, v in sorted(batch_shortfall.items())},
-            "sampler_stamps_target_steps": bool(sampler_stamps_target_steps),
-            "spare_prompts": [p.to_json() for p in spare_prompts],
-        }
+        rest = sidecar_rest(spare_prompts, batch_shortfall, sampler_stamps_target_steps)
+        return {**rest, "groups": [g.to_json() for g in self._groups.values()]}
+
+    # ------------------------------------------------------------------ incremental capture
+    def refresh_fragments(self, limit: int) -> int:
+        """Serialize up to ``limit`` groups changed since their last serialization (a snapshot
+        does it in slices before its cut, so the cut serializes only what changed since)."""
+        return self._texts.refresh(self._groups, limit)
+
+    def sidecar_capture(
+        self,
+        *,
+        spare_prompts: Iterable[PromptRef],
+        batch_shortfall: Mapping[int, int],
+        sampler_stamps_target_steps: bool,
+    ) -> SidecarCapture:
+        """The sidecar for a capture under the exclusive cut: only the groups changed since the
+        last capture are serialized now (each group's JSON text is cached and shared, never
+        copied); :meth:`SidecarCapture.encode` joins them after the cut into the bytes
+        ``encode_sidecar`` gives for :meth:`sidecar_document` at the same moment."""
+        from rolloutrun_runtime.experience.rollout_recovery.sidecar import SidecarCapture
+
+        self._texts.refresh(self._groups, len(self._texts.dirty))
+        rest = sidecar_rest(spare_prompts, batch_shortfall, sampler_stamps_target_steps)
+        return SidecarCapture(list(self._groups), dict(self._texts.texts), rest)
 
     @classmethod
     def _from_groups(cls, groups: list[PromptGroupRecord]) -> RecoveryLedger:
@@ -532,4 +583,6 @@ class RecoveryLedger:
                 ledger._siblings[sibling.sibling_id] = (group.group_id, sibling.index)
             if [s.index for s in group.siblings] != list(range(len(group.siblings))):
                 raise LedgerSidecarError(f"group {group.group_id!r} has out-of-order siblings")
+        for group_id in ledger._groups:
+            ledger._changed(group_id)
         return ledger

@@ -16,10 +16,12 @@ read.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rolloutrun_runtime.contract.layout import LEDGER_SCHEMA_VERSION
 from rolloutrun_runtime.experience.rollout_recovery.ids import row_key_for
 
 
@@ -263,6 +265,50 @@ class PromptGroupRecord:
                 SiblingRecord.from_json(s, f"{where}.siblings[{i}]") for i, s in enumerate(siblings)
             ],
         )
+
+
+def encode_json(value: Any) -> str:
+    """The sidecar's deterministic JSON (sorted keys, no spaces), one spelling for the whole
+    document and for each group's cached part of it."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def sidecar_rest(
+    spare_prompts: Iterable[PromptRef], batch_shortfall: Mapping[int, int], stamps: bool
+) -> dict[str, Any]:
+    """The sidecar document besides its groups."""
+    return {
+        "schema_version": LEDGER_SCHEMA_VERSION,
+        "batch_shortfall": {str(k): int(v) for k, v in sorted(batch_shortfall.items())},
+        "sampler_stamps_target_steps": bool(stamps),
+        "spare_prompts": [p.to_json() for p in spare_prompts],
+    }
+
+
+@dataclass
+class GroupTexts:
+    """Each group's sidecar JSON text as of its last change, and the groups changed since
+    (the ledger reports every change), so a capture re-serializes only those."""
+
+    texts: dict[str, str] = field(default_factory=dict)
+    dirty: set[str] = field(default_factory=set)
+
+    def changed(self, group_id: str) -> None:
+        self.texts.pop(group_id, None)
+        self.dirty.add(group_id)
+
+    def dropped(self, group_id: str) -> None:
+        self.texts.pop(group_id, None)
+        self.dirty.discard(group_id)
+
+    def refresh(self, groups: Mapping[str, PromptGroupRecord], limit: int) -> int:
+        """Serialize up to ``limit`` changed groups; returns how many it serialized."""
+        done = 0
+        while self.dirty and done < limit:
+            group_id = self.dirty.pop()
+            self.texts[group_id] = encode_json(groups[group_id].to_json())
+            done += 1
+        return done
 
 
 # ---------------------------------------------------------------------- parsing helpers

@@ -22,6 +22,7 @@ from rolloutrun_runtime.experience.rollout_recovery.records import (
     PromptGroupRecord,
     PromptRef,
     _strict,
+    encode_json,
 )
 
 
@@ -56,13 +57,45 @@ class RecoveredLedger:
 
 def encode_sidecar(document: Mapping[str, Any]) -> LedgerSidecar:
     """Serialize a :meth:`RecoveryLedger.sidecar_document` deterministically, with its sha256."""
-    data = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    return _sidecar(encode_json(document).encode(), document, len(document["groups"]))
+
+
+def _sidecar(data: bytes, document: Mapping[str, Any], groups: int) -> LedgerSidecar:
     return LedgerSidecar(
         data=data,
         sha256=hashlib.sha256(data).hexdigest(),
         schema_version=int(document["schema_version"]),
-        group_count=len(document["groups"]),
+        group_count=groups,
     )
+
+
+@dataclass(frozen=True)
+class SidecarCapture:
+    """A sidecar taken under the cut (:meth:`RecoveryLedger.sidecar_capture`): the groups'
+    order, each group's JSON text (shared with the ledger's cache) and the small rest of the
+    document; two C-level copies, so taking it costs no Python loop over the groups."""
+
+    order: list[str]
+    fragments: Mapping[str, str]
+    rest: Mapping[str, Any]
+
+    @property
+    def groups(self) -> list[str]:
+        """Each group's JSON text, in the ledger's order."""
+        return [self.fragments[group_id] for group_id in self.order]
+
+    def encode(self) -> LedgerSidecar:
+        """The bytes ``encode_sidecar`` gives for the same document, without re-serializing
+        the groups: the document's keys in sorted order, the groups' texts joined."""
+        fields = {key: encode_json(value) for key, value in self.rest.items()}
+        fields["groups"] = "[" + ",".join(self.groups) + "]"
+        body = ",".join(f"{encode_json(key)}:{fields[key]}" for key in sorted(fields))
+        return _sidecar(("{" + body + "}").encode(), self.rest, len(self.order))
+
+    def document(self) -> dict[str, Any]:
+        """The document as fresh dicts, for a caller that edits it before encoding."""
+        groups = [json.loads(text) for text in self.groups]
+        return {**json.loads(encode_json(self.rest)), "groups": groups}
 
 
 def read_recovery_sidecar(

@@ -112,6 +112,8 @@ async def test_cadence_is_independent_of_save_period(tmp_path) -> None:
             "write_s",
             "publish_s",
             "pump_paused_s",
+            "cut_held_cpu_s",
+            "serialize_ahead_s",
         }
     assert [p["train_step"] for p in h.published] == [2, 4]
 

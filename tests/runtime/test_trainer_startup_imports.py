@@ -1,0 +1,71 @@
+"""The trainer pod's start-up imports only what it runs: the dispatcher loads only the chosen
+command, so ``rolloutrun trainer`` never imports the operator, the local cluster, kopf or Ray
+(with the in-process worker backend), each of which costs start-up time before the first
+redispatch after a resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rolloutrun_runtime import cli
+
+FORBIDDEN = ("rolloutrun_operator", "rolloutrun_localcluster", "kopf", "ray")
+
+_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    from rolloutrun_runtime.cli import main
+
+    code = main(["trainer", "--config", sys.argv[1]])
+    # what run_trainer imports once the config is read (in-process workers, a restore)
+    import rolloutrun_runtime.trainer
+    import rolloutrun_runtime.algorithms.single_controller
+    import rolloutrun_runtime.algorithms.rollout_checkpointing.restore
+    import rolloutrun_runtime.workers.inprocess
+    import rolloutrun_runtime.coordination
+    forbidden = sorted(
+        m for m in sys.modules if m.split(".")[0] in {forbidden}
+    )
+    print(json.dumps({{"code": code, "forbidden": forbidden}}))
+    """
+).format(forbidden=set(FORBIDDEN))
+
+
+def test_the_trainer_entry_point_imports_no_operator_cluster_or_ray(tmp_path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(tmp_path / "missing.yaml")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=240,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] == 2  # the missing config is reported, after the command loaded
+    assert result["forbidden"] == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["trainer", "--config", "x"], "trainer"),
+        (["--log-level", "DEBUG", "gym", "--port", "0"], "gym"),
+        (["--log-level=DEBUG", "trace", "dir"], "trace"),
+        (["--help"], None),
+        (["--version"], None),
+        ([], None),
+    ],
+)
+def test_the_command_a_command_line_runs(argv: list[str], command: str | None) -> None:
+    assert cli.command_named(argv) == command
+
+
+def test_an_unknown_command_still_lists_every_command(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["no-such-command"])
+    err = capsys.readouterr().err
+    assert "trainer" in err and "crd" in err
