@@ -14,7 +14,8 @@ baseline from the same run:
   (``snapshotEverySteps: 1``, and every second) against snapshots off; tokens/s over the
   whole run (``metrics.jsonl``). Goal: >= 98 %.
 - **thrown-away work**: ``rolloutrun chaos`` on the same config at ``savePeriod: 10``,
-  snapshots after every step against snapshots off (restart from trainer checkpoints only),
+  snapshots (after every step, every second and every 8 rollouts dispatched) against
+  snapshots off (restart from trainer checkpoints only),
   over several kill seeds (default 1-5, six kills each). A seed fixes its kill moments in
   run progress (:func:`kill_moments`: one right after a trainer checkpoint, one right
   before one, the rest uniform over the whole run), the same for both sides, which run back
@@ -399,7 +400,10 @@ def _kill_rows(data: dict[str, Any], log_dir: Path) -> list[dict[str, Any]]:
 
 def _one_side(root: Path, name: str, every: int, seed: int, kills: int) -> dict[str, Any]:
     config = _config(
-        root / f"chaos-{name}.yaml", snapshotIntervalSeconds=every, snapshotEverySteps=every
+        root / f"chaos-{name}.yaml",
+        snapshotIntervalSeconds=every,
+        snapshotEverySteps=every,
+        snapshotEveryRollouts=every * SNAPSHOT_EVERY_ROLLOUTS,
     )
     cfg = RunConfig.model_validate(yaml.safe_load(config.read_text()))
     moments = kill_moments(seed, kills, cfg.grpo.max_steps, cfg.checkpointing.save_period)
@@ -418,6 +422,8 @@ def _one_side(root: Path, name: str, every: int, seed: int, kills: int) -> dict[
 
 
 SIDES = (("snapshots", 1), ("trainer_checkpoints_only", 0))
+#: The snapshot side's cadence by rollout progress: half the attempts the run has in flight.
+SNAPSHOT_EVERY_ROLLOUTS = 8
 
 
 def _thrown_away(root: Path, kills: int, seeds: list[int]) -> dict[str, Any]:
