@@ -22,8 +22,9 @@ the preempted runs, so each of them spans several intervals. A preempted run's r
 outside it, every restart, redone step and backoff inside. A run that does not finish
 within ``--run-timeout`` (default: three times the window, at least 120 s) counts the step
 it had reached at the timeout. Each
-interval's rate is reported per seed (the seed draws the victims) with the mean and the
-worst over seeds, and as a ratio to the uninterrupted rate of the same seed. Goal: the
+interval's rate is reported per seed (the seed draws the victims) with the mean, spread
+(stdev) and worst over seeds, the worst seed named, and as a ratio to the uninterrupted
+rate of the same seed. Goal: the
 mean ratio with rollout snapshots at a deletion every 30 s is >= 0.75.
 
 Usage: ``python -m bench.preemption_goodput [--quick] [--seeds 1 2 3] [--intervals 15 30 60]
@@ -182,11 +183,17 @@ def aggregate(per_seed: dict[int, dict[str, Any]], baseline: dict[int, float]) -
     """Mean and worst rate and ratio to the same seed's uninterrupted rate, over seeds."""
     rates = {seed: float(r["steps_per_min"]) for seed, r in per_seed.items()}
     ratios = {seed: rates[seed] / baseline[seed] if baseline[seed] else 0.0 for seed in rates}
+    worst = min(ratios, key=lambda seed: ratios[seed])
     return {
         "steps_per_min_mean": round(statistics.fmean(rates.values()), 2),
+        "steps_per_min_stdev": round(statistics.stdev(rates.values()), 2)
+        if len(rates) > 1
+        else 0.0,
         "steps_per_min_worst": round(min(rates.values()), 2),
         "ratio_mean": round(statistics.fmean(ratios.values()), 3),
+        "ratio_stdev": round(statistics.stdev(ratios.values()), 3) if len(ratios) > 1 else 0.0,
         "ratio_worst": round(min(ratios.values()), 3),
+        "worst_seed": worst,
         "per_seed": {
             str(seed): {
                 **r,
@@ -248,6 +255,7 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ),
         "ratio_mean": None if at_goal is None else at_goal["ratio_mean"],
         "ratio_worst": None if at_goal is None else at_goal["ratio_worst"],
+        "worst_seed": None if at_goal is None else at_goal["worst_seed"],
         "met": at_goal is not None and at_goal["ratio_mean"] >= GOAL_RATIO,
     }
     return report

@@ -20,7 +20,7 @@ from rolloutrun_runtime.chaos import REFERENCE_DIR, ChaosResult, run_chaos
 from rolloutrun_runtime.crash import CRASH_SITES
 from rolloutrun_runtime.metrics import read_metrics
 
-from .conftest import INCARNATION_TIMEOUT_S, SINGLE_TURN, write_config
+from .conftest import INCARNATION_TIMEOUT_S, MULTI_TURN, SINGLE_TURN, write_config
 
 #: ``site:hit`` — hits chosen so the kill lands mid-run (8 steps, 4 groups a step, a
 #: snapshot about every second); a restore site is reached only by the incarnation after a
@@ -205,3 +205,24 @@ def test_random_campaign_of_a_turn_level_run(multi_turn: Path, tmp_path: Path) -
     result = _campaign(multi_turn, tmp_path / "run", kills=3, seed=5, compare=True)
     _assert_whole(result, 3)
     assert result.weights_match is True
+
+
+@pytest.mark.chaos
+def test_planned_kills_of_a_turn_level_run_snapshotting_by_rollouts_end_bit_identical(
+    tmp_path: Path,
+) -> None:
+    """Issue 15: a deterministic turn-level run that snapshots by rollout progress
+    (``snapshotEveryRollouts``), killed right after a trainer checkpoint and near the end of
+    a step, resumes its episodes at their turn (finished ones handed back by the replica) and
+    ends bit-identical to an uninterrupted run, its audit whole."""
+    config = write_config(
+        tmp_path / "by-rollouts.yaml",
+        MULTI_TURN,
+        checkpointing={"snapshotIntervalSeconds": 0, "snapshotEveryRollouts": 4},
+    )
+    result = _campaign(config, tmp_path / "run", kills=2, kill_at=[2.05, 4.9], compare=True)
+    _assert_whole(result, 2)
+    assert [k.how for k in result.kills] == ["planned", "planned"]
+    assert result.weights_match is True
+    records = [json.loads(line) for line in (tmp_path / "run" / "snapshots.jsonl").open()]
+    assert {r["reason"] for r in records} >= {"rollout_progress"}

@@ -19,7 +19,7 @@ class Kill:
     """One SIGKILL of the trainer."""
 
     index: int
-    how: str  # "random-step", "random-startup" or "site"
+    how: str  # "random-step", "random-startup", "planned" or "site"
     site: str | None
     hit: int | None
     steps_before: int
@@ -66,6 +66,12 @@ def rollout_work_lost(
     Every attempt's time after the restored cut is lost (the restored state never saw it);
     an attempt in flight at the cut and abandoned at the restart loses its time before the
     cut too. ``cut_time`` None (a fresh start) loses everything.
+
+    An attempt restored at its turn (``attempt_restored``) may continue from the Gym
+    replica's own newer state, or hand back the result it finished with after the cut: what
+    the resumed run redoes is at most its time from redispatch to seal there. So its loss is
+    the smaller of its time after the cut and that (no credit unless the resumed run sealed
+    it: a later kill counts what it did not finish).
     """
     if not stopped:
         return 0.0
@@ -86,13 +92,31 @@ def rollout_work_lost(
         for e in resumed
         if e["event"] == "attempt_abandoned" and e.get("reason") == "restart"
     }
+    redone = _redone_after_restore(resumed)
     lost = 0.0
     for uuid, start in starts.items():
         end = ends.get(uuid, stop)
-        lost += max(0.0, end - max(start, cut))
+        after_cut = max(0.0, end - max(start, cut))
+        lost += min(after_cut, redone.get(uuid, after_cut))
         if uuid in abandoned and start < cut:
             lost += cut - start
     return lost
+
+
+def _redone_after_restore(resumed: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per attempt the resumed run restored at its turn and sealed: redispatch to seal."""
+    restored = {e["attempt_uuid"] for e in resumed if e["event"] == "attempt_restored"}
+    dispatched: dict[str, float] = {}
+    redone: dict[str, float] = {}
+    for event in resumed:
+        uuid = event.get("attempt_uuid")
+        if uuid is None or uuid not in restored:
+            continue
+        if event["event"] == "attempt_dispatched":
+            dispatched.setdefault(uuid, float(event["t"]))
+        elif event["event"] == "attempt_sealed" and uuid in dispatched:
+            redone[uuid] = float(event["t"]) - dispatched[uuid]
+    return redone
 
 
 def attribute_stops(

@@ -10,6 +10,7 @@ are :mod:`.processes`, the per-kill accounting :mod:`.accounting`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import random
 import secrets
@@ -24,6 +25,7 @@ from rolloutrun_runtime.chaos.processes import (
     REFERENCE_DIR,
     ChaosError,
     has_durable_state,
+    planned_kill,
     random_kill,
     run_reference,
     start_trainer,
@@ -98,6 +100,8 @@ class _Campaign:
     rng: random.Random
     env: dict[str, str]
     incarnation_timeout_s: float
+    #: Planned kill moments in run progress (train steps, see ``planned_kill``); None: random.
+    kill_at: list[float] | None = None
     done_kills: list[Kill] = dataclasses.field(default_factory=list)
     exit_codes: list[int] = dataclasses.field(default_factory=list)
     launched_at: list[float] = dataclasses.field(default_factory=list)
@@ -131,6 +135,7 @@ def _plan(
     seed: int,
     site: str | None,
     incarnation_timeout_s: float,
+    kill_at: list[float] | None = None,
 ) -> tuple[_Campaign, Any]:
     """Check the request and lay the campaign out (nothing started yet); also the config."""
     from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
@@ -141,6 +146,8 @@ def _plan(
     if kills < 0:
         raise ChaosError("--kills must be >= 0")
     cfg = load_run_config(config_file)
+    if kill_at is not None:
+        kill_at = check_kill_plan(kill_at, kills, cfg.grpo.max_steps, site)
     if log_dir.exists() and any(log_dir.iterdir()):
         raise ChaosError(f"{log_dir} is not empty: a chaos campaign starts a new run")
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -157,8 +164,26 @@ def _plan(
         rng=random.Random(seed),
         env=env,
         incarnation_timeout_s=incarnation_timeout_s,
+        kill_at=kill_at,
     )
     return campaign, cfg
+
+
+def check_kill_plan(
+    kill_at: list[float], kills: int, max_steps: int, site: str | None
+) -> list[float]:
+    """A planned campaign's kill moments, sorted; refused unless there is one per kill, each
+    inside the run (after step 1 starts, before ``maxSteps`` completes) and a step apart."""
+    plan = sorted(float(p) for p in kill_at)
+    if site is not None:
+        raise ChaosError("a kill plan (kill_at) and --site are exclusive")
+    if len(plan) != kills:
+        raise ChaosError(f"kill_at has {len(plan)} moments for {kills} kills")
+    if plan and (plan[0] < 0.0 or plan[-1] >= max_steps):
+        raise ChaosError(f"kill_at {plan} must lie in [0, maxSteps {max_steps})")
+    if any(b - a < 1.0 for a, b in itertools.pairwise(plan)):
+        raise ChaosError(f"kill_at {plan}: moments must be at least one step apart")
+    return plan
 
 
 def _start_gyms(
@@ -218,7 +243,10 @@ def _run_incarnation(campaign: _Campaign, run_config: Path, incarnation: int) ->
     process, log = start_trainer(run_config, campaign.log_dir, incarnation, proc_env)
     deadline = launched + campaign.incarnation_timeout_s
     try:
-        if kill_now and not at_site:
+        if kill_now and campaign.kill_at is not None:
+            position = campaign.kill_at[len(campaign.done_kills)]
+            how = planned_kill(process, position, campaign.metrics, deadline)
+        elif kill_now and not at_site:
             how, first_step_s = random_kill(
                 process,
                 campaign.rng,
@@ -238,7 +266,9 @@ def _run_incarnation(campaign: _Campaign, run_config: Path, incarnation: int) ->
         campaign.done_kills.append(
             Kill(
                 index=len(campaign.done_kills),
-                how={"site": "site", "step": "random-step"}.get(how, "random-startup"),
+                how={"site": "site", "step": "random-step", "planned": "planned"}.get(
+                    how, "random-startup"
+                ),
                 site=kill_site if how == "site" else None,
                 hit=hit,
                 steps_before=steps_before,
@@ -290,8 +320,13 @@ def run_chaos(
     compare: bool | None = None,
     reference_sha256: str | None = None,
     incarnation_timeout_s: float = INCARNATION_TIMEOUT_S,
+    kill_at: list[float] | None = None,
 ) -> ChaosResult:
-    """Run ``config_file`` to ``maxSteps`` under ``kills`` SIGKILLs; audit; compare weights."""
+    """Run ``config_file`` to ``maxSteps`` under ``kills`` SIGKILLs; audit; compare weights.
+
+    ``kill_at``: one moment per kill in run progress (train steps: ``10.05`` right after step
+    10 completes), the same on every run given it; default: random moments (package doc).
+    """
     from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
     from rolloutrun_runtime.launcher import stop_process
 
@@ -302,6 +337,7 @@ def run_chaos(
         seed=seed,
         site=site,
         incarnation_timeout_s=incarnation_timeout_s,
+        kill_at=kill_at,
     )
     started = time.monotonic()
     if compare is None:

@@ -152,6 +152,45 @@ def run_reference(
     return (ref_dir / FINAL_WEIGHTS_FILE).read_text().strip()
 
 
+def recent_step_s(metrics: Path, last: int = 5) -> float | None:
+    """The mean ``step_time_s`` of the last ``last`` steps in ``metrics.jsonl`` (None: none yet)."""
+    if not metrics.exists():
+        return None
+    times: list[float] = []
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        try:
+            times.append(float(json.loads(line)["step_time_s"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return sum(times[-last:]) / len(times[-last:]) if times else None
+
+
+def planned_kill(
+    process: subprocess.Popen[Any],
+    position: float,
+    metrics: Path,
+    deadline: float,
+) -> str:
+    """SIGKILL the trainer's group at run progress ``position`` (in train steps): once the
+    run has completed step ``floor(position)``, after that fraction of a step's time.
+
+    ``12.05`` lands right after step 12 completes, ``11.95`` near the end of step 12.
+    Returns ``planned``, or ``planned-missed`` when the process ended (or the deadline
+    passed) first.
+    """
+    whole = int(position)
+    while steps_done(metrics) < whole:
+        if process.poll() is not None or time.monotonic() > deadline:
+            return "planned-missed"
+        time.sleep(POLL_S)
+    step_s = recent_step_s(metrics) or 0.0
+    time.sleep((position - whole) * step_s)
+    if process.poll() is not None:
+        return "planned-missed"
+    _kill_group(process)
+    return "planned"
+
+
 def random_kill(
     process: subprocess.Popen[Any],
     rng: random.Random,

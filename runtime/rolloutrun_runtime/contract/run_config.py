@@ -261,6 +261,16 @@ class CheckpointingSettings(_Model):
             "independent of savePeriod (1: after every step); 0 snapshots by time only."
         ),
     )
+    snapshot_every_rollouts: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "Also attempt a rollout snapshot once this many rollout attempts were dispatched "
+            "since the last attempt began, whatever the step time (a kill loses what was "
+            "dispatched after the last snapshot's cut); 0 turns this trigger off."
+        ),
+    )
     keep_latest: int = Field(
         3,
         ge=1,

@@ -93,3 +93,60 @@ def test_a_used_log_dir_is_refused(tmp_path: Path) -> None:
     (tmp_path / "run" / "metrics.jsonl").write_text("")
     with pytest.raises(chaos.ChaosError, match="not empty"):
         chaos.run_chaos(config, tmp_path / "run", kills=1)
+
+
+def test_a_restored_attempt_loses_at_most_what_the_resumed_run_redid() -> None:
+    """Issue 15: an attempt restored at its turn from the replica's own newer state (or its
+    result, finished after the cut) costs what the resumed run spent to seal it, when that
+    is less than its time after the cut; unsealed there, it gets no credit."""
+    stopped = [
+        _ev(1.0, "a", "attempt_dispatched", attempt_uuid="fast"),
+        _ev(1.0, "a", "attempt_dispatched", attempt_uuid="slow"),
+        _ev(1.0, "a", "attempt_dispatched", attempt_uuid="unsealed"),
+        _ev(4.0, "a", "attempt_sealed", attempt_uuid="fast"),  # 2.0 after the cut at 2.0
+        _ev(5.0, "a", "step_completed", step=2),  # the stop: slow, unsealed 3.0 after the cut
+    ]
+    resumed = [
+        _ev(6.0, "b", "attempt_restored", attempt_uuid=u, level="turn")
+        for u in ("fast", "slow", "unsealed")
+    ]
+    resumed += [
+        _ev(6.1, "b", "attempt_dispatched", attempt_uuid="fast"),
+        _ev(6.1, "b", "attempt_dispatched", attempt_uuid="slow"),
+        _ev(6.1, "b", "attempt_dispatched", attempt_uuid="unsealed"),
+        _ev(6.2, "b", "attempt_sealed", attempt_uuid="fast"),  # handed back: 0.1 redone
+        _ev(10.1, "b", "attempt_sealed", attempt_uuid="slow"),  # 4.0 redone > 3.0: 3.0
+    ]
+    assert chaos.rollout_work_lost(stopped, resumed, 2.0) == pytest.approx(0.1 + 3.0 + 3.0)
+
+
+def test_a_kill_plan_is_one_moment_per_kill_inside_the_run_a_step_apart() -> None:
+    from rolloutrun_runtime.chaos.campaign import check_kill_plan
+
+    assert check_kill_plan([9.95, 3.5], 2, 10, None) == [3.5, 9.95]
+    for plan, kills, why in [
+        ([3.5], 2, "1 moments for 2 kills"),
+        ([3.5, 4.0], 2, "one step apart"),
+        ([3.5, 10.0], 2, "must lie in"),
+    ]:
+        with pytest.raises(chaos.ChaosError, match=why):
+            check_kill_plan(plan, kills, 10, None)
+    with pytest.raises(chaos.ChaosError, match="exclusive"):
+        check_kill_plan([3.5], 1, 10, "after_manifest_write")
+
+
+def test_the_trace_counts_attempts_in_flight_at_a_stop_and_the_cut_age() -> None:
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import analyze
+
+    events = [
+        _ev(0.0, "a", "run_started", resumed_from=None, cut_time=None),
+        _ev(1.0, "a", "attempt_dispatched", attempt_uuid="x"),
+        _ev(1.0, "a", "attempt_dispatched", attempt_uuid="y"),
+        _ev(1.5, "a", "attempt_failed", attempt_uuid="y"),
+        _ev(2.0, "a", "attempt_dispatched", attempt_uuid="z"),
+        _ev(2.5, "a", "attempt_sealed", attempt_uuid="z"),
+        _ev(3.0, "b", "run_started", resumed_from="snap", snapshot_id=1, cut_time=2.25),
+    ]
+    (stop,) = analyze(events).stops
+    assert stop.in_flight_at_stop == 1
+    assert stop.since_cut_s == pytest.approx(0.25)

@@ -48,6 +48,7 @@ OPERATIONAL_KEYS: frozenset[str] = frozenset(
         "checkpointing.resumeHint",
         "checkpointing.snapshotIntervalSeconds",
         "checkpointing.snapshotEverySteps",
+        "checkpointing.snapshotEveryRollouts",
         "checkpointing.keepLatest",
         "checkpointing.trace",
         "checkpointing.preemptionGraceSeconds",

@@ -66,6 +66,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions imp
     mark_restart_from_turn_zero,
     require_replay_from,
     resolve_anchor,
+    should_snapshot_after_rollouts,
     should_snapshot_after_step,
     skip_outcome,
 )
@@ -156,8 +157,11 @@ class RolloutSnapshotter:
         #: Abandoned attempts the environment has retired (each is retired once).
         self._retired: set[EnvironmentEpisode] = set()
         self._wake = asyncio.Event()
-        #: What woke the pump ("trainer_checkpoint", "train_step"); None: the timer.
+        #: What woke the pump ("trainer_checkpoint", "train_step", "rollout_progress");
+        #: None: the timer.
         self._wake_reason: str | None = None
+        #: Rollout attempts dispatched since the last attempt began (``rollout_dispatched``).
+        self._dispatched_since = 0
         self.outcomes: list[SnapshotOutcome] = []
         self.published: list[dict[str, Any]] = []
 
@@ -264,14 +268,25 @@ class RolloutSnapshotter:
             self._wake_reason = self._wake_reason or "train_step"
             self._wake.set()
 
-    async def run_pump(self, interval_s: float, every_steps: int = 0) -> None:
-        """Attempt a snapshot every ``interval_s`` seconds, after each trainer save, and
-        after every ``every_steps``-th train step (woken by ``train_step_completed``).
+    def rollout_dispatched(self, every_rollouts: int) -> None:
+        """One rollout attempt dispatched: snapshot soon once ``every_rollouts`` were since
+        the last attempt began (``snapshotEveryRollouts``)."""
+        self._dispatched_since += 1
+        if should_snapshot_after_rollouts(self._dispatched_since, every_rollouts):
+            self._wake_reason = self._wake_reason or "rollout_progress"
+            self._wake.set()
 
-        ``interval_s`` 0 leaves only the wake-ups; with ``every_steps`` 0 too, periodic
-        snapshots are off (a forced one, e.g. on SIGTERM, still runs).
+    async def run_pump(
+        self, interval_s: float, every_steps: int = 0, every_rollouts: int = 0
+    ) -> None:
+        """Attempt a snapshot every ``interval_s`` seconds, after each trainer save, after
+        every ``every_steps``-th train step (woken by ``train_step_completed``) and once
+        ``every_rollouts`` attempts were dispatched (woken by ``rollout_dispatched``).
+
+        ``interval_s`` 0 leaves only the wake-ups; with ``every_steps`` and
+        ``every_rollouts`` 0 too, periodic snapshots are off (a forced one still runs).
         """
-        if self._manifests is None or (interval_s <= 0 and every_steps <= 0):
+        if self._manifests is None or max(interval_s, every_steps, every_rollouts) <= 0:
             return
         if self._parts.ledger is None:
             # Without the ledger nothing records in-flight groups: a snapshot would move the
@@ -288,6 +303,7 @@ class RolloutSnapshotter:
                 waiter.cancel()
             reason, self._wake_reason = self._wake_reason or "periodic", None
             self._wake.clear()
+            self._dispatched_since = 0
             await self.attempt(reason=reason)
 
     # ================================================================== one attempt

@@ -162,6 +162,13 @@ def should_snapshot_after_step(step: int, every_steps: int) -> bool:
     return every_steps > 0 and step > 0 and step % every_steps == 0
 
 
+def should_snapshot_after_rollouts(dispatched_since: int, every_rollouts: int) -> bool:
+    """Whether ``dispatched_since`` rollout attempts dispatched since the last attempt began
+    make a snapshot's moment (``snapshotEveryRollouts``): the work a kill loses is what was
+    dispatched after the last cut, so this cadence follows rollout progress, not steps."""
+    return every_rollouts > 0 and dispatched_since >= every_rollouts
+
+
 def skip_outcome(
     progress: TrainingProgress, *, force: bool, seen: tuple[int | None, int | None], now: int
 ) -> SnapshotOutcome | None:

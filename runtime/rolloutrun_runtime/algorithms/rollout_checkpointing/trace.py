@@ -149,6 +149,10 @@ class StopReport:
     thrown_away_s: float
     restored_attempts: int
     lost_progress_s: float | None
+    #: Attempts the stopped run had dispatched and not yet sealed or failed when it stopped.
+    in_flight_at_stop: int = 0
+    #: Seconds from the restored cut to the stop (None: a fresh start).
+    since_cut_s: float | None = None
 
 
 @dataclasses.dataclass
@@ -236,9 +240,12 @@ def _stop_report(
     started = next((e for e in after if e["event"] == "run_started"), after[0])
     cut_time = started.get("cut_time")
     last_dispatch: dict[str, float] = {}
+    ended: set[str] = set()
     for event in before:
         if event["event"] == "attempt_dispatched":
             last_dispatch[event["attempt_uuid"]] = event["t"]
+        elif event["event"] in ("attempt_sealed", "attempt_failed"):
+            ended.add(event["attempt_uuid"])
     abandoned = [
         e for e in after if e["event"] == "attempt_abandoned" and e.get("reason") == "restart"
     ]
@@ -273,6 +280,8 @@ def _stop_report(
         thrown_away_s=thrown,
         restored_attempts=sum(1 for e in after if e["event"] == "attempt_restored"),
         lost_progress_s=lost,
+        in_flight_at_stop=len(set(last_dispatch) - ended),
+        since_cut_s=None if cut_time is None else before[-1]["t"] - float(cut_time),
     )
 
 
@@ -364,7 +373,13 @@ def _render_text(report: TraceReport) -> str:
         lines.append(
             f"stop {stop.index}: restored snapshot {stop.restored_snapshot_id}, "
             f"{stop.abandoned_attempts} attempts abandoned, thrown away "
-            f"{stop.thrown_away_s:.2f}s, {stop.restored_attempts} restored, lost progress {lost}"
+            f"{stop.thrown_away_s:.2f}s, {stop.restored_attempts} restored, lost progress {lost}, "
+            f"{stop.in_flight_at_stop} in flight at the stop, "
+            + (
+                "fresh start"
+                if stop.since_cut_s is None
+                else f"cut {stop.since_cut_s:.2f}s before it"
+            )
         )
     if any(stop.lost_progress_s is None for stop in report.stops):
         lines.append("lost progress needs --baseline LOG_DIR (an uninterrupted run's trace)")

@@ -135,8 +135,18 @@ class SingleController:
     def _assemble(self, checkpointer: TrainerCheckpointer | None, pad_id: int) -> None:
         """Build the parts over the one run state (each gets only what it uses)."""
         state, trace, overhead = self.state, self.trace, self.overhead
+        every_rollouts = self.cfg.checkpointing.snapshot_every_rollouts
         self.rollout_pump = RolloutPump(
-            state, gym=self.gym, workers=self.workers, trace=trace, overhead=overhead
+            state,
+            gym=self.gym,
+            workers=self.workers,
+            trace=trace,
+            overhead=overhead,
+            on_dispatched=(
+                (lambda: self.rollout_snapshots.rollout_dispatched(every_rollouts))
+                if every_rollouts > 0
+                else None
+            ),
         )
         self.checkpoints = TrainerCheckpoints(
             state,
@@ -180,6 +190,7 @@ class SingleController:
                 self.rollout_snapshots.run_pump(
                     self.cfg.checkpointing.snapshot_interval_seconds,
                     self.cfg.checkpointing.snapshot_every_steps,
+                    self.cfg.checkpointing.snapshot_every_rollouts,
                 ),
                 name="snapshot-pump",
             )

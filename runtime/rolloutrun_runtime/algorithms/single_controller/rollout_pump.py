@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,8 +98,11 @@ class RolloutPump:
         workers: PolicyWorkers,
         trace: TraceWriter,
         overhead: OverheadClock,
+        on_dispatched: Callable[[], None] | None = None,
     ) -> None:
         self.state = state
+        #: Told of each attempt dispatched under the ledger (the snapshot cadence by rollouts).
+        self.on_dispatched = on_dispatched
         self.cfg = state.cfg
         self.gym = gym
         self.workers = workers
@@ -249,6 +252,8 @@ class RolloutPump:
                         gym_instance_id=replica.instance_id,
                         gym_attempt=attempt.gym_attempt,
                     )
+                    if self.on_dispatched is not None:
+                        self.on_dispatched()
                 else:
                     assert local_attempt is not None
                     attempt = local_attempt

@@ -34,6 +34,7 @@ from rolloutrun_runtime.environments.gym.effects import (
 )
 from rolloutrun_runtime.environments.gym.episode import (
     LIVE_PHASES,
+    POLICY_FAILED_PREFIX,
     Episode,
     EpisodeId,
     Phase,
@@ -238,7 +239,7 @@ class AgentLoop:
         try:
             result = await self.policy.complete(episode.policy_url, request)
         except PolicyCallError as error:
-            episode.phase, episode.error = Phase.FAILED, str(error)
+            episode.phase, episode.error = Phase.FAILED, POLICY_FAILED_PREFIX + str(error)
             raise
         episode.segments.append(
             Segment("model", result.token_ids, result.logprobs, result.weight_versions)

@@ -73,6 +73,10 @@ class Phase(enum.StrEnum):
 #: The error recorded on an episode whose ``/run`` was cancelled (its client went away).
 CANCELLED_REASON = "request cancelled"
 
+#: How the error of an episode whose model call failed begins (its trainer, which serves
+#: the policy, vanished: the episode rests at the boundary before that call).
+POLICY_FAILED_PREFIX = "model call failed: "
+
 #: Phases from which the agent loop can continue.
 LIVE_PHASES = frozenset({Phase.AWAIT_MODEL, Phase.AWAIT_TOOL})
 

@@ -10,7 +10,8 @@ The rules: a record is installed under ``attempt + 1``. A record whose rollout a
 applied side effects past the record's revision (an older attempt ran on after the
 snapshot) is refused: continuing it would repeat a side effect, so its sibling restarts from
 turn 0 under a new rollout id. An episode that ran on after its copy is continued from the
-replica's own newer state when that state is consistent (:func:`choose_restore_source`).
+replica's own newer state when that state is consistent (:func:`choose_restore_source`): at
+the boundary where its trainer vanished, or finished (the successor returns its result).
 A dropped restore (the trainer's restore failed later, e.g. its ledger refused the episodes)
 removes the installed attempts and undoes the retirement of the ones they replaced. A restore
 arrives in chunks that fit the Gym's request limit; :func:`restore_records` installs one
@@ -28,6 +29,7 @@ from typing import Any
 from rolloutrun_runtime.environments.gym.episode import (
     CANCELLED_REASON,
     LIVE_PHASES,
+    POLICY_FAILED_PREFIX,
     Episode,
     EpisodeId,
     Phase,
@@ -49,7 +51,8 @@ class Installed:
 def resumable_phase(episode: Episode) -> Phase | None:
     """The live phase an episode can continue from, or None.
 
-    An episode whose ``/run`` was cancelled (its trainer vanished) is ``abandoned`` but still
+    An episode whose ``/run`` was cancelled (its trainer vanished), or whose model call failed
+    (``POLICY_FAILED_PREFIX``: the trainer serving the policy vanished first), is still
     consistent: a cancel lands only at an await, and there is none between a side effect's
     record returning and the state change. A cancel while the record is being written leaves
     the episode behind its claimed revision, which :func:`choose_restore_source` refuses
@@ -59,6 +62,11 @@ def resumable_phase(episode: Episode) -> Phase | None:
         return episode.phase
     if episode.phase is Phase.ABANDONED and episode.error == CANCELLED_REASON:
         return Phase.AWAIT_TOOL if episode.pending is not None else Phase.AWAIT_MODEL
+    # A failed model call (the trainer serving the policy vanished) changed nothing: the
+    # episode rests at the boundary before that call.
+    failed_call = episode.phase is Phase.FAILED and episode.pending is None
+    if failed_call and (episode.error or "").startswith(POLICY_FAILED_PREFIX):
+        return Phase.AWAIT_MODEL
     return None
 
 
@@ -72,7 +80,8 @@ def choose_restore_source(
     """Which record a restore continues from: ``(record, "")`` or ``(None, reason)``.
 
     Prefer the replica's own copy of the same attempt when it survived and got further than
-    the snapshot (no progress lost); otherwise the snapshot's record, unless a side effect
+    the snapshot (no progress lost), finished included (its ``/run`` returns the result);
+    otherwise the snapshot's record, unless a side effect
     was applied after it (continuing would repeat that effect).
     """
     if successor_exists:
@@ -80,6 +89,10 @@ def choose_restore_source(
     if snapshot.phase not in LIVE_PHASES:
         return None, f"episode was {snapshot.phase.value} at the snapshot"
     if in_memory is not None and in_memory.revision >= snapshot.revision:
+        if in_memory.phase is Phase.FINISHED and in_memory.revision == applied_revision:
+            # It finished here after the snapshot (its result died with the trainer): the
+            # successor hands that result back at once, nothing redone, no effect repeated.
+            return in_memory.to_record(), ""
         phase = resumable_phase(in_memory)
         if phase is not None and in_memory.revision == applied_revision:
             record = in_memory.to_record()

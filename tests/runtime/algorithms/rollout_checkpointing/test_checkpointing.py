@@ -23,6 +23,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import (
     SnapshotError,
     SnapshotOutcome,
+    should_snapshot_after_rollouts,
     should_snapshot_after_step,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
@@ -144,6 +145,31 @@ async def test_snapshot_every_steps_without_a_timer(tmp_path) -> None:
     assert all(p["train_step"] >= 2 for p in h.published)
     # Woken twice before the run's end (after steps 2 and 4); one attempt at most per wake.
     assert len(h.records) <= 3
+
+
+@pytest.mark.parametrize(
+    ("since", "every", "expected"),
+    [(0, 4, False), (3, 4, False), (4, 4, True), (9, 4, True), (9, 0, False)],
+)
+def test_which_rollout_counts_snapshot(since: int, every: int, expected: bool) -> None:
+    assert should_snapshot_after_rollouts(since, every) is expected
+
+
+async def test_snapshot_every_rollouts_without_a_timer_or_steps(tmp_path) -> None:
+    """Issue 15: snapshotEveryRollouts 4 with the timer and the step cadence off: the pump is
+    woken by rollout progress alone (every four attempts dispatched), whatever the steps."""
+    async with harness() as h:
+        cfg = await h.start_gyms(
+            tiny_config(
+                tmp_path,
+                grpo={"maxSteps": 3},
+                checkpointing={"snapshotIntervalSeconds": 0, "snapshotEveryRollouts": 4},
+            )
+        )
+        await run_to_end(await h.controller(cfg))
+    published = [r for r in h.records if r["rollout/checkpoint_outcome"] == "published"]
+    assert published, h.records
+    assert {r["reason"] for r in h.records} == {"rollout_progress"}
 
 
 async def test_capture_kinds_and_the_attempts_skips(tmp_path) -> None:

@@ -42,6 +42,7 @@ from rolloutrun_runtime.environments.gym.control import (
 )
 from rolloutrun_runtime.environments.gym.episode import (
     CANCELLED_REASON,
+    POLICY_FAILED_PREFIX,
     Episode,
     EpisodeId,
     Phase,
@@ -447,6 +448,35 @@ async def test_restore_continues_the_same_replica_episode_under_attempt_plus_one
         assert mine == list(range(1, len(mine) + 1)), "revisions must be contiguous"
 
 
+async def test_restore_hands_back_an_episode_that_finished_after_the_snapshot(rig: Rig) -> None:
+    """Issue 15: an episode copied by a snapshot that finished on the replica afterwards (its
+    result died with the trainer) is restored finished, and attempt 1's ``/run`` returns that
+    result at once: no turn redone, no side effect applied again (it was refused, the sibling
+    restarting from turn 0, before)."""
+    await rig.start_gym()
+    client = rig.client()
+    runs = [rig.run("gym-0", f"r{i}", prompt_id=LONG[i]) for i in range(2)]
+    await rig.wait_live("gym-0", 2)
+    await asyncio.sleep(0.1)  # let them apply a side effect or two
+    await client.prepare("ck1", deadline())
+    episodes = [EnvironmentEpisode(f"r{i}", 0, "gym-0") for i in range(2)]
+    snapshot = GymSnapshot.from_bytes((await client.commit("ck1", deadline(), episodes)).to_bytes())
+    await client.resume("ck1")
+    finished = [body for _, body in await asyncio.gather(*runs)]  # ran on to the end
+    server = rig.gyms["gym-0"][0]
+    copied = {r["episode_id"]["rollout_id"]: r["revision"] for r in snapshot.records["gym-0"]}
+    assert all(server.effects.applied_revision(r) > rev for r, rev in copied.items())
+    before = rig.audit_revisions()
+    async with restore_scope(client, "ck-restore", deadline(), snapshot.to_bytes()) as outcome:
+        pass
+    assert [e.row_key for e in outcome.restored] == ["r0-a1", "r1-a1"] and not outcome.refused
+    results = [await rig.run("gym-0", f"r{i}", prompt_id=LONG[i], attempt=1) for i in range(2)]
+    for (status, body), first in zip(results, finished, strict=True):
+        assert status == 200 and body["episode_id"]["attempt"] == 1
+        assert body["reward"] == first["reward"] and body["segments"] == first["segments"]
+    assert rig.audit_revisions() == before, "a side effect was applied again"
+
+
 async def test_restore_on_a_fresh_replica_refuses_episodes_that_ran_past_the_snapshot(
     rig: Rig, tmp_path: Path
 ) -> None:
@@ -495,7 +525,13 @@ def _episode(revision: int, phase: Phase = Phase.AWAIT_MODEL, error: str | None 
         (None, 3, (None, "continuing would repeat one")),
         (_episode(3, Phase.ABANDONED, CANCELLED_REASON), 3, ("memory", "")),
         (_episode(3, Phase.ABANDONED, "boom"), 3, (None, "continuing would repeat one")),
-        (_episode(3, Phase.FINISHED), 3, (None, "continuing would repeat one")),
+        # Finished here after the snapshot: the successor hands its result back (issue 15).
+        (_episode(3, Phase.FINISHED), 3, ("memory", "")),
+        # ... but not when the log has applied past it (it is not the rollout's newest state).
+        (_episode(3, Phase.FINISHED), 4, (None, "continuing would repeat one")),
+        # A failed model call (the trainer vanished) rests at the boundary before the call.
+        (_episode(3, Phase.FAILED, POLICY_FAILED_PREFIX + "policy x failed"), 3, ("memory", "")),
+        (_episode(3, Phase.FAILED, "side effect refused"), 3, (None, "continuing would repeat")),
         (_episode(2, Phase.AWAIT_TOOL), 2, ("memory", "")),
     ],
 )
@@ -509,10 +545,10 @@ def test_choose_restore_source_table(memory: Episode | None, applied: int, expec
     else:
         source = snapshot if kind == "snapshot" else memory
         assert record is not None and source is not None
-        assert record["revision"] == source.revision and record["phase"] in {
-            "await_model",
-            "await_tool",
-        }
+        assert record["revision"] == source.revision
+        finished = source.phase is Phase.FINISHED
+        assert record["phase"] in ({"finished"} if finished else {"await_model", "await_tool"})
+        assert finished or record["error"] is None
 
 
 def test_choose_restore_source_refuses_a_successor_that_already_ran() -> None:
