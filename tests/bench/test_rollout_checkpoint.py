@@ -48,6 +48,9 @@ def test_the_summary_states_the_ratio_at_the_worst_seed() -> None:
     assert summary["met"] is False
 
 
+# Two kill campaigns, about a minute of CPU: `make chaos` (run --quick by hand on a change to
+# the checkpointing path).
+@pytest.mark.chaos
 def test_quick_measures_both_sides_and_prints_the_json(tmp_path: Path) -> None:
     out = tmp_path / "quick.json"
     subprocess.run(

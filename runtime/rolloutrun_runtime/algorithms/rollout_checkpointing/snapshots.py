@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 import uuid
@@ -43,9 +42,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
-    compare_rows,
     expected_staging_rows,
-    require_complete,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     Anchor,
@@ -55,13 +52,13 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     fingerprint_of,
     rollout_config_view,
 )
+from rolloutrun_runtime.algorithms.rollout_checkpointing.sidecars import write_controller_sidecars
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions import (
     SnapshotError,
     SnapshotOutcome,
     SnapshotTimings,
     abandoned_episodes,
     dispatched_episodes,
-    encode_captured_ledger,
     lost_episodes,
     mark_restart_from_turn_zero,
     require_replay_from,
@@ -78,14 +75,6 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     TrainingProgress,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
-from rolloutrun_runtime.contract.layout import (
-    CONTROLLER_STATE_FILE,
-    DATA_PLANE_PREFIX,
-    ENVIRONMENT_FILE,
-    JOURNAL_FILE,
-    LEDGER_FILE,
-    RUNTIME_STATE_FILE,
-)
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.data_plane import hold_gc
 from rolloutrun_runtime.environments.checkpointing import (
@@ -216,38 +205,8 @@ class RolloutSnapshotter:
             finalizer_results=tuple(state.finalizer_results.values()),
         )
 
-    @staticmethod
-    def write_controller_sidecars(captured: CapturedRolloutState) -> dict[str, bytes]:
-        """Serialize a capture: the files both checkpoint kinds hold (runs off the loop)."""
-        files: dict[str, bytes] = {}
-        # The inventory of the cut's copies, off the loop (an incomplete capture fails here).
-        inventory = compare_rows(
-            captured.data_plane,
-            replay_view=captured.replay_view,
-            retained_row_keys=captured.retained_row_keys,
-            staging_refs=captured.staging_refs,
-        )
-        require_complete(inventory, f"{captured.kind.value} at step {captured.train_step}")
-        # per-group JSON only in locals (not on ``captured``): gone when this call returns
-        replay_json = [group.to_json() for group in captured.replay_view]
-        if captured.ledger_capture is not None:
-            sidecar = encode_captured_ledger(captured)
-            files[LEDGER_FILE] = sidecar.data
-            captured.controller_state["rollout_recovery"] = sidecar.metadata()
-            captured.data_plane_metadata.update(sidecar.metadata())
-        dp_metadata = {**captured.data_plane_metadata, "replay": replay_json}
-        for name, data in captured.data_plane.to_files(dp_metadata).items():
-            files[DATA_PLANE_PREFIX + name] = data
-        crash_point("after_data_plane_save")
-        controller_state = {**captured.controller_state, "replay": replay_json}
-        files[CONTROLLER_STATE_FILE] = json.dumps(controller_state, sort_keys=True).encode()
-        results = [r.to_json() for r in captured.finalizer_results]
-        runtime_state = {**captured.runtime_state, "finalizer_results": results}
-        files[RUNTIME_STATE_FILE] = json.dumps(runtime_state, sort_keys=True).encode()
-        files[JOURNAL_FILE] = json.dumps(captured.journal, sort_keys=True).encode()
-        if captured.environment_snapshot is not None:
-            files[ENVIRONMENT_FILE] = captured.environment_snapshot.to_bytes()
-        return files
+    #: Serializing a capture (off the loop): see :mod:`.sidecars`.
+    write_controller_sidecars = staticmethod(write_controller_sidecars)
 
     # ================================================================== bootstrap
     def ensure_bootstrap_anchor(self) -> None:
