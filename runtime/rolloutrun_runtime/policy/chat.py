@@ -66,11 +66,9 @@ class ChatTemplateTokenizer:
         self.template: str = base.chat_template
         self.pad_id, self.bos_id, self.eos_id = base.pad_id, base.bos_id, base.eos_id
         self.stop_ids = base.stop_ids
-        # Templates may name the special tokens (Llama 3: ``{{ bos_token }}``).
-        self.specials = {
-            name: base.tokenizer.id_to_token(token_id)
-            for name, token_id in (("bos_token", base.bos_id), ("eos_token", base.eos_id))
-        }
+        # Templates may name the special tokens (Llama 3: ``{{ bos_token }}``), as
+        # tokenizer_config.json names them (a model without a BOS leaves it undefined).
+        self.specials: dict[str, Any] = dict(base.special_tokens)
 
     @property
     def vocab_size(self) -> int:

@@ -118,6 +118,12 @@ class HFTokenizer:
         settings_path = directory / TOKENIZER_CONFIG_FILE
         settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
         self.chat_template: str | None = settings.get("chat_template")
+        #: The named special tokens as text (what chat templates see as ``bos_token``...).
+        self.special_tokens = {
+            name: token.get("content") if isinstance(token, dict) else token
+            for name in ("bos_token", "eos_token", "pad_token", "unk_token")
+            if isinstance(token := settings.get(name), str | dict)
+        }
         eos = self._special(settings, "eos_token")
         if eos is None:
             raise HFModelError(f"{directory}: the tokenizer names no eos_token")

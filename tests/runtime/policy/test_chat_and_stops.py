@@ -140,6 +140,17 @@ def test_the_switch_needs_a_template_and_a_model(tiny: Path, tmp_path: Path) -> 
         PolicyConfig.model_validate({"chatTemplate": True})
 
 
+def test_templates_see_the_named_special_tokens(tiny: Path, tmp_path: Path) -> None:
+    llama3 = _copy(tiny, tmp_path / "llama3")
+    _settings(llama3, chat_template="{{ bos_token }}{{ messages[0]['content'] }}{{ eos_token }}")
+    tokenizer = policy_tokenizer(_cfg(llama3, chat=True))
+    assert tokenizer.encode_prompt("1+1=") == [
+        tokenizer.bos_id,
+        *tokenizer.encode("1+1="),
+        tokenizer.eos_id,
+    ]
+
+
 def test_templates_render_sandboxed_and_may_refuse(tiny: Path, tmp_path: Path) -> None:
     refusing = _copy(tiny, tmp_path / "refusing")
     _settings(refusing, chat_template="{{ raise_exception('system messages only') }}")
