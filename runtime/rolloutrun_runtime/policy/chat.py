@@ -12,6 +12,7 @@ without letting it reach Python objects.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from typing import Any, NoReturn
@@ -31,7 +32,13 @@ def _compiled(template: str) -> Callable[..., str]:
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # As transformers renders templates: loop controls, and tojson without HTML escaping.
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(
+        value, ensure_ascii=False, indent=indent
+    )
     env.globals["raise_exception"] = _raise_exception
     try:
         return env.from_string(template).render

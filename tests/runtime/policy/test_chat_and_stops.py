@@ -142,13 +142,21 @@ def test_the_switch_needs_a_template_and_a_model(tiny: Path, tmp_path: Path) -> 
 
 def test_templates_see_the_named_special_tokens(tiny: Path, tmp_path: Path) -> None:
     llama3 = _copy(tiny, tmp_path / "llama3")
-    _settings(llama3, chat_template="{{ bos_token }}{{ messages[0]['content'] }}{{ eos_token }}")
+    _settings(
+        llama3,
+        chat_template="{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% break %}"
+        "{% endfor %}{{ eos_token }}",
+    )
     tokenizer = policy_tokenizer(_cfg(llama3, chat=True))
     assert tokenizer.encode_prompt("1+1=") == [
         tokenizer.bos_id,
         *tokenizer.encode("1+1="),
         tokenizer.eos_id,
     ]
+    quoting = _copy(tiny, tmp_path / "quoting")
+    _settings(quoting, chat_template="{{ messages[0] | tojson }}")
+    rendered = policy_tokenizer(_cfg(quoting, chat=True)).encode_prompt("a<b")
+    assert rendered == tokenizer.encode('{"role": "user", "content": "a<b"}')
 
 
 def test_templates_render_sandboxed_and_may_refuse(tiny: Path, tmp_path: Path) -> None:
