@@ -113,6 +113,16 @@ def default_work_dir(name: str) -> Path:
     return Path(".rolloutrun") / f"{name}-{stamp}"
 
 
+def model_problem(document: dict[str, Any]) -> str | None:
+    """Why the RolloutRun's local ``policy.model`` holds no model (None: it does, or is
+    not local). Pods see this machine's files except ``/tmp``, so the check is meaningful."""
+    from rolloutrun_runtime.contract.model_dir import local_model_problem
+
+    run = (document.get("spec") or {}).get("run") or {}
+    model = (run.get("policy") or {}).get("model")
+    return local_model_problem(model) if isinstance(model, str) and model else None
+
+
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -125,6 +135,10 @@ def main(args: argparse.Namespace) -> int:
         document = load_document(args.file)
     except EmbeddedRunError as error:
         print(f"rolloutrun run: {error}", file=sys.stderr)
+        return 2
+    problem = model_problem(document)
+    if problem:  # before a cluster starts: the pods would only fail on it
+        print(f"rolloutrun run: {problem}", file=sys.stderr)
         return 2
     if args.max_steps is not None:
         run_spec = document.setdefault("spec", {}).setdefault("run", {})

@@ -214,8 +214,10 @@ def main(args: argparse.Namespace) -> int:
     import asyncio
 
     from rolloutrun_runtime.algorithms.single_controller.hooks import OnStep
+    from rolloutrun_runtime.contract.model_dir import local_model_problem
     from rolloutrun_runtime.contract.run_config import ConfigError, load_run_config
     from rolloutrun_runtime.metrics import format_progress
+    from rolloutrun_runtime.policy.hf_files import HFModelError
     from rolloutrun_runtime.prompt_data import PromptDataError
     from rolloutrun_runtime.storage import StorageError
     from rolloutrun_runtime.trainer import run_trainer
@@ -228,6 +230,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.log_dir:
         cfg = cfg.model_copy(update={"log_dir": str(args.log_dir)})
+    problem = cfg.policy.model and local_model_problem(cfg.policy.model)
+    if problem:  # before any Gym starts: one line, not a traceback from the model's load
+        print(f"rolloutrun train: {problem}", file=sys.stderr)
+        return 2
     log_dir = Path(cfg.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_handler = route_logs(log_dir, args.verbose)
@@ -260,7 +266,7 @@ def main(args: argparse.Namespace) -> int:
     except LaunchError as error:
         print(f"rolloutrun train: {error}", file=sys.stderr)
         return 1
-    except (RuntimeError, StorageError, PromptDataError) as error:
+    except (RuntimeError, StorageError, PromptDataError, HFModelError) as error:
         # Controller, ledger, checkpoint and storage errors name their problem; the
         # traceback is in the log at DEBUG.
         logging.getLogger(__name__).debug("run failed", exc_info=error)

@@ -66,6 +66,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import UnrestorableError
+    from rolloutrun_runtime.contract.model_dir import local_model_problem
     from rolloutrun_runtime.contract.run_config import (
         UNRESTORABLE_EXIT_CODE,
         ConfigError,
@@ -77,6 +78,7 @@ def main(args: argparse.Namespace) -> int:
         holding,
         lease_from_environment,
     )
+    from rolloutrun_runtime.policy.hf_files import HFModelError
     from rolloutrun_runtime.prompt_data import PromptDataError
 
     gym_token = take_gym_token()  # first: no child process of the trainer inherits it
@@ -88,6 +90,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.log_dir:
         cfg = cfg.model_copy(update={"log_dir": str(args.log_dir)})
+    problem = cfg.policy.model and local_model_problem(cfg.policy.model)
+    if problem:  # a restart finds the same directory: the config's exit, not a loop
+        print(f"rolloutrun trainer: {problem}", file=sys.stderr)
+        return UNRESTORABLE_EXIT_CODE
     if not cfg.gym.endpoints:
         print(
             "rolloutrun trainer: gym.endpoints is empty (use 'rolloutrun train')", file=sys.stderr
@@ -105,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
     except (FencedError, LeaseError) as error:
         print(f"rolloutrun trainer: {error}", file=sys.stderr)
         return EXIT_FENCED
-    except UnrestorableError as error:  # a restart would refuse the same entries: no loop
+    except (UnrestorableError, HFModelError) as error:  # a restart meets the same: no loop
         print(f"rolloutrun trainer: {error}", file=sys.stderr)
         return UNRESTORABLE_EXIT_CODE
     except PromptDataError as error:  # the prompt file: named, without a traceback

@@ -21,6 +21,12 @@ HEADS_DIVIDE_WIDTH = FieldRule(
     message="policy.dModel must be divisible by policy.nHeads",
 )
 
+#: The built-in model has no chat template.
+CHAT_TEMPLATE_NEEDS_MODEL = FieldRule(
+    rule="!self.chatTemplate || has(self.model)",
+    message="policy.chatTemplate needs policy.model (the built-in model has no chat template)",
+)
+
 
 class Device(enum.StrEnum):
     """Where the policy's tensors live."""
@@ -45,7 +51,9 @@ class PolicyConfig(_Model):
     """The policy: the built-in small causal transformer over the tasks' character
     vocabulary, or a Hugging Face causal LM (``model``)."""
 
-    model_config = ConfigDict(json_schema_extra=cel_rules(HEADS_DIVIDE_WIDTH))
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(HEADS_DIVIDE_WIDTH, CHAT_TEMPLATE_NEEDS_MODEL)
+    )
 
     d_model: int = Field(64, ge=8, le=4096, description="Transformer hidden size.")
     n_layers: int = Field(2, ge=1, le=64, description="Number of transformer blocks.")
@@ -71,6 +79,21 @@ class PolicyConfig(_Model):
         PolicyDtype.AUTO,
         description="Dtype of the policy's weights (auto: bfloat16 on CUDA, float32 on CPU).",
     )
+
+    chat_template: bool = Field(
+        False,
+        description=(
+            "Render each prompt as one user message with the model's chat template "
+            "(tokenizer_config.json chat_template, add_generation_prompt) before tokenizing. "
+            "Needs model. False: prompts are tokenized raw after a BOS."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _chat_template_needs_model(self) -> PolicyConfig:
+        if self.chat_template and self.model is None:
+            raise ValueError(CHAT_TEMPLATE_NEEDS_MODEL.message)
+        return self
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> PolicyConfig:

@@ -29,7 +29,7 @@ import copy
 import logging
 import random
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -207,12 +207,15 @@ class GenerationEngine:
         batch_invariant: bool = False,
         seed: int | None = None,
         threaded: bool = True,
+        stop_ids: Iterable[int] = (),
     ) -> None:
         if keep_versions < 1:
             raise ValueError("keep_versions must be at least 1")
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.eos_id = eos_id
+        #: A call stops at ``eos_id`` or any of these (a model's several eos_token_id).
+        self.stop_ids = frozenset({eos_id, *stop_ids})
         self.device = resolve_device(cfg)
         self.keep_versions = keep_versions
         self.max_running = max_running
@@ -495,7 +498,7 @@ class GenerationEngine:
         self.tokens_generated += 1
         if call.future.done():  # the caller went away (cancelled)
             call.finish_reason = "cancelled"
-        elif token == self.eos_id:
+        elif token in self.stop_ids:
             call.finish_reason = "stop"
         elif len(call.generated) >= call.request.max_tokens or (
             len(call.tokens) >= self.cfg.max_seq_len

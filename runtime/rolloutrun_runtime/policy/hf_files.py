@@ -18,11 +18,34 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-#: Files a model directory must hold (and at least one ``*.safetensors``).
-CONFIG_FILE = "config.json"
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+from rolloutrun_runtime.contract.model_dir import (
+    CONFIG_FILE,
+    GENERATION_CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    model_dir_problem,
+)
+
+__all__ = [
+    "CONFIG_FILE",
+    "GENERATION_CONFIG_FILE",
+    "MODEL_CACHE_ENV",
+    "PROMPT_FILES",
+    "TOKENIZER_CONFIG_FILE",
+    "TOKENIZER_FILE",
+    "TOKENIZER_FILES",
+    "HFModelError",
+    "HFTokenizer",
+    "config_stop_ids",
+    "load_tokenizer",
+    "local_model_dir",
+    "model_dir_problem",
+]
+
 TOKENIZER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE)
+#: What the Gym reads (a ``gs://`` model copies only these): the tokenizer, and the
+#: configs naming the stop tokens (optional).
+PROMPT_FILES = (*TOKENIZER_FILES, GENERATION_CONFIG_FILE, CONFIG_FILE)
 #: Where ``gs://`` model directories are copied (one sub-directory per URI).
 MODEL_CACHE_ENV = "ROLLOUTRUN_MODEL_CACHE"
 _COMPLETE = ".complete"
@@ -68,21 +91,10 @@ def _ensure(directory: Path) -> Path:
     return directory
 
 
-def model_dir_problem(directory: Path, *, tokenizer_only: bool = False) -> str | None:
-    """What a model directory lacks, or None when it holds a model."""
-    if not directory.is_dir():
-        return f"{directory} is not a directory"
-    needed = [TOKENIZER_FILE] if tokenizer_only else [CONFIG_FILE, TOKENIZER_FILE]
-    missing = [name for name in needed if not (directory / name).is_file()]
-    if not tokenizer_only and not any(directory.glob("*.safetensors")):
-        missing.append("*.safetensors")
-    return f"{directory} lacks {', '.join(missing)}" if missing else None
-
-
 def local_model_dir(uri: str, *, tokenizer_only: bool = False) -> Path:
     """The local directory of ``policy.model`` (a path, ``file://`` or ``gs://``)."""
     if uri.startswith("gs://"):
-        directory = _copy_from_storage(uri, list(TOKENIZER_FILES) if tokenizer_only else None)
+        directory = _copy_from_storage(uri, list(PROMPT_FILES) if tokenizer_only else None)
     elif uri.startswith("file://"):
         directory = Path(uri[len("file://") :])
     elif "://" in uri:
@@ -106,6 +118,12 @@ class HFTokenizer:
         settings_path = directory / TOKENIZER_CONFIG_FILE
         settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
         self.chat_template: str | None = settings.get("chat_template")
+        #: The named special tokens as text (what chat templates see as ``bos_token``...).
+        self.special_tokens = {
+            name: token.get("content") if isinstance(token, dict) else token
+            for name in ("bos_token", "eos_token", "pad_token", "unk_token")
+            if isinstance(token := settings.get(name), str | dict)
+        }
         eos = self._special(settings, "eos_token")
         if eos is None:
             raise HFModelError(f"{directory}: the tokenizer names no eos_token")
@@ -116,6 +134,10 @@ class HFTokenizer:
         self.bos_id = bos if bos is not None else eos
         self.pad_id = pad if pad is not None else eos
         self._special_ids = {self.eos_id, self.bos_id, self.pad_id}
+        #: Every token that ends a turn: ``eos_token`` and the ``eos_token_id`` values of
+        #: ``generation_config.json`` and ``config.json`` (an int or a list: Llama 3 and
+        #: Qwen2 instruct models end turns with more than one token).
+        self.stop_ids = frozenset({eos, *config_stop_ids(directory)})
 
     def _special(self, settings: dict[str, Any], name: str) -> int | None:
         token = settings.get(name)
@@ -135,11 +157,38 @@ class HFTokenizer:
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         return str(self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=skip_special))
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt's ids: BOS, then ``text`` raw (``ChatTemplateTokenizer`` renders it)."""
+        return [self.bos_id, *self.encode(text)]
+
     def strip_eos(self, ids: Sequence[int]) -> tuple[list[int], bool]:
+        """The ids before the first stop token, and whether one was there."""
         ids = list(ids)
-        if self.eos_id in ids:
-            return ids[: ids.index(self.eos_id)], True
+        for index, token in enumerate(ids):
+            if token in self.stop_ids:
+                return ids[:index], True
         return ids, False
+
+
+def config_stop_ids(directory: Path) -> list[int]:
+    """The ``eos_token_id`` values of ``generation_config.json`` and ``config.json``."""
+    found: list[int] = []
+    for name in (GENERATION_CONFIG_FILE, CONFIG_FILE):
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            value = json.loads(path.read_text()).get("eos_token_id")
+        except (ValueError, AttributeError) as error:
+            raise HFModelError(f"{path}: not a JSON object ({error})") from error
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if item is None:
+                continue
+            if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+                raise HFModelError(f"{path}: eos_token_id {value!r} is not a token id or a list")
+            found.append(item)
+    return found
 
 
 @lru_cache(maxsize=8)

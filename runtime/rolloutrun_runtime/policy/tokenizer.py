@@ -35,6 +35,7 @@ class CharTokenizer:
         self.charset = charset
         self._ids = {char: index + len(self.specials) for index, char in enumerate(charset)}
         self._chars = dict(enumerate(self.specials)) | {v: k for k, v in self._ids.items()}
+        self.stop_ids = frozenset({self.eos_id})
 
     @property
     def vocab_size(self) -> int:
@@ -48,6 +49,10 @@ class CharTokenizer:
             raise TokenizerError(
                 f"character {error.args[0]!r} is not in the tokenizer charset {self.charset!r}"
             ) from None
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt's token ids: ``<bos>`` then ``text``."""
+        return [self.bos_id, *self.encode(text)]
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Text of ``ids``; special tokens are dropped unless ``skip_special`` is false."""
@@ -84,11 +89,18 @@ class PolicyTokenizer(Protocol):
     pad_id: int
     bos_id: int
     eos_id: int
+    #: Every token id that ends a model turn (``eos_id`` among them).
+    stop_ids: frozenset[int]
 
     @property
     def vocab_size(self) -> int: ...
 
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The one place a prompt becomes token ids (a BOS and the raw text, or the model's
+        chat template with ``policy.chatTemplate``)."""
+        ...
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str: ...
 
@@ -96,11 +108,17 @@ class PolicyTokenizer(Protocol):
 
 
 def policy_tokenizer(cfg: PolicyConfig) -> PolicyTokenizer:
-    """The policy's tokenizer: ``policy.model``'s ``tokenizer.json``, or the built-in one.
+    """The policy's tokenizer: ``policy.model``'s ``tokenizer.json`` (its prompts through the
+    model's chat template with ``policy.chatTemplate``), or the built-in one.
     The tokenizer half of the model-family seam (``family.py``), kept free of torch so the
     Gym, which only tokenizes, never imports it."""
     if cfg.model is None:
         return TOKENIZER
     from rolloutrun_runtime.policy.hf_files import load_tokenizer
 
-    return load_tokenizer(cfg.model)
+    tokenizer = load_tokenizer(cfg.model)
+    if not cfg.chat_template:
+        return tokenizer
+    from rolloutrun_runtime.policy.chat import ChatTemplateTokenizer
+
+    return ChatTemplateTokenizer(tokenizer, cfg.model)

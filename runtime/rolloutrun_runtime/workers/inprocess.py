@@ -34,6 +34,7 @@ def make_engine(
         version,
         batch_invariant=cfg.checkpointing.deterministic,
         seed=cfg.seed * 1009 + worker_index,
+        stop_ids=tokenizer.stop_ids,
     )
 
 

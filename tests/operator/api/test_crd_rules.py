@@ -30,6 +30,7 @@ from rolloutrun_operator.api.validation import RolloutRunInvalid, parse_rolloutr
 from rolloutrun_operator.builders import render_run_config
 from rolloutrun_operator.conditions import Desired
 from rolloutrun_runtime.contract.field_rules import FieldRule
+from rolloutrun_runtime.contract.policy_config import CHAT_TEMPLATE_NEEDS_MODEL
 from rolloutrun_runtime.contract.run_config import (
     DATASET_NEEDS_EXTERNAL,
     HEADS_DIVIDE_WIDTH,
@@ -48,6 +49,7 @@ RULES = (
     RESERVED_ENV_RULE,
     DATASET_NEEDS_EXTERNAL,
     ARGS_NEED_COMMAND,
+    CHAT_TEMPLATE_NEEDS_MODEL,
 )
 needs_cel = pytest.mark.skipif(not cel.available(), reason="cel-python (test extra) missing")
 
@@ -111,6 +113,7 @@ BAD_SPECS: list[tuple[FieldRule, dict[str, Any], str]] = [
         "spec.run.task",
     ),
     (ARGS_NEED_COMMAND, {"gym": {"args": ["--port", "8000"]}}, "spec.gym"),
+    (CHAT_TEMPLATE_NEEDS_MODEL, {"run": {"policy": {"chatTemplate": True}}}, "spec.run.policy"),
 ]
 
 

@@ -190,7 +190,7 @@ class AgentLoop:
     ) -> Episode:
         """A fresh episode at turn 0: the problem's prompt is its first segment."""
         problem = make_problem(self.task, self.seed, prompt_id)
-        prompt = [self.tokenizer.bos_id, *self.tokenizer.encode(problem.prompt_text)]
+        prompt = self.tokenizer.encode_prompt(problem.prompt_text)
         return Episode(
             episode_id=episode_id,
             prompt_id=prompt_id,
