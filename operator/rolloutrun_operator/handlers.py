@@ -11,7 +11,8 @@ Why label selectors and indexes (see :mod:`watching`): the API load must not gro
 trainers' renewals. Only pods and Leases with the run label are streamed; a pass reads them
 from Kopf indexes instead of the API; a renewal moves the expiry deadline in memory and
 wakes nothing; progress is mirrored into status by one small patch (a new snapshot manifest
-at once, the train step alone at most every two minutes).
+at once, the train step alone at most every two minutes). The static children but Secrets
+are watched the same way, so one deleted by hand makes its run's pass due (``child_deleted``).
 Every decision is in :func:`~rolloutrun_operator.reconcile.reconcile`; the I/O in
 :mod:`actuator`.
 
@@ -39,10 +40,16 @@ from rolloutrun_operator import naming
 from rolloutrun_operator.actuator import Known, Outcome, run_pass, status_json
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 from rolloutrun_operator.conditions import failure_patch
-from rolloutrun_operator.kube import Json, Kube, KubeError, load_credentials
+from rolloutrun_operator.kube import RESOURCES, Json, Kube, KubeError, load_credentials
 from rolloutrun_operator.metrics import Metrics
 from rolloutrun_operator.reconcile import Result
-from rolloutrun_operator.watching import RunMemory, expiry_wait, rate_after
+from rolloutrun_operator.watching import (
+    WATCHED_CHILD_KINDS,
+    RunMemory,
+    child_event_needs_pass,
+    expiry_wait,
+    rate_after,
+)
 
 registry = kopf.OperatorRegistry()
 """The handlers' own registry: embedding the operator never touches Kopf's global one."""
@@ -200,6 +207,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     # Only the runs' own children are streamed: not every pod, not the nodes' heartbeat Leases.
     settings.watching.label_selectors["v1", "pods"] = naming.LABEL_RUN
     settings.watching.label_selectors["coordination.k8s.io", "leases"] = naming.LABEL_RUN
+    for kind in WATCHED_CHILD_KINDS:  # a static child deleted by hand (child_deleted)
+        settings.watching.label_selectors[_selector(kind)] = naming.LABEL_RUN
     options: Options = memo.get("options") or Options()
     memo["kube"] = Kube(load_credentials(options.kubeconfig))
     memo["wakers"] = Wakers()
@@ -452,3 +461,30 @@ async def workload_changed(
     logs that it cannot watch it, and a held run's passes still look every 30 s): a pass is
     due, not only a wake-up (an idle daemon goes back to sleep unless one is)."""
     pass_due(memo, namespace, labels.get(naming.LABEL_RUN))
+
+
+def _selector(kind: str) -> tuple[str, str, str]:
+    """Kopf's (group, version, plural) of one of the operator's :data:`RESOURCES`."""
+    resource = RESOURCES[kind]
+    return resource.group, resource.version, resource.plural
+
+
+async def child_deleted(
+    namespace: str | None, labels: Mapping[str, str], type: str | None, memo: Any, **_: Any
+) -> None:
+    """A static child of a running run (its Service, ConfigMap, NetworkPolicy, RBAC) was
+    deleted: the pass that recreates it is due now, not at the resync
+    (:func:`~rolloutrun_operator.watching.child_event_needs_pass`)."""
+    run = labels.get(naming.LABEL_RUN)
+    known = (namespace or "default", run or "") in memo["memories"]
+    if child_event_needs_pass(type, known):
+        pass_due(memo, namespace, run)
+
+
+for _kind in WATCHED_CHILD_KINDS:
+    kopf.on.event(
+        *_selector(_kind),
+        id=f"child_deleted/{_kind}",
+        labels={naming.LABEL_RUN: kopf.PRESENT},
+        registry=registry,
+    )(child_deleted)

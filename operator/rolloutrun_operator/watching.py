@@ -45,6 +45,29 @@ RATE_FIELDS = ("stepRate", "stepWindow")
 
 Json = Mapping[str, Any]
 
+#: The kinds of a run's static children the operator watches (label-selected, like its pods
+#: and Lease) so that one deleted by hand is recreated within seconds, not at the resync.
+#: Secrets are not among them: watching them would need ``list``/``watch`` on every Secret
+#: of the namespace, a right the operator does without (a deleted token Secret comes back
+#: at the resync, see docs/operations.md); the Lease has its own watch.
+WATCHED_CHILD_KINDS = (
+    "ConfigMap",
+    "Service",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "NetworkPolicy",
+)
+
+
+def child_event_needs_pass(event_type: str | None, run_known: bool) -> bool:
+    """Whether an event of a labelled static child makes its run's pass due: its deletion
+    (or its leaving the run's label selection, which a watch reports the same way), for a
+    run whose daemon is running. Its creation (the operator's own, or the initial listing)
+    asks for nothing, so the watch adds no pass; a run not known is being deleted (its
+    children go with it) or not started yet (its first pass creates them)."""
+    return event_type == "DELETED" and run_known
+
 
 def run_signature(body: Json) -> tuple[Any, ...]:
     """What of the run a pass reacts to: its generation (spec), deletion, labels and the

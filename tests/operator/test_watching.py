@@ -113,3 +113,11 @@ def test_an_index_older_than_the_last_pass_for_any_object_is_not_trusted():
     assert not memory.indexes_current([pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "6")], None)
     assert not memory.indexes_current([pod("r-i1-gym-0", "9")], None)  # or not yet listed
     assert memory.indexes_current([pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "7")], None)
+
+
+def test_only_a_deleted_static_child_of_a_known_run_makes_a_pass_due():
+    assert watching.child_event_needs_pass("DELETED", run_known=True)
+    assert not watching.child_event_needs_pass("DELETED", run_known=False)  # run going
+    for quiet in (None, "ADDED", "MODIFIED"):  # the initial listing, the operator's creates
+        assert not watching.child_event_needs_pass(quiet, run_known=True)
+    assert "Secret" not in watching.WATCHED_CHILD_KINDS  # no list/watch on Secrets
