@@ -522,6 +522,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.hollow:
         return hollow_main(args.kubeconfig, args.hollow)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the operator and hollow stopped
     if args.quick:
         args.runs, args.window, args.losses = 50, 60.0, 5
         args.baseline_runs, args.baseline_window = 20, 60.0

@@ -48,6 +48,7 @@ from rolloutrun_operator.watching import (
     RunMemory,
     child_event_needs_pass,
     expiry_wait,
+    idle_step,
     rate_after,
 )
 
@@ -60,6 +61,11 @@ MAX_IDLE_SECONDS = 1200.0
 #: First delay after a failed pass; it doubles with each failure in a row, up to the max.
 RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 300.0
+#: Passes under way at once, over all runs. Each pass sends about a dozen requests at once;
+#: a thousand runs starting together (an operator restart, a bulk submit) sent twelve
+#: thousand, the API server queued them past the client's timeout, and every pass failed
+#: and backed off. A steady run's pass does not wait: passes are rare and short.
+MAX_CONCURRENT_PASSES = 16
 
 
 @dataclass
@@ -213,6 +219,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     memo["kube"] = Kube(load_credentials(options.kubeconfig))
     memo["wakers"] = Wakers()
     memo["memories"] = {}
+    memo["passes"] = asyncio.Semaphore(MAX_CONCURRENT_PASSES)
     metrics = memo.get("metrics")
     if metrics is None:
         metrics = memo["metrics"] = Metrics()
@@ -299,21 +306,19 @@ async def idle(
     or the Lease's expiry (moved by each renewal seen); mirror progress meanwhile."""
     other_due = time.monotonic() + next_pass_delay(result.other_requeue_after)
     pass_renew = result.status.lease.renew_time if result.status.lease is not None else None
-    while not stopped and not memory.dirty:
+    while not stopped:
         expiry = expiry_wait(memory, result.lease_expiry, pass_renew, now())
         progress = memory.progress_due(time.monotonic())
-        waits = [other_due - time.monotonic(), expiry]
-        if progress is not None:
-            waits.append(progress)
-        if min(waits) <= 0:
-            if progress == 0.0 and min(waits[:2]) > 0:
-                try:
-                    await mirror_progress(kube, memory, namespace, name)
-                except KubeError:
-                    memory.mirrored_at = time.monotonic()  # retried after the throttle
-                continue
+        step = idle_step(memory.dirty, other_due - time.monotonic(), expiry, progress)
+        if step == 0.0:
             return
-        await wait_for_wake(wake, stopped, min(waits))
+        if step < 0:
+            try:
+                await mirror_progress(kube, memory, namespace, name)
+            except KubeError:
+                memory.mirrored_at = time.monotonic()  # retried after the throttle
+            continue
+        await wait_for_wake(wake, stopped, step)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0)
@@ -339,8 +344,9 @@ async def keep_running(
     while not stopped:
         began = time.perf_counter()
         try:
-            known = indexed(pod_index, lease_index, namespace, name)
-            outcome = await one_pass(kube, memory, known, namespace, name)
+            async with memo["passes"]:
+                known = indexed(pod_index, lease_index, namespace, name)
+                outcome = await one_pass(kube, memory, known, namespace, name)
         except Exception as error:  # every failure is reported and retried, none kills the loop
             metrics.reconcile_errors.inc()
             failures += 1

@@ -298,6 +298,19 @@ def expiry_wait(
     return (due - now).total_seconds()
 
 
+def idle_step(dirty: bool, other_wait: float, expiry: float, progress: float | None) -> float:
+    """What an idle daemon does next, from the seconds until each deadline: ``0.0`` run a
+    pass now; ``-1.0`` mirror the Lease's progress (no pass), then look again; else wait
+    that long (a wake-up ends the wait early). A pass asked for by a watch event (``dirty``:
+    a member pod lost, a static child deleted, the run changed) runs at once, whatever the
+    renewal clock says: renewals move only the expiry, never hold a pass back."""
+    if dirty or min(other_wait, expiry) <= 0:
+        return 0.0
+    if progress is not None and progress <= 0:
+        return -1.0
+    return min(other_wait, expiry, progress if progress is not None else float("inf"))
+
+
 def older(version: str, than: str) -> bool:
     """Whether ``version`` precedes ``than`` (resourceVersions are opaque, but etcd's and
     the local cluster's are increasing integers; other values only compare equal)."""
