@@ -99,7 +99,7 @@ class Hollow:
         self.leases: Any = k8s.CoordinationV1Api(api)
         self.namespace = namespace
         self.pool = ThreadPoolExecutor(4)  # the kubelet's
-        self.renewers = ThreadPoolExecutor(4)  # the trainers'
+        self.renewers = ThreadPoolExecutor(8)  # the trainers'
 
         self.stop = threading.Event()
         self.trainers: dict[str, str] = {}  # run -> holder identity of its running trainer
@@ -254,7 +254,15 @@ def hollow_main(kubeconfig: str, namespace: str) -> int:
 
 def start_hollow(cluster: LocalCluster, namespace: str) -> Any:
     command = [sys.executable, "-m", "bench.operator_scale", "--hollow", namespace]
-    return subprocess.Popen([*command, "--kubeconfig", str(cluster.kubeconfig_path)])
+    kubeconfig = ["--kubeconfig", str(cluster.kubeconfig_path)]
+    return subprocess.Popen([*command, *kubeconfig], preexec_fn=with_parent)
+
+
+def with_parent() -> None:
+    """In a child: SIGTERM when the benchmark's process dies, however it dies (Linux)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def renewals(cluster: LocalCluster) -> int:
@@ -309,6 +317,7 @@ def start_operator(cluster: LocalCluster, namespace: str, tree: Path | None) -> 
             "--metrics-port",
             "0",
         ],
+        preexec_fn=with_parent,
         stdout=subprocess.DEVNULL,
         stderr=open(os.environ.get("BENCH_OPERATOR_LOG", os.devnull), "ab"),
         env=env,
@@ -533,7 +542,6 @@ def main() -> int:
     args = parser.parse_args()
     if args.hollow:
         return hollow_main(args.kubeconfig, args.hollow)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the operator and hollow stopped
     if args.quick:
         args.runs, args.window, args.losses = 50, 60.0, 5
         args.baseline_runs, args.baseline_window = 20, 60.0
