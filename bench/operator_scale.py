@@ -49,6 +49,7 @@ from rolloutrun_operator.kube import permission_rules
 
 OPERATOR = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
 HOLLOW = "hollow"
+#: The runs' ``leaseDurationSeconds`` (``--lease-seconds``): trainers renew every third of it.
 LEASE_DURATION_S = 15
 ANCHOR_EVERY_S = 60.0
 BASELINE_REF = "f9d7b81"
@@ -72,6 +73,12 @@ def hollow_run(name: str) -> dict[str, Any]:
             "run": {"workers": {"backend": "inprocess"}},
         },
     }
+
+
+def set_lease_seconds(seconds: int) -> None:
+    global LEASE_DURATION_S
+    LEASE_DURATION_S = seconds
+    os.environ["BENCH_LEASE_SECONDS"] = str(seconds)  # the hollow process renews as long
 
 
 def note(message: str) -> None:
@@ -405,6 +412,7 @@ def measure(
     resync = resync_seconds(tree)
     return {
         "runs": runs,
+        "lease_duration_s": LEASE_DURATION_S,
         "converged_s": round(converged, 1),
         "window_s": round(elapsed, 1),
         "lease_renewals_per_run_per_minute": round(renewed / runs / (elapsed / 60), 2),
@@ -537,9 +545,18 @@ def main() -> int:
     parser.add_argument("--baseline-ref", default=BASELINE_REF)
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--quick", action="store_true", help="50 runs, 60 s windows")
+    parser.add_argument(
+        "--lease-seconds",
+        type=int,
+        default=LEASE_DURATION_S,
+        help="the runs' leaseDurationSeconds (trainers renew every third of it); a loaded "
+        "machine whose API server cannot keep up with the renewals expires Leases instead",
+    )
     parser.add_argument("--hollow", metavar="NAMESPACE", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", help=argparse.SUPPRESS)
+    parser.set_defaults(lease_seconds=int(os.environ.get("BENCH_LEASE_SECONDS", LEASE_DURATION_S)))
     args = parser.parse_args()
+    set_lease_seconds(args.lease_seconds)
     if args.hollow:
         return hollow_main(args.kubeconfig, args.hollow)
     if args.quick:
