@@ -3,7 +3,8 @@
 One operator process (``rolloutrun operator``, under the chart's rights) and N RolloutRuns
 on the local cluster. Their pods are bound to a *hollow* node no process kubelet runs:
 this benchmark's hollow kubelet (as Kubernetes' kubemark does) marks them Running and
-Ready through the API and finishes their deletion; a load generator acts as each run's
+Ready through the API and finishes their deletion; a load generator (in a process of its
+own with the hollow kubelet, so it does not starve the API server) acts as each run's
 trainer: it takes the run's Lease when its trainer pod runs and renews it every
 ``duration/3`` seconds through the API, recording a new train step with each renewal and
 a new anchor step every minute, as trainers do. Measured, at the API server (which counts
@@ -12,7 +13,9 @@ admitted requests per user):
 - ``api_requests_per_run_per_minute``: the operator's requests in steady state (all runs
   Ready and renewing), over ``--window`` seconds. Goal: ≤ 2.
 - ``pod_lost_to_replacement_s``: a running trainer pod is lost (deleted at once); the time
-  until the run's next incarnation has its first pod. Goal: p99 ≤ 2 s.
+  until the API server commits the run's next incarnation's first pod, with its phases
+  (``phases_s``: the old Gym pods marked for deletion by the operator, gone, the new pod),
+  read from the cluster's store as it commits (no polling requests). Goal: p99 ≤ 2 s.
 - ``operator_rss_mib``: the operator's RSS once steady, and its peak.
 
 ``baseline``: the same measurement, on fewer runs, with the operator of ``--baseline-ref``
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import heapq
 import json
 import os
 import signal
@@ -45,6 +49,7 @@ from rolloutrun_operator.kube import permission_rules
 
 OPERATOR = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
 HOLLOW = "hollow"
+#: The runs' ``leaseDurationSeconds`` (``--lease-seconds``): trainers renew every third of it.
 LEASE_DURATION_S = 15
 ANCHOR_EVERY_S = 60.0
 BASELINE_REF = "f9d7b81"
@@ -70,6 +75,12 @@ def hollow_run(name: str) -> dict[str, Any]:
     }
 
 
+def set_lease_seconds(seconds: int) -> None:
+    global LEASE_DURATION_S
+    LEASE_DURATION_S = seconds
+    os.environ["BENCH_LEASE_SECONDS"] = str(seconds)  # the hollow process renews as long
+
+
 def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -79,7 +90,14 @@ def micro_now() -> str:
 
 
 class Hollow:
-    """The hollow node's kubelet and the runs' trainers, through the API (admin)."""
+    """The hollow node's kubelet and the runs' trainers, through the API (admin).
+
+    Run in a process of its own (:func:`start_hollow`): in the benchmark's process it shared
+    the interpreter lock with the API server, whose requests then queued behind the load
+    generator's (tens of seconds at 200 runs: the replacement times measured the generator,
+    not the operator). Responses are not decoded (``_preload_content=False``), and each
+    trainer renews on its own phase, ``duration/3`` after its last renewal, as trainers do,
+    not all runs in one burst."""
 
     def __init__(self, api: Any, namespace: str) -> None:
         from kubernetes import client as k8s
@@ -92,9 +110,9 @@ class Hollow:
 
         self.stop = threading.Event()
         self.trainers: dict[str, str] = {}  # run -> holder identity of its running trainer
+        self.due: list[tuple[float, str, str]] = []  # (monotonic, run, holder): next renewals
         self.lock = threading.Lock()
         self.step = 0
-        self.renewals = 0
         self.threads = [
             threading.Thread(target=self._kubelet, daemon=True),
             threading.Thread(target=self._trainers, daemon=True),
@@ -151,19 +169,30 @@ class Hollow:
             ],
         }
         try:
-            self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
+            drained(
+                self.core.patch_namespaced_pod_status(
+                    name, self.namespace, {"status": status}, _preload_content=False
+                )
+            )
         except Exception:  # deleted meanwhile
             return
         run, _, rest = name.rpartition("-i")
         number, _, role = rest.partition("-")
         if role == "trainer":
+            holder = f"{name}/{number}"
             with self.lock:
-                self.trainers[run] = f"{name}/{number}"
-            self.renewers.submit(self._renew, run)
+                new = self.trainers.get(run) != holder  # one renewal chain per trainer
+                self.trainers[run] = holder
+            if new:
+                self.renewers.submit(self._renew, run, holder)
 
     def _finish(self, name: str) -> None:
         try:
-            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+            drained(
+                self.core.delete_namespaced_pod(
+                    name, self.namespace, grace_period_seconds=0, _preload_content=False
+                )
+            )
         except Exception:
             return
 
@@ -176,13 +205,13 @@ class Hollow:
                     del self.trainers[run]
 
     # ---------------------------------------------------------------- the trainers
-    def _renew(self, run: str) -> None:
+    def _renew(self, run: str, holder: str) -> None:
         with self.lock:
-            holder = self.trainers.get(run)
+            if self.trainers.get(run) != holder:
+                return  # that trainer is gone: its successor renews on its own phase
             self.step += 1
             step = self.step
-        if holder is None:
-            return
+            heapq.heappush(self.due, (time.monotonic() + LEASE_DURATION_S / 3, run, holder))
         notes = {"rolloutrun.dev/train-step": str(step)}
         if int(time.time() // ANCHOR_EVERY_S) != int((time.time() - 5) // ANCHOR_EVERY_S):
             notes["rolloutrun.dev/anchor-step"] = str(step)
@@ -191,21 +220,90 @@ class Hollow:
             "renewTime": micro_now(),
             "leaseDurationSeconds": LEASE_DURATION_S,
         }
+        body = {"metadata": {"annotations": notes}, "spec": spec}
         try:
-            self.leases.patch_namespaced_lease(
-                f"{run}-trainer", self.namespace, {"metadata": {"annotations": notes}, "spec": spec}
+            drained(
+                self.leases.patch_namespaced_lease(
+                    f"{run}-trainer", self.namespace, body, _preload_content=False
+                )
             )
-            self.renewals += 1
         except Exception:
             return
 
     def _trainers(self) -> None:
-        period = LEASE_DURATION_S / 3
-        while not self.stop.wait(period):
+        while not self.stop.wait(0.05):
+            now = time.monotonic()
             with self.lock:
-                runs = list(self.trainers)
-            for run in runs:
-                self.renewers.submit(self._renew, run)
+                ready = []
+                while self.due and self.due[0][0] <= now:
+                    ready.append(heapq.heappop(self.due))
+            for _at, run, holder in ready:
+                self.renewers.submit(self._renew, run, holder)
+
+
+def drained(response: Any) -> None:
+    """Read an undecoded response to its end (its connection goes back to the pool)."""
+    response.read()
+
+
+def hollow_main(kubeconfig: str, namespace: str) -> int:
+    """``--hollow``: the hollow kubelet and trainers until SIGTERM (:func:`start_hollow`)."""
+    from kubernetes import config
+
+    hollow = Hollow(config.new_client_from_config(config_file=kubeconfig), namespace)
+    signal.signal(signal.SIGTERM, lambda *_: hollow.stop.set())
+    for thread in hollow.threads:
+        thread.start()
+    hollow.stop.wait()
+    hollow.close()
+    return 0
+
+
+def start_hollow(cluster: LocalCluster, namespace: str) -> Any:
+    command = [sys.executable, "-m", "bench.operator_scale", "--hollow", namespace]
+    kubeconfig = ["--kubeconfig", str(cluster.kubeconfig_path)]
+    return subprocess.Popen([*command, *kubeconfig], preexec_fn=with_parent)
+
+
+def with_parent() -> None:
+    """In a child: SIGTERM when the benchmark's process dies, however it dies (Linux)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def renewals(cluster: LocalCluster) -> int:
+    """The trainers' Lease patches so far (the API server counts them, per user)."""
+    server = cluster.server
+    assert server is not None
+    return sum(
+        count
+        for (user, verb, resource), count in list(server.requests.items())
+        if user != OPERATOR and verb == "patch" and resource == "leases"
+    )
+
+
+class Commits:
+    """When (monotonic) the API server committed each pod write of ``namespace`` that a loss
+    sample needs: a listener on the cluster's store, so measuring adds no request and no
+    polling delay. Keys: ``(what, pod)``, what in ``added``, ``deleting``, ``deleted``."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str) -> None:
+        self.namespace = namespace
+        self.at: dict[tuple[str, str], float] = {}
+        cluster.store.subscribe(self._saw)
+
+    def _saw(self, event: Any) -> None:
+        meta = event.obj.get("metadata") or {}
+        if event.storage_key != "pods" or meta.get("namespace") != self.namespace:
+            return
+        name = str(meta.get("name"))
+        if event.type == "ADDED":
+            self.at.setdefault(("added", name), time.monotonic())
+        elif event.type == "DELETED":
+            self.at.setdefault(("deleted", name), time.monotonic())
+        elif meta.get("deletionTimestamp"):
+            self.at.setdefault(("deleting", name), time.monotonic())
 
 
 # ------------------------------------------------------------------ the operator
@@ -226,6 +324,7 @@ def start_operator(cluster: LocalCluster, namespace: str, tree: Path | None) -> 
             "--metrics-port",
             "0",
         ],
+        preexec_fn=with_parent,
         stdout=subprocess.DEVNULL,
         stderr=open(os.environ.get("BENCH_OPERATOR_LOG", os.devnull), "ab"),
         env=env,
@@ -259,9 +358,8 @@ def measure(
     core: Any = k8s.CoreV1Api(api)
     objects: Any = k8s.CustomObjectsApi(api)
     core.create_namespace({"metadata": {"name": namespace}})
-    hollow = Hollow(api, namespace)
-    for thread in hollow.threads:
-        thread.start()
+    commits = Commits(cluster, namespace)
+    hollow = start_hollow(cluster, namespace)
     operator = start_operator(cluster, namespace, tree)
     try:
         names = [f"r{index:04d}" for index in range(runs)]
@@ -290,11 +388,12 @@ def measure(
         note(f"{namespace}: {runs} runs renewing after {time.monotonic() - t0:.0f} s")
         converged = time.monotonic() - t0
         time.sleep(min(20.0, window / 4))  # the last passes done
-        before, renewals0 = operator_requests(cluster), hollow.renewals
-        w0 = time.monotonic()
+        before, renewals0 = operator_requests(cluster), renewals(cluster)
+        w0, cpu0 = time.monotonic(), cpu_seconds(operator.pid)
         time.sleep(window)
         after, elapsed = operator_requests(cluster), time.monotonic() - w0
-        renewals = hollow.renewals - renewals0
+        cpu = cpu_seconds(operator.pid) - cpu0
+        renewed = renewals(cluster) - renewals0
         made = {k: after.get(k, 0) - before.get(k, 0) for k in after}
         made = {k: v for k, v in made.items() if v}
         total = sum(made.values())
@@ -303,20 +402,23 @@ def measure(
         restarts = sum(int((i.get("status") or {}).get("restarts") or 0) for i in items)
         note(f"{namespace}: {sum(made.values())} operator requests in {elapsed:.0f} s")
         pass_cost = one_pass_cost(cluster, objects, namespace, names[-1])
-        reaction = lost_pods(core, objects, namespace, names[:losses])
+        reaction = lost_pods(core, objects, commits, namespace, names[:losses])
     finally:
         operator.send_signal(signal.SIGTERM)
         operator.wait(60)
-        hollow.close()
+        hollow.send_signal(signal.SIGTERM)
+        hollow.wait(60)
     per_run_min = total / runs / (elapsed / 60)
     resync = resync_seconds(tree)
     return {
         "runs": runs,
+        "lease_duration_s": LEASE_DURATION_S,
         "converged_s": round(converged, 1),
         "window_s": round(elapsed, 1),
-        "lease_renewals_per_run_per_minute": round(renewals / runs / (elapsed / 60), 2),
+        "lease_renewals_per_run_per_minute": round(renewed / runs / (elapsed / 60), 2),
         "api_requests_per_run_per_minute": round(per_run_min, 3),
         "api_requests_by_verb": made,
+        "operator_cpu_share_steady": round(cpu / elapsed, 3),
         "pass_cost_requests": pass_cost,
         "restarts_before_losses": restarts,
         "resync_s": resync,
@@ -329,6 +431,12 @@ def measure(
             "peak": round(rss["VmHWM"] / 1024, 1),
         },
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_pass_cost(cluster: LocalCluster, objects: Any, namespace: str, run: str) -> int:
@@ -351,10 +459,15 @@ def resync_seconds(tree: Path | None) -> float | None:
     return None
 
 
-def lost_pods(core: Any, objects: Any, namespace: str, victims: list[str]) -> dict[str, Any]:
+def lost_pods(
+    core: Any, objects: Any, commits: Commits, namespace: str, victims: list[str]
+) -> dict[str, Any]:
+    """Lose each victim's running trainer, one at a time, and time the replacement from the
+    API server's commits (:class:`Commits`), split into its phases (:func:`phases`)."""
     from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 
     samples: list[float] = []
+    split: dict[str, list[float]] = {}
     skipped = 0
     for run in victims:
         status = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run)
@@ -364,10 +477,39 @@ def lost_pods(core: Any, objects: Any, namespace: str, victims: list[str]) -> di
             continue
         t0 = time.monotonic()
         core.delete_namespaced_pod(f"{run}-i{n}-trainer", namespace, grace_period_seconds=0)
-        replacement = f"{run}-i{n + 1}-gym-0"
-        wait(lambda r=replacement: exists(core, namespace, r), f"{replacement}", bound=120)
-        samples.append(time.monotonic() - t0)
-    return {**quantiles(samples), "skipped": skipped, "goal_p99_s": 2.0}
+        replacement = ("added", f"{run}-i{n + 1}-gym-0")
+        wait(lambda key=replacement: key in commits.at, replacement[1], bound=120)
+        seen = phases(commits.at, run, n, t0)
+        samples.append(seen["replacement"])
+        for phase, at in seen.items():
+            split.setdefault(phase, []).append(at)
+        time.sleep(1.0)  # the next incarnation's pods started before the next loss
+    return {
+        **quantiles(samples),
+        "skipped": skipped,
+        "goal_p99_s": 2.0,
+        "phases_s": {phase: quantiles(at) for phase, at in split.items()},
+    }
+
+
+def phases(at: dict[tuple[str, str], float], run: str, n: int, t0: float) -> dict[str, float]:
+    """Seconds from ``t0`` (the trainer's deletion sent) until the API server committed:
+    the trainer gone (``trainer_gone``), every old Gym pod marked for deletion by the
+    operator (``gyms_deleting``: its first reaction), the hollow kubelet's end of them
+    (``gyms_gone``), and the next incarnation's first pod (``replacement``: the operator's
+    second reaction)."""
+    gyms = [f"{run}-i{n}-gym-{index}" for index in range(2)]
+    marks = {
+        "trainer_gone": [at.get(("deleted", f"{run}-i{n}-trainer"))],
+        "gyms_deleting": [at.get(("deleting", gym), at.get(("deleted", gym))) for gym in gyms],
+        "gyms_gone": [at.get(("deleted", gym)) for gym in gyms],
+        "replacement": [at.get(("added", f"{run}-i{n + 1}-gym-0"))],
+    }
+    return {
+        phase: round(max(times) - t0, 3)
+        for phase, times in marks.items()
+        if all(t is not None for t in times)  # type: ignore[type-var]
+    }
 
 
 def exists(core: Any, namespace: str, name: str) -> bool:
@@ -403,7 +545,20 @@ def main() -> int:
     parser.add_argument("--baseline-ref", default=BASELINE_REF)
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--quick", action="store_true", help="50 runs, 60 s windows")
+    parser.add_argument(
+        "--lease-seconds",
+        type=int,
+        default=LEASE_DURATION_S,
+        help="the runs' leaseDurationSeconds (trainers renew every third of it); a loaded "
+        "machine whose API server cannot keep up with the renewals expires Leases instead",
+    )
+    parser.add_argument("--hollow", metavar="NAMESPACE", help=argparse.SUPPRESS)
+    parser.add_argument("--kubeconfig", help=argparse.SUPPRESS)
+    parser.set_defaults(lease_seconds=int(os.environ.get("BENCH_LEASE_SECONDS", LEASE_DURATION_S)))
     args = parser.parse_args()
+    set_lease_seconds(args.lease_seconds)
+    if args.hollow:
+        return hollow_main(args.kubeconfig, args.hollow)
     if args.quick:
         args.runs, args.window, args.losses = 50, 60.0, 5
         args.baseline_runs, args.baseline_window = 20, 60.0

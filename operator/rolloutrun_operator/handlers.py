@@ -11,7 +11,8 @@ Why label selectors and indexes (see :mod:`watching`): the API load must not gro
 trainers' renewals. Only pods and Leases with the run label are streamed; a pass reads them
 from Kopf indexes instead of the API; a renewal moves the expiry deadline in memory and
 wakes nothing; progress is mirrored into status by one small patch (a new snapshot manifest
-at once, the train step alone at most every two minutes).
+at once, the train step alone at most every two minutes). The static children but Secrets
+are watched the same way, so one deleted by hand makes its run's pass due (``child_deleted``).
 Every decision is in :func:`~rolloutrun_operator.reconcile.reconcile`; the I/O in
 :mod:`actuator`.
 
@@ -39,10 +40,17 @@ from rolloutrun_operator import naming
 from rolloutrun_operator.actuator import Known, Outcome, run_pass, status_json
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 from rolloutrun_operator.conditions import failure_patch
-from rolloutrun_operator.kube import Json, Kube, KubeError, load_credentials
+from rolloutrun_operator.kube import RESOURCES, Json, Kube, KubeError, load_credentials
 from rolloutrun_operator.metrics import Metrics
 from rolloutrun_operator.reconcile import Result
-from rolloutrun_operator.watching import RunMemory, expiry_wait, rate_after
+from rolloutrun_operator.watching import (
+    WATCHED_CHILD_KINDS,
+    RunMemory,
+    child_event_needs_pass,
+    expiry_wait,
+    idle_step,
+    rate_after,
+)
 
 registry = kopf.OperatorRegistry()
 """The handlers' own registry: embedding the operator never touches Kopf's global one."""
@@ -53,6 +61,11 @@ MAX_IDLE_SECONDS = 1200.0
 #: First delay after a failed pass; it doubles with each failure in a row, up to the max.
 RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 300.0
+#: Passes under way at once, over all runs. Each pass sends about a dozen requests at once;
+#: a thousand runs starting together (an operator restart, a bulk submit) sent twelve
+#: thousand, the API server queued them past the client's timeout, and every pass failed
+#: and backed off. A steady run's pass does not wait: passes are rare and short.
+MAX_CONCURRENT_PASSES = 16
 
 
 @dataclass
@@ -200,10 +213,13 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     # Only the runs' own children are streamed: not every pod, not the nodes' heartbeat Leases.
     settings.watching.label_selectors["v1", "pods"] = naming.LABEL_RUN
     settings.watching.label_selectors["coordination.k8s.io", "leases"] = naming.LABEL_RUN
+    for kind in WATCHED_CHILD_KINDS:  # a static child deleted by hand (child_deleted)
+        settings.watching.label_selectors[_selector(kind)] = naming.LABEL_RUN
     options: Options = memo.get("options") or Options()
     memo["kube"] = Kube(load_credentials(options.kubeconfig))
     memo["wakers"] = Wakers()
     memo["memories"] = {}
+    memo["passes"] = asyncio.Semaphore(MAX_CONCURRENT_PASSES)
     metrics = memo.get("metrics")
     if metrics is None:
         metrics = memo["metrics"] = Metrics()
@@ -290,21 +306,19 @@ async def idle(
     or the Lease's expiry (moved by each renewal seen); mirror progress meanwhile."""
     other_due = time.monotonic() + next_pass_delay(result.other_requeue_after)
     pass_renew = result.status.lease.renew_time if result.status.lease is not None else None
-    while not stopped and not memory.dirty:
+    while not stopped:
         expiry = expiry_wait(memory, result.lease_expiry, pass_renew, now())
         progress = memory.progress_due(time.monotonic())
-        waits = [other_due - time.monotonic(), expiry]
-        if progress is not None:
-            waits.append(progress)
-        if min(waits) <= 0:
-            if progress == 0.0 and min(waits[:2]) > 0:
-                try:
-                    await mirror_progress(kube, memory, namespace, name)
-                except KubeError:
-                    memory.mirrored_at = time.monotonic()  # retried after the throttle
-                continue
+        step = idle_step(memory.dirty, other_due - time.monotonic(), expiry, progress)
+        if step == 0.0:
             return
-        await wait_for_wake(wake, stopped, min(waits))
+        if step < 0:
+            try:
+                await mirror_progress(kube, memory, namespace, name)
+            except KubeError:
+                memory.mirrored_at = time.monotonic()  # retried after the throttle
+            continue
+        await wait_for_wake(wake, stopped, step)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0)
@@ -330,8 +344,9 @@ async def keep_running(
     while not stopped:
         began = time.perf_counter()
         try:
-            known = indexed(pod_index, lease_index, namespace, name)
-            outcome = await one_pass(kube, memory, known, namespace, name)
+            async with memo["passes"]:
+                known = indexed(pod_index, lease_index, namespace, name)
+                outcome = await one_pass(kube, memory, known, namespace, name)
         except Exception as error:  # every failure is reported and retried, none kills the loop
             metrics.reconcile_errors.inc()
             failures += 1
@@ -452,3 +467,30 @@ async def workload_changed(
     logs that it cannot watch it, and a held run's passes still look every 30 s): a pass is
     due, not only a wake-up (an idle daemon goes back to sleep unless one is)."""
     pass_due(memo, namespace, labels.get(naming.LABEL_RUN))
+
+
+def _selector(kind: str) -> tuple[str, str, str]:
+    """Kopf's (group, version, plural) of one of the operator's :data:`RESOURCES`."""
+    resource = RESOURCES[kind]
+    return resource.group, resource.version, resource.plural
+
+
+async def child_deleted(
+    namespace: str | None, labels: Mapping[str, str], type: str | None, memo: Any, **_: Any
+) -> None:
+    """A static child of a running run (its Service, ConfigMap, NetworkPolicy, RBAC) was
+    deleted: the pass that recreates it is due now, not at the resync
+    (:func:`~rolloutrun_operator.watching.child_event_needs_pass`)."""
+    run = labels.get(naming.LABEL_RUN)
+    known = (namespace or "default", run or "") in memo["memories"]
+    if child_event_needs_pass(type, known):
+        pass_due(memo, namespace, run)
+
+
+for _kind in WATCHED_CHILD_KINDS:
+    kopf.on.event(
+        *_selector(_kind),
+        id=f"child_deleted/{_kind}",
+        labels={naming.LABEL_RUN: kopf.PRESENT},
+        registry=registry,
+    )(child_deleted)

@@ -76,16 +76,17 @@ PERMISSIONS: list[tuple[str, str, tuple[str, ...]]] = [
     # children set blockOwnerDeletion; OwnerReferencesPermissionEnforcement checks this right
     (GROUP, f"{PLURAL}/finalizers", ("update",)),
     ("", "pods", ("get", "list", "watch", "create", "delete")),
-    ("", "configmaps", ("get", "create", "update")),
+    ("", "configmaps", ("get", "list", "watch", "create", "update")),
+    # no list/watch on Secrets: a deleted token Secret comes back at the resync
     ("", "secrets", ("get", "create")),
-    ("", "services", ("get", "create")),
-    ("", "serviceaccounts", ("get", "create")),
+    ("", "services", ("get", "list", "watch", "create")),
+    ("", "serviceaccounts", ("get", "list", "watch", "create")),
     ("", "nodes", ("get",)),
     ("", "events", ("create",)),
     ("coordination.k8s.io", "leases", ("get", "list", "watch", "create", "update", "patch")),
-    ("rbac.authorization.k8s.io", "roles", ("get", "create")),
-    ("rbac.authorization.k8s.io", "rolebindings", ("get", "create", "update")),
-    ("networking.k8s.io", "networkpolicies", ("get", "create")),
+    ("rbac.authorization.k8s.io", "roles", ("get", "list", "watch", "create")),
+    ("rbac.authorization.k8s.io", "rolebindings", ("get", "list", "watch", "create", "update")),
+    ("networking.k8s.io", "networkpolicies", ("get", "list", "watch", "create")),
     # Kueue admission (runs labelled kueue.x-k8s.io/queue-name): the run's Workload, written
     # as its job controller, and the admitted flavors' node labels and tolerations
     # (update and delete: its podSets follow the run's size, kueue.py)

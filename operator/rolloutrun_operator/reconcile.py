@@ -268,6 +268,24 @@ def _ensure_static_children(p: Pass) -> None:
             p.create(manifest)
 
 
+def _restore_static_children(p: Pass, gyms: dict[int | None, PodView]) -> None:
+    """While the incarnation runs, recreate a static child deleted by hand (its watch makes
+    the pass due, :data:`~rolloutrun_operator.watching.WATCHED_CHILD_KINDS`), and the
+    ConfigMap as the launch rendered it (only when gone: a running trainer read it already)."""
+    _ensure_static_children(p)
+    if p.observed.config is None:
+        _put_config(p, _gym_endpoints(p, [gyms.get(i) for i in range(p.run.spec.gym.replicas)]))
+
+
+def _gym_endpoints(p: Pass, up: list[PodView | None]) -> list[str] | None:
+    """The Gym endpoints the trainer's config names: every replica serving, else None."""
+    port = p.run.spec.gym.port
+    addresses = [pod.pod_ip for pod in up if pod and pod.pod_ip and serving(pod)]
+    if len(addresses) != len(up):
+        return None
+    return [builders.gym_endpoint(ip, port) for ip in addresses]
+
+
 def _rebind(p: Pass) -> None:
     """The member RoleBinding follows ``spec.serviceAccountName``: bound to the account the
     next pods run as, and to the accounts of trainers still running (a switch takes effect
@@ -341,10 +359,9 @@ def _run_incarnation(p: Pass) -> None:
             return
         _ensure_static_children(p)
         up = [gyms.get(i) for i in range(replicas)]
-        port = p.run.spec.gym.port
-        addresses = [pod.pod_ip for pod in up if pod and pod.pod_ip and serving(pod)]
-        all_up = len(addresses) == replicas
-        _put_config(p, [builders.gym_endpoint(ip, port) for ip in addresses] if all_up else None)
+        endpoints = _gym_endpoints(p, up)
+        all_up = endpoints is not None
+        _put_config(p, endpoints)
         for index in range(replicas):
             if index not in gyms:
                 gym = builders.gym_pod(p.run, n, index)
@@ -366,6 +383,7 @@ def _run_incarnation(p: Pass) -> None:
         p.say(ready=Desired(False, "StartingTrainer"), progressing=Desired(True, "StartingTrainer"))
         p.look_again(5.0)
         return
+    _restore_static_children(p, gyms)
     if p.status.incarnation_start_time is None:
         p.status.incarnation_start_time = format_time(p.now)
     started = parse_time(p.status.incarnation_start_time) or p.now

@@ -45,6 +45,29 @@ RATE_FIELDS = ("stepRate", "stepWindow")
 
 Json = Mapping[str, Any]
 
+#: The kinds of a run's static children the operator watches (label-selected, like its pods
+#: and Lease) so that one deleted by hand is recreated within seconds, not at the resync.
+#: Secrets are not among them: watching them would need ``list``/``watch`` on every Secret
+#: of the namespace, a right the operator does without (a deleted token Secret comes back
+#: at the resync, see docs/operations.md); the Lease has its own watch.
+WATCHED_CHILD_KINDS = (
+    "ConfigMap",
+    "Service",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "NetworkPolicy",
+)
+
+
+def child_event_needs_pass(event_type: str | None, run_known: bool) -> bool:
+    """Whether an event of a labelled static child makes its run's pass due: its deletion
+    (or its leaving the run's label selection, which a watch reports the same way), for a
+    run whose daemon is running. Its creation (the operator's own, or the initial listing)
+    asks for nothing, so the watch adds no pass; a run not known is being deleted (its
+    children go with it) or not started yet (its first pass creates them)."""
+    return event_type == "DELETED" and run_known
+
 
 def run_signature(body: Json) -> tuple[Any, ...]:
     """What of the run a pass reacts to: its generation (spec), deletion, labels and the
@@ -273,6 +296,19 @@ def expiry_wait(
         if later is not None and later > due:
             due = later
     return (due - now).total_seconds()
+
+
+def idle_step(dirty: bool, other_wait: float, expiry: float, progress: float | None) -> float:
+    """What an idle daemon does next, from the seconds until each deadline: ``0.0`` run a
+    pass now; ``-1.0`` mirror the Lease's progress (no pass), then look again; else wait
+    that long (a wake-up ends the wait early). A pass asked for by a watch event (``dirty``:
+    a member pod lost, a static child deleted, the run changed) runs at once, whatever the
+    renewal clock says: renewals move only the expiry, never hold a pass back."""
+    if dirty or min(other_wait, expiry) <= 0:
+        return 0.0
+    if progress is not None and progress <= 0:
+        return -1.0
+    return min(other_wait, expiry, progress if progress is not None else float("inf"))
 
 
 def older(version: str, than: str) -> bool:

@@ -113,6 +113,23 @@ def test_a_running_incarnation_is_ready_and_needs_nothing():
     assert result.requeue_after is not None
 
 
+def test_a_static_child_gone_while_running_is_recreated_and_the_run_keeps_running():
+    gone = {f"Service/{RUN}-trainer", f"NetworkPolicy/{RUN}-gym-ingress", f"Role/{RUN}-member"}
+    result = reconcile(make_run(running_status()), observed(members(1), present=STATIC - gone), NOW)
+    assert {f"{action.kind}/{action.name}" for action in result.actions} == gone
+    assert {action.verb for action in result.actions} == {Verb.CREATE}
+    assert cond(result, "Ready") == ("True", "Running")
+    assert not [pod for pod in result.actions if pod.kind == "Pod"]
+
+
+def test_a_config_map_gone_while_running_is_rendered_again_with_the_gyms_serving():
+    result = reconcile(make_run(running_status()), observed(members(1), config=None), NOW)
+    assert [str(action) for action in result.actions] == [f"create ConfigMap/{RUN}-config"]
+    rendered = result.actions[0].manifest["data"][naming.CONFIG_KEY]
+    assert "127.0.0.10" in rendered and "127.0.0.11" in rendered  # the serving Gyms
+    assert cond(result, "Ready") == ("True", "Running")
+
+
 def test_lease_annotations_are_mirrored_into_status():
     view = lease(
         1,

@@ -113,3 +113,31 @@ def test_an_index_older_than_the_last_pass_for_any_object_is_not_trusted():
     assert not memory.indexes_current([pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "6")], None)
     assert not memory.indexes_current([pod("r-i1-gym-0", "9")], None)  # or not yet listed
     assert memory.indexes_current([pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "7")], None)
+
+
+def test_only_a_deleted_static_child_of_a_known_run_makes_a_pass_due():
+    assert watching.child_event_needs_pass("DELETED", run_known=True)
+    assert not watching.child_event_needs_pass("DELETED", run_known=False)  # run going
+    for quiet in (None, "ADDED", "MODIFIED"):  # the initial listing, the operator's creates
+        assert not watching.child_event_needs_pass(quiet, run_known=True)
+    assert "Secret" not in watching.WATCHED_CHILD_KINDS  # no list/watch on Secrets
+
+
+def test_a_lost_member_makes_a_pass_due_at_once_whatever_the_renewal_clock_says():
+    memory = RunMemory(dirty=False)
+    memory.saw_lease(lease("h/1", "t0"), NOW)
+    memory.dirty = False  # the pass that saw the holder is done
+    renewed = lease("h/1", "t1")
+    assert not memory.saw_lease(renewed, NOW)  # a renewal: no pass, the expiry moves
+    assert watching.idle_step(memory.dirty, 1200.0, 17.0, None) == 17.0  # idle until expiry
+    memory.dirty = True  # a member pod's DELETED event (handlers.pass_due)
+    assert not memory.saw_lease(lease("h/1", "t2"), NOW)
+    assert memory.dirty  # a renewal arriving meanwhile does not take the pass back
+    assert watching.idle_step(memory.dirty, 1200.0, 17.0, 60.0) == 0.0  # the pass: now
+
+
+def test_idle_mirrors_progress_without_a_pass_and_waits_for_the_nearest_deadline():
+    assert watching.idle_step(False, 30.0, 10.0, 0.0) == -1.0
+    assert watching.idle_step(False, 30.0, 10.0, 4.0) == 4.0
+    assert watching.idle_step(False, 30.0, 0.0, 4.0) == 0.0  # the Lease's expiry: a pass
+    assert watching.idle_step(False, -1.0, 10.0, None) == 0.0  # the requeue came

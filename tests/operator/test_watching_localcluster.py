@@ -17,12 +17,14 @@ import pytest
 
 from rolloutrun_localcluster.operator_access import ACCOUNT, NAMESPACE
 from rolloutrun_localcluster.testing import eventually
-from rolloutrun_operator import watching
+from rolloutrun_operator import naming, watching
 from rolloutrun_operator.handlers import RunMemory
+from tests.support.kubectl import kubectl
 from tests.support.operator_cluster import (
     GROUP,
     PLURAL,
     VERSION,
+    RunNamespace,
     create_storage_claim,
     operator_thread,
     rolloutrun,
@@ -128,3 +130,44 @@ def test_renewals_cost_the_operator_nothing_and_an_expired_lease_still_acts(
             what="the expired Lease acted on",
         )
         eventually(lambda: status().get("incarnation") == 2, what="the next incarnation")
+
+
+def test_a_static_child_deleted_by_hand_is_recreated_without_waiting_for_the_resync(cluster, api):
+    """``kubectl delete`` of the run's Service, NetworkPolicy and member Role: the
+    label-selected watches of static children (under the chart's rules) make a pass due, and
+    it recreates them; without them nothing would look before the 20-minute resync (the
+    stand-in trainer never takes its Lease, so no Lease event wakes the run either)."""
+    from kubernetes import client as k8s
+
+    ns = RunNamespace(api, "static")
+    network: Any = k8s.NetworkingV1Api(api)
+    children = {
+        "service": (naming.trainer_service_name("s"), ns.core.read_namespaced_service),
+        "networkpolicy": (
+            naming.gym_network_policy_name("s"),
+            network.read_namespaced_network_policy,
+        ),
+        "role": (naming.member_account_name("s"), ns.rbac.read_namespaced_role),
+    }
+
+    def uid(read: Any, name: str) -> str | None:
+        try:
+            return str(read(name, ns.name).metadata.uid)
+        except k8s.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    with operator_thread(cluster, ns.name) as operator:
+        ns.create_run(rolloutrun("s", gym_replicas=1, lease_seconds=30))
+        eventually(lambda: ns.ready_condition("s").get("reason") == "Running", what="running")
+        memories: dict[tuple[str, str], RunMemory] = operator.memo["memories"]
+        memory = eventually(lambda: memories.get((ns.name, "s")), what="the run's memory")
+        eventually(lambda: not (memory.dirty or memory.busy), what="the pass done")
+        before = {kind: uid(read, name) for kind, (name, read) in children.items()}
+        assert None not in before.values(), before
+        for kind, (name, _read) in children.items():
+            kubectl(cluster, "delete", kind, name, namespace=ns.name)
+        for kind, (name, read) in children.items():
+            again = eventually(lambda r=read, n=name: uid(r, n), what=f"{kind} {name} recreated")
+            assert again != before[kind]

@@ -38,7 +38,9 @@ nodes and resourceflavors, cluster-scoped reads in clusterrole.yaml; the chart t
 namespace's Role's rules in namespaced mode. It holds the lease verbs it grants to member pods
 (RBAC forbids granting what one does not hold) and creates, per run, a Role limited to that
 run's Lease. Secrets: `get` reads the run's Gym token Secret and checks that the Secrets a run
-names exist (RBAC has no metadata-only read); `create` makes the token Secret. */}}
+names exist (RBAC has no metadata-only read); `create` makes the token Secret; no `list` or
+`watch` on Secrets (a deleted token Secret comes back at the resync). `list, watch` on the
+other static children: a child deleted by hand makes its run's pass due at once. */}}
 {{- define "rolloutrun.rules" -}}
 - apiGroups: [rolloutrun.dev]
   resources: [rolloutruns]
@@ -55,17 +57,17 @@ names exist (RBAC has no metadata-only read); `create` makes the token Secret. *
   verbs: [get, list, watch, create, delete]
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, create, update]
+  verbs: [get, list, watch, create, update]
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, create]
+  verbs: [get, list, watch, create]
 # get: a spec.serviceAccountName is used only if the account's rolloutrun.dev/allow-runs allows it
 - apiGroups: [""]
   resources: [serviceaccounts]
-  verbs: [get, create]
+  verbs: [get, list, watch, create]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
@@ -74,14 +76,14 @@ names exist (RBAC has no metadata-only read); `create` makes the token Secret. *
   verbs: [get, list, watch, create, update, patch]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles]
-  verbs: [get, create]
+  verbs: [get, list, watch, create]
 # update: the member RoleBinding follows spec.serviceAccountName
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [rolebindings]
-  verbs: [get, create, update]
+  verbs: [get, list, watch, create, update]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, create]
+  verbs: [get, list, watch, create]
 # Kueue: a run labelled kueue.x-k8s.io/queue-name owns a Workload and writes its status as
 # its job controller (docs/operations.md, "Running under Kueue")
 - apiGroups: [kueue.x-k8s.io]
