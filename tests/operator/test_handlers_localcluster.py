@@ -323,8 +323,8 @@ def test_objects_holding_a_childs_name_are_conflicts_never_adopted(cluster, api)
         lease = ns.leases.read_namespaced_lease("own-trainer", ns.name)
         assert lease.metadata.owner_references[0].name == "own"
         assert lease.spec.holder_identity is None
-        # recovery (a lost Gym pod ends incarnation 1) leaves the squatter alone
-        ns.core.delete_namespaced_pod("own-i1-gym-0", ns.name)
+        # recovery (a lost trainer pod ends incarnation 1) leaves the squatter alone
+        ns.core.delete_namespaced_pod("own-i1-trainer", ns.name)
         eventually(lambda: ns.run("own")["status"].get("incarnation") == 2, what="incarnation 2")
         eventually(lambda: ns.ready("own")[:2] == ("True", "Running"), what="running again")
         pods = ns.pods("own")
