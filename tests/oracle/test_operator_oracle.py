@@ -62,8 +62,9 @@ def test_gyms_lost_mid_run_are_replaced_in_one_incarnation_and_change_no_weight(
 ) -> None:
     """Elastic members: only Gym pods are deleted; each is replaced while the trainer goes
     on (one incarnation), its in-flight attempts relaunched on the survivors with the same
-    sampling seeds (the default suite's runs above lose Gyms too, replaced the same way) (:func:`~rolloutrun_runtime.algorithms.gym_client.rollout_seed` depends
-    on the prompt and sibling, never on the attempt), so the weights are the reference's."""
+    sampling seeds (:func:`~rolloutrun_runtime.algorithms.gym_client.rollout_seed` depends
+    on the prompt and sibling, never on the attempt), so the weights are the reference's.
+    (The default suite's runs above lose Gyms too, replaced the same way.)"""
     oracle = run_oracle(
         example,
         tmp_path,
