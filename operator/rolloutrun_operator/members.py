@@ -126,6 +126,20 @@ def _gone(p: Pass, role: str, index: int, state: MemberState | None) -> Loss | N
     return Loss("PodDeleted", name, LossKind.PREEMPTION, f"{role} {index} ({name}) disappeared")
 
 
+def _addressable(p: Pass, role: str, index: int, pod: PodView) -> bool:
+    """Serving, or the wanted generation's pod started (not going, not finished)."""
+    if serving(pod):
+        return True
+    state = member_state(p, role, index)
+    wanted = state.generation if state is not None else 0
+    return (
+        pod.generation == wanted
+        and pod.phase == "Running"
+        and pod.deletion_time is None
+        and not pod.terminated
+    )
+
+
 def replacing(p: Pass) -> list[MemberState]:
     """The members whose replacement is not Ready yet."""
     return [m for m in p.status.members if m.lost_at is not None]
@@ -135,9 +149,11 @@ def endpoints_action(
     p: Pass, role: str, replicas: int, pods: Mapping[int | None, PodView], port: int
 ) -> Action | None:
     """The Lease annotation the trainer reads the ``role`` members' addresses from, when it
-    must change: each serving pod's address and generation; an index not serving keeps the
-    address last written (the trainer keeps its own until the replacement serves). Written
-    once a member of the incarnation was replaced; until then the trainer's config holds."""
+    must change: each member's address and generation, a replacement's as soon as its pod
+    has an address (the trainer re-admits it once its ``/healthz`` answers, without waiting
+    for the readiness probe and the pass that sees it); an index without one keeps the
+    address last written. Written once a member of the incarnation was replaced; until
+    then the trainer's config holds."""
     lease = p.observed.lease
     if lease is None or not any(m.role == role for m in p.status.members):
         return None  # nothing replaced: the rendered config's endpoints are right
@@ -146,7 +162,7 @@ def endpoints_action(
     wanted = dict(known)
     for index in range(replicas):
         pod = pods.get(index)
-        if pod is not None and pod.pod_ip and serving(pod):
+        if pod is not None and pod.pod_ip and _addressable(p, role, index, pod):
             url = builders.gym_endpoint(pod.pod_ip, port)
             wanted[index] = naming.MemberEndpoint(index, url, pod.generation)
     if wanted == known:

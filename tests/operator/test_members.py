@@ -99,6 +99,28 @@ def test_the_replacement_ready_is_counted_timed_and_its_address_written_on_the_l
     assert quiet.actions == [] and quiet.status.member_replacements[0].count == 1
 
 
+def test_a_started_replacement_is_announced_before_its_readiness_probe_passes():
+    lost = reconcile(make_run(running_status()), observed((trainer(1), gym(1, 1))), NOW)
+    starting = gym(1, 0, generation=1, pod_ip="127.0.0.77", ready=False)
+    view = lease(1, NOW)
+    result = reconcile(again(lost), observed((trainer(1), starting, gym(1, 1)), lease=view), NOW)
+    [annotate] = [a for a in result.actions if a.verb is Verb.ANNOTATE]
+    text = annotate.manifest["metadata"]["annotations"][naming.member_endpoints_annotation("gym")]
+    assert parse_member_endpoints(text, 1)[0] == naming.MemberEndpoint(
+        0, "http://127.0.0.77:8000", 1
+    )
+    assert result.status.members[0].lost_at is not None  # counted once Ready, not before
+    assert result.status.member_replacements == []
+    # the lost generation's address is never announced
+    going = gym(1, 0, generation=0, pod_ip="127.0.0.10", ready=False, deletion_time=NOW)
+    old = reconcile(again(lost), observed((trainer(1), going, gym(1, 1)), lease=view), NOW)
+    for action in old.actions:
+        if action.verb is Verb.ANNOTATE:
+            notes = action.manifest["metadata"]["annotations"]
+            text = notes[naming.member_endpoints_annotation("gym")]
+            assert 0 not in parse_member_endpoints(text, 1)
+
+
 def test_a_failed_gym_is_deleted_then_replaced_and_its_failures_are_bounded():
     crashed = gym(1, 0, phase="Failed", exit_code=1)
     run = make_run(running_status(), recovery={"maxMemberFailures": 2})
