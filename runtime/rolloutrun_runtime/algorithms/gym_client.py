@@ -382,7 +382,9 @@ class GymClient:
             return False
         replica = self.replicas[endpoint.index]
         url = endpoint.url.rstrip("/")
-        if endpoint.generation <= replica.generation and url == replica.url:
+        if endpoint.generation < replica.generation:
+            return False  # an older read than one already taken: never go back
+        if endpoint.generation == replica.generation and url == replica.url:
             return False
         logger.warning(
             "Gym replica %s (%s) replaced: generation %d at %s",

@@ -184,6 +184,8 @@ async def test_a_call_in_flight_to_a_replaced_generation_ends_as_unreachable_at_
             raise AssertionError("the call to the replaced generation returned")
         assert client.outages.down("http://127.0.0.1:9")  # not picked until it answers
         assert not client.readdress(MemberEndpoint(0, "http://127.0.0.1:9", 1))  # once
+        assert not client.readdress(MemberEndpoint(0, url, 0))  # an older read: ignored
+        assert client.replicas[0].url == "http://127.0.0.1:9"
     finally:
         release.set()
         await client.close()
