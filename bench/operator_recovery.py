@@ -57,6 +57,7 @@ LONG_RUN: dict[str, Any] = {
             "maxRestarts": 1000,
             "backoffSeconds": 0,
             "leaseDurationSeconds": LEASE_DURATION_S,
+            "elasticMembers": False,  # a lost Gym ends the incarnation: what is timed here
         },
         "run": {
             "seed": 5,

@@ -24,7 +24,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -169,6 +169,8 @@ class Preemptions:
     """Deleted member pods, as spot reclaims: ``(time since start, pod name)``."""
 
     done: list[tuple[float, str]] = field(default_factory=list)
+    uids: set[str] = field(default_factory=set)
+    """The deleted pods' uids: a replaced member keeps its name, not its uid."""
 
 
 @dataclass
@@ -338,16 +340,21 @@ class EmbeddedRun:
         items = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
         return {pod.metadata.name: pod for pod in items}
 
-    def serving_members(self) -> list[str]:
-        """Running, ready, not terminating pods of the current incarnation."""
+    def serving_members(self, roles: Collection[str] | None = None) -> list[str]:
+        """Running, ready, not terminating pods of the current incarnation (of ``roles``)."""
+        return sorted(self.serving_member_uids(roles))
+
+    def serving_member_uids(self, roles: Collection[str] | None = None) -> dict[str, str]:
+        """Name -> uid of :meth:`serving_members` (a replaced member keeps its name)."""
         incarnation = str(self.status().get("incarnation") or "")
-        return sorted(
-            name
+        return {
+            name: str(pod.metadata.uid)
             for name, pod in self.pods().items()
             if (pod.metadata.labels or {}).get(naming.LABEL_INCARNATION) == incarnation
+            and (roles is None or (pod.metadata.labels or {}).get(naming.LABEL_ROLE) in roles)
             and pod.metadata.deletion_timestamp is None
             and pod.status.phase == "Running"
-        )
+        }
 
     def lease(self) -> Any:
         """The trainer's Lease (None before the operator created it)."""
@@ -391,6 +398,7 @@ class EmbeddedRun:
         rng: random.Random | None = None,
         on_tick: Callable[[EmbeddedRun, dict[str, Any]], None] | None = None,
         interval: float = 0.5,
+        roles: Collection[str] | None = None,
     ) -> tuple[str, Preemptions]:
         """Poll until the run Succeeds or Fails; preempt a random member every so often.
 
@@ -398,6 +406,7 @@ class EmbeddedRun:
         incarnations start more slowly than ``preempt_every`` still reaches its end. With
         ``while_training`` the interval counts only while the current incarnation trains
         (:class:`TrainingClock`): each deletion lands ``preempt_every`` seconds into training.
+        ``roles`` (e.g. ``{"gym"}``) limits the victims to those members' pods (default: all).
         Returns the outcome (``Succeeded``, ``Failed``, or ``TimedOut``) and the deletions.
         """
         rng = rng or random.Random()
@@ -421,13 +430,14 @@ class EmbeddedRun:
                 next_preemption = now + (preempt_every or 0.0)
             budget_left = max_preemptions is None or len(preempted.done) < max_preemptions
             if next_preemption and preempt_every and budget_left and now >= next_preemption:
-                already = {name for _, name in preempted.done}
-                members = [m for m in self.serving_members() if m not in already]
+                serving = self.serving_member_uids(roles)
+                members = sorted(m for m, uid in serving.items() if uid not in preempted.uids)
                 if members:
                     victim = rng.choice(members)
                     logger.info("preempting %s", victim)
                     self.delete_pod(victim)
                     preempted.done.append((round(now, 2), victim))
+                    preempted.uids.add(serving[victim])
                     next_preemption = now + preempt_every
             time.sleep(interval)
 
@@ -480,6 +490,7 @@ class EmbeddedRun:
             "restarts": int(status.get("restarts") or 0),
             "preemptions": int(status.get("preemptions") or 0),
             "incarnations": int(status.get("incarnation") or 0),
+            "member_replacements": member_replacements(status),
             "pods_deleted": [name for _, name in preempted.done],
             "audit": audit,
             "audit_holds": audit_holds(audit),
@@ -492,3 +503,16 @@ class EmbeddedRun:
             "work_dir": str(self.work_dir),
             "isolation": self.isolation,
         }
+
+
+def member_replacements(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``status.memberReplacements`` by role: how many, and the loss-to-Ready seconds."""
+    return {
+        str(record.get("role")): {
+            "count": int(record.get("count") or 0),
+            "last_s": record.get("lastSeconds"),
+            "max_s": record.get("maxSeconds"),
+            "recent_s": list(record.get("recentSeconds") or []),
+        }
+        for record in status.get("memberReplacements") or []
+    }

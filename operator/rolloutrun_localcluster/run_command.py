@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rolloutrun_operator.naming import Role
+
 from .embedded import SUMMARY_FILE, EmbeddedRun, EmbeddedRunError, condition_of, load_document
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,14 @@ def register(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="count the interval only while the current incarnation trains (each deletion "
         "lands that far into training, never into a start-up)",
+    )
+    parser.add_argument(
+        "--preempt-roles",
+        type=preempt_roles,
+        default=None,
+        metavar="ROLES",
+        help="whose pods the preemptions hit, comma-separated of trainer,gym (default: both); "
+        "a Gym pod is replaced while the run goes on, a trainer pod ends the incarnation",
     )
     parser.add_argument(
         "--summary", default=None, metavar="FILE.json", help="also write the summary here"
@@ -108,6 +118,18 @@ class Display:
         print(line, file=self.out, flush=True)
 
 
+def preempt_roles(text: str) -> frozenset[str]:
+    """``--preempt-roles``: member roles, comma-separated (an unknown one is refused)."""
+    roles = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(roles - {role.value for role in Role})
+    if unknown or not roles:
+        known = ",".join(role.value for role in Role)
+        raise argparse.ArgumentTypeError(
+            f"unknown role(s) {', '.join(unknown) or '(none given)'}: choose from {known}"
+        )
+    return roles
+
+
 def default_work_dir(name: str) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return Path(".rolloutrun") / f"{name}-{stamp}"
@@ -158,6 +180,7 @@ def main(args: argparse.Namespace) -> int:
                 timeout=args.timeout,
                 rng=rng,
                 on_tick=Display(),
+                roles=args.preempt_roles,
             )
             for at, victim in preempted.done:
                 logger.info("deleted %s at %.1fs", victim, at)
@@ -185,9 +208,14 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _summary_line(summary: dict[str, Any]) -> str:
     audit = "holds" if summary["audit_holds"] else f"FAILS ({summary['audit'].get('error', '')})"
+    replaced = ", ".join(
+        f"{role} {record['count']}" for role, record in summary["member_replacements"].items()
+    )
     return (
-        f"{summary['result']}: {summary['steps']} steps, {summary['restarts']} restarts, "
-        f"{summary['preemptions']} preemptions, thrown away {_seconds(summary['thrown_away_s'])}, "
+        f"{summary['result']}: {summary['steps']} steps, {summary['incarnations']} "
+        f"incarnations, {summary['restarts']} restarts, {summary['preemptions']} preemptions, "
+        f"members replaced: {replaced or 'none'}, "
+        f"thrown away {_seconds(summary['thrown_away_s'])}, "
         f"audit {audit}, weights {summary['final_weights_sha256']}, {summary['wall_s']} s; "
         f"summary in {summary['work_dir']}/{SUMMARY_FILE}"
     )

@@ -150,6 +150,9 @@ async def apply(kube: Kube, namespace: str, actions: list[Action]) -> None:
         elif action.verb is Verb.PATCH_STATUS and action.manifest is not None:
             if await kube.patch_status_at(action.kind, namespace, action.name, action.manifest):
                 logger.info("patched %s/%s status", action.kind, action.name)
+        elif action.verb is Verb.ANNOTATE and action.manifest is not None:
+            await kube.patch(action.kind, namespace, action.name, action.manifest)
+            logger.info("annotated %s/%s", action.kind, action.name)
         elif action.verb is Verb.DELETE:
             await kube.delete(
                 action.kind, namespace, action.name, action.grace_seconds, uid=action.uid

@@ -504,8 +504,9 @@ def trainer_pod(run: RolloutRun, incarnation: int) -> Manifest:
     return shape(pod, run.spec.trainer, "spec.trainer")
 
 
-def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
-    """Gym replica ``index``: the same stable instance id in every incarnation."""
+def gym_pod(run: RolloutRun, incarnation: int, index: int, generation: int = 0) -> Manifest:
+    """Gym replica ``index``: the same stable instance id in every incarnation; a
+    replacement within the incarnation has the same name and the next member generation."""
     name = run_name(run)
     port = run.spec.gym.port
     instance = naming.gym_instance_id(name, index)
@@ -544,7 +545,7 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int) -> Manifest:
         run.spec.gym,
         container,
         naming.GYM_CONFIG_KEY,
-        {naming.LABEL_GYM_INDEX: str(index)},
+        {naming.LABEL_GYM_INDEX: str(index), naming.LABEL_MEMBER_GENERATION: str(generation)},
     )
     gym = pod["spec"]["containers"][0]
     gym["env"].insert(0, {"name": naming.ENV_GYM_INSTANCE_ID, "value": instance})

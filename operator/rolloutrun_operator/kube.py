@@ -325,6 +325,15 @@ class Kube:
             raise
         return True
 
+    async def patch(self, kind: str, namespace: str, name: str, body: Json) -> Json:
+        """One JSON merge patch of the object (not its status)."""
+        return await self.request(
+            "PATCH",
+            RESOURCES[kind].path(namespace, name),
+            body,
+            content_type="application/merge-patch+json",
+        )
+
     async def patch_status(self, kind: str, namespace: str, name: str, status: Json) -> Json:
         """One JSON merge patch of the status subresource."""
         return await self.request(

@@ -99,8 +99,15 @@ def unrestorable(pod: PodView, detail: str) -> Loss:
 
 
 def find_loss(
-    p: Pass, trainer: PodView | None, gyms: dict[int | None, PodView], launched: bool
+    p: Pass,
+    trainer: PodView | None,
+    gyms: dict[int | None, PodView],
+    launched: bool,
+    elastic: bool = False,
 ) -> Loss | None:
+    """The loss that ends the incarnation, if any. ``elastic``: the Gyms of a launched
+    incarnation are replaced instead (:mod:`rolloutrun_operator.members`), only the
+    trainer's loss (its pod or its Lease) counts here."""
     if launched and trainer is None:
         name = naming.trainer_pod_name(p.name, p.status.incarnation)
         return Loss("PodDeleted", name, LossKind.PREEMPTION, f"{name} disappeared")
@@ -111,6 +118,8 @@ def find_loss(
         loss = lease_loss(p, trainer)
         if loss is not None:
             return loss
+    if elastic and launched:
+        return None
     for index in range(p.run.spec.gym.replicas):
         pod = gyms.get(index)
         if pod is None:

@@ -149,6 +149,8 @@ class PodView:
     in the meantime is not the run's to delete)."""
     service_account: str | None = None
     """The ServiceAccount it runs as: a live trainer's stays bound to the Lease Role."""
+    generation: int = 0
+    """Its member generation (``LABEL_MEMBER_GENERATION``): 0 unless it replaced a lost one."""
 
     @property
     def terminated(self) -> bool:
@@ -199,6 +201,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         started=started,
         uid=meta.get("uid") or None,
         service_account=(pod.get("spec") or {}).get("serviceAccountName") or None,
+        generation=_int(labels.get(naming.LABEL_MEMBER_GENERATION)) or 0,
     )
 
 
@@ -217,6 +220,8 @@ class LeaseView:
     latest_manifest_time: str | None = None
     reward: float | None = None
     """The mean reward of the trainer's last step (``ANNOTATION_REWARD``)."""
+    endpoints: Mapping[str, str] = field(default_factory=dict)
+    """Role -> the member endpoints annotation the operator last wrote (raw text)."""
 
     @property
     def holder_incarnation(self) -> int | None:
@@ -237,6 +242,11 @@ def lease_view(lease: Mapping[str, Any]) -> LeaseView:
         # the trainer's text goes into status.latestManifestTime (format: date-time): an
         # unparsable one would make the API server refuse every status write of the run
         latest_manifest_time=_rfc3339(notes.get(naming.ANNOTATION_LATEST_MANIFEST_TIME)),
+        endpoints={
+            key.removeprefix(naming.ANNOTATION_MEMBER_ENDPOINTS_PREFIX): str(value)
+            for key, value in notes.items()
+            if key.startswith(naming.ANNOTATION_MEMBER_ENDPOINTS_PREFIX)
+        },
     )
 
 

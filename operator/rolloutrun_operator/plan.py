@@ -35,6 +35,9 @@ class Verb(enum.StrEnum):
     PATCH_STATUS = "patch-status"
     """Merge-patch its status, if still at the manifest's resourceVersion (the Workload a
     run writes as its Kueue job controller: :mod:`rolloutrun_operator.kueue`)."""
+    ANNOTATE = "annotate"
+    """Merge-patch the manifest's ``metadata.annotations`` onto it (the trainer's Lease:
+    the member endpoints, :mod:`rolloutrun_operator.members`)."""
 
 
 @dataclass(frozen=True)

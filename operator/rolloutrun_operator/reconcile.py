@@ -44,6 +44,7 @@ from rolloutrun_operator.api.v1alpha1 import FailureRecord, RolloutRun, RolloutR
 from rolloutrun_operator.conditions import ConditionType as C
 from rolloutrun_operator.conditions import Desired, find, is_true, merge
 from rolloutrun_operator.losses import find_loss, serving
+from rolloutrun_operator.members import endpoints_action, replace_members, replacing
 from rolloutrun_operator.observe import Observed, PodView, format_time, parse_time
 from rolloutrun_operator.ownership import (
     CHILD_CONFLICT,
@@ -225,6 +226,7 @@ def _start_next(p: Pass, after: str) -> None:
     blocks the start); its pods start once every older pod is gone and the spec is usable."""
     p.status.incarnation += 1
     p.status.incarnation_start_time = None
+    p.status.members = []
     p.status.next_start_time = None
     p.events.append(
         Event("Normal", "IncarnationStarting", f"incarnation {p.status.incarnation} ({after})")
@@ -335,7 +337,10 @@ def _run_incarnation(p: Pass) -> None:
     if trainer is not None and trainer.phase == "Succeeded" and trainer.disruption is None:
         _succeed(p, members)
         return
-    loss = find_loss(p, trainer, gyms, launched)
+    elastic = p.run.spec.recovery.elastic_members
+    loss = find_loss(p, trainer, gyms, launched, elastic)
+    if loss is None and launched and elastic:
+        loss = _replace_gyms(p, gyms)
     if loss is not None:
         _end_incarnation(p, members, loss)
         return
@@ -392,7 +397,11 @@ def _run_incarnation(p: Pass) -> None:
         p.status.consecutive_losses = 0
     all_running = all(pod.phase == "Running" for pod in members) and len(members) == replicas + 1
     step = f"step {p.status.train_step} of {p.run.spec.run.grpo.max_steps}"
-    if all_running:
+    pending = replacing(p)
+    if pending:
+        names = ", ".join(f"{m.role} {m.index} (generation {m.generation})" for m in pending)
+        p.say(ready=Desired(False, "ReplacingMembers", f"incarnation {n}: replacing {names}"))
+    elif all_running:
         p.say(ready=Desired(True, "Running", f"incarnation {n}"))
     else:
         members_now = [trainer, *(gyms.get(i) for i in range(replicas))]
@@ -400,6 +409,25 @@ def _run_incarnation(p: Pass) -> None:
         p.say(ready=Desired(False, reason, why))
     p.say(progressing=Desired(True, "Training", step), restarting=Desired(False, "Running"))
     p.look_again(IDLE_REQUEUE_SECONDS)  # the Lease's expiry: losses.lease_loss
+
+
+def _replace_gyms(p: Pass, gyms: dict[int | None, PodView]) -> Loss | None:
+    """Elastic members (:mod:`members`): recreate lost Gyms under their index, and tell the
+    trainer their addresses on its Lease; the loss that ends the incarnation when one
+    failed too often."""
+    n = p.status.incarnation
+    replicas = p.run.spec.gym.replicas
+
+    def build(index: int, generation: int) -> builders.Manifest:
+        gym = builders.gym_pod(p.run, n, index, generation)
+        return kueue.place(gym, p.placements.get(kueue.GYM_POD_SET))
+
+    loss = replace_members(p, naming.Role.GYM, replicas, gyms, build)
+    if loss is None:
+        action = endpoints_action(p, naming.Role.GYM, replicas, gyms, p.run.spec.gym.port)
+        if action is not None:
+            p.actions.append(action)
+    return loss
 
 
 def _held_back(p: Pass, pods: list[PodView | None]) -> Problem | None:

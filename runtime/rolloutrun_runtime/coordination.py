@@ -148,6 +148,9 @@ class LeaseHolder(Protocol):
     def stop(self, release: bool = False) -> None:
         """Stop renewing; ``release`` gives the lease up (clean exit)."""
 
+    def annotations(self, fresh: bool = False) -> Mapping[str, str]:
+        """The Lease's annotations as last read (by a renewal), or read now (``fresh``)."""
+
 
 class _Lease:
     """The semantics of :class:`LeaseHolder` over a versioned read/compare-and-write store."""
@@ -169,6 +172,7 @@ class _Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._mutex = threading.Lock()  # the renewal thread and the trainer share one lease
+        self._annotations: Mapping[str, str] = {}
 
     # backends implement these two
     def _read(self) -> tuple[LeaseRecord, str]:
@@ -183,6 +187,7 @@ class _Lease:
         with self._mutex:
             for _ in range(8):
                 record, version = self._read()
+                self._annotations = dict(record.annotations)
                 new = change(record)
                 if new is None or self._write(new, version):
                     return new
@@ -265,6 +270,15 @@ class _Lease:
             return replace(record, annotations={**record.annotations, **changes})
 
         self._update(annotate)
+
+    def annotations(self, fresh: bool = False) -> Mapping[str, str]:
+        """What the operator wrote there too (the replaced members' addresses): as the last
+        renewal read them, or read now (one GET) with ``fresh``."""
+        if fresh:
+            with self._mutex:
+                record, _ = self._read()
+                self._annotations = dict(record.annotations)
+        return self._annotations
 
     def release(self) -> None:
         def drop(record: LeaseRecord) -> LeaseRecord | None:

@@ -23,6 +23,10 @@ from rolloutrun_runtime.contract.pod import (
     ENV_LOCALCLUSTER_ROOT,
     ENV_METRICS_TOKEN,
     ENV_POD_IP,
+    MemberEndpoint,
+    Role,
+    member_endpoints_annotation,
+    parse_member_endpoints,
 )
 
 if TYPE_CHECKING:
@@ -146,6 +150,15 @@ class PodLease:
             latest_manifest=published.get("manifest_uri"),
             latest_manifest_time=when,
         )
+
+    def gym_members(self, fresh: bool) -> dict[int, MemberEndpoint]:
+        """Where replaced Gym replicas serve (the operator writes it on the Lease): for the
+        Gym client's re-admission (elastic members). Nothing without a lease."""
+        if self.lease is None:
+            return {}
+        notes = self.lease.annotations(fresh)
+        text = notes.get(member_endpoints_annotation(Role.GYM))
+        return parse_member_endpoints(text, getattr(self.lease, "incarnation", -1))
 
     def close(self) -> None:
         """Wait for the progress still queued (at most a few small writes)."""

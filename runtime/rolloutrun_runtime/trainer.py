@@ -33,7 +33,10 @@ from rolloutrun_runtime.pod import (
 from rolloutrun_runtime.trainer_observe import Observation
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from rolloutrun_runtime.algorithms.single_controller import RunHooks, SingleController
+    from rolloutrun_runtime.contract.pod import MemberEndpoint
     from rolloutrun_runtime.contract.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
@@ -137,6 +140,7 @@ async def _run_until_signalled(
             preemption=preemption,
             gym_token=gym_token,
             metrics_token=metrics_token,
+            gym_members=pod.gym_members if pod.lease is not None else None,
         )
     )
     loop = asyncio.get_running_loop()
@@ -162,6 +166,7 @@ async def run_trainer(
     preemption: asyncio.Event | None = None,
     gym_token: str | None = None,
     metrics_token: str | None = None,
+    gym_members: Callable[[bool], Mapping[int, MemberEndpoint]] | None = None,
 ) -> TrainerResult:
     """Build the policy, workers and controller; resume if a checkpoint exists; run.
 
@@ -171,7 +176,9 @@ async def run_trainer(
     each step's record (after the trainer wrote it to the metrics log). ``gym_token`` is
     the run's token (Gym control plane and data plane, generation server) the entry point
     took from its environment (``take_gym_token``); None reads ``ENV_GYM_TOKEN`` (an
-    in-process caller that set it); ``metrics_token`` likewise, for ``/metrics`` only."""
+    in-process caller that set it); ``metrics_token`` likewise, for ``/metrics`` only.
+    ``gym_members``: where replaced Gym replicas serve now (elastic members; the pod's
+    Lease, :meth:`PodLease.gym_members`), asked afresh while one is down."""
     import torch
 
     from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
@@ -224,6 +231,7 @@ async def run_trainer(
             hooks=hooks,
             gym_token=gym_token,
             prompt_payload=prompts.payload if prompts is not None else None,
+            gym_members=gym_members,
         )
         resumed_from = await _restore(controller, trace)
         # Start-up left ~190k long-lived objects (torch, the model, the restore); a full

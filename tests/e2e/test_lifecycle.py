@@ -146,7 +146,7 @@ def test_a_deleted_trainer_pod_is_replaced_and_the_run_resumes(start_run):
 
 
 def test_a_deleted_gym_pod_ends_the_incarnation_and_the_run_resumes(start_run):
-    run = start_run()
+    run = start_run(tiny(recovery={"elasticMembers": False}))  # elastic: test_elastic
     wait_for_snapshot(run)
     run.delete_pod("tiny-i1-gym-1")
     summary = finish(run)
@@ -213,7 +213,7 @@ def _logged_at(log: str, marker: str) -> str:
 def test_a_deleted_gym_pod_stops_the_trainer_before_the_other_gym(start_run):
     """Issue 10, finding 2: the trainer's forced snapshot runs while the Gym still alive is
     up; that Gym is stopped only after the trainer."""
-    document = tiny()
+    document = tiny(recovery={"elasticMembers": False})  # elastic: the Gym is replaced
     document["spec"]["run"]["grpo"]["maxSteps"] = 400  # still training when the pod goes
     run = start_run(document)
     wait_for_snapshot(run)

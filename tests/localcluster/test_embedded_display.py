@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rolloutrun_localcluster.embedded import last_step
-from rolloutrun_localcluster.run_command import Display, _summary_line
+from rolloutrun_localcluster.run_command import Display, _summary_line, preempt_roles
 
 
 class _Run:
@@ -49,6 +52,8 @@ def test_the_summary_line_rounds_the_thrown_away_time_and_says_when_it_is_unknow
     summary = {
         "result": "Succeeded",
         "steps": 300,
+        "incarnations": 6,
+        "member_replacements": {"gym": {"count": 2}},
         "restarts": 0,
         "preemptions": 5,
         "thrown_away_s": 18.155097723007202,
@@ -58,6 +63,17 @@ def test_the_summary_line_rounds_the_thrown_away_time_and_says_when_it_is_unknow
         "wall_s": 91.81,
         "work_dir": "/runs/x",
     }
-    assert "5 preemptions, thrown away 18.2 s, audit holds" in _summary_line(summary)
+    assert "5 preemptions, members replaced: gym 2, thrown away 18.2 s, audit holds" in (
+        _summary_line(summary)
+    )
+    assert "300 steps, 6 incarnations" in _summary_line(summary)
     summary["thrown_away_s"] = None  # a run without a trace
     assert "thrown away unknown, audit holds" in _summary_line(summary)
+
+
+def test_preempt_roles_are_member_roles() -> None:
+    assert preempt_roles("gym") == {"gym"}
+    assert preempt_roles("trainer, gym") == {"trainer", "gym"}
+    for bad in ("worker", "", "gym,nope"):
+        with pytest.raises(argparse.ArgumentTypeError, match="choose from trainer,gym"):
+            preempt_roles(bad)

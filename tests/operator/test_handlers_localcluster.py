@@ -19,6 +19,7 @@ import yaml
 
 from rolloutrun_localcluster.operator_access import operator_kubeconfig
 from rolloutrun_localcluster.testing import eventually
+from rolloutrun_operator import naming
 from rolloutrun_operator.handlers import MAX_IDLE_SECONDS, next_pass_delay
 from rolloutrun_operator.kube import permission_rules
 from rolloutrun_runtime.coordination import FencedError, KubernetesLease
@@ -100,8 +101,36 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
         current = status()
         assert current["incarnation"] == 1 and current["observedGeneration"] == 1
 
-        # A deleted Gym pod (the preemption stand-in) ends incarnation 1.
+        # A deleted Gym pod is replaced under its name, generation 1: incarnation 1 goes on.
+        old_uid = members["demo-i1-gym-0"].metadata.uid
         core.delete_namespaced_pod("demo-i1-gym-0", namespace)
+
+        def replaced() -> bool:
+            pod = pods().get("demo-i1-gym-0")
+            return bool(pod and pod.metadata.uid != old_uid and pod.status.phase == "Running")
+
+        eventually(replaced, what="gym 0 replaced")
+        assert pods()["demo-i1-gym-0"].metadata.labels[naming.LABEL_MEMBER_GENERATION] == "1"
+        assert pods()["demo-i1-trainer"].metadata.uid == members["demo-i1-trainer"].metadata.uid
+        eventually(
+            lambda: (status().get("memberReplacements") or [{}])[0].get("count") == 1,
+            what="the replacement counted",
+        )
+        current = status()
+        assert current["incarnation"] == 1 and current["preemptions"] == 0
+        assert current["memberReplacements"][0]["role"] == "gym"
+        new_ip = pods()["demo-i1-gym-0"].status.pod_ip
+        key = naming.member_endpoints_annotation("gym")
+
+        def lease_endpoints() -> dict[int, Any]:
+            notes = ns.leases.read_namespaced_lease("demo-trainer", namespace).metadata
+            return naming.parse_member_endpoints((notes.annotations or {}).get(key), 1)
+
+        eventually(lambda: 0 in lease_endpoints(), what="the replacement's address on the Lease")
+        assert lease_endpoints()[0] == naming.MemberEndpoint(0, f"http://{new_ip}:8000", 1)
+
+        # A deleted trainer ends incarnation 1.
+        core.delete_namespaced_pod("demo-i1-trainer", namespace)
         eventually(lambda: status().get("incarnation") == 2, what="incarnation 2")
         eventually(lambda: condition("Ready") == ("True", "Running"), what="incarnation 2 ready")
         assert running("demo-i2-trainer", "demo-i2-gym-0", "demo-i2-gym-1")
@@ -109,6 +138,7 @@ def test_the_operator_runs_recovers_mirrors_and_suspends(cluster, api):
         current = status()
         assert (current["preemptions"], current["restarts"]) == (1, 0)
         assert current["lastFailure"]["reason"] == "PodDeleted"
+        assert current["members"] == []
 
         # The trainer of incarnation 2 holds the lease and reports progress: mirrored.
         trainer = KubernetesLease(
@@ -293,8 +323,8 @@ def test_objects_holding_a_childs_name_are_conflicts_never_adopted(cluster, api)
         lease = ns.leases.read_namespaced_lease("own-trainer", ns.name)
         assert lease.metadata.owner_references[0].name == "own"
         assert lease.spec.holder_identity is None
-        # recovery (a lost Gym pod ends incarnation 1) leaves the squatter alone
-        ns.core.delete_namespaced_pod("own-i1-gym-0", ns.name)
+        # recovery (a lost trainer pod ends incarnation 1) leaves the squatter alone
+        ns.core.delete_namespaced_pod("own-i1-trainer", ns.name)
         eventually(lambda: ns.run("own")["status"].get("incarnation") == 2, what="incarnation 2")
         eventually(lambda: ns.ready("own")[:2] == ("True", "Running"), what="running again")
         pods = ns.pods("own")

@@ -217,8 +217,11 @@ LOSSES = [
     [row[1:] for row in LOSSES],
     ids=[row[0] for row in LOSSES],
 )
-def test_any_lost_member_ends_the_incarnation(pods, extra, reason, failure, deleted):
-    result = reconcile(make_run(running_status()), observed(pods, **extra), NOW)
+def test_any_lost_member_ends_the_incarnation_without_elastic_members(
+    pods, extra, reason, failure, deleted
+):
+    run = make_run(running_status(), recovery={"elasticMembers": False})
+    result = reconcile(run, observed(pods, **extra), NOW)
     status = result.status
     assert cond(result, "Restarting") == ("True", reason)
     assert cond(result, "Ready")[0] == "False"
@@ -538,8 +541,10 @@ def test_a_trainer_starting_within_the_acquire_timeout_is_waited_for():
 
 def test_the_trainer_stops_first_and_its_gyms_only_after_it_exited():
     """Finding 2: a Gym deleted under a live trainer leaves the other Gyms up until the
-    trainer's forced snapshot is done, then the next incarnation starts at once."""
-    lost = reconcile(make_run(running_status()), observed((trainer(1), gym(1, 1))), NOW)
+    trainer's forced snapshot is done, then the next incarnation starts at once (without
+    elastic members: with them the Gym is replaced, test_members)."""
+    classic = make_run(running_status(), recovery={"elasticMembers": False})
+    lost = reconcile(classic, observed((trainer(1), gym(1, 1))), NOW)
     assert [str(a) for a in lost.actions] == ["delete Pod/demo-i1-trainer"]  # SIGTERM, own grace
     status = lost.status.model_dump(by_alias=True)
 
@@ -572,7 +577,7 @@ def test_gyms_of_an_older_incarnation_wait_for_its_trainer_too():
 
 
 def test_preemptions_do_not_back_off_and_failures_still_do():
-    preempted = (trainer(1), gym(1, 1))  # gym-0 deleted
+    preempted = (gym(1, 0), gym(1, 1))  # the trainer deleted
     failed = (trainer(1, phase="Failed", exit_code=1), gym(1, 0), gym(1, 1))
     status = running_status()
     for _ in range(5):
@@ -641,7 +646,8 @@ UNRESTORABLE = [
 )
 def test_an_unrestorable_trainer_fails_the_run_instead_of_restarting(pod, reason, final):
     others = tuple(p for p in members(1) if p.name != pod.name)
-    result = reconcile(make_run(running_status()), observed((pod, *others)), NOW)
+    classic = make_run(running_status(), recovery={"elasticMembers": False})  # a Gym ends it
+    result = reconcile(classic, observed((pod, *others)), NOW)
     assert result.status.last_failure is not None and result.status.last_failure.reason == reason
     assert result.events[-1].reason == reason
     if not final:

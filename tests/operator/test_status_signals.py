@@ -139,7 +139,8 @@ def test_a_gym_whose_command_cannot_start_is_reported_with_the_kubelets_message(
         1, 0, phase="Failed", exit_code=128, terminated_reason="StartError", terminated_message=why
     )
     pods = (trainer(1), failed, gym(1, 1))
-    result = reconcile(make_run(running_status()), observed(pods), NOW)
+    classic = make_run(running_status(), recovery={"elasticMembers": False})
+    result = reconcile(classic, observed(pods), NOW)
     assert result.status.last_failure is not None
     assert result.status.last_failure.reason == "GymStartError"
     assert result.status.last_failure.message == f"{failed.name}: exit code 128 (StartError): {why}"

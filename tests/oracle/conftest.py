@@ -127,6 +127,7 @@ class Oracle:
             "exit_code": self.exit_code,
             "steps": self.summary.get("steps"),
             "incarnations": self.summary.get("incarnations"),
+            "member_replacements": self.summary.get("member_replacements"),
             "restarts": self.summary.get("restarts"),
             "preemptions": self.summary.get("preemptions"),
             "pods_deleted": self.deleted,
@@ -167,11 +168,13 @@ def run_oracle(
     max_preemptions: int | None = None,
     while_training: bool = False,
     timeout: float = 600.0,
+    roles: str | None = None,
 ) -> Oracle:
     """The reference (``rolloutrun train``), then the preempted run (``rolloutrun run``).
 
     ``while_training``: ``preempt_every`` counts only while an incarnation trains, so every
-    deletion hits a training run (a short run's few deletions never land in a start-up)."""
+    deletion hits a training run (a short run's few deletions never land in a start-up).
+    ``roles``: ``--preempt-roles`` (whose pods are deleted; default both)."""
     config = oracle_config(example, directory, max_steps)
     reference_dir = directory / "reference"
     code = rolloutrun(
@@ -188,6 +191,8 @@ def run_oracle(
         args += ["--max-preemptions", str(max_preemptions)]
     if while_training:
         args.append("--preempt-while-training")
+    if roles is not None:
+        args += ["--preempt-roles", roles]
     args += ["--work-dir", str(work_dir), "--summary", str(summary_file)]
     args += ["--timeout", str(timeout)]
     code = rolloutrun(args, directory / "run.log", timeout + SUMMARY_BOUND_S)
@@ -202,14 +207,19 @@ def run_oracle(
     )
 
 
-def assert_oracle_holds(oracle: Oracle, max_steps: int, min_preemptions: int) -> None:
-    """Succeeded at ``max_steps`` after at least ``min_preemptions`` deleted members of both
-    roles; weights bit-identical to the reference; audit clean on every count."""
+def assert_oracle_holds(
+    oracle: Oracle,
+    max_steps: int,
+    min_preemptions: int,
+    roles: frozenset[str] = frozenset({"trainer", "gym"}),
+) -> None:
+    """Succeeded at ``max_steps`` after at least ``min_preemptions`` deleted members of
+    ``roles``; weights bit-identical to the reference; audit clean on every count."""
     detail = oracle.explain()
     summary = oracle.summary
     assert summary["result"] == "Succeeded" and summary["steps"] == max_steps, detail
     assert len(oracle.deleted) >= min_preemptions, detail
-    assert oracle.deleted_roles == {"trainer", "gym"}, detail
+    assert oracle.deleted_roles == roles, detail
     audit = summary["audit"]
     assert "error" not in audit, detail
     assert (audit["prompts"]["lost"], audit["prompts"]["duplicated"]) == (0, 0), detail

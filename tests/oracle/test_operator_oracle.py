@@ -55,6 +55,36 @@ def test_tiny_multiturn_through_the_operator_ends_bit_identical_with_no_side_eff
 @pytest.mark.chaos
 @pytest.mark.timeout(3000)
 @pytest.mark.parametrize(
+    ("example", "max_steps", "seed"), [("tiny-grpo", 45, 5), ("tiny-multiturn", 24, 9)]
+)
+def test_gyms_lost_mid_run_are_replaced_in_one_incarnation_and_change_no_weight(
+    example: str, max_steps: int, seed: int, tmp_path: Path
+) -> None:
+    """Elastic members: only Gym pods are deleted; each is replaced while the trainer goes
+    on (one incarnation), its in-flight attempts relaunched on the survivors with the same
+    sampling seeds (:func:`~rolloutrun_runtime.algorithms.gym_client.rollout_seed` depends
+    on the prompt and sibling, never on the attempt), so the weights are the reference's.
+    (The default suite's runs above lose Gyms too, replaced the same way.)"""
+    oracle = run_oracle(
+        example,
+        tmp_path,
+        max_steps=max_steps,
+        preempt_every=3,
+        while_training=True,
+        max_preemptions=3,
+        seed=seed,
+        roles="gym",
+    )
+    assert_oracle_holds(oracle, max_steps=max_steps, min_preemptions=3, roles=frozenset({"gym"}))
+    detail = oracle.explain()
+    assert oracle.summary["incarnations"] == 1, detail
+    # a deletion may hit a replacement still starting: one replacement then covers both
+    assert oracle.summary["member_replacements"]["gym"]["count"] >= 1, detail
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(3000)
+@pytest.mark.parametrize(
     ("example", "max_steps", "preempt_every", "while_training", "seed"),
     [
         ("tiny-grpo", 150, 10, False, 5),

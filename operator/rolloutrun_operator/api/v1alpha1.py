@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import JsonDict
@@ -299,6 +299,23 @@ class RecoveryPolicy(_Model):
             "(hung at startup); 0 turns the check off."
         ),
     )
+    elastic_members: bool = Field(
+        True,
+        description=(
+            "A lost Gym pod is recreated under its index while the incarnation goes on (only "
+            "the trainer's loss or its Lease expiring ends one); false: any lost member ends "
+            "the incarnation."
+        ),
+    )
+    max_member_failures: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description=(
+            "Failures (not preemptions) of one member within an incarnation before the "
+            "operator stops replacing it and ends the incarnation (MemberFailuresExhausted)."
+        ),
+    )
 
 
 #: The forced snapshot on SIGTERM must publish before the kubelet's SIGKILL.
@@ -451,6 +468,44 @@ class LeaseObservation(_Model):
     )
 
 
+class MemberState(_Model):
+    """One member of the current incarnation that has been replaced or is being replaced."""
+
+    role: str = Field(..., max_length=32, description="The member's role (gym).")
+    index: int = Field(..., ge=0, le=10_000, description="The member's index within its role.")
+    generation: int = Field(
+        0, ge=0, le=2**31, description="The generation its pod has (or is created with) now."
+    )
+    lost_at: str | None = Field(
+        None,
+        max_length=64,
+        description="When the operator saw its last pod lost; unset once the new one is Ready.",
+        json_schema_extra=_DATE_TIME,
+    )
+    lost_reason: str | None = Field(None, max_length=128, description="Why it was lost.")
+    failures: int = Field(
+        0, ge=0, le=2**31, description="Its losses counted as failures in this incarnation."
+    )
+
+
+class MemberReplacements(_Model):
+    """Members of one role replaced while the run went on, and how long each took."""
+
+    role: str = Field(..., max_length=32, description="The role (gym).")
+    count: int = Field(0, ge=0, le=2**31, description="Replacements completed.")
+    last_seconds: float | None = Field(
+        None, ge=0, le=1e9, description="The last one: loss seen to the new pod Ready."
+    )
+    max_seconds: float | None = Field(
+        None, ge=0, le=1e9, description="The longest one: loss seen to the new pod Ready."
+    )
+    recent_seconds: list[Annotated[float, Field(ge=0, le=1e9)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="The last (at most 16) replacements' loss-to-Ready seconds, oldest first.",
+    )
+
+
 class RolloutRunStatus(_Model):
     """The observed state of a RolloutRun, written by the operator once per pass."""
 
@@ -517,6 +572,16 @@ class RolloutRunStatus(_Model):
     )
     step_window: str | None = Field(
         None, max_length=96, description="stepRate's window start: '<step>@<RFC 3339 time>'."
+    )
+    members: list[MemberState] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="Members of the current incarnation replaced or being replaced.",
+    )
+    member_replacements: list[MemberReplacements] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Members replaced while the run went on, by role, over the run's life.",
     )
 
 

@@ -14,6 +14,12 @@ is *infrastructure*: a lost member is not a sample, so the attempt backs off and
 pending, and only an endpoint unreachable for longer than ``rollout.gymUnreachableSeconds``
 stops the trainer (``GymOutageError``), for the operator to restart it from a snapshot.
 
+Elastic members: a replica lost under a live trainer is skipped while it is unreachable (its
+attempts are redispatched to the survivors by the rollout pump) and re-admitted once its
+``/healthz`` answers again; when the operator replaces the pod (a new address and member
+generation, :meth:`GymClient.readdress`), calls still in flight to the old generation end
+as unreachable at once rather than at ``rolloutTimeoutSeconds``.
+
 Every call carries the run's bearer token, and before a replica's first ``/run`` naming a
 generation address the client announces that address (``POST /policy``): a Gym calls no
 address the trainer did not announce. A replica that restarted has forgotten it and answers
@@ -22,8 +28,10 @@ address the trainer did not announce. A replica that restarted has forgotten it 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -34,6 +42,7 @@ import aiohttp
 import numpy as np
 from pydantic import ValidationError
 
+from rolloutrun_runtime.contract.pod import MemberEndpoint
 from rolloutrun_runtime.contract.wire import (
     GYM_POLICY_ROUTE,
     GYM_RUN_ROUTE,
@@ -45,6 +54,8 @@ from rolloutrun_runtime.contract.wire import (
 from rolloutrun_runtime.experience.rollout_recovery import EnvironmentEpisode, PromptRef
 from rolloutrun_runtime.metrics import OverheadClock
 from rolloutrun_runtime.policy.http import bearer_headers, data_plane_token
+
+logger = logging.getLogger(__name__)
 
 
 class GymError(RuntimeError):
@@ -80,6 +91,9 @@ BACKOFF_MAX_S = 5.0
 #: Longest wait for a connection to a replica (a blackholed address is unreachable, not an
 #: episode running past ``rolloutTimeoutSeconds``).
 CONNECT_TIMEOUT_S = 10.0
+#: How often a lost replica's ``/healthz`` is tried (re-admission), and its timeout.
+READMIT_PERIOD_S = 0.25
+PROBE_TIMEOUT_S = 2.0
 
 
 def is_unreachable(error: BaseException) -> bool:
@@ -168,6 +182,16 @@ class OutageBudget:
     def answered(self, endpoint: str) -> None:
         self._since.pop(endpoint, None)
 
+    def moved(self, old: str, new: str) -> None:
+        """The replica at ``old`` now serves at ``new`` (replaced): an outage goes on under
+        the new address from when it began, so a replacement never resets the budget."""
+        since = self._since.pop(old, None)
+        if since is not None:
+            self._since[new] = since
+
+    def down(self, endpoint: str) -> bool:
+        return endpoint in self._since
+
     def outages(self) -> dict[str, float]:
         """The endpoints unreachable now, and since when (the clock's time)."""
         return dict(self._since)
@@ -179,6 +203,19 @@ class GymReplica:
 
     url: str
     instance_id: str
+    generation: int = 0
+    """Its member generation (the operator's replacement count of this index)."""
+    replaced: asyncio.Event | None = None
+    """Set when this generation was replaced: its calls in flight end as unreachable."""
+
+
+def pick_replica(replicas: list[GymReplica], turn: int, down: Callable[[str], bool]) -> int:
+    """The index of the replica for round-robin turn ``turn``: among those not down (lost,
+    not re-admitted yet), else among all (every replica down: the calls find out, and the
+    outage budget ends the run)."""
+    up = [i for i, replica in enumerate(replicas) if not down(replica.url)]
+    choices = up or list(range(len(replicas)))
+    return choices[turn % len(choices)]
 
 
 def rollout_seed(seed: int, prompt: PromptRef, generation_index: int) -> int:
@@ -295,6 +332,8 @@ class GymClient:
         self._jitter = random.Random()
         #: Generation addresses announced to each replica (by replica URL).
         self._announced: dict[str, set[str]] = {}
+        #: Told of each replica readdressed to a new generation (on the event loop).
+        self.on_replaced: Callable[[GymReplica], None] | None = None
 
     def backoff(self, tries: int) -> float:
         """The delay before the next try of an attempt that found its endpoint unreachable."""
@@ -336,9 +375,95 @@ class GymClient:
             raise GymUnavailableError(
                 f"no Gym replica with instance id {owner!r} (it owns a resumed episode)"
             )
-        replica = self.replicas[self._next % len(self.replicas)]
+        replica = self.replicas[pick_replica(self.replicas, self._next, self.outages.down)]
         self._next += 1
         return replica
+
+    def all_down(self) -> bool:
+        """Whether no replica is up (each lost and not re-admitted)."""
+        return all(self.outages.down(replica.url) for replica in self.replicas)
+
+    def readdress(self, endpoint: MemberEndpoint) -> bool:
+        """The operator replaced member ``endpoint.index``: a newer generation serves at
+        ``endpoint.url``. Calls in flight to the older one end as unreachable (their attempts
+        are redispatched), and the replica counts as down until its ``/healthz`` answers
+        (:meth:`readmit`). True when this changed anything."""
+        if not 0 <= endpoint.index < len(self.replicas):
+            return False
+        replica = self.replicas[endpoint.index]
+        url = endpoint.url.rstrip("/")
+        if endpoint.generation < replica.generation:
+            return False  # an older read than one already taken: never go back
+        if endpoint.generation == replica.generation and url == replica.url:
+            return False
+        logger.warning(
+            "Gym replica %s (%s) replaced: generation %d at %s",
+            endpoint.index,
+            replica.instance_id,
+            endpoint.generation,
+            url,
+        )
+        if replica.replaced is not None:
+            replica.replaced.set()
+        replica.replaced = None
+        old = replica.url
+        if not self.outages.down(old):
+            self.outages.unreachable(old, GymUnreachableError(old, "replaced"))
+        self.outages.moved(old, url)
+        self._announced.pop(old, None)
+        replica.url, replica.generation = url, max(endpoint.generation, replica.generation)
+        if self.on_replaced is not None:
+            self.on_replaced(replica)
+        return True
+
+    async def readmit(self) -> list[GymReplica]:
+        """Try ``/healthz`` of each replica that is down; those answering as the same
+        instance are re-admitted (picked again). Returns them."""
+        back = []
+        for replica in self.replicas:
+            if self.outages.down(replica.url) and await self._healthy(replica):
+                self.outages.answered(replica.url)
+                self._announced.pop(replica.url, None)  # a new process knows no address
+                logger.info("Gym replica %s re-admitted at %s", replica.instance_id, replica.url)
+                back.append(replica)
+        return back
+
+    async def _healthy(self, replica: GymReplica) -> bool:
+        if self._session is None:
+            return False
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+        try:
+            url = f"{replica.url}{HEALTHZ_ROUTE}"
+            async with self._session.get(url, timeout=timeout) as response:
+                body = await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return False
+        return (
+            response.status == 200
+            and isinstance(body, dict)
+            and str(body.get("instance_id") or replica.instance_id) == replica.instance_id
+        )
+
+    async def watch_members(
+        self,
+        endpoints: Callable[[bool], Mapping[int, MemberEndpoint]] | None,
+        period_s: float = READMIT_PERIOD_S,
+    ) -> None:
+        """Forever: take the member addresses ``endpoints`` gives (asked to read afresh
+        while a replica is down), and re-admit the replicas that answer again."""
+        while True:
+            down = any(self.outages.down(replica.url) for replica in self.replicas)
+            if endpoints is not None:
+                try:
+                    known = await asyncio.to_thread(endpoints, down)
+                except Exception as error:  # the next round asks again
+                    logger.warning("reading the Gym members' addresses failed: %s", error)
+                    known = {}
+                for endpoint in known.values():
+                    self.readdress(endpoint)
+            if down:
+                await self.readmit()
+            await asyncio.sleep(period_s)
 
     async def run_episode(
         self,
@@ -394,9 +519,13 @@ class GymClient:
         if self._session is None:
             raise GymUnavailableError("the Gym client is not open")
         started = time.perf_counter()
+        if replica.replaced is None:
+            replica.replaced = asyncio.Event()
+        replaced, generation = replica.replaced, replica.generation
         try:
-            async with self._session.post(f"{replica.url}{route}", json=body) as response:
-                return response.status, await response.read()
+            return await _unless_replaced(
+                self._send(f"{replica.url}{route}", body), replaced, replica.url, generation
+            )
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             if is_unreachable(error):
                 raise GymUnreachableError(
@@ -406,3 +535,27 @@ class GymClient:
             raise GymCallError(f"{replica.url}{route}: {error!r}") from error
         finally:
             self.env_seconds += time.perf_counter() - started
+
+    async def _send(self, url: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        assert self._session is not None
+        async with self._session.post(url, json=body) as response:
+            return response.status, await response.read()
+
+
+async def _unless_replaced(
+    call: Any, replaced: asyncio.Event, url: str, generation: int
+) -> tuple[int, bytes]:
+    """Await ``call`` unless the replica's generation is replaced first: then the call is
+    cancelled and ends as :class:`GymUnreachableError` (its attempt is redispatched)."""
+    task = asyncio.ensure_future(call)
+    gone = asyncio.ensure_future(replaced.wait())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise GymUnreachableError(url, f"member generation {generation} was replaced")
+    result: tuple[int, bytes] = task.result()
+    return result

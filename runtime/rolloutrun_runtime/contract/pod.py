@@ -14,6 +14,8 @@ annotation prefix) stay in ``rolloutrun_operator.naming``.
 from __future__ import annotations
 
 import enum
+import json
+from dataclasses import dataclass
 
 #: The API group of the RolloutRun CRD; labels and annotations are prefixed with it.
 API_GROUP = "rolloutrun.dev"
@@ -27,6 +29,10 @@ LABEL_INCARNATION = f"{API_GROUP}/incarnation"
 """The incarnation a member pod belongs to (decimal)."""
 LABEL_GYM_INDEX = f"{API_GROUP}/gym-index"
 """The Gym replica's index (decimal); its stable instance id is :func:`gym_instance_id`."""
+LABEL_MEMBER_GENERATION = f"{API_GROUP}/member-generation"
+"""Which replacement of its member (role and index) a pod is within its incarnation
+(decimal; 0 for the pod the incarnation started with): the operator recreates a lost Gym
+under the same index with the next generation, and the trainer re-admits it by it."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "rolloutrun-operator"
 
@@ -46,6 +52,11 @@ ANNOTATION_LATEST_MANIFEST = f"{API_GROUP}/latest-manifest"
 ANNOTATION_LATEST_MANIFEST_TIME = f"{API_GROUP}/latest-manifest-time"
 ANNOTATION_REWARD = f"{API_GROUP}/reward"
 """The mean reward of the trainer's last step (decimal), written with its train step."""
+ANNOTATION_MEMBER_ENDPOINTS_PREFIX = f"{API_GROUP}/endpoints-"
+"""Written by the operator on the Lease, read by the trainer at each renewal: per role
+(``<prefix><role>``, :func:`member_endpoints_annotation`), the serving address and member
+generation of each index (:func:`format_member_endpoints`). How a trainer learns the
+address of a replaced member without restarting (pod IPs change; no DNS is assumed)."""
 LEASE_ANNOTATIONS = (
     ANNOTATION_TRAIN_STEP,
     ANNOTATION_ANCHOR_STEP,
@@ -150,6 +161,51 @@ def holder_incarnation(identity: str | None) -> int | None:
         return None
     tail = identity.rsplit("/", 1)[1]
     return int(tail) if tail.isdigit() else None
+
+
+@dataclass(frozen=True)
+class MemberEndpoint:
+    """Where member ``index`` of a role serves, and which generation of it serves there."""
+
+    index: int
+    url: str
+    generation: int
+
+
+def member_endpoints_annotation(role: str) -> str:
+    """The Lease annotation holding the endpoints of ``role``'s members."""
+    return f"{ANNOTATION_MEMBER_ENDPOINTS_PREFIX}{role}"
+
+
+def format_member_endpoints(incarnation: int, endpoints: list[MemberEndpoint]) -> str:
+    """``{"incarnation": n, "members": [[index, url, generation], ...]}`` as compact JSON,
+    sorted by index: the incarnation, so a later trainer never takes an earlier one's."""
+    rows = [[e.index, e.url, e.generation] for e in sorted(endpoints, key=lambda e: e.index)]
+    return json.dumps({"incarnation": incarnation, "members": rows}, separators=(",", ":"))
+
+
+def parse_member_endpoints(text: str | None, incarnation: int) -> dict[int, MemberEndpoint]:
+    """The endpoints by index written for ``incarnation``; an absent or garbled annotation
+    (or row), or one of another incarnation, reads as none: the trainer then keeps the
+    addresses it has."""
+    try:
+        document = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(document, dict) or document.get("incarnation") != incarnation:
+        return {}
+    rows = document.get("members")
+    found: dict[int, MemberEndpoint] = {}
+    for row in rows if isinstance(rows, list) else []:
+        if (
+            isinstance(row, list)
+            and len(row) == 3
+            and all(type(v) is int and v >= 0 for v in (row[0], row[2]))
+            and isinstance(row[1], str)
+            and row[1].startswith(("http://", "https://"))
+        ):
+            found[row[0]] = MemberEndpoint(row[0], row[1], row[2])
+    return found
 
 
 # ------------------------------------------------------------------------- pod names

@@ -227,3 +227,37 @@ def test_holding_releases_on_success_and_lets_the_lease_expire_on_error(tmp_path
     assert stored(path)["holderIdentity"] == "demo-i2-trainer/2"  # left to expire
     with holding(None) as nothing:
         assert nothing is None
+
+
+def test_the_members_addresses_the_operator_writes_are_read_by_renewals_and_on_demand(
+    tmp_path, clock
+):
+    """Elastic members: the operator annotates the Lease with a replaced Gym's address; a
+    renewal (or a fresh read while a replica is down) hands it to the trainer, which keeps
+    its own progress annotations beside it."""
+    from rolloutrun_runtime.contract.pod import (
+        MemberEndpoint,
+        format_member_endpoints,
+        member_endpoints_annotation,
+    )
+    from rolloutrun_runtime.pod import PodLease
+
+    path = tmp_path / "lease.json"
+    lease = trainer(path, 3, clock)
+    lease.acquire(timeout=1)
+    pod = PodLease(lease)
+    assert pod.gym_members(fresh=True) == {}
+    data = stored(path)
+    moved = MemberEndpoint(1, "http://10.0.0.9:8000", 2)
+    data["annotations"][member_endpoints_annotation("gym")] = format_member_endpoints(3, [moved])
+    path.write_text(json.dumps(data))  # the operator's merge patch
+    assert pod.gym_members(fresh=False) == {}  # not read since
+    lease.renew()
+    assert pod.gym_members(fresh=False) == {1: moved}
+    lease.record_progress(train_step=5)
+    assert member_endpoints_annotation("gym") in stored(path)["annotations"]  # kept
+    data = stored(path)
+    other = format_member_endpoints(2, [moved])  # an older incarnation's: never taken
+    data["annotations"][member_endpoints_annotation("gym")] = other
+    path.write_text(json.dumps(data))
+    assert pod.gym_members(fresh=True) == {}

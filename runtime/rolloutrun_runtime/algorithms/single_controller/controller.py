@@ -59,6 +59,7 @@ from rolloutrun_runtime.algorithms.single_controller.rollout_pump import Rollout
 from rolloutrun_runtime.algorithms.single_controller.run_state import ControllerError, RunState
 from rolloutrun_runtime.algorithms.single_controller.train_pump import TrainPump
 from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCapture, TrainerCheckpointer
+from rolloutrun_runtime.contract.pod import MemberEndpoint
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
 from rolloutrun_runtime.environments.checkpointing import EnvironmentCheckpoint
@@ -88,7 +89,10 @@ class SingleController:
         hooks: RunHooks | None = None,
         gym_token: str | None = None,
         prompt_payload: Callable[[int], Mapping[str, Any]] | None = None,
+        gym_members: Callable[[bool], Mapping[int, MemberEndpoint]] | None = None,
     ) -> None:
+        """``gym_members``: where replaced Gym replicas serve now (the operator's Lease
+        annotation in a pod; asked to read afresh while one is down), or None."""
         if cfg.rollout.replay_capacity < cfg.grpo.prompts_per_step:
             raise ControllerError(
                 f"rollout.replayCapacity ({cfg.rollout.replay_capacity}) must be at least "
@@ -98,6 +102,7 @@ class SingleController:
         self.workers = workers
         self.manifests = manifests
         self.environment = environment
+        self.gym_members = gym_members
         self.hooks: RunHooks = hooks if hooks is not None else NoHooks()
         self.trace = trace if trace is not None else TraceWriter(None)
         self.overhead = OverheadClock()
@@ -110,6 +115,8 @@ class SingleController:
             token=gym_token,
             prompt_payload=prompt_payload,
         )
+        if environment is not None:  # a restored or snapshotted episode's owner moves too
+            self.gym.on_replaced = lambda r: environment.readdress(r.instance_id, r.url)
         self.state = RunState(cfg, model, optimizer)
         self.rollout_snapshots = RolloutSnapshotter(
             self.state.parts,
@@ -194,6 +201,9 @@ class SingleController:
                 ),
                 name="snapshot-pump",
             )
+            members = asyncio.create_task(
+                self.gym.watch_members(self.gym_members), name="gym-members"
+            )
             try:
                 pending = {rollout, train, snapshots}
                 while not train.done():
@@ -201,10 +211,10 @@ class SingleController:
                     for task in done:
                         task.result()
             finally:
-                for task in (rollout, train, snapshots, *self.state.tasks):
+                for task in (rollout, train, snapshots, members, *self.state.tasks):
                     task.cancel()
                 await asyncio.gather(
-                    rollout, train, snapshots, *self.state.tasks, return_exceptions=True
+                    rollout, train, snapshots, members, *self.state.tasks, return_exceptions=True
                 )
             await self.finalize_deferred_checkpoint()
             if self.checkpointer is not None and self.state.durable_step != self.trainer_version:

@@ -288,12 +288,14 @@ class RolloutPump:
         local_attempt: RolloutAttempt | None,
     ) -> RolloutAttempt | None:
         """Infrastructure, not a sample: no attempt of maxAttempts is spent; the sibling
-        stays pending under a new attempt after a backoff (GymOutageError past the budget).
-        A new attempt, because the lost replica may have started the old one. Returns the
-        next local attempt (without a ledger)."""
+        stays pending under a new attempt (GymOutageError past the budget). A new attempt,
+        because the lost replica may have started the old one (a turn-level episode thus
+        restarts from turn 0 under a new rollout id: its side effects are never replayed).
+        Redispatched at once to a surviving replica, else after a backoff. Returns the next
+        local attempt (without a ledger)."""
         sibling_id = sibling_id_for(run.group_id, index)
         spent = self.gym.outages.unreachable(replica.url, error)
-        delay = self.gym.backoff(tries)
+        delay = self.gym.backoff(tries) if self.gym.all_down() else 0.0
         logger.log(
             logging.WARNING if tries == 1 else logging.DEBUG,
             "rollout %s: %s (unreachable for %.1fs); retrying in %.2fs",

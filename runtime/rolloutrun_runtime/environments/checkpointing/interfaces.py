@@ -174,6 +174,11 @@ class EnvironmentCheckpoint(Protocol):
         """Drop every trace of these rollouts (after their group is trained or dropped)."""
         ...
 
+    def readdress(self, instance_id: str, url: str) -> None:
+        """The replica ``instance_id`` was replaced and serves at ``url`` now (elastic
+        members: same instance id, new pod address)."""
+        ...
+
     async def close(self) -> None:
         """Release connections."""
         ...
@@ -244,6 +249,9 @@ class NoEnvironmentCheckpoint:
         return None
 
     async def forget(self, rollout_ids: Iterable[str]) -> None:
+        return None
+
+    def readdress(self, instance_id: str, url: str) -> None:
         return None
 
     async def close(self) -> None:

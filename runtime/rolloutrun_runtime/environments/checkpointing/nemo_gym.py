@@ -466,6 +466,10 @@ class GymEnvironmentCheckpoint:
             "forget", {instance: {**body, "rollout_ids": ids} for instance in self.endpoints}
         )
 
+    def readdress(self, instance_id: str, url: str) -> None:
+        if instance_id in self.endpoints:
+            self.endpoints[instance_id] = url
+
     async def close(self) -> None:
         if self._session is not None and self._owns_session:
             await self._session.close()
