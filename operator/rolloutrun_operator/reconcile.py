@@ -388,6 +388,16 @@ def _run_incarnation(p: Pass) -> None:
         p.say(ready=Desired(False, "StartingTrainer"), progressing=Desired(True, "StartingTrainer"))
         p.look_again(5.0)
         return
+    _keep_running(p, members, trainer, gyms)
+
+
+def _keep_running(
+    p: Pass, members: list[PodView], trainer: PodView | None, gyms: dict[int | None, PodView]
+) -> None:
+    """A launched incarnation with nothing lost: its static children restored, the stable
+    period's reset of ``consecutiveLosses``, and Ready as its members stand."""
+    n = p.status.incarnation
+    replicas = p.run.spec.gym.replicas
     _restore_static_children(p, gyms)
     if p.status.incarnation_start_time is None:
         p.status.incarnation_start_time = format_time(p.now)

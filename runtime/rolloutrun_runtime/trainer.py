@@ -170,15 +170,12 @@ async def run_trainer(
 ) -> TrainerResult:
     """Build the policy, workers and controller; resume if a checkpoint exists; run.
 
-    ``hooks.fence`` is called right before a trainer checkpoint (and, in the controller, a
-    manifest) is committed and raises to refuse it; ``hooks.on_anchor`` gets each committed
-    ``step_<N>``, ``hooks.on_published`` each published snapshot manifest, ``hooks.on_step``
-    each step's record (after the trainer wrote it to the metrics log). ``gym_token`` is
-    the run's token (Gym control plane and data plane, generation server) the entry point
-    took from its environment (``take_gym_token``); None reads ``ENV_GYM_TOKEN`` (an
-    in-process caller that set it); ``metrics_token`` likewise, for ``/metrics`` only.
-    ``gym_members``: where replaced Gym replicas serve now (elastic members; the pod's
-    Lease, :meth:`PodLease.gym_members`), asked afresh while one is down."""
+    ``hooks.fence`` refuses a commit (a trainer checkpoint, a manifest) by raising;
+    ``on_anchor``, ``on_published`` and ``on_step`` get each committed ``step_<N>``, published
+    snapshot manifest and step record. ``gym_token`` and ``metrics_token``: the run's tokens
+    the entry point took from its environment (``take_gym_token``; None reads them there).
+    ``gym_members``: where replaced Gym replicas serve now (the pod's Lease,
+    :meth:`PodLease.gym_members`), asked afresh while one is down."""
     import torch
 
     from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
@@ -187,14 +184,13 @@ async def run_trainer(
     from rolloutrun_runtime.metrics import MetricsWriter
     from rolloutrun_runtime.policy.family import build_policy_model, policy_tokenizer
     from rolloutrun_runtime.storage import open_storage
-    from rolloutrun_runtime.trainer_inputs import with_prompt_set, with_recovery_level
+    from rolloutrun_runtime.trainer_inputs import with_prompt_set
     from rolloutrun_runtime.workers import build_workers
 
     cfg, prompts = with_prompt_set(cfg)  # task.dataset: read once, sizes the dataset
     torch.set_num_threads(TORCH_THREADS)
     torch.manual_seed(cfg.seed)
-    log_dir = Path(cfg.log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = _made(Path(cfg.log_dir))
 
     model = build_policy_model(cfg.policy, cfg.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
@@ -209,10 +205,7 @@ async def run_trainer(
     host, port = generation_address()
     workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port, token=gym_token)
     await workers.start()
-    cfg, level_note = await with_recovery_level(cfg)  # turn needs the control plane
-    if level_note is not None:
-        level = cfg.checkpointing.target_level.value
-        trace.emit("recovery_level_lowered", requested="turn", level=level, reason=level_note)
+    cfg = await _settle_recovery_level(cfg, trace)  # turn needs the control plane
     environment = await _environment_checkpoint(cfg, gym_token)
     resumed_from = None
     try:
@@ -234,12 +227,7 @@ async def run_trainer(
             gym_members=gym_members,
         )
         resumed_from = await _restore(controller, trace)
-        # Start-up left ~190k long-lived objects (torch, the model, the restore); a full
-        # cyclic-GC pass over them takes 100-200 ms and stalls both pumps, and a snapshot's
-        # allocations make such passes frequent. Freeze them out of future passes
-        # (refcounting still frees what becomes unreachable).
-        gc.collect()
-        gc.freeze()
+        _freeze_startup_objects()
         with _preemption_snapshots(controller, preemption):
             if controller.trainer_version < cfg.grpo.max_steps:
                 await controller.run()
@@ -251,6 +239,32 @@ async def run_trainer(
         trace.close()
         await observation.stop()  # after the trace closed: its last lines reach the storage
     return _finished(controller, log_dir, resumed_from)
+
+
+async def _settle_recovery_level(cfg: RunConfig, trace: Any) -> RunConfig:
+    """The run's recovery level once the Gyms answer: turn level needs their checkpoint
+    control plane; without it the run recovers at sibling level and says so in the trace."""
+    from rolloutrun_runtime.trainer_inputs import with_recovery_level
+
+    cfg, level_note = await with_recovery_level(cfg)
+    if level_note is not None:
+        level = cfg.checkpointing.target_level.value
+        trace.emit("recovery_level_lowered", requested="turn", level=level, reason=level_note)
+    return cfg
+
+
+def _made(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def _freeze_startup_objects() -> None:
+    """Start-up left ~190k long-lived objects (torch, the model, the restore); a full
+    cyclic-GC pass over them takes 100-200 ms and stalls both pumps, and a snapshot's
+    allocations make such passes frequent. Freeze them out of future passes (refcounting
+    still frees what becomes unreachable)."""
+    gc.collect()
+    gc.freeze()
 
 
 async def _restore(controller: SingleController, trace: Any) -> str | None:
