@@ -103,16 +103,9 @@ class HFCausalLM(nn.Module):
     ) -> torch.Tensor:
         """As ``TinyCausalLM.forward_cached``: append ``input_ids`` [n,S] at offsets
         ``start`` [n] to ``cache`` and return logits [n,S,V]."""
-        from rolloutrun_runtime.policy.model import ModelError
+        from rolloutrun_runtime.policy.model import cache_geometry
 
-        batch, length = input_ids.shape
-        positions = start[:, None] + torch.arange(length, device=input_ids.device)[None, :]
-        span = int(positions.max()) + 1
-        if span > self.max_seq_len:
-            raise ModelError(f"sequence reaches {span} tokens, over max_seq_len {self.max_seq_len}")
-        rows = torch.arange(batch, device=input_ids.device)[:, None]
-        keys = torch.arange(span, device=input_ids.device)
-        mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [n,1,S,span]
+        positions, span, rows, mask = cache_geometry(input_ids, start, self.max_seq_len)
         row_cache = _row_cache_class()(cache, rows, positions, span)
         out = self.lm(
             input_ids=input_ids,

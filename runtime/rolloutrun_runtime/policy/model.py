@@ -146,15 +146,7 @@ class TinyCausalLM(nn.Module):
         a padded position writes keys that later tokens overwrite before anyone attends to
         them. Returns logits [n,S,V].
         """
-        batch, length = input_ids.shape
-        offsets = torch.arange(length, device=input_ids.device)
-        positions = start[:, None] + offsets[None, :]
-        span = int(positions.max()) + 1
-        if span > self.max_seq_len:
-            raise ModelError(f"sequence reaches {span} tokens, over max_seq_len {self.max_seq_len}")
-        rows = torch.arange(batch, device=input_ids.device)[:, None]
-        keys = torch.arange(span, device=input_ids.device)
-        mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [n,1,S,span]
+        positions, _span, rows, mask = cache_geometry(input_ids, start, self.max_seq_len)
         x = self.tok_emb(input_ids) + self.pos_emb(positions)
         for layer, block in enumerate(self.blocks):
             assert isinstance(block, _Block)
@@ -212,3 +204,21 @@ def state_sha256(state_dict: Mapping[str, torch.Tensor]) -> str:
         digest.update(repr(tuple(data.shape)).encode())
         digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
     return digest.hexdigest()
+
+
+def cache_geometry(
+    input_ids: torch.Tensor, start: torch.Tensor, max_seq_len: int
+) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]:
+    """Where a cached forward's tokens land, for every model family: each row's positions
+    [n,S] from its own ``start``, the cache span they reach (refused past ``max_seq_len``),
+    the row index [n,1] and the causal mask over the span [n,1,S,span]."""
+    batch, length = input_ids.shape
+    offsets = torch.arange(length, device=input_ids.device)
+    positions = start[:, None] + offsets[None, :]
+    span = int(positions.max()) + 1
+    if span > max_seq_len:
+        raise ModelError(f"sequence reaches {span} tokens, over max_seq_len {max_seq_len}")
+    rows = torch.arange(batch, device=input_ids.device)[:, None]
+    keys = torch.arange(span, device=input_ids.device)
+    mask = (keys[None, None, :] <= positions[:, :, None])[:, None]
+    return positions, span, rows, mask
