@@ -89,9 +89,11 @@ def pod_loss(p: Pass, pod: PodView) -> Loss | None:
 
 
 def unrestorable(pod: PodView, detail: str) -> Loss:
-    """The trainer refused every durable entry for a reason a restart cannot change (exit
-    ``UNRESTORABLE_EXIT_CODE``): restarting would only refuse again until ``maxRestarts``."""
-    message = f"{pod.name}: {detail}: no durable entry of the run can be restored"
+    """The trainer stopped for a reason a restart cannot change (exit ``UNRESTORABLE_EXIT_CODE``:
+    every durable entry refused, or a model it cannot load): restarting would only stop
+    again until ``maxRestarts``. The trainer's last line says which."""
+    message = f"{pod.name}: {detail}: the trainer cannot start or restore the run (a restart"
+    message += " would not change that)"
     last = (pod.terminated_message or "").strip().splitlines()
     if last:
         message += f": {last[-1].strip()[-1024:]}"
