@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
 
 from rolloutrun_localcluster import images, podspec
 from rolloutrun_localcluster.cluster import LocalCluster
@@ -75,6 +76,32 @@ def _waiting(core: Any, namespace: str, name: str, reason: str) -> Any:
     return waiting if waiting is not None and waiting.reason == reason else None
 
 
+def _waiting_reasons_until(
+    core: Any, namespace: str, name: str, since: str, last: str
+) -> list[tuple[str, str]]:
+    """The container's waiting reasons (and messages) in order, from a watch that starts at
+    ``since``, until ``last`` is seen."""
+    seen: list[tuple[str, str]] = []
+    stream = k8s_watch.Watch()
+    for event in stream.stream(
+        core.list_namespaced_pod,
+        namespace,
+        field_selector=f"metadata.name={name}",
+        resource_version=since,
+        timeout_seconds=60,
+    ):
+        statuses = event["object"].status.container_statuses or []
+        waiting = statuses[0].state.waiting if statuses else None
+        if waiting is None or waiting.reason in {None, "ContainerCreating"}:
+            continue
+        if not seen or seen[-1][0] != waiting.reason:
+            seen.append((waiting.reason, waiting.message or ""))
+        if waiting.reason == last:
+            stream.stop()
+            break
+    return seen
+
+
 def test_a_pull_fails_backs_off_and_succeeds_once_the_image_exists(
     cluster: LocalCluster, client: Any, namespace: str
 ) -> None:
@@ -82,26 +109,28 @@ def test_a_pull_fails_backs_off_and_succeeds_once_the_image_exists(
     image = f"example.com/{namespace}/gym:v1"
     cluster.images.refuse(image)
     sleep = ["sleep", "30"]
+    since = core.list_namespaced_pod(namespace).metadata.resource_version
     core.create_namespaced_pod(namespace, _pod("refused", image, sleep))
     core.create_namespaced_pod(namespace, _pod("nowhere", "registry.invalid/gym:1", sleep))
     core.create_namespaced_pod(namespace, _pod("invalid", "Gym:v1", sleep))
     never = _pod("never", image, sleep)
     never["spec"]["containers"][0]["imagePullPolicy"] = "Never"
     core.create_namespaced_pod(namespace, never)
-    pulled = eventually(
-        lambda: _waiting(core, namespace, "refused", "ErrImagePull"), what="ErrImagePull"
-    )
-    assert "pull access denied" in pulled.message
+    # Every state the pod went through, from a watch (polling can miss the short ErrImagePull).
+    seen = _waiting_reasons_until(core, namespace, "refused", since, "ImagePullBackOff")
+    assert [reason for reason, _ in seen][:2] == ["ErrImagePull", "ImagePullBackOff"], seen
+    assert "pull access denied" in seen[0][1]
     backing_off = eventually(
         lambda: _waiting(core, namespace, "refused", "ImagePullBackOff"), what="ImagePullBackOff"
     )
     assert backing_off.message.startswith(f'Back-off pulling image "{image}": ErrImagePull: ')
     pod = core.read_namespaced_pod("refused", namespace)
     assert pod.status.phase == "Pending" and pod.status.container_statuses[0].restart_count == 0
-    cluster.images.allow(image)  # pushed: the next try (2 s back-off here) pulls and starts it
     eventually(lambda: _waiting(core, namespace, "nowhere", "ImagePullBackOff"), what="no host")
     eventually(lambda: _waiting(core, namespace, "invalid", "InvalidImageName"), what="invalid")
+    # Before the image exists: a kubelet that first looks at "never" afterwards would run it.
     eventually(lambda: _waiting(core, namespace, "never", "ErrImageNeverPull"), what="never")
+    cluster.images.allow(image)  # pushed: the next try (2 s back-off here) pulls and starts it
     eventually(
         lambda: core.read_namespaced_pod("refused", namespace).status.phase == "Running",
         timeout=60,
