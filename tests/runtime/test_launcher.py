@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,6 +30,12 @@ def _processes_mentioning(text: str) -> list[int]:
 
 def test_ctrl_c_stops_the_gym_replicas(tmp_path: Path) -> None:
     log_dir = tmp_path / "interrupted"
+    # The example's 30 steps can all train between the first step line and the signal on a
+    # fast run; a run that cannot end first makes the exit code the interrupt's.
+    document = yaml.safe_load((ROOT / "examples" / "tiny-multiturn.yaml").read_text())
+    document["spec"]["run"]["grpo"]["maxSteps"] = 100_000
+    config = tmp_path / "tiny-multiturn-long.yaml"
+    config.write_text(yaml.safe_dump(document))
     process = subprocess.Popen(
         [
             sys.executable,
@@ -36,7 +44,7 @@ def test_ctrl_c_stops_the_gym_replicas(tmp_path: Path) -> None:
             "--log-level",
             "WARNING",
             "train",
-            str(ROOT / "examples" / "tiny-multiturn.yaml"),
+            str(config),
             "--log-dir",
             str(log_dir),
         ],
