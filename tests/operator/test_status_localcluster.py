@@ -16,6 +16,8 @@ import subprocess
 import threading
 from typing import Any
 
+import pytest
+
 from rolloutrun_localcluster.testing import eventually
 from rolloutrun_operator import watching
 from rolloutrun_runtime.coordination import KubernetesLease
@@ -29,6 +31,9 @@ from tests.support.operator_cluster import (
 )
 
 
+# About a minute on two cores: `make chaos` (test_pull_status_localcluster.py keeps a pod
+# problem as the Ready reason in the default suite; progress.py and problems.py are unit-tested).
+@pytest.mark.chaos
 def test_pods_held_back_are_ready_reasons_and_progress_shows_reward(cluster, api, monkeypatch):
     # progress every second instead of every two minutes (the throttle is watching.py's)
     monkeypatch.setattr(watching, "PROGRESS_MIRROR_SECONDS", 1.0)
