@@ -28,6 +28,10 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_the_gym_replicas(tmp_path: Path) -> None:
     log_dir = tmp_path / "interrupted"
     # The example's 30 steps can all train between the first step line and the signal on a
@@ -52,6 +56,9 @@ def test_ctrl_c_stops_the_gym_replicas(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
         text=True,
         cwd=tmp_path,
+        # Ctrl-C in a terminal: SIGINT at its default, even when this test runs as a
+        # background job of a shell without job control (which starts it ignored).
+        preexec_fn=_sigint_default,
     )
     assert process.stdout is not None
     try:
