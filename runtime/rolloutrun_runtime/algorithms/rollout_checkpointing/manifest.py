@@ -100,7 +100,9 @@ class ManifestStore:
                 f"{existing.get('run_name')!r}, not {self.run_name!r}"
             )
         if existing.get("fingerprint") != record["fingerprint"]:
-            differing = resume_config_differences(existing.get("config_view", {}), config)
+            differing = resume_config_differences(
+                existing.get("config_view", {}), config, existing.get("fingerprint")
+            )
             if differing:
                 raise FingerprintMismatchError(self.storage.uri_for(BOOTSTRAP_KEY), differing)
 
@@ -266,7 +268,9 @@ class ManifestStore:
             )
         view = rollout_config_view(config)
         if manifest.fingerprint != fingerprint_of(view):
-            differing = resume_config_differences(manifest.config_view, config)
+            differing = resume_config_differences(
+                manifest.config_view, config, manifest.fingerprint
+            )
             if differing:
                 raise FingerprintMismatchError(uri, differing)
         if not anchor_is_durable(manifest.anchor):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutrun_runtime.contract.layout import MANIFEST_SCHEMA_VERSION, SNAPSHOT_DIR
-from rolloutrun_runtime.contract.run_config import RunConfig, flatten
+from rolloutrun_runtime.contract.run_config import RunConfig, fingerprint_of, flatten
 
 #: Config keys that may change between incarnations without invalidating a snapshot. All
 #: other keys count (fail closed): a new key added to RunConfig is part of the fingerprint
@@ -120,9 +120,13 @@ def default_config_view() -> dict[str, Any]:
     return dict(_default_view())
 
 
-def resume_config_differences(saved_view: Mapping[str, Any], config: RunConfig) -> list[str]:
+def resume_config_differences(
+    saved_view: Mapping[str, Any], config: RunConfig, saved_fingerprint: object = None
+) -> list[str]:
     """Why a run with ``config`` may not continue state recorded with ``saved_view`` (empty:
-    it may), one entry per differing key with both values.
+    it may), one entry per differing key with both values. With ``saved_fingerprint`` (what
+    the state recorded beside the view), a view that does not hash to it is not trusted
+    (fail closed: the record was altered or is not this rule's).
 
     The fingerprint (a hash of the whole view) is the fast path: equal fingerprints, equal
     views. When they differ, the recorded *view* decides, by one rule: every key both views
@@ -139,6 +143,11 @@ def resume_config_differences(saved_view: Mapping[str, Any], config: RunConfig) 
     the non-default ones (fingerprinting only non-default values would have let a release
     that changes ``grpo.groupSize``'s default resume old runs with the new group size).
     """
+    if saved_fingerprint is not None and saved_fingerprint != fingerprint_of(dict(saved_view)):
+        return [
+            f"the recorded config view does not match its fingerprint "
+            f"{str(saved_fingerprint)[:12]}… (altered, or written by another fingerprint rule)"
+        ]
     return differing_keys(saved_view, rollout_config_view(config), default_config_view())
 
 

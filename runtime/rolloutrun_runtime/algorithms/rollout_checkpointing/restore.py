@@ -420,7 +420,7 @@ class RolloutRestorer:
                 f"fingerprint {str(saved)[:12]}…, this run's {current[:12]}…)"
             )
         differing = (
-            resume_config_differences(saved_view, self._config)
+            resume_config_differences(saved_view, self._config, saved)
             if saved != current and isinstance(saved_view, dict)
             else []
         )

@@ -7,7 +7,6 @@ changes are still refused, naming the key and both values.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -22,11 +21,13 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     rollout_config_view,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import ResumeKind
-from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
-from rolloutrun_runtime.contract.layout import CONTROLLER_STATE_FILE, TRAINER_STATE_FILE
 from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
-from rolloutrun_runtime.storage import open_storage
-from tests.support.rollout_checkpoints import harness, tiny_config, two_snapshots
+from tests.support.rollout_checkpoints import (
+    harness,
+    republish_checkpoint,
+    tiny_config,
+    two_snapshots,
+)
 
 NEW_FIELD = "rollout.spareLowWater"
 
@@ -103,22 +104,11 @@ def test_a_field_the_new_release_dropped_is_refused():
 def _republish_as_old_release(cfg: RunConfig, step: int, view: dict[str, Any]) -> str:
     """``step_<step>``: the newest trainer checkpoint, as a release that recorded ``view``
     wrote it (its fingerprint is the hash of that view)."""
-    checkpointer = TrainerCheckpointer(open_storage(cfg.resolved_storage_uri()), keep_latest=9)
-    source = checkpointer.latest_step()
-    assert source is not None and source < step
-    prefix = f"step_{source}/"
-    files = {
-        key.removeprefix(prefix): checkpointer.storage.read_bytes(key)
-        for key in checkpointer.storage.list(prefix.rstrip("/"))
-        if not key.endswith("COMMITTED")
-    }
-    for name in (TRAINER_STATE_FILE, CONTROLLER_STATE_FILE):
-        state = json.loads(files[name])
-        state["config_fingerprint"] = fingerprint_of(view)
-        state["config_view"] = view
-        files[name] = json.dumps(state).encode()
-    checkpointer.publish_files(step, files)
-    return checkpointer.storage.uri_for(f"step_{step}")
+    return republish_checkpoint(
+        cfg,
+        step,
+        lambda state: state.update(config_fingerprint=fingerprint_of(view), config_view=view),
+    )
 
 
 async def test_a_trainer_checkpoint_of_an_older_release_resumes_unless_a_value_changed(
@@ -141,3 +131,14 @@ async def test_a_trainer_checkpoint_of_an_older_release_resumes_unless_a_value_c
         assert [uri for uri, _ in choice.skipped] == [refused]
         reason = choice.skipped[0][1]
         assert "grpo.clipEpsilon (was 0.3, now 0.2)" in reason and NEW_FIELD not in reason
+
+
+def test_a_view_that_does_not_hash_to_its_fingerprint_is_not_trusted():
+    """Only a fingerprint changed (an altered record): the view is not taken at its word."""
+    view = rollout_config_view(config())
+    assert resume_config_differences(view, config(), fingerprint_of(view)) == []
+    refused = resume_config_differences(view, config(), "f" * 64)
+    assert refused == [
+        "the recorded config view does not match its fingerprint ffffffffffff… (altered, or "
+        "written by another fingerprint rule)"
+    ]
