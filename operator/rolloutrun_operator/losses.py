@@ -90,8 +90,9 @@ def pod_loss(p: Pass, pod: PodView) -> Loss | None:
 
 def unrestorable(pod: PodView, detail: str) -> Loss:
     """The trainer stopped for a reason a restart cannot change (exit ``UNRESTORABLE_EXIT_CODE``:
-    every durable entry refused, or a model it cannot load): restarting would only stop
-    again until ``maxRestarts``. The trainer's last line says which."""
+    every durable entry refused, a model it cannot load, or a prompt file it cannot read or
+    map): restarting would only stop again until ``maxRestarts``. The trainer's last line
+    says which (for a prompt file: the file, the row and the field)."""
     message = f"{pod.name}: {detail}: the trainer cannot start or restore the run (a restart"
     message += " would not change that)"
     last = (pod.terminated_message or "").strip().splitlines()

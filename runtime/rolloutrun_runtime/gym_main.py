@@ -71,7 +71,11 @@ def run(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
 
-    from rolloutrun_runtime.contract.run_config import ConfigError, load_run_config
+    from rolloutrun_runtime.contract.run_config import (
+        UNRESTORABLE_EXIT_CODE,
+        ConfigError,
+        load_run_config,
+    )
     from rolloutrun_runtime.environments.gym.effects import SideEffectLog, open_effect_store
     from rolloutrun_runtime.pod import resolve_config_path, take_gym_token
     from rolloutrun_runtime.storage import StorageError
@@ -89,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    problem = model_problem(cfg)
+    if problem:  # a restart finds the same model: the configuration's exit, one line
+        print(f"rolloutrun gym: {problem}", file=sys.stderr)
+        return UNRESTORABLE_EXIT_CODE
 
     instance_id = args.instance_id or default_instance_id(args.port)
     audit = Path(args.audit_file) if args.audit_file else None
@@ -107,6 +115,27 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).error("gym server failed: %s", error)
         print(f"rolloutrun gym: {error}", file=sys.stderr)
         return 1
+
+
+def model_problem(cfg: RunConfig) -> str | None:
+    """Why the Gym cannot tokenize with ``policy.model`` (missing, incomplete, an unreadable
+    ``tokenizer.json``, no chat template where one is asked for), or None. The tokenizer is
+    read here once (it is cached), so a bad model is one named line at start, not a
+    traceback out of the server's start-up."""
+    from rolloutrun_runtime.contract.model_dir import local_model_problem
+    from rolloutrun_runtime.policy.hf_files import HFModelError
+    from rolloutrun_runtime.policy.tokenizer import TokenizerError, policy_tokenizer
+
+    if cfg.policy.model is None:
+        return None
+    problem = local_model_problem(cfg.policy.model)
+    if problem:
+        return problem
+    try:
+        policy_tokenizer(cfg.policy)
+    except (HFModelError, TokenizerError) as error:
+        return str(error)
+    return None
 
 
 async def _serve(

@@ -114,12 +114,11 @@ def main(args: argparse.Namespace) -> int:
     except (FencedError, LeaseError) as error:
         print(f"rolloutrun trainer: {error}", file=sys.stderr)
         return EXIT_FENCED
-    except (UnrestorableError, HFModelError) as error:  # a restart meets the same: no loop
+    except (UnrestorableError, HFModelError, PromptDataError) as error:
+        # A restart meets the same checkpoints, model and prompt file: the configuration's
+        # exit (the operator fails the run), one line naming the file, row and field.
         print(f"rolloutrun trainer: {error}", file=sys.stderr)
         return UNRESTORABLE_EXIT_CODE
-    except PromptDataError as error:  # the prompt file: named, without a traceback
-        print(f"rolloutrun trainer: {error}", file=sys.stderr)
-        return 2
 
 
 async def _run_until_signalled(

@@ -12,13 +12,13 @@ kubelet reports it, reads as the run's reason too.
 from __future__ import annotations
 
 import json
-import subprocess
 from typing import Any
 
 from rolloutrun_localcluster.testing import eventually
 from rolloutrun_operator import naming
 from rolloutrun_operator.observe import pod_view
 from rolloutrun_operator.problems import pod_problem
+from tests.support.kubectl import kubectl, wait_for_ready_reason
 from tests.support.operator_cluster import (
     GROUP,
     PLURAL,
@@ -31,20 +31,7 @@ from tests.support.operator_cluster import (
 
 def test_an_image_that_cannot_be_pulled_is_the_runs_ready_reason(cluster: Any, api: Any) -> None:
     ns = RunNamespace(api, "pull")
-    namespace, core, runs = ns.name, ns.core, ns.runs
-
-    def kubectl(*args: str) -> str:
-        command = ["kubectl", f"--kubeconfig={cluster.kubeconfig_path}", "-n", namespace, *args]
-        return subprocess.run(command, check=True, capture_output=True, text=True).stdout
-
-    def ready(name: str) -> dict[str, Any]:
-        found = json.loads(kubectl("get", "rr", name, "-o", "json"))
-        conditions = (found.get("status") or {}).get("conditions") or []
-        return next((c for c in conditions if c["type"] == "Ready"), {})
-
-    def with_reason(name: str, *reasons: str) -> dict[str, Any] | None:
-        condition = ready(name)
-        return condition if condition.get("reason") in reasons else None
+    namespace, runs = ns.name, ns.runs
 
     gym_image = "registry.invalid/rolloutrun/gym:none"
     nogym = rolloutrun("nogym")
@@ -57,32 +44,21 @@ def test_an_image_that_cannot_be_pulled_is_the_runs_ready_reason(cluster: Any, a
         for run in (nogym, notrainer):
             runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run)
         # the kubelet alternates: ErrImagePull at each try, ImagePullBackOff in between
-        backing_off = eventually(
-            lambda: with_reason("nogym", "GymImagePullBackOff"),
-            timeout=120,
-            interval=0.2,
-            what="GymImagePullBackOff",
+        backing_off = wait_for_ready_reason(
+            cluster, namespace, "nogym", "GymImagePullBackOff", interval=0.2
         )
         message = backing_off["message"]
         assert message.startswith("pod nogym-i1-gym-")
         assert f'ImagePullBackOff: Back-off pulling image "{gym_image}": ErrImagePull: ' in message
         assert "lookup registry.invalid: no such host" in message
-        table = kubectl("get", "rr", "nogym").splitlines()
+        table = kubectl(cluster, "get", "rr", "nogym", namespace=namespace).splitlines()
         column = table[0].index("REASON")  # cells start under their header (some are empty)
         assert table[1][column:].split()[0] in ("GymImagePullBackOff", "GymErrImagePull")
 
-        failed = eventually(
-            lambda: with_reason("notrainer", "TrainerErrImagePull", "TrainerImagePullBackOff"),
-            timeout=120,
-            interval=0.5,
-            what="the trainer's pull failure",
-        )
+        pull_failures = ("TrainerErrImagePull", "TrainerImagePullBackOff")
+        failed = wait_for_ready_reason(cluster, namespace, "notrainer", *pull_failures)
         assert "pull access denied" in failed["message"]
-        selector = "involvedObject.name=notrainer,type=Warning"
-        reasons = {
-            e.reason for e in core.list_namespaced_event(namespace, field_selector=selector).items
-        }
-        assert reasons & {"TrainerErrImagePull", "TrainerImagePullBackOff"}
+        assert ns.warning_reasons("notrainer") & set(pull_failures)
     assert operator.error is None
 
 

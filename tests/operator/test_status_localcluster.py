@@ -12,7 +12,6 @@ steps are written by the runtime's own :class:`KubernetesLease`, as the trainer 
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 from rolloutrun_localcluster.testing import eventually
 from rolloutrun_operator import watching
 from rolloutrun_runtime.coordination import KubernetesLease
+from tests.support.kubectl import kubectl, wait_for_ready_reason
 from tests.support.operator_cluster import (
     GROUP,
     PLURAL,
@@ -38,22 +38,7 @@ def test_pods_held_back_are_ready_reasons_and_progress_shows_reward(cluster, api
     # progress every second instead of every two minutes (the throttle is watching.py's)
     monkeypatch.setattr(watching, "PROGRESS_MIRROR_SECONDS", 1.0)
     ns = RunNamespace(api, "st")
-    namespace, core, runs = ns.name, ns.core, ns.runs
-
-    def kubectl(*args: str) -> str:
-        command = ["kubectl", f"--kubeconfig={cluster.kubeconfig_path}", "-n", namespace, *args]
-        return subprocess.run(command, check=True, capture_output=True, text=True).stdout
-
-    def ready(name: str) -> dict[str, Any]:
-        found = json.loads(kubectl("get", "rr", name, "-o", "json"))
-        conditions = (found.get("status") or {}).get("conditions") or []
-        return next((c for c in conditions if c["type"] == "Ready"), {})
-
-    def warnings(name: str) -> set[str]:
-        selector = f"involvedObject.name={name},type=Warning"
-        return {
-            e.reason for e in core.list_namespaced_event(namespace, field_selector=selector).items
-        }
+    namespace, runs = ns.name, ns.runs
 
     nostart = rolloutrun("nostart")
     nostart["spec"]["gym"]["env"] = [{"name": "PATH", "value": "/nonexistent"}]
@@ -67,47 +52,26 @@ def test_pods_held_back_are_ready_reasons_and_progress_shows_reward(cluster, api
         for run in (nostart, noconfig, unplaced, rolloutrun("healthy")):
             runs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run)
 
-        eventually(
-            lambda: ready("nostart").get("reason") == "GymStartError",
-            timeout=120,
-            interval=0.5,
-            what="StartError",
-        )
-        message = ready("nostart")["message"]
+        message = wait_for_ready_reason(cluster, namespace, "nostart", "GymStartError")["message"]
         assert "exit code 128 (StartError)" in message
         assert 'exec: "rolloutrun": executable file not found in $PATH' in message
-        assert "GymStartError" in warnings("nostart")
+        assert "GymStartError" in ns.warning_reasons("nostart")
 
-        eventually(
-            lambda: ready("noconfig").get("reason") == "GymCreateContainerConfigError",
-            timeout=120,
-            interval=0.5,
-            what="CreateContainerConfigError",
-        )
-        assert ready("noconfig")["message"] == (
+        reason = "GymCreateContainerConfigError"
+        assert wait_for_ready_reason(cluster, namespace, "noconfig", reason)["message"] == (
             "pod noconfig-i1-gym-0 container gym: CreateContainerConfigError: "
             'configmap "no-such-config" not found'
         )
-        assert "GymCreateContainerConfigError" in warnings("noconfig")
+        assert "GymCreateContainerConfigError" in ns.warning_reasons("noconfig")
 
-        eventually(
-            lambda: ready("unplaced").get("reason") == "TrainerUnschedulable",
-            timeout=120,
-            interval=0.5,
-            what="Unschedulable",
-        )
-        assert ready("unplaced")["message"] == (
+        reason = "TrainerUnschedulable"
+        assert wait_for_ready_reason(cluster, namespace, "unplaced", reason)["message"] == (
             "pod unplaced-i1-trainer unschedulable: 0/1 nodes are available: "
             "1 node(s) didn't match Pod's node affinity/selector."
         )
-        assert "TrainerUnschedulable" in warnings("unplaced")
+        assert "TrainerUnschedulable" in ns.warning_reasons("unplaced")
 
-        eventually(
-            lambda: ready("healthy").get("reason") == "Running",
-            timeout=120,
-            interval=0.5,
-            what="healthy running",
-        )
+        wait_for_ready_reason(cluster, namespace, "healthy", "Running")
         trainer = KubernetesLease(
             "healthy-trainer", namespace, "healthy-i1-trainer/1", 1, api_client=api
         )
@@ -115,7 +79,8 @@ def test_pods_held_back_are_ready_reasons_and_progress_shows_reward(cluster, api
         trainer.start_renewing()
 
         def status() -> dict[str, Any]:
-            return json.loads(kubectl("get", "rr", "healthy", "-o", "json"))["status"]
+            found = kubectl(cluster, "get", "rr", "healthy", "-o", "json", namespace=namespace)
+            return json.loads(found)["status"]
 
         stepping = threading.Event()
 
@@ -137,7 +102,8 @@ def test_pods_held_back_are_ready_reasons_and_progress_shows_reward(cluster, api
             worker.join()
             trainer.record_progress(train_step=1000, reward=0.5)
             eventually(lambda: status().get("trainStep") == 1000, interval=0.5, what="last step")
-            table = kubectl("get", "rr", "healthy", "-o", "wide").splitlines()
+            wide = kubectl(cluster, "get", "rr", "healthy", "-o", "wide", namespace=namespace)
+            table = wide.splitlines()
             header = table[0].split()
             assert header[:3] == ["NAME", "STEP", "REWARD"] and "STEPS/MIN" in header
             assert table[1].split()[:3] == ["healthy", "1000", "0.5"]

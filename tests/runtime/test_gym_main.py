@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from rolloutrun_runtime import gym_main
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
+from rolloutrun_runtime.contract.run_config import UNRESTORABLE_EXIT_CODE
 
 
 def test_the_built_in_gym_refuses_the_external_task(
@@ -20,3 +22,44 @@ def test_the_built_in_gym_refuses_the_external_task(
     args = parser.parse_args(["--config", str(config), "--port", "0", "--instance-id", "g-0"])
     assert gym_main.run(args) == 2
     assert "user's own environment server (spec.gym.command" in capsys.readouterr().err
+
+
+def _gym_args(tmp_path: Path, model: Path) -> argparse.Namespace:
+    config = tmp_path / "run.yaml"
+    config.write_text(f"policy: {{model: {model}}}\n")
+    parser = argparse.ArgumentParser()
+    gym_main.register(parser)
+    return parser.parse_args(["--config", str(config), "--port", "0", "--instance-id", "g-0"])
+
+
+def _incomplete(directory: Path) -> Path:
+    directory.mkdir()
+    (directory / "config.json").write_text("{}")
+    return directory
+
+
+def _garbled_tokenizer(directory: Path) -> Path:
+    _incomplete(directory)
+    (directory / "model.safetensors").write_bytes(b"x")
+    (directory / "tokenizer.json").write_text("not json")
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda d: d, "is not a directory"),
+        (_incomplete, "lacks tokenizer.json"),
+        (_garbled_tokenizer, "tokenizer.json: not a readable tokenizer"),
+    ],
+    ids=["missing", "incomplete", "garbled tokenizer"],
+)
+def test_a_gym_without_its_model_stops_with_one_named_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch, make, named
+) -> None:
+    monkeypatch.setenv(ENV_GYM_TOKEN, "t")  # as in its pod: the model is what is wrong
+    model = make(tmp_path / "tiny-hf-model")
+    assert gym_main.run(_gym_args(tmp_path, model)) == UNRESTORABLE_EXIT_CODE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("rolloutrun gym: ") and str(model) in err and named in err

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
+
+from tests.support.cli import quiet_rolloutrun, reaped, train_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,28 +41,19 @@ def test_ctrl_c_stops_the_gym_replicas(tmp_path: Path) -> None:
     document["spec"]["run"]["grpo"]["maxSteps"] = 100_000
     config = tmp_path / "tiny-multiturn-long.yaml"
     config.write_text(yaml.safe_dump(document))
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rolloutrun_runtime.cli",
-            "--log-level",
-            "WARNING",
-            "train",
-            str(config),
-            "--log-dir",
-            str(log_dir),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        cwd=tmp_path,
-        # Ctrl-C in a terminal: SIGINT at its default, even when this test runs as a
-        # background job of a shell without job control (which starts it ignored).
-        preexec_fn=_sigint_default,
-    )
-    assert process.stdout is not None
-    try:
+    with reaped(
+        subprocess.Popen(
+            train_command(config, log_dir),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=tmp_path,
+            # Ctrl-C in a terminal: SIGINT at its default, even when this test runs as a
+            # background job of a shell without job control (which starts it ignored).
+            preexec_fn=_sigint_default,
+        )
+    ) as process:
+        assert process.stdout is not None
         lines = []
         for line in process.stdout:
             lines.append(line)
@@ -71,10 +63,6 @@ def test_ctrl_c_stops_the_gym_replicas(tmp_path: Path) -> None:
         assert len(_processes_mentioning(str(log_dir))) == 2  # the two Gym replicas
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 130
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     deadline = time.monotonic() + 10
     while _processes_mentioning(str(log_dir)) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -100,7 +88,7 @@ def test_trainer_pod_entry_point_runs_against_given_gym_endpoints(tmp_path: Path
         )
         trainer_file = tmp_path / "trainer.yaml"
         trainer_file.write_text(yaml.safe_dump(with_endpoints.to_yaml_dict()))
-        command = [sys.executable, "-m", "rolloutrun_runtime.cli", "--log-level", "WARNING"]
+        command = quiet_rolloutrun()
         log_dir = tmp_path / "pod"
         done = subprocess.run(
             [*command, "trainer", "--config", str(trainer_file), "--log-dir", str(log_dir)],

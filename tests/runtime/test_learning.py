@@ -24,13 +24,13 @@ a reason to look, and a lowered threshold needs its measurement.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from rolloutrun_runtime.metrics import FINAL_WEIGHTS_FILE, REQUIRED_KEYS, read_metrics
+from tests.support.cli import train_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,17 +51,7 @@ def deterministic_copy(example: Path, directory: Path) -> Path:
 def test_example_learns(tmp_path: Path, example: str) -> None:
     log_dir = tmp_path / "run"
     completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rolloutrun_runtime.cli",
-            "--log-level",
-            "WARNING",
-            "train",
-            str(deterministic_copy(ROOT / "examples" / example, tmp_path)),
-            "--log-dir",
-            str(log_dir),
-        ],
+        train_command(deterministic_copy(ROOT / "examples" / example, tmp_path), log_dir),
         capture_output=True,
         text=True,
         timeout=280,

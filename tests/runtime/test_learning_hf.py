@@ -12,7 +12,6 @@ fast tests of the same path are tests/runtime/policy/test_hf_policy.py.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ import yaml
 from rolloutrun_runtime.contract.layout import FINAL_MODEL_DIR
 from rolloutrun_runtime.metrics import FINAL_WEIGHTS_FILE, read_metrics
 from rolloutrun_runtime.policy.make_tiny_hf import write_model
+from tests.support.cli import train_command
 
 ROOT = Path(__file__).resolve().parents[2]
 MARGIN = 0.2
@@ -37,17 +37,7 @@ def test_tiny_hf_example_learns_and_exports_its_final_model(tmp_path: Path) -> N
     config.write_text(yaml.safe_dump(document))
     log_dir = tmp_path / "run"
     completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rolloutrun_runtime.cli",
-            "--log-level",
-            "WARNING",
-            "train",
-            str(config),
-            "--log-dir",
-            str(log_dir),
-        ],
+        train_command(config, log_dir),
         capture_output=True,
         text=True,
         timeout=600,

@@ -15,7 +15,12 @@ from typing import Any
 import pytest
 
 from rolloutrun_runtime.algorithms.gym_client import run_request_body
-from rolloutrun_runtime.contract.run_config import ConfigError, DatasetConfig, parse_run_config
+from rolloutrun_runtime.contract.run_config import (
+    UNRESTORABLE_EXIT_CODE,
+    ConfigError,
+    DatasetConfig,
+    parse_run_config,
+)
 from rolloutrun_runtime.experience.rollout_recovery import EnvironmentEpisode
 from rolloutrun_runtime.prompt_data import PromptDataError, locate, read_prompt_set
 from rolloutrun_runtime.storage import CheckpointStorage
@@ -170,5 +175,6 @@ def test_the_trainer_entry_point_names_a_bad_prompt_file(
             }
         )
     )
-    assert trainer.main(argparse.Namespace(config=str(config), log_dir=None)) == 2
+    code = trainer.main(argparse.Namespace(config=str(config), log_dir=None))
+    assert code == UNRESTORABLE_EXIT_CODE  # a restart reads the same file: no restart loop
     assert f"{absent}: cannot read the prompt file" in capsys.readouterr().err

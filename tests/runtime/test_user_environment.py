@@ -27,6 +27,7 @@ import yaml
 
 from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
 from rolloutrun_runtime.trainer import run_trainer
+from tests.support.cli import train_command
 from tests.support.gcs_emulator import FakeGcs
 from tests.support.run_configs import tiny_config
 from tests.support.storage_params import BUCKET
@@ -145,9 +146,8 @@ def test_rolloutrun_train_runs_the_users_server_from_spec_gym_command(tmp_path: 
     path = tmp_path / "times-table.yaml"
     path.write_text(yaml.safe_dump(document))
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    cli = [sys.executable, "-m", "rolloutrun_runtime.cli", "--log-level", "WARNING", "train"]
     done = subprocess.run(
-        [*cli, str(path), "--log-dir", str(tmp_path / "run"), "--quiet"],
+        [*train_command(path, tmp_path / "run"), "--quiet"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": pythonpath},

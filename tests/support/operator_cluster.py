@@ -146,6 +146,12 @@ class RunNamespace:
     def run(self, name: str) -> dict[str, Any]:
         return self.runs.get_namespaced_custom_object(GROUP, VERSION, self.name, PLURAL, name)
 
+    def warning_reasons(self, name: str) -> set[str]:
+        """The reasons of the Warning Events about the object ``name``."""
+        selector = f"involvedObject.name={name},type=Warning"
+        events = self.core.list_namespaced_event(self.name, field_selector=selector).items
+        return {event.reason for event in events}
+
     def ready_condition(self, name: str) -> dict[str, Any]:
         """The run's Ready condition, ``{}`` while it has none."""
         for item in (self.run(name).get("status") or {}).get("conditions") or []:

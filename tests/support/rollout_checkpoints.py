@@ -22,7 +22,11 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import Manifes
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import SnapshotOutcome
 from rolloutrun_runtime.algorithms.single_controller import NoHooks, SingleController
 from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
-from rolloutrun_runtime.contract.layout import snapshot_dir
+from rolloutrun_runtime.contract.layout import (
+    CONTROLLER_STATE_FILE,
+    TRAINER_STATE_FILE,
+    snapshot_dir,
+)
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint
 from rolloutrun_runtime.policy.model import build_model, state_sha256
@@ -266,3 +270,25 @@ def republish(store: ManifestStore, cfg, source_id: int, **replace: bytes):
         mutation_version=manifest.mutation_version,
         cut_time=manifest.cut_time,
     )
+
+
+def republish_checkpoint(cfg: RunConfig, step: int, edit: Callable[[dict[str, Any]], None]) -> str:
+    """``step_<step>``: a copy of the newest trainer checkpoint whose trainer and controller
+    states ``edit`` rewrites in place (written under another config, by another release);
+    returns its URI."""
+    checkpointer = TrainerCheckpointer(open_storage(cfg.resolved_storage_uri()), keep_latest=9)
+    source = checkpointer.latest_step()
+    assert source is not None and source < step
+    prefix = f"step_{source}/"
+    files = {
+        key.removeprefix(prefix): checkpointer.storage.read_bytes(key)
+        for key in checkpointer.storage.list(prefix.rstrip("/"))
+        if not key.endswith("COMMITTED")
+    }
+    for name in (TRAINER_STATE_FILE, CONTROLLER_STATE_FILE):
+        if name in files:
+            state = json.loads(files[name])
+            edit(state)
+            files[name] = json.dumps(state).encode()
+    checkpointer.publish_files(step, files)
+    return checkpointer.storage.uri_for(f"step_{step}")

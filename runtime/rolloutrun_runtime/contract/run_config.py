@@ -44,9 +44,10 @@ STORAGE_URI_PATTERN = (
 
 #: The trainer's exit code when no durable entry can ever be restored (every candidate was
 #: refused for a reason a restart cannot change: an incompatible config, a corrupt or
-#: foreign checkpoint), or when the policy's model cannot be loaded. The operator maps it
-#: to ``Failed`` instead of restarting into the same refusal until ``maxRestarts`` (78 is
-#: ``EX_CONFIG`` of sysexits.h).
+#: foreign checkpoint), or when the policy's model or the prompt file (``task.dataset``)
+#: cannot be loaded; the Gym exits with it too when its ``policy.model`` is unusable. The
+#: operator maps a trainer's to ``Failed`` instead of restarting into the same refusal until
+#: ``maxRestarts`` (78 is ``EX_CONFIG`` of sysexits.h: a configuration error).
 UNRESTORABLE_EXIT_CODE = 78
 
 

@@ -114,9 +114,16 @@ class HFTokenizer:
     def __init__(self, directory: Path) -> None:
         from tokenizers import Tokenizer
 
-        self.tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
+        path = directory / TOKENIZER_FILE
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as error:  # the tokenizers library raises a bare Exception
+            raise HFModelError(f"{path}: not a readable tokenizer: {error}") from error
         settings_path = directory / TOKENIZER_CONFIG_FILE
-        settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
+        try:
+            settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
+        except ValueError as error:
+            raise HFModelError(f"{settings_path}: not valid JSON: {error}") from error
         self.chat_template: str | None = settings.get("chat_template")
         #: The named special tokens as text (what chat templates see as ``bos_token``...).
         self.special_tokens = {

@@ -20,6 +20,7 @@ from rolloutrun_runtime.coordination import (
     lease_from_environment,
     may_take,
 )
+from tests.support.races import at_once
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -139,18 +140,7 @@ def test_acquire_times_out_while_another_holder_is_valid(tmp_path, clock):
 def test_racing_writers_elect_exactly_one_holder(tmp_path):
     path = tmp_path / "lease.json"
     leases = [trainer(path, 1, coordination.utcnow, pod=f"p{i}") for i in range(8)]
-    barrier = threading.Barrier(len(leases))
-    wins: list[bool] = []
-
-    def race(lease: FileLease) -> None:
-        barrier.wait()
-        wins.append(lease.try_acquire())
-
-    threads = [threading.Thread(target=race, args=(lease,)) for lease in leases]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    wins = at_once([lease.try_acquire for lease in leases])
     assert sorted(wins) == [False] * 7 + [True]
     assert stored(path)["version"] == "1"
 

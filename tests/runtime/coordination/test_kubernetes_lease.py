@@ -3,7 +3,6 @@ conflicts, take-over by a newer incarnation, fencing, progress annotations."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +18,7 @@ from rolloutrun_runtime.coordination import (
     LeaseHolder,
     holder_identity,
 )
+from tests.support.races import at_once
 
 from .surface import Recording, violations
 
@@ -100,18 +100,7 @@ def test_a_stale_resource_version_is_a_conflict_not_an_overwrite(api, lease_name
 
 def test_racing_trainers_elect_exactly_one_holder(api, lease_name):
     leases = [trainer(api, lease_name, 1, f"p{i}") for i in range(6)]
-    barrier = threading.Barrier(len(leases))
-    wins: list[bool] = []
-
-    def race(lease: KubernetesLease) -> None:
-        barrier.wait()
-        wins.append(lease.try_acquire())
-
-    threads = [threading.Thread(target=race, args=(lease,)) for lease in leases]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    wins = at_once([lease.try_acquire for lease in leases])
     assert sorted(wins) == [False] * 5 + [True]
 
 

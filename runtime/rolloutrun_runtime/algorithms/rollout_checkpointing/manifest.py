@@ -42,6 +42,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest_format import 
     differing_keys,
     parse_json_object,
     parse_snapshot_id,
+    resume_config_differences,
     rollout_config_view,
     sha256_of,
 )
@@ -99,10 +100,11 @@ class ManifestStore:
                 f"{existing.get('run_name')!r}, not {self.run_name!r}"
             )
         if existing.get("fingerprint") != record["fingerprint"]:
-            raise FingerprintMismatchError(
-                self.storage.uri_for(BOOTSTRAP_KEY),
-                differing_keys(existing.get("config_view", {}), view),
+            differing = resume_config_differences(
+                existing.get("config_view", {}), config, existing.get("fingerprint")
             )
+            if differing:
+                raise FingerprintMismatchError(self.storage.uri_for(BOOTSTRAP_KEY), differing)
 
     def _read_json(self, key: str) -> dict[str, Any]:
         return parse_json_object(self.storage.read_bytes(key), self.storage.uri_for(key))
@@ -266,7 +268,11 @@ class ManifestStore:
             )
         view = rollout_config_view(config)
         if manifest.fingerprint != fingerprint_of(view):
-            raise FingerprintMismatchError(uri, differing_keys(manifest.config_view, view))
+            differing = resume_config_differences(
+                manifest.config_view, config, manifest.fingerprint
+            )
+            if differing:
+                raise FingerprintMismatchError(uri, differing)
         if not anchor_is_durable(manifest.anchor):
             raise ManifestError(f"{uri}: its anchor {manifest.anchor.name} is not durable")
         candidate = Candidate(manifest=manifest, entry=entry, manifest_uri=uri)
@@ -395,6 +401,7 @@ __all__ = [
     "differing_keys",
     "fingerprint_of",
     "parse_snapshot_id",
+    "resume_config_differences",
     "rollout_config_view",
     "sha256_of",
 ]

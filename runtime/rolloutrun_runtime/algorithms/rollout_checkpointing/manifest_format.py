@@ -20,6 +20,7 @@ names and schema version are spelled in :mod:`rolloutrun_runtime.contract.layout
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutrun_runtime.contract.layout import MANIFEST_SCHEMA_VERSION, SNAPSHOT_DIR
-from rolloutrun_runtime.contract.run_config import RunConfig, flatten
+from rolloutrun_runtime.contract.run_config import RunConfig, fingerprint_of, flatten
 
 #: Config keys that may change between incarnations without invalidating a snapshot. All
 #: other keys count (fail closed): a new key added to RunConfig is part of the fingerprint
@@ -84,14 +85,70 @@ def rollout_config_view(config: RunConfig) -> dict[str, Any]:
     return flatten(config.to_yaml_dict(), OPERATIONAL_KEYS)
 
 
-def differing_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """Keys whose values differ, with both values, sorted by key."""
+def differing_keys(
+    saved: Mapping[str, Any],
+    current: Mapping[str, Any],
+    defaults: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Keys whose values differ, with both values, sorted by key.
+
+    With ``defaults`` (a view of the config's defaults, :func:`default_config_view`), a key
+    the saved view lacks is no difference when its current value is its default: see
+    :func:`resume_config_differences` for why that, and only that, is forgiven.
+    """
     keys = sorted(set(saved) | set(current))
     return [
         f"{key} (was {saved.get(key, '<unset>')!r}, now {current.get(key, '<unset>')!r})"
         for key in keys
         if saved.get(key, ...) != current.get(key, ...)
+        and not (
+            defaults is not None
+            and key not in saved
+            and key in defaults
+            and current.get(key, ...) == defaults[key]
+        )
     ]
+
+
+@functools.cache
+def _default_view() -> tuple[tuple[str, Any], ...]:
+    return tuple(rollout_config_view(RunConfig()).items())
+
+
+def default_config_view() -> dict[str, Any]:
+    """The rollout-relevant view of a config that sets nothing: this release's defaults."""
+    return dict(_default_view())
+
+
+def resume_config_differences(
+    saved_view: Mapping[str, Any], config: RunConfig, saved_fingerprint: object = None
+) -> list[str]:
+    """Why a run with ``config`` may not continue state recorded with ``saved_view`` (empty:
+    it may), one entry per differing key with both values. With ``saved_fingerprint`` (what
+    the state recorded beside the view), a view that does not hash to it is not trusted
+    (fail closed: the record was altered or is not this rule's).
+
+    The fingerprint (a hash of the whole view) is the fast path: equal fingerprints, equal
+    views. When they differ, the recorded *view* decides, by one rule: every key both views
+    hold must be equal, and a key only the current view holds must be at its default.
+
+    Why this rule. A release that adds a config field with a default adds a key to the view,
+    so a run started on the old release has a different fingerprint after an operator
+    upgrade although nothing about it changed: the old release had no such knob and behaved
+    as its default does (that is what a defaulted field added to a release means; a release
+    that changes behaviour under an old config changes code, which no fingerprint sees).
+    Forgiving exactly those keys keeps such a run resumable. Everything else stays refused:
+    a value the user changed, a key set away from its default, a key dropped from the config,
+    and a *changed default*, because the recorded view holds the effective values, not just
+    the non-default ones (fingerprinting only non-default values would have let a release
+    that changes ``grpo.groupSize``'s default resume old runs with the new group size).
+    """
+    if saved_fingerprint is not None and saved_fingerprint != fingerprint_of(dict(saved_view)):
+        return [
+            f"the recorded config view does not match its fingerprint "
+            f"{str(saved_fingerprint)[:12]}… (altered, or written by another fingerprint rule)"
+        ]
+    return differing_keys(saved_view, rollout_config_view(config), default_config_view())
 
 
 # --------------------------------------------------------------------------- the manifest

@@ -49,6 +49,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     ManifestStore,
     SnapshotManifest,
     fingerprint_of,
+    resume_config_differences,
     rollout_config_view,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.restore_assembly import (
@@ -412,10 +413,21 @@ class RolloutRestorer:
         loaded = self._checkpointer.load(step, extra_names=ROLLOUT_FILES)
         saved = loaded.trainer_state.get("config_fingerprint")
         current = fingerprint_of(rollout_config_view(self._config))
-        if saved != current:
+        saved_view = loaded.trainer_state.get("config_view")
+        if saved != current and not isinstance(saved_view, dict):
             raise RestoreError(
                 f"{loaded.uri}: written with a different rollout-relevant config (config "
                 f"fingerprint {str(saved)[:12]}…, this run's {current[:12]}…)"
+            )
+        differing = (
+            resume_config_differences(saved_view, self._config, saved)
+            if saved != current and isinstance(saved_view, dict)
+            else []
+        )
+        if differing:
+            raise RestoreError(
+                f"{loaded.uri}: written with a different rollout-relevant config in "
+                f"{', '.join(differing)}; refusing to restore"
             )
         return self._assemble(
             loaded.files,

@@ -19,7 +19,10 @@ import asyncio
 import logging
 from typing import Any
 
-from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
+from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
+    ManifestStore,
+    rollout_config_view,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import RolloutSnapshotter
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     CapturedRolloutState,
@@ -67,6 +70,9 @@ class TrainerCheckpoints:
         captured = self.snapshots.capture(cut, CaptureKind.TRAINER_CHECKPOINT)
         trainer_state: dict[str, Any] = {
             **captured.controller_state,
+            # the view the fingerprint hashes, so a resume after an upgrade that added a
+            # defaulted field can tell that field from a real change (resume_config_differences)
+            "config_view": rollout_config_view(state.cfg),
             "training_info": {
                 "groups_trained": len(state.groups_trained),
                 "last_step": state.history[-1] if state.history else None,

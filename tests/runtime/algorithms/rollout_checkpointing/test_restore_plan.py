@@ -32,17 +32,21 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
     hint_note,
     newest_first,
 )
-from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCheckpointer
 from rolloutrun_runtime.contract.layout import (
     CONTROLLER_STATE_FILE,
     LEDGER_FILE,
     MANIFEST_NAME,
     snapshot_dir,
 )
-from rolloutrun_runtime.contract.layout import TRAINER_STATE_FILE as STATE_FILE
 from rolloutrun_runtime.contract.run_config import UNRESTORABLE_EXIT_CODE, RunConfig
 from rolloutrun_runtime.storage import open_storage
-from tests.support.rollout_checkpoints import harness, republish, tiny_config, two_snapshots
+from tests.support.rollout_checkpoints import (
+    harness,
+    republish,
+    republish_checkpoint,
+    tiny_config,
+    two_snapshots,
+)
 from tests.support.rolloutruns import make_run
 
 
@@ -74,22 +78,7 @@ def _manifest_uri(store: ManifestStore, snapshot_id: int) -> str:
 
 def _publish_foreign_checkpoint(cfg: RunConfig, step: int) -> str:
     """``step_<step>``: a copy of the newest checkpoint, written under another config."""
-    checkpointer = TrainerCheckpointer(open_storage(cfg.resolved_storage_uri()), keep_latest=9)
-    source = checkpointer.latest_step()
-    assert source is not None and source < step
-    prefix = f"step_{source}/"
-    files = {
-        key.removeprefix(prefix): checkpointer.storage.read_bytes(key)
-        for key in checkpointer.storage.list(prefix.rstrip("/"))
-        if not key.endswith("COMMITTED")
-    }
-    for name in (STATE_FILE, CONTROLLER_STATE_FILE):
-        if name in files:
-            state = json.loads(files[name])
-            state["config_fingerprint"] = "f" * 64
-            files[name] = json.dumps(state).encode()
-    checkpointer.publish_files(step, files)
-    return checkpointer.storage.uri_for(f"step_{step}")
+    return republish_checkpoint(cfg, step, lambda state: state.update(config_fingerprint="f" * 64))
 
 
 def _model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -49,6 +48,7 @@ from rolloutrun_runtime.environments.gym.episode import CANCELLED_REASON
 from rolloutrun_runtime.environments.gym.restore import choose_restore_source
 from rolloutrun_runtime.policy.generation import GenerationEngine, serve_app
 from rolloutrun_runtime.storage import CheckpointStorage, open_storage
+from tests.support.cli import ROLLOUTRUN, reaped
 from tests.support.data_plane import HEADERS, announce
 from tests.support.gcs_emulator import FakeGcs, FaultProxy
 from tests.support.scripted_gym import CFG, NOWHERE, THREE, agent, fresh_episode
@@ -385,25 +385,19 @@ def test_the_gym_entry_point_reloads_what_its_audit_uri_holds(
         **fake_gcs.env(),
         "PYTHONPATH": os.pathsep.join(["runtime", "operator"]),
     }
-    base = [sys.executable, "-m", "rolloutrun_runtime.cli", "gym", "--config", str(config)]
+    base = [*ROLLOUTRUN, "gym", "--config", str(config)]
     command = [*base, "--port", "0", "--instance-id", INSTANCE, "--audit-uri", uri]
     log = tmp_path / "gym.log"
     with log.open("w") as stderr:
         process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
         )
-    try:
+    with reaped(process):
         assert process.stdout is not None
         line = process.stdout.readline().strip()
         assert line.startswith("READY http://127.0.0.1:"), (line, log.read_text())
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
     assert f"loaded 2 applied side effects of 1 rollouts from {uri}/ " in log.read_text()
 
 

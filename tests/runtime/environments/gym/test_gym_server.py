@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -43,6 +42,7 @@ from rolloutrun_runtime.policy.model import build_model
 from rolloutrun_runtime.policy.scripted import PLUS_ONE_SCRIPT, scripted_state_dict
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 from rolloutrun_runtime.tasks import ArithmeticProblem, ReachTargetProblem, make_problem
+from tests.support.cli import ROLLOUTRUN, reaped
 from tests.support.data_plane import HEADERS, announce
 
 ARITH = RunConfig.model_validate({"policy": {"device": "cpu"}, "seed": 3})
@@ -318,23 +318,10 @@ def test_gym_entry_point_prints_ready_and_stops_on_sigterm(tmp_path: Path) -> No
             }
         )
     )
-    command = [
-        sys.executable,
-        "-m",
-        "rolloutrun_runtime.cli",
-        "gym",
-        "--config",
-        str(config),
-        "--port",
-        "0",
-        "--instance-id",
-        "gym-7",
-        "--audit-file",
-        str(tmp_path / "audit.jsonl"),
-    ]
+    command = [*ROLLOUTRUN, "gym", "--config", str(config), "--port", "0"]
+    command += ["--instance-id", "gym-7", "--audit-file", str(tmp_path / "audit.jsonl")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(["runtime", "operator"])}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    try:
+    with reaped(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)) as process:
         assert process.stdout is not None
         line = process.stdout.readline().strip()
         assert line.startswith("READY http://127.0.0.1:"), line
@@ -349,12 +336,6 @@ def test_gym_entry_point_prints_ready_and_stops_on_sigterm(tmp_path: Path) -> No
         assert health_body["task"] == "reach_target"
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
     bad = subprocess.run(
         [*command[:5], str(tmp_path / "missing.yaml"), "--port", "0"],
         capture_output=True,
