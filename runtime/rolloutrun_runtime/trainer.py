@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rolloutrun_runtime.contract.layout import SNAPSHOTS_LOG, TRACE_FILE
+from rolloutrun_runtime.metrics import STARTUP
 from rolloutrun_runtime.pod import (
     EXIT_FENCED,
     PodLease,
@@ -68,6 +69,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    STARTUP.mark("command_loaded")  # the interpreter, the dispatcher and this module
     from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import UnrestorableError
     from rolloutrun_runtime.contract.model_dir import local_model_problem
     from rolloutrun_runtime.contract.run_config import (
@@ -93,6 +95,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.log_dir:
         cfg = cfg.model_copy(update={"log_dir": str(args.log_dir)})
+    STARTUP.mark("config_loaded")
     problem = cfg.policy.model and local_model_problem(cfg.policy.model)
     if problem:  # a restart finds the same directory: the config's exit, not a loop
         print(f"rolloutrun trainer: {problem}", file=sys.stderr)
@@ -178,6 +181,7 @@ async def run_trainer(
     :meth:`PodLease.gym_members`), asked afresh while one is down."""
     import torch
 
+    STARTUP.mark("torch_imported")
     from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
     from rolloutrun_runtime.algorithms.single_controller import SingleController
@@ -187,13 +191,16 @@ async def run_trainer(
     from rolloutrun_runtime.trainer_inputs import with_prompt_set
     from rolloutrun_runtime.workers import build_workers
 
+    STARTUP.mark("runtime_imported")
     cfg, prompts = with_prompt_set(cfg)  # task.dataset: read once, sizes the dataset
     torch.set_num_threads(TORCH_THREADS)
     torch.manual_seed(cfg.seed)
     log_dir = _made(Path(cfg.log_dir))
 
     model = build_policy_model(cfg.policy, cfg.seed)
+    STARTUP.mark("model_built")
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
+    STARTUP.mark("optimizer_built")
     storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
     observation = Observation(cfg, storage, log_dir, trace.run_id, metrics_token)
@@ -205,8 +212,10 @@ async def run_trainer(
     host, port = generation_address()
     workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port, token=gym_token)
     await workers.start()
+    STARTUP.mark("workers_started")
     cfg = await _settle_recovery_level(cfg, trace)  # turn needs the control plane
     environment = await _environment_checkpoint(cfg, gym_token)
+    STARTUP.mark("gyms_answered")
     resumed_from = None
     try:
         await observation.start()
