@@ -182,6 +182,7 @@ async def run_trainer(
     import torch
 
     STARTUP.mark("torch_imported")
+    from rolloutrun_runtime.algorithms.optimizer import build_optimizer
     from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
     from rolloutrun_runtime.algorithms.single_controller import SingleController
@@ -199,7 +200,7 @@ async def run_trainer(
 
     model = build_policy_model(cfg.policy, cfg.seed)
     STARTUP.mark("model_built")
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
+    optimizer = build_optimizer(model.parameters(), cfg.grpo.learning_rate)  # no torch._dynamo
     STARTUP.mark("optimizer_built")
     storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
