@@ -147,6 +147,9 @@ class StartupClock:
             self._marks.append(("process_started", started, 0.0))
 
     def mark(self, phase: str) -> None:
+        """Mark ``phase`` now (a phase marked again, as by a second run in one process,
+        moves to now)."""
+        self._marks = [mark for mark in self._marks if mark[0] != phase]
         self._marks.append((phase, time.time(), time.process_time()))
 
     def phases(self) -> dict[str, list[float]]:

@@ -237,7 +237,9 @@ async def run_trainer(
             gym_members=gym_members,
         )
         resumed_from = await _restore(controller, trace)
+        STARTUP.mark("run_started")
         _freeze_startup_objects()
+        STARTUP.mark("gc_frozen")
         with _preemption_snapshots(controller, preemption):
             if controller.trainer_version < cfg.grpo.max_steps:
                 await controller.run()
@@ -272,8 +274,10 @@ def _freeze_startup_objects() -> None:
     """Start-up left ~190k long-lived objects (torch, the model, the restore); a full
     cyclic-GC pass over them takes 100-200 ms and stalls both pumps, and a snapshot's
     allocations make such passes frequent. Freeze them out of future passes (refcounting
-    still frees what becomes unreachable)."""
-    gc.collect()
+    still frees what becomes unreachable). Only the young generations are collected first:
+    a full pass here would itself cost that 100-200 ms before the first redispatch, to free
+    the few dozen objects start-up leaves in unreachable cycles."""
+    gc.collect(1)
     gc.freeze()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from typing import Any
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
@@ -208,4 +209,6 @@ class Resume:
             groups=len(self.state.buffer),
             redispatched=redispatched,
             startup=STARTUP.phases(),  # where this process's start-up went (bench)
+            # torch._dynamo costs 1.5-2 s of start-up; nothing on this path needs it
+            dynamo_imported="torch._dynamo" in sys.modules,
         )
