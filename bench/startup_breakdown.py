@@ -7,7 +7,7 @@ round a fresh process per tree), so a cut is seen against its baseline on the sa
 at the same moment. ``rollout_checkpoint --parts startup_breakdown`` runs it.
 
 Per resumed incarnation of short kill campaigns (``rolloutrun chaos``, snapshots after every
-step):
+step, kills planned past a step so each is followed by a resume):
 
 - ``launch_to_first_dispatch_s``: the campaign's launch time to the first
   ``attempt_dispatched`` of the resumed run in the trace;
@@ -43,6 +43,14 @@ from typing import Any
 
 #: How often the watcher reads the trainer's CPU time.
 POLL_S = 0.005
+#: Train steps of each campaign's run.
+STEPS = 8
+
+
+def kill_moments(kills: int) -> list[float]:
+    """Kills spread over the run, each past a step (a snapshot follows every step), so that
+    every kill is followed by a resumed trainer (a kill before the first snapshot is not)."""
+    return [round(STEPS * (i + 1) / (kills + 1) + 0.3, 2) for i in range(kills)]
 
 
 class _CpuWatcher:
@@ -152,9 +160,16 @@ def one_campaign(root: Path, kills: int, seed: int) -> list[dict[str, Any]]:
     from bench.rollout_checkpoint import _config
     from rolloutrun_runtime.chaos import run_chaos
 
-    config = _config(root / "startup.yaml", 8, snapshotIntervalSeconds=1, snapshotEverySteps=1)
+    config = _config(root / "startup.yaml", STEPS, snapshotIntervalSeconds=1, snapshotEverySteps=1)
     with _CpuWatcher() as watcher:
-        result = run_chaos(config, root / "startup", kills=kills, seed=seed, compare=False)
+        result = run_chaos(
+            config,
+            root / "startup",
+            kills=kills,
+            seed=seed,
+            compare=False,
+            kill_at=kill_moments(kills),
+        )
     launched = result.to_json()["incarnations_launched_at"]
     samples = _resumed_samples(root / "startup", launched, watcher)
     if os.environ.get("PYTHONPROFILEIMPORTTIME"):
