@@ -215,7 +215,11 @@ def _stats(values: list[float]) -> dict[str, float | None]:
     values = sorted(v for v in values if v is not None)
     if not values:
         return {"p50": None, "worst": None, "n": 0}
-    return {"p50": round(statistics.median(values), 3), "worst": round(values[-1], 3)}
+    return {
+        "p50": round(statistics.median(values), 3),
+        "worst": round(values[-1], 3),
+        "n": len(values),
+    }
 
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
