@@ -32,6 +32,9 @@ baseline from the same run:
   publish off the pump <= a quarter of the default snapshot interval at 10,000.
 - **startup** (``--parts startup --startup-baseline DIR``): process launch -> first
   redispatch of resumed trainers in short kill campaigns, per tree. Goal: <= 2 s.
+- **startup_breakdown** (``--parts startup_breakdown --startup-baseline DIR``): the same,
+  phase by phase (wall and CPU seconds per start-up phase, p50 and worst, and the heaviest
+  top-level imports), per tree: ``bench/startup_breakdown.py``.
 
 Usage: ``python -m bench.rollout_checkpoint [--quick] [--seeds 1 2 3 4 5] [--kills 6]
 [--parts pause,throughput,thrown_away] [--keep DIR] [--out FILE]``. ``--quick`` (for every
@@ -668,6 +671,8 @@ def main(argv: list[str] | None = None) -> int:
             report["startup"] = _startup_side_by_side(
                 min(args.kills, 3), args.seeds[0], args.startup_baseline, 1 if args.quick else 2
             )
+        if "startup_breakdown" in parts and args.startup_baseline:
+            report["startup_breakdown"] = _startup_breakdown(args)
         if "thrown_away" in parts:
             thrown = _thrown_away(root, args.kills, args.seeds)
             thrown.update(
@@ -687,6 +692,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).write_text(text + "\n")
     return 0
+
+
+def _startup_breakdown(args: argparse.Namespace) -> dict[str, Any]:
+    """Where a resumed trainer's start-up goes, phase by phase, against the baseline tree
+    (``bench/startup_breakdown.py``: wall and CPU per phase, p50 and worst)."""
+    from bench.startup_breakdown import side_by_side
+
+    rounds = 1 if args.quick else 3
+    return side_by_side(args.startup_baseline, rounds, 2, args.seeds[0], importtime=True)
 
 
 def merge_resume(per_seed: list[dict[str, Any]]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rolloutrun_runtime.contract.layout import SNAPSHOTS_LOG, TRACE_FILE
+from rolloutrun_runtime.metrics import STARTUP
 from rolloutrun_runtime.pod import (
     EXIT_FENCED,
     PodLease,
@@ -68,6 +69,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    STARTUP.mark("command_loaded")  # the interpreter, the dispatcher and this module
     from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import UnrestorableError
     from rolloutrun_runtime.contract.model_dir import local_model_problem
     from rolloutrun_runtime.contract.run_config import (
@@ -93,6 +95,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.log_dir:
         cfg = cfg.model_copy(update={"log_dir": str(args.log_dir)})
+    STARTUP.mark("config_loaded")
     problem = cfg.policy.model and local_model_problem(cfg.policy.model)
     if problem:  # a restart finds the same directory: the config's exit, not a loop
         print(f"rolloutrun trainer: {problem}", file=sys.stderr)
@@ -177,6 +180,8 @@ async def run_trainer(
     :meth:`PodLease.gym_members`), asked afresh while one is down."""
     import torch
 
+    STARTUP.mark("torch_imported")
+    from rolloutrun_runtime.algorithms.optimizer import build_optimizer
     from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
     from rolloutrun_runtime.algorithms.single_controller import SingleController
@@ -186,13 +191,16 @@ async def run_trainer(
     from rolloutrun_runtime.trainer_inputs import with_prompt_set
     from rolloutrun_runtime.workers import build_workers
 
+    STARTUP.mark("runtime_imported")
     cfg, prompts = with_prompt_set(cfg)  # task.dataset: read once, sizes the dataset
     torch.set_num_threads(TORCH_THREADS)
     torch.manual_seed(cfg.seed)
     log_dir = _made(Path(cfg.log_dir))
 
     model = build_policy_model(cfg.policy, cfg.seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.grpo.learning_rate)
+    STARTUP.mark("model_built")
+    optimizer = build_optimizer(model.parameters(), cfg.grpo.learning_rate)  # no torch._dynamo
+    STARTUP.mark("optimizer_built")
     storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
     observation = Observation(cfg, storage, log_dir, trace.run_id, metrics_token)
@@ -204,8 +212,10 @@ async def run_trainer(
     host, port = generation_address()
     workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port, token=gym_token)
     await workers.start()
+    STARTUP.mark("workers_started")
     cfg = await _settle_recovery_level(cfg, trace)  # turn needs the control plane
     environment = await _environment_checkpoint(cfg, gym_token)
+    STARTUP.mark("gyms_answered")
     resumed_from = None
     try:
         await observation.start()
@@ -226,7 +236,9 @@ async def run_trainer(
             gym_members=gym_members,
         )
         resumed_from = await _restore(controller, trace)
+        STARTUP.mark("run_started")
         _freeze_startup_objects()
+        STARTUP.mark("gc_frozen")
         with _preemption_snapshots(controller, preemption):
             if controller.trainer_version < cfg.grpo.max_steps:
                 await controller.run()
@@ -261,8 +273,10 @@ def _freeze_startup_objects() -> None:
     """Start-up left ~190k long-lived objects (torch, the model, the restore); a full
     cyclic-GC pass over them takes 100-200 ms and stalls both pumps, and a snapshot's
     allocations make such passes frequent. Freeze them out of future passes (refcounting
-    still frees what becomes unreachable)."""
-    gc.collect()
+    still frees what becomes unreachable). Only the young generations are collected first:
+    a full pass here would itself cost that 100-200 ms before the first redispatch, to free
+    the few dozen objects start-up leaves in unreachable cycles."""
+    gc.collect(1)
     gc.freeze()
 
 

@@ -111,6 +111,24 @@ def test_deterministic_run_killed_ends_bit_identical(single_turn: Path, tmp_path
     assert result.audit["prompts"]["dropped"] > 0, result.audit
 
 
+def _assert_startup_reported(run_dir: Path) -> None:
+    """The resumed trainer reports its start-up phases in order, from the process's start,
+    and reached its first redispatch without importing torch._dynamo (1.5-2 s of CPU)."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import read_events
+
+    done = [
+        e for e in read_events(run_dir / "rollout_trace.jsonl") if e["event"] == "restore_completed"
+    ]
+    assert done, "no resumed incarnation"
+    for event in done:
+        phases = event["startup"]
+        assert list(phases)[:2] == ["process_started", "command_loaded"], phases
+        times = [t for t, _cpu in phases.values()]
+        assert times == sorted(times), phases
+        assert {"torch_imported", "restore_read", "workers_refit", "relaunched"} <= set(phases)
+        assert event["dynamo_imported"] is False, event
+
+
 def test_killed_before_the_first_checkpoint_resumes_at_version_0_bit_identical(
     tmp_path: Path,
 ) -> None:
@@ -131,6 +149,7 @@ def test_killed_before_the_first_checkpoint_resumes_at_version_0_bit_identical(
     _assert_site_kill(result, site)
     assert result.kills[0].steps_at_kill == 0, result.to_json()
     assert result.weights_match is True, result.to_json()
+    _assert_startup_reported(tmp_path / "run")
 
 
 def _assert_no_gym_left_busy(run_dir: Path) -> None:

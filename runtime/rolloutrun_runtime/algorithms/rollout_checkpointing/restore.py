@@ -39,6 +39,7 @@ import enum
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
@@ -100,6 +101,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds the environment may take to install a snapshot's episodes.
 ENV_RESTORE_TIMEOUT_S = 30.0
+#: Storage reads in flight while a restore lists manifests and reads the chosen entry: on
+#: ``gs://`` each read is a round trip, and a resume's start-up waits for all of them.
+READ_THREADS = 8
 
 
 class UnrestorableError(RestoreError):
@@ -265,10 +269,13 @@ class RolloutRestorer:
         unlisted: list[tuple[str, str]] = []
         if self._manifests is not None:
             storage = self._manifests.storage
-            for snapshot_id in self._manifests.committed_ids():
+            ids = self._manifests.committed_ids()
+            with ThreadPoolExecutor(READ_THREADS) as pool:  # one round trip, not one per id
+                loads = [pool.submit(self._manifests.load_manifest, sid) for sid in ids]
+            for snapshot_id, load in zip(ids, loads, strict=True):
                 uri = storage.uri_for(join_key(snapshot_dir(snapshot_id), MANIFEST_NAME))
                 try:
-                    manifest = self._manifests.load_manifest(snapshot_id)
+                    manifest = load.result()
                 except (ManifestError, ObjectNotFoundError) as error:
                     unlisted.append((uri, str(error)))
                     self._refuse(f"snapshot {snapshot_dir(snapshot_id)}", uri, str(error))
@@ -384,16 +391,18 @@ class RolloutRestorer:
     def _from_snapshot(self, candidate: Candidate) -> RestoredRolloutState:
         assert self._manifests is not None
         manifest = candidate.manifest
-        files = {
-            name: self._manifests.read_file(candidate, name)
-            for name in sorted(manifest.files)
-            if name in ROLLOUT_FILES
-        }
-        trainer = None
-        if manifest.anchor.kind == "step":
-            if self._checkpointer is None:
-                raise RestoreError(f"{candidate.manifest_uri}: anchor needs trainer checkpoints")
-            trainer = self._checkpointer.load(manifest.anchor.step)
+        if manifest.anchor.kind == "step" and self._checkpointer is None:
+            raise RestoreError(f"{candidate.manifest_uri}: anchor needs trainer checkpoints")
+        names = [name for name in sorted(manifest.files) if name in ROLLOUT_FILES]
+        with ThreadPoolExecutor(READ_THREADS) as pool:  # the files and the anchor at once
+            reads = [pool.submit(self._manifests.read_file, candidate, name) for name in names]
+            anchor = None
+            if manifest.anchor.kind == "step" and self._checkpointer is not None:
+                anchor = pool.submit(self._checkpointer.load, manifest.anchor.step)
+        # Results in the order the reads were listed: a failure is the one a sequential read
+        # would have met first.
+        files = {name: read.result() for name, read in zip(names, reads, strict=True)}
+        trainer = anchor.result() if anchor is not None else None
         return self._assemble(
             files,
             source=ResumeSource(

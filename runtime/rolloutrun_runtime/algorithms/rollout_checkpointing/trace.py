@@ -76,7 +76,14 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "env_unavailable",
     ),
     "snapshot_skipped": ("reason",),
-    "restore_completed": ("snapshot_id", "cut_time", "groups", "redispatched"),
+    "restore_completed": (
+        "snapshot_id",
+        "cut_time",
+        "groups",
+        "redispatched",
+        "startup",
+        "dynamo_imported",
+    ),
     "preemption_notice": ("deadline",),
 }
 

@@ -64,7 +64,7 @@ from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
 from rolloutrun_runtime.environments.checkpointing import EnvironmentCheckpoint
 from rolloutrun_runtime.experience.rollout_recovery import LiveCut, RecoveryLedger
-from rolloutrun_runtime.metrics import OverheadClock
+from rolloutrun_runtime.metrics import STARTUP, OverheadClock
 from rolloutrun_runtime.workers import PolicyWorkers
 
 logger = logging.getLogger(__name__)
@@ -188,7 +188,9 @@ class SingleController:
         """Run both pumps until ``maxSteps`` steps are trained; returns the step records."""
         if self.manifests is not None:
             await asyncio.to_thread(self.rollout_snapshots.ensure_bootstrap_anchor)
+        STARTUP.mark("bootstrap_anchor_checked")
         await self.gym.open()
+        STARTUP.mark("gym_opened")
         try:
             await self.resumption.relaunch()
             rollout = asyncio.create_task(self.rollout_pump.run(), name="rollout-pump")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from typing import Any
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
@@ -36,6 +37,7 @@ from rolloutrun_runtime.experience.rollout_recovery import (
     RecoveryLedger,
     split_rollout_id,
 )
+from rolloutrun_runtime.metrics import STARTUP
 from rolloutrun_runtime.workers import PolicyWorkers
 
 logger = logging.getLogger(__name__)
@@ -75,12 +77,15 @@ class Resume:
         episodes back to the Gym.
         """
         choice = await asyncio.to_thread(self.restorer.plan)
+        STARTUP.mark("restore_read")
         restored = choice.restored
         if restored is None:
             return None
         self.install(restored)
+        STARTUP.mark("restore_installed")
         state = self.state
         await self.workers.refit(weights_for_refit(state.model), state.trainer_version)
+        STARTUP.mark("workers_refit")
         self.restored_episodes = await self._environment_restore.enter_async_context(
             self.restorer.environment_restore_scope(restored)
         )
@@ -196,10 +201,14 @@ class Resume:
 
     def _trace_restore(self, redispatched: int) -> None:
         restored = self._restored_from
+        STARTUP.mark("relaunched")
         self.trace.emit(
             "restore_completed",
             snapshot_id=restored.snapshot_id if restored else None,
             cut_time=restored.cut_time if restored else None,
             groups=len(self.state.buffer),
             redispatched=redispatched,
+            startup=STARTUP.phases(),  # where this process's start-up went (bench)
+            # torch._dynamo costs 1.5-2 s of start-up; nothing on this path needs it
+            dynamo_imported="torch._dynamo" in sys.modules,
         )

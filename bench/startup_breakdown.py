@@ -1,0 +1,290 @@
+"""Trainer start-up on resume, phase by phase: process launch -> first redispatch.
+
+Why its own module: ``bench/rollout_checkpoint.py``'s ``startup`` part says how long a
+resumed trainer takes from launch to its first ``attempt_dispatched``; this says where that
+time goes, side by side with another checkout in one invocation (trees alternating, each
+round a fresh process per tree), so a cut is seen against its baseline on the same machine
+at the same moment. ``rollout_checkpoint --parts startup_breakdown`` runs it.
+
+Per resumed incarnation of short kill campaigns (``rolloutrun chaos``, snapshots after every
+step, kills planned past a step so each is followed by a resume):
+
+- ``launch_to_first_dispatch_s``: the campaign's launch time to the first
+  ``attempt_dispatched`` of the resumed run in the trace;
+- ``cpu_to_first_dispatch_s``: the trainer process's CPU time (user + system, read from
+  ``/proc/<pid>/stat`` every few ms by a watcher thread) at that moment: what a shared
+  machine inflates least;
+- ``phases``: the trainer's own start-up marks (``metrics.StartupClock``, in the
+  ``restore_completed`` event), as wall seconds and CPU seconds per segment, each segment
+  named by the mark that ends it; ``spawn`` is launch -> the process's start and
+  ``first_dispatch`` the last mark -> the first redispatch. A checkout without marks
+  reports only the totals.
+
+``--importtime`` adds one more campaign per tree under ``PYTHONPROFILEIMPORTTIME`` and
+reports the resumed trainer's heaviest top-level imports (a top-level line is an import made
+outside any other import, e.g. ``torch._dynamo`` pulled in by ``torch.optim`` on first use).
+
+Usage: ``python -m bench.startup_breakdown --baseline DIR [--rounds 3] [--kills 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+#: How often the watcher reads the trainer's CPU time.
+POLL_S = 0.005
+#: Train steps of each campaign's run.
+STEPS = 8
+
+
+def kill_moments(kills: int) -> list[float]:
+    """Kills spread over the run, each past a step (a snapshot follows every step), so that
+    every kill is followed by a resumed trainer (a kill before the first snapshot is not)."""
+    return [round(STEPS * (i + 1) / (kills + 1) + 0.3, 2) for i in range(kills)]
+
+
+class _CpuWatcher:
+    """Samples ``(unix time, cpu seconds)`` of each child ``rolloutrun ... trainer`` process."""
+
+    def __init__(self) -> None:
+        self.samples: dict[int, list[tuple[float, float]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self) -> _CpuWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _trainers(self) -> list[int]:
+        me = str(os.getpid())
+        found = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path(entry.path, "stat").read_text()
+                if stat.rsplit(")", 1)[1].split()[1] != me:
+                    continue
+                if b"trainer" in Path(entry.path, "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except (OSError, IndexError):
+                continue
+        return found
+
+    def _run(self) -> None:
+        alive: list[int] = []
+        while not self._stop.is_set():
+            if not alive:
+                alive = self._trainers()
+            for pid in list(alive):
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    alive.remove(pid)
+                    continue
+                if fields[0] == "Z":
+                    alive.remove(pid)
+                    continue
+                cpu = (int(fields[11]) + int(fields[12])) / self._tick
+                self.samples.setdefault(pid, []).append((time.time(), cpu))
+            time.sleep(POLL_S)
+
+    def cpu_at(self, t: float) -> float | None:
+        """The CPU time, at ``t``, of the trainer that was running then."""
+        for samples in self.samples.values():
+            if samples[0][0] <= t <= samples[-1][0] + 1.0:
+                before = [cpu for when, cpu in samples if when <= t]
+                return before[-1] if before else None
+        return None
+
+
+def segments(marks: dict[str, list[float]], launch: float, first: float) -> dict[str, Any]:
+    """Wall and CPU seconds per segment between consecutive marks (named by the later one)."""
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    previous_t, previous_cpu = launch, 0.0
+    for name, (t, spent) in sorted(marks.items(), key=lambda item: item[1][0]):
+        wall["spawn" if name == "process_started" else name] = round(t - previous_t, 4)
+        if name != "process_started":
+            cpu[name] = round(spent - previous_cpu, 4)
+        previous_t, previous_cpu = t, spent
+    wall["first_dispatch"] = round(first - previous_t, 4)
+    return {"wall_s": wall, "cpu_s": cpu}
+
+
+def _resumed_samples(log_dir: Path, launched: list[float], watcher: _CpuWatcher) -> list[dict]:
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import read_events
+    from rolloutrun_runtime.contract.layout import TRACE_FILE
+
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for event in sorted(read_events(log_dir / TRACE_FILE), key=lambda e: e["t"]):
+        by_run.setdefault(event["run_id"], []).append(event)
+    out = []
+    for events in by_run.values():
+        started = next((e for e in events if e["event"] == "run_started"), None)
+        first = next((e for e in events if e["event"] == "attempt_dispatched"), None)
+        if started is None or not started.get("resumed_from") or first is None:
+            continue
+        launch = max((t for t in launched if t <= started["t"]), default=None)
+        if launch is None:
+            continue
+        done = next((e for e in events if e["event"] == "restore_completed"), {})
+        cpu = watcher.cpu_at(first["t"])
+        sample: dict[str, Any] = {
+            "launch_to_first_dispatch_s": round(first["t"] - launch, 4),
+            "cpu_to_first_dispatch_s": None if cpu is None else round(cpu, 3),
+        }
+        if done.get("startup"):
+            sample["phases"] = segments(done["startup"], launch, first["t"])
+        out.append(sample)
+    return out
+
+
+def one_campaign(root: Path, kills: int, seed: int) -> list[dict[str, Any]]:
+    """A short kill campaign on this process's runtime; one sample per resumed trainer."""
+    from bench.rollout_checkpoint import _config
+    from rolloutrun_runtime.chaos import run_chaos
+
+    config = _config(root / "startup.yaml", STEPS, snapshotIntervalSeconds=1, snapshotEverySteps=1)
+    with _CpuWatcher() as watcher:
+        result = run_chaos(
+            config,
+            root / "startup",
+            kills=kills,
+            seed=seed,
+            compare=False,
+            kill_at=kill_moments(kills),
+        )
+    launched = result.to_json()["incarnations_launched_at"]
+    samples = _resumed_samples(root / "startup", launched, watcher)
+    if os.environ.get("PYTHONPROFILEIMPORTTIME"):
+        logs = sorted((root / "startup").glob("chaos-trainer-*.log"))[1:]  # the resumed ones
+        for sample, log in zip(samples, logs, strict=False):
+            sample["top_level_imports_s"] = top_level_imports(log.read_text())
+    return samples
+
+
+def top_level_imports(text: str, count: int = 12) -> dict[str, float]:
+    """The heaviest imports made outside any other import, cumulative seconds."""
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _, cumulative, name = line.split("|", 2)
+        if cumulative.strip().isdigit() and not name[1:].startswith(" "):
+            rows.append((int(cumulative) / 1e6, name.strip()))
+    rows.sort(reverse=True)
+    return {name: round(seconds, 3) for seconds, name in rows[:count]}
+
+
+def _run_tree(tree: Path, kills: int, seed: int, importtime: bool = False) -> list[dict]:
+    here = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(tree / "runtime")])}
+    env.pop("PYTHONPROFILEIMPORTTIME", None)
+    if importtime:
+        env["PYTHONPROFILEIMPORTTIME"] = "1"
+    command = [sys.executable, "-m", "bench.startup_breakdown", "--one"]
+    done = subprocess.run(
+        [*command, "--kills", str(kills), "--seed", str(seed)],
+        env=env,
+        cwd=here,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    return list(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _stats(values: list[float]) -> dict[str, float | None]:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return {"p50": None, "worst": None, "n": 0}
+    return {
+        "p50": round(statistics.median(values), 3),
+        "worst": round(values[-1], 3),
+        "n": len(values),
+    }
+
+
+def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """p50 and worst of the totals and of each phase's wall and CPU seconds."""
+    out: dict[str, Any] = {
+        "samples": len(samples),
+        "launch_to_first_dispatch_s": _stats([s["launch_to_first_dispatch_s"] for s in samples]),
+        "cpu_to_first_dispatch_s": _stats([s["cpu_to_first_dispatch_s"] for s in samples]),
+    }
+    with_phases = [s["phases"] for s in samples if "phases" in s]
+    for kind in ("wall_s", "cpu_s"):
+        names = list(dict.fromkeys(n for p in with_phases for n in p[kind]))
+        if names:
+            out[f"phases_{kind}"] = {
+                n: _stats([p[kind].get(n) for p in with_phases if n in p[kind]]) for n in names
+            }
+    return out
+
+
+def side_by_side(
+    baseline: str, rounds: int, kills: int, seed: int, importtime: bool = False
+) -> dict[str, Any]:
+    """Both trees, ``rounds`` times alternating, one fresh process each; then summaries."""
+    here = Path(__file__).resolve().parent.parent
+    trees = {"baseline": Path(baseline).resolve(), "this_tree": here}
+    raw: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    for _ in range(rounds):
+        for name, tree in trees.items():
+            raw[name].extend(_run_tree(tree, kills, seed))
+    report: dict[str, Any] = {name: summarize(raw[name]) for name in trees}
+    report["raw"] = raw
+    if importtime:
+        report["imports"] = {
+            name: _run_tree(tree, 1, seed, importtime=True) for name, tree in trees.items()
+        }
+    mine = report["this_tree"]["launch_to_first_dispatch_s"]["worst"]
+    report["goal"] = "<= 2 s from process launch to the first redispatch (worst sample)"
+    report["met"] = mine is not None and mine <= 2.0
+    report["machine"] = {"cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)}
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", help="a checkout whose start-up runs side by side")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kills", type=int, default=2, help="kills (resumes) per campaign")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--importtime", action="store_true")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    if args.one:
+        with tempfile.TemporaryDirectory(prefix="rr-bench-startup-") as tmp:
+            print(json.dumps(one_campaign(Path(tmp), args.kills, args.seed)))
+        return 0
+    if not args.baseline:
+        parser.error("--baseline DIR is required (e.g. `git archive` of the base commit)")
+    report = side_by_side(args.baseline, args.rounds, args.kills, args.seed, args.importtime)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
