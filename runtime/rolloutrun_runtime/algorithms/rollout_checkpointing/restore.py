@@ -388,6 +388,10 @@ class RolloutRestorer:
             for name in sorted(manifest.files)
             if name in ROLLOUT_FILES
         }
+        # the data-plane segments its metadata.json names (rollout_snapshots/data_segments/)
+        files.update(
+            {key: self._manifests.read_segment(candidate, key) for key in manifest.segments}
+        )
         trainer = None
         if manifest.anchor.kind == "step":
             if self._checkpointer is None:

@@ -41,6 +41,10 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rolloutrun_runtime.algorithms.rollout_checkpointing.data_segments import (
+    SegmentedWrite,
+    SegmentWriter,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
     expected_staging_rows,
 )
@@ -153,6 +157,8 @@ class RolloutSnapshotter:
         self._dispatched_since = 0
         self.outcomes: list[SnapshotOutcome] = []
         self.published: list[dict[str, Any]] = []
+        #: The data plane is written incrementally: only rows new since the last snapshot.
+        self._segments = SegmentWriter()
 
     # ================================================================== capture
     def capture(self, cut: Any, kind: CaptureKind) -> CapturedRolloutState:
@@ -442,12 +448,23 @@ class RolloutSnapshotter:
     ) -> tuple[SnapshotOutcome, dict[str, Any]]:
         """Step 6: write the files off the loop, publish the manifest last, report it."""
         write_started = time.monotonic()
-        files = await asyncio.to_thread(self.write_controller_sidecars, captured)
+        segmented: list[SegmentedWrite] = []
+
+        def data_plane_files(plane: Any, metadata: Mapping[str, Any]) -> dict[str, bytes]:
+            # Not the replay view again: controller_state.json holds it (restore and the
+            # audit read it there first); the index names each row's segment.
+            user = {key: value for key, value in metadata.items() if key != "replay"}
+            segmented.append(self._segments.prepare(plane, user))
+            return segmented[-1].files
+
+        files = await asyncio.to_thread(self.write_controller_sidecars, captured, data_plane_files)
         timings.write_s = time.monotonic() - write_started
         if captured.restart_from_turn_zero:
             detail["env_restart_from_turn_0"] = captured.restarted_from_turn_zero
+        detail["data_plane_rows_written"] = segmented[0].new_rows + segmented[0].compacted_rows
         publish_started = time.monotonic()
-        candidate = await asyncio.to_thread(self._publish, anchor, captured, files)
+        candidate = await asyncio.to_thread(self._publish, anchor, captured, files, segmented[0])
+        self._segments.commit(segmented[0])
         crash_point("after_manifest_write")
         if captured.train_step == 0:
             crash_point("before_first_checkpoint")
@@ -485,7 +502,13 @@ class RolloutSnapshotter:
             "manifest_uri": candidate.manifest_uri,
         }
 
-    def _publish(self, anchor: Anchor, captured: CapturedRolloutState, files: Mapping[str, bytes]):
+    def _publish(
+        self,
+        anchor: Anchor,
+        captured: CapturedRolloutState,
+        files: Mapping[str, bytes],
+        segmented: SegmentedWrite,
+    ):
         assert self._manifests is not None
 
         def fence() -> None:
@@ -508,6 +531,8 @@ class RolloutSnapshotter:
             extra={"replay_steps": captured.train_step - anchor.step},
             fence=fence,
             keep_latest=self._parts.config.checkpointing.keep_latest,
+            segments=segmented.manifest_segments(),
+            segment_files=segmented.new_segments,
         )
 
     async def _durable(self, step: int) -> bool:
