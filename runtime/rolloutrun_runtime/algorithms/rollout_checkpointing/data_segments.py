@@ -99,6 +99,22 @@ class SegmentWriter:
     def __init__(self) -> None:
         self._placement: Placement = {partition: {} for partition in PARTITIONS}
         self._records: dict[str, SegmentRecord] = {}
+        self._pending: SegmentedWrite | None = None
+
+    def pack(self, plane: DataPlane, metadata: Mapping[str, Any]) -> dict[str, bytes]:
+        """``write_controller_sidecars``'s data-plane step: :meth:`prepare`, kept for
+        :meth:`take_pending`. Not the replay view again: ``controller_state.json`` holds it
+        (restore and the audit read it there first)."""
+        user = {key: value for key, value in metadata.items() if key != "replay"}
+        self._pending = self.prepare(plane, user)
+        return self._pending.files
+
+    def take_pending(self) -> SegmentedWrite:
+        """What the last :meth:`pack` prepared (once)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            raise RuntimeError("no data-plane segments were prepared for this snapshot")
+        return pending
 
     def prepare(self, plane: DataPlane, user_metadata: Mapping[str, Any]) -> SegmentedWrite:
         """The segments and ``metadata.json`` of ``plane`` (a capture's copy)."""

@@ -63,6 +63,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions imp
     SnapshotTimings,
     abandoned_episodes,
     dispatched_episodes,
+    involuntary_switches,
     lost_episodes,
     mark_restart_from_turn_zero,
     require_replay_from,
@@ -98,6 +99,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds an environment phase may take in a periodic snapshot.
 ENV_PHASE_TIMEOUT_S = 20.0
+#: The loop sleeps this long before the cut: an idle loop thread wakes with a fresh CPU slice,
+#: so a short cut is rarely preempted inside (~10 ms each when oversubscribed).
+PRE_CUT_YIELD_S = 0.0005
 SERIALIZE_SLICE = 64  # ledger groups serialized per turn of the loop before the cut (~1 ms)
 
 
@@ -394,6 +398,8 @@ class RolloutSnapshotter:
         """Steps 4 and 5: capture under the exclusive cut, checking the environment's export
         against it; then leave the cut and end the environment phase, whatever happened."""
         parts = self._parts
+        await asyncio.sleep(PRE_CUT_YIELD_S)  # the pumps run meanwhile
+        switches_before = involuntary_switches()
         wait_started = time.monotonic()
         cut = None
         try:
@@ -414,6 +420,7 @@ class RolloutSnapshotter:
             # any other pass, which the trainer keeps short with gc.freeze at start-up).
             released = cut.released_at if cut is not None else None
             timings.pump_paused_s = (released or time.monotonic()) - wait_started
+            timings.cut_preempted = involuntary_switches() - switches_before
             if self._environment.holds_rollout_state:
                 await self._resume_environment(phase.checkpoint_id)
         return captured
@@ -448,23 +455,16 @@ class RolloutSnapshotter:
     ) -> tuple[SnapshotOutcome, dict[str, Any]]:
         """Step 6: write the files off the loop, publish the manifest last, report it."""
         write_started = time.monotonic()
-        segmented: list[SegmentedWrite] = []
-
-        def data_plane_files(plane: Any, metadata: Mapping[str, Any]) -> dict[str, bytes]:
-            # Not the replay view again: controller_state.json holds it (restore and the
-            # audit read it there first); the index names each row's segment.
-            user = {key: value for key, value in metadata.items() if key != "replay"}
-            segmented.append(self._segments.prepare(plane, user))
-            return segmented[-1].files
-
-        files = await asyncio.to_thread(self.write_controller_sidecars, captured, data_plane_files)
+        segments = self._segments
+        files = await asyncio.to_thread(self.write_controller_sidecars, captured, segments.pack)
+        segmented = segments.take_pending()
         timings.write_s = time.monotonic() - write_started
         if captured.restart_from_turn_zero:
             detail["env_restart_from_turn_0"] = captured.restarted_from_turn_zero
-        detail["data_plane_rows_written"] = segmented[0].new_rows + segmented[0].compacted_rows
+        detail["data_plane_rows_written"] = segmented.new_rows + segmented.compacted_rows
         publish_started = time.monotonic()
-        candidate = await asyncio.to_thread(self._publish, anchor, captured, files, segmented[0])
-        self._segments.commit(segmented[0])
+        candidate = await asyncio.to_thread(self._publish, anchor, captured, files, segmented)
+        segments.commit(segmented)
         crash_point("after_manifest_write")
         if captured.train_step == 0:
             crash_point("before_first_checkpoint")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import resource
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -61,6 +62,18 @@ class SnapshotTimings:
     serialize_ahead_s: float = 0.0
     """Serializing the changed ledger groups before the cut, in slices between the loop's
     other work (the pumps run meanwhile)."""
+    cut_preempted: int = 0
+    """Involuntary context switches of the loop thread while the pump was paused: each is a
+    wait for the CPU (~10 ms on an oversubscribed machine) that the cut's CPU time omits."""
+
+
+#: Linux only: per-thread resource usage (the cut's involuntary context switches).
+RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
+
+
+def involuntary_switches() -> int:
+    """This thread's involuntary context switches so far (the OS took its CPU away)."""
+    return resource.getrusage(RUSAGE_THREAD).ru_nivcsw if RUSAGE_THREAD is not None else 0
 
 
 def resolve_anchor(trainer_version: int, durable_step: int | None) -> Anchor:

@@ -208,3 +208,40 @@ def test_a_missing_or_altered_segment_refuses_the_snapshot(tmp_path: Path) -> No
         store.verify(1, config=cfg, anchor_is_durable=lambda a: True)
     manifest = json.loads(store.storage.read_bytes(f"{snapshot_dir(1)}/{MANIFEST_NAME}"))
     assert manifest["schema_version"] == 2 and list(manifest["segments"]) == [key]
+
+
+async def test_a_controller_snapshot_writes_only_new_rows_and_restores_them(tmp_path) -> None:
+    """Through the real snapshotter, stopped mid-run after step 1: a snapshot with no new
+    rows writes none, one after a new row writes one, and a new incarnation restores the
+    rows the snapshot references, identical."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import SnapshotOutcome
+    from tests.support.rollout_checkpoints import (
+        harness,
+        run_until_stopped,
+        snapshot_after_commits,
+    )
+
+    async with harness() as h:
+        cfg = await h.start_gyms(tiny_config(tmp_path, grpo={"maxSteps": 3}))
+        controller = await h.controller(cfg)
+        outcomes: list = []
+        await run_until_stopped(controller, snapshot_after_commits(controller, {1}, outcomes, {1}))
+        assert outcomes == [SnapshotOutcome.PUBLISHED]
+        snapshots, plane = controller.rollout_snapshots, controller.data_plane
+        assert await snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
+        assert isinstance(h.records[-1]["timing/rollout_checkpoint"]["cut_preempted"], int)
+        assert await snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
+        assert h.records[-1]["data_plane_rows_written"] == 0
+        async with controller.barrier.mutation("test"):
+            plane.put("staging", "extra", _row(2))  # unreferenced: written, not restored
+        assert await snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
+        assert h.records[-1]["data_plane_rows_written"] == 1
+        resumed = await h.controller(cfg)
+        await resumed.restore()
+        restored = resumed.data_plane
+        assert len(restored) > 0 and not restored.contains("staging", "extra")
+        for partition in ("train", "staging"):
+            for key in restored.list(partition):
+                got, want = restored.get(partition, key), plane.get(partition, key)
+                assert got.keys() == want.keys()
+                assert all(np.array_equal(got[f], want[f]) for f in got), (partition, key)
