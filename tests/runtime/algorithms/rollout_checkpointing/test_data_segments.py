@@ -29,7 +29,7 @@ from rolloutrun_runtime.contract.layout import (
 )
 from rolloutrun_runtime.data_plane import DataPlane
 from rolloutrun_runtime.data_plane.store import DataPlaneError
-from rolloutrun_runtime.storage import open_storage
+from rolloutrun_runtime.storage import CheckpointStorage, open_storage
 from tests.support.rollout_checkpoints import tiny_config
 
 
@@ -151,9 +151,12 @@ def _read_plane(store: ManifestStore, cfg, snapshot_id: int) -> DataPlane:
     return DataPlane.from_files(files, segments)[0]
 
 
-def test_collection_keeps_every_segment_a_retained_manifest_lists(tmp_path: Path) -> None:
+def test_collection_keeps_every_segment_a_retained_manifest_lists(
+    tmp_path: Path, storage: CheckpointStorage
+) -> None:
+    """On file:// and on gs:// (fake-gcs-server; the segments upload in parallel there)."""
     cfg = tiny_config(tmp_path)
-    store = ManifestStore(open_storage(f"file://{tmp_path}/storage"), cfg.name)
+    store = ManifestStore(storage, cfg.name)
     store.ensure_bootstrap_anchor(cfg)
     writer = SegmentWriter()
     plane = _plane(range(40))
