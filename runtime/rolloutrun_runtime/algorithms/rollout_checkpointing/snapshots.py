@@ -53,11 +53,10 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     ManifestError,
     ManifestStore,
     PublicationFencedError,
-    fingerprint_of,
-    rollout_config_view,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.sidecars import write_controller_sidecars
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions import (
+    FingerprintCache,
     SnapshotError,
     SnapshotOutcome,
     SnapshotTimings,
@@ -163,6 +162,7 @@ class RolloutSnapshotter:
         self.published: list[dict[str, Any]] = []
         #: The data plane is written incrementally: only rows new since the last snapshot.
         self._segments = SegmentWriter()
+        self._fingerprint = FingerprintCache()
 
     # ================================================================== capture
     def capture(self, cut: Any, kind: CaptureKind) -> CapturedRolloutState:
@@ -171,9 +171,9 @@ class RolloutSnapshotter:
         parts = self._parts
         state = parts.runtime_state
         progress = parts.read_progress()
-        replay_view = tuple(parts.buffer.groups())
+        replay_view = parts.buffer.groups()  # a fresh list, the capture's own (one copy)
         if kind is CaptureKind.ROLLOUT_SNAPSHOT:
-            replay_view = (*replay_view, *state.open_step_groups)
+            replay_view.extend(state.open_step_groups)
         elif state.open_step_groups:
             raise SnapshotError(
                 f"a trainer checkpoint cannot be taken inside step {progress.trainer_version + 1}"
@@ -187,7 +187,7 @@ class RolloutSnapshotter:
             "sampler": parts.sampler.state_dict(),
             "mutation_version": parts.barrier.mutation_version,
             # the rollout-relevant view: Gym endpoints and other operational keys may change
-            "config_fingerprint": fingerprint_of(rollout_config_view(parts.config)),
+            "config_fingerprint": self._fingerprint(parts.config),
         }
         ledger_capture = None
         if parts.ledger is not None:

@@ -15,7 +15,12 @@ import resource
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import BOOTSTRAP_ANCHOR, Anchor
+from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
+    BOOTSTRAP_ANCHOR,
+    Anchor,
+    fingerprint_of,
+    rollout_config_view,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     CapturedRolloutState,
     TrainingProgress,
@@ -74,6 +79,18 @@ RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
 def involuntary_switches() -> int:
     """This thread's involuntary context switches so far (the OS took its CPU away)."""
     return resource.getrusage(RUSAGE_THREAD).ru_nivcsw if RUSAGE_THREAD is not None else 0
+
+
+class FingerprintCache:
+    """The rollout config's fingerprint, computed once per config object (the cut's)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[Any, str] | None = None
+
+    def __call__(self, config: Any) -> str:
+        if self._last is None or self._last[0] is not config:
+            self._last = (config, fingerprint_of(rollout_config_view(config)))
+        return self._last[1]
 
 
 def resolve_anchor(trainer_version: int, durable_step: int | None) -> Anchor:
