@@ -30,6 +30,12 @@ baseline from the same run:
   reports the loop's CPU time in the cut (``cut_held_cpu``), which a shared machine does not
   inflate. Goals (``pause.goals``): p99 <= 10 ms at 1,000 groups, <= 25 ms at 10,000, write +
   publish off the pump <= a quarter of the default snapshot interval at 10,000.
+- **write** (``--parts write --write-baseline DIR [--repeats N]``): per forced snapshot with
+  ``WRITE_CHURN_GROUPS`` groups' rows replaced before each, write + publish off the pump and
+  the pause (wall clock, loop CPU in the cut, cuts the OS preempted) at 1,000 and 10,000
+  groups, for the baseline tree, this tree and this tree without the pre-cut yield, each in
+  a fresh process, alternating. Goals: pause p99 <= 10 / 25 ms, write + publish p50 at
+  10,000 <= 2.5 s (a quarter of the default snapshot interval).
 - **startup** (``--parts startup --startup-baseline DIR``): process launch -> first
   redispatch of resumed trainers in short kill campaigns, per tree. Goal: <= 2 s.
 - **startup_breakdown** (``--parts startup_breakdown --startup-baseline DIR``): the same,
@@ -318,6 +324,93 @@ def _pause_goals(rows: list[dict[str, Any]], interval_s: float = 10.0) -> dict[s
         goal = interval_s * 1000 / 4
         goals["write_publish_at_10000"] = {"p50_ms": p50, "goal_ms": goal, "met": p50 <= goal}
     return goals
+
+
+# --------------------------------------------------------------------------- write
+#: ``--parts write``: groups whose rows are replaced between snapshots (new rows to write).
+WRITE_CHURN_GROUPS = 40
+
+
+async def _write_samples(groups: int, repeats: int, churn: int, pre_cut_yield: bool) -> dict:
+    """Write + publish off the pump and the pause (wall, loop CPU, preemptions in the cut)
+    per forced snapshot, ``churn`` groups' rows replaced before each (what a run adds
+    between snapshots); this process's runtime."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing import snapshots as module
+
+    if not pre_cut_yield and hasattr(module, "PRE_CUT_YIELD_S"):
+        module.PRE_CUT_YIELD_S = 0.0
+    with tempfile.TemporaryDirectory(prefix="rr-bench-write-") as tmp:
+        controller = await _filled_controller(groups, Path(tmp))
+        records: list[dict[str, Any]] = []
+        controller.rollout_snapshots._on_record = records.append
+        rng = np.random.default_rng(1)
+        keys = controller.data_plane.list("train")
+        try:
+            await controller.rollout_snapshots.attempt(force=True, reason="bench")  # the base
+            for _ in range(repeats):
+                async with controller.barrier.mutation("bench"):
+                    for index in rng.choice(len(keys), churn * GROUP_SIZE, replace=False):
+                        controller.data_plane.put("train", keys[index], _row(rng))
+                await controller.rollout_snapshots.attempt(force=True, reason="bench")
+        finally:
+            gc.unfreeze()
+    published = [r for r in records[1:] if r.get("rollout/checkpoint_outcome") == "published"]
+    if not published:
+        raise RuntimeError(f"no snapshot published at {groups} groups: {records[-1:]}")
+    timing = [r["timing/rollout_checkpoint"] for r in published]
+    return {
+        "groups": groups,
+        "churn_groups": churn,
+        "write_and_publish": _percentiles([t["write_s"] + t["publish_s"] for t in timing]),
+        "pause_wall": _percentiles([t["pump_paused_s"] for t in timing]),
+        "pause_cpu": _percentiles([t.get("cut_held_cpu_s", 0.0) for t in timing]),
+        "cuts_preempted": sum(1 for t in timing if t.get("cut_preempted", 0) > 0),
+        "rows_written_p50": sorted(r.get("data_plane_rows_written", -1) for r in published)[
+            len(published) // 2
+        ],
+    }
+
+
+def _write_side_by_side(sizes: tuple[int, ...], repeats: int, baseline: str) -> dict:
+    """``_write_samples`` for the baseline tree, this tree, and this tree without the pre-cut
+    yield, each size in a fresh process per variant, the variants alternating (one run)."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent.parent
+    variants = {
+        "baseline": (Path(baseline).resolve(), []),
+        "this_tree": (here, []),
+        "this_tree_no_pre_cut_yield": (here, ["--no-pre-cut-yield"]),
+    }
+    out: dict[str, Any] = {"baseline_tree": str(variants["baseline"][0]), "by_groups": []}
+    for groups in sizes:
+        row: dict[str, Any] = {"groups": groups}
+        for name, (tree, extra) in variants.items():
+            path = os.pathsep.join([str(here), str(tree / "runtime"), str(tree / "operator")])
+            command = [sys.executable, "-m", "bench.rollout_checkpoint", "--write-one"]
+            done = subprocess.run(
+                [*command, str(groups), "--repeats", str(repeats), *extra],
+                env={**os.environ, "PYTHONPATH": path},
+                cwd=here,
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
+            row[name] = json.loads(done.stdout)
+        out["by_groups"].append(row)
+    by = {row["groups"]: row["this_tree"] for row in out["by_groups"]}
+    goals: dict[str, Any] = {}
+    for groups, limit_ms in ((1000, 10.0), (10_000, 25.0)):
+        if groups in by:
+            p99 = by[groups]["pause_wall"]["p99_ms"]
+            goals[f"pause_p99_at_{groups}"] = {"p99_ms": p99, "goal_ms": limit_ms}
+            goals[f"pause_p99_at_{groups}"]["met"] = p99 <= limit_ms
+    if 10_000 in by:
+        p50 = by[10_000]["write_and_publish"]["p50_ms"]
+        goals["write_publish_at_10000"] = {"p50_ms": p50, "goal_ms": 2500.0, "met": p50 <= 2500}
+    out["goals"] = goals
+    return out
 
 
 # --------------------------------------------------------------------------- runs
@@ -619,6 +712,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         choices=["turn", "sibling", "prompt_group"],
         help="checkpointing.targetLevel of the throughput and kill runs",
     )
+    parser.add_argument(
+        "--write-baseline",
+        default=None,
+        help="a checkout whose snapshot write + publish and pause run side by side (--parts write)",
+    )
+    parser.add_argument("--write-one", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--no-pre-cut-yield", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.seed is not None and args.seeds is not None:
         parser.error("--seed and --seeds are exclusive")
@@ -635,6 +735,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.pause_one is not None:  # one size, this process's runtime (--pause-baseline)
         print(json.dumps(asyncio.run(_pause_samples(args.pause_one, args.repeats))))
+        return 0
+    if args.write_one is not None:  # one size, this process's runtime (--write-baseline)
+        sample = _write_samples(
+            args.write_one, args.repeats, WRITE_CHURN_GROUPS, not args.no_pre_cut_yield
+        )
+        print(json.dumps(asyncio.run(sample)))
         return 0
     if args.startup_one:  # one short campaign, this process's runtime (--startup-baseline)
         with tempfile.TemporaryDirectory(prefix="rr-bench-startup-") as tmp:
@@ -662,6 +768,9 @@ def main(argv: list[str] | None = None) -> int:
             report["pause"]["side_by_side"] = _pause_side_by_side(
                 sizes, repeats, args.pause_baseline
             )
+    if "write" in parts and args.write_baseline:
+        sizes = (1000,) if args.quick else (1000, 10_000)
+        report["write"] = _write_side_by_side(sizes, args.repeats, args.write_baseline)
     with tempfile.TemporaryDirectory(prefix="rr-bench-ckpt-") as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,8 @@ CRASH_SITES: tuple[str, ...] = (
     "after_dataloader_advance",
     "inside_finalize_commit",
     "after_data_plane_save",
+    # A snapshot's new data-plane segments are durable, its manifest not yet written.
+    "after_segment_write",
     "before_manifest_write",
     "after_manifest_write",
     # A snapshot at weight version 0 (bootstrap anchor, no step committed) just published:
@@ -38,6 +40,8 @@ CRASH_SITES: tuple[str, ...] = (
     "during_gym_commit",
     "during_gym_resume",
     "during_restore",
+    # Collecting data-plane segments no committed manifest lists (after the first delete).
+    "during_segment_gc",
 )
 
 

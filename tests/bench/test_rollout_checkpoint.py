@@ -79,3 +79,16 @@ def test_quick_measures_both_sides_and_prints_the_json(tmp_path: Path) -> None:
         assert {"lost_s", "since_cut_s", "in_flight_at_stop"} <= set(row["per_kill"][0])
         assert thrown[side]["lost_s_per_kill"]["worst_seed"] == 1
     assert set(thrown["ratio_per_seed"]) == {"1"} and "reduction" in thrown
+
+
+def test_the_write_part_measures_a_snapshot_that_writes_only_the_churned_rows() -> None:
+    """``--parts write``'s sample on this tree (shape and the rows written, never a time):
+    each snapshot after the first writes the replaced groups' rows, not the buffer."""
+    import asyncio
+
+    from bench.rollout_checkpoint import GROUP_SIZE, _write_samples
+
+    sample = asyncio.run(_write_samples(100, 2, 5, pre_cut_yield=True))
+    assert sample["rows_written_p50"] == 5 * GROUP_SIZE
+    assert sample["write_and_publish"]["n"] == sample["pause_wall"]["n"] == 2
+    assert sample["pause_cpu"]["p50_ms"] > 0

@@ -17,6 +17,12 @@ from pathlib import Path
 import pytest
 
 from rolloutrun_runtime.chaos import REFERENCE_DIR, ChaosResult, run_chaos
+from rolloutrun_runtime.contract.layout import (
+    DATA_SEGMENTS_PREFIX,
+    DEFAULT_STORAGE_DIR,
+    MANIFEST_NAME,
+    SNAPSHOTS_PREFIX,
+)
 from rolloutrun_runtime.crash import CRASH_SITES
 from rolloutrun_runtime.metrics import read_metrics
 
@@ -36,7 +42,10 @@ OTHER_SITES = (
     "before_manifest_write:2",
     "during_trainer_checkpoint_finalize:2",
     "during_restore:1",
+    "during_segment_gc:1",
 )
+#: A snapshot's new data-plane segments durable, its manifest not written (default suite).
+SEGMENT_SITE = "after_segment_write:2"
 GYM_SITES = ("during_gym_prepare:2", "during_gym_commit:2", "during_gym_resume:1")
 #: Reached only when a snapshot publishes before step 1 commits (slow first rollouts).
 FIRST_CHECKPOINT_SITES = ("before_first_checkpoint:1",)
@@ -46,7 +55,11 @@ RESTORE_SITES = ("during_restore", "during_gym_resume")
 def test_the_campaigns_cover_every_site() -> None:
     covered = {
         spec.split(":")[0]
-        for spec in DEFAULT_SITES + OTHER_SITES + GYM_SITES + FIRST_CHECKPOINT_SITES
+        for spec in DEFAULT_SITES
+        + OTHER_SITES
+        + GYM_SITES
+        + FIRST_CHECKPOINT_SITES
+        + (SEGMENT_SITE,)
     }
     assert covered == set(CRASH_SITES)
 
@@ -91,6 +104,29 @@ def test_kill_at_a_named_site_resumes_and_audits(
     _assert_whole(result, 1)
     _assert_site_kill(result, site)
     assert result.kills[0].restored_from is not None
+
+
+def test_kill_between_segment_write_and_manifest_resumes_and_collects(tmp_path: Path) -> None:
+    """SIGKILL after a snapshot's new data-plane segments are durable and before its
+    manifest: the next incarnation restores the previous snapshot (whose segments nothing
+    deleted), the run audits clean, and at the end every stored segment is one a committed
+    manifest lists (the killed publisher's segment was collected)."""
+    # a snapshot after every step: each one has new rows, so the second writes a segment
+    config = write_config(
+        tmp_path / "every-step.yaml", SINGLE_TURN, checkpointing={"snapshotEverySteps": 1}
+    )
+    result = _campaign(config, tmp_path / "run", kills=1, site=SEGMENT_SITE, compare=False, seed=1)
+    _assert_whole(result, 1)
+    _assert_site_kill(result, SEGMENT_SITE)
+    assert result.kills[0].restored_from is not None
+    root = tmp_path / "run" / DEFAULT_STORAGE_DIR
+    listed = {
+        key
+        for manifest in root.glob(f"{SNAPSHOTS_PREFIX}/*/{MANIFEST_NAME}")
+        for key in json.loads(manifest.read_text())["segments"]
+    }
+    stored = {p.relative_to(root).as_posix() for p in (root / DATA_SEGMENTS_PREFIX).iterdir()}
+    assert listed and stored == listed
 
 
 def test_kill_at_a_random_moment_resumes_and_audits(single_turn: Path, tmp_path: Path) -> None:

@@ -269,6 +269,7 @@ def republish(store: ManifestStore, cfg, source_id: int, **replace: bytes):
         train_step=manifest.train_step,
         mutation_version=manifest.mutation_version,
         cut_time=manifest.cut_time,
+        segments=manifest.segments,  # the data-plane segments it shares (already stored)
     )
 
 

@@ -14,8 +14,10 @@ list is silently not restored), so each is spelled here once and every reader im
         snapshot_<000042>/                one rollout snapshot
           rollout/{controller_state,runtime_state,rollout_recovery}.json
           training_journal.json  environment/episodes.json
-          data_plane/{rows.npz,metadata.json}
+          data_plane/{rows.npz,metadata.json}   (rows.npz: trainer checkpoints; a snapshot's
+                                          metadata.json names its rows' segments instead)
           MANIFEST.json                   written last (create-only on GCS): the commit
+        data_segments/<sha256>.npz        rows, shared by the snapshots whose manifests list them
         LATEST                            POSIX only: a hint, never trusted over listing
       gym-audit/<rollout>/<revision>.json one object per environment side effect (gs://)
       run_logs/{metrics,trace}/i<inc>-<ms>-<run id>/part-<n>.jsonl   what users watch
@@ -57,7 +59,9 @@ def step_entry(step: int) -> str:
 
 
 # ------------------------------------------------------------------ rollout snapshots
-MANIFEST_SCHEMA_VERSION = 1
+#: Manifest schema 2 adds ``segments``: the data-plane segments the snapshot references.
+MANIFEST_SCHEMA_VERSION = 2
+READABLE_MANIFEST_SCHEMA_VERSIONS = (1, 2)
 MANIFEST_NAME = "MANIFEST.json"
 SNAPSHOTS_PREFIX = "rollout_snapshots"
 BOOTSTRAP_KEY = "bootstrap/ANCHOR.json"
@@ -68,6 +72,14 @@ RUNTIME_STATE_FILE = "rollout/runtime_state.json"
 LEDGER_FILE = "rollout/rollout_recovery.json"
 ENVIRONMENT_FILE = "environment/episodes.json"
 DATA_PLANE_PREFIX = "data_plane/"
+#: Content-addressed data-plane segments (``<sha256>.npz``), shared by the snapshots whose
+#: manifests list them: a snapshot writes only the rows added since the last one.
+DATA_SEGMENTS_PREFIX = f"{SNAPSHOTS_PREFIX}/data_segments"
+
+
+def data_segment_key(sha256: str) -> str:
+    """The key of the data-plane segment whose bytes hash to ``sha256``."""
+    return f"{DATA_SEGMENTS_PREFIX}/{sha256}.npz"
 
 
 def snapshot_dir(snapshot_id: int) -> str:
@@ -78,7 +90,11 @@ def snapshot_dir(snapshot_id: int) -> str:
 # ------------------------------------------------------------------ data plane (TQ)
 #: Format of a data-plane checkpoint; readers accept ``READABLE_DATA_PLANE_FORMATS``.
 DATA_PLANE_FORMAT = 2
-READABLE_DATA_PLANE_FORMATS = (1, 2)
+#: A snapshot's data plane as segments: ``metadata.json`` lists each row's segment.
+SEGMENTED_DATA_PLANE_FORMAT = 3
+READABLE_DATA_PLANE_FORMATS = (1, 2, 3)
+#: Format tag inside a segment (an npz whose ``index`` member is its JSON column index).
+DATA_SEGMENT_FORMAT = "data-segment/1"
 ROWS_FILE = "rows.npz"
 DATA_PLANE_METADATA_FILE = "metadata.json"
 

@@ -15,7 +15,10 @@ config whose fingerprint differs (naming the differing keys). The restorer
 ``select`` is the snapshots-only choice (tools and tests).
 
 Retention keeps the newest ``keep_latest`` committed snapshots and never deletes the newest
-valid one; a failed delete is logged and retried at the next publication.
+valid one; a failed delete is logged and retried at the next publication. The data-plane
+segments a snapshot shares with others (:mod:`.data_segments`) are written before its
+manifest and collected only once no committed manifest lists them (and not at all while a
+manifest cannot be read: it might list any).
 
 This module is the face of both halves: the manifest's names are importable from here.
 """
@@ -48,12 +51,14 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest_format import 
 )
 from rolloutrun_runtime.contract.layout import (
     BOOTSTRAP_KEY,
+    DATA_SEGMENTS_PREFIX,
     LATEST_KEY,
     MANIFEST_NAME,
     SNAPSHOTS_PREFIX,
     snapshot_dir,
 )
 from rolloutrun_runtime.contract.run_config import RunConfig, fingerprint_of
+from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.storage import (
     CheckpointStorage,
     ObjectExistsError,
@@ -74,6 +79,9 @@ class ManifestStore:
         self.storage = storage
         self.run_name = run_name
         self._view_cache: tuple[RunConfig, dict[str, Any], str] | None = None
+        #: Per committed snapshot id, the segments its manifest lists (manifests are
+        #: create-only: read once).
+        self._segments_of: dict[int, frozenset[str]] = {}
 
     # ---------------------------------------------------------------- bootstrap anchor
     def ensure_bootstrap_anchor(self, config: RunConfig) -> None:
@@ -146,8 +154,14 @@ class ManifestStore:
         extra: Mapping[str, Any] | None = None,
         fence: Callable[[], None] | None = None,
         keep_latest: int | None = None,
+        segments: Mapping[str, Mapping[str, Any]] | None = None,
+        segment_files: Mapping[str, bytes] | None = None,
     ) -> Candidate:
         """Publish one snapshot: files first, the manifest last; then LATEST and retention.
+
+        ``segments`` are the data-plane segments the snapshot references (key -> sha256 and
+        bytes), ``segment_files`` those of them not yet in storage: written (durable, in
+        parallel where the storage can) before anything else.
 
         ``fence`` (the trainer's lease check) runs at the commit point: after every file is
         written, immediately before the create-only manifest, so a trainer whose lease was
@@ -175,7 +189,11 @@ class ManifestStore:
             cut_time=cut_time,
             incarnation=incarnation,
             extra=dict(extra or {}),
+            segments={key: dict(record) for key, record in sorted((segments or {}).items())},
         )
+        if segment_files:
+            self.storage.write_many(dict(segment_files))
+            crash_point("after_segment_write")
         try:
             publish_entry(
                 self.storage,
@@ -191,6 +209,7 @@ class ManifestStore:
                 "first; this trainer is stale and must stop"
             ) from error
         manifest_uri = self.storage.uri_for(join_key(entry, MANIFEST_NAME))
+        self._segments_of[snapshot_id] = frozenset(manifest.segments)
         self._write_latest(entry, manifest_uri)
         if keep_latest is not None:
             self.apply_retention(
@@ -198,6 +217,7 @@ class ManifestStore:
                 is_valid=lambda sid: sid == snapshot_id or self._manifest_parses(sid),
                 snapshot_ids=[*known_ids, snapshot_id],
             )
+            self.collect_segments()
         return Candidate(manifest=manifest, entry=entry, manifest_uri=manifest_uri)
 
     def _config_view(self, config: RunConfig) -> tuple[dict[str, Any], str]:
@@ -235,6 +255,28 @@ class ManifestStore:
         if expected is None:
             raise ManifestError(f"{self.storage.uri_for(key)}: not listed in the manifest")
         data = self.storage.read_bytes(key)
+        digest, size = sha256_of(data)
+        if digest != expected["sha256"] or size != expected["bytes"]:
+            raise ManifestError(
+                f"{self.storage.uri_for(key)}: checksum mismatch (expected sha256 "
+                f"{expected['sha256'][:12]}… of {expected['bytes']} bytes, found "
+                f"{digest[:12]}… of {size} bytes)"
+            )
+        return data
+
+    def read_segment(self, candidate: Candidate, key: str) -> bytes:
+        """A data-plane segment's bytes, verified against the manifest's checksum."""
+        if key in candidate.verified:
+            return candidate.verified[key]
+        expected = candidate.manifest.segments.get(key)
+        if expected is None or not key.startswith(DATA_SEGMENTS_PREFIX + "/"):
+            raise ManifestError(
+                f"{candidate.manifest_uri}: segment {key} is not one of its data segments"
+            )
+        try:
+            data = self.storage.read_bytes(key)
+        except ObjectNotFoundError as error:
+            raise ManifestError(f"{candidate.manifest_uri}: segment {key} is missing") from error
         digest, size = sha256_of(data)
         if digest != expected["sha256"] or size != expected["bytes"]:
             raise ManifestError(
@@ -282,6 +324,8 @@ class ManifestStore:
                     candidate.verified[name] = self.read_file(candidate, name)
                 except ObjectNotFoundError as error:
                     raise ManifestError(f"{uri}: file {name} is missing") from error
+            for key in sorted(manifest.segments):
+                candidate.verified[key] = self.read_segment(candidate, key)
         return candidate
 
     def select(
@@ -371,8 +415,38 @@ class ManifestStore:
             try:
                 delete_entry(self.storage, snapshot_dir(sid), marker_name=MANIFEST_NAME)
                 deleted.append(sid)
+                self._segments_of.pop(sid, None)
             except StorageError as error:
                 log.warning("retention could not delete snapshot %d (will retry): %s", sid, error)
+        return deleted
+
+    def collect_segments(self) -> list[str]:
+        """Delete the data-plane segments no committed manifest lists; returns their keys.
+
+        Deletes nothing while a committed manifest cannot be read (it might list any). Call
+        it with no publication of this run in flight (the publisher does, after its own).
+        """
+        referenced: set[str] = set()
+        for snapshot_id in self.committed_ids():
+            if snapshot_id not in self._segments_of:
+                try:
+                    manifest = self.load_manifest(snapshot_id)
+                except (ManifestError, StorageError) as error:
+                    log.warning("not collecting data segments: snapshot %d: %s", snapshot_id, error)
+                    return []
+                self._segments_of[snapshot_id] = frozenset(manifest.segments)
+            referenced |= self._segments_of[snapshot_id]
+        deleted = []
+        for key in self.storage.list(DATA_SEGMENTS_PREFIX):
+            if key in referenced:
+                continue
+            try:
+                self.storage.delete(key)
+            except StorageError as error:
+                log.warning("could not delete data segment %s (will retry): %s", key, error)
+                continue
+            deleted.append(key)
+            crash_point("during_segment_gc")
         return deleted
 
     def _has_manifest(self, snapshot_id: int) -> bool:

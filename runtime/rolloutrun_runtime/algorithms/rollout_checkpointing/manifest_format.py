@@ -27,7 +27,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rolloutrun_runtime.contract.layout import MANIFEST_SCHEMA_VERSION, SNAPSHOT_DIR
+from rolloutrun_runtime.contract.layout import (
+    MANIFEST_SCHEMA_VERSION,
+    READABLE_MANIFEST_SCHEMA_VERSIONS,
+    SNAPSHOT_DIR,
+)
 from rolloutrun_runtime.contract.run_config import RunConfig, fingerprint_of, flatten
 
 #: Config keys that may change between incarnations without invalidating a snapshot. All
@@ -194,6 +198,8 @@ class SnapshotManifest:
     cut_time: float
     incarnation: int = 0
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    segments: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Data-plane segments (keys under the storage root) -> {"sha256", "bytes"} (schema 2)."""
     schema_version: int = MANIFEST_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
@@ -206,10 +212,10 @@ class SnapshotManifest:
     def from_bytes(cls, raw: bytes, source: str) -> SnapshotManifest:
         data = parse_json_object(raw, source, "manifest is ")
         version = data.get("schema_version")
-        if version != MANIFEST_SCHEMA_VERSION:
+        if version not in READABLE_MANIFEST_SCHEMA_VERSIONS or isinstance(version, bool):
             raise ManifestError(
                 f"{source}: unknown manifest schema version {version!r} "
-                f"(this runtime reads {MANIFEST_SCHEMA_VERSION})"
+                f"(this runtime reads {', '.join(map(str, READABLE_MANIFEST_SCHEMA_VERSIONS))})"
             )
         names = {field.name for field in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
@@ -250,6 +256,7 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "cut_time": (int, float),
     "incarnation": int,
     "extra": dict,
+    "segments": dict,
     "schema_version": int,
 }
 
@@ -264,15 +271,16 @@ def _wrong_field_types(data: Mapping[str, Any]) -> list[str]:
                 t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,))
             )
             wrong.append(f"field {name} is {type(value).__name__}, expected {wanted}")
-    files = data.get("files")
-    for file_name, record in files.items() if isinstance(files, dict) else ():
-        if not (
-            isinstance(record, dict)
-            and isinstance(record.get("sha256"), str)
-            and isinstance(record.get("bytes"), int)
-            and not isinstance(record.get("bytes"), bool)
-        ):
-            wrong.append(f"field files[{file_name!r}] is not {{sha256: str, bytes: int}}")
+    for field in ("files", "segments"):
+        records = data.get(field)
+        for file_name, record in records.items() if isinstance(records, dict) else ():
+            if not (
+                isinstance(record, dict)
+                and isinstance(record.get("sha256"), str)
+                and isinstance(record.get("bytes"), int)
+                and not isinstance(record.get("bytes"), bool)
+            ):
+                wrong.append(f"field {field}[{file_name!r}] is not {{sha256: str, bytes: int}}")
     return wrong
 
 

@@ -394,14 +394,22 @@ class RolloutRestorer:
         if manifest.anchor.kind == "step" and self._checkpointer is None:
             raise RestoreError(f"{candidate.manifest_uri}: anchor needs trainer checkpoints")
         names = [name for name in sorted(manifest.files) if name in ROLLOUT_FILES]
-        with ThreadPoolExecutor(READ_THREADS) as pool:  # the files and the anchor at once
+        # the files, the data-plane segments its metadata.json names and the anchor at once
+        with ThreadPoolExecutor(READ_THREADS) as pool:
             reads = [pool.submit(self._manifests.read_file, candidate, name) for name in names]
+            segments = [
+                pool.submit(self._manifests.read_segment, candidate, key)
+                for key in manifest.segments
+            ]
             anchor = None
             if manifest.anchor.kind == "step" and self._checkpointer is not None:
                 anchor = pool.submit(self._checkpointer.load, manifest.anchor.step)
         # Results in the order the reads were listed: a failure is the one a sequential read
         # would have met first.
         files = {name: read.result() for name, read in zip(names, reads, strict=True)}
+        files.update(
+            {key: read.result() for key, read in zip(manifest.segments, segments, strict=True)}
+        )
         trainer = anchor.result() if anchor is not None else None
         return self._assemble(
             files,

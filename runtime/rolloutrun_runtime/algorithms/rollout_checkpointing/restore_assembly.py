@@ -30,6 +30,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
 from rolloutrun_runtime.contract.layout import (
     CONTROLLER_STATE_FILE,
     DATA_PLANE_PREFIX,
+    DATA_SEGMENTS_PREFIX,
     LEDGER_FILE,
     RUNTIME_STATE_FILE,
 )
@@ -127,8 +128,11 @@ def read_data_plane(files: Mapping[str, bytes]) -> tuple[DataPlane, dict[str, An
         for name, data in files.items()
         if name.startswith(DATA_PLANE_PREFIX)
     }
+    segments = {
+        name: data for name, data in files.items() if name.startswith(DATA_SEGMENTS_PREFIX + "/")
+    }
     if dp_files:
-        return DataPlane.from_files(dp_files)
+        return DataPlane.from_files(dp_files, segments)
     return DataPlane(), {}
 
 

@@ -9,6 +9,8 @@ before anything is written.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
     compare_rows,
@@ -27,9 +29,16 @@ from rolloutrun_runtime.contract.layout import (
     RUNTIME_STATE_FILE,
 )
 from rolloutrun_runtime.crash import crash_point
+from rolloutrun_runtime.data_plane import DataPlane
+
+#: How a capture's data plane becomes files: by default whole (``rows.npz``); a snapshot's
+#: segment writer writes only what changed (:mod:`.data_segments`).
+DataPlaneFiles = Callable[[DataPlane, Mapping[str, Any]], Mapping[str, bytes]]
 
 
-def write_controller_sidecars(captured: CapturedRolloutState) -> dict[str, bytes]:
+def write_controller_sidecars(
+    captured: CapturedRolloutState, data_plane_files: DataPlaneFiles | None = None
+) -> dict[str, bytes]:
     """Serialize a capture: the files both checkpoint kinds hold (runs off the loop)."""
     files: dict[str, bytes] = {}
     # The inventory of the cut's copies, off the loop (an incomplete capture fails here).
@@ -48,7 +57,8 @@ def write_controller_sidecars(captured: CapturedRolloutState) -> dict[str, bytes
         captured.controller_state["rollout_recovery"] = sidecar.metadata()
         captured.data_plane_metadata.update(sidecar.metadata())
     dp_metadata = {**captured.data_plane_metadata, "replay": replay_json}
-    for name, data in captured.data_plane.to_files(dp_metadata).items():
+    pack = data_plane_files or DataPlane.to_files
+    for name, data in pack(captured.data_plane, dp_metadata).items():
         files[DATA_PLANE_PREFIX + name] = data
     crash_point("after_data_plane_save")
     controller_state = {**captured.controller_state, "replay": replay_json}

@@ -41,6 +41,10 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rolloutrun_runtime.algorithms.rollout_checkpointing.data_segments import (
+    SegmentedWrite,
+    SegmentWriter,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
     expected_staging_rows,
 )
@@ -49,16 +53,16 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     ManifestError,
     ManifestStore,
     PublicationFencedError,
-    fingerprint_of,
-    rollout_config_view,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.sidecars import write_controller_sidecars
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions import (
+    FingerprintCache,
     SnapshotError,
     SnapshotOutcome,
     SnapshotTimings,
     abandoned_episodes,
     dispatched_episodes,
+    involuntary_switches,
     lost_episodes,
     mark_restart_from_turn_zero,
     require_replay_from,
@@ -94,6 +98,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds an environment phase may take in a periodic snapshot.
 ENV_PHASE_TIMEOUT_S = 20.0
+#: The loop sleeps this long before the cut: an idle loop thread wakes with a fresh CPU slice,
+#: so a short cut is rarely preempted inside (~10 ms each when oversubscribed).
+PRE_CUT_YIELD_S = 0.0005
 SERIALIZE_SLICE = 64  # ledger groups serialized per turn of the loop before the cut (~1 ms)
 
 
@@ -153,6 +160,9 @@ class RolloutSnapshotter:
         self._dispatched_since = 0
         self.outcomes: list[SnapshotOutcome] = []
         self.published: list[dict[str, Any]] = []
+        #: The data plane is written incrementally: only rows new since the last snapshot.
+        self._segments = SegmentWriter()
+        self._fingerprint = FingerprintCache()
 
     # ================================================================== capture
     def capture(self, cut: Any, kind: CaptureKind) -> CapturedRolloutState:
@@ -161,9 +171,9 @@ class RolloutSnapshotter:
         parts = self._parts
         state = parts.runtime_state
         progress = parts.read_progress()
-        replay_view = tuple(parts.buffer.groups())
+        replay_view = parts.buffer.groups()  # a fresh list, the capture's own (one copy)
         if kind is CaptureKind.ROLLOUT_SNAPSHOT:
-            replay_view = (*replay_view, *state.open_step_groups)
+            replay_view.extend(state.open_step_groups)
         elif state.open_step_groups:
             raise SnapshotError(
                 f"a trainer checkpoint cannot be taken inside step {progress.trainer_version + 1}"
@@ -177,7 +187,7 @@ class RolloutSnapshotter:
             "sampler": parts.sampler.state_dict(),
             "mutation_version": parts.barrier.mutation_version,
             # the rollout-relevant view: Gym endpoints and other operational keys may change
-            "config_fingerprint": fingerprint_of(rollout_config_view(parts.config)),
+            "config_fingerprint": self._fingerprint(parts.config),
         }
         ledger_capture = None
         if parts.ledger is not None:
@@ -388,6 +398,8 @@ class RolloutSnapshotter:
         """Steps 4 and 5: capture under the exclusive cut, checking the environment's export
         against it; then leave the cut and end the environment phase, whatever happened."""
         parts = self._parts
+        await asyncio.sleep(PRE_CUT_YIELD_S)  # the pumps run meanwhile
+        switches_before = involuntary_switches()
         wait_started = time.monotonic()
         cut = None
         try:
@@ -408,6 +420,7 @@ class RolloutSnapshotter:
             # any other pass, which the trainer keeps short with gc.freeze at start-up).
             released = cut.released_at if cut is not None else None
             timings.pump_paused_s = (released or time.monotonic()) - wait_started
+            timings.cut_preempted = involuntary_switches() - switches_before
             if self._environment.holds_rollout_state:
                 await self._resume_environment(phase.checkpoint_id)
         return captured
@@ -442,12 +455,16 @@ class RolloutSnapshotter:
     ) -> tuple[SnapshotOutcome, dict[str, Any]]:
         """Step 6: write the files off the loop, publish the manifest last, report it."""
         write_started = time.monotonic()
-        files = await asyncio.to_thread(self.write_controller_sidecars, captured)
+        segments = self._segments
+        files = await asyncio.to_thread(self.write_controller_sidecars, captured, segments.pack)
+        segmented = segments.take_pending()
         timings.write_s = time.monotonic() - write_started
         if captured.restart_from_turn_zero:
             detail["env_restart_from_turn_0"] = captured.restarted_from_turn_zero
+        detail["data_plane_rows_written"] = segmented.new_rows + segmented.compacted_rows
         publish_started = time.monotonic()
-        candidate = await asyncio.to_thread(self._publish, anchor, captured, files)
+        candidate = await asyncio.to_thread(self._publish, anchor, captured, files, segmented)
+        segments.commit(segmented)
         crash_point("after_manifest_write")
         if captured.train_step == 0:
             crash_point("before_first_checkpoint")
@@ -485,7 +502,13 @@ class RolloutSnapshotter:
             "manifest_uri": candidate.manifest_uri,
         }
 
-    def _publish(self, anchor: Anchor, captured: CapturedRolloutState, files: Mapping[str, bytes]):
+    def _publish(
+        self,
+        anchor: Anchor,
+        captured: CapturedRolloutState,
+        files: Mapping[str, bytes],
+        segmented: SegmentedWrite,
+    ):
         assert self._manifests is not None
 
         def fence() -> None:
@@ -508,6 +531,8 @@ class RolloutSnapshotter:
             extra={"replay_steps": captured.train_step - anchor.step},
             fence=fence,
             keep_latest=self._parts.config.checkpointing.keep_latest,
+            segments=segmented.manifest_segments(),
+            segment_files=segmented.new_segments,
         )
 
     async def _durable(self, step: int) -> bool:

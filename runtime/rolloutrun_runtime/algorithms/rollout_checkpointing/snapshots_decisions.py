@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import resource
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import BOOTSTRAP_ANCHOR, Anchor
+from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
+    BOOTSTRAP_ANCHOR,
+    Anchor,
+    fingerprint_of,
+    rollout_config_view,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     CapturedRolloutState,
     TrainingProgress,
@@ -61,6 +67,30 @@ class SnapshotTimings:
     serialize_ahead_s: float = 0.0
     """Serializing the changed ledger groups before the cut, in slices between the loop's
     other work (the pumps run meanwhile)."""
+    cut_preempted: int = 0
+    """Involuntary context switches of the loop thread while the pump was paused: each is a
+    wait for the CPU (~10 ms on an oversubscribed machine) that the cut's CPU time omits."""
+
+
+#: Linux only: per-thread resource usage (the cut's involuntary context switches).
+RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
+
+
+def involuntary_switches() -> int:
+    """This thread's involuntary context switches so far (the OS took its CPU away)."""
+    return resource.getrusage(RUSAGE_THREAD).ru_nivcsw if RUSAGE_THREAD is not None else 0
+
+
+class FingerprintCache:
+    """The rollout config's fingerprint, computed once per config object (the cut's)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[Any, str] | None = None
+
+    def __call__(self, config: Any) -> str:
+        if self._last is None or self._last[0] is not config:
+            self._last = (config, fingerprint_of(rollout_config_view(config)))
+        return self._last[1]
 
 
 def resolve_anchor(trainer_version: int, durable_step: int | None) -> Anchor:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -544,7 +544,7 @@ class CapturedRolloutState:
     journal: dict[str, Any]
     ledger_capture: SidecarCapture | None = None
     """The ledger sidecar (each group's JSON text), taken under the cut; joined after it."""
-    replay_view: tuple[ReplayGroup, ...] = ()
+    replay_view: Sequence[ReplayGroup] = ()
     """The replay view at the cut; its JSON (``controller_state["replay"]``) is made after."""
     restart_from_turn_zero: Mapping[EnvironmentEpisode, str] = field(default_factory=dict)
     """Episodes the saved ledger marks abandoned (no environment record), applied after the

@@ -115,6 +115,7 @@ async def test_cadence_is_independent_of_save_period(tmp_path) -> None:
             "pump_paused_s",
             "cut_held_cpu_s",
             "serialize_ahead_s",
+            "cut_preempted",
         }
     assert [p["train_step"] for p in h.published] == [2, 4]
 

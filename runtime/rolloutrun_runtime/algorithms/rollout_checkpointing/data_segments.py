@@ -1,0 +1,173 @@
+"""Incremental data-plane writes for rollout snapshots: content-addressed row segments.
+
+Why: a snapshot used to rewrite the whole data plane (``rows.npz``) each time; at 10,000
+buffered groups that is seconds of packing and upload per snapshot, for rows that mostly
+did not change since the last one. Rows are replaced, never mutated (``DataPlane.put``
+stores a new dict), so a row object the last published snapshot wrote is still the same
+content: a snapshot writes one new segment holding only the rows added or replaced since
+then, and its ``metadata.json`` (format 3) names, for each row, the segment that holds it.
+
+Segments live under ``rollout_snapshots/data_segments/<sha256>.npz`` (the name is the hash
+of the bytes) and are shared by every snapshot whose manifest lists them; they are written,
+durable, before the manifest (the commit), and a retained manifest's segments are never
+collected (``ManifestStore.collect_segments``). A segment whose live rows fall below
+``COMPACT_BELOW`` of what it holds is compacted: its live rows are rewritten into the new
+segment, so storage stays within a small factor of the live rows; so are the smallest ones
+while a snapshot would reference more than ``MAX_SEGMENTS`` (a restore reads each one).
+
+The writer's memory (which row object lives in which segment) changes only once a
+snapshot's manifest is published (:meth:`SegmentWriter.commit`): a failed or killed
+publication leaves it as the last published snapshot left it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from rolloutrun_runtime.contract.layout import DATA_PLANE_METADATA_FILE, data_segment_key
+from rolloutrun_runtime.data_plane import DataPlane
+from rolloutrun_runtime.data_plane.store import PARTITIONS, pack_segment, segmented_metadata
+
+#: A segment whose live rows are fewer than this fraction of its rows is compacted.
+COMPACT_BELOW = 0.5
+#: The most segments one snapshot references (the smallest are merged beyond it).
+MAX_SEGMENTS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentRecord:
+    """One written segment: its key, checksum, size and how many rows it holds."""
+
+    key: str
+    sha256: str
+    size: int
+    rows: int
+
+    def manifest_record(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "bytes": self.size}
+
+
+#: Per partition, per row key: the row object last written and the segment holding it.
+Placement = dict[str, dict[str, tuple[Mapping[str, Any], str]]]
+
+
+@dataclasses.dataclass
+class SegmentedWrite:
+    """One snapshot's data plane as segments, ready to publish."""
+
+    files: dict[str, bytes]
+    """``{metadata.json: bytes}``: the snapshot's own data-plane file."""
+    new_segments: dict[str, bytes]
+    """Segments to write (durable) before the manifest."""
+    referenced: dict[str, SegmentRecord]
+    """Every segment the snapshot needs (the manifest lists them with their checksums)."""
+    placement: Placement
+    new_rows: int
+    compacted_rows: int
+
+    def manifest_segments(self) -> dict[str, dict[str, Any]]:
+        return {key: record.manifest_record() for key, record in sorted(self.referenced.items())}
+
+
+def choose_compaction(
+    live: Mapping[str, int],
+    records: Mapping[str, SegmentRecord],
+    *,
+    compact_below: float = COMPACT_BELOW,
+    max_segments: int = MAX_SEGMENTS,
+) -> set[str]:
+    """Segments whose live rows go into the new segment: the mostly dead ones, then the
+    smallest while more than ``max_segments`` would be referenced (the new one counts)."""
+    chosen = {key for key, count in live.items() if count < compact_below * records[key].rows}
+    kept = sorted((key for key in live if key not in chosen), key=lambda key: (live[key], key))
+    excess = len(kept) + 1 - max_segments
+    if excess > 0:
+        chosen.update(kept[:excess])
+    return chosen
+
+
+class SegmentWriter:
+    """Remembers what the last published snapshot wrote; prepares the next one's segments.
+
+    Used under the snapshotter's save lock, one snapshot at a time (``prepare`` off the
+    loop, ``commit`` once the manifest is published).
+    """
+
+    def __init__(self) -> None:
+        self._placement: Placement = {partition: {} for partition in PARTITIONS}
+        self._records: dict[str, SegmentRecord] = {}
+        self._pending: SegmentedWrite | None = None
+
+    def pack(self, plane: DataPlane, metadata: Mapping[str, Any]) -> dict[str, bytes]:
+        """``write_controller_sidecars``'s data-plane step: :meth:`prepare`, kept for
+        :meth:`take_pending`. Not the replay view again: ``controller_state.json`` holds it
+        (restore and the audit read it there first)."""
+        user = {key: value for key, value in metadata.items() if key != "replay"}
+        self._pending = self.prepare(plane, user)
+        return self._pending.files
+
+    def take_pending(self) -> SegmentedWrite:
+        """What the last :meth:`pack` prepared (once)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            raise RuntimeError("no data-plane segments were prepared for this snapshot")
+        return pending
+
+    def prepare(self, plane: DataPlane, user_metadata: Mapping[str, Any]) -> SegmentedWrite:
+        """The segments and ``metadata.json`` of ``plane`` (a capture's copy)."""
+        live: dict[str, int] = {}
+        placement: Placement = {}
+        fresh: dict[str, dict[str, Mapping[str, Any]]] = {}
+        for partition in PARTITIONS:
+            known, placed = self._placement.get(partition, {}), {}
+            fresh[partition] = {}
+            for key, row in plane.rows_of(partition).items():
+                before = known.get(key)
+                if before is not None and before[0] is row:
+                    placed[key] = before
+                    live[before[1]] = live.get(before[1], 0) + 1
+                else:
+                    fresh[partition][key] = row
+            placement[partition] = placed
+        compact = choose_compaction(live, self._records)
+        compacted = 0
+        for partition, placed in placement.items():
+            for key in [k for k, (_, segment) in placed.items() if segment in compact]:
+                row, _ = placed.pop(key)
+                fresh[partition][key] = row
+                compacted += 1
+        referenced = {key: self._records[key] for key in live if key not in compact}
+        new_segments: dict[str, bytes] = {}
+        new_rows = sum(len(rows) for rows in fresh.values())
+        if new_rows:
+            data = pack_segment(fresh)
+            digest = hashlib.sha256(data).hexdigest()
+            record = SegmentRecord(data_segment_key(digest), digest, len(data), new_rows)
+            new_segments[record.key] = data
+            referenced[record.key] = record
+            for partition, rows in fresh.items():
+                for key, row in rows.items():
+                    placement[partition][key] = (row, record.key)
+        order = sorted(referenced)
+        position = {key: at for at, key in enumerate(order)}
+        index = {}
+        for partition, placed in placement.items():
+            keys = sorted(placed)
+            index[partition] = {"keys": keys, "segment": [position[placed[k][1]] for k in keys]}
+        metadata = segmented_metadata(user_metadata, order, index)
+        return SegmentedWrite(
+            files={DATA_PLANE_METADATA_FILE: metadata},
+            new_segments=new_segments,
+            referenced=referenced,
+            placement=placement,
+            new_rows=new_rows - compacted,
+            compacted_rows=compacted,
+        )
+
+    def commit(self, write: SegmentedWrite) -> None:
+        """``write``'s manifest is published: the next snapshot builds on it."""
+        self._placement = write.placement
+        self._records = dict(write.referenced)
