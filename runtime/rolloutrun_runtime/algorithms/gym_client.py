@@ -48,6 +48,7 @@ from rolloutrun_runtime.contract.wire import (
     GYM_RUN_ROUTE,
     HEALTHZ_ROUTE,
     POLICY_NOT_ANNOUNCED,
+    RESUME_REFUSED,
     PolicyAnnouncement,
     RunRequest,
 )
@@ -64,6 +65,11 @@ class GymError(RuntimeError):
 
 class GymCallError(GymError):
     """A Gym ``/run`` call failed or returned something unusable (the attempt fails)."""
+
+
+class GymResumeRefusedError(GymCallError):
+    """The Gym would not continue an episode from the record a ``/run`` carried (stale: a
+    side effect past it, or a later attempt there): restart the sibling from turn 0."""
 
 
 class GymUnavailableError(GymError):
@@ -129,13 +135,19 @@ def is_unreachable_status(status: int, body: bytes) -> bool:
 
 def is_not_announced(status: int, body: bytes) -> bool:
     """Whether a ``/run`` was refused because its ``policy_url`` was not announced."""
-    if status != 403:
-        return False
+    return status == 403 and _error_type(body) == POLICY_NOT_ANNOUNCED
+
+
+def is_resume_refused(status: int, body: bytes) -> bool:
+    """Whether a ``/run`` was refused because its ``resume`` record is stale."""
+    return status == 409 and _error_type(body) == RESUME_REFUSED
+
+
+def _error_type(body: bytes) -> str | None:
     try:
-        document = json.loads(body)
-        return bool(document["error"]["type"] == POLICY_NOT_ANNOUNCED)
+        return str(json.loads(body)["error"]["type"])
     except (ValueError, KeyError, TypeError):
-        return False
+        return None
 
 
 def backoff_delay(tries: int, unit: float) -> float:
@@ -277,10 +289,12 @@ def run_request_body(
     policy_url: str,
     sampling: Mapping[str, Any],
     prompt: Mapping[str, Any] | None = None,
+    resume: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /run`` (a :class:`RunRequest`; only the fields given are sent).
 
-    ``prompt`` is the prompt set's row (``task.dataset``), sent only when given.
+    ``prompt`` is the prompt set's row (``task.dataset``), sent only when given; ``resume``
+    an earlier attempt's episode record to continue from (elastic members).
     A body the Gym would refuse fails here as the same failed sample (``GymCallError``).
     """
     body: dict[str, Any] = {
@@ -291,6 +305,8 @@ def run_request_body(
     }
     if prompt is not None:
         body["prompt"] = dict(prompt)
+    if resume is not None:
+        body["resume"] = dict(resume)
     try:
         request = RunRequest.model_validate(body)
     except ValidationError as error:
@@ -472,12 +488,14 @@ class GymClient:
         prompt_id: int,
         policy_url: str,
         sampling: Mapping[str, Any],
+        resume: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """``POST /run`` and convert the result into a training row (``GymCallError`` if not)."""
+        """``POST /run`` and convert the result into a training row (``GymCallError`` if not;
+        ``GymResumeRefusedError`` when the replica refused to continue from ``resume``)."""
         if self._session is None:
             raise GymUnavailableError("the Gym client is not open")
         prompt = None if self.prompt_payload is None else self.prompt_payload(prompt_id)
-        body = run_request_body(episode, prompt_id, policy_url, sampling, prompt)
+        body = run_request_body(episode, prompt_id, policy_url, sampling, prompt, resume)
         await self._announce(replica, policy_url)
         status, raw = await self._post(replica, GYM_RUN_ROUTE, body)
         if is_not_announced(status, raw):  # a restarted replica forgot the announcement
@@ -488,6 +506,8 @@ class GymClient:
             if is_unreachable_status(status, raw):
                 raise GymUnreachableError(replica.url, f"answered {status}: {raw[:300]!r}")
             self.outages.answered(replica.url)
+            if resume is not None and is_resume_refused(status, raw):
+                raise GymResumeRefusedError(f"{replica.url}/run: {raw[:300]!r}")
             if status >= 400:
                 raise GymCallError(f"{replica.url}/run answered {status}: {raw[:300]!r}")
             try:

@@ -153,6 +153,9 @@ class RolloutSnapshotter:
         self._dispatched_since = 0
         self.outcomes: list[SnapshotOutcome] = []
         self.published: list[dict[str, Any]] = []
+        #: The newest published snapshot's environment part: the episode records a lost Gym
+        #: replica's turn-level episodes go on from elsewhere (elastic members).
+        self.published_environment: EnvironmentSnapshot | None = None
 
     # ================================================================== capture
     def capture(self, cut: Any, kind: CaptureKind) -> CapturedRolloutState:
@@ -461,6 +464,8 @@ class RolloutSnapshotter:
             "published_at": time.time(),
         }
         self.published.append(published)
+        if captured.environment_snapshot is not None:
+            self.published_environment = captured.environment_snapshot
         outcome = (
             SnapshotOutcome.PUBLISHED_PARTIAL_ENV if unavailable else SnapshotOutcome.PUBLISHED
         )

@@ -40,6 +40,7 @@ from rolloutrun_runtime.contract.wire import (
     HEALTHZ_ROUTE,
     MAX_ANNOUNCED_POLICIES,
     POLICY_NOT_ANNOUNCED,
+    RESUME_REFUSED,
     EpisodesAnswer,
     GymHealth,
     PolicyAnnounced,
@@ -64,9 +65,11 @@ from rolloutrun_runtime.environments.gym.episode import (
     LIVE_PHASES,
     Episode,
     EpisodeId,
+    EpisodeRecordError,
     Phase,
     Sampling,
 )
+from rolloutrun_runtime.environments.gym.restore import member_resume_source
 from rolloutrun_runtime.experience.rollout_recovery import valid_rollout_id
 from rolloutrun_runtime.policy.http import authenticated, data_plane_token, json_error
 from rolloutrun_runtime.policy.tokenizer import policy_tokenizer
@@ -309,6 +312,12 @@ class GymServer:
         conflict = self._conflict(episode_id)
         if conflict is not None:
             return conflict
+        if parsed.resume is not None:
+            resumed = await self._resume(parsed.resume, episode_id, parsed.policy_url)
+            if isinstance(resumed, web.Response):
+                return resumed
+            self.install(resumed)
+            return await self._run_episode(resumed)
         sampling = Sampling(
             temperature=(
                 parsed.sampling.temperature
@@ -342,6 +351,42 @@ class GymServer:
                 episode.phase, episode.error = Phase.ABANDONED, CANCELLED_REASON
             raise
         return web.json_response(episode.result(self.instance_id))
+
+    async def _resume(
+        self, record: dict[str, Any], episode_id: EpisodeId, policy_url: str
+    ) -> Episode | web.Response:
+        """Elastic members: the episode ``record`` (another replica's, lost) continued under
+        ``episode_id`` here, or 409 ``resume_refused`` naming why (the trainer restarts the
+        sibling from turn 0). The run's side-effect log is read afresh first, so an effect
+        the lost replica applied after the record refuses it."""
+        try:
+            previous = Episode.from_record(record)
+        except EpisodeRecordError as error:
+            return _error(400, f"resume: {error}")
+        if previous.episode_id.rollout_id != episode_id.rollout_id:
+            return _error(400, "resume: the record is of another rollout")
+        await asyncio.to_thread(self.effects.refresh)
+        source, reason = member_resume_source(
+            previous,
+            episode_id.attempt,
+            self.episodes.get(previous.episode_id),
+            self.effects.applied_revision(episode_id.rollout_id),
+        )
+        if source is None:
+            logger.warning("gym %s: resume of %s refused: %s", self.instance_id, episode_id, reason)
+            return json_error(
+                409, f"resume of {episode_id.row_key} refused: {reason}", RESUME_REFUSED
+            )
+        episode = Episode.from_record(source, attempt=episode_id.attempt)
+        episode.policy_url = policy_url  # the trainer serves generation where it says now
+        logger.info(
+            "gym %s: %s resumed at turn %d (revision %d)",
+            self.instance_id,
+            episode_id.row_key,
+            episode.turn,
+            episode.revision,
+        )
+        return episode
 
     def install(self, episode: Episode) -> None:
         """Hold ``episode`` (a new one, or one restored under a later attempt)."""
