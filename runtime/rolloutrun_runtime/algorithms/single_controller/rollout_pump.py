@@ -49,6 +49,7 @@ from rolloutrun_runtime.algorithms.single_controller.drop_policy import DropActi
 from rolloutrun_runtime.algorithms.single_controller.run_state import RunState
 from rolloutrun_runtime.contract.run_config import TargetLevel
 from rolloutrun_runtime.crash import crash_point
+from rolloutrun_runtime.environments.checkpointing.restore_chunks import json_size
 from rolloutrun_runtime.experience.rollout_recovery import (
     EnvironmentEpisode,
     Granularity,
@@ -346,8 +347,10 @@ class RolloutPump:
         lookup = self.turn_records
         record = lookup(attempt.rollout_id, attempt.gym_attempt) if lookup is not None else None
         record = record if record is not None else run.resume.get(index)
+        if record is None or json_size(record) > self.cfg.gym.request_max_bytes // 2:
+            return False  # none, or too big to ride in a /run under gym.requestMaxBytes
         sibling_id = sibling_id_for(run.group_id, index)
-        if record is None or not ledger.resume_elsewhere(cut, sibling_id, attempt.attempt_uuid):
+        if not ledger.resume_elsewhere(cut, sibling_id, attempt.attempt_uuid):
             return False
         run.resume[index] = record
         self._trace_attempt("attempt_restored", run, index, attempt.attempt_uuid, level="member")
