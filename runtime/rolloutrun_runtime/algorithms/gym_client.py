@@ -98,7 +98,7 @@ BACKOFF_MAX_S = 5.0
 #: episode running past ``rolloutTimeoutSeconds``).
 CONNECT_TIMEOUT_S = 10.0
 #: How often a lost replica's ``/healthz`` is tried (re-admission), and its timeout.
-READMIT_PERIOD_S = 0.25
+READMIT_PERIOD_S = 0.1
 PROBE_TIMEOUT_S = 2.0
 
 

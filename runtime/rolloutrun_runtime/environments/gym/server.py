@@ -145,6 +145,8 @@ class GymServer:
         self.latest_attempt: dict[str, int] = {}
         #: Set by the checkpoint control plane: the restored episode a ``/run`` continues.
         self.continue_restored: Callable[[EpisodeId], Episode | None] | None = None
+        #: Whether a ``/run`` came yet (its first is logged: a replacement's first work).
+        self.served = False
         #: Generation addresses the trainer announced (``POST /policy``), newest last.
         self.announced_policies: OrderedDict[str, None] = OrderedDict()
         self.app = web.Application(client_max_size=run_cfg.gym.request_max_bytes)
@@ -303,6 +305,9 @@ class GymServer:
         if isinstance(parsed, web.Response):
             return parsed
         assert self.loop is not None, "server not started"
+        if not self.served:
+            self.served = True
+            logger.info("gym %s: first /run", self.instance_id)
         episode_id = EpisodeId(parsed.episode_id.rollout_id, parsed.episode_id.attempt)
         restored = self.continue_restored(episode_id) if self.continue_restored else None
         if restored is not None:
