@@ -315,6 +315,7 @@ def runtime_at(ref: str, into: Path) -> Path:
     archive = subprocess.run(
         ["git", "archive", ref, "runtime"], check=True, capture_output=True
     ).stdout
+    into.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(into / "runtime")], check=True)
     return into / "runtime"

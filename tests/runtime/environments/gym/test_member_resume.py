@@ -20,10 +20,13 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rolloutrun_runtime.algorithms.gym_client import GymClient, GymResumeRefusedError
 from rolloutrun_runtime.contract.wire import RESUME_REFUSED
 from rolloutrun_runtime.environments.gym import Episode, GymServer, LocalPolicyClient, Phase
 from rolloutrun_runtime.environments.gym.agent import AFTER_TOOL
 from rolloutrun_runtime.environments.gym.restore import member_resume_source
+from rolloutrun_runtime.experience.rollout_recovery import EnvironmentEpisode
+from rolloutrun_runtime.metrics import OverheadClock
 from rolloutrun_runtime.policy.generation import GenerationEngine
 from rolloutrun_runtime.policy.http import serve_app
 from tests.support.data_plane import HEADERS, announce
@@ -132,6 +135,23 @@ async def test_a_record_the_episode_ran_past_is_refused(engine, session, tmp_pat
         status, refused = await _post(session, url, _body(1, first.record))
         assert status == 409 and refused["error"]["type"] == RESUME_REFUSED, refused
         assert "applied side effects up to revision 3" in refused["error"]["message"]
+        # The trainer's client tells this refusal apart (it restarts the sibling from turn 0).
+        client = GymClient(
+            [url], timeout_s=60, max_seq_len=CFG.policy.max_seq_len, overhead=OverheadClock()
+        )
+        await client.open()
+        try:
+            with pytest.raises(GymResumeRefusedError):
+                await client.run_episode(
+                    client.pick(None),
+                    EnvironmentEpisode("r", 2),
+                    THREE,
+                    NOWHERE,
+                    {"temperature": 1.0, "max_new_tokens": 8, "seed": 7},
+                    resume=first.record,
+                )
+        finally:
+            await client.close()
         # Not a record of this rollout, or not of an older attempt: refused too.
         status, other = await _post(session, url, _body(1, first.record, rollout="other"))
         assert status == 400 and "another rollout" in other["error"]["message"]
