@@ -47,6 +47,7 @@ from rolloutrun_runtime.contract.wire import (
     GYM_POLICY_ROUTE,
     GYM_RUN_ROUTE,
     HEALTHZ_ROUTE,
+    MEMBER_RESUME_CAPABILITY,
     POLICY_NOT_ANNOUNCED,
     RESUME_REFUSED,
     PolicyAnnouncement,
@@ -143,6 +144,12 @@ def is_resume_refused(status: int, body: bytes) -> bool:
     return status == 409 and _error_type(body) == RESUME_REFUSED
 
 
+def _capabilities(health: Any) -> frozenset[str]:
+    """The capabilities a ``/healthz`` answer names (none when it names none)."""
+    named = health.get("capabilities") if isinstance(health, dict) else None
+    return frozenset(str(c) for c in named) if isinstance(named, list) else frozenset()
+
+
 def _error_type(body: bytes) -> str | None:
     try:
         return str(json.loads(body)["error"]["type"])
@@ -219,6 +226,8 @@ class GymReplica:
     """Its member generation (the operator's replacement count of this index)."""
     replaced: asyncio.Event | None = None
     """Set when this generation was replaced: its calls in flight end as unreachable."""
+    capabilities: frozenset[str] = frozenset()
+    """What its ``/healthz`` named (:data:`MEMBER_RESUME_CAPABILITY`: it takes a record)."""
 
 
 def pick_replica(replicas: list[GymReplica], turn: int, down: Callable[[str], bool]) -> int:
@@ -376,6 +385,7 @@ class GymClient:
                 ) from error
             if isinstance(body, dict) and body.get("instance_id"):
                 replica.instance_id = str(body["instance_id"])
+            replica.capabilities = _capabilities(body)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -454,11 +464,18 @@ class GymClient:
                 body = await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return False
-        return (
+        healthy = (
             response.status == 200
             and isinstance(body, dict)
             and str(body.get("instance_id") or replica.instance_id) == replica.instance_id
         )
+        if healthy:  # a replacement may run another image
+            replica.capabilities = _capabilities(body)
+        return healthy
+
+    def resumes(self) -> bool:
+        """Whether some replica takes a ``/run``'s resume record (elastic members)."""
+        return any(MEMBER_RESUME_CAPABILITY in r.capabilities for r in self.replicas)
 
     async def watch_members(
         self,
@@ -494,6 +511,8 @@ class GymClient:
         ``GymResumeRefusedError`` when the replica refused to continue from ``resume``)."""
         if self._session is None:
             raise GymUnavailableError("the Gym client is not open")
+        if resume is not None and MEMBER_RESUME_CAPABILITY not in replica.capabilities:
+            raise GymResumeRefusedError(f"{replica.url} does not take a resume record")
         prompt = None if self.prompt_payload is None else self.prompt_payload(prompt_id)
         body = run_request_body(episode, prompt_id, policy_url, sampling, prompt, resume)
         await self._announce(replica, policy_url)

@@ -209,6 +209,10 @@ class EpisodesAnswer(_Answer):
 #: The capability a Gym names in ``GymHealth.capabilities`` when it serves the checkpoint
 #: control plane (:data:`CONTROL_ROUTES`); without it the trainer recovers at sibling level.
 CHECKPOINT_CONTROL_CAPABILITY = "checkpoint_control"
+#: A Gym that continues a ``/run``'s ``resume`` record (or refuses it, 409
+#: :data:`RESUME_REFUSED`): the trainer sends a record only to a replica naming this, since
+#: a server that ignored the field would restart the episode under the same rollout id.
+MEMBER_RESUME_CAPABILITY = "member_resume"
 
 
 class GymHealth(_Answer):
@@ -219,7 +223,8 @@ class GymHealth(_Answer):
     task: str
     live_episodes: int
     episodes_by_phase: dict[str, int]
-    #: Optional features served (:data:`CHECKPOINT_CONTROL_CAPABILITY`); none when absent.
+    #: Optional features served (:data:`CHECKPOINT_CONTROL_CAPABILITY`,
+    #: :data:`MEMBER_RESUME_CAPABILITY`); none when absent.
     capabilities: list[str] = Field(default_factory=list)
 
 

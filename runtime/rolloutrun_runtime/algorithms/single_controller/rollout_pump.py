@@ -344,7 +344,7 @@ class RolloutPump:
         itself continued from). False where there is none: a restart from turn 0."""
         ledger = self.state.ledger
         assert ledger is not None
-        lookup = self.turn_records
+        lookup = self.turn_records if self.gym.resumes() else None
         record = lookup(attempt.rollout_id, attempt.gym_attempt) if lookup is not None else None
         record = record if record is not None else run.resume.get(index)
         if record is None or json_size(record) > self.cfg.gym.request_max_bytes // 2:

@@ -39,6 +39,7 @@ from rolloutrun_runtime.contract.wire import (
     GYM_RUN_ROUTE,
     HEALTHZ_ROUTE,
     MAX_ANNOUNCED_POLICIES,
+    MEMBER_RESUME_CAPABILITY,
     POLICY_NOT_ANNOUNCED,
     RESUME_REFUSED,
     EpisodesAnswer,
@@ -193,7 +194,10 @@ class GymServer:
             live_episodes=live,
             episodes_by_phase=counts,
             # The control plane installs continue_restored (gym_main) when it serves.
-            capabilities=[CHECKPOINT_CONTROL_CAPABILITY] if self.continue_restored else [],
+            capabilities=[
+                *([CHECKPOINT_CONTROL_CAPABILITY] if self.continue_restored else []),
+                MEMBER_RESUME_CAPABILITY,  # a /run's resume record: _resume
+            ],
         )
         return web.json_response(health.model_dump(mode="json"))
 

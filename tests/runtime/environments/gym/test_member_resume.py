@@ -184,3 +184,35 @@ def test_only_a_later_attempt_continues_a_record():
     assert member_resume_source(record, 2, None, 1)[0] is None  # the same attempt number
     assert member_resume_source(record, 3, None, 1)[0] is not None
     assert member_resume_source(record, 3, None, 2)[0] is None  # an effect past the record
+
+
+async def test_a_server_that_does_not_name_member_resume_never_gets_a_record():
+    """A user's server that ignored ``resume`` would start the episode again under the same
+    rollout id; the client refuses to send it one (the sibling restarts from turn 0)."""
+    from aiohttp import web
+
+    runs: list[Any] = []
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"instance_id": "gym-0", "capabilities": ["checkpoint_control"]})
+
+    async def run(request: web.Request) -> web.Response:
+        runs.append(await request.json())
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/healthz", health)
+    app.router.add_post("/run", run)
+    runner, url = await serve_app(app)
+    client = GymClient([url], timeout_s=60, max_seq_len=32, overhead=OverheadClock())
+    await client.open()
+    try:
+        assert not client.resumes()
+        with pytest.raises(GymResumeRefusedError, match="does not take a resume record"):
+            await client.run_episode(
+                client.pick(None), EnvironmentEpisode("r", 1), 0, NOWHERE, {}, resume={"x": 1}
+            )
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert runs == []
