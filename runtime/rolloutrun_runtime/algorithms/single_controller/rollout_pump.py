@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -49,7 +50,6 @@ from rolloutrun_runtime.algorithms.single_controller.drop_policy import DropActi
 from rolloutrun_runtime.algorithms.single_controller.run_state import RunState
 from rolloutrun_runtime.contract.run_config import TargetLevel
 from rolloutrun_runtime.crash import crash_point
-from rolloutrun_runtime.environments.checkpointing.restore_chunks import json_size
 from rolloutrun_runtime.experience.rollout_recovery import (
     EnvironmentEpisode,
     Granularity,
@@ -347,7 +347,7 @@ class RolloutPump:
         lookup = self.turn_records if self.gym.resumes() else None
         record = lookup(attempt.rollout_id, attempt.gym_attempt) if lookup is not None else None
         record = record if record is not None else run.resume.get(index)
-        if record is None or json_size(record) > self.cfg.gym.request_max_bytes // 2:
+        if record is None or len(json.dumps(record)) > self.cfg.gym.request_max_bytes // 2:
             return False  # none, or too big to ride in a /run under gym.requestMaxBytes
         sibling_id = sibling_id_for(run.group_id, index)
         if not ledger.resume_elsewhere(cut, sibling_id, attempt.attempt_uuid):
