@@ -1,34 +1,47 @@
 """Elastic members benchmark on the local cluster, printed as JSON.
 
-Three arms of the same run (the real trainer and Gym pods), one after the other in this one
-process, each trained for the same window of wall clock:
+Arms of the same run (the real trainer and Gym pods), one after the other in this one
+process, each trained for the same window of wall clock, repeated over ``--seeds`` seeds
+(the run's seed, and which Gym is deleted first):
 
 - ``undisturbed``: nothing deleted (the rate to compare with).
 - ``elastic``: a Gym pod deleted every ``--every`` seconds; the operator replaces it while
   the trainer goes on (``recovery.elasticMembers: true``, the default).
-- ``ending``: the same deletions with ``recovery.elasticMembers: false``: each lost Gym
-  ends the incarnation (the behaviour before elastic members).
+- ``elastic_before`` (with ``--before REF``): the same, its pods running the runtime of git
+  ``REF`` (a copy of its ``runtime/`` on their ``PYTHONPATH``; the operator is this tree's):
+  the before/after of the replacement path, side by side in one run.
+- ``ending`` (first seed, not with ``--quick``): the same deletions with
+  ``recovery.elasticMembers: false``: each lost Gym ends the incarnation (the behaviour
+  before elastic members).
 
 Per arm: train steps per minute over the window (highest step reached, so steps trained
 again after a restart are not counted twice), incarnations, and per deletion the recovery
-time: elastic, from the deletion until the trainer re-admitted the replacement (its log
-line: the replacement takes rollouts again) and until the operator saw it Ready
+time: elastic, from the deletion until the replacement's first ``/run`` (its Gym's log),
+with the stages of that path (:data:`STAGES`: API polls every 50 ms on this process's clock,
+then the pods' log lines), and until the operator saw it Ready
 (``status.memberReplacements``); ending, from the deletion until the next incarnation
-trained its first step. Goals (issue 14): elastic >= 90 % of the undisturbed rate; loss
+trained its first step. Over the seeds: mean, spread and the worst seed, and the goals
+(issue 14) checked against the worst seed: elastic >= 90 % of the undisturbed rate; loss
 -> replacement doing work <= 5 s.
 
-Usage: ``python -m bench.elastic [--window 90] [--every 15] [--quick]``. The machine may be
-shared: the arms run in one process, back to back, so they share its load.
+Usage: ``python -m bench.elastic [--window 90] [--every 15] [--seeds 3] [--quick]
+[--before REF]``. The machine may be shared: the arms run in one process, back to back,
+so they share its load.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime as dt
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,11 +51,27 @@ from rolloutrun_localcluster.embedded import EmbeddedRun, member_replacements
 from .operator_recovery import LONG_RUN, wait
 
 READMITTED = "re-admitted at"
+#: Log lines of the replacement's path to its first work (trainer and Gym logs).
+READDRESSED = "replaced: generation"
+GYM_LISTENING = "listening on"
+GYM_FIRST_RUN = ": first /run"
+#: The stages of a replacement, in order, as the breakdown names them (the trainer reads the
+#: replacement's address as soon as its pod runs, usually before it listens: that moment is
+#: reported apart, as ``trainer_readdressed_after_s`` from the deletion).
+STAGES = (
+    ("old_pod_gone", "deleted -> old pod gone (its SIGTERM exit)"),
+    ("new_pod_created", "old pod gone -> operator created the replacement"),
+    ("pod_running", "created -> kubelet reports Running (process started)"),
+    ("gym_listening", "Running -> Gym listening (imports, server build)"),
+    ("trainer_readmitted", "Gym listening -> trainer's /healthz probe re-admitted it"),
+    ("first_run", "re-admitted -> first /run on the replacement"),
+)
 
 
-def _document(elastic: bool) -> dict[str, Any]:
+def _document(elastic: bool, seed: int = 0) -> dict[str, Any]:
     document = copy.deepcopy(LONG_RUN)
     document["spec"]["recovery"]["elasticMembers"] = elastic
+    document["spec"]["run"]["seed"] += seed
     return document
 
 
@@ -84,56 +113,191 @@ def _first_step_after(run: EmbeddedRun, since: float, incarnation: int) -> float
         time.sleep(0.05)
 
 
-def arm(
-    name: str, work: Path, *, elastic: bool, delete: bool, window: float, every: float
-) -> dict[str, Any]:
-    """One arm: start, wait for training, run ``window`` seconds deleting Gym pods."""
-    with EmbeddedRun(_document(elastic), work / name) as run:
-        wait(lambda: _highest_step(run) >= 2, f"{name}: training", bound=600)
-        start, first = time.time(), _highest_step(run)
-        deletions: list[tuple[float, str]] = []
-        recoveries: list[float] = []
-        next_delete = start + every
-        k = 0
-        while time.time() < start + window:
-            if delete and time.time() >= next_delete:
-                n = int(run.status().get("incarnation") or 0)
-                victim = f"bench-i{n}-gym-{k % 2}"
-                if victim in run.serving_members():
-                    at = time.time()
-                    run.delete_pod(victim)
-                    deletions.append((at, victim))
-                    k += 1
-                    if not elastic:  # time the restart inline (the next deletion waits)
-                        resumed = _first_step_after(run, at, n + 1)
-                        if resumed is not None:
-                            recoveries.append(resumed - at)
-                next_delete = max(next_delete + every, time.time() + 1)
+class ReplacementWatch(threading.Thread):
+    """From a deletion on: when the old pod was gone, and when its replacement (same name,
+    a new uid) was first seen and first Running, on this process's clock (polls of the API
+    every 50 ms; the API's own timestamps have whole seconds)."""
+
+    def __init__(self, run: EmbeddedRun, victim: str, old_uid: str, at: float) -> None:
+        super().__init__(daemon=True)
+        self.embedded, self.victim, self.old_uid, self.at = run, victim, old_uid, at
+        self.times: dict[str, float] = {}
+        self.new_uid: str | None = None
+
+    def run(self) -> None:
+        while time.time() - self.at < 60 and "pod_running" not in self.times:
+            try:
+                pod = self.embedded.pods().get(self.victim)
+            except Exception:  # a busy API server: try again
+                time.sleep(0.05)
+                continue
+            now = time.time()
+            uid = str(pod.metadata.uid) if pod is not None else None
+            if uid != self.old_uid:
+                self.times.setdefault("old_pod_gone", now)
+            if pod is not None and uid != self.old_uid:
+                self.new_uid = uid
+                self.times.setdefault("new_pod_created", now)
+                if pod.status.phase == "Running" and pod.status.pod_ip:
+                    self.times["pod_running"] = now
             time.sleep(0.05)
-        steps = _highest_step(run) - first
-        elapsed = time.time() - start
-        status = run.status()
-        result: dict[str, Any] = {
-            "window_s": round(elapsed, 1),
-            "steps": steps,
-            "steps_per_min": round(steps / elapsed * 60, 2),
-            "deletions": len(deletions),
-            "incarnations": int(status.get("incarnation") or 0),
-        }
-        if delete and elastic:
-            readmitted = _log_times(run, READMITTED)
-            doing_work = [
-                next(t for t in readmitted if t >= at) - at
-                for at, _ in deletions
-                if any(t >= at for t in readmitted)
-            ]
-            result["loss_to_readmitted_s"] = _stats(doing_work)
-            replaced = member_replacements(status).get("gym", {})
-            result["loss_to_ready_s (operator)"] = _stats(replaced.get("recent_s") or [])
-            result["replacements"] = replaced.get("count", 0)
-        if delete and not elastic:
-            result["loss_to_training_again_s"] = _stats(recoveries)
-        return result
+
+
+def _log_stamps(paths: list[Path], marker: str) -> list[float]:
+    times = []
+    for log in paths:
+        for line in log.read_text(errors="replace").splitlines():
+            if marker in line:
+                try:
+                    stamp = dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                except ValueError:
+                    continue
+                times.append(stamp.timestamp())
+    return sorted(times)
+
+
+def breakdown(run: EmbeddedRun, watch: ReplacementWatch) -> dict[str, float] | None:
+    """Seconds of each stage of one replacement (:data:`STAGES`), or None if it is not
+    complete (the arm ended first)."""
+    if watch.new_uid is None:
+        return None
+    pod_dir = f"{watch.victim}-{watch.new_uid[:8]}"
+    gym_logs = sorted((run.work_dir / "cluster").glob(f"pods/*/{pod_dir}/logs/*.log"))
+    trainer_logs = sorted((run.work_dir / "cluster").glob("pods/*/*-trainer-*/logs/trainer.log"))
+    times = dict(watch.times)
+    after = watch.at
+    for key, paths, marker in (
+        ("gym_listening", gym_logs, GYM_LISTENING),
+        ("trainer_readdressed", trainer_logs, READDRESSED),
+        ("trainer_readmitted", trainer_logs, READMITTED),
+        ("first_run", gym_logs, GYM_FIRST_RUN),
+    ):
+        found = [t for t in _log_stamps(paths, marker) if t >= after - 0.5]
+        if found:
+            times[key] = found[0]
+    if any(key not in times for key, _ in STAGES[:-1]):
+        return None
+    stages: dict[str, float] = {}
+    previous = watch.at
+    for key, _ in STAGES:
+        if key in times:
+            stages[key] = round(times[key] - previous, 3)
+            previous = times[key]
+    stages["total"] = round(previous - watch.at, 3)  # first /run (a runtime that logs it)
+    if "trainer_readdressed" in times:
+        stages["trainer_readdressed_after_s"] = round(times["trainer_readdressed"] - watch.at, 3)
+    return stages
+
+
+def _breakdown_stats(samples: list[dict[str, float]]) -> dict[str, Any]:
+    """Per stage: p50 and max over the replacements (and the total)."""
+    keys = [key for key, _ in STAGES] + ["total", "trainer_readdressed_after_s"]
+    return {key: _stats([sample[key] for sample in samples if key in sample]) for key in keys}
+
+
+@dataclasses.dataclass
+class Arm:
+    """What one arm runs: its name, elastic or not, whether Gyms are deleted, the seed
+    (the run's, and the first Gym deleted) and the runtime tree its pods import (None:
+    this process's ``PYTHONPATH``)."""
+
+    name: str
+    elastic: bool
+    delete: bool
+    seed: int = 0
+    runtime: Path | None = None
+
+
+def _pods_pythonpath(runtime: Path | None) -> dict[str, str]:
+    """The environment the kubelet hands the pods (it reads ``PYTHONPATH`` at each start)."""
+    if runtime is None:
+        return {}
+    inherited = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join([str(runtime), *([inherited] if inherited else [])])}
+
+
+def arm(spec: Arm, work: Path, *, window: float, every: float) -> dict[str, Any]:
+    """One arm: start, wait for training, run ``window`` seconds deleting Gym pods."""
+    saved = os.environ.get("PYTHONPATH")
+    os.environ.update(_pods_pythonpath(spec.runtime))
+    try:
+        with EmbeddedRun(_document(spec.elastic, spec.seed), work / spec.name) as run:
+            wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
+            return _window(run, spec, window, every)
+    finally:
+        os.environ.pop("PYTHONPATH", None)
+        if saved is not None:
+            os.environ["PYTHONPATH"] = saved
+
+
+def _window(run: EmbeddedRun, spec: Arm, window: float, every: float) -> dict[str, Any]:
+    start, first = time.time(), _highest_step(run)
+    deletions: list[tuple[float, str]] = []
+    recoveries: list[float] = []
+    watches: list[ReplacementWatch] = []
+    next_delete = start + every
+    k = spec.seed
+    while time.time() < start + window:
+        if spec.delete and time.time() >= next_delete:
+            n = int(run.status().get("incarnation") or 0)
+            victim = f"bench-i{n}-gym-{k % 2}"
+            serving = run.serving_member_uids()
+            if victim in serving:
+                at = time.time()
+                run.delete_pod(victim)
+                deletions.append((at, victim))
+                if spec.elastic:
+                    watches.append(ReplacementWatch(run, victim, serving[victim], at))
+                    watches[-1].start()
+                k += 1
+                if not spec.elastic:  # time the restart inline (the next deletion waits)
+                    resumed = _first_step_after(run, at, n + 1)
+                    if resumed is not None:
+                        recoveries.append(resumed - at)
+            next_delete = max(next_delete + every, time.time() + 1)
+        time.sleep(0.05)
+    steps = _highest_step(run) - first
+    elapsed = time.time() - start
+    status = run.status()
+    result: dict[str, Any] = {
+        "seed": spec.seed,
+        "window_s": round(elapsed, 1),
+        "steps": steps,
+        "steps_per_min": round(steps / elapsed * 60, 2),
+        "deletions": len(deletions),
+        "incarnations": int(status.get("incarnation") or 0),
+    }
+    if spec.delete and spec.elastic:
+        result.update(_replacements(run, status, deletions, watches))
+    if spec.delete and not spec.elastic:
+        result["loss_to_training_again_s"] = _stats(recoveries)
+    return result
+
+
+def _replacements(
+    run: EmbeddedRun,
+    status: dict[str, Any],
+    deletions: list[tuple[float, str]],
+    watches: list[ReplacementWatch],
+) -> dict[str, Any]:
+    readmitted = _log_times(run, READMITTED)
+    doing_work = [
+        next(t for t in readmitted if t >= at) - at
+        for at, _ in deletions
+        if any(t >= at for t in readmitted)
+    ]
+    replaced = member_replacements(status).get("gym", {})
+    for watch in watches:
+        watch.join(timeout=5)
+    stages = [b for b in (breakdown(run, w) for w in watches) if b is not None]
+    with_first_run = [b["total"] for b in stages if "first_run" in b]
+    return {
+        "loss_to_readmitted_s": _stats(doing_work),
+        "loss_to_first_run_s": _stats(with_first_run),
+        "loss_to_ready_s (operator)": _stats(replaced.get("recent_s") or []),
+        "replacements": replaced.get("count", 0),
+        "breakdown_s": _breakdown_stats(stages),
+    }
 
 
 def _stats(samples: list[float]) -> dict[str, Any]:
@@ -146,32 +310,96 @@ def _stats(samples: list[float]) -> dict[str, Any]:
     }
 
 
+def runtime_at(ref: str, into: Path) -> Path:
+    """A copy of ``runtime/`` at git ``ref`` (byte-compiled, as the installed tree is)."""
+    archive = subprocess.run(
+        ["git", "archive", ref, "runtime"], check=True, capture_output=True
+    ).stdout
+    into.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(into / "runtime")], check=True)
+    return into / "runtime"
+
+
+def over_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean, spread and worst seed of the elastic/undisturbed ratio and of the replacement
+    time (loss -> first /run, each seed's max), with the goals checked on the worst seed."""
+    ratios = [s["elastic_vs_undisturbed"] for s in per_seed]
+    recovery = [s["elastic"]["loss_to_first_run_s"].get("max") for s in per_seed]
+    worst_rate = min(range(len(per_seed)), key=lambda i: ratios[i])
+    times = [t for t in recovery if t is not None]
+    worst_time = max(range(len(per_seed)), key=lambda i: recovery[i] or 0.0)
+    return {
+        "elastic_vs_undisturbed": _spread(ratios),
+        "loss_to_first_run_max_s": _spread(times),
+        "worst_seed_rate": per_seed[worst_rate]["seed"],
+        "worst_seed_replacement": per_seed[worst_time]["seed"],
+        "goals_on_worst_seed": {
+            "rate >= 0.90 of undisturbed": ratios[worst_rate] >= 0.9,
+            "loss -> first work <= 5 s (max)": bool(times) and max(times) <= 5.0,
+        },
+    }
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0}
+    return {
+        "n": len(values),
+        "mean": round(statistics.fmean(values), 3),
+        "stdev": round(statistics.stdev(values), 3) if len(values) > 1 else 0.0,
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+    }
+
+
+def _seed(seed: int, work: Path, args: argparse.Namespace, before: Path | None) -> dict[str, Any]:
+    window, every = args.window, args.every
+    arms = {
+        "undisturbed": arm(Arm(f"undisturbed-{seed}", True, False, seed), work, window=window,
+                           every=every),
+        "elastic": arm(Arm(f"elastic-{seed}", True, True, seed), work, window=window,
+                       every=every),
+    }  # fmt: skip
+    if before is not None:
+        spec = Arm(f"elastic-before-{seed}", True, True, seed, before)
+        arms["elastic_before"] = arm(spec, work, window=window, every=every)
+    if seed == 0 and not args.quick:
+        arms["ending"] = arm(
+            Arm(f"ending-{seed}", False, True, seed), work, window=window, every=every
+        )
+    base = arms["undisturbed"]["steps_per_min"] or 1.0
+    result: dict[str, Any] = {"seed": seed, **arms}
+    for name in arms:
+        if name != "undisturbed":
+            result[f"{name}_vs_undisturbed"] = round(arms[name]["steps_per_min"] / base, 3)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--window", type=float, default=90.0, help="seconds trained per arm")
     parser.add_argument("--every", type=float, default=15.0, help="seconds between deletions")
-    parser.add_argument("--quick", action="store_true", help="a 45 s window")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds (runs of every arm)")
+    parser.add_argument("--quick", action="store_true", help="a 40 s window, no ending arm")
+    parser.add_argument("--before", default=None, help="git ref: an elastic arm on its runtime")
     args = parser.parse_args()
-    window = 45.0 if args.quick else args.window
+    if args.quick:
+        args.window = 40.0
     Path(".rolloutrun").mkdir(exist_ok=True)  # pods see the work dir (not a private /tmp)
     with tempfile.TemporaryDirectory(prefix="bench-elastic-", dir=".rolloutrun") as tmp:
         work = Path(tmp).resolve()
-        arms = {
-            "undisturbed": arm("undisturbed", work, elastic=True, delete=False, window=window,
-                               every=args.every),
-            "elastic": arm("elastic", work, elastic=True, delete=True, window=window,
-                           every=args.every),
-            "ending": arm("ending", work, elastic=False, delete=True, window=window,
-                          every=args.every),
-        }  # fmt: skip
-    base = arms["undisturbed"]["steps_per_min"] or 1.0
+        before = runtime_at(args.before, work / "before") if args.before else None
+        per_seed = [_seed(seed, work, args, before) for seed in range(args.seeds)]
     print(
         json.dumps(
             {
                 "every_s": args.every,
-                "arms": arms,
-                "elastic_vs_undisturbed": round(arms["elastic"]["steps_per_min"] / base, 3),
-                "ending_vs_undisturbed": round(arms["ending"]["steps_per_min"] / base, 3),
+                "window_s": args.window,
+                "before": args.before,
+                "stages": dict(STAGES),
+                "seeds": per_seed,
+                "over_seeds": over_seeds(per_seed),
                 "note": "arms run back to back in one process on a possibly shared machine",
             },
             indent=1,

@@ -47,7 +47,9 @@ from rolloutrun_runtime.contract.wire import (
     GYM_POLICY_ROUTE,
     GYM_RUN_ROUTE,
     HEALTHZ_ROUTE,
+    MEMBER_RESUME_CAPABILITY,
     POLICY_NOT_ANNOUNCED,
+    RESUME_REFUSED,
     PolicyAnnouncement,
     RunRequest,
 )
@@ -64,6 +66,11 @@ class GymError(RuntimeError):
 
 class GymCallError(GymError):
     """A Gym ``/run`` call failed or returned something unusable (the attempt fails)."""
+
+
+class GymResumeRefusedError(GymCallError):
+    """The Gym would not continue an episode from the record a ``/run`` carried (stale: a
+    side effect past it, or a later attempt there): restart the sibling from turn 0."""
 
 
 class GymUnavailableError(GymError):
@@ -92,7 +99,7 @@ BACKOFF_MAX_S = 5.0
 #: episode running past ``rolloutTimeoutSeconds``).
 CONNECT_TIMEOUT_S = 10.0
 #: How often a lost replica's ``/healthz`` is tried (re-admission), and its timeout.
-READMIT_PERIOD_S = 0.25
+READMIT_PERIOD_S = 0.1
 PROBE_TIMEOUT_S = 2.0
 
 
@@ -129,13 +136,25 @@ def is_unreachable_status(status: int, body: bytes) -> bool:
 
 def is_not_announced(status: int, body: bytes) -> bool:
     """Whether a ``/run`` was refused because its ``policy_url`` was not announced."""
-    if status != 403:
-        return False
+    return status == 403 and _error_type(body) == POLICY_NOT_ANNOUNCED
+
+
+def is_resume_refused(status: int, body: bytes) -> bool:
+    """Whether a ``/run`` was refused because its ``resume`` record is stale."""
+    return status == 409 and _error_type(body) == RESUME_REFUSED
+
+
+def _capabilities(health: Any) -> frozenset[str]:
+    """The capabilities a ``/healthz`` answer names (none when it names none)."""
+    named = health.get("capabilities") if isinstance(health, dict) else None
+    return frozenset(str(c) for c in named) if isinstance(named, list) else frozenset()
+
+
+def _error_type(body: bytes) -> str | None:
     try:
-        document = json.loads(body)
-        return bool(document["error"]["type"] == POLICY_NOT_ANNOUNCED)
+        return str(json.loads(body)["error"]["type"])
     except (ValueError, KeyError, TypeError):
-        return False
+        return None
 
 
 def backoff_delay(tries: int, unit: float) -> float:
@@ -207,6 +226,8 @@ class GymReplica:
     """Its member generation (the operator's replacement count of this index)."""
     replaced: asyncio.Event | None = None
     """Set when this generation was replaced: its calls in flight end as unreachable."""
+    capabilities: frozenset[str] = frozenset()
+    """What its ``/healthz`` named (:data:`MEMBER_RESUME_CAPABILITY`: it takes a record)."""
 
 
 def pick_replica(replicas: list[GymReplica], turn: int, down: Callable[[str], bool]) -> int:
@@ -277,10 +298,12 @@ def run_request_body(
     policy_url: str,
     sampling: Mapping[str, Any],
     prompt: Mapping[str, Any] | None = None,
+    resume: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /run`` (a :class:`RunRequest`; only the fields given are sent).
 
-    ``prompt`` is the prompt set's row (``task.dataset``), sent only when given.
+    ``prompt`` is the prompt set's row (``task.dataset``), sent only when given; ``resume``
+    an earlier attempt's episode record to continue from (elastic members).
     A body the Gym would refuse fails here as the same failed sample (``GymCallError``).
     """
     body: dict[str, Any] = {
@@ -291,6 +314,8 @@ def run_request_body(
     }
     if prompt is not None:
         body["prompt"] = dict(prompt)
+    if resume is not None:
+        body["resume"] = dict(resume)
     try:
         request = RunRequest.model_validate(body)
     except ValidationError as error:
@@ -360,6 +385,7 @@ class GymClient:
                 ) from error
             if isinstance(body, dict) and body.get("instance_id"):
                 replica.instance_id = str(body["instance_id"])
+            replica.capabilities = _capabilities(body)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -438,11 +464,18 @@ class GymClient:
                 body = await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return False
-        return (
+        healthy = (
             response.status == 200
             and isinstance(body, dict)
             and str(body.get("instance_id") or replica.instance_id) == replica.instance_id
         )
+        if healthy:  # a replacement may run another image
+            replica.capabilities = _capabilities(body)
+        return healthy
+
+    def resumes(self) -> bool:
+        """Whether some replica takes a ``/run``'s resume record (elastic members)."""
+        return any(MEMBER_RESUME_CAPABILITY in r.capabilities for r in self.replicas)
 
     async def watch_members(
         self,
@@ -472,12 +505,16 @@ class GymClient:
         prompt_id: int,
         policy_url: str,
         sampling: Mapping[str, Any],
+        resume: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """``POST /run`` and convert the result into a training row (``GymCallError`` if not)."""
+        """``POST /run`` and convert the result into a training row (``GymCallError`` if not;
+        ``GymResumeRefusedError`` when the replica refused to continue from ``resume``)."""
         if self._session is None:
             raise GymUnavailableError("the Gym client is not open")
+        if resume is not None and MEMBER_RESUME_CAPABILITY not in replica.capabilities:
+            raise GymResumeRefusedError(f"{replica.url} does not take a resume record")
         prompt = None if self.prompt_payload is None else self.prompt_payload(prompt_id)
-        body = run_request_body(episode, prompt_id, policy_url, sampling, prompt)
+        body = run_request_body(episode, prompt_id, policy_url, sampling, prompt, resume)
         await self._announce(replica, policy_url)
         status, raw = await self._post(replica, GYM_RUN_ROUTE, body)
         if is_not_announced(status, raw):  # a restarted replica forgot the announcement
@@ -488,6 +525,8 @@ class GymClient:
             if is_unreachable_status(status, raw):
                 raise GymUnreachableError(replica.url, f"answered {status}: {raw[:300]!r}")
             self.outages.answered(replica.url)
+            if resume is not None and is_resume_refused(status, raw):
+                raise GymResumeRefusedError(f"{replica.url}/run: {raw[:300]!r}")
             if status >= 400:
                 raise GymCallError(f"{replica.url}/run answered {status}: {raw[:300]!r}")
             try:

@@ -47,6 +47,10 @@ GYM_POLICY_ROUTE = "/policy"
 #: The ``error.type`` of a ``/run`` whose ``policy_url`` was not announced (the client
 #: announces again and retries once: a restarted Gym forgot the announcement).
 POLICY_NOT_ANNOUNCED = "policy_not_announced"
+#: The ``error.type`` of a ``/run`` whose ``resume`` record the Gym will not continue (it is
+#: stale: its rollout applied side effects past it, or this replica ran a later attempt);
+#: the trainer restarts the sibling from turn 0 under a new rollout id.
+RESUME_REFUSED = "resume_refused"
 #: The ``error.type`` of a data-plane call without the run's bearer token.
 UNAUTHORIZED = "unauthorized"
 CONTROL_ROUTE_PREFIX = "/ng-control/v1/checkpoint"
@@ -153,6 +157,11 @@ class RunRequest(_Request):
     #: The row of the run's prompt set (``task.dataset``); None with the built-in tasks,
     #: which rebuild their problem from ``prompt_id``.
     prompt: PromptPayload | None = None
+    #: Elastic members: the episode record (``Episode.to_record``) of an earlier attempt of
+    #: this rollout, from the trainer's last published snapshot, when the replica that ran
+    #: it was lost. The Gym continues the episode from that record under this attempt, or
+    #: answers 409 :data:`RESUME_REFUSED` when continuing could repeat a side effect.
+    resume: dict[str, Any] | None = None
 
 
 class PolicyAnnouncement(_Request):
@@ -200,6 +209,10 @@ class EpisodesAnswer(_Answer):
 #: The capability a Gym names in ``GymHealth.capabilities`` when it serves the checkpoint
 #: control plane (:data:`CONTROL_ROUTES`); without it the trainer recovers at sibling level.
 CHECKPOINT_CONTROL_CAPABILITY = "checkpoint_control"
+#: A Gym that continues a ``/run``'s ``resume`` record (or refuses it, 409
+#: :data:`RESUME_REFUSED`): the trainer sends a record only to a replica naming this, since
+#: a server that ignored the field would restart the episode under the same rollout id.
+MEMBER_RESUME_CAPABILITY = "member_resume"
 
 
 class GymHealth(_Answer):
@@ -210,7 +223,8 @@ class GymHealth(_Answer):
     task: str
     live_episodes: int
     episodes_by_phase: dict[str, int]
-    #: Optional features served (:data:`CHECKPOINT_CONTROL_CAPABILITY`); none when absent.
+    #: Optional features served (:data:`CHECKPOINT_CONTROL_CAPABILITY`,
+    #: :data:`MEMBER_RESUME_CAPABILITY`); none when absent.
     capabilities: list[str] = Field(default_factory=list)
 
 

@@ -56,6 +56,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.sidecars import write_controller_sidecars
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions import (
+    EnvironmentPhase,
     FingerprintCache,
     SnapshotError,
     SnapshotOutcome,
@@ -104,19 +105,6 @@ PRE_CUT_YIELD_S = 0.0005
 SERIALIZE_SLICE = 64  # ledger groups serialized per turn of the loop before the cut (~1 ms)
 
 
-@dataclasses.dataclass
-class _EnvironmentPhase:
-    """What step 3 left for the cut: the environment's export and the episodes it was asked
-    for, or why the attempt is discarded."""
-
-    checkpoint_id: str
-    snapshot: EnvironmentSnapshot | None = None
-    requested: list[EnvironmentEpisode] = dataclasses.field(default_factory=list)
-    unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Instances that failed the phase (their episodes restart from turn 0)."""
-    discarded: str | None = None
-
-
 class RolloutSnapshotter:
     """Captures rollout state for both checkpoint kinds and runs snapshot attempts.
 
@@ -163,6 +151,9 @@ class RolloutSnapshotter:
         #: The data plane is written incrementally: only rows new since the last snapshot.
         self._segments = SegmentWriter()
         self._fingerprint = FingerprintCache()
+        #: The newest published snapshot's environment part: the episode records a lost Gym
+        #: replica's turn-level episodes go on from elsewhere (elastic members).
+        self.published_environment: EnvironmentSnapshot | None = None
 
     # ================================================================== capture
     def capture(self, cut: Any, kind: CaptureKind) -> CapturedRolloutState:
@@ -332,7 +323,7 @@ class RolloutSnapshotter:
         self,
         anchor: Anchor,
         progress: TrainingProgress,
-        phase: _EnvironmentPhase,
+        phase: EnvironmentPhase,
         timings: SnapshotTimings,
     ) -> tuple[SnapshotOutcome, dict[str, Any]]:
         # 4. the exclusive cut: re-check, check the export against the cut, capture; 5. leave
@@ -356,10 +347,10 @@ class RolloutSnapshotter:
                 return
             await asyncio.sleep(0)
 
-    async def _environment_phase(self, checkpoint_id: str) -> _EnvironmentPhase:
+    async def _environment_phase(self, checkpoint_id: str) -> EnvironmentPhase:
         """Step 3: retire the attempts the ledger gave up, park the running episodes and
         export their copies; a failed phase discards the attempt (the environment resumes)."""
-        phase = _EnvironmentPhase(checkpoint_id)
+        phase = EnvironmentPhase(checkpoint_id)
         environment, ledger = self._environment, self._parts.ledger
         if not environment.holds_rollout_state:
             return phase
@@ -391,7 +382,7 @@ class RolloutSnapshotter:
     async def _capture_under_cut(
         self,
         progress: TrainingProgress,
-        phase: _EnvironmentPhase,
+        phase: EnvironmentPhase,
         timings: SnapshotTimings,
         detail: dict[str, Any],
     ) -> CapturedRolloutState:
@@ -426,7 +417,7 @@ class RolloutSnapshotter:
         return captured
 
     def _check_export(
-        self, captured: CapturedRolloutState, phase: _EnvironmentPhase, detail: dict[str, Any]
+        self, captured: CapturedRolloutState, phase: EnvironmentPhase, detail: dict[str, Any]
     ) -> None:
         """Under the cut: keep the export's records that the cut still expects.
 
@@ -478,6 +469,8 @@ class RolloutSnapshotter:
             "published_at": time.time(),
         }
         self.published.append(published)
+        if captured.environment_snapshot is not None:
+            self.published_environment = captured.environment_snapshot
         outcome = (
             SnapshotOutcome.PUBLISHED_PARTIAL_ENV if unavailable else SnapshotOutcome.PUBLISHED
         )

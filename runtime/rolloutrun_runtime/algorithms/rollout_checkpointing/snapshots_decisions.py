@@ -25,7 +25,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     CapturedRolloutState,
     TrainingProgress,
 )
-from rolloutrun_runtime.environments.checkpointing import EnvironmentEpisode
+from rolloutrun_runtime.environments.checkpointing import EnvironmentEpisode, EnvironmentSnapshot
 from rolloutrun_runtime.experience.rollout_recovery import (
     AttemptStatus,
     LedgerSidecar,
@@ -231,3 +231,16 @@ def lost_episodes(
         for e in without_record
         if e.instance_id in unavailable
     }
+
+
+@dataclasses.dataclass
+class EnvironmentPhase:
+    """What step 3 left for the cut: the environment's export and the episodes it was asked
+    for, or why the attempt is discarded."""
+
+    checkpoint_id: str
+    snapshot: EnvironmentSnapshot | None = None
+    requested: list[EnvironmentEpisode] = dataclasses.field(default_factory=list)
+    unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Instances that failed the phase (their episodes restart from turn 0)."""
+    discarded: str | None = None

@@ -285,7 +285,9 @@ def _stop_report(
         cut_time=cut_time,
         abandoned_attempts=len(abandoned),
         thrown_away_s=thrown,
-        restored_attempts=sum(1 for e in after if e["event"] == "attempt_restored"),
+        restored_attempts=sum(
+            1 for e in after if e["event"] == "attempt_restored" and e.get("level") != "member"
+        ),
         lost_progress_s=lost,
         in_flight_at_stop=len(set(last_dispatch) - ended),
         since_cut_s=None if cut_time is None else before[-1]["t"] - float(cut_time),

@@ -62,7 +62,7 @@ from rolloutrun_runtime.algorithms.trainer_checkpoint import TrainerCapture, Tra
 from rolloutrun_runtime.contract.pod import MemberEndpoint
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
-from rolloutrun_runtime.environments.checkpointing import EnvironmentCheckpoint
+from rolloutrun_runtime.environments.checkpointing import EnvironmentCheckpoint, EnvironmentEpisode
 from rolloutrun_runtime.experience.rollout_recovery import LiveCut, RecoveryLedger
 from rolloutrun_runtime.metrics import STARTUP, OverheadClock
 from rolloutrun_runtime.workers import PolicyWorkers
@@ -139,6 +139,13 @@ class SingleController:
         )
         self._assemble(checkpointer, pad_id)
 
+    def _published_turn_record(self, rollout_id: str, attempt: int) -> Mapping[str, Any] | None:
+        """The newest published snapshot's record of an episode (elastic members)."""
+        published = self.rollout_snapshots.published_environment
+        if published is None:
+            return None
+        return published.record_of(EnvironmentEpisode(rollout_id, attempt, ""))
+
     def _assemble(self, checkpointer: TrainerCheckpointer | None, pad_id: int) -> None:
         """Build the parts over the one run state (each gets only what it uses)."""
         state, trace, overhead = self.state, self.trace, self.overhead
@@ -154,6 +161,7 @@ class SingleController:
                 if every_rollouts > 0
                 else None
             ),
+            turn_records=self._published_turn_record,
         )
         self.checkpoints = TrainerCheckpoints(
             state,

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ from rolloutrun_runtime.algorithms.gym_client import (
     GymClient,
     GymOutageError,
     GymReplica,
+    GymResumeRefusedError,
     GymUnavailableError,
     rollout_seed,
 )
@@ -80,6 +82,13 @@ class GroupRun:
     staged: dict[int, str] = field(default_factory=dict)
     slot: int | None = None
     """Deterministic mode: the step slot the group fills (None: decided as asynchronous)."""
+    resume: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+    """Elastic members: by sibling, the episode record its next ``/run`` continues from."""
+
+
+#: Elastic members: the episode record of (rollout id, environment attempt) in the newest
+#: published snapshot, or None.
+TurnRecords = Callable[[str, int], Mapping[str, Any] | None]
 
 
 @contextlib.asynccontextmanager
@@ -99,8 +108,11 @@ class RolloutPump:
         trace: TraceWriter,
         overhead: OverheadClock,
         on_dispatched: Callable[[], None] | None = None,
+        turn_records: TurnRecords | None = None,
     ) -> None:
         self.state = state
+        #: Where a lost Gym's turn-level episodes find their last published records.
+        self.turn_records = turn_records
         #: Told of each attempt dispatched under the ledger (the snapshot cadence by rollouts).
         self.on_dispatched = on_dispatched
         self.cfg = state.cfg
@@ -260,6 +272,9 @@ class RolloutPump:
                     replica = self.gym.pick(None)
             try:
                 row = await self._call_gym(replica, run, index, attempt.episode)
+            except GymResumeRefusedError as error:
+                local_attempt = await self._restart_refused(run, index, attempt, error)
+                continue
             except GymUnavailableError as error:
                 unreachable_tries += 1
                 local_attempt = await self._unreachable(
@@ -274,6 +289,7 @@ class RolloutPump:
                     run, index, attempt, error, failures, local_attempt
                 )
                 continue
+            run.resume.pop(index, None)
             await self._seal(run, index, attempt, row)
             return
 
@@ -288,11 +304,13 @@ class RolloutPump:
         local_attempt: RolloutAttempt | None,
     ) -> RolloutAttempt | None:
         """Infrastructure, not a sample: no attempt of maxAttempts is spent; the sibling
-        stays pending under a new attempt (GymOutageError past the budget). A new attempt,
-        because the lost replica may have started the old one (a turn-level episode thus
-        restarts from turn 0 under a new rollout id: its side effects are never replayed).
-        Redispatched at once to a surviving replica, else after a backoff. Returns the next
-        local attempt (without a ledger)."""
+        stays pending (GymOutageError past the budget). A turn-level episode with a record
+        in the newest published snapshot goes on from it (same rollout id, ``gym_attempt +
+        1``; the ``/run`` carries the record; :meth:`_member_resume`); any other gets a new
+        attempt, because the lost replica may have started the old one (a new rollout id
+        restarts from turn 0: its side effects are never replayed). Redispatched at once to
+        a surviving replica, else after a backoff. Returns the next local attempt (without
+        a ledger)."""
         sibling_id = sibling_id_for(run.group_id, index)
         spent = self.gym.outages.unreachable(replica.url, error)
         delay = self.gym.backoff(tries) if self.gym.all_down() else 0.0
@@ -306,16 +324,55 @@ class RolloutPump:
         )
         async with self._dispatch_reservation("rollout_failures") as cut:
             ledger = self.state.ledger
-            if ledger is not None:
+            if ledger is None:
+                local_attempt = new_attempt(sibling_id)
+            elif not self._member_resume(cut, run, index, attempt):
+                run.resume.pop(index, None)
                 ledger.abandon(cut, sibling_id, attempt.attempt_uuid, str(error))
                 self._trace_attempt(
                     "attempt_abandoned", run, index, attempt.attempt_uuid, reason="gym_unreachable"
                 )
                 ledger.retry(cut, sibling_id)
-            else:
-                local_attempt = new_attempt(sibling_id)
         await asyncio.sleep(delay)
         return local_attempt
+
+    def _member_resume(
+        self, cut: LiveCut, run: GroupRun, index: int, attempt: RolloutAttempt
+    ) -> bool:
+        """Under the cut: continue a lost replica's turn-level episode from its newest record
+        (the newest published snapshot's copy of this attempt, else the record this attempt
+        itself continued from). False where there is none: a restart from turn 0."""
+        ledger = self.state.ledger
+        assert ledger is not None
+        lookup = self.turn_records if self.gym.resumes() else None
+        record = lookup(attempt.rollout_id, attempt.gym_attempt) if lookup is not None else None
+        record = record if record is not None else run.resume.get(index)
+        if record is None or len(json.dumps(record)) > self.cfg.gym.request_max_bytes // 2:
+            return False  # none, or too big to ride in a /run under gym.requestMaxBytes
+        sibling_id = sibling_id_for(run.group_id, index)
+        if not ledger.resume_elsewhere(cut, sibling_id, attempt.attempt_uuid):
+            return False
+        run.resume[index] = record
+        self._trace_attempt("attempt_restored", run, index, attempt.attempt_uuid, level="member")
+        return True
+
+    async def _restart_refused(
+        self, run: GroupRun, index: int, attempt: RolloutAttempt, error: GymResumeRefusedError
+    ) -> RolloutAttempt | None:
+        """The Gym would not continue the record (stale: a side effect past it): the sibling
+        restarts from turn 0 under a new rollout id, not counted as a failed sample."""
+        logger.warning("rollout %s restarts from turn 0: %s", attempt.rollout_id, error)
+        run.resume.pop(index, None)
+        sibling_id = sibling_id_for(run.group_id, index)
+        async with self._dispatch_reservation("rollout_failures") as cut:
+            ledger = self.state.ledger
+            assert ledger is not None  # only a ledger's attempt carries a record
+            ledger.abandon(cut, sibling_id, attempt.attempt_uuid, str(error))
+            self._trace_attempt(
+                "attempt_abandoned", run, index, attempt.attempt_uuid, reason="resume_refused"
+            )
+            ledger.retry(cut, sibling_id)
+        return None
 
     async def _attempt_failed(
         self,
@@ -396,7 +453,12 @@ class RolloutPump:
             "weight_version": run.target_step - 1 if deterministic else None,
         }
         row = await self.gym.run_episode(
-            replica, episode, run.prompt.prompt_id, self._policy_url(), sampling
+            replica,
+            episode,
+            run.prompt.prompt_id,
+            self._policy_url(),
+            sampling,
+            resume=run.resume.get(index),
         )
         self.state.generated_tokens += row["model_tokens"]
         return row

@@ -116,6 +116,11 @@ class EnvironmentSnapshot(Protocol):
         """Requested episodes the environment said it has no copy of (they restart at turn 0)."""
         ...
 
+    def record_of(self, episode: EnvironmentEpisode) -> Mapping[str, Any] | None:
+        """The record this snapshot holds of ``episode`` (rollout id and attempt), or None:
+        what a member replacement continues the episode from (elastic members)."""
+        ...
+
 
 @runtime_checkable
 class EnvironmentCheckpoint(Protocol):
@@ -205,6 +210,9 @@ class EmptyEnvironmentSnapshot:
 
     def not_copied(self) -> list[EnvironmentEpisode]:
         return []
+
+    def record_of(self, episode: EnvironmentEpisode) -> Mapping[str, Any] | None:
+        return None
 
 
 class NoEnvironmentCheckpoint:

@@ -119,6 +119,17 @@ class GymSnapshot:
             for record in records
         )
 
+    def record_of(self, episode: EnvironmentEpisode) -> Mapping[str, Any] | None:
+        for records in self.records.values():
+            for record in records:
+                ident = record.get("episode_id") or {}
+                if (ident.get("rollout_id"), ident.get("attempt")) == (
+                    episode.rollout_id,
+                    episode.attempt,
+                ):
+                    return record
+        return None
+
     def restricted_to(self, episodes: Collection[EnvironmentEpisode]) -> GymSnapshot:
         keep = set(episodes)
         return GymSnapshot(

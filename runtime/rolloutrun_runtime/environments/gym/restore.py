@@ -106,6 +106,27 @@ def choose_restore_source(
     return snapshot.to_record(), ""
 
 
+def member_resume_source(
+    record: Episode,
+    attempt: int,
+    in_memory: Episode | None,
+    applied_revision: int,
+) -> tuple[dict[str, Any] | None, str]:
+    """Elastic members: which record a ``/run`` that carries ``record`` (the lost replica's
+    last published copy) continues from under ``attempt``, or ``(None, reason)``.
+
+    Only a later attempt of the same rollout may continue a record (an attempt number is
+    never reused for a relaunch from an earlier turn); then the restore rules hold as for a
+    trainer's restore (:func:`choose_restore_source`): never past a side effect applied
+    after the record was copied.
+    """
+    if attempt <= record.episode_id.attempt:
+        return None, (
+            f"attempt {attempt} does not follow the record's attempt {record.episode_id.attempt}"
+        )
+    return choose_restore_source(record, in_memory, applied_revision, successor_exists=False)
+
+
 def install_successor(
     episodes: MutableMapping[EpisodeId, Episode],
     retired: dict[str, int],

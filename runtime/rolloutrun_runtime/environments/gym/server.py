@@ -39,7 +39,9 @@ from rolloutrun_runtime.contract.wire import (
     GYM_RUN_ROUTE,
     HEALTHZ_ROUTE,
     MAX_ANNOUNCED_POLICIES,
+    MEMBER_RESUME_CAPABILITY,
     POLICY_NOT_ANNOUNCED,
+    RESUME_REFUSED,
     EpisodesAnswer,
     GymHealth,
     PolicyAnnounced,
@@ -64,9 +66,11 @@ from rolloutrun_runtime.environments.gym.episode import (
     LIVE_PHASES,
     Episode,
     EpisodeId,
+    EpisodeRecordError,
     Phase,
     Sampling,
 )
+from rolloutrun_runtime.environments.gym.restore import member_resume_source
 from rolloutrun_runtime.experience.rollout_recovery import valid_rollout_id
 from rolloutrun_runtime.policy.http import authenticated, data_plane_token, json_error
 from rolloutrun_runtime.policy.tokenizer import policy_tokenizer
@@ -142,6 +146,8 @@ class GymServer:
         self.latest_attempt: dict[str, int] = {}
         #: Set by the checkpoint control plane: the restored episode a ``/run`` continues.
         self.continue_restored: Callable[[EpisodeId], Episode | None] | None = None
+        #: Whether a ``/run`` came yet (its first is logged: a replacement's first work).
+        self.served = False
         #: Generation addresses the trainer announced (``POST /policy``), newest last.
         self.announced_policies: OrderedDict[str, None] = OrderedDict()
         self.app = web.Application(client_max_size=run_cfg.gym.request_max_bytes)
@@ -188,7 +194,10 @@ class GymServer:
             live_episodes=live,
             episodes_by_phase=counts,
             # The control plane installs continue_restored (gym_main) when it serves.
-            capabilities=[CHECKPOINT_CONTROL_CAPABILITY] if self.continue_restored else [],
+            capabilities=[
+                *([CHECKPOINT_CONTROL_CAPABILITY] if self.continue_restored else []),
+                MEMBER_RESUME_CAPABILITY,  # a /run's resume record: _resume
+            ],
         )
         return web.json_response(health.model_dump(mode="json"))
 
@@ -300,6 +309,9 @@ class GymServer:
         if isinstance(parsed, web.Response):
             return parsed
         assert self.loop is not None, "server not started"
+        if not self.served:
+            self.served = True
+            logger.info("gym %s: first /run", self.instance_id)
         episode_id = EpisodeId(parsed.episode_id.rollout_id, parsed.episode_id.attempt)
         restored = self.continue_restored(episode_id) if self.continue_restored else None
         if restored is not None:
@@ -309,6 +321,12 @@ class GymServer:
         conflict = self._conflict(episode_id)
         if conflict is not None:
             return conflict
+        if parsed.resume is not None:
+            resumed = await self._resume(parsed.resume, episode_id, parsed.policy_url)
+            if isinstance(resumed, web.Response):
+                return resumed
+            self.install(resumed)
+            return await self._run_episode(resumed)
         sampling = Sampling(
             temperature=(
                 parsed.sampling.temperature
@@ -342,6 +360,42 @@ class GymServer:
                 episode.phase, episode.error = Phase.ABANDONED, CANCELLED_REASON
             raise
         return web.json_response(episode.result(self.instance_id))
+
+    async def _resume(
+        self, record: dict[str, Any], episode_id: EpisodeId, policy_url: str
+    ) -> Episode | web.Response:
+        """Elastic members: the episode ``record`` (another replica's, lost) continued under
+        ``episode_id`` here, or 409 ``resume_refused`` naming why (the trainer restarts the
+        sibling from turn 0). The run's side-effect log is read afresh first, so an effect
+        the lost replica applied after the record refuses it."""
+        try:
+            previous = Episode.from_record(record)
+        except EpisodeRecordError as error:
+            return _error(400, f"resume: {error}")
+        if previous.episode_id.rollout_id != episode_id.rollout_id:
+            return _error(400, "resume: the record is of another rollout")
+        await asyncio.to_thread(self.effects.refresh)
+        source, reason = member_resume_source(
+            previous,
+            episode_id.attempt,
+            self.episodes.get(previous.episode_id),
+            self.effects.applied_revision(episode_id.rollout_id),
+        )
+        if source is None:
+            logger.warning("gym %s: resume of %s refused: %s", self.instance_id, episode_id, reason)
+            return json_error(
+                409, f"resume of {episode_id.row_key} refused: {reason}", RESUME_REFUSED
+            )
+        episode = Episode.from_record(source, attempt=episode_id.attempt)
+        episode.policy_url = policy_url  # the trainer serves generation where it says now
+        logger.info(
+            "gym %s: %s resumed at turn %d (revision %d)",
+            self.instance_id,
+            episode_id.row_key,
+            episode.turn,
+            episode.revision,
+        )
+        return episode
 
     def install(self, episode: Episode) -> None:
         """Hold ``episode`` (a new one, or one restored under a later attempt)."""

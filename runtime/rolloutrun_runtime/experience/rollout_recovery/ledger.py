@@ -47,6 +47,7 @@ from rolloutrun_runtime.experience.rollout_recovery.records import (
     RestoreLevel,
     RolloutAttempt,
     SiblingRecord,
+    resume_attempt_elsewhere,
     sidecar_rest,
 )
 
@@ -314,6 +315,17 @@ class RecoveryLedger:
         self._move(attempt, AttemptStatus.ABANDONED, "abandon")
         attempt.failure = reason
         self._changed(self._siblings[sibling_id][0])
+
+    def resume_elsewhere(self, cut: LiveCut, sibling_id: str, attempt_uuid: str) -> bool:
+        """Its Gym was lost: a dispatched turn-level attempt goes on from its episode record
+        on another replica (:func:`resume_attempt_elsewhere`); False, nothing changed, if not."""
+        cut.require_live()
+        group = self.group_of(sibling_id)
+        _, attempt = self._attempt(sibling_id, attempt_uuid)
+        if not resume_attempt_elsewhere(group, attempt):
+            return False
+        self._changed(group.group_id)
+        return True
 
     def retry(self, cut: LiveCut, sibling_id: str) -> RolloutAttempt:
         """Append a fresh reserved attempt after a failed or abandoned one."""

@@ -267,6 +267,24 @@ class PromptGroupRecord:
         )
 
 
+def resume_attempt_elsewhere(group: PromptGroupRecord, attempt: RolloutAttempt) -> bool:
+    """Elastic members: a dispatched attempt of a generating turn-level group (sibling
+    granularity) whose Gym was lost continues its episode record on another replica: same
+    rollout id, ``gym_attempt + 1`` (never a number reused from an earlier turn), reserved and
+    owned by no replica yet, as a restart's restored attempt is. False, changing nothing,
+    for any other attempt (it restarts from turn 0 under a new rollout id)."""
+    if (group.restore_level, group.granularity, group.status, attempt.status) != (
+        RestoreLevel.TURN,
+        Granularity.SIBLING,
+        GroupStatus.GENERATING,
+        AttemptStatus.DISPATCHED,
+    ):
+        return False
+    attempt.status, attempt.gym_instance_id = AttemptStatus.RESERVED, None
+    attempt.gym_attempt += 1
+    return True
+
+
 def encode_json(value: Any) -> str:
     """The sidecar's deterministic JSON (sorted keys, no spaces), one spelling for the whole
     document and for each group's cached part of it."""

@@ -58,9 +58,9 @@ def perturb_timing(
         if delays is not None:
             await asyncio.sleep(delays.uniform(0.0, most_s))
 
-    async def run_episode(replica, episode, prompt_id, policy_url, sampling):  # type: ignore[no-untyped-def]
+    async def run_episode(replica, episode, prompt_id, policy_url, sampling, **options):  # type: ignore[no-untyped-def]
         await pause(0.04)
-        row = await run_episode_(replica, episode, prompt_id, policy_url, sampling)
+        row = await run_episode_(replica, episode, prompt_id, policy_url, sampling, **options)
         finished.append((prompt_id, int(sampling["seed"])))
         return row
 
