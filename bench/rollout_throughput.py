@@ -11,7 +11,8 @@ machine, so the figure moved between 0.975 and 0.988 from run to run. Here:
 - **the same steps after warm-up**: each run reports per train step (an ``on_step`` hook of
   its own, not ``metrics.jsonl``) its wall clock and CPU time; steps/s and CPU per step are
   counted over the steps after ``warmup`` (interpreter, torch and the first steps' allocator
-  growth excluded), the same number on both sides.
+  growth excluded), the same number on both sides. ``median_step_ratio`` (off over on median
+  step time) is the same comparison less moved by a load spike on a few steps.
 - **CPU time per train step**: the trainer process's CPU time (all its threads: trainer,
   in-process generation, the snapshot writer) and its Gym replica's (the environment phase
   of a snapshot runs there), which other load on the machine inflates much less than the
@@ -112,9 +113,11 @@ def window(samples: list[dict[str, float]], warmup: int) -> dict[str, float]:
     steps = len(samples) - warmup
     wall = last["t"] - start["t"]
     tokens = sum(s["tokens"] for s in samples[warmup:])
+    times = [b["t"] - a["t"] for a, b in zip(samples[warmup - 1 :], samples[warmup:], strict=False)]
     return {
         "steps": steps,
         "steps_per_s": round(steps / wall, 4),
+        "median_step_s": round(statistics.median(times), 4),
         "tokens_per_s": round(tokens / wall, 1),
         "cpu_ms_per_step": round((last["cpu"] - start["cpu"]) * 1000 / steps, 2),
         "cpu_sys_ms_per_step": round((last["cpu_sys"] - start["cpu_sys"]) * 1000 / steps, 2),
@@ -147,6 +150,7 @@ def summarize(repetitions: list[dict[str, Any]]) -> dict[str, Any]:
     out = {
         "ratio": spread(ratios),
         "cpu_ratio": spread(cpu),
+        "median_step_ratio": spread([r["median_step_ratio"] for r in repetitions]),
         "cpu_ms_per_step": {side: spread([_cpu(r[side]) for r in repetitions]) for side in SIDES},
         "snapshot_cpu_ms_per_step": spread([_cpu(r["on"]) - _cpu(r["off"]) for r in repetitions]),
         "goal": f"median ratio >= {GOAL_RATIO}",
@@ -166,6 +170,7 @@ def pair(on: dict[str, float], off: dict[str, float], order: list[str]) -> dict[
         "on": on,
         "off": off,
         "ratio": round(on["steps_per_s"] / off["steps_per_s"], 4),
+        "median_step_ratio": round(off["median_step_s"] / on["median_step_s"], 4),
         "cpu_ratio": round(_cpu(off) / _cpu(on), 4),
     }
 
@@ -213,7 +218,7 @@ def interleaved(
     reps: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
     load = [round(os.getloadavg()[0], 2)]
     for rep in range(repetitions):
-        shift = rep % len(runs)
+        shift = rep // 2 % len(runs)  # on/off, off/on, then the same from the next run
         order = runs[shift:] + runs[:shift]
         if rep % 2:
             order.reverse()

@@ -22,7 +22,7 @@ def _samples(step_s: float, cpu_per_step: float, steps: int, first_s: float = 5.
 def test_the_window_counts_the_same_steps_after_warm_up_and_leaves_start_up_out() -> None:
     got = window(_samples(0.5, 0.2, 24), warmup=4)
     assert got["steps"] == 20
-    assert got["steps_per_s"] == pytest.approx(2.0)
+    assert got["steps_per_s"] == pytest.approx(2.0) and got["median_step_s"] == pytest.approx(0.5)
     assert got["tokens_per_s"] == pytest.approx(200.0)
     assert got["cpu_ms_per_step"] == pytest.approx(200.0)
     assert got["cpu_sys_ms_per_step"] == pytest.approx(20.0)
