@@ -75,6 +75,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     TrainingProgress,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
+from rolloutrun_runtime.algorithms.rollout_checkpointing.writer import SnapshotWriter
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.data_plane import hold_gc
 from rolloutrun_runtime.environments.checkpointing import (
@@ -153,6 +154,9 @@ class RolloutSnapshotter:
         self._dispatched_since = 0
         self.outcomes: list[SnapshotOutcome] = []
         self.published: list[dict[str, Any]] = []
+        #: Periodic attempts write and publish on a low-priority thread (see :mod:`.writer`).
+        self.writer = SnapshotWriter()
+        self._urgent = False
 
     # ================================================================== capture
     def capture(self, cut: Any, kind: CaptureKind) -> CapturedRolloutState:
@@ -272,6 +276,7 @@ class RolloutSnapshotter:
             raise SnapshotError("rollout snapshots need checkpoint storage")
         timings = SnapshotTimings()
         async with self._parts.save_lock:
+            self._urgent = force  # a forced attempt (preemption) writes at full priority
             try:
                 outcome, detail = await self._attempt_locked(force, timings)
             except (asyncio.CancelledError, PublicationFencedError):
@@ -442,12 +447,14 @@ class RolloutSnapshotter:
     ) -> tuple[SnapshotOutcome, dict[str, Any]]:
         """Step 6: write the files off the loop, publish the manifest last, report it."""
         write_started = time.monotonic()
-        files = await asyncio.to_thread(self.write_controller_sidecars, captured)
+        files = await self.writer.run(self.write_controller_sidecars, captured, urgent=self._urgent)
         timings.write_s = time.monotonic() - write_started
         if captured.restart_from_turn_zero:
             detail["env_restart_from_turn_0"] = captured.restarted_from_turn_zero
         publish_started = time.monotonic()
-        candidate = await asyncio.to_thread(self._publish, anchor, captured, files)
+        candidate = await self.writer.run(
+            self._publish, anchor, captured, files, urgent=self._urgent
+        )
         crash_point("after_manifest_write")
         if captured.train_step == 0:
             crash_point("before_first_checkpoint")
