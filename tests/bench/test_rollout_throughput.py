@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.rollout_throughput import pair, spread, summarize, window
+from bench.rollout_throughput import pair, spread, summarize, verdict, window
 
 
 def _samples(step_s: float, cpu_per_step: float, steps: int, first_s: float = 5.0):
@@ -45,5 +45,12 @@ def test_pairs_give_the_throughput_and_cpu_ratios_and_the_summary_their_spread()
     assert summary["ratio"]["median"] == pytest.approx(0.9804, abs=1e-4)  # 0.5 / 0.51
     assert summary["ratio"]["min"] == pytest.approx(0.9091) and summary["ratio"]["max"] == 1.0
     assert summary["snapshot_cpu_ms_per_step"]["median"] == pytest.approx(62.5)
-    assert summary["met"] is False
+    assert summary["ratio"]["q3"] == 1.0
+    assert summary["met"] is None  # the median misses 0.995, the upper quartile does not
     assert spread([1.0])["q1"] == spread([1.0])["q3"] == 1.0
+
+
+def test_a_spread_that_straddles_the_goal_decides_nothing() -> None:
+    assert verdict({"q1": 0.996, "median": 0.999, "q3": 1.002}) is True
+    assert verdict({"q1": 0.98, "median": 1.05, "q3": 1.12}) is None
+    assert verdict({"q1": 0.97, "median": 0.98, "q3": 0.99}) is False
