@@ -10,9 +10,12 @@ baseline from the same run:
   1,000. Like the trainer, the bench freezes its start-up heap out of cyclic GC (the
   buffered groups, made after, are not frozen) and reports the GC passes that ran during
   the attempts (they block the event loop whether or not a cut is held).
-- **throughput**: the tiny config trained to ``maxSteps`` with a snapshot after every step
-  (``snapshotEverySteps: 1``, and every second) against snapshots off; tokens/s over the
-  whole run (``metrics.jsonl``). Goal: >= 98 %.
+- **throughput**: the tiny config with a snapshot after every step (``snapshotEverySteps: 1``,
+  and every second) against snapshots off, in interleaved repetitions (each a fresh process,
+  the order alternating), steps/s and CPU time per train step over the same steps after
+  warm-up; every repetition, the median ratio and its spread (:mod:`bench.rollout_throughput`;
+  ``--throughput-baseline DIR`` runs another checkout's repetitions interleaved with this
+  tree's). Goal: ratio >= 0.995 (met at the lower quartile; null when the spread straddles it).
 - **thrown-away work**: ``rolloutrun chaos`` on the same config at ``savePeriod: 10``,
   snapshots (after every step, every second and every 8 rollouts dispatched) against
   snapshots off (restart from trainer checkpoints only),
@@ -423,39 +426,11 @@ def _config(path: Path, max_steps: int | None = None, **checkpointing: Any) -> P
     return path
 
 
-def _tokens_per_s(log_dir: Path) -> float:
-    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    tokens = sum(r["generated_tokens"] for r in records)
-    seconds = sum(r["step_time_s"] for r in records)
-    return tokens / seconds if seconds else 0.0
+def _throughput(root: Path, repetitions: int, baseline: str | None) -> dict[str, Any]:
+    """Snapshot after every step vs none, interleaved repetitions (bench.rollout_throughput)."""
+    from bench.rollout_throughput import interleaved
 
-
-def _throughput(root: Path, repeats: int) -> dict[str, Any]:
-    """Alternating runs with snapshots on and off; the best tokens/s of each (least noise)."""
-    import subprocess
-
-    results: dict[str, list[float]] = {"snapshots_every_step": [], "snapshots_off": []}
-    for repeat in range(repeats):
-        for name, every in (("snapshots_every_step", 1), ("snapshots_off", 0)):
-            run_dir = root / f"throughput-{name}-{repeat}"
-            config = _config(
-                root / f"{name}.yaml", 20, snapshotIntervalSeconds=every, snapshotEverySteps=every
-            )
-            command = [sys.executable, "-m", "rolloutrun_runtime.cli", "train", str(config)]
-            subprocess.run(
-                [*command, "--log-dir", str(run_dir), "--quiet"],
-                check=True,
-                capture_output=True,
-                timeout=600,
-            )
-            results[name].append(_tokens_per_s(run_dir))
-    on, off = max(results["snapshots_every_step"]), max(results["snapshots_off"])
-    return {
-        "tokens_per_s": {k: [round(v, 1) for v in vs] for k, vs in results.items()},
-        "ratio": round(on / off, 4) if off else None,
-        "goal": ">= 0.98",
-        "met": bool(off and on / off >= 0.98),
-    }
+    return interleaved(TINY, root, baseline=baseline, repetitions=repetitions)
 
 
 def _resume_times(log_dir: Path, launched_at: list[float]) -> dict[str, Any]:
@@ -719,6 +694,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--write-one", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--no-pre-cut-yield", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--throughput-baseline",
+        default=None,
+        help="a checkout whose throughput repetitions run interleaved with this tree's",
+    )
+    parser.add_argument(
+        "--throughput-repetitions",
+        type=int,
+        default=None,
+        help="on/off pairs of the throughput part (default 5; --quick: 2)",
+    )
     args = parser.parse_args(argv)
     if args.seed is not None and args.seeds is not None:
         parser.error("--seed and --seeds are exclusive")
@@ -775,7 +761,8 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(args.keep) if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         if "throughput" in parts:
-            report["throughput"] = _throughput(root, 1 if args.quick else 2)
+            repetitions = args.throughput_repetitions or (2 if args.quick else 5)
+            report["throughput"] = _throughput(root, repetitions, args.throughput_baseline)
         if "startup" in parts and args.startup_baseline:
             report["startup"] = _startup_side_by_side(
                 min(args.kills, 3), args.seeds[0], args.startup_baseline, 1 if args.quick else 2
