@@ -34,7 +34,6 @@ timings (``timing/rollout_checkpoint``), through ``on_record`` (the trainer appe
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
@@ -71,6 +70,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions imp
     should_snapshot_after_rollouts,
     should_snapshot_after_step,
     skip_outcome,
+    snapshot_record,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     CONTROLLER_STATE_SCHEMA,
@@ -558,17 +558,8 @@ class RolloutSnapshotter:
         detail: Mapping[str, Any],
     ) -> None:
         self.outcomes.append(outcome)
-        record: dict[str, Any] = {
-            "kind": "snapshot",
-            "t": time.time(),
-            "reason": reason,
-            "rollout/checkpoint_outcome": outcome.value,
-            **detail,
-        }
+        record = snapshot_record(outcome, reason, timings, detail, time.time())
         if outcome in (SnapshotOutcome.PUBLISHED, SnapshotOutcome.PUBLISHED_PARTIAL_ENV):
-            record["timing/rollout_checkpoint"] = {
-                k: round(v, 6) for k, v in dataclasses.asdict(timings).items()
-            }
             logger.info(
                 "rollout snapshot %s %s (train step %s, anchor %s, cut held %.4fs%s)",
                 detail.get("snapshot_id"),

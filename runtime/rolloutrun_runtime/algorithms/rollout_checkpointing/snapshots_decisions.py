@@ -244,3 +244,26 @@ class EnvironmentPhase:
     unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
     """Instances that failed the phase (their episodes restart from turn 0)."""
     discarded: str | None = None
+
+
+def snapshot_record(
+    outcome: SnapshotOutcome,
+    reason: str,
+    timings: SnapshotTimings,
+    detail: Mapping[str, Any],
+    now: float,
+) -> dict[str, Any]:
+    """The attempt's line in ``snapshots.jsonl``: its outcome and detail, with the timings
+    of a published attempt (``timing/rollout_checkpoint``)."""
+    record: dict[str, Any] = {
+        "kind": "snapshot",
+        "t": now,
+        "reason": reason,
+        "rollout/checkpoint_outcome": outcome.value,
+        **detail,
+    }
+    if outcome in (SnapshotOutcome.PUBLISHED, SnapshotOutcome.PUBLISHED_PARTIAL_ENV):
+        record["timing/rollout_checkpoint"] = {
+            k: round(v, 6) for k, v in dataclasses.asdict(timings).items()
+        }
+    return record
