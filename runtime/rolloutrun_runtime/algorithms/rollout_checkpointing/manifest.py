@@ -17,8 +17,9 @@ config whose fingerprint differs (naming the differing keys). The restorer
 Retention keeps the newest ``keep_latest`` committed snapshots and never deletes the newest
 valid one; a failed delete is logged and retried at the next publication. The data-plane
 segments a snapshot shares with others (:mod:`.data_segments`) are written before its
-manifest and collected only once no committed manifest lists them (and not at all while a
-manifest cannot be read: it might list any).
+manifest and collected only once no committed manifest lists them and they are older than
+the orphan grace (another incarnation's publication may be about to list them), and not at
+all while a manifest cannot be read (it might list any).
 
 This module is the face of both halves: the manifest's names are importable from here.
 """
@@ -28,10 +29,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from rolloutrun_runtime.algorithms.rollout_checkpointing.data_segments import (
+    ORPHAN_GRACE_FLOOR_S,
+    orphan_grace_s,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest_format import (
     BOOTSTRAP_ANCHOR,
     OPERATIONAL_KEYS,
@@ -71,6 +77,9 @@ from rolloutrun_runtime.storage import (
 
 log = logging.getLogger(__name__)
 
+#: Existence checks of reused segments run this many at a time (one request each on GCS).
+EXISTS_PARALLEL = 16
+
 
 class ManifestStore:
     """Publishes, lists, selects and retires the rollout snapshots of one run."""
@@ -82,6 +91,8 @@ class ManifestStore:
         #: Per committed snapshot id, the segments its manifest lists (manifests are
         #: create-only: read once).
         self._segments_of: dict[int, frozenset[str]] = {}
+        #: Unreferenced segments younger than this are kept (set from the config at publish).
+        self.orphan_grace_s = ORPHAN_GRACE_FLOOR_S
 
     # ---------------------------------------------------------------- bootstrap anchor
     def ensure_bootstrap_anchor(self, config: RunConfig) -> None:
@@ -168,6 +179,10 @@ class ManifestStore:
         taken over while it uploaded commits nothing; if it raises, its error propagates
         unchanged. A lost create-only race raises :class:`PublicationFencedError`.
         """
+        settings = config.checkpointing
+        self.orphan_grace_s = orphan_grace_s(
+            settings.snapshot_interval_seconds, settings.preemption_grace_seconds
+        )
         known_ids = self.snapshot_ids()  # listed once: the next id and retention use it
         snapshot_id = (known_ids[-1] + 1) if known_ids else 1
         entry = snapshot_dir(snapshot_id)
@@ -420,12 +435,24 @@ class ManifestStore:
                 log.warning("retention could not delete snapshot %d (will retry): %s", sid, error)
         return deleted
 
-    def collect_segments(self) -> list[str]:
-        """Delete the data-plane segments no committed manifest lists; returns their keys.
+    def missing_segments(self, keys: Collection[str]) -> set[str]:
+        """Which of ``keys`` storage does not hold (existence checks, in parallel)."""
+        keys = list(keys)
+        if len(keys) <= 1:
+            return {key for key in keys if not self.storage.exists(key)}
+        with ThreadPoolExecutor(min(EXISTS_PARALLEL, len(keys))) as pool:
+            found = list(pool.map(self.storage.exists, keys))
+        return {key for key, exists in zip(keys, found, strict=True) if not exists}
 
-        Deletes nothing while a committed manifest cannot be read (it might list any). Call
-        it with no publication of this run in flight (the publisher does, after its own).
+    def collect_segments(self, *, now: float | None = None) -> list[str]:
+        """Delete the data-plane segments no committed manifest lists and older than
+        ``orphan_grace_s`` (by the storage's modification time); returns their keys.
+
+        Deletes nothing while a committed manifest cannot be read (it might list any). A
+        younger orphan may be a publication in flight (this incarnation's or another's that
+        overlaps it until the Lease fences one): it is left for a later pass.
         """
+        cutoff = (time.time() if now is None else now) - self.orphan_grace_s
         referenced: set[str] = set()
         for snapshot_id in self.committed_ids():
             if snapshot_id not in self._segments_of:
@@ -437,16 +464,16 @@ class ManifestStore:
                 self._segments_of[snapshot_id] = frozenset(manifest.segments)
             referenced |= self._segments_of[snapshot_id]
         deleted = []
-        for key in self.storage.list(DATA_SEGMENTS_PREFIX):
+        for key, modified in self.storage.modified_times(DATA_SEGMENTS_PREFIX).items():
             if key in referenced:
                 continue
-            try:
-                self.storage.delete(key)
-            except StorageError as error:
-                log.warning("could not delete data segment %s (will retry): %s", key, error)
-                continue
-            deleted.append(key)
-            crash_point("during_segment_gc")
+            if modified <= cutoff:
+                try:
+                    self.storage.delete(key)
+                    deleted.append(key)
+                except StorageError as error:
+                    log.warning("could not delete data segment %s (will retry): %s", key, error)
+            crash_point("during_segment_gc")  # an orphan deleted, or spared (too young)
         return deleted
 
     def _has_manifest(self, snapshot_id: int) -> bool:

@@ -161,7 +161,7 @@ class RolloutSnapshotter:
         self.outcomes: list[SnapshotOutcome] = []
         self.published: list[dict[str, Any]] = []
         #: The data plane is written incrementally: only rows new since the last snapshot.
-        self._segments = SegmentWriter()
+        self._segments = SegmentWriter(manifests.missing_segments if manifests else None)
         self._fingerprint = FingerprintCache()
 
     # ================================================================== capture
