@@ -63,6 +63,7 @@ from rolloutrun_runtime.contract.layout import (
     SNAPSHOTS_PREFIX,
     snapshot_dir,
 )
+from rolloutrun_runtime.contract.pod import DEFAULT_LEASE_DURATION_S
 from rolloutrun_runtime.contract.run_config import RunConfig, fingerprint_of
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.storage import (
@@ -84,9 +85,18 @@ EXISTS_PARALLEL = 16
 class ManifestStore:
     """Publishes, lists, selects and retires the rollout snapshots of one run."""
 
-    def __init__(self, storage: CheckpointStorage, run_name: str) -> None:
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        run_name: str,
+        *,
+        lease_duration_s: float = DEFAULT_LEASE_DURATION_S,
+    ) -> None:
+        """``lease_duration_s``: the trainer Lease's (how long an old trainer may overlap a
+        new one); it sizes the orphan grace of segment collection."""
         self.storage = storage
         self.run_name = run_name
+        self.lease_duration_s = lease_duration_s
         self._view_cache: tuple[RunConfig, dict[str, Any], str] | None = None
         #: Per committed snapshot id, the segments its manifest lists (manifests are
         #: create-only: read once).
@@ -181,7 +191,9 @@ class ManifestStore:
         """
         settings = config.checkpointing
         self.orphan_grace_s = orphan_grace_s(
-            settings.snapshot_interval_seconds, settings.preemption_grace_seconds
+            settings.snapshot_interval_seconds,
+            settings.preemption_grace_seconds,
+            self.lease_duration_s,
         )
         known_ids = self.snapshot_ids()  # listed once: the next id and retention use it
         snapshot_id = (known_ids[-1] + 1) if known_ids else 1

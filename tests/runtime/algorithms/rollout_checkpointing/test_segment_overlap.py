@@ -15,6 +15,11 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.data_segments import (
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
 from rolloutrun_runtime.contract.layout import DATA_SEGMENTS_PREFIX
+from rolloutrun_runtime.contract.pod import (
+    DEFAULT_LEASE_DURATION_S,
+    ENV_LEASE_DURATION,
+    lease_duration_from,
+)
 from rolloutrun_runtime.storage import CheckpointStorage, open_storage
 from tests.runtime.algorithms.rollout_checkpointing.test_data_segments import (
     _plane,
@@ -96,3 +101,26 @@ def test_the_grace_follows_the_snapshot_cadence_and_the_lease() -> None:
     assert orphan_grace_s(10, 25, 15) == ORPHAN_GRACE_FLOOR_S  # defaults: the floor
     assert orphan_grace_s(3600, 25, 15) == 4 * (3600 + 25 + 15)
     assert orphan_grace_s(10, 25, 600) > orphan_grace_s(10, 25, 15)
+
+
+def test_a_longer_lease_lengthens_the_grace(tmp_path: Path) -> None:
+    """The trainer's Lease duration (its pod environment) sizes the grace at publish."""
+    assert lease_duration_from({}) == DEFAULT_LEASE_DURATION_S
+    environ = {ENV_LEASE_DURATION: "3600"}
+    cfg = tiny_config(tmp_path)
+    store = ManifestStore(
+        open_storage(f"file://{tmp_path}/storage"),
+        cfg.name,
+        lease_duration_s=lease_duration_from(environ),
+    )
+    store.ensure_bootstrap_anchor(cfg)
+    _publish(store, cfg, SegmentWriter(), _plane(range(5)))
+    settings = cfg.checkpointing
+    grace = orphan_grace_s(
+        settings.snapshot_interval_seconds, settings.preemption_grace_seconds, 3600
+    )
+    assert store.orphan_grace_s == grace > ORPHAN_GRACE_FLOOR_S
+    orphan = f"{DATA_SEGMENTS_PREFIX}/{'3' * 64}.npz"
+    store.storage.write_bytes(orphan, b"leftover")
+    assert store.collect_segments(now=time.time() + ORPHAN_GRACE_FLOOR_S + 60) == []
+    assert store.collect_segments(now=time.time() + grace + 1) == [orphan]
