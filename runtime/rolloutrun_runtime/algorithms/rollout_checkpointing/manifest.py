@@ -30,7 +30,6 @@ import json
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +76,6 @@ from rolloutrun_runtime.storage import (
 )
 
 log = logging.getLogger(__name__)
-
-#: Existence checks of reused segments run this many at a time (one request each on GCS).
-EXISTS_PARALLEL = 16
 
 
 class ManifestStore:
@@ -448,13 +444,13 @@ class ManifestStore:
         return deleted
 
     def missing_segments(self, keys: Collection[str]) -> set[str]:
-        """Which of ``keys`` storage does not hold (existence checks, in parallel)."""
-        keys = list(keys)
-        if len(keys) <= 1:
-            return {key for key in keys if not self.storage.exists(key)}
-        with ThreadPoolExecutor(min(EXISTS_PARALLEL, len(keys))) as pool:
-            found = list(pool.map(self.storage.exists, keys))
-        return {key for key, exists in zip(keys, found, strict=True) if not exists}
+        """Which of ``keys`` (segment keys) storage does not hold.
+
+        One listing of the segments, not an existence check per key: on gs:// one request
+        (a page holds 1,000; segments stored stay within ``MAX_SEGMENTS`` per retained
+        snapshot plus young orphans) instead of one per segment (measured on the emulator:
+        a few ms vs ~45 ms for 33 segments, threaded or not)."""
+        return set(keys) - set(self.storage.list(DATA_SEGMENTS_PREFIX))
 
     def collect_segments(self, *, now: float | None = None) -> list[str]:
         """Delete the data-plane segments no committed manifest lists and older than
