@@ -43,11 +43,11 @@ from rolloutrun_runtime.contract.pod import (
     ANNOTATION_TRAIN_STEP,
     DEFAULT_LEASE_DURATION_S,
     ENV_INCARNATION,
-    ENV_LEASE_DURATION,
     ENV_LEASE_NAME,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     holder_identity,
+    lease_duration_from,
 )
 from rolloutrun_runtime.contract.pod import holder_incarnation as incarnation_of
 
@@ -529,7 +529,7 @@ def lease_from_environment(
     """
     env = os.environ if environ is None else environ
     incarnation = int(env.get(ENV_INCARNATION, "0") or 0)
-    duration = int(env.get(ENV_LEASE_DURATION) or DEFAULT_LEASE_DURATION_S)
+    duration = lease_duration_from(env)
     pod = env.get(ENV_POD_NAME) or f"local-{os.getpid()}"
     identity = holder_identity(pod, incarnation)
     name, namespace = env.get(ENV_LEASE_NAME), env.get(ENV_POD_NAMESPACE)

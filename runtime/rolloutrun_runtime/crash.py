@@ -40,7 +40,8 @@ CRASH_SITES: tuple[str, ...] = (
     "during_gym_commit",
     "during_gym_resume",
     "during_restore",
-    # Collecting data-plane segments no committed manifest lists (after the first delete).
+    # Collecting data-plane segments no committed manifest lists (after the first one it
+    # deletes, or spares while younger than the orphan grace).
     "during_segment_gc",
 )
 

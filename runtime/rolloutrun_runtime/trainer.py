@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rolloutrun_runtime.contract.layout import SNAPSHOTS_LOG, TRACE_FILE
+from rolloutrun_runtime.contract.pod import lease_duration_from
 from rolloutrun_runtime.metrics import STARTUP
 from rolloutrun_runtime.pod import (
     EXIT_FENCED,
@@ -228,7 +229,9 @@ async def run_trainer(
             checkpointer=checkpointer,
             pad_id=policy_tokenizer(cfg.policy).pad_id,
             trace=trace,
-            manifests=ManifestStore(checkpointer.storage, cfg.name),
+            manifests=ManifestStore(
+                checkpointer.storage, cfg.name, lease_duration_s=lease_duration_from(os.environ)
+            ),
             environment=environment,
             hooks=hooks,
             gym_token=gym_token,

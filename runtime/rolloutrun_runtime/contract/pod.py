@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 #: The API group of the RolloutRun CRD; labels and annotations are prefixed with it.
@@ -143,6 +144,11 @@ TRAINER_METRICS_PORT = 9464
 # ------------------------------------------------------------------------------ Lease
 #: Seconds a trainer's Lease stays valid without renewal when the pod does not say.
 DEFAULT_LEASE_DURATION_S = 15
+
+
+def lease_duration_from(environ: Mapping[str, str]) -> int:
+    """The trainer's Lease duration as its pod environment says (``ENV_LEASE_DURATION``)."""
+    return int(environ.get(ENV_LEASE_DURATION) or DEFAULT_LEASE_DURATION_S)
 
 
 def lease_name(run: str) -> str:

@@ -74,6 +74,12 @@ class CheckpointStorage(Protocol):
         """All keys strictly under ``prefix`` (a key or ``""``), recursive, sorted."""
         ...
 
+    def modified_times(self, prefix: str = "") -> dict[str, float]:
+        """Each key under ``prefix`` (as :meth:`list`) -> when it was last written, in seconds
+        since the epoch as the storage records it (file mtime; GCS ``updated``). Lets a
+        collector spare objects too young to be garbage (a publication still in flight)."""
+        ...
+
     def delete(self, key: str) -> None:
         """Delete ``key``; a missing key is not an error."""
         ...

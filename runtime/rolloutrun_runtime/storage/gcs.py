@@ -426,23 +426,31 @@ class GcsStorage:
         return found
 
     def list(self, prefix: str = "") -> list[str]:
+        return [key for key, _ in self._listed(prefix)]
+
+    def modified_times(self, prefix: str = "") -> dict[str, float]:
+        """One listing: each blob's ``updated`` (server time) comes with it."""
+        return {key: blob.updated.timestamp() for key, blob in self._listed(prefix)}
+
+    def _listed(self, prefix: str) -> Sequence[tuple[str, Any]]:
+        """``(key, blob)`` under ``prefix``, sorted by key (one paged listing)."""
         prefix = normalize_prefix(prefix, base_uri=self.base_uri)
         full = "/".join(p for p in (self.prefix, prefix) if p)
         list_prefix = full + "/" if full else ""
         strip = len(self.prefix) + 1 if self.prefix else 0
         uri = f"gs://{self.bucket_name}/{list_prefix}"
 
-        def op(retry: Any) -> list[str]:
+        def op(retry: Any) -> list[tuple[str, Any]]:
             blobs = self.client.list_blobs(
                 self.bucket_name, prefix=list_prefix, retry=retry, timeout=self.timeout
             )
-            return [blob.name[strip:] for blob in blobs]
+            return [(blob.name[strip:], blob) for blob in blobs]
 
         try:
-            names = self._call(uri, "listing", op)
+            listed: list[tuple[str, Any]] = self._call(uri, "listing", op)
         except ObjectNotFoundError as exc:
             raise self._missing_bucket_error(uri) from exc
-        return sorted(names)
+        return sorted(listed, key=lambda item: item[0])
 
     # -- deletes ----------------------------------------------------------------------------
 

@@ -173,6 +173,15 @@ class LocalStorage:
         with _translated(f"{self.base_uri}/{prefix}" if prefix else self.base_uri):
             return sorted(self._walk(top))
 
+    def modified_times(self, prefix: str = "") -> dict[str, float]:
+        times = {}
+        for key in self.list(prefix):
+            try:
+                times[key] = self.path_for(key).stat().st_mtime
+            except FileNotFoundError:
+                continue  # deleted since the listing
+        return times
+
     def _walk(self, top: Path) -> Iterator[str]:
         def on_error(exc: OSError) -> None:
             # A missing or not-a-directory prefix lists as empty; anything else is real.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,20 @@ def test_exists(storage: CheckpointStorage) -> None:
     storage.write_bytes("x/y", b"1")
     assert storage.exists("x/y")
     assert not storage.exists("x")  # a "directory" is not an object
+
+
+def test_modified_times_lists_when_each_object_was_written(storage: CheckpointStorage) -> None:
+    """Segment collection spares young orphans by these times (file mtime, GCS ``updated``)."""
+    before = time.time()
+    storage.write_many({"seg/a": b"1", "seg/sub/b": b"2", "other/c": b"3"})
+    after = time.time()
+    times = storage.modified_times("seg")
+    assert list(times) == storage.list("seg") == ["seg/a", "seg/sub/b"]
+    # the backend's clock (the emulator's, the filesystem's), to its timestamp granularity
+    assert all(before - 2 <= t <= after + 2 for t in times.values()), (before, times, after)
+    assert storage.modified_times("nothing") == {}
+    storage.write_bytes("seg/a", b"rewritten")
+    assert storage.modified_times("seg")["seg/a"] >= times["seg/a"]
 
 
 def test_create_only(storage: CheckpointStorage) -> None:

@@ -18,23 +18,56 @@ while a snapshot would reference more than ``MAX_SEGMENTS`` (a restore reads eac
 The writer's memory (which row object lives in which segment) changes only once a
 snapshot's manifest is published (:meth:`SegmentWriter.commit`): a failed or killed
 publication leaves it as the last published snapshot left it.
+
+Two incarnations of a trainer can overlap until the Lease fences the old one (a partitioned
+trainer still reaching storage), and a segment is written before the manifest that lists
+it: so an unreferenced segment is collected only once older than :func:`orphan_grace_s`
+(git's prune expiry), never while another publication may still commit it; and before
+reusing segments, the writer checks they still exist (a collector without that grace, or a
+hand-made delete, may have taken them) and rewrites the rows of any missing one into the
+new segment, so no snapshot names a segment that is gone.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from rolloutrun_runtime.contract.layout import DATA_PLANE_METADATA_FILE, data_segment_key
+from rolloutrun_runtime.contract.pod import DEFAULT_LEASE_DURATION_S
 from rolloutrun_runtime.data_plane import DataPlane
 from rolloutrun_runtime.data_plane.store import PARTITIONS, pack_segment, segmented_metadata
+
+log = logging.getLogger(__name__)
 
 #: A segment whose live rows are fewer than this fraction of its rows is compacted.
 COMPACT_BELOW = 0.5
 #: The most segments one snapshot references (the smallest are merged beyond it).
 MAX_SEGMENTS = 32
+#: The least age (seconds) at which an unreferenced segment is collected: room for clock
+#: skew between pods and the storage's clock, and for slow uploads.
+ORPHAN_GRACE_FLOOR_S = 600.0
+#: How many publication windows (see :func:`orphan_grace_s`) an orphan outlives.
+ORPHAN_GRACE_WINDOWS = 4
+
+
+def orphan_grace_s(
+    snapshot_interval_s: float,
+    preemption_grace_s: float,
+    lease_duration_s: float = DEFAULT_LEASE_DURATION_S,
+) -> float:
+    """How old an unreferenced segment must be before it is collected.
+
+    A segment is written before its manifest commits; a publication lasts at most about a
+    snapshot interval (a forced one, the preemption grace), and an old trainer keeps running
+    at most a Lease duration after a new one took over. An orphan younger than a few such
+    windows (and than ``ORPHAN_GRACE_FLOOR_S``) may be a live publication's: it is kept.
+    """
+    window = snapshot_interval_s + preemption_grace_s + lease_duration_s
+    return max(ORPHAN_GRACE_FLOOR_S, ORPHAN_GRACE_WINDOWS * window)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,10 +129,24 @@ class SegmentWriter:
     loop, ``commit`` once the manifest is published).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, missing: Callable[[Collection[str]], set[str]] | None = None) -> None:
+        """``missing(keys)``: which of ``keys`` storage no longer holds (checked before a
+        snapshot reuses them; ``None``: trust the memory, for writers without storage)."""
         self._placement: Placement = {partition: {} for partition in PARTITIONS}
         self._records: dict[str, SegmentRecord] = {}
         self._pending: SegmentedWrite | None = None
+        self._missing = missing
+        #: Segments found missing (so rewritten) since the writer was made.
+        self.missing_found: set[str] = set()
+
+    def forget(self, keys: Collection[str]) -> None:
+        """Drop ``keys`` from the memory: their rows count as not written."""
+        gone = set(keys)
+        self._records = {key: r for key, r in self._records.items() if key not in gone}
+        self._placement = {
+            partition: {k: placed for k, placed in rows.items() if placed[1] not in gone}
+            for partition, rows in self._placement.items()
+        }
 
     def pack(self, plane: DataPlane, metadata: Mapping[str, Any]) -> dict[str, bytes]:
         """``write_controller_sidecars``'s data-plane step: :meth:`prepare`, kept for
@@ -118,6 +165,12 @@ class SegmentWriter:
 
     def prepare(self, plane: DataPlane, user_metadata: Mapping[str, Any]) -> SegmentedWrite:
         """The segments and ``metadata.json`` of ``plane`` (a capture's copy)."""
+        if self._missing is not None and self._records:
+            gone = self._missing(sorted(self._records))
+            if gone:
+                log.warning("data segments gone from storage, their rows rewritten: %s", gone)
+                self.missing_found |= gone
+                self.forget(gone)  # their rows go into the new segment
         live: dict[str, int] = {}
         placement: Placement = {}
         fresh: dict[str, dict[str, Mapping[str, Any]]] = {}

@@ -17,8 +17,9 @@ config whose fingerprint differs (naming the differing keys). The restorer
 Retention keeps the newest ``keep_latest`` committed snapshots and never deletes the newest
 valid one; a failed delete is logged and retried at the next publication. The data-plane
 segments a snapshot shares with others (:mod:`.data_segments`) are written before its
-manifest and collected only once no committed manifest lists them (and not at all while a
-manifest cannot be read: it might list any).
+manifest and collected only once no committed manifest lists them and they are older than
+the orphan grace (another incarnation's publication may be about to list them), and not at
+all while a manifest cannot be read (it might list any).
 
 This module is the face of both halves: the manifest's names are importable from here.
 """
@@ -28,10 +29,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from rolloutrun_runtime.algorithms.rollout_checkpointing.data_segments import (
+    ORPHAN_GRACE_FLOOR_S,
+    orphan_grace_s,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest_format import (
     BOOTSTRAP_ANCHOR,
     OPERATIONAL_KEYS,
@@ -57,6 +62,7 @@ from rolloutrun_runtime.contract.layout import (
     SNAPSHOTS_PREFIX,
     snapshot_dir,
 )
+from rolloutrun_runtime.contract.pod import DEFAULT_LEASE_DURATION_S
 from rolloutrun_runtime.contract.run_config import RunConfig, fingerprint_of
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.storage import (
@@ -75,13 +81,24 @@ log = logging.getLogger(__name__)
 class ManifestStore:
     """Publishes, lists, selects and retires the rollout snapshots of one run."""
 
-    def __init__(self, storage: CheckpointStorage, run_name: str) -> None:
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        run_name: str,
+        *,
+        lease_duration_s: float = DEFAULT_LEASE_DURATION_S,
+    ) -> None:
+        """``lease_duration_s``: the trainer Lease's (how long an old trainer may overlap a
+        new one); it sizes the orphan grace of segment collection."""
         self.storage = storage
         self.run_name = run_name
+        self.lease_duration_s = lease_duration_s
         self._view_cache: tuple[RunConfig, dict[str, Any], str] | None = None
         #: Per committed snapshot id, the segments its manifest lists (manifests are
         #: create-only: read once).
         self._segments_of: dict[int, frozenset[str]] = {}
+        #: Unreferenced segments younger than this are kept (set from the config at publish).
+        self.orphan_grace_s = ORPHAN_GRACE_FLOOR_S
 
     # ---------------------------------------------------------------- bootstrap anchor
     def ensure_bootstrap_anchor(self, config: RunConfig) -> None:
@@ -168,6 +185,12 @@ class ManifestStore:
         taken over while it uploaded commits nothing; if it raises, its error propagates
         unchanged. A lost create-only race raises :class:`PublicationFencedError`.
         """
+        settings = config.checkpointing
+        self.orphan_grace_s = orphan_grace_s(
+            settings.snapshot_interval_seconds,
+            settings.preemption_grace_seconds,
+            self.lease_duration_s,
+        )
         known_ids = self.snapshot_ids()  # listed once: the next id and retention use it
         snapshot_id = (known_ids[-1] + 1) if known_ids else 1
         entry = snapshot_dir(snapshot_id)
@@ -420,12 +443,24 @@ class ManifestStore:
                 log.warning("retention could not delete snapshot %d (will retry): %s", sid, error)
         return deleted
 
-    def collect_segments(self) -> list[str]:
-        """Delete the data-plane segments no committed manifest lists; returns their keys.
+    def missing_segments(self, keys: Collection[str]) -> set[str]:
+        """Which of ``keys`` (segment keys) storage does not hold.
 
-        Deletes nothing while a committed manifest cannot be read (it might list any). Call
-        it with no publication of this run in flight (the publisher does, after its own).
+        One listing of the segments, not an existence check per key: on gs:// one request
+        (a page holds 1,000; segments stored stay within ``MAX_SEGMENTS`` per retained
+        snapshot plus young orphans) instead of one per segment (measured on the emulator:
+        a few ms vs ~45 ms for 33 segments, threaded or not)."""
+        return set(keys) - set(self.storage.list(DATA_SEGMENTS_PREFIX))
+
+    def collect_segments(self, *, now: float | None = None) -> list[str]:
+        """Delete the data-plane segments no committed manifest lists and older than
+        ``orphan_grace_s`` (by the storage's modification time); returns their keys.
+
+        Deletes nothing while a committed manifest cannot be read (it might list any). A
+        younger orphan may be a publication in flight (this incarnation's or another's that
+        overlaps it until the Lease fences one): it is left for a later pass.
         """
+        cutoff = (time.time() if now is None else now) - self.orphan_grace_s
         referenced: set[str] = set()
         for snapshot_id in self.committed_ids():
             if snapshot_id not in self._segments_of:
@@ -437,16 +472,16 @@ class ManifestStore:
                 self._segments_of[snapshot_id] = frozenset(manifest.segments)
             referenced |= self._segments_of[snapshot_id]
         deleted = []
-        for key in self.storage.list(DATA_SEGMENTS_PREFIX):
+        for key, modified in self.storage.modified_times(DATA_SEGMENTS_PREFIX).items():
             if key in referenced:
                 continue
-            try:
-                self.storage.delete(key)
-            except StorageError as error:
-                log.warning("could not delete data segment %s (will retry): %s", key, error)
-                continue
-            deleted.append(key)
-            crash_point("during_segment_gc")
+            if modified <= cutoff:
+                try:
+                    self.storage.delete(key)
+                    deleted.append(key)
+                except StorageError as error:
+                    log.warning("could not delete data segment %s (will retry): %s", key, error)
+            crash_point("during_segment_gc")  # an orphan deleted, or spared (too young)
         return deleted
 
     def _has_manifest(self, snapshot_id: int) -> bool:

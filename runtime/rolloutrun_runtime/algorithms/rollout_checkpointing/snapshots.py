@@ -150,7 +150,7 @@ class RolloutSnapshotter:
         self.outcomes: list[SnapshotOutcome] = []
         self.published: list[dict[str, Any]] = []
         #: The data plane is written incrementally: only rows new since the last snapshot.
-        self._segments = SegmentWriter()
+        self._segments = SegmentWriter(manifests.missing_segments if manifests else None)
         self._fingerprint = FingerprintCache()
         #: The newest published snapshot's environment part: the episode records a lost Gym
         #: replica's turn-level episodes go on from elsewhere (elastic members).

@@ -5,6 +5,7 @@ collection never deletes one a retained manifest still lists."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -171,14 +172,18 @@ def test_collection_keeps_every_segment_a_retained_manifest_lists(
     _, third = _publish(store, cfg, writer, plane, keep_latest=2)
     assert store.committed_ids() == [2, 3]
     left = set(store.storage.list(DATA_SEGMENTS_PREFIX))
-    # snapshot 2 (retained) still reads the first segment; the orphan is collected
+    # snapshot 2 (retained) still reads the first segment; the orphan is young: kept
     assert set(second.referenced) <= left and set(third.referenced) <= left
-    assert set(first.referenced) <= left and orphan not in left
+    assert set(first.referenced) <= left and orphan in left
+    later = time.time() + store.orphan_grace_s + 60
+    assert store.collect_segments(now=later) == [orphan]  # past the grace: collected
     expected = _plane(range(40))
     expected.put("train", "t40", _row(40))
     _same(_read_plane(store, cfg, 2), expected)
     plane.put("train", "t42", _row(42))
     _publish(store, cfg, writer, plane, keep_latest=2)  # snapshot 2 retired: its rows go
+    assert set(first.referenced) <= set(store.storage.list(DATA_SEGMENTS_PREFIX))  # young
+    store.collect_segments(now=later)
     assert set(first.referenced).isdisjoint(store.storage.list(DATA_SEGMENTS_PREFIX))
     _same(_read_plane(store, cfg, 4), plane)
 
@@ -239,6 +244,12 @@ async def test_a_controller_snapshot_writes_only_new_rows_and_restores_them(tmp_
             plane.put("staging", "extra", _row(2))  # unreferenced: written, not restored
         assert await snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
         assert h.records[-1]["data_plane_rows_written"] == 1
+        storage = snapshots._manifests.storage
+        for key in storage.list(DATA_SEGMENTS_PREFIX):
+            storage.delete(key)  # as a collector without the orphan grace would
+        assert await snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
+        # the writer found its segments gone and rewrote every row: self-sufficient
+        assert h.records[-1]["data_plane_rows_written"] == len(plane)
         resumed = await h.controller(cfg)
         await resumed.restore()
         restored = resumed.data_plane
