@@ -80,7 +80,6 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     TrainingProgress,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
-from rolloutrun_runtime.algorithms.rollout_checkpointing.writer import SnapshotWriter
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.data_plane import hold_gc
 from rolloutrun_runtime.environments.checkpointing import (
@@ -155,9 +154,6 @@ class RolloutSnapshotter:
         #: The newest published snapshot's environment part: the episode records a lost Gym
         #: replica's turn-level episodes go on from elsewhere (elastic members).
         self.published_environment: EnvironmentSnapshot | None = None
-        #: Periodic attempts write and publish on a low-priority thread (see :mod:`.writer`).
-        self.writer = SnapshotWriter()
-        self._urgent = False
 
     # ================================================================== capture
     def capture(self, cut: Any, kind: CaptureKind) -> CapturedRolloutState:
@@ -277,7 +273,6 @@ class RolloutSnapshotter:
             raise SnapshotError("rollout snapshots need checkpoint storage")
         timings = SnapshotTimings()
         async with self._parts.save_lock:
-            self._urgent = force  # a forced attempt (preemption) writes at full priority
             try:
                 outcome, detail = await self._attempt_locked(force, timings)
             except (asyncio.CancelledError, PublicationFencedError):
@@ -452,18 +447,14 @@ class RolloutSnapshotter:
         """Step 6: write the files off the loop, publish the manifest last, report it."""
         write_started = time.monotonic()
         segments = self._segments
-        files = await self.writer.run(
-            self.write_controller_sidecars, captured, segments.pack, urgent=self._urgent
-        )
+        files = await asyncio.to_thread(self.write_controller_sidecars, captured, segments.pack)
         segmented = segments.take_pending()
         timings.write_s = time.monotonic() - write_started
         if captured.restart_from_turn_zero:
             detail["env_restart_from_turn_0"] = captured.restarted_from_turn_zero
         detail["data_plane_rows_written"] = segmented.new_rows + segmented.compacted_rows
         publish_started = time.monotonic()
-        candidate = await self.writer.run(
-            self._publish, anchor, captured, files, segmented, urgent=self._urgent
-        )
+        candidate = await asyncio.to_thread(self._publish, anchor, captured, files, segmented)
         segments.commit(segmented)
         crash_point("after_manifest_write")
         if captured.train_step == 0:
