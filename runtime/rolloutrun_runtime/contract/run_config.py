@@ -377,10 +377,24 @@ class WorkersConfig(_Model):
     ray_address: str | None = Field(
         None,
         max_length=512,
-        description="Ray cluster address to join; default: start a local Ray on 127.0.0.1.",
+        description=(
+            "Ray cluster to join: a GCS address host:port (the trainer joins as a node) or "
+            "ray://host:port (Ray Client); default: a Ray of the trainer's own (with "
+            "workerNodes, a head on the pod address)."
+        ),
     )
     generation_workers: int = Field(
         1, ge=1, le=256, description="Generation server workers behind the policy endpoint."
+    )
+    worker_nodes: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description=(
+            "Ray worker nodes offering the generation resource (rolloutrun.dev/generation) "
+            "the generation actors are placed on; set by the operator from "
+            "spec.workers.replicas. 0: the actors run on the trainer's own node."
+        ),
     )
 
 

@@ -6,8 +6,11 @@ actor runs the generation engine and its HTTP server on the actor's event loop a
 refits as actor calls; the weights travel once through the object store per refit, however
 many actors there are.
 
-Without an address the backend starts a local Ray bound to 127.0.0.1 (and shuts it down
-again on ``stop``); a Ray already initialised by the caller is reused and left running.
+Where the driver's Ray comes from (a private Ray on 127.0.0.1, a head on the pod address
+for worker pods, a node joining a GCS address, Ray Client) is :mod:`.ray_cluster`'s; a Ray
+already initialised by the caller is reused and left running. Actors placed on other nodes
+(worker pods, a joined cluster) serve on their node's address; actors beside the trainer
+serve where the trainer is reachable (``$POD_IP``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 from rolloutrun_runtime.contract.run_config import Device, RunConfig
 from rolloutrun_runtime.policy.http import data_plane_token
 from rolloutrun_runtime.workers import WorkerError
+from rolloutrun_runtime.workers.ray_cluster import RayConnection, actor_resources
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +34,9 @@ logger = logging.getLogger(__name__)
 GENERATION_THREADS = 1
 #: Seconds to wait for an actor to start its server or finish a call.
 ACTOR_TIMEOUT_S = 120.0
+#: Seconds the first actors wait for worker nodes to join (worker pods start after the
+#: trainer's head, and may pull an image first).
+NODE_JOIN_TIMEOUT_S = 600.0
 
 
 @ray.remote(num_cpus=0)
@@ -47,23 +54,28 @@ class GenerationActor:
         self,
         state_dict: dict[str, torch.Tensor],
         version: int,
-        bind_host: str,
-        advertise: bool,
+        bind_host: str | None,
         port: int = 0,
         token: str | None = None,
-    ) -> str:
+    ) -> dict[str, Any]:
+        """Serve on ``bind_host`` (None: this node's address); returns where, on which
+        node, with which custom resources assigned."""
         from rolloutrun_runtime.policy.generation import build_generation_app
         from rolloutrun_runtime.policy.http import serve_app
         from rolloutrun_runtime.workers.inprocess import make_engine
 
         self.engine = make_engine(self.cfg, state_dict, version, self.worker_index)
+        host = bind_host or ray.util.get_node_ip_address()
         self.runner, url = await serve_app(
-            build_generation_app(self.engine, token=token), bind_host, port
+            build_generation_app(self.engine, token=token), host, port
         )
-        if advertise:  # bound to all interfaces: tell callers the node's address
-            bound_port = url.rsplit(":", 1)[1]
-            url = f"http://{ray.util.get_node_ip_address()}:{bound_port}"
-        return url
+        context = ray.get_runtime_context()
+        return {
+            "url": url,
+            "node_id": context.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "resources": dict(context.get_assigned_resources()),
+        }
 
     async def refit(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         await self.engine.refit(state_dict, version)
@@ -92,21 +104,6 @@ def _cpu_state(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key: value.detach().to("cpu", copy=True) for key, value in state_dict.items()}
 
 
-def init_ray(address: str | None) -> bool:
-    """Join ``address`` or start a local Ray on 127.0.0.1; return whether we started it."""
-    if ray.is_initialized():
-        return False
-    if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    else:
-        ray.init(
-            include_dashboard=False,
-            log_to_driver=False,
-            _node_ip_address="127.0.0.1",
-        )
-    return True
-
-
 class RayWorkers:
     """``workers.generationWorkers`` generation actors; see the module doc."""
 
@@ -126,30 +123,36 @@ class RayWorkers:
         self.endpoints: list[str] = []
         self._initial: tuple[dict[str, torch.Tensor], int] | None = (state_dict, version)
         self._actors: list[Any] = []
-        self._owns_ray = False
+        self._ray: RayConnection | None = None
+        #: Per actor, where it serves and on which node (what ``start`` returned).
+        self.placements: list[dict[str, Any]] = []
 
     async def start(self) -> None:
         if self._initial is None:
             raise WorkerError("Ray workers were already started")
         state_dict, version = self._initial
         self._initial = None
-        address = self.cfg.workers.ray_address
-        self._owns_ray = init_ray(address)
-        # Joining a Ray cluster, the servers must be reachable from other nodes' Gym pods;
-        # with a local Ray (a trainer pod) they listen where the pod is reachable ($POD_IP).
-        bind_host, advertise = ("0.0.0.0", True) if address else (self.host, False)
+        self._ray = RayConnection(self.cfg, self.host, self.cfg.log_dir)
+        await asyncio.to_thread(self._ray.open)
+        resources = actor_resources(self.cfg)
+        # On other nodes (worker pods, a joined cluster) the servers listen on their node's
+        # address; beside the trainer, where the trainer pod is reachable ($POD_IP).
+        remote = bool(resources) or bool(self.cfg.workers.ray_address)
+        bind_host = None if remote else self.host
         cfg_data = self.cfg.model_dump(mode="json")
         # Ray actors do not inherit the driver's environment: hand them the run's token.
         token = data_plane_token(self.token, "the generation workers")
         weights = ray.put(_cpu_state(state_dict))
         workers = self.cfg.workers.generation_workers
         gpus = actor_gpus(self.cfg.policy.device, ray.cluster_resources().get("GPU", 0), workers)
-        actor = GenerationActor.options(num_gpus=gpus)  # type: ignore[attr-defined]
+        actor = GenerationActor.options(  # type: ignore[attr-defined]
+            num_gpus=gpus, resources=resources
+        )
         self._actors = [
             actor.remote(cfg_data, index, GENERATION_THREADS) for index in range(workers)
         ]
         try:
-            self.endpoints = list(
+            self.placements = list(
                 await asyncio.wait_for(
                     asyncio.gather(
                         *[
@@ -157,20 +160,24 @@ class RayWorkers:
                                 weights,
                                 version,
                                 bind_host,
-                                advertise,
-                                self.port if i == 0 else 0,
+                                self.port if i == 0 and not remote else 0,
                                 token,
                             )
                             for i, a in enumerate(self._actors)
                         ]
                     ),
-                    ACTOR_TIMEOUT_S,
+                    NODE_JOIN_TIMEOUT_S if resources else ACTOR_TIMEOUT_S,
                 )
             )
+            self.endpoints = [placement["url"] for placement in self.placements]
         except (ray.exceptions.RayError, TimeoutError) as error:
             await self.stop()
             raise WorkerError(f"generation actors failed to start: {error}") from error
-        logger.info("Ray generation workers at %s", self.endpoints)
+        logger.info(
+            "Ray generation workers at %s placed %s",
+            self.endpoints,
+            self.placements,
+        )
 
     async def refit(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if not self._actors:
@@ -193,6 +200,7 @@ class RayWorkers:
                 logger.warning("generation actor did not stop cleanly: %s", error)
             ray.kill(actor)
         self.endpoints = []
-        if self._owns_ray:
-            ray.shutdown()
-            self._owns_ray = False
+        self.placements = []
+        connection, self._ray = self._ray, None
+        if connection is not None:
+            await asyncio.to_thread(connection.close)
