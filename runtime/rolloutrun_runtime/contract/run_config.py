@@ -380,20 +380,25 @@ class WorkersConfig(_Model):
         description=(
             "Ray cluster to join: a GCS address host:port (the trainer joins as a node) or "
             "ray://host:port (Ray Client); default: a Ray of the trainer's own (with "
-            "workerNodes, a head on the pod address)."
+            "worker pods, a head on the pod address)."
         ),
     )
     generation_workers: int = Field(
         1, ge=1, le=256, description="Generation server workers behind the policy endpoint."
     )
+
+
+class WorkerPlacement(WorkersConfig):
+    """:class:`WorkersConfig` plus what the operator derives from ``spec.workers``."""
+
     worker_nodes: int = Field(
         0,
         ge=0,
         le=256,
         description=(
             "Ray worker nodes offering the generation resource (rolloutrun.dev/generation) "
-            "the generation actors are placed on; set by the operator from "
-            "spec.workers.replicas. 0: the actors run on the trainer's own node."
+            "the generation actors are placed on (the operator sets it from "
+            "spec.workers.replicas); 0: the actors run on the trainer's own node."
         ),
     )
 
@@ -456,6 +461,7 @@ OPERATOR_OWNED_FIELDS: dict[str, str] = {
     "checkpointing.resumeHint": "the latest published snapshot manifest",
     "gym.replicas": "spec.gym.replicas",
     "gym.endpoints": "the Gym pods' addresses",
+    "workers.workerNodes": "spec.workers.replicas",
 }
 
 
@@ -467,6 +473,9 @@ class RunConfig(RunSettings):
         default_factory=CheckpointingConfig, description="Checkpoints and rollout snapshots."
     )
     gym: GymConfig = Field(default_factory=GymConfig, description="Gym environment servers.")
+    workers: WorkerPlacement = Field(
+        default_factory=WorkerPlacement, description="Policy worker placement."
+    )
 
     @model_validator(mode="after")
     def _endpoints_match_replicas(self) -> RunConfig:
