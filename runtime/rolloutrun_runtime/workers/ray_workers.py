@@ -11,6 +11,14 @@ for worker pods, a node joining a GCS address, Ray Client) is :mod:`.ray_cluster
 already initialised by the caller is reused and left running. Actors placed on other nodes
 (worker pods, a joined cluster) serve on their node's address; actors beside the trainer
 serve where the trainer is reachable (``$POD_IP``).
+
+A lost actor (its worker node gone: ``RayActorError`` on a refit) does not stop the run: its
+endpoint leaves ``endpoints`` at once (the rollout pump sends no more episodes there), a
+replacement actor is created under the same index (Ray places it when a node offering the
+generation resource joins: the operator's replacement worker pod) and re-admitted at the
+first refit after its server started, on the weights of that refit. Replacements of one
+index are bounded (:data:`MAX_ACTOR_REPLACEMENTS`), and a refit that finds no actor left
+waits (bounded) for a replacement: past either, a :class:`WorkerError` names the loss.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ ACTOR_TIMEOUT_S = 120.0
 #: Seconds the first actors wait for worker nodes to join (worker pods start after the
 #: trainer's head, and may pull an image first).
 NODE_JOIN_TIMEOUT_S = 600.0
+#: Replacements of one generation actor (its node lost) before the run stops.
+MAX_ACTOR_REPLACEMENTS = 8
 
 
 @ray.remote(num_cpus=0)
@@ -100,6 +110,10 @@ def actor_gpus(device: Device, cluster_gpus: float, workers: int) -> float:
     return min(1.0, cluster_gpus / workers)
 
 
+async def _awaited(ref: Any) -> dict[str, Any]:
+    return dict(await ref)
+
+
 def _cpu_state(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key: value.detach().to("cpu", copy=True) for key, value in state_dict.items()}
 
@@ -124,8 +138,13 @@ class RayWorkers:
         self._initial: tuple[dict[str, torch.Tensor], int] | None = (state_dict, version)
         self._actors: list[Any] = []
         self._ray: RayConnection | None = None
-        #: Per actor, where it serves and on which node (what ``start`` returned).
-        self.placements: list[dict[str, Any]] = []
+        #: Per actor, where it serves and on which node (what ``start`` returned); None
+        #: while the actor of that index is lost and its replacement not admitted.
+        self.placements: list[dict[str, Any] | None] = []
+        self._launch: tuple[Any, dict[str, Any], str | None, str] | None = None
+        #: Replacement actors by index, with their starting server.
+        self.pending: dict[int, tuple[Any, asyncio.Task[dict[str, Any]]]] = {}
+        self.replacements: dict[int, int] = {}
 
     async def start(self) -> None:
         if self._initial is None:
@@ -148,6 +167,7 @@ class RayWorkers:
         actor = GenerationActor.options(  # type: ignore[attr-defined]
             num_gpus=gpus, resources=resources
         )
+        self._launch = (actor, cfg_data, bind_host, token)
         self._actors = [
             actor.remote(cfg_data, index, GENERATION_THREADS) for index in range(workers)
         ]
@@ -169,7 +189,7 @@ class RayWorkers:
                     NODE_JOIN_TIMEOUT_S if resources else ACTOR_TIMEOUT_S,
                 )
             )
-            self.endpoints = [placement["url"] for placement in self.placements]
+            self._live_endpoints()
         except (ray.exceptions.RayError, TimeoutError) as error:
             await self.stop()
             raise WorkerError(f"generation actors failed to start: {error}") from error
@@ -179,21 +199,89 @@ class RayWorkers:
             self.placements,
         )
 
+    def _live_endpoints(self) -> None:
+        self.endpoints = [p["url"] for p in self.placements if p is not None]
+
     async def refit(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if not self._actors:
             raise WorkerError("refit before the workers were started")
         weights = ray.put(_cpu_state(state_dict))
+        live = [(i, a) for i, a in enumerate(self._actors) if a is not None]
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*[a.refit.remote(weights, version) for a in self._actors]),
+            results = await asyncio.wait_for(
+                asyncio.gather(
+                    *[a.refit.remote(weights, version) for _, a in live], return_exceptions=True
+                ),
                 ACTOR_TIMEOUT_S,
             )
-        except (ray.exceptions.RayError, TimeoutError) as error:
-            raise WorkerError(f"refit to version {version} failed: {error}") from error
+        except TimeoutError as error:
+            raise WorkerError(f"refit to version {version} timed out: {error}") from error
+        for (index, _), result in zip(live, results, strict=True):
+            if isinstance(result, ray.exceptions.RayActorError):
+                self._lose(index, result, weights, version)
+            elif isinstance(result, BaseException):
+                raise WorkerError(f"refit to version {version} failed: {result}") from result
+        if not self.endpoints and self.pending:  # every actor lost: wait for one
+            tasks = [task for _, task in self.pending.values()]
+            await asyncio.wait(tasks, timeout=NODE_JOIN_TIMEOUT_S, return_when="FIRST_COMPLETED")
+        await self._admit(weights, version)
+        if not self.endpoints:
+            raise WorkerError(
+                f"no generation worker left at version {version}: every actor was lost and "
+                f"no replacement started within {NODE_JOIN_TIMEOUT_S:.0f} s"
+            )
+
+    def _lose(self, index: int, error: BaseException, weights: Any, version: int) -> None:
+        """Actor ``index`` is gone (its node lost): out of ``endpoints`` now, a replacement
+        created (bounded), to be admitted at a refit once its server runs."""
+        count = self.replacements.get(index, 0) + 1
+        if count > MAX_ACTOR_REPLACEMENTS:
+            raise WorkerError(
+                f"generation worker {index} was lost {count} times (limit "
+                f"{MAX_ACTOR_REPLACEMENTS}); last: {error}"
+            ) from error
+        self.replacements[index] = count
+        logger.warning("generation worker %d lost (%s): replacing it (%d)", index, error, count)
+        self._actors[index] = None
+        self.placements[index] = None
+        self._live_endpoints()
+        assert self._launch is not None
+        actor_class, cfg_data, bind_host, token = self._launch
+        actor = actor_class.remote(cfg_data, index, GENERATION_THREADS)
+        ref = actor.start.remote(weights, version, bind_host, 0, token)
+        self.pending[index] = (actor, asyncio.ensure_future(_awaited(ref)))
+
+    async def _admit(self, weights: Any, version: int) -> None:
+        """Replacements whose server started: brought to ``version``, then served."""
+        for index, (actor, task) in list(self.pending.items()):
+            if not task.done():
+                continue
+            del self.pending[index]
+            error = task.exception()
+            if error is None:
+                try:
+                    await asyncio.wait_for(actor.refit.remote(weights, version), ACTOR_TIMEOUT_S)
+                except (ray.exceptions.RayActorError, TimeoutError) as lost:
+                    error = lost
+            if isinstance(error, ray.exceptions.RayActorError | TimeoutError):
+                self._lose(index, error, weights, version)
+                continue
+            if error is not None:
+                raise WorkerError(f"generation worker {index} failed to restart: {error}")
+            self._actors[index] = actor
+            self.placements[index] = task.result()
+            self._live_endpoints()
+            logger.info("generation worker %d re-admitted at version %d", index, version)
 
     async def stop(self) -> None:
         actors, self._actors = self._actors, []
+        for replacement, task in self.pending.values():  # not serving: nothing to stop
+            task.cancel()
+            ray.kill(replacement)
+        self.pending = {}
         for actor in actors:
+            if actor is None:
+                continue
             try:
                 await asyncio.wait_for(actor.stop.remote(), ACTOR_TIMEOUT_S)
             except (ray.exceptions.RayError, TimeoutError) as error:
