@@ -155,3 +155,15 @@ def test_worker_pods_do_not_keep_a_run_from_ready():
     result = reconcile(run_with_workers(running_status()), observed(pods), NOW)
     ready = next(c for c in result.status.conditions if c.type == "Ready")
     assert (ready.status.value, ready.reason) == ("True", "Running")
+
+
+def test_without_elastic_members_a_lost_worker_ends_the_incarnation():
+    run = make_run(
+        running_status(),
+        workers=WORKERS,
+        run=RAY_RUN,
+        recovery={"elasticMembers": False},
+    )
+    going = members_with(worker(1, 0, deletion_time=NOW), worker(1, 1))
+    result = reconcile(run, observed(going), NOW)
+    assert result.status.incarnation_start_time is None and result.status.members == []
