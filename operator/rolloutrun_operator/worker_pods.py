@@ -74,6 +74,8 @@ def worker_pod(
             {"name": naming.ENV_INCARNATION, "value": str(incarnation)},
             builders._field_env(naming.ENV_POD_NAME, "metadata.name"),
             builders._field_env(naming.ENV_POD_IP, "status.podIP"),
+            # only to derive the cluster's Ray token (ray_node removes it before Ray starts)
+            builders._common_env(run, incarnation)[-1],
             *(v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in settings.env),
         ],
         "resources": builders._resources(settings),

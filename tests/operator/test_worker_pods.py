@@ -70,7 +70,7 @@ def test_a_worker_pod_joins_the_trainers_head_with_generation_slots_and_a_memory
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}  # KubeRay's sizing
     assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert pod["spec"]["automountServiceAccountToken"] is False
-    assert naming.ENV_GYM_TOKEN not in {e["name"] for e in container["env"]}
+    assert naming.ENV_GYM_TOKEN in {e["name"] for e in container["env"]}  # Ray auth
     no_limit = worker_pod(run_with_workers(resources={}), 1, 0, 0, "10.4.0.7")
     assert next(v for v in no_limit["spec"]["volumes"] if v["name"] == "shm")["emptyDir"] == {
         "medium": "Memory"

@@ -14,6 +14,7 @@ annotation prefix) stay in ``rolloutrun_operator.naming``.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -159,6 +160,14 @@ def generation_slots(generation_workers: int, worker_nodes: int) -> int:
     if worker_nodes < 1 or generation_workers < 1:
         raise ValueError("generation_slots needs at least one worker node and one worker")
     return -(-generation_workers // worker_nodes)
+
+
+def ray_auth_token(run_token: str) -> str:
+    """The token of a run's Ray cluster (``RAY_AUTH_MODE=token``), derived from the run's
+    data-plane token: the head and every worker pod derive the same one, and a process
+    holding it (any Ray process) can neither call the Gym control plane nor the generation
+    API with it."""
+    return hashlib.sha256(f"rolloutrun-ray:{run_token}".encode()).hexdigest()
 
 
 def ray_worker_node_argv(

@@ -26,10 +26,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rolloutrun_runtime.contract.pod import RAY_GCS_PORT, RAY_GENERATION_RESOURCE
+from rolloutrun_runtime.contract.pod import RAY_GCS_PORT, RAY_GENERATION_RESOURCE, ray_auth_token
 from rolloutrun_runtime.contract.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ NODE_STOP_TIMEOUT_S = 20.0
 #: Ray refuses multi-node clusters when this is 0 (its name says Windows and macOS, but it
 #: is read on Linux too): a node we start sets it so that worker nodes may join.
 RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 
 
 class AddressKind(enum.StrEnum):
@@ -109,10 +112,21 @@ def member_argv(gcs: str, node_ip: str) -> list[str]:
     )
 
 
-def node_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def auth_env(auth_token: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """Ray's token authentication with the run's Ray token (:func:`ray_auth_token`), unless
+    the environment chose a mode already (tests run ``RAY_AUTH_MODE=disabled``)."""
+    if auth_token is None or environ.get(RAY_AUTH_MODE_ENV):
+        return {}
+    return {RAY_AUTH_MODE_ENV: "token", RAY_AUTH_TOKEN_ENV: auth_token}
+
+
+def node_env(
+    environ: dict[str, str] | None = None, auth_token: str | None = None
+) -> dict[str, str]:
     env = dict(os.environ if environ is None else environ)
     env[RAY_CLUSTER_ENV] = "1"
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env.update(auth_env(auth_token, env))
     return env
 
 
@@ -134,9 +148,12 @@ def wait_for_port(host: str, port: int, timeout_s: float, alive: Any = None) -> 
 class RayNode:
     """One ``ray start --block`` process group of ours (head or joining node)."""
 
-    def __init__(self, argv: list[str], log_path: str | None = None) -> None:
+    def __init__(
+        self, argv: list[str], log_path: str | None = None, auth_token: str | None = None
+    ) -> None:
         self.argv = argv
         self.log_path = log_path
+        self.auth_token = auth_token
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -144,7 +161,7 @@ class RayNode:
         try:
             self.process = subprocess.Popen(
                 self.argv,
-                env=node_env(),
+                env=node_env(auth_token=self.auth_token),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -187,10 +204,14 @@ class RayConnection:
     """This process as a Ray driver, as ``cfg.workers`` says; :meth:`close` undoes what
     :meth:`open` did (a Ray initialised by the caller is reused and left running)."""
 
-    def __init__(self, cfg: RunConfig, host: str, log_dir: str | None = None) -> None:
+    def __init__(
+        self, cfg: RunConfig, host: str, log_dir: str | None = None, token: str | None = None
+    ) -> None:
         self.cfg = cfg
         self.host = host
         self.log_dir = log_dir
+        #: The cluster's token (derived from the run's): our node and our driver use it.
+        self.auth_token = ray_auth_token(token) if token else None
         self.node: RayNode | None = None
         self.owns_driver = False
         self.kind = "local"
@@ -221,6 +242,7 @@ class RayConnection:
             ray.init(_node_ip_address="127.0.0.1", **options)
             self.owns_driver = True
             return
+        os.environ.update(auth_env(self.auth_token, os.environ))  # the driver authenticates
         try:
             self._init_driver(gcs)
         except BaseException:
@@ -250,7 +272,7 @@ class RayConnection:
     def _start_node(self, argv: list[str], gcs_host: str, gcs_port: int) -> None:
         log_dir = self.log_dir
         log = os.path.join(log_dir, "ray-node.log") if log_dir and os.path.isdir(log_dir) else None
-        self.node = RayNode(argv, log)
+        self.node = RayNode(argv, log, self.auth_token)
         self.node.start()
         wait_for_port(gcs_host, gcs_port, NODE_START_TIMEOUT_S, self.node.alive)
 

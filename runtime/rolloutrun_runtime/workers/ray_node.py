@@ -21,7 +21,12 @@ import sys
 import time
 from types import FrameType
 
-from rolloutrun_runtime.contract.pod import ENV_POD_IP, ray_worker_node_argv
+from rolloutrun_runtime.contract.pod import (
+    ENV_GYM_TOKEN,
+    ENV_POD_IP,
+    ray_auth_token,
+    ray_worker_node_argv,
+)
 from rolloutrun_runtime.workers.ray_cluster import (
     NODE_START_TIMEOUT_S,
     RayClusterError,
@@ -42,6 +47,9 @@ def worker_argv(address: str, node_ip: str, slots: int, num_cpus: int | None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The run's token only derives the cluster's Ray token: no Ray process inherits it.
+    run_token = os.environ.pop(ENV_GYM_TOKEN, None)
+    auth_token = ray_auth_token(run_token) if run_token else None
     parser = argparse.ArgumentParser(prog="python -m rolloutrun_runtime.workers.ray_node")
     parser.add_argument("--address", required=True, help="the head's GCS address host:port")
     parser.add_argument("--slots", type=int, default=1, help="generation slots offered")
@@ -60,10 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ray_node: {error}", file=sys.stderr)
         return 1
     command = worker_argv(args.address, args.node_ip, args.slots, args.num_cpus)
-    return run_node(command, parsed.host, parsed.port, args.wait_s)
+    return run_node(command, parsed.host, parsed.port, args.wait_s, auth_token)
 
 
-def run_node(command: list[str], host: str, port: int, wait_s: float) -> int:
+def run_node(
+    command: list[str], host: str, port: int, wait_s: float, auth_token: str | None = None
+) -> int:
     """``command`` until it ends after having started, or fails to start too often."""
     child: subprocess.Popen[bytes] | None = None
 
@@ -79,7 +89,7 @@ def run_node(command: list[str], host: str, port: int, wait_s: float) -> int:
     for attempt in range(1, START_ATTEMPTS + 1):
         wait_for_port(host, port, wait_s)
         began = time.monotonic()
-        child = subprocess.Popen(command, env=node_env())
+        child = subprocess.Popen(command, env=node_env(auth_token=auth_token))
         code = child.wait()
         if code == 0 or time.monotonic() - began >= STARTED_AFTER_S:
             return code

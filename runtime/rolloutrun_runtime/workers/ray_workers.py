@@ -151,7 +151,9 @@ class RayWorkers:
             raise WorkerError("Ray workers were already started")
         state_dict, version = self._initial
         self._initial = None
-        self._ray = RayConnection(self.cfg, self.host, self.cfg.log_dir)
+        # Ray actors do not inherit the driver's environment: hand them the run's token.
+        token = data_plane_token(self.token, "the generation workers")
+        self._ray = RayConnection(self.cfg, self.host, self.cfg.log_dir, token)
         await asyncio.to_thread(self._ray.open)
         resources = actor_resources(self.cfg)
         # On other nodes (worker pods, a joined cluster) the servers listen on their node's
@@ -159,8 +161,6 @@ class RayWorkers:
         remote = bool(resources) or bool(self.cfg.workers.ray_address)
         bind_host = None if remote else self.host
         cfg_data = self.cfg.model_dump(mode="json")
-        # Ray actors do not inherit the driver's environment: hand them the run's token.
-        token = data_plane_token(self.token, "the generation workers")
         weights = ray.put(_cpu_state(state_dict))
         workers = self.cfg.workers.generation_workers
         gpus = actor_gpus(self.cfg.policy.device, ray.cluster_resources().get("GPU", 0), workers)

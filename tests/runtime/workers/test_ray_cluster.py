@@ -61,3 +61,16 @@ def test_worker_nodes_offer_generation_slots_and_actors_ask_for_one() -> None:
     placed = RunConfig.model_validate({"workers": {"workerNodes": 2}})
     assert actor_resources(placed) == {RAY_GENERATION_RESOURCE: 1.0}
     assert actor_resources(RunConfig()) == {}  # no worker nodes: beside the trainer
+
+
+def test_the_cluster_authenticates_with_a_token_derived_from_the_runs():
+    from rolloutrun_runtime.contract.pod import ray_auth_token
+    from rolloutrun_runtime.workers.ray_cluster import node_env
+
+    derived = ray_auth_token("run-secret")
+    assert derived == ray_auth_token("run-secret") and "run-secret" not in derived
+    env = node_env({"PATH": "/bin"}, auth_token=derived)
+    assert (env["RAY_AUTH_MODE"], env["RAY_AUTH_TOKEN"]) == ("token", derived)
+    assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"  # 0 refuses worker nodes
+    chosen = node_env({"RAY_AUTH_MODE": "disabled"}, auth_token=derived)
+    assert chosen["RAY_AUTH_MODE"] == "disabled" and "RAY_AUTH_TOKEN" not in chosen
