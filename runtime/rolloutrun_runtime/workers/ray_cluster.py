@@ -242,7 +242,7 @@ class RayConnection:
             ray.init(_node_ip_address="127.0.0.1", **options)
             self.owns_driver = True
             return
-        os.environ.update(auth_env(self.auth_token, os.environ))  # the driver authenticates
+        self._authenticate_driver()
         try:
             self._init_driver(gcs)
         except BaseException:
@@ -250,6 +250,19 @@ class RayConnection:
             raise
         self.owns_driver = True
         logger.info("Ray driver on node %s (%s) of the cluster at %s", self.host, self.kind, gcs)
+
+    def _authenticate_driver(self) -> None:
+        """This process as a client of the token-authenticated cluster. Ray reads its auth
+        mode into its config once (at import), so the config and the token cache are
+        reloaded after the environment is set (as Ray's own tests do)."""
+        env = auth_env(self.auth_token, os.environ)
+        if not env:
+            return
+        os.environ.update(env)
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
 
     def _init_driver(self, gcs: str) -> None:
         """``ray.init`` on our node: the GCS answers before our raylet has registered, so
