@@ -14,7 +14,7 @@ from rolloutrun_localcluster.embedded import EmbeddedRun, member_replacements
 from rolloutrun_localcluster.testing import eventually
 from tests.e2e.conftest import RUN_BOUND_S, finish, tiny, wait_for_snapshot
 
-MAX_STEPS = 60
+MAX_STEPS = 400  # about two minutes: still training when the worker pod is deleted
 
 
 def _replaced(run: EmbeddedRun) -> int:
