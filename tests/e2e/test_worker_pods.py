@@ -12,7 +12,7 @@ import pytest
 
 from rolloutrun_localcluster.embedded import EmbeddedRun, member_replacements
 from rolloutrun_localcluster.testing import eventually
-from tests.e2e.conftest import RUN_BOUND_S, finish, tiny, wait_for_snapshot
+from tests.e2e.conftest import RUN_BOUND_S, tiny, wait_for_snapshot
 
 MAX_STEPS = 400  # about two minutes: still training when the worker pod is deleted
 
@@ -32,7 +32,10 @@ def test_a_deleted_worker_pod_is_replaced_within_one_incarnation(start_run: Any)
     wait_for_snapshot(run)
     run.delete_pod(f"{run.name}-i1-worker-0")
     eventually(lambda: _replaced(run) >= 1, timeout=RUN_BOUND_S * 2, what="worker replaced")
-    summary = finish(run)
+    # A generation call in flight on the lost worker waits for the rollout timeout (the pod's
+    # address stops answering): the run needs more than one RUN_BOUND_S to end.
+    result, preempted = run.follow(timeout=RUN_BOUND_S * 3, interval=0.2)
+    summary = run.summary(result, preempted)
     assert summary["result"] == "Succeeded", summary
     assert summary["steps"] == MAX_STEPS
     assert summary["incarnations"] == 1, summary  # the trainer (the Ray head) never restarted

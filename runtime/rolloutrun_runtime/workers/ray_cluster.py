@@ -37,8 +37,10 @@ logger = logging.getLogger(__name__)
 
 #: Seconds to wait for a Ray node's GCS to answer (a loaded machine starts Ray slowly).
 NODE_START_TIMEOUT_S = 120.0
-#: Seconds a stopped node gets to end before its group is killed.
-NODE_STOP_TIMEOUT_S = 20.0
+#: Seconds a stopped node gets to end before its group is killed (``ray start --block``
+#: drains on SIGTERM, which waits on nodes that may be gone: the run's state is durable
+#: elsewhere, so the wait is short).
+NODE_STOP_TIMEOUT_S = 5.0
 #: Ray refuses multi-node clusters when this is 0 (its name says Windows and macOS, but it
 #: is read on Linux too): a node we start sets it so that worker nodes may join.
 RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"

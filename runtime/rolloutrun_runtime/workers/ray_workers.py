@@ -47,6 +47,8 @@ ACTOR_TIMEOUT_S = 120.0
 NODE_JOIN_TIMEOUT_S = 600.0
 #: Replacements of one generation actor (its node lost) before the run stops.
 MAX_ACTOR_REPLACEMENTS = 8
+#: Seconds an actor gets to close its server on stop (a lost node's actor never answers).
+ACTOR_STOP_TIMEOUT_S = 5.0
 
 
 @ray.remote(num_cpus=0)
@@ -279,13 +281,14 @@ class RayWorkers:
             task.cancel()
             ray.kill(replacement)
         self.pending = {}
-        for actor in actors:
-            if actor is None:
-                continue
-            try:
-                await asyncio.wait_for(actor.stop.remote(), ACTOR_TIMEOUT_S)
-            except (ray.exceptions.RayError, TimeoutError) as error:
-                logger.warning("generation actor did not stop cleanly: %s", error)
+        live = [actor for actor in actors if actor is not None]
+        results = await asyncio.gather(
+            *[asyncio.wait_for(a.stop.remote(), ACTOR_STOP_TIMEOUT_S) for a in live],
+            return_exceptions=True,
+        )
+        for actor, result in zip(live, results, strict=True):
+            if isinstance(result, ray.exceptions.RayError | TimeoutError):
+                logger.warning("generation actor did not stop cleanly: %r", result)
             ray.kill(actor)
         self.endpoints = []
         self.placements = []
