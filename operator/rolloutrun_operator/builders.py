@@ -217,6 +217,8 @@ def render_run_config(
         data["name"] = run_name(run)
     data.setdefault("gym", {})["replicas"] = run.spec.gym.replicas
     data["gym"]["endpoints"] = list(endpoints or [])
+    if run.spec.workers.replicas:  # the generation actors go to the worker pods' nodes
+        data.setdefault("workers", {})["workerNodes"] = run.spec.workers.replicas
     checkpointing = data.setdefault("checkpointing", {})
     checkpointing["storageUri"] = run.spec.storage.uri
     if resume_from:

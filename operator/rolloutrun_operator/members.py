@@ -18,13 +18,14 @@ created once the lost pod is gone. Failures of one member are bounded
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from rolloutrun_operator import builders, naming
 from rolloutrun_operator.api.v1alpha1 import MemberReplacements, MemberState
 from rolloutrun_operator.losses import pod_loss, serving
 from rolloutrun_operator.observe import PodView, format_time, parse_time
 from rolloutrun_operator.plan import Action, Event, Loss, LossKind, Pass, Verb
+from rolloutrun_runtime.contract.pod import worker_pod_name
 
 #: Replacement times kept per role in ``status.memberReplacements[].recentSeconds``.
 RECENT_REPLACEMENTS = 16
@@ -73,15 +74,17 @@ def replace_members(
     replicas: int,
     pods: Mapping[int | None, PodView],
     build: Callable[[int, int], builders.Manifest],
+    indices: Iterable[int] | None = None,
 ) -> Loss | None:
     """Keep members ``0..replicas-1`` of ``role`` serving in the running incarnation.
 
     A lost pod (:func:`losses.pod_loss`, or gone) is deleted and recreated under its index
     with the next generation; a pod of an older generation is only waited for. Returns the
     loss that ends the incarnation when a member's failures reached the limit, else None.
+    ``indices``: the members to look at (default: all).
     """
     limit = p.run.spec.recovery.max_member_failures
-    for index in range(replicas):
+    for index in range(replicas) if indices is None else indices:
         state = member_state(p, role, index)
         wanted = state.generation if state is not None else 0
         pod = pods.get(index)
@@ -122,7 +125,8 @@ def _gone(p: Pass, role: str, index: int, state: MemberState | None) -> Loss | N
     """A missing pod is a loss unless its replacement is already wanted (created, not seen)."""
     if state is not None and state.lost_at is not None:
         return None
-    name = naming.gym_pod_name(p.name, p.status.incarnation, index)
+    pod_name = naming.gym_pod_name if role == naming.Role.GYM else worker_pod_name
+    name = pod_name(p.name, p.status.incarnation, index)
     return Loss("PodDeleted", name, LossKind.PREEMPTION, f"{role} {index} ({name}) disappeared")
 
 

@@ -70,6 +70,10 @@ def generation_network_policy(run: RolloutRun) -> Manifest:
         naming.Role.GYM,
         naming.Role.TRAINER,
     )
+    if run.spec.workers.replicas:  # worker pods are Ray nodes of the trainer's head: Ray's
+        # GCS and raylet ports (several of them dynamic), all from the run's worker pods only
+        worker_pods = {"podSelector": _member_pods(run, naming.Role.WORKER)}
+        policy["spec"]["ingress"].append({"from": [worker_pods]})
     peers = _metrics_peers(run)
     if peers:  # an empty "from" would admit every source
         policy["spec"]["ingress"].append(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rolloutrun_operator import naming
+from rolloutrun_runtime.contract.pod import LABEL_WORKER_INDEX
 
 
 def parse_time(value: Any) -> dt.datetime | None:
@@ -123,6 +124,7 @@ class PodView:
     role: str
     incarnation: int | None
     gym_index: int | None = None
+    worker_index: int | None = None
     phase: str = "Pending"
     pod_ip: str | None = None
     node_name: str | None = None
@@ -186,6 +188,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         role=str(labels.get(naming.LABEL_ROLE, "")),
         incarnation=_int(labels.get(naming.LABEL_INCARNATION)),
         gym_index=_int(labels.get(naming.LABEL_GYM_INDEX)),
+        worker_index=_int(labels.get(LABEL_WORKER_INDEX)),
         phase=str(status.get("phase") or "Pending"),
         pod_ip=status.get("podIP") or None,
         node_name=(pod.get("spec") or {}).get("nodeName") or None,

@@ -64,6 +64,7 @@ from rolloutrun_operator.plan import (
 )
 from rolloutrun_operator.problems import Problem, first_pod_problem, spec_problems
 from rolloutrun_operator.progress import step_rate
+from rolloutrun_operator.worker_pods import keep_workers
 
 #: How long a healthy run waits before looking again without any event: a resync (events of
 #: the run, its pods and its Lease's holder wake it sooner; the Lease's expiry is timed
@@ -341,6 +342,8 @@ def _run_incarnation(p: Pass) -> None:
     loss = find_loss(p, trainer, gyms, launched, elastic)
     if loss is None and launched and elastic:
         loss = _replace_gyms(p, gyms)
+    if loss is None and launched:
+        loss = keep_workers(p, members, trainer)
     if loss is not None:
         _end_incarnation(p, members, loss)
         return
@@ -405,7 +408,8 @@ def _keep_running(
     stable_at = started + dt.timedelta(seconds=p.run.spec.recovery.stable_period_seconds)
     if p.now >= stable_at:
         p.status.consecutive_losses = 0
-    all_running = all(pod.phase == "Running" for pod in members) and len(members) == replicas + 1
+    others = sum(1 for pod in members if pod.role != naming.Role.WORKER)  # worker_pods.py
+    all_running = all(pod.phase == "Running" for pod in members) and others == replicas + 1
     step = f"step {p.status.train_step} of {p.run.spec.run.grpo.max_steps}"
     pending = replacing(p)
     if pending:
@@ -477,7 +481,7 @@ def _wait_for_previous(p: Pass, stale: list[PodView]) -> None:
 
 
 def _succeed(p: Pass, members: list[PodView]) -> None:
-    p.delete_pods([pod for pod in members if pod.role == naming.Role.GYM])
+    p.delete_pods([pod for pod in members if pod.role in (naming.Role.GYM, naming.Role.WORKER)])
     p.status.next_start_time = None
     message = f"trained {p.run.spec.run.grpo.max_steps} steps"
     p.say(succeeded=Desired(True, "MaxStepsReached", message), **_stopped("Succeeded"))

@@ -74,6 +74,7 @@ def test_the_summary_line_rounds_the_thrown_away_time_and_says_when_it_is_unknow
 def test_preempt_roles_are_member_roles() -> None:
     assert preempt_roles("gym") == {"gym"}
     assert preempt_roles("trainer, gym") == {"trainer", "gym"}
-    for bad in ("worker", "", "gym,nope"):
-        with pytest.raises(argparse.ArgumentTypeError, match="choose from trainer,gym"):
+    assert preempt_roles("trainer,gym,worker") == {"trainer", "gym", "worker"}  # worker pods
+    for bad in ("", "gym,nope"):
+        with pytest.raises(argparse.ArgumentTypeError, match="choose from trainer,gym,worker"):
             preempt_roles(bad)

@@ -339,11 +339,15 @@ def test_the_gym_template_is_checked_against_the_gym_pod():
     assert "the member container is 'gym'" in problem
 
 
-def test_the_workers_field_is_reserved():
+def test_the_workers_template_is_checked_against_the_worker_pod():
     doc = copy.deepcopy(BASE)
-    doc["spec"]["workers"] = {"template": {"spec": {"tolerations": []}}}
+    doc["spec"]["run"] = {**doc["spec"].get("run", {}), "workers": {"backend": "ray"}}
+    doc["spec"]["workers"] = {
+        "replicas": 1,
+        "template": {"spec": {"volumes": [{"name": "shm", "emptyDir": {}}]}},
+    }
     (problem,) = refused(doc)
-    assert problem.startswith("spec.workers: ") and "spec.trainer.template" in problem
+    assert problem.startswith("spec.workers.template.spec.volumes.0.name: ")
 
 
 def test_a_template_conflict_in_the_builder_names_every_field():

@@ -31,7 +31,7 @@ from rolloutrun_operator.api.common import (
     _Model,
 )
 from rolloutrun_operator.api.gym_server import ARGS_NEED_COMMAND, UserServerSettings
-from rolloutrun_operator.api.pod_template import RESERVED_OBJECT, PodTemplate, reserved_schema
+from rolloutrun_operator.api.pod_template import PodTemplate
 from rolloutrun_operator.api.rules import (
     RESERVED_ENV_RULE,
     STORAGE_NEEDS_CLAIM,
@@ -70,6 +70,7 @@ from rolloutrun_runtime.contract.run_config import (
     STORAGE_URI_PATTERN,
     CheckpointingSettings,
     RunSettings,
+    WorkerBackend,
 )
 
 GROUP = API_GROUP
@@ -149,6 +150,21 @@ class TrainerPodSettings(PodSettings):
         ge=1024,
         le=65_535,
         description="Port of the trainer's generation endpoint.",
+    )
+
+
+class WorkerPodSettings(PodSettings):
+    """Generation-worker pods: Ray worker nodes joining the head the trainer starts on its
+    pod address; the generation actors are placed on them (docs/runtime.md "Generation
+    workers as pods")."""
+
+    replicas: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description=(
+            "Worker pods; 0 (the default): the generation workers run in the trainer pod."
+        ),
     )
 
 
@@ -382,26 +398,25 @@ class RolloutRunSpec(_Model):
         default_factory=NetworkSpec,
         description="Ingress to the member pods beyond the run's own (NetworkPolicies).",
     )
-    workers: Any = Field(
-        None,
+    workers: WorkerPodSettings = Field(
+        default_factory=WorkerPodSettings,
         description=(
-            "Reserved for generation-worker pods (a template like spec.trainer.template); "
-            "refused today: the workers run inside the trainer pod, shaped by "
-            "spec.trainer.template."
+            "Generation-worker pods (Ray worker nodes of the trainer's head; the trainer "
+            "image); replicas 0: the workers run in the trainer pod."
         ),
-        json_schema_extra=reserved_schema(RESERVED_OBJECT),
     )
 
-    @field_validator("workers")
-    @classmethod
-    def _workers_reserved(cls, workers: Any) -> Any:
-        if workers is not None:
-            raise ValueError(
-                "reserved: the operator builds no generation-worker pods; the workers run "
-                "inside the trainer pod (in-process or Ray): shape them with "
-                "spec.trainer.template"
-            )
-        return workers
+    @model_validator(mode="after")
+    def _worker_pods_need_ray(self) -> RolloutRunSpec:
+        if self.workers.replicas > 0:
+            if self.run.workers.backend is not WorkerBackend.RAY:
+                raise ValueError("workers.replicas > 0 needs run.workers.backend 'ray'")
+            if self.run.workers.ray_address:
+                raise ValueError(
+                    "workers.replicas > 0 starts a Ray head in the trainer pod: leave "
+                    "run.workers.rayAddress unset (or join that cluster without worker pods)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _grace_below_termination(self) -> RolloutRunSpec:

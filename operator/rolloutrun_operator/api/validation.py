@@ -147,11 +147,18 @@ def template_problems(run: RolloutRun) -> list[str]:
     override of the operator's member pods, found by merging them into the pods the
     operator builds (:mod:`~rolloutrun_operator.pod_templates`), as ``path: why`` lines.
     The fields the operator always sets are refused before, by the models."""
-    if run.spec.trainer.template is None and run.spec.gym.template is None:
+    templates = (run.spec.trainer.template, run.spec.gym.template, run.spec.workers.template)
+    if all(template is None for template in templates):
         return []
+    from rolloutrun_operator.worker_pods import worker_pod
+
     named = run.model_copy(update={"metadata": {"name": "run", **run.metadata}})
     problems: list[str] = []
-    for build in (lambda: builders.trainer_pod(named, 0), lambda: builders.gym_pod(named, 0, 0)):
+    for build in (
+        lambda: builders.trainer_pod(named, 0),
+        lambda: builders.gym_pod(named, 0, 0),
+        lambda: worker_pod(named, 0, 0, 0, "10.0.0.1") if run.spec.workers.replicas else {},
+    ):
         try:
             build()
         except pod_templates.TemplateConflict as conflict:

@@ -14,6 +14,7 @@ annotation prefix) stay in ``rolloutrun_operator.naming``.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ LABEL_INCARNATION = f"{API_GROUP}/incarnation"
 """The incarnation a member pod belongs to (decimal)."""
 LABEL_GYM_INDEX = f"{API_GROUP}/gym-index"
 """The Gym replica's index (decimal); its stable instance id is :func:`gym_instance_id`."""
+LABEL_WORKER_INDEX = f"{API_GROUP}/worker-index"
+"""A generation-worker pod's index (decimal), kept when the pod is replaced."""
 LABEL_MEMBER_GENERATION = f"{API_GROUP}/member-generation"
 """Which replacement of its member (role and index) a pod is within its incarnation
 (decimal; 0 for the pod the incarnation started with): the operator recreates a lost Gym
@@ -43,6 +46,7 @@ class Role(enum.StrEnum):
 
     TRAINER = "trainer"
     GYM = "gym"
+    WORKER = "worker"
 
 
 # -------------------------------------------------------------------- lease annotations
@@ -141,6 +145,52 @@ DEFAULT_GENERATION_PORT = 8100
 #: The trainer container's Prometheus ``/metrics`` port (its own network namespace).
 TRAINER_METRICS_PORT = 9464
 
+# -------------------------------------------------------------------------------- Ray
+#: The GCS port of the Ray head the trainer starts on its pod address when the run has
+#: worker pods (``spec.workers.replicas``); KubeRay's default head port, so a GCS address
+#: reads the same in both worlds.
+RAY_GCS_PORT = 6379
+#: The custom Ray resource a worker node offers and each generation actor asks one unit
+#: of: what places the actors on worker nodes and never on the trainer's (head) node.
+RAY_GENERATION_RESOURCE = f"{API_GROUP}/generation"
+
+
+def generation_slots(generation_workers: int, worker_nodes: int) -> int:
+    """Units of :data:`RAY_GENERATION_RESOURCE` each worker node offers: enough that the
+    ``generation_workers`` actors fit on ``worker_nodes`` nodes, spread evenly."""
+    if worker_nodes < 1 or generation_workers < 1:
+        raise ValueError("generation_slots needs at least one worker node and one worker")
+    return -(-generation_workers // worker_nodes)
+
+
+def ray_auth_token(run_token: str) -> str:
+    """The token of a run's Ray cluster (``RAY_AUTH_MODE=token``), derived from the run's
+    data-plane token: the head and every worker pod derive the same one, and a process
+    holding it (any Ray process) can neither call the Gym control plane nor the generation
+    API with it."""
+    return hashlib.sha256(f"rolloutrun-ray:{run_token}".encode()).hexdigest()
+
+
+def ray_worker_node_argv(
+    head_address: str, node_ip: str, slots: int, num_cpus: int | None = None
+) -> list[str]:
+    """``ray start`` arguments (after ``ray``) of a worker node joining ``head_address``
+    (``host:port``) as ``node_ip``, offering ``slots`` generation slots; blocks until the
+    node ends. Spelled once: the operator's worker pods and the runtime's entry point
+    (``python -m rolloutrun_runtime.workers.ray_node``) both run it."""
+    argv = [
+        "start",
+        f"--address={head_address}",
+        f"--node-ip-address={node_ip}",
+        f"--resources={json.dumps({RAY_GENERATION_RESOURCE: slots})}",
+        "--disable-usage-stats",
+        "--block",
+    ]
+    if num_cpus is not None:
+        argv.append(f"--num-cpus={num_cpus}")
+    return argv
+
+
 # ------------------------------------------------------------------------------ Lease
 #: Seconds a trainer's Lease stays valid without renewal when the pod does not say.
 DEFAULT_LEASE_DURATION_S = 15
@@ -221,6 +271,10 @@ def trainer_pod_name(run: str, incarnation: int) -> str:
 
 def gym_pod_name(run: str, incarnation: int, index: int) -> str:
     return f"{run}-i{incarnation}-gym-{index}"
+
+
+def worker_pod_name(run: str, incarnation: int, index: int) -> str:
+    return f"{run}-i{incarnation}-worker-{index}"
 
 
 def gym_instance_id(run: str, index: int) -> str:

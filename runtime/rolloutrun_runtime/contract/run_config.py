@@ -378,10 +378,29 @@ class WorkersConfig(_Model):
     ray_address: str | None = Field(
         None,
         max_length=512,
-        description="Ray cluster address to join; default: start a local Ray on 127.0.0.1.",
+        description=(
+            "Ray cluster to join: a GCS address host:port (the trainer joins as a node) or "
+            "ray://host:port (Ray Client); default: a Ray of the trainer's own (with "
+            "worker pods, a head on the pod address)."
+        ),
     )
     generation_workers: int = Field(
         1, ge=1, le=256, description="Generation server workers behind the policy endpoint."
+    )
+
+
+class WorkerPlacement(WorkersConfig):
+    """:class:`WorkersConfig` plus what the operator derives from ``spec.workers``."""
+
+    worker_nodes: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description=(
+            "Ray worker nodes offering the generation resource (rolloutrun.dev/generation) "
+            "the generation actors are placed on (the operator sets it from "
+            "spec.workers.replicas); 0: the actors run on the trainer's own node."
+        ),
     )
 
 
@@ -443,6 +462,7 @@ OPERATOR_OWNED_FIELDS: dict[str, str] = {
     "checkpointing.resumeHint": "the latest published snapshot manifest",
     "gym.replicas": "spec.gym.replicas",
     "gym.endpoints": "the Gym pods' addresses",
+    "workers.workerNodes": "spec.workers.replicas",
 }
 
 
@@ -454,6 +474,9 @@ class RunConfig(RunSettings):
         default_factory=CheckpointingConfig, description="Checkpoints and rollout snapshots."
     )
     gym: GymConfig = Field(default_factory=GymConfig, description="Gym environment servers.")
+    workers: WorkerPlacement = Field(
+        default_factory=WorkerPlacement, description="Policy worker placement."
+    )
 
     @model_validator(mode="after")
     def _endpoints_match_replicas(self) -> RunConfig:

@@ -1,0 +1,318 @@
+"""The trainer's place in a Ray cluster: a head on its pod address, a node joining one, or
+a private Ray on 127.0.0.1; and where the generation actors go.
+
+Why: a Ray driver needs a Ray node on its own machine, so a trainer pod that only calls
+``ray.init("host:port")`` cannot join a cluster (only Ray Client, ``ray://``, worked). Here
+the trainer itself becomes a node: with worker pods (``workers.workerNodes``) it starts the
+head, bound to ``$POD_IP`` with the GCS on :data:`~rolloutrun_runtime.contract.pod.RAY_GCS_PORT`,
+and the worker pods join it (:mod:`.ray_node`); given a GCS address (an existing KubeRay
+cluster) it joins as a node offering nothing, and drives from there. The node runs as
+``ray start --block`` in its own process group, so stopping it is one signal to the group
+and a crashed trainer takes it down with its pod.
+
+The generation actors ask for one unit of
+:data:`~rolloutrun_runtime.contract.pod.RAY_GENERATION_RESOURCE` when worker nodes are
+configured (only worker nodes offer it: the actors never land on the trainer's node), and
+run beside the trainer otherwise (today's in-pod behaviour).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rolloutrun_runtime.contract.pod import RAY_GCS_PORT, RAY_GENERATION_RESOURCE, ray_auth_token
+from rolloutrun_runtime.contract.run_config import RunConfig
+
+logger = logging.getLogger(__name__)
+
+#: Seconds to wait for a Ray node's GCS to answer (a loaded machine starts Ray slowly).
+NODE_START_TIMEOUT_S = 120.0
+#: Seconds a stopped node gets to end before its group is killed (``ray start --block``
+#: drains on SIGTERM, which waits on nodes that may be gone: the run's state is durable
+#: elsewhere, so the wait is short).
+NODE_STOP_TIMEOUT_S = 5.0
+#: Ray refuses multi-node clusters when this is 0 (its name says Windows and macOS, but it
+#: is read on Linux too): a node we start sets it so that worker nodes may join.
+RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
+
+
+class AddressKind(enum.StrEnum):
+    CLIENT = "client"  # ray://host:port, Ray Client: no node needed here
+    GCS = "gcs"  # host:port, the GCS: this process joins as a node
+
+
+class RayClusterError(RuntimeError):
+    """A Ray node could not be started or joined."""
+
+
+@dataclass(frozen=True)
+class RayAddress:
+    kind: AddressKind
+    host: str
+    port: int
+
+    @property
+    def gcs(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_address(address: str) -> RayAddress:
+    """``ray://host:port`` or ``host:port``; anything else is refused by name."""
+    kind = AddressKind.GCS
+    rest = address.strip()
+    if rest.startswith("ray://"):
+        kind, rest = AddressKind.CLIENT, rest[len("ray://") :]
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or "/" in rest or not port.isdigit() or not 0 < int(port) < 65536:
+        raise RayClusterError(
+            f"workers.rayAddress {address!r} is neither a GCS address 'host:port' nor "
+            "'ray://host:port'"
+        )
+    return RayAddress(kind, host, int(port))
+
+
+def ray_command(*args: str) -> list[str]:
+    """The ``ray`` CLI of this interpreter (no reliance on ``$PATH``)."""
+    return [sys.executable, "-m", "ray.scripts.scripts", *args]
+
+
+def head_argv(node_ip: str, port: int = RAY_GCS_PORT) -> list[str]:
+    """``ray start --head`` on ``node_ip`` with the GCS on ``port``, offering no generation
+    slots (the head is the trainer's node)."""
+    return ray_command(
+        "start",
+        "--head",
+        f"--node-ip-address={node_ip}",
+        f"--port={port}",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        "--block",
+    )
+
+
+def member_argv(gcs: str, node_ip: str) -> list[str]:
+    """``ray start`` joining ``gcs`` as ``node_ip``: a driver's node, offering nothing."""
+    return ray_command(
+        "start",
+        f"--address={gcs}",
+        f"--node-ip-address={node_ip}",
+        "--num-cpus=0",
+        "--disable-usage-stats",
+        "--block",
+    )
+
+
+def auth_env(auth_token: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """Ray's token authentication with the run's Ray token (:func:`ray_auth_token`), unless
+    the environment chose a mode already (tests run ``RAY_AUTH_MODE=disabled``)."""
+    if auth_token is None or environ.get(RAY_AUTH_MODE_ENV):
+        return {}
+    return {RAY_AUTH_MODE_ENV: "token", RAY_AUTH_TOKEN_ENV: auth_token}
+
+
+def node_env(
+    environ: dict[str, str] | None = None, auth_token: str | None = None
+) -> dict[str, str]:
+    env = dict(os.environ if environ is None else environ)
+    env[RAY_CLUSTER_ENV] = "1"
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env.update(auth_env(auth_token, env))
+    return env
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, alive: Any = None) -> None:
+    """Until ``host:port`` accepts a connection (``alive()`` false: the process died)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=2.0):
+                return
+        except OSError as error:
+            if alive is not None and not alive():
+                raise RayClusterError(f"the Ray node ended before {host}:{port}") from error
+            if time.monotonic() > deadline:
+                raise RayClusterError(f"no Ray GCS at {host}:{port}: {error}") from error
+            time.sleep(0.2)
+
+
+class RayNode:
+    """One ``ray start --block`` process group of ours (head or joining node)."""
+
+    def __init__(
+        self, argv: list[str], log_path: str | None = None, auth_token: str | None = None
+    ) -> None:
+        self.argv = argv
+        self.log_path = log_path
+        self.auth_token = auth_token
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self.process = subprocess.Popen(
+                self.argv,
+                env=node_env(auth_token=self.auth_token),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: stopped (and killed) as one
+            )
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()  # type: ignore[union-attr]
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        for sig, wait in ((signal.SIGTERM, NODE_STOP_TIMEOUT_S), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def wants_worker_nodes(cfg: RunConfig) -> bool:
+    return cfg.workers.worker_nodes > 0
+
+
+def actor_resources(cfg: RunConfig) -> dict[str, float]:
+    """The custom resources each generation actor asks for: one generation slot when the
+    run has worker nodes, none (the trainer's node) otherwise."""
+    return {RAY_GENERATION_RESOURCE: 1.0} if wants_worker_nodes(cfg) else {}
+
+
+class RayConnection:
+    """This process as a Ray driver, as ``cfg.workers`` says; :meth:`close` undoes what
+    :meth:`open` did (a Ray initialised by the caller is reused and left running)."""
+
+    def __init__(
+        self, cfg: RunConfig, host: str, log_dir: str | None = None, token: str | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.host = host
+        self.log_dir = log_dir
+        #: The cluster's token (derived from the run's): our node and our driver use it.
+        self.auth_token = ray_auth_token(token) if token else None
+        self.node: RayNode | None = None
+        self.owns_driver = False
+        self.kind = "local"
+
+    def open(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            self.kind = "existing"
+            return
+        address = self.cfg.workers.ray_address
+        options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+        if address:
+            parsed = parse_address(address)
+            if parsed.kind is AddressKind.CLIENT:
+                self.kind = "client"
+                ray.init(address=address, log_to_driver=False)
+                self.owns_driver = True
+                return
+            self.kind = "joined"
+            self._start_node(member_argv(parsed.gcs, self.host), parsed.host, parsed.port)
+            gcs = parsed.gcs
+        elif wants_worker_nodes(self.cfg):
+            self.kind = "head"
+            self._start_node(head_argv(self.host), self.host, RAY_GCS_PORT)
+            gcs = f"{self.host}:{RAY_GCS_PORT}"
+        else:
+            ray.init(_node_ip_address="127.0.0.1", **options)
+            self.owns_driver = True
+            return
+        self._authenticate_driver()
+        try:
+            self._init_driver(gcs)
+        except BaseException:
+            self.close()
+            raise
+        self.owns_driver = True
+        logger.info("Ray driver on node %s (%s) of the cluster at %s", self.host, self.kind, gcs)
+
+    def _authenticate_driver(self) -> None:
+        """This process as a client of the token-authenticated cluster. Ray reads its auth
+        mode into its config once (at import), so the config and the token cache are
+        reloaded after the environment is set (as Ray's own tests do)."""
+        env = auth_env(self.auth_token, os.environ)
+        if not env:
+            return
+        os.environ.update(env)
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+    def _init_driver(self, gcs: str) -> None:
+        """``ray.init`` on our node: the GCS answers before our raylet has registered, so
+        a refusal is retried while the node lives (bounded)."""
+        import ray
+
+        deadline = time.monotonic() + NODE_START_TIMEOUT_S
+        while True:
+            try:
+                ray.init(address=gcs, _node_ip_address=self.host, log_to_driver=False)
+                return
+            except (ConnectionError, RuntimeError, ValueError) as error:
+                ray.shutdown()
+                if self.node is None or not self.node.alive():
+                    raise RayClusterError(f"the Ray node at {self.host} ended: {error}") from error
+                if time.monotonic() > deadline:
+                    raise RayClusterError(f"no Ray node at {self.host}: {error}") from error
+                time.sleep(0.5)
+
+    def _start_node(self, argv: list[str], gcs_host: str, gcs_port: int) -> None:
+        log_dir = self.log_dir
+        log = os.path.join(log_dir, "ray-node.log") if log_dir and os.path.isdir(log_dir) else None
+        self.node = RayNode(argv, log, self.auth_token)
+        self.node.start()
+        wait_for_port(gcs_host, gcs_port, NODE_START_TIMEOUT_S, self.node.alive)
+
+    def close(self) -> None:
+        import ray
+
+        if self.owns_driver:
+            ray.shutdown()
+            self.owns_driver = False
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
+            if self.kind == "head":
+                forget_head(f"{self.host}:{RAY_GCS_PORT}")
+
+
+def forget_head(gcs: str) -> None:
+    """Remove Ray's "current cluster" file when it names our stopped head: a later
+    ``ray.init()`` on this machine would otherwise try to join it."""
+    from ray._common.utils import get_ray_address_file
+
+    path = get_ray_address_file(None)
+    try:
+        with open(path) as file:
+            if file.read().strip() == gcs:
+                os.remove(path)
+    except OSError:
+        pass

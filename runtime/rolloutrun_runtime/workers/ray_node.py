@@ -1,0 +1,102 @@
+"""A generation-worker pod's process: wait for the trainer's Ray head, then join it.
+
+Why a small entry point rather than ``ray start`` in the pod spec: the worker pod is created
+as soon as the trainer pod has an address, before the trainer has started its head, and
+``ray start --address`` gives up when the GCS is slow to take it; this waits (bounded) for
+the GCS to answer, then runs ``ray start ... --block`` (arguments spelled once in
+:func:`rolloutrun_runtime.contract.pod.ray_worker_node_argv`), again when it failed to
+start, at most :data:`START_ATTEMPTS` times. A node that started and then ended (its head
+gone) ends the process: the operator replaces the pod.
+
+    python -m rolloutrun_runtime.workers.ray_node --address HOST:PORT --slots N
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+
+from rolloutrun_runtime.contract.pod import (
+    ENV_GYM_TOKEN,
+    ENV_POD_IP,
+    ray_auth_token,
+    ray_worker_node_argv,
+)
+from rolloutrun_runtime.workers.ray_cluster import (
+    NODE_START_TIMEOUT_S,
+    RayClusterError,
+    node_env,
+    parse_address,
+    ray_command,
+    wait_for_port,
+)
+
+#: ``ray start`` tries before the pod gives up; one that blocked this long had started.
+START_ATTEMPTS = 5
+STARTED_AFTER_S = 60.0
+
+
+def worker_argv(address: str, node_ip: str, slots: int, num_cpus: int | None) -> list[str]:
+    parsed = parse_address(address)
+    return ray_command(*ray_worker_node_argv(parsed.gcs, node_ip, slots, num_cpus))
+
+
+def main(argv: list[str] | None = None) -> int:
+    # The run's token only derives the cluster's Ray token: no Ray process inherits it.
+    run_token = os.environ.pop(ENV_GYM_TOKEN, None)
+    auth_token = ray_auth_token(run_token) if run_token else None
+    parser = argparse.ArgumentParser(prog="python -m rolloutrun_runtime.workers.ray_node")
+    parser.add_argument("--address", required=True, help="the head's GCS address host:port")
+    parser.add_argument("--slots", type=int, default=1, help="generation slots offered")
+    parser.add_argument("--node-ip", default=os.environ.get(ENV_POD_IP) or None)
+    parser.add_argument("--num-cpus", type=int, default=None)
+    parser.add_argument("--wait-s", type=float, default=NODE_START_TIMEOUT_S)
+    args = parser.parse_args(argv)
+    if not args.node_ip:
+        parser.error(f"--node-ip is required (or ${ENV_POD_IP})")
+    if args.slots < 1:
+        parser.error("--slots must be at least 1")
+    try:
+        parsed = parse_address(args.address)
+        wait_for_port(parsed.host, parsed.port, args.wait_s)
+    except RayClusterError as error:
+        print(f"ray_node: {error}", file=sys.stderr)
+        return 1
+    command = worker_argv(args.address, args.node_ip, args.slots, args.num_cpus)
+    return run_node(command, parsed.host, parsed.port, args.wait_s, auth_token)
+
+
+def run_node(
+    command: list[str], host: str, port: int, wait_s: float, auth_token: str | None = None
+) -> int:
+    """``command`` until it ends after having started, or fails to start too often."""
+    child: subprocess.Popen[bytes] | None = None
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+        else:
+            sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = 1
+    for attempt in range(1, START_ATTEMPTS + 1):
+        wait_for_port(host, port, wait_s)
+        began = time.monotonic()
+        child = subprocess.Popen(command, env=node_env(auth_token=auth_token))
+        code = child.wait()
+        if code == 0 or time.monotonic() - began >= STARTED_AFTER_S:
+            return code
+        print(f"ray_node: ray start failed ({code}), try {attempt}/{START_ATTEMPTS}", flush=True)
+        time.sleep(2.0)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The pure parts of the trainer's place in a Ray cluster: addresses, node arguments and
+where the generation actors go."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rolloutrun_runtime.contract.pod import (
+    RAY_GCS_PORT,
+    RAY_GENERATION_RESOURCE,
+    generation_slots,
+    ray_worker_node_argv,
+)
+from rolloutrun_runtime.contract.run_config import RunConfig
+from rolloutrun_runtime.workers.ray_cluster import (
+    AddressKind,
+    RayClusterError,
+    actor_resources,
+    head_argv,
+    member_argv,
+    parse_address,
+)
+
+
+def test_a_gcs_address_and_a_client_address_are_told_apart() -> None:
+    gcs = parse_address("raycluster-head-svc.ns.svc:6379")
+    assert (gcs.kind, gcs.host, gcs.port, gcs.gcs) == (
+        AddressKind.GCS,
+        "raycluster-head-svc.ns.svc",
+        6379,
+        "raycluster-head-svc.ns.svc:6379",
+    )
+    client = parse_address("ray://10.0.0.5:10001")
+    assert (client.kind, client.host, client.port) == (AddressKind.CLIENT, "10.0.0.5", 10001)
+
+
+@pytest.mark.parametrize("bad", ["", "head", "head:", ":6379", "head:99999", "http://h:1"])
+def test_a_bad_ray_address_is_refused_by_name(bad: str) -> None:
+    with pytest.raises(RayClusterError, match=r"workers\.rayAddress"):
+        parse_address(bad)
+
+
+def test_the_head_binds_the_pod_address_with_the_fixed_gcs_port() -> None:
+    argv = head_argv("10.1.2.3")
+    assert "--head" in argv and "--block" in argv
+    assert "--node-ip-address=10.1.2.3" in argv and f"--port={RAY_GCS_PORT}" in argv
+    assert not any(RAY_GENERATION_RESOURCE in a for a in argv)  # no actor on the head
+    joined = member_argv("head:6379", "10.1.2.4")
+    assert "--address=head:6379" in joined and "--num-cpus=0" in joined
+
+
+def test_worker_nodes_offer_generation_slots_and_actors_ask_for_one() -> None:
+    argv = ray_worker_node_argv("10.1.2.3:6379", "10.1.2.9", 2)
+    resources = next(a for a in argv if a.startswith("--resources="))
+    assert json.loads(resources.split("=", 1)[1]) == {RAY_GENERATION_RESOURCE: 2}
+    assert generation_slots(5, 2) == 3 and generation_slots(2, 2) == 1
+    with pytest.raises(ValueError):
+        generation_slots(2, 0)
+    placed = RunConfig.model_validate({"workers": {"workerNodes": 2}})
+    assert actor_resources(placed) == {RAY_GENERATION_RESOURCE: 1.0}
+    assert actor_resources(RunConfig()) == {}  # no worker nodes: beside the trainer
+
+
+def test_the_cluster_authenticates_with_a_token_derived_from_the_runs():
+    from rolloutrun_runtime.contract.pod import ray_auth_token
+    from rolloutrun_runtime.workers.ray_cluster import node_env
+
+    derived = ray_auth_token("run-secret")
+    assert derived == ray_auth_token("run-secret") and "run-secret" not in derived
+    env = node_env({"PATH": "/bin"}, auth_token=derived)
+    assert (env["RAY_AUTH_MODE"], env["RAY_AUTH_TOKEN"]) == ("token", derived)
+    assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"  # 0 refuses worker nodes
+    chosen = node_env({"RAY_AUTH_MODE": "disabled"}, auth_token=derived)
+    assert chosen["RAY_AUTH_MODE"] == "disabled" and "RAY_AUTH_TOKEN" not in chosen

@@ -1,0 +1,78 @@
+"""A lost generation actor (its worker node gone) does not stop the run: its endpoint leaves
+at once, a replacement starts under its index and is re-admitted at the next refit serving
+the weights of that refit; replacements are bounded and end in a named error."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+import ray
+
+from rolloutrun_runtime.contract.run_config import RunConfig
+from rolloutrun_runtime.policy.model import build_model
+from rolloutrun_runtime.policy.tokenizer import TOKENIZER
+from rolloutrun_runtime.workers import WorkerError
+from tests.support.data_plane import HEADERS
+
+CFG = RunConfig.model_validate(
+    {"policy": {"device": "cpu"}, "workers": {"backend": "ray", "generationWorkers": 2}}
+)
+
+
+def _weights(seed: int):
+    return build_model(CFG.policy, TOKENIZER.vocab_size, seed).state_dict()
+
+
+async def _lose(workers, index: int) -> None:
+    """The actor's process dies as on a lost node (no cleanup, no graceful stop)."""
+    ray.kill(workers._actors[index], no_restart=True)
+    await asyncio.sleep(0)
+
+
+@pytest.mark.ray
+async def test_a_lost_actor_is_replaced_and_readmitted_at_the_next_refit(ray_session: None):
+    from rolloutrun_runtime.workers.ray_workers import RayWorkers
+
+    workers = RayWorkers(CFG, _weights(0), 1)
+    await workers.start()
+    try:
+        survivor, _ = workers.endpoints
+        await _lose(workers, 1)
+        await workers.refit(_weights(1), 2)  # before: WorkerError, the run stopped
+        assert workers.endpoints == [survivor]  # no episode goes to the lost one
+        assert set(workers.pending) == {1} and workers.replacements == {1: 1}
+        _, starting = workers.pending[1]
+        await asyncio.wait_for(starting, 120)
+        await workers.refit(_weights(2), 3)
+        assert workers.pending == {} and len(workers.endpoints) == 2
+        assert workers.placements[1] is not None and workers.endpoints[0] == survivor
+        readmitted = workers.endpoints[1]
+        async with (
+            aiohttp.ClientSession(headers=HEADERS) as http,
+            http.get(readmitted + "/v1/weight_version") as response,
+        ):
+            assert (await response.json())["version"] == 3
+    finally:
+        await workers.stop()
+
+
+@pytest.mark.ray
+async def test_replacements_are_bounded(ray_session: None, monkeypatch: pytest.MonkeyPatch):
+    from rolloutrun_runtime.workers import ray_workers
+
+    monkeypatch.setattr(ray_workers, "MAX_ACTOR_REPLACEMENTS", 1)
+    workers = ray_workers.RayWorkers(CFG, _weights(0), 1)
+    await workers.start()
+    try:
+        await _lose(workers, 0)
+        await workers.refit(_weights(1), 2)
+        _, starting = workers.pending[0]
+        await asyncio.wait_for(starting, 120)
+        await workers.refit(_weights(2), 3)
+        await _lose(workers, 0)
+        with pytest.raises(WorkerError, match=r"generation worker 0 was lost 2 times \(limit 1\)"):
+            await workers.refit(_weights(3), 4)
+    finally:
+        await workers.stop()
