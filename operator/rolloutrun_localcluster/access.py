@@ -78,7 +78,7 @@ class StoreRbac:
 
     def role_bindings(self, namespace: str) -> Sequence[Obj]:
         key = self._type("rolebindings").storage_key
-        return [o for o in self.store.objects(key) if o["metadata"].get("namespace") == namespace]
+        return self.store.objects_in(key, namespace)
 
 
 class Access:
