@@ -55,6 +55,9 @@ class Controllers:
         # The Services whose Endpoints the next pass recomputes (None: every one). A pass
         # over every Service times every pod made a thousand runs' pod events quadratic.
         self._stale_endpoints: set[tuple[str, str]] | None = None
+        # Services by (namespace, first pair of their selector), rebuilt after any Service
+        # event: which Services a pod event concerns, without looking at every one.
+        self._anchors: dict[tuple[str, str, str], list[dict[str, Any]]] | None = None
         store.subscribe(self._on_event)
 
     def _type(self, group: str, plural: str) -> ResourceType:
@@ -173,18 +176,33 @@ class Controllers:
         meta = event.obj["metadata"]
         namespace = meta.get("namespace", "")
         stale = self._stale_endpoints
-        if stale is not None and event.storage_key == "services":
-            stale.add((namespace, meta["name"]))
+        if event.storage_key == "services":
+            self._anchors = None
+            if stale is not None:
+                stale.add((namespace, meta["name"]))
         elif stale is not None:
-            labels = [
-                meta.get("labels") or {},
-                ((event.old or {}).get("metadata") or {}).get("labels") or {},
-            ]
-            for service in self.store.objects_in("services", namespace):
-                selector = (service.get("spec") or {}).get("selector")
-                if selector and any(gc.selects(selector, each) for each in labels):
+            old_labels = ((event.old or {}).get("metadata") or {}).get("labels") or {}
+            for labels in (meta.get("labels") or {}, old_labels):
+                for service in self._selecting(namespace, labels):
                     stale.add((namespace, service["metadata"]["name"]))
         self._endpoints.mark_due()
+
+    def _selecting(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The Services of ``namespace`` whose selector matches ``labels``: those whose
+        selector's first pair the labels hold (:attr:`_anchors`), checked in full."""
+        if self._anchors is None:
+            self._anchors = {}
+            for service in self.store.objects("services"):
+                selector = (service.get("spec") or {}).get("selector") or {}
+                if selector:
+                    anchor = (service["metadata"].get("namespace", ""), *min(selector.items()))
+                    self._anchors.setdefault(anchor, []).append(service)
+        found = []
+        for pair in labels.items():
+            for service in self._anchors.get((namespace, *pair), ()):
+                if gc.selects(service["spec"]["selector"], labels):
+                    found.append(service)
+        return found
 
     def sync_endpoints(self) -> None:
         """Each stale Service's Endpoints from the pods of its namespace (every Service's on

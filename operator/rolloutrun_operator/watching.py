@@ -59,6 +59,10 @@ WATCHED_CHILD_KINDS = (
     "NetworkPolicy",
 )
 
+#: The kinds whose children a pass reads from the Kopf indexes of those watches (the pods
+#: and the Lease have their own), not with a GET each.
+INDEXED_CHILD_KINDS = frozenset(WATCHED_CHILD_KINDS)
+
 
 def child_event_needs_pass(event_type: str | None, run_known: bool) -> bool:
     """Whether an event of a labelled static child makes its run's pass due: its deletion
@@ -172,6 +176,8 @@ class RunMemory:
     pass saw; a pass never decides on a view older than the last one."""
     created: set[tuple[str, str]] = field(default_factory=set)
     deleted: set[tuple[str, str, str | None]] = field(default_factory=set)
+    replaced: set[tuple[str, str]] = field(default_factory=set)
+    """Children the last pass replaced: the indexes must show a version newer than it saw."""
 
     def saw_run(self, body: Json) -> bool:
         """Record a run event; True when it asks for a pass."""
@@ -222,24 +228,33 @@ class RunMemory:
         """Remember the pods and Lease the pass created or deleted: until the indexes show
         them, the next pass reads the API instead."""
         for action in actions:
-            if action.kind not in ("Pod", "Lease"):
+            if action.kind not in ("Pod", "Lease") and action.kind not in INDEXED_CHILD_KINDS:
                 continue
             if action.verb is Verb.CREATE:
                 self.created.add((action.kind, action.name))
             elif action.verb is Verb.DELETE:
                 self.deleted.add((action.kind, action.name, action.uid))
+            elif action.verb is Verb.REPLACE:
+                self.replaced.add((action.kind, action.name))
 
-    def indexes_current(self, pods: Iterable[Json], lease: Json | None) -> bool:
-        """Whether the indexed ``pods`` and ``lease`` show every expected create and delete;
-        clears the expectations when they do."""
+    def indexes_current(
+        self, pods: Iterable[Json], lease: Json | None, children: Mapping[str, Json] | None = None
+    ) -> bool:
+        """Whether the indexed ``pods``, ``lease`` and static ``children`` show every
+        expected create, replace and delete; clears the expectations when they do."""
         found = {("Pod", _name(pod)): pod for pod in pods}
+        for ref, child in (children or {}).items():
+            kind, _, name = ref.partition("/")
+            found[(kind, name)] = child
         if lease is not None:
             found[("Lease", _name(lease))] = lease
         for key, version in self.seen.items():
             obj = found.get(key)
             if obj is None or older(_version(obj), version):
                 return False
-        for key in self.created:
+            if key in self.replaced and _version(obj) == version:
+                return False
+        for key in self.created | self.replaced:
             if key not in found:
                 return False
         for kind, name, uid in self.deleted:
@@ -253,15 +268,26 @@ class RunMemory:
         self.forget_expectations()
         return True
 
-    def saw(self, pods: Iterable[Json], lease: Json | None) -> None:
-        """Record what a pass decided on (see :attr:`seen`)."""
+    def saw(
+        self,
+        pods: Iterable[Json],
+        lease: Json | None,
+        children: Mapping[str, Json | None] | None = None,
+    ) -> None:
+        """Record what a pass decided on (see :attr:`seen`); ``children``: the static
+        children of the indexed kinds, ``Kind/name`` to the object (None: absent)."""
         self.seen = {("Pod", _name(pod)): _version(pod) for pod in pods}
+        for ref, child in (children or {}).items():
+            if child is not None:
+                kind, _, name = ref.partition("/")
+                self.seen[(kind, name)] = _version(child)
         if lease is not None:
             self.seen[("Lease", _name(lease))] = _version(lease)
 
     def forget_expectations(self) -> None:
         self.created.clear()
         self.deleted.clear()
+        self.replaced.clear()
 
     def lease_for_pass(
         self, lease: Json | None, recorded: LeaseObservation | None

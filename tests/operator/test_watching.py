@@ -141,3 +141,17 @@ def test_idle_mirrors_progress_without_a_pass_and_waits_for_the_nearest_deadline
     assert watching.idle_step(False, 30.0, 10.0, 4.0) == 4.0
     assert watching.idle_step(False, 30.0, 0.0, 4.0) == 0.0  # the Lease's expiry: a pass
     assert watching.idle_step(False, -1.0, 10.0, None) == 0.0  # the requeue came
+
+
+def test_indexed_static_children_are_trusted_once_they_show_a_replace():
+    memory = RunMemory()
+
+    def config(version: str) -> dict:
+        return {"metadata": {"name": "r-config", "resourceVersion": version}}
+
+    memory.saw([], None, {"ConfigMap/r-config": config("5"), "Service/r-gym": None})
+    memory.expect([Action(Verb.REPLACE, "ConfigMap", "r-config", manifest={})])
+    assert not memory.indexes_current([], None, {})  # gone from the index: read the API
+    assert not memory.indexes_current([], None, {"ConfigMap/r-config": config("5")})  # old
+    assert memory.indexes_current([], None, {"ConfigMap/r-config": config("6")})
+    assert not memory.replaced
