@@ -50,6 +50,7 @@ from rolloutrun_operator.watching import (
     child_event_needs_pass,
     expiry_wait,
     idle_step,
+    quiet_event_handlers,
     rate_after,
 )
 
@@ -209,6 +210,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=prefix)
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.posting.level = logging.WARNING
+    quiet_event_handlers(logging.getLogger("kopf.objects"))  # per-event lines at DEBUG
     settings.watching.server_timeout = 300
     settings.scanning.disabled = True  # the CRD exists before the operator starts: fewer rights
     # Only the runs' own children are streamed: not every pod, not the nodes' heartbeat Leases.

@@ -15,6 +15,7 @@ API: an index may lag behind the operator's own writes).
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -351,3 +352,41 @@ def _version(obj: Json) -> str:
 
 def _name(obj: Json) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
+
+
+#: The handlers Kopf runs on every watch event (a pod's status, a Lease's renewal, a run's
+#: status write): Kopf logs "Handler '...' succeeded." at INFO for each, tens of lines a
+#: second at a thousand runs; :class:`QuietEventHandlers` moves those lines to DEBUG.
+EVENT_HANDLERS = frozenset(
+    {
+        "run_changed",
+        "member_changed",
+        "lease_changed",
+        "workload_changed",
+        *(f"child_deleted/{kind}" for kind in WATCHED_CHILD_KINDS),
+    }
+)
+
+
+class QuietEventHandlers(logging.Filter):
+    """On Kopf's ``kopf.objects`` logger: the success line of an :data:`EVENT_HANDLERS`
+    handler becomes a DEBUG record (shown with ``--verbose``/DEBUG handlers only); every
+    other line, failures of those handlers included, is left as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and _handler_success(record.getMessage()):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+def _handler_success(message: str) -> bool:
+    prefix, suffix = "Handler '", "' succeeded."
+    if not (message.startswith(prefix) and message.endswith(suffix)):
+        return False
+    return message[len(prefix) : -len(suffix)] in EVENT_HANDLERS
+
+
+def quiet_event_handlers(logger: logging.Logger) -> None:
+    """Install :class:`QuietEventHandlers` on ``logger`` once."""
+    if not any(isinstance(each, QuietEventHandlers) for each in logger.filters):
+        logger.addFilter(QuietEventHandlers())

@@ -155,3 +155,37 @@ def test_indexed_static_children_are_trusted_once_they_show_a_replace():
     assert not memory.indexes_current([], None, {"ConfigMap/r-config": config("5")})  # old
     assert memory.indexes_current([], None, {"ConfigMap/r-config": config("6")})
     assert not memory.replaced
+
+
+def test_kopfs_per_event_success_lines_move_to_debug_and_nothing_else_does():
+    """Kopf logs "Handler '...' succeeded." at INFO for every watch event it hands to a
+    handler (a Lease renewal, a pod's status): tens of lines a second at a thousand runs.
+    Those of the per-event handlers go to DEBUG; failures and the daemon's lines stay."""
+    import logging
+
+    from rolloutrun_operator.handlers import registry
+
+    ids = {handler.id for handler in registry._watching.get_all_handlers()}
+    assert ids == watching.EVENT_HANDLERS  # every per-event handler, named as Kopf names it
+    logger = logging.getLogger(f"test-kopf-objects-{id(ids)}")
+    logger.setLevel(logging.DEBUG)
+    records: list[logging.LogRecord] = []
+    catcher = logging.Handler()
+    catcher.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(catcher)
+    watching.quiet_event_handlers(logger)
+    watching.quiet_event_handlers(logger)  # installed once
+    assert len(logger.filters) == 1
+    logger.info("Handler 'lease_changed' succeeded.")
+    logger.info("Handler 'child_deleted/Service' succeeded.")
+    logger.info("Daemon 'keep_running' succeeded.")
+    logger.error("Handler 'lease_changed' failed with an exception and will try again")
+    logger.info("Handler 'somebody_elses' succeeded.")
+    levels = [(record.getMessage()[:22], record.levelname) for record in records]
+    assert levels == [
+        ("Handler 'lease_changed", "DEBUG"),
+        ("Handler 'child_deleted", "DEBUG"),
+        ("Daemon 'keep_running' ", "INFO"),
+        ("Handler 'lease_changed", "ERROR"),
+        ("Handler 'somebody_else", "INFO"),
+    ]
