@@ -369,10 +369,14 @@ def measure(
                 GROUP, VERSION, namespace, PLURAL, hollow_run(name)
             )
 
+        rtype = cluster.registry.get(GROUP, VERSION, PLURAL)
+        assert rtype is not None
+
         def all_held() -> bool:
-            items = objects.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+            # Read from the store, in process: listing a thousand runs through the API every
+            # two seconds cost the API server (and this process's lock) a tenth of its time.
             held = 0
-            for item in items["items"]:
+            for item in cluster.store.objects_in(rtype.storage_key, namespace):
                 status = item.get("status") or {}
                 lease = (status.get("lease") or {}).get("holder", "")
                 if lease.endswith(f"/{status.get('incarnation')}"):

@@ -75,12 +75,24 @@ class Controllers:
             self._default_service_account(meta["name"])
         old_references = (event.old or {}).get("metadata", {}).get("ownerReferences")
         references_changed = meta.get("ownerReferences") != old_references
-        if event.type == "DELETED" or meta.get("deletionTimestamp") or references_changed:
+        owners = [*(meta.get("ownerReferences") or []), *(old_references or [])]
+        settled = not references_changed or self._owners_live(owners)
+        if event.type == "DELETED" or meta.get("deletionTimestamp") or not settled:
             self._gc.mark_due()
         if event.storage_key in ("pods", "services"):
             self._endpoints_due(event)
         if event.storage_key in ("pods", disruption.STORAGE_KEY):
             self._budgets.mark_due()
+
+    def _owners_live(self, references: list[dict[str, Any]]) -> bool:
+        """Whether every owner an object names (or named) exists and is not being deleted:
+        then a new or changed reference leaves the collector nothing to do (a full pass looks at
+        every object, and each of a thousand runs' children is created owned)."""
+        for reference in references:
+            owner = self.store.by_uid(str(reference.get("uid") or ""))
+            if owner is None or owner["metadata"].get("deletionTimestamp"):
+                return False
+        return True
 
     def _on_crd(self, event: Event) -> None:
         name = event.obj["metadata"]["name"]

@@ -376,6 +376,7 @@ class QuietEventHandlers(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno == logging.INFO and _handler_success(record.getMessage()):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
         return True
 
 

@@ -189,3 +189,7 @@ def test_kopfs_per_event_success_lines_move_to_debug_and_nothing_else_does():
         ("Handler 'lease_changed", "ERROR"),
         ("Handler 'somebody_else", "INFO"),
     ]
+    logger.setLevel(logging.INFO)  # as the operator runs without --verbose: not shown
+    logger.info("Handler 'member_changed' succeeded.")
+    logger.info("Daemon 'keep_running' succeeded.")
+    assert [record.getMessage()[:6] for record in records[5:]] == ["Daemon"]
