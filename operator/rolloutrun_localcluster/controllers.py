@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
@@ -201,14 +202,22 @@ class Controllers:
 
     def _selecting(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         """The Services of ``namespace`` whose selector matches ``labels``: those whose
-        selector's first pair the labels hold (:attr:`_anchors`), checked in full."""
+        anchor (the pair of their selector fewest Services share, such as the run's name
+        rather than the role) the labels hold (:attr:`_anchors`), checked in full."""
         if self._anchors is None:
+            selected = [
+                (service["metadata"].get("namespace", ""), service, selector)
+                for service in self.store.objects("services")
+                if (selector := (service.get("spec") or {}).get("selector"))
+            ]
+            shared = Counter(
+                (where, *pair) for where, _, selector in selected for pair in selector.items()
+            )
             self._anchors = {}
-            for service in self.store.objects("services"):
-                selector = (service.get("spec") or {}).get("selector") or {}
-                if selector:
-                    anchor = (service["metadata"].get("namespace", ""), *min(selector.items()))
-                    self._anchors.setdefault(anchor, []).append(service)
+            for where, service, selector in selected:
+                pairs = [(where, *pair) for pair in selector.items()]
+                anchor = min(pairs, key=lambda each: (shared[each], each))
+                self._anchors.setdefault(anchor, []).append(service)
         found = []
         for pair in labels.items():
             for service in self._anchors.get((namespace, *pair), ()):
