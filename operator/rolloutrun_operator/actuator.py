@@ -74,6 +74,7 @@ async def observe(
     run: RolloutRun,
     known: Known | None = None,
     saw: Saw | None = None,
+    indexed_children: Mapping[str, Json] | None = None,
 ) -> Observed:
     """Everything the reconcile needs to know about ``run``'s children, fetched concurrently
     (the pods, the Lease and the children of the indexed kinds from ``known`` when given:
@@ -90,9 +91,10 @@ async def observe(
         *([("ServiceAccount", account)] if account else []),
     ]
     if known is None:
+        current = Known([], None, indexed_children)  # those the indexes hold, known current
         pods, found = await asyncio.gather(
             kube.list("Pod", namespace, naming.run_selector(name)),
-            asyncio.gather(*(kube.get(kind, namespace, child) for kind, child in gets)),
+            asyncio.gather(*(_child(kube, current, namespace, k, c) for k, c in gets)),
         )
     else:
         pods = known.pods
@@ -244,11 +246,13 @@ async def run_pass(
     lease_seen: Callable[[Json | None, LeaseObservation | None], LeaseObservation | None]
     | None = None,
     saw: Saw | None = None,
+    children: Mapping[str, Json] | None = None,
 ) -> Outcome | None:
     """One full pass over the run ``namespace/name``; None when the run is gone. ``known``:
     its pods and Lease from the watch indexes; ``lease_seen`` gives ``status.lease`` from the
     renewals the operator saw (see :meth:`watching.RunMemory.lease_for_pass`); ``saw`` is
-    told the pods and Lease the pass decided on."""
+    told the pods and Lease the pass decided on; ``children``: without ``known``, the
+    static children the indexes hold that are known current (the others are read)."""
     body = await kube.get("RolloutRun", namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return None
@@ -270,7 +274,7 @@ async def run_pass(
         renewal = recorded is not None and seen is not None and seen.holder == recorded.holder
         if renewal and seen is not recorded and run.status is not None:
             run.status.lease = seen  # a renewal alone is not worth a status write
-    observed = await observe_workload(kube, run, await observe(kube, run, known, saw))
+    observed = await observe_workload(kube, run, await observe(kube, run, known, saw, children))
     result = reconcile(run, observed, now)
     try:
         await apply(kube, namespace, result.actions)

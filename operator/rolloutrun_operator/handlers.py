@@ -285,8 +285,11 @@ async def one_pass(
                 kube, namespace, name, now(), known, memory.lease_for_pass, memory.saw
             )
         else:
+            children = memory.current_children(known.children)
             memory.forget_expectations()
-            outcome = await run_pass(kube, namespace, name, now(), saw=memory.saw)
+            outcome = await run_pass(
+                kube, namespace, name, now(), saw=memory.saw, children=children
+            )
     finally:
         memory.busy = False
     if outcome is not None:

@@ -285,6 +285,23 @@ class RunMemory:
         if lease is not None:
             self.seen[("Lease", _name(lease))] = _version(lease)
 
+    def current_children(
+        self, children: Mapping[str, dict[str, Any]] | None
+    ) -> dict[str, dict[str, Any]] | None:
+        """Of the indexed static ``children``, those a pass may trust while the pods lag
+        behind: none the last pass created, replaced or deleted, none older than it saw."""
+        if children is None:
+            return None
+        pending = self.created | self.replaced | {(k, n) for k, n, _ in self.deleted}
+        current = {}
+        for ref, child in children.items():
+            kind, _, name = ref.partition("/")
+            seen = self.seen.get((kind, name))
+            if (kind, name) in pending or (seen is not None and older(_version(child), seen)):
+                continue
+            current[ref] = child
+        return current
+
     def forget_expectations(self) -> None:
         self.created.clear()
         self.deleted.clear()

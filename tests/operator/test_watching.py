@@ -193,3 +193,20 @@ def test_kopfs_per_event_success_lines_move_to_debug_and_nothing_else_does():
     logger.info("Handler 'member_changed' succeeded.")
     logger.info("Daemon 'keep_running' succeeded.")
     assert [record.getMessage()[:6] for record in records[5:]] == ["Daemon"]
+
+
+def test_a_pass_reading_the_pods_from_the_api_still_trusts_the_current_children():
+    memory = RunMemory()
+
+    def child(name: str, version: str) -> dict:
+        return {"metadata": {"name": name, "resourceVersion": version}}
+
+    memory.saw([], None, {"Service/r-gym": child("r-gym", "5"), "Role/r-member": child("m", "4")})
+    memory.expect([Action(Verb.REPLACE, "ConfigMap", "r-config", manifest={})])
+    indexed = {
+        "Service/r-gym": child("r-gym", "5"),  # as the last pass saw it: trusted
+        "Role/r-member": child("r-member", "3"),  # older than the last pass saw: read
+        "ConfigMap/r-config": child("r-config", "9"),  # replaced by the last pass: read
+    }
+    assert memory.current_children(indexed) == {"Service/r-gym": child("r-gym", "5")}
+    assert memory.current_children(None) is None
