@@ -40,7 +40,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.operator_recovery import quantiles, rss_kib, wait
+from bench.operator_recovery import (
+    api_cpu_seconds,
+    cpu_seconds,
+    drained,
+    exists,
+    micro_now,
+    quantiles,
+    rss_kib,
+    wait,
+    with_parent,
+)
 from rolloutrun_localcluster import LocalCluster
 from rolloutrun_localcluster.kubelet import free_pod_network
 from rolloutrun_localcluster.operator_access import ACCOUNT, NAMESPACE, operator_kubeconfig
@@ -83,10 +93,6 @@ def set_lease_seconds(seconds: int) -> None:
 
 def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def micro_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class Hollow:
@@ -241,11 +247,6 @@ class Hollow:
                 self.renewers.submit(self._renew, run, holder)
 
 
-def drained(response: Any) -> None:
-    """Read an undecoded response to its end (its connection goes back to the pool)."""
-    response.read()
-
-
 def hollow_main(kubeconfig: str, namespace: str) -> int:
     """``--hollow``: the hollow kubelet and trainers until SIGTERM (:func:`start_hollow`)."""
     from kubernetes import config
@@ -263,13 +264,6 @@ def start_hollow(cluster: LocalCluster, namespace: str) -> Any:
     command = [sys.executable, "-m", "bench.operator_scale", "--hollow", namespace]
     kubeconfig = ["--kubeconfig", str(cluster.kubeconfig_path)]
     return subprocess.Popen([*command, *kubeconfig], preexec_fn=with_parent)
-
-
-def with_parent() -> None:
-    """In a child: SIGTERM when the benchmark's process dies, however it dies (Linux)."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def renewals(cluster: LocalCluster) -> int:
@@ -441,21 +435,6 @@ def measure(
     }
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def api_cpu_seconds(cluster: LocalCluster) -> float:
-    """CPU time so far of the thread that runs the local API server (and its controllers)."""
-    thread = cluster._thread
-    assert thread is not None and thread.native_id is not None
-    task = Path(f"/proc/self/task/{thread.native_id}/stat")
-    fields = task.read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def one_pass_cost(cluster: LocalCluster, objects: Any, namespace: str, run: str) -> int:
     """The operator's requests for one pass of a steady run, woken by an annotation."""
     from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
@@ -533,18 +512,6 @@ def phases(at: dict[tuple[str, str], float], run: str, n: int, t0: float) -> dic
         for phase, times in marks.items()
         if all(t is not None for t in times)  # type: ignore[type-var]
     }
-
-
-def exists(core: Any, namespace: str, name: str) -> bool:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        core.read_namespaced_pod(name, namespace)
-    except ApiException as error:
-        if error.status == 404:
-            return False
-        raise
-    return True
 
 
 def archive(ref: str, into: Path) -> Path:
