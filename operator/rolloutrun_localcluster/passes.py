@@ -73,5 +73,14 @@ class PassLoop:
                 self._work()
             except Exception:
                 self._logger.exception(self._failure)
-            if self._share:
-                await asyncio.sleep((time.monotonic() - started) * (1 / self._share - 1))
+            rest = rest_after(time.monotonic() - started, self._share)
+            if rest > 0:
+                await asyncio.sleep(rest)
+
+
+def rest_after(spent: float, share: float | None) -> float:
+    """Seconds to wait after a pass of ``spent`` seconds so passes take at most ``share`` of
+    the loop's time (None: no wait)."""
+    if not share or spent <= 0:
+        return 0.0
+    return spent * (1 / share - 1)
