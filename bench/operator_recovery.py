@@ -21,6 +21,7 @@ Timings are wall-clock polls every 20 ms (so each sample carries up to 20 ms of 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import signal
@@ -254,6 +255,49 @@ def rss_kib(pid: int) -> dict[str, int]:
         if key in ("VmRSS", "VmHWM"):
             fields[key] = int(value.split()[0])
     return fields
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def api_cpu_seconds(cluster: LocalCluster) -> float:
+    """CPU time so far of the thread that runs the local API server (and its controllers)."""
+    thread = cluster._thread
+    assert thread is not None and thread.native_id is not None
+    task = Path(f"/proc/self/task/{thread.native_id}/stat")
+    fields = task.read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drained(response: Any) -> None:
+    """Read an undecoded response to its end (its connection goes back to the pool)."""
+    response.read()
+
+
+def with_parent() -> None:
+    """In a child: SIGTERM when the benchmark's process dies, however it dies (Linux)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def exists(core: Any, namespace: str, name: str) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        core.read_namespaced_pod(name, namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def micro_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def reconcile_all(cluster: LocalCluster, namespace: str, count: int) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from .rbac import (
     RBAC_GROUP,
     Attributes,
     Decision,
+    Grant,
+    RbacObjects,
     Rule,
     UserInfo,
     authorize,
@@ -36,7 +38,7 @@ from .rbac import (
 )
 from .resources import Registry, ResourceType
 from .reviews import COMPUTED, Reviews, bootstrap_policy
-from .store import Store
+from .store import Event, Store
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -58,6 +60,27 @@ class StoreRbac:
     def __init__(self, store: Store, registry: Registry) -> None:
         self.store = store
         self.registry = registry
+        # The rules bound to a user in a namespace, until any RBAC object changes: RBAC
+        # looked at every RoleBinding of the namespace on every request (a thousand runs
+        # bring a thousand), while bindings change only when runs come and go.
+        self._grants: dict[tuple[str, tuple[str, ...], str], tuple[list[Grant], list[str]]] = {}
+        store.subscribe(self._forget_grants)
+
+    def _forget_grants(self, event: Event) -> None:
+        if event.storage_key in {self._type(plural).storage_key for plural in _RBAC_KINDS}:
+            self._grants.clear()
+
+    def grants(
+        self, objects: RbacObjects, user: UserInfo, namespace: str
+    ) -> tuple[list[Grant], list[str]]:
+        """:func:`.rbac.grants`, remembered until an RBAC object changes."""
+        key = (user.name, user.groups, namespace)
+        found = self._grants.get(key)
+        if found is None:
+            if len(self._grants) > 10_000:
+                self._grants.clear()
+            found = self._grants[key] = grants(objects, user, namespace)
+        return found
 
     def _type(self, plural: str) -> ResourceType:
         rtype = self.registry.get(RBAC_GROUP, "v1", plural)
@@ -78,7 +101,7 @@ class StoreRbac:
 
     def role_bindings(self, namespace: str) -> Sequence[Obj]:
         key = self._type("rolebindings").storage_key
-        return [o for o in self.store.objects(key) if o["metadata"].get("namespace") == namespace]
+        return self.store.objects_in(key, namespace)
 
 
 class Access:
@@ -97,7 +120,7 @@ class Access:
         return self.store.find(rtype, namespace, name)
 
     def check(self, attributes: Attributes) -> Decision:
-        return authorize(attributes, self.objects)
+        return authorize(attributes, self.objects, self.objects.grants)
 
     def admit(
         self,

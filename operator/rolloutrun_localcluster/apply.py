@@ -13,7 +13,6 @@ an ``Update`` entry for its manager (``fieldManager`` or the User-Agent's first 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from . import errors
 from . import managed_fields as mf
 from .managed_fields import MISSING, FieldSet, Path, Shape
+from .patches import json_copy
 
 if TYPE_CHECKING:
     from .resources import ResourceType
@@ -168,10 +168,10 @@ def recorder(
         entries = read_entries(new)  # the old ones, or those the request set
         old_part = mf.strip(old, has_status, subresource) if old is not None else {}
         new_part = mf.strip(new, has_status, subresource)
-        old_set = mf.fieldset(old_part, shape, update=True)
-        new_set = mf.fieldset(new_part, shape, update=True)
-        changed = mf.changed_paths(old_part, new_part, old_set, new_set)
-        present = new_set | mf.ancestors(new_set)
+        old_values = mf.leaf_values(old_part, shape, update=True)
+        new_values = mf.leaf_values(new_part, shape, update=True)
+        changed = mf.changed_leaves(old_values, new_values)
+        present = new_values.keys() | mf.ancestors(new_values)
         key = (manager, "Update", subresource or "")
         result: list[Entry] = []
         mine: Entry | None = None
@@ -207,24 +207,24 @@ def _drop_nulls(value: Any) -> Any:
 def merge(live: Any, applied: Any, shape: Shape) -> Any:
     """The applied configuration merged into the live value (not modified)."""
     if isinstance(applied, dict) and isinstance(live, dict) and not shape.atomic_map(applied):
-        result = copy.deepcopy(live)
+        result = json_copy(live)
         for key, value in applied.items():
             result[key] = merge(live.get(key, MISSING), value, shape.child(key))
         return result
     if isinstance(applied, list) and isinstance(live, list):
         keys = shape.list_keys(applied + live)
         if keys == ():
-            return copy.deepcopy(live) + [copy.deepcopy(i) for i in applied if i not in live]
+            return json_copy(live) + [json_copy(i) for i in applied if i not in live]
         if keys:
-            result_list = copy.deepcopy(live)
+            result_list = json_copy(live)
             for item in applied:
                 index = mf.find_item(result_list, mf.key_element(item, keys, shape.field))
                 if index is None:
-                    result_list.append(copy.deepcopy(item))
+                    result_list.append(json_copy(item))
                 else:
                     result_list[index] = merge(result_list[index], item, shape.item())
             return result_list
-    return copy.deepcopy(applied)
+    return json_copy(applied)
 
 
 def remove_path(obj: Any, path: Path) -> None:

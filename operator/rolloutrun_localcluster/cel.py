@@ -15,6 +15,7 @@ budget, and the Kubernetes CEL libraries beyond what cel-python implements.
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 Cause = tuple[str, str, str]  # (reason, field, message), as rolloutrun_localcluster.schema
@@ -38,7 +39,24 @@ def _program(rule: str) -> Any:
 
 
 def evaluate(rule: str, value: Any) -> bool | str:
-    """``rule`` with ``self`` bound to ``value``: True, False, or the evaluation error."""
+    """``rule`` with ``self`` bound to ``value``: True, False, or the evaluation error.
+
+    Remembered by the value's JSON: a rule is a pure function of its value, and most writes
+    of an object (its status, every few seconds at scale) leave the values its rules see
+    unchanged, while interpreting a rule costs milliseconds."""
+    try:
+        text = json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError):
+        return _evaluate(rule, value)
+    return _remembered(rule, text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _remembered(rule: str, text: str) -> bool | str:
+    return _evaluate(rule, json.loads(text))
+
+
+def _evaluate(rule: str, value: Any) -> bool | str:
     import celpy
 
     try:

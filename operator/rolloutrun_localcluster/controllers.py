@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,6 +53,12 @@ class Controllers:
             debounce=debounce,
         )
         self._budget_timer: asyncio.TimerHandle | None = None
+        # The Services whose Endpoints the next pass recomputes (None: every one). A pass
+        # over every Service times every pod made a thousand runs' pod events quadratic.
+        self._stale_endpoints: set[tuple[str, str]] | None = None
+        # Services by (namespace, first pair of their selector), rebuilt after any Service
+        # event: which Services a pod event concerns, without looking at every one.
+        self._anchors: dict[tuple[str, str, str], list[dict[str, Any]]] | None = None
         store.subscribe(self._on_event)
 
     def _type(self, group: str, plural: str) -> ResourceType:
@@ -69,12 +76,24 @@ class Controllers:
             self._default_service_account(meta["name"])
         old_references = (event.old or {}).get("metadata", {}).get("ownerReferences")
         references_changed = meta.get("ownerReferences") != old_references
-        if event.type == "DELETED" or meta.get("deletionTimestamp") or references_changed:
+        owners = [*(meta.get("ownerReferences") or []), *(old_references or [])]
+        settled = not references_changed or self._owners_live(owners)
+        if event.type == "DELETED" or meta.get("deletionTimestamp") or not settled:
             self._gc.mark_due()
         if event.storage_key in ("pods", "services"):
-            self._endpoints.mark_due()
+            self._endpoints_due(event)
         if event.storage_key in ("pods", disruption.STORAGE_KEY):
             self._budgets.mark_due()
+
+    def _owners_live(self, references: list[dict[str, Any]]) -> bool:
+        """Whether every owner an object names (or named) exists and is not being deleted:
+        then a new or changed reference leaves the collector nothing to do (a full pass looks at
+        every object, and each of a thousand runs' children is created owned)."""
+        for reference in references:
+            owner = self.store.by_uid(str(reference.get("uid") or ""))
+            if owner is None or owner["metadata"].get("deletionTimestamp"):
+                return False
+        return True
 
     def _on_crd(self, event: Event) -> None:
         name = event.obj["metadata"]["name"]
@@ -163,17 +182,68 @@ class Controllers:
             self.store.update(rtype, "", target.name, {**current, "spec": spec})
 
     # ------------------------------------------------------------ endpoints
+    def _endpoints_due(self, event: Event) -> None:
+        """Mark the Services an event of a pod or Service may change the Endpoints of: the
+        Service itself, or those of the pod's namespace whose selector matches the pod's
+        labels before or after."""
+        meta = event.obj["metadata"]
+        namespace = meta.get("namespace", "")
+        stale = self._stale_endpoints
+        if event.storage_key == "services":
+            self._anchors = None
+            if stale is not None:
+                stale.add((namespace, meta["name"]))
+        elif stale is not None:
+            old_labels = ((event.old or {}).get("metadata") or {}).get("labels") or {}
+            for labels in (meta.get("labels") or {}, old_labels):
+                for service in self._selecting(namespace, labels):
+                    stale.add((namespace, service["metadata"]["name"]))
+        self._endpoints.mark_due()
+
+    def _selecting(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The Services of ``namespace`` whose selector matches ``labels``: those whose
+        anchor (the pair of their selector fewest Services share, such as the run's name
+        rather than the role) the labels hold (:attr:`_anchors`), checked in full."""
+        if self._anchors is None:
+            selected = [
+                (service["metadata"].get("namespace", ""), service, selector)
+                for service in self.store.objects("services")
+                if (selector := (service.get("spec") or {}).get("selector"))
+            ]
+            shared = Counter(
+                (where, *pair) for where, _, selector in selected for pair in selector.items()
+            )
+            self._anchors = {}
+            for where, service, selector in selected:
+                pairs = [(where, *pair) for pair in selector.items()]
+                anchor = min(pairs, key=lambda each: (shared[each], each))
+                self._anchors.setdefault(anchor, []).append(service)
+        found = []
+        for pair in labels.items():
+            for service in self._anchors.get((namespace, *pair), ()):
+                if gc.selects(service["spec"]["selector"], labels):
+                    found.append(service)
+        return found
+
     def sync_endpoints(self) -> None:
+        """Each stale Service's Endpoints from the pods of its namespace (every Service's on
+        the first pass); those of a Service gone are deleted."""
         services = self._type("", "services")
         endpoints = self._type("", "endpoints")
-        pods = list(self.store.objects("pods"))
+        stale, self._stale_endpoints = self._stale_endpoints, set()
+        if stale is None:
+            chosen = list(self.store.objects("services"))
+        else:
+            found = (self.store.find(services, *key) for key in sorted(stale))
+            chosen = [service for service in found if service is not None]
         wanted: dict[tuple[str, str], dict[str, Any]] = {}
-        for service in self.store.objects("services"):
+        for service in chosen:
             if service["metadata"].get("deletionTimestamp"):
                 continue
-            body = gc.endpoints_for(service, pods)
+            namespace = service["metadata"]["namespace"]
+            body = gc.endpoints_for(service, self.store.objects_in("pods", namespace))
             if body is not None:
-                wanted[(service["metadata"]["namespace"], service["metadata"]["name"])] = body
+                wanted[(namespace, service["metadata"]["name"])] = body
         for (namespace, name), body in wanted.items():
             current = self.store.find(endpoints, namespace, name)
             try:
@@ -185,7 +255,12 @@ class Controllers:
                     )
             except errors.ApiError as error:
                 logger.debug("endpoints %s/%s not synced: %s", namespace, name, error)
-        for current in list(self.store.objects("endpoints")):
+        if stale is None:
+            leftover = list(self.store.objects("endpoints"))
+        else:
+            found = (self.store.find(endpoints, *key) for key in sorted(stale))
+            leftover = [current for current in found if current is not None]
+        for current in leftover:
             meta = current["metadata"]
             key = (meta["namespace"], meta["name"])
             had_service = self.store.find(services, *key)

@@ -129,6 +129,11 @@ def _namespace_actions(everything: list[tuple[str, Obj]]) -> list[Action]:
     return actions
 
 
+def selects(selector: Obj, labels: Obj) -> bool:
+    """Whether a Service's ``selector`` (a map, every pair required) matches ``labels``."""
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
 def endpoints_for(service: Obj, pods: Iterable[Obj]) -> Obj | None:
     """The ``Endpoints`` of a Service: its selected pods' IPs, ready or not ready.
 
@@ -145,7 +150,7 @@ def endpoints_for(service: Obj, pods: Iterable[Obj]) -> Obj | None:
         labels = pod_meta.get("labels") or {}
         if pod_meta.get("namespace") != meta.get("namespace"):
             continue
-        if any(labels.get(k) != v for k, v in selector.items()):
+        if not selects(selector, labels):
             continue
         status = pod.get("status") or {}
         if not status.get("podIP") or status.get("phase") in ("Succeeded", "Failed"):

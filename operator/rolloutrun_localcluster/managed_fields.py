@@ -175,39 +175,47 @@ def strip(obj: Obj, has_status: bool, subresource: str | None) -> Obj:
 def fieldset(value: Any, shape: Shape, *, update: bool = False) -> FieldSet:
     """The paths a value sets. Apply sets hold leaves, atomic values and keyed items; Update
     sets also hold granular maps and sets themselves (their ``.`` entries)."""
-    out: set[Path] = set()
+    return frozenset(leaf_values(value, shape, update=update))
+
+
+def leaf_values(value: Any, shape: Shape, *, update: bool = False) -> dict[Path, Any]:
+    """:func:`fieldset` with the value at each path (what :func:`value_at` would find), read
+    in the same walk: comparing two writes' values path by path without looking each path
+    up again (a Lease renewal's managedFields cost most of its time in those lookups)."""
+    out: dict[Path, Any] = {}
     _walk(value, shape, (), out, update)
-    return frozenset(out)
+    return out
 
 
-def _walk(value: Any, shape: Shape, path: Path, out: set[Path], update: bool) -> None:
+def _walk(value: Any, shape: Shape, path: Path, out: dict[Path, Any], update: bool) -> None:
     if isinstance(value, dict):
         if not value or shape.atomic_map(value):
             if path:
-                out.add(path)
+                out.setdefault(path, value)
             return
         if update and path and shape.granular():
-            out.add(path)
+            out.setdefault(path, value)
         for key, sub in value.items():
             _walk(sub, shape.child(key), (*path, f"f:{key}"), out, update)
     elif isinstance(value, list):
         keys = shape.list_keys(value)
         if keys is None or not value:
-            out.add(path)
+            out.setdefault(path, value)
             return
         if keys == ():
             if update:
-                out.add(path)
-            out.update((*path, "v:" + _dump(item)) for item in value)
+                out.setdefault(path, value)
+            for item in value:
+                out.setdefault((*path, "v:" + _dump(item)), item)
             return
         item_shape = shape.item()
         for item in value:
             item_path = (*path, key_element(item, keys, shape.field))
-            out.add(item_path)
+            out.setdefault(item_path, item)
             for key, sub in item.items():
                 _walk(sub, item_shape.child(key), (*item_path, f"f:{key}"), out, update)
     elif path:
-        out.add(path)
+        out.setdefault(path, value)
 
 
 def _matches(item: Any, element: str) -> bool:
@@ -299,6 +307,16 @@ def decode(fields: Any) -> FieldSet:
 def ancestors(paths: Iterable[Path]) -> set[Path]:
     """Every proper prefix of the given paths."""
     return {path[:i] for path in paths for i in range(len(path))}
+
+
+def changed_leaves(old: dict[Path, Any], new: dict[Path, Any]) -> FieldSet:
+    """:func:`changed_paths` from :func:`leaf_values` of both sides (no lookups)."""
+    parents = ancestors(new)
+    return frozenset(
+        path
+        for path, value in new.items()
+        if path not in old or (path not in parents and old[path] != value)
+    )
 
 
 def changed_paths(old: Any, new: Any, old_set: FieldSet, new_set: FieldSet) -> FieldSet:

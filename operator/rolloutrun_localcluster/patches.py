@@ -17,10 +17,23 @@ from typing import Any
 from .errors import ApiError, bad_request, unprocessable
 
 
+def json_copy(value: Any) -> Any:
+    """A deep copy of a JSON value (dicts, lists, scalars): what ``copy.deepcopy`` does for
+    these, several times faster (no memo: JSON values share nothing and hold no cycles).
+    Every write copies its body; a Lease renewal spent most of its time in deepcopy."""
+    if isinstance(value, dict):
+        return {key: json_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [json_copy(item) for item in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return copy.deepcopy(value)
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386: objects merge recursively, ``null`` deletes, everything else replaces."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return json_copy(patch)
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -115,31 +128,31 @@ def json_patch(doc: Any, operations: Any) -> Any:
     """RFC 6902 over a deep copy of ``doc``; any failure is a 422 and nothing applies."""
     if not isinstance(operations, list):
         raise bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
-    result = copy.deepcopy(doc)
+    result = json_copy(doc)
     for operation in operations:
         if not isinstance(operation, dict) or "op" not in operation:
             raise bad_request(f"invalid JSON patch operation: {operation!r}")
         op, path = operation["op"], operation.get("path", "")
         if op == "add":
-            result = _add(result, path, copy.deepcopy(operation.get("value")))
+            result = _add(result, path, json_copy(operation.get("value")))
         elif op == "remove":
             _remove(result, path)
         elif op == "replace":
             _get(result, path)
             tokens = _pointer(path)
             if not tokens:
-                result = copy.deepcopy(operation.get("value"))
+                result = json_copy(operation.get("value"))
             else:
                 parent = _parent(result, tokens, path)
                 key: Any = tokens[-1]
                 if isinstance(parent, list):
                     key = _index(parent, tokens[-1], for_add=False)
-                parent[key] = copy.deepcopy(operation.get("value"))
+                parent[key] = json_copy(operation.get("value"))
         elif op == "move":
             value = _remove(result, operation["from"])
             result = _add(result, path, value)
         elif op == "copy":
-            result = _add(result, path, copy.deepcopy(_get(result, operation["from"])))
+            result = _add(result, path, json_copy(_get(result, operation["from"])))
         elif op == "test":
             if _get(result, path) != operation.get("value"):
                 raise unprocessable(
@@ -197,10 +210,13 @@ def strategic_merge_patch(original: Any, patch: Any) -> Any:
 def _smp_map(original: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     directive = patch.get("$patch")
     if directive == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+        return {k: json_copy(v) for k, v in patch.items() if k != "$patch"}
     if directive == "delete":
         return {}
-    result = copy.deepcopy(original)
+    # Shallow: a key the patch touches gets a new value (a merged map is a new dict); the
+    # values it leaves are shared with ``original``, as in merge_patch (the store copies
+    # what it stores).
+    result = dict(original)
     retain = patch.get("$retainKeys")
     for key, value in patch.items():
         if key in ("$patch", "$retainKeys"):
@@ -221,7 +237,7 @@ def _smp_map(original: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
             base = result.get(key)
             result[key] = _smp_list(key, base if isinstance(base, list) else [], value)
         else:
-            result[key] = copy.deepcopy(value)
+            result[key] = json_copy(value)
     if isinstance(retain, list):
         result = {k: v for k, v in result.items() if k in retain}
     return result
@@ -236,8 +252,8 @@ def _smp_list(field: str, original: list[Any], patch: list[Any]) -> list[Any]:
     if key is None:
         if any(isinstance(item, dict) and item.get("$patch") == "replace" for item in patch):
             return [item for item in patch if not (isinstance(item, dict) and "$patch" in item)]
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(original)
+        return json_copy(patch)
+    result = json_copy(original)
     for item in patch:
         if not isinstance(item, dict):
             raise ApiError(

@@ -19,7 +19,7 @@ cluster. This module decides every request the way kube-apiserver does:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -277,13 +277,18 @@ class Decision:
     reason: str = ""
 
 
-def authorize(attributes: Attributes, objects: RbacObjects) -> Decision:
-    """Allow or deny, with the reason the real RBAC authorizer gives."""
+def authorize(
+    attributes: Attributes,
+    objects: RbacObjects,
+    resolve: Callable[[RbacObjects, UserInfo, str], tuple[list[Grant], list[str]]] | None = None,
+) -> Decision:
+    """Allow or deny, with the reason the real RBAC authorizer gives (``resolve``: how the
+    rules bound to the user are found, :func:`grants` unless given)."""
     user = attributes.user
     if MASTERS in user.groups:
         return Decision(True, "")
     namespace = attributes.namespace if attributes.resource_request else ""
-    found, problems = grants(objects, user, namespace)
+    found, problems = (resolve or grants)(objects, user, namespace)
     for grant in found:
         if not attributes.resource_request and grant.binding.startswith("RoleBinding"):
             continue  # non-resource URLs are granted cluster-wide only

@@ -13,7 +13,6 @@ are never mutated in place: a write stores a new dict, so readers may share them
 from __future__ import annotations
 
 import asyncio
-import copy
 import itertools
 import json
 import logging
@@ -25,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from . import errors
+from .patches import json_copy
 from .resources import Registry, ResourceType
 from .selectors import FieldRequirement, Requirement, fields_match, labels_match
 from .strategies import Strategy, strategy_for
@@ -122,6 +122,9 @@ class Store:
     def __init__(self, registry: Registry, history: int = 50_000) -> None:
         self.registry = registry
         self._objects: dict[str, dict[Key, Obj]] = {}
+        # The same objects by storage key and namespace: RBAC reads a namespace's
+        # RoleBindings on every request, and a thousand runs each bring their own.
+        self._namespaced: dict[str, dict[str, dict[Key, Obj]]] = {}
         self._uids: dict[str, tuple[str, Key]] = {}
         self._rv = itertools.count(1)
         self._current = 0
@@ -138,6 +141,10 @@ class Store:
 
     def objects(self, storage_key: str) -> Iterable[Obj]:
         return list(self._objects.get(storage_key, {}).values())
+
+    def objects_in(self, storage_key: str, namespace: str) -> list[Obj]:
+        """The objects of one namespace (cluster-scoped ones: ``""``), in no set order."""
+        return list(self._namespaced.get(storage_key, {}).get(namespace, {}).values())
 
     def find(self, rtype: ResourceType, namespace: str, name: str) -> Obj | None:
         key = (namespace if rtype.namespaced else "", name)
@@ -163,11 +170,12 @@ class Store:
         fields: list[FieldRequirement] | None = None,
     ) -> list[Obj]:
         matcher = Watcher(rtype.storage_key, namespace, labels or [], fields or [])
-        items = [
-            render(obj, rtype.api_version)
-            for obj in self._objects.get(rtype.storage_key, {}).values()
-            if matcher.matches(obj)
-        ]
+        candidates = (
+            self._objects.get(rtype.storage_key, {}).values()
+            if namespace is None
+            else self.objects_in(rtype.storage_key, namespace)
+        )
+        items = [render(obj, rtype.api_version) for obj in candidates if matcher.matches(obj)]
         items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
         return items
 
@@ -207,11 +215,14 @@ class Store:
         obj = {**obj, "metadata": meta}
         objects = self._objects.setdefault(rtype.storage_key, {})
         key = (meta.get("namespace", ""), meta["name"])
+        in_namespace = self._namespaced.setdefault(rtype.storage_key, {}).setdefault(key[0], {})
         if event_type == "DELETED":
             objects.pop(key, None)
+            in_namespace.pop(key, None)
             self._uids.pop(meta["uid"], None)
         else:
             objects[key] = obj
+            in_namespace[key] = obj
             self._uids[meta["uid"]] = (rtype.storage_key, key)
         if len(self._history) == self._history.maxlen:
             self._compacted = self._history[0].rv
@@ -238,7 +249,7 @@ class Store:
         managed: Managed | None = None,
     ) -> Obj:
         strategy = strategy_for(rtype)
-        obj = copy.deepcopy(body)
+        obj = json_copy(body)
         if not isinstance(obj, dict):
             raise errors.bad_request("the body of the request must be a JSON object")
         self._check_kind(rtype, obj)
@@ -323,7 +334,7 @@ class Store:
         if wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
             raise errors.conflict(rtype.plural, rtype.group, name)
         strategy = strategy_for(rtype)
-        obj = self._merge_update(rtype, old, copy.deepcopy(body), subresource)
+        obj = self._merge_update(rtype, old, json_copy(body), subresource)
         warnings = strategy.prepare_update(rtype, obj, old, subresource, self, strict)
         self._validate(rtype, strategy, obj, old)
         old_finalizers = old["metadata"].get("finalizers") or []
@@ -357,7 +368,8 @@ class Store:
         self, rtype: ResourceType, old: Obj, new: Obj, subresource: str | None
     ) -> Obj:
         if subresource == "status":
-            obj = {**copy.deepcopy(old), "status": new.get("status")}
+            obj = {k: json_copy(v) for k, v in old.items() if k != "status"}
+            obj["status"] = new.get("status")
             if obj["status"] is None:
                 obj.pop("status")
             return obj
@@ -434,7 +446,7 @@ class Store:
         if policy not in (None, "Orphan", "Foreground", "Background"):
             raise errors.bad_request(f"propagationPolicy {policy!r} is not supported")
         strategy = strategy_for(rtype)
-        obj = copy.deepcopy(old)
+        obj = json_copy(old)
         meta = obj["metadata"]
         finalizers = list(meta.get("finalizers") or [])
         for wanted, marker in (("Foreground", "foregroundDeletion"), ("Orphan", "orphan")):
@@ -502,15 +514,15 @@ class Store:
         the real API server does: 403 Forbidden, "exceeded quota"."""
         if rtype.storage_key != "pods":
             return
+        quotas = self.objects_in("resourcequotas", namespace)
+        if not quotas:
+            return
         used = sum(
             1
-            for pod in self.objects("pods")
-            if pod["metadata"].get("namespace") == namespace
-            and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            for pod in self.objects_in("pods", namespace)
+            if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         )
-        for quota in self.objects("resourcequotas"):
-            if quota["metadata"].get("namespace") != namespace:
-                continue
+        for quota in quotas:
             hard = (quota.get("spec") or {}).get("hard") or {}
             for key in ("pods", "count/pods"):
                 if key in hard and used + 1 > int(hard[key]):

@@ -15,7 +15,7 @@ import dataclasses
 import datetime as dt
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from rolloutrun_operator.reconcile import (
     reconcile,
     static_child_refs,
 )
+from rolloutrun_operator.watching import INDEXED_CHILD_KINDS
 
 logger = logging.getLogger(__name__)
 
@@ -54,20 +55,30 @@ class Outcome:
 
 @dataclass
 class Known:
-    """The run's pods and Lease as the operator's watch indexes hold them (no request)."""
+    """The run's pods and Lease as the operator's watch indexes hold them (no request), and
+    its static children of the :data:`~rolloutrun_operator.watching.INDEXED_CHILD_KINDS`
+    (``Kind/name`` to the object; one not in it is read from the API)."""
 
     pods: list[Json]
     lease: Json | None
+    children: Mapping[str, Json] | None = None
+
+
+#: What a pass tells its caller it decided on: the pods, the Lease, and the static children
+#: of the indexed kinds as found (``Kind/name`` to the object or None).
+Saw = Callable[[list[Json], Json | None, Mapping[str, Json | None]], None]
 
 
 async def observe(
     kube: Kube,
     run: RolloutRun,
     known: Known | None = None,
-    saw: Callable[[list[Json], Json | None], None] | None = None,
+    saw: Saw | None = None,
+    indexed_children: Mapping[str, Json] | None = None,
 ) -> Observed:
     """Everything the reconcile needs to know about ``run``'s children, fetched concurrently
-    (the pods and the Lease from ``known`` when given)."""
+    (the pods, the Lease and the children of the indexed kinds from ``known`` when given:
+    a steady pass GETs only the Secrets, which are not watched, and the nodes)."""
     name, namespace = builders.run_name(run), builders.run_namespace(run)
     static = static_child_refs(run)
     user_secrets = builders.referenced_secrets(run)
@@ -80,19 +91,25 @@ async def observe(
         *([("ServiceAccount", account)] if account else []),
     ]
     if known is None:
+        current = Known([], None, indexed_children)  # those the indexes hold, known current
         pods, found = await asyncio.gather(
             kube.list("Pod", namespace, naming.run_selector(name)),
-            asyncio.gather(*(kube.get(kind, namespace, child) for kind, child in gets)),
+            asyncio.gather(*(_child(kube, current, namespace, k, c) for k, c in gets)),
         )
     else:
         pods = known.pods
         found = [
             known.lease,
-            *await asyncio.gather(*(kube.get(k, namespace, c) for k, c in gets[1:])),
+            *await asyncio.gather(*(_child(kube, known, namespace, k, c) for k, c in gets[1:])),
         ]
     lease, config = found[0], found[1]
     if saw is not None:
-        saw(pods, lease)
+        indexed = {
+            f"{kind}/{child}": obj
+            for (kind, child), obj in zip(gets[1:], found[1:], strict=True)
+            if kind in INDEXED_CHILD_KINDS
+        }
+        saw(pods, lease, indexed)
     statics = found[2 : 2 + len(static)]
     children = {f"{kind}/{child}": obj for (kind, child), obj in zip(static, statics, strict=True)}
     secret_objs = found[2 + len(static) : 2 + len(static) + len(user_secrets)]
@@ -115,6 +132,22 @@ async def observe(
         uid=uid,
         account=account_obj,
     )
+
+
+async def _child(kube: Kube, known: Known, namespace: str, kind: str, name: str) -> Json | None:
+    """A static child from the indexes when they hold it (the Lease from its own), else
+    from the API: one missing from an index may be someone else's object of that name
+    (without the run's label), a conflict the pass must name rather than meet on create."""
+    if kind == "Lease" and known.lease is not None and name == _name(known.lease):
+        return known.lease
+    found = known.children.get(f"{kind}/{name}") if known.children is not None else None
+    if found is not None and kind in INDEXED_CHILD_KINDS:
+        return found
+    return await kube.get(kind, namespace, name)
+
+
+def _name(obj: Json) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
 
 
 async def observe_workload(kube: Kube, run: RolloutRun, observed: Observed) -> Observed:
@@ -212,12 +245,14 @@ async def run_pass(
     known: Known | None = None,
     lease_seen: Callable[[Json | None, LeaseObservation | None], LeaseObservation | None]
     | None = None,
-    saw: Callable[[list[Json], Json | None], None] | None = None,
+    saw: Saw | None = None,
+    children: Mapping[str, Json] | None = None,
 ) -> Outcome | None:
     """One full pass over the run ``namespace/name``; None when the run is gone. ``known``:
     its pods and Lease from the watch indexes; ``lease_seen`` gives ``status.lease`` from the
     renewals the operator saw (see :meth:`watching.RunMemory.lease_for_pass`); ``saw`` is
-    told the pods and Lease the pass decided on."""
+    told the pods and Lease the pass decided on; ``children``: without ``known``, the
+    static children the indexes hold that are known current (the others are read)."""
     body = await kube.get("RolloutRun", namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return None
@@ -239,7 +274,7 @@ async def run_pass(
         renewal = recorded is not None and seen is not None and seen.holder == recorded.holder
         if renewal and seen is not recorded and run.status is not None:
             run.status.lease = seen  # a renewal alone is not worth a status write
-    observed = await observe_workload(kube, run, await observe(kube, run, known, saw))
+    observed = await observe_workload(kube, run, await observe(kube, run, known, saw, children))
     result = reconcile(run, observed, now)
     try:
         await apply(kube, namespace, result.actions)

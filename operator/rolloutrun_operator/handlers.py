@@ -44,11 +44,13 @@ from rolloutrun_operator.kube import RESOURCES, Json, Kube, KubeError, load_cred
 from rolloutrun_operator.metrics import Metrics
 from rolloutrun_operator.reconcile import Result
 from rolloutrun_operator.watching import (
+    INDEXED_CHILD_KINDS,
     WATCHED_CHILD_KINDS,
     RunMemory,
     child_event_needs_pass,
     expiry_wait,
     idle_step,
+    quiet_event_handlers,
     rate_after,
 )
 
@@ -208,6 +210,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=prefix)
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.posting.level = logging.WARNING
+    quiet_event_handlers(logging.getLogger("kopf.objects"))  # per-event lines at DEBUG
     settings.watching.server_timeout = 300
     settings.scanning.disabled = True  # the CRD exists before the operator starts: fewer rights
     # Only the runs' own children are streamed: not every pod, not the nodes' heartbeat Leases.
@@ -254,12 +257,20 @@ def indexed(
     lease_index: kopf.Index[tuple[str, str], Json],
     namespace: str,
     name: str,
+    child_indexes: Mapping[str, kopf.Index[tuple[str, str], Json]] | None = None,
 ) -> Known:
-    """The run's pods and Lease as the indexes hold them now."""
+    """The run's pods, Lease and static children as the indexes hold them now."""
     pods = list(pod_index.get((namespace, name), []))
     lease_name = naming.lease_name(name)
     leases = [x for x in lease_index.get((namespace, name), []) if _name(x) == lease_name]
-    return Known(pods, leases[0] if leases else None)
+    children = None
+    if child_indexes is not None:
+        children = {
+            f"{kind}/{_name(child)}": child
+            for kind, index in child_indexes.items()
+            for child in index.get((namespace, name), [])
+        }
+    return Known(pods, leases[0] if leases else None, children)
 
 
 async def one_pass(
@@ -269,13 +280,16 @@ async def one_pass(
     memory.dirty, memory.busy = False, True
     memory.passes += 1
     try:
-        if memory.indexes_current(known.pods, known.lease):
+        if memory.indexes_current(known.pods, known.lease, known.children):
             outcome = await run_pass(
                 kube, namespace, name, now(), known, memory.lease_for_pass, memory.saw
             )
         else:
+            children = memory.current_children(known.children)
             memory.forget_expectations()
-            outcome = await run_pass(kube, namespace, name, now(), saw=memory.saw)
+            outcome = await run_pass(
+                kube, namespace, name, now(), saw=memory.saw, children=children
+            )
     finally:
         memory.busy = False
     if outcome is not None:
@@ -334,6 +348,7 @@ async def keep_running(
     Kopf passes the indexes below by their names (``pod_index``, ``lease_index``)."""
     pod_index: kopf.Index[tuple[str, str], Json] = indexes["pod_index"]
     lease_index: kopf.Index[tuple[str, str], Json] = indexes["lease_index"]
+    child_indexes = {kind: indexes[_child_index_id(kind)] for kind in INDEXED_CHILD_KINDS}
     namespace = namespace or "default"
     kube: Kube = memo["kube"]
     wakers: Wakers = memo["wakers"]
@@ -345,7 +360,7 @@ async def keep_running(
         began = time.perf_counter()
         try:
             async with memo["passes"]:
-                known = indexed(pod_index, lease_index, namespace, name)
+                known = indexed(pod_index, lease_index, namespace, name, child_indexes)
                 outcome = await one_pass(kube, memory, known, namespace, name)
         except Exception as error:  # every failure is reported and retried, none kills the loop
             metrics.reconcile_errors.inc()
@@ -486,6 +501,26 @@ async def child_deleted(
     if child_event_needs_pass(type, known):
         pass_due(memo, namespace, run)
 
+
+def _child_index_id(kind: str) -> str:
+    return f"child_index/{kind}"
+
+
+async def child_index(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[tuple[str, str], Json]:
+    """A run's static children of one kind by run (a pass reads them here, not with GETs;
+    ownership is checked in the pass)."""
+    return {(namespace or "default", labels[naming.LABEL_RUN]): dict(body)}
+
+
+for _kind in INDEXED_CHILD_KINDS:
+    kopf.index(
+        *_selector(_kind),
+        id=_child_index_id(_kind),
+        labels={naming.LABEL_RUN: kopf.PRESENT},
+        registry=registry,
+    )(child_index)
 
 for _kind in WATCHED_CHILD_KINDS:
     kopf.on.event(

@@ -15,6 +15,7 @@ API: an index may lag behind the operator's own writes).
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,10 @@ WATCHED_CHILD_KINDS = (
     "RoleBinding",
     "NetworkPolicy",
 )
+
+#: The kinds whose children a pass reads from the Kopf indexes of those watches (the pods
+#: and the Lease have their own), not with a GET each.
+INDEXED_CHILD_KINDS = frozenset(WATCHED_CHILD_KINDS)
 
 
 def child_event_needs_pass(event_type: str | None, run_known: bool) -> bool:
@@ -172,6 +177,8 @@ class RunMemory:
     pass saw; a pass never decides on a view older than the last one."""
     created: set[tuple[str, str]] = field(default_factory=set)
     deleted: set[tuple[str, str, str | None]] = field(default_factory=set)
+    replaced: set[tuple[str, str]] = field(default_factory=set)
+    """Children the last pass replaced: the indexes must show a version newer than it saw."""
 
     def saw_run(self, body: Json) -> bool:
         """Record a run event; True when it asks for a pass."""
@@ -222,24 +229,33 @@ class RunMemory:
         """Remember the pods and Lease the pass created or deleted: until the indexes show
         them, the next pass reads the API instead."""
         for action in actions:
-            if action.kind not in ("Pod", "Lease"):
+            if action.kind not in ("Pod", "Lease") and action.kind not in INDEXED_CHILD_KINDS:
                 continue
             if action.verb is Verb.CREATE:
                 self.created.add((action.kind, action.name))
             elif action.verb is Verb.DELETE:
                 self.deleted.add((action.kind, action.name, action.uid))
+            elif action.verb is Verb.REPLACE:
+                self.replaced.add((action.kind, action.name))
 
-    def indexes_current(self, pods: Iterable[Json], lease: Json | None) -> bool:
-        """Whether the indexed ``pods`` and ``lease`` show every expected create and delete;
-        clears the expectations when they do."""
+    def indexes_current(
+        self, pods: Iterable[Json], lease: Json | None, children: Mapping[str, Json] | None = None
+    ) -> bool:
+        """Whether the indexed ``pods``, ``lease`` and static ``children`` show every
+        expected create, replace and delete; clears the expectations when they do."""
         found = {("Pod", _name(pod)): pod for pod in pods}
+        for ref, child in (children or {}).items():
+            kind, _, name = ref.partition("/")
+            found[(kind, name)] = child
         if lease is not None:
             found[("Lease", _name(lease))] = lease
         for key, version in self.seen.items():
             obj = found.get(key)
             if obj is None or older(_version(obj), version):
                 return False
-        for key in self.created:
+            if key in self.replaced and _version(obj) == version:
+                return False
+        for key in self.created | self.replaced:
             if key not in found:
                 return False
         for kind, name, uid in self.deleted:
@@ -253,15 +269,43 @@ class RunMemory:
         self.forget_expectations()
         return True
 
-    def saw(self, pods: Iterable[Json], lease: Json | None) -> None:
-        """Record what a pass decided on (see :attr:`seen`)."""
+    def saw(
+        self,
+        pods: Iterable[Json],
+        lease: Json | None,
+        children: Mapping[str, Json | None] | None = None,
+    ) -> None:
+        """Record what a pass decided on (see :attr:`seen`); ``children``: the static
+        children of the indexed kinds, ``Kind/name`` to the object (None: absent)."""
         self.seen = {("Pod", _name(pod)): _version(pod) for pod in pods}
+        for ref, child in (children or {}).items():
+            if child is not None:
+                kind, _, name = ref.partition("/")
+                self.seen[(kind, name)] = _version(child)
         if lease is not None:
             self.seen[("Lease", _name(lease))] = _version(lease)
+
+    def current_children(
+        self, children: Mapping[str, dict[str, Any]] | None
+    ) -> dict[str, dict[str, Any]] | None:
+        """Of the indexed static ``children``, those a pass may trust while the pods lag
+        behind: none the last pass created, replaced or deleted, none older than it saw."""
+        if children is None:
+            return None
+        pending = self.created | self.replaced | {(k, n) for k, n, _ in self.deleted}
+        current = {}
+        for ref, child in children.items():
+            kind, _, name = ref.partition("/")
+            seen = self.seen.get((kind, name))
+            if (kind, name) in pending or (seen is not None and older(_version(child), seen)):
+                continue
+            current[ref] = child
+        return current
 
     def forget_expectations(self) -> None:
         self.created.clear()
         self.deleted.clear()
+        self.replaced.clear()
 
     def lease_for_pass(
         self, lease: Json | None, recorded: LeaseObservation | None
@@ -325,3 +369,42 @@ def _version(obj: Json) -> str:
 
 def _name(obj: Json) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
+
+
+#: The handlers Kopf runs on every watch event (a pod's status, a Lease's renewal, a run's
+#: status write): Kopf logs "Handler '...' succeeded." at INFO for each, tens of lines a
+#: second at a thousand runs; :class:`QuietEventHandlers` moves those lines to DEBUG.
+EVENT_HANDLERS = frozenset(
+    {
+        "run_changed",
+        "member_changed",
+        "lease_changed",
+        "workload_changed",
+        *(f"child_deleted/{kind}" for kind in WATCHED_CHILD_KINDS),
+    }
+)
+
+
+class QuietEventHandlers(logging.Filter):
+    """On Kopf's ``kopf.objects`` logger: the success line of an :data:`EVENT_HANDLERS`
+    handler becomes a DEBUG record (shown with ``--verbose``/DEBUG handlers only); every
+    other line, failures of those handlers included, is left as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and _handler_success(record.getMessage()):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def _handler_success(message: str) -> bool:
+    prefix, suffix = "Handler '", "' succeeded."
+    if not (message.startswith(prefix) and message.endswith(suffix)):
+        return False
+    return message[len(prefix) : -len(suffix)] in EVENT_HANDLERS
+
+
+def quiet_event_handlers(logger: logging.Logger) -> None:
+    """Install :class:`QuietEventHandlers` on ``logger`` once."""
+    if not any(isinstance(each, QuietEventHandlers) for each in logger.filters):
+        logger.addFilter(QuietEventHandlers())

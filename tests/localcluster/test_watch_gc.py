@@ -229,3 +229,20 @@ async def test_concurrent_watchers_each_see_every_event(
                 await asyncio.sleep(0.3)  # let idle 'wait' timeouts interleave with events
         results = await asyncio.wait_for(asyncio.gather(*tasks), 120)
     assert all(names == [f"cm-{i}" for i in range(events)] for names in results)
+
+
+def test_a_child_created_owned_by_a_gone_owner_is_collected_a_live_ones_is_not(
+    client: Any, namespace: str
+) -> None:
+    """The collector skips writes whose owners all exist (a full pass looks at every object
+    and every child is created owned); a child naming an owner that is gone (or going) is
+    still collected, as on the real server."""
+    core: Any = k8s.CoreV1Api(client)
+    owner = core.create_namespaced_config_map(namespace, _cm(namespace, "owner"))
+    core.delete_namespaced_config_map("owner", namespace)
+    eventually(_absent(core, namespace, "owner"), what="owner gone")
+    core.create_namespaced_config_map(namespace, _cm(namespace, "orphaned", owner))
+    live = core.create_namespaced_config_map(namespace, _cm(namespace, "live"))
+    core.create_namespaced_config_map(namespace, _cm(namespace, "kept", live))
+    eventually(_absent(core, namespace, "orphaned"), what="the dangling child collected")
+    assert _exists(core, namespace, "kept") is not None

@@ -141,3 +141,72 @@ def test_idle_mirrors_progress_without_a_pass_and_waits_for_the_nearest_deadline
     assert watching.idle_step(False, 30.0, 10.0, 4.0) == 4.0
     assert watching.idle_step(False, 30.0, 0.0, 4.0) == 0.0  # the Lease's expiry: a pass
     assert watching.idle_step(False, -1.0, 10.0, None) == 0.0  # the requeue came
+
+
+def test_indexed_static_children_are_trusted_once_they_show_a_replace():
+    memory = RunMemory()
+
+    def config(version: str) -> dict:
+        return {"metadata": {"name": "r-config", "resourceVersion": version}}
+
+    memory.saw([], None, {"ConfigMap/r-config": config("5"), "Service/r-gym": None})
+    memory.expect([Action(Verb.REPLACE, "ConfigMap", "r-config", manifest={})])
+    assert not memory.indexes_current([], None, {})  # gone from the index: read the API
+    assert not memory.indexes_current([], None, {"ConfigMap/r-config": config("5")})  # old
+    assert memory.indexes_current([], None, {"ConfigMap/r-config": config("6")})
+    assert not memory.replaced
+
+
+def test_kopfs_per_event_success_lines_move_to_debug_and_nothing_else_does():
+    """Kopf logs "Handler '...' succeeded." at INFO for every watch event it hands to a
+    handler (a Lease renewal, a pod's status): tens of lines a second at a thousand runs.
+    Those of the per-event handlers go to DEBUG; failures and the daemon's lines stay."""
+    import logging
+
+    from rolloutrun_operator.handlers import registry
+
+    ids = {handler.id for handler in registry._watching.get_all_handlers()}
+    assert ids == watching.EVENT_HANDLERS  # every per-event handler, named as Kopf names it
+    logger = logging.getLogger(f"test-kopf-objects-{id(ids)}")
+    logger.setLevel(logging.DEBUG)
+    records: list[logging.LogRecord] = []
+    catcher = logging.Handler()
+    catcher.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(catcher)
+    watching.quiet_event_handlers(logger)
+    watching.quiet_event_handlers(logger)  # installed once
+    assert len(logger.filters) == 1
+    logger.info("Handler 'lease_changed' succeeded.")
+    logger.info("Handler 'child_deleted/Service' succeeded.")
+    logger.info("Daemon 'keep_running' succeeded.")
+    logger.error("Handler 'lease_changed' failed with an exception and will try again")
+    logger.info("Handler 'somebody_elses' succeeded.")
+    levels = [(record.getMessage()[:22], record.levelname) for record in records]
+    assert levels == [
+        ("Handler 'lease_changed", "DEBUG"),
+        ("Handler 'child_deleted", "DEBUG"),
+        ("Daemon 'keep_running' ", "INFO"),
+        ("Handler 'lease_changed", "ERROR"),
+        ("Handler 'somebody_else", "INFO"),
+    ]
+    logger.setLevel(logging.INFO)  # as the operator runs without --verbose: not shown
+    logger.info("Handler 'member_changed' succeeded.")
+    logger.info("Daemon 'keep_running' succeeded.")
+    assert [record.getMessage()[:6] for record in records[5:]] == ["Daemon"]
+
+
+def test_a_pass_reading_the_pods_from_the_api_still_trusts_the_current_children():
+    memory = RunMemory()
+
+    def child(name: str, version: str) -> dict:
+        return {"metadata": {"name": name, "resourceVersion": version}}
+
+    memory.saw([], None, {"Service/r-gym": child("r-gym", "5"), "Role/r-member": child("m", "4")})
+    memory.expect([Action(Verb.REPLACE, "ConfigMap", "r-config", manifest={})])
+    indexed = {
+        "Service/r-gym": child("r-gym", "5"),  # as the last pass saw it: trusted
+        "Role/r-member": child("r-member", "3"),  # older than the last pass saw: read
+        "ConfigMap/r-config": child("r-config", "9"),  # replaced by the last pass: read
+    }
+    assert memory.current_children(indexed) == {"Service/r-gym": child("r-gym", "5")}
+    assert memory.current_children(None) is None

@@ -171,3 +171,36 @@ def test_a_static_child_deleted_by_hand_is_recreated_without_waiting_for_the_res
         for kind, (name, read) in children.items():
             again = eventually(lambda r=read, n=name: uid(r, n), what=f"{kind} {name} recreated")
             assert again != before[kind]
+
+
+def test_a_steady_pass_reads_the_static_children_from_the_indexes(cluster, api):
+    """A pass of a running run (woken by an annotation of the run) reads its ConfigMap,
+    Services, NetworkPolicies, RBAC and Lease from the Kopf indexes of their watches: no GET
+    of those kinds (issue 16: a pass cost about fourteen requests, one GET per child)."""
+    from kubernetes import client as k8s
+
+    ns = RunNamespace(api, "indexed")
+    runs: Any = k8s.CustomObjectsApi(api)
+    with operator_thread(cluster, ns.name) as operator:
+        ns.create_run(rolloutrun("x", gym_replicas=1, lease_seconds=30))
+        eventually(lambda: ns.ready_condition("x").get("reason") == "Running", what="running")
+        memories: dict[tuple[str, str], RunMemory] = operator.memo["memories"]
+        memory = eventually(lambda: memories.get((ns.name, "x")), what="the run's memory")
+        eventually(lambda: not (memory.dirty or memory.busy), what="the pass done")
+        snapshot, passes = dict(cluster.server.requests), memory.passes
+        for poke in range(2):  # the first pass may still read what the last one wrote
+            patch = {"metadata": {"annotations": {"test/poke": str(poke)}}}
+            runs.patch_namespaced_custom_object(GROUP, VERSION, ns.name, PLURAL, "x", patch)
+            eventually(lambda n=passes: memory.passes > n, what="a pass")
+            eventually(lambda: not (memory.dirty or memory.busy), what="the pass done")
+            snapshot, passes = dict(cluster.server.requests), memory.passes
+        patch = {"metadata": {"annotations": {"test/poke": "last"}}}
+        runs.patch_namespaced_custom_object(GROUP, VERSION, ns.name, PLURAL, "x", patch)
+        eventually(lambda: memory.passes > passes, what="a steady pass")
+        eventually(lambda: not (memory.dirty or memory.busy), what="the pass done")
+        made = {k: v - snapshot.get(k, 0) for k, v in cluster.server.requests.items()}
+        made = {k[1:]: v for k, v in made.items() if v and k[0] == OPERATOR and k[2] != "events"}
+        indexed = {"configmaps", "services", "serviceaccounts", "roles", "rolebindings"}
+        indexed |= {"networkpolicies", "leases", "pods"}
+        assert not [key for key in made if key[0] in ("get", "list") and key[1] in indexed], made
+        assert made.get(("get", "rolloutruns")) == 1, made
