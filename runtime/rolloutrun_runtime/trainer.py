@@ -182,12 +182,11 @@ async def run_trainer(
     import torch
 
     STARTUP.mark("torch_imported")
-    from rolloutrun_runtime.algorithms.optimizer import build_optimizer
     from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
     from rolloutrun_runtime.algorithms.single_controller import SingleController
     from rolloutrun_runtime.metrics import MetricsWriter
-    from rolloutrun_runtime.policy.family import build_policy_model, policy_tokenizer
+    from rolloutrun_runtime.policy.family import policy_tokenizer
     from rolloutrun_runtime.storage import open_storage
     from rolloutrun_runtime.trainer_inputs import with_prompt_set
     from rolloutrun_runtime.workers import build_workers
@@ -198,10 +197,7 @@ async def run_trainer(
     torch.manual_seed(cfg.seed)
     log_dir = _made(Path(cfg.log_dir))
 
-    model = build_policy_model(cfg.policy, cfg.seed)
-    STARTUP.mark("model_built")
-    optimizer = build_optimizer(model.parameters(), cfg.grpo.learning_rate)  # no torch._dynamo
-    STARTUP.mark("optimizer_built")
+    model, optimizer = _model_and_optimizer(cfg)
     storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
     observation = Observation(cfg, storage, log_dir, trace.run_id, metrics_token)
@@ -238,21 +234,46 @@ async def run_trainer(
             prompt_payload=prompts.payload if prompts is not None else None,
             gym_members=gym_members,
         )
-        resumed_from = await _restore(controller, trace)
-        STARTUP.mark("run_started")
-        _freeze_startup_objects()
-        STARTUP.mark("gc_frozen")
-        with _preemption_snapshots(controller, preemption):
-            if controller.trainer_version < cfg.grpo.max_steps:
-                await controller.run()
-        if cfg.policy.model is not None and controller.trainer_version >= cfg.grpo.max_steps:
-            await asyncio.to_thread(_export_final_model, cfg, controller.model, storage)
+        resumed_from = await _resume_and_run(controller, cfg, trace, storage, preemption)
     finally:
         await workers.stop()
         await environment.close()
         trace.close()
         await observation.stop()  # after the trace closed: its last lines reach the storage
     return _finished(controller, log_dir, resumed_from)
+
+
+def _model_and_optimizer(cfg: RunConfig) -> tuple[Any, Any]:
+    """The policy model (built-in or ``policy.model``) and its Adam (no ``torch._dynamo``)."""
+    from rolloutrun_runtime.algorithms.optimizer import build_optimizer
+    from rolloutrun_runtime.policy.family import build_policy_model
+
+    model = build_policy_model(cfg.policy, cfg.seed)
+    STARTUP.mark("model_built")
+    optimizer = build_optimizer(model.parameters(), cfg.grpo.learning_rate)
+    STARTUP.mark("optimizer_built")
+    return model, optimizer
+
+
+async def _resume_and_run(
+    controller: SingleController,
+    cfg: RunConfig,
+    trace: Any,
+    storage: Any,
+    preemption: asyncio.Event | None,
+) -> str | None:
+    """Restore (a snapshot, a trainer checkpoint or nothing), train to ``maxSteps`` under the
+    preemption snapshot, export an HF model's final weights; returns where it resumed from."""
+    resumed_from = await _restore(controller, trace)
+    STARTUP.mark("run_started")
+    _freeze_startup_objects()
+    STARTUP.mark("gc_frozen")
+    with _preemption_snapshots(controller, preemption):
+        if controller.trainer_version < cfg.grpo.max_steps:
+            await controller.run()
+    if cfg.policy.model is not None and controller.trainer_version >= cfg.grpo.max_steps:
+        await asyncio.to_thread(_export_final_model, cfg, controller.model, storage)
+    return resumed_from
 
 
 async def _settle_recovery_level(cfg: RunConfig, trace: Any) -> RunConfig:

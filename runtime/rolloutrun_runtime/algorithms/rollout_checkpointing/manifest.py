@@ -78,6 +78,12 @@ from rolloutrun_runtime.storage import (
 log = logging.getLogger(__name__)
 
 
+def _checksum(content: bytes | Path) -> dict[str, Any]:
+    """A manifest's record of one file: its sha256 and size."""
+    digest, size = sha256_of(content)
+    return {"sha256": digest, "bytes": size}
+
+
 class ManifestStore:
     """Publishes, lists, selects and retires the rollout snapshots of one run."""
 
@@ -194,10 +200,7 @@ class ManifestStore:
         known_ids = self.snapshot_ids()  # listed once: the next id and retention use it
         snapshot_id = (known_ids[-1] + 1) if known_ids else 1
         entry = snapshot_dir(snapshot_id)
-        checksums = {}
-        for name, content in files.items():
-            digest, size = sha256_of(content)
-            checksums[name] = {"sha256": digest, "bytes": size}
+        checksums = {name: _checksum(content) for name, content in files.items()}
         view, fingerprint = self._config_view(config)
         manifest = SnapshotManifest(
             run_name=self.run_name,
@@ -235,13 +238,17 @@ class ManifestStore:
         self._segments_of[snapshot_id] = frozenset(manifest.segments)
         self._write_latest(entry, manifest_uri)
         if keep_latest is not None:
-            self.apply_retention(
-                keep_latest,
-                is_valid=lambda sid: sid == snapshot_id or self._manifest_parses(sid),
-                snapshot_ids=[*known_ids, snapshot_id],
-            )
-            self.collect_segments()
+            self._retain(keep_latest, snapshot_id, known_ids)
         return Candidate(manifest=manifest, entry=entry, manifest_uri=manifest_uri)
+
+    def _retain(self, keep_latest: int, published_id: int, known_ids: list[int]) -> None:
+        """Retention right after publishing ``published_id``, then the unlisted segments."""
+        self.apply_retention(
+            keep_latest,
+            is_valid=lambda sid: sid == published_id or self._manifest_parses(sid),
+            snapshot_ids=[*known_ids, published_id],
+        )
+        self.collect_segments()
 
     def _config_view(self, config: RunConfig) -> tuple[dict[str, Any], str]:
         """The rollout config view and its fingerprint, computed once per config object."""
