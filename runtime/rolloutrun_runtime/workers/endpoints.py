@@ -71,7 +71,17 @@ class PolicyEndpoints:
         self._turn = 0
         self._readmit: asyncio.Task[None] | None = None
 
-    def pick(self) -> str:
+    async def pick(self) -> str:
+        """The next endpoint; while the workers serve none (every actor lost, a refit
+        waiting for a replacement) wait for one, at most the budget."""
+        waited = time.monotonic()
+        while not self.workers.endpoints:
+            if time.monotonic() - waited >= self.budget_s:
+                raise PolicyOutageError(
+                    f"no generation worker served for {self.budget_s:g}s "
+                    "(rollout.gymUnreachableSeconds): every one was lost"
+                )
+            await asyncio.sleep(READMIT_PERIOD_S)
         self.down &= set(self.workers.endpoints)  # dropped by a refit: nothing to re-admit
         url = choose(self.workers.endpoints, self.down, self._turn)
         self._turn += 1

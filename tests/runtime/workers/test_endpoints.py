@@ -57,17 +57,29 @@ async def test_a_lost_endpoint_is_re_admitted_when_it_answers_or_dropped_at_a_re
         async with asyncio.timeout(READMIT_LIMIT_S):
             while live in policies.down:
                 await asyncio.sleep(0.05)
-        assert {policies.pick() for _ in range(4)} == {live}
+        assert {await policies.pick() for _ in range(4)} == {live}
         workers.endpoints = [live, "http://127.0.0.1:10"]  # a refit replaced the lost one
-        policies.pick()
+        await policies.pick()
         assert gone not in policies.down  # nothing to re-admit: its successor is given out
-        assert {policies.pick() for _ in range(4)} == set(workers.endpoints)
+        assert {await policies.pick() for _ in range(4)} == set(workers.endpoints)
     finally:
         await policies.close()
         await runner.cleanup()
 
 
-def test_an_attempt_without_a_reachable_endpoint_for_the_budget_is_a_named_error():
+async def test_an_attempt_without_a_reachable_endpoint_for_the_budget_is_a_named_error():
     policies = PolicyEndpoints(_Workers(["http://a"]), budget_s=5)
     with pytest.raises(PolicyOutageError, match=r"gymUnreachableSeconds 5\b.*last: refused"):
         policies.lost("http://x", time.monotonic() - 6, "refused")
+
+
+async def test_a_pick_while_no_worker_serves_waits_for_one_then_names_the_loss():
+    workers = _Workers([])
+    policies = PolicyEndpoints(workers, budget_s=0.2)
+    with pytest.raises(PolicyOutageError, match="no generation worker served"):
+        await policies.pick()
+    policies.budget_s = 60
+    waiting = asyncio.ensure_future(policies.pick())
+    await asyncio.sleep(0)
+    workers.endpoints.append("http://replacement")  # a refit admitted a replacement
+    assert await asyncio.wait_for(waiting, READMIT_LIMIT_S) == "http://replacement"

@@ -462,7 +462,7 @@ class RolloutPump:
             replica,
             episode,
             run.prompt.prompt_id,
-            self.policies.pick(),
+            await self.policies.pick(),
             sampling,
             resume=run.resume.get(index),
         )

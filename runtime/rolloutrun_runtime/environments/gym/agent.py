@@ -109,6 +109,9 @@ class HttpPolicyClient:
         self.session = session
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=POLICY_CONNECT_TIMEOUT_S)
         self.headers = bearer_headers(data_plane_token(token, "the Gym's policy client"))
+        #: The probe of each endpoint in flight: concurrent calls share it (one probe an
+        #: endpoint at a time, however many episodes wait on it).
+        self._probing: dict[str, asyncio.Future[tuple[bool, str]]] = {}
 
     async def complete(self, policy_url: str, request: GenerationRequest) -> GenerationResult:
         url = policy_url.rstrip("/") + COMPLETIONS_ROUTE
@@ -166,7 +169,12 @@ class HttpPolicyClient:
                 done, _ = await asyncio.wait({task}, timeout=POLICY_PROBE_PERIOD_S)
                 if done:
                     return task.result()
-                answered, refused = await self._probe(policy_url)
+                probe = self._probing.get(policy_url)
+                if probe is None or probe.done():
+                    probe = self._probing[policy_url] = asyncio.ensure_future(
+                        self._probe(policy_url)
+                    )
+                answered, refused = await asyncio.shield(probe)
                 strikes = 0 if answered else strikes + 1
                 if refused or strikes >= POLICY_PROBE_STRIKES:
                     raise PolicyUnreachableError(
