@@ -6,7 +6,8 @@ is far longer than the run may take. The Gyms answer ``policy_unreachable`` afte
 seconds; the rollout pump abandons those attempts and redispatches them (not counted as
 failed samples) to the live endpoint, and gives out the silent one no more. The run ends
 with the weights of an undisturbed run, audit clean. Before, every call sent there waited
-for ``rolloutTimeoutSeconds`` and then failed as a sample.
+for ``rolloutTimeoutSeconds`` and then failed as a sample. At turn level (``make chaos``)
+the lost calls' episodes go on at their recorded turns (member resume), no effect repeated.
 """
 
 from __future__ import annotations
@@ -94,4 +95,52 @@ async def test_a_silent_generation_endpoint_costs_no_sample_and_no_rollout_timeo
     report = audit(load_durable_state(Path(cfg.log_dir), seed=cfg.seed, max_steps=MAX_STEPS))
     assert report.ok, report
     assert (report.prompts.lost, report.prompts.duplicated) == (0, 0)
+    assert report.side_effects.duplicated == 0
+
+
+def _turn_level_config(tmp_path: Path) -> RunConfig:
+    return tiny_config(
+        tmp_path,
+        seed=13,
+        policy={"maxSeqLen": 48},
+        task={
+            "name": "reach_target",
+            "datasetSize": 64,
+            "maxOperand": 9,
+            "maxTurns": 6,
+            "maxNewTokens": 3,
+            "turnDelayMs": 20,
+        },
+        grpo={"maxSteps": MAX_STEPS, "maxStaleness": 1, "promptsPerStep": 2},
+        rollout={"maxAttempts": 2, "rolloutTimeoutSeconds": 600},
+        gym={"replicas": 1},
+        checkpointing={
+            "targetLevel": "turn",
+            "deterministic": True,
+            "snapshotIntervalSeconds": 0,
+            "snapshotEveryRollouts": 4,
+        },
+    )
+
+
+@pytest.mark.chaos  # four tiny runs in all: ~15 s on a shared machine
+async def test_a_turn_level_run_loses_a_generation_endpoint_without_a_repeated_effect(
+    tmp_path: Path, silent_endpoint: str
+) -> None:
+    _, reference = await _run(_turn_level_config(tmp_path / "reference"))
+    cfg = _turn_level_config(tmp_path / "lost")
+    _, weights = await _run(cfg, silent_endpoint)
+
+    events = list(read_events(Path(cfg.log_dir) / TRACE_FILE))
+    redispatched = [
+        e
+        for e in events
+        if (e["event"] == "attempt_abandoned" and e.get("reason") == POLICY_UNREACHABLE)
+        or (e["event"] == "attempt_restored" and e.get("level") == "member")
+    ]
+    assert redispatched, "no attempt was sent to the silent endpoint"
+    assert not [e for e in events if e["event"] == "attempt_failed"]
+    assert weights == reference  # episodes went on at their turns (member resume) or restarted
+    report = audit(load_durable_state(Path(cfg.log_dir), seed=cfg.seed, max_steps=MAX_STEPS))
+    assert report.ok, report
     assert report.side_effects.duplicated == 0
