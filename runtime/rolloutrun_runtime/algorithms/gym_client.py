@@ -49,13 +49,14 @@ from rolloutrun_runtime.contract.wire import (
     HEALTHZ_ROUTE,
     MEMBER_RESUME_CAPABILITY,
     POLICY_NOT_ANNOUNCED,
+    POLICY_UNREACHABLE,
     RESUME_REFUSED,
     PolicyAnnouncement,
     RunRequest,
 )
 from rolloutrun_runtime.experience.rollout_recovery import EnvironmentEpisode, PromptRef
 from rolloutrun_runtime.metrics import OverheadClock
-from rolloutrun_runtime.policy.http import bearer_headers, data_plane_token
+from rolloutrun_runtime.policy.http import bearer_headers, data_plane_token, is_unreachable
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,15 @@ class GymOutageError(GymUnavailableError):
     """A Gym replica stayed unreachable past ``rollout.gymUnreachableSeconds`` (member lost)."""
 
 
+class GymPolicyUnreachableError(GymError):
+    """The Gym answered that its model call could not reach ``policy_url`` (a lost
+    generation worker): the attempt is redispatched, never a failed sample."""
+
+    def __init__(self, policy_url: str, detail: str) -> None:
+        super().__init__(f"generation endpoint {policy_url} is unreachable: {detail}")
+        self.policy_url = policy_url
+
+
 #: Statuses a proxy or a replica going away answers with; only the Gym's own JSON error body
 #: (its 502 for a policy error, its 503 for side-effect storage) makes them about the episode.
 UNREACHABLE_STATUSES = frozenset({502, 503, 504})
@@ -101,25 +111,6 @@ CONNECT_TIMEOUT_S = 10.0
 #: How often a lost replica's ``/healthz`` is tried (re-admission), and its timeout.
 READMIT_PERIOD_S = 0.1
 PROBE_TIMEOUT_S = 2.0
-
-
-def is_unreachable(error: BaseException) -> bool:
-    """Whether a transport error means the endpoint was not there (not the episode's fault).
-
-    A plain timeout is the episode running past ``rolloutTimeoutSeconds`` (a failed sample);
-    a timeout while *connecting* is not.
-    """
-    if isinstance(error, aiohttp.ConnectionTimeoutError):
-        return True
-    if isinstance(error, TimeoutError):
-        return False
-    return isinstance(
-        error,
-        aiohttp.ClientConnectorError
-        | aiohttp.ServerDisconnectedError
-        | aiohttp.ClientOSError
-        | ConnectionError,
-    )
 
 
 def is_unreachable_status(status: int, body: bytes) -> bool:
@@ -525,6 +516,8 @@ class GymClient:
             if is_unreachable_status(status, raw):
                 raise GymUnreachableError(replica.url, f"answered {status}: {raw[:300]!r}")
             self.outages.answered(replica.url)
+            if status >= 400 and _error_type(raw) == POLICY_UNREACHABLE:
+                raise GymPolicyUnreachableError(policy_url, f"{replica.url}: {raw[:300]!r}")
             if resume is not None and is_resume_refused(status, raw):
                 raise GymResumeRefusedError(f"{replica.url}/run: {raw[:300]!r}")
             if status >= 400:

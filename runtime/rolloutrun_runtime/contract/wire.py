@@ -51,6 +51,12 @@ POLICY_NOT_ANNOUNCED = "policy_not_announced"
 #: stale: its rollout applied side effects past it, or this replica ran a later attempt);
 #: the trainer restarts the sibling from turn 0 under a new rollout id.
 RESUME_REFUSED = "resume_refused"
+#: The ``error.type`` of a ``/run`` whose model call could not reach its ``policy_url``
+#: (connection refused or reset, connect timeout, the endpoint silent: a lost generation
+#: worker). Infrastructure, not a sample: the trainer redispatches the attempt (not counted
+#: against ``maxAttempts``) and gives the Gyms no more calls to that endpoint until it
+#: answers again or a refit replaces it.
+POLICY_UNREACHABLE = "policy_unreachable"
 #: The ``error.type`` of a data-plane call without the run's bearer token.
 UNAUTHORIZED = "unauthorized"
 CONTROL_ROUTE_PREFIX = "/ng-control/v1/checkpoint"

@@ -18,6 +18,7 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import aiohttp
 from aiohttp import web
 
 from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
@@ -151,3 +152,23 @@ def bounded(text: object, limit: int = 200) -> str:
     """``text`` as one printable line of at most ``limit`` characters (for echoing a peer)."""
     line = "".join(c if c.isprintable() else " " for c in str(text))
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """Whether a transport error means the endpoint was not there (not the episode's fault):
+    the trainer's Gym client and the Gym's policy client decide alike.
+
+    A plain timeout is the episode running past ``rolloutTimeoutSeconds`` (a failed sample);
+    a timeout while *connecting* is not.
+    """
+    if isinstance(error, aiohttp.ConnectionTimeoutError):
+        return True
+    if isinstance(error, TimeoutError):
+        return False
+    return isinstance(
+        error,
+        aiohttp.ClientConnectorError
+        | aiohttp.ServerDisconnectedError
+        | aiohttp.ClientOSError
+        | ConnectionError,
+    )

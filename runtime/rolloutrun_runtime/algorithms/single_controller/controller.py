@@ -232,6 +232,7 @@ class SingleController:
                 await self.trainer_checkpoint(defer=False)
         finally:
             await self.gym.close()
+            await self.rollout_pump.policies.close()
         return self.history
 
     async def preemption_snapshot(self, grace_s: float) -> str:

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from rolloutrun_runtime.algorithms.gym_client import (
     GymCallError,
     GymClient,
     GymOutageError,
+    GymPolicyUnreachableError,
     GymReplica,
     GymResumeRefusedError,
     GymUnavailableError,
@@ -49,6 +51,7 @@ from rolloutrun_runtime.algorithms.single_controller import drop_policy
 from rolloutrun_runtime.algorithms.single_controller.drop_policy import DropAction
 from rolloutrun_runtime.algorithms.single_controller.run_state import RunState
 from rolloutrun_runtime.contract.run_config import TargetLevel
+from rolloutrun_runtime.contract.wire import POLICY_UNREACHABLE
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.experience.rollout_recovery import (
     EnvironmentEpisode,
@@ -63,6 +66,7 @@ from rolloutrun_runtime.experience.rollout_recovery import (
 )
 from rolloutrun_runtime.metrics import OverheadClock
 from rolloutrun_runtime.workers import PolicyWorkers
+from rolloutrun_runtime.workers.endpoints import PolicyEndpoints, PolicyOutageError
 
 logger = logging.getLogger(__name__)
 
@@ -118,10 +122,11 @@ class RolloutPump:
         self.cfg = state.cfg
         self.gym = gym
         self.workers = workers
+        #: The generation endpoints given to the Gyms (less those a Gym could not reach).
+        self.policies = PolicyEndpoints(workers, self.cfg.rollout.gym_unreachable_seconds)
         self.trace = trace
         self.overhead = overhead
         self._in_flight = asyncio.Semaphore(self.cfg.rollout.max_in_flight_groups)
-        self._next_policy = 0
         level = self.cfg.checkpointing.target_level
         self._granularity = (
             Granularity.PROMPT_GROUP if level is TargetLevel.PROMPT_GROUP else Granularity.SIBLING
@@ -229,18 +234,12 @@ class RolloutPump:
                             siblings.create_task(self._run_sibling(run, index))
         except* _GroupGivenUp as given_up:
             reason = f"attempts exhausted: {given_up.exceptions[0]}"
-        except* GymOutageError as outage:
+        except* (GymOutageError, PolicyOutageError) as outage:
             raise outage.exceptions[0] from None  # the member loss, named, stops the trainer
         if reason is not None:
             await self._drop_group(run, reason, failed=True)
         else:
             await self._finalize_group(run)
-
-    def _policy_url(self) -> str:
-        endpoints = self.workers.endpoints
-        url = endpoints[self._next_policy % len(endpoints)]
-        self._next_policy += 1
-        return url
 
     # ================================================================== one sibling
     async def _run_sibling(self, run: GroupRun, index: int) -> None:
@@ -248,6 +247,7 @@ class RolloutPump:
         local_attempt = new_attempt(sibling_id) if self.state.ledger is None else None
         failures = 0
         unreachable_tries = 0
+        lost_since: float | None = None  # of the generation endpoints it was given
         while True:
             async with self._dispatch_reservation("rollout_dispatch") as cut:
                 ledger = self.state.ledger
@@ -272,14 +272,26 @@ class RolloutPump:
                     replica = self.gym.pick(None)
             try:
                 row = await self._call_gym(replica, run, index, attempt.episode)
-            except GymResumeRefusedError as error:
-                local_attempt = await self._restart_refused(run, index, attempt, error)
+            except GymResumeRefusedError as error:  # a stale record (a side effect past it)
+                logger.warning("rollout %s restarts from turn 0: %s", attempt.rollout_id, error)
+                local_attempt = await self._redispatch(  # a new rollout id; no failed sample
+                    run, index, attempt, error, "resume_refused", resume=False
+                )
                 continue
             except GymUnavailableError as error:
                 unreachable_tries += 1
                 local_attempt = await self._unreachable(
-                    run, index, attempt, replica, error, unreachable_tries, local_attempt
+                    run, index, attempt, replica, error, unreachable_tries
                 )
+                continue
+            except GymPolicyUnreachableError as error:  # a lost worker: as for a lost Gym
+                unreachable_tries += 1
+                lost_since = lost_since or time.monotonic()
+                all_lost = self.policies.lost(error.policy_url, lost_since, f"{error}")
+                local_attempt = await self._redispatch(
+                    run, index, attempt, error, POLICY_UNREACHABLE
+                )
+                await asyncio.sleep(self.gym.backoff(unreachable_tries) if all_lost else 0.0)
                 continue
             except GymCallError as error:
                 failures += 1
@@ -301,7 +313,6 @@ class RolloutPump:
         replica: GymReplica,
         error: GymUnavailableError,
         tries: int,
-        local_attempt: RolloutAttempt | None,
     ) -> RolloutAttempt | None:
         """Infrastructure, not a sample: no attempt of maxAttempts is spent; the sibling
         stays pending (GymOutageError past the budget). A turn-level episode with a record
@@ -311,7 +322,6 @@ class RolloutPump:
         restarts from turn 0: its side effects are never replayed). Redispatched at once to
         a surviving replica, else after a backoff. Returns the next local attempt (without
         a ledger)."""
-        sibling_id = sibling_id_for(run.group_id, index)
         spent = self.gym.outages.unreachable(replica.url, error)
         delay = self.gym.backoff(tries) if self.gym.all_down() else 0.0
         logger.log(
@@ -322,19 +332,33 @@ class RolloutPump:
             spent,
             delay,
         )
+        local_attempt = await self._redispatch(run, index, attempt, error, "gym_unreachable")
+        await asyncio.sleep(delay)
+        return local_attempt
+
+    async def _redispatch(
+        self,
+        run: GroupRun,
+        index: int,
+        attempt: RolloutAttempt,
+        error: Exception,
+        reason: str,
+        resume: bool = True,
+    ) -> RolloutAttempt | None:
+        """Abandon ``attempt`` (infrastructure) and retry it, or resume it from its record."""
+        sibling_id = sibling_id_for(run.group_id, index)
         async with self._dispatch_reservation("rollout_failures") as cut:
             ledger = self.state.ledger
             if ledger is None:
-                local_attempt = new_attempt(sibling_id)
-            elif not self._member_resume(cut, run, index, attempt):
+                return new_attempt(sibling_id)
+            if not (resume and self._member_resume(cut, run, index, attempt)):
                 run.resume.pop(index, None)
                 ledger.abandon(cut, sibling_id, attempt.attempt_uuid, str(error))
                 self._trace_attempt(
-                    "attempt_abandoned", run, index, attempt.attempt_uuid, reason="gym_unreachable"
+                    "attempt_abandoned", run, index, attempt.attempt_uuid, reason=reason
                 )
                 ledger.retry(cut, sibling_id)
-        await asyncio.sleep(delay)
-        return local_attempt
+        return None
 
     def _member_resume(
         self, cut: LiveCut, run: GroupRun, index: int, attempt: RolloutAttempt
@@ -355,24 +379,6 @@ class RolloutPump:
         run.resume[index] = record
         self._trace_attempt("attempt_restored", run, index, attempt.attempt_uuid, level="member")
         return True
-
-    async def _restart_refused(
-        self, run: GroupRun, index: int, attempt: RolloutAttempt, error: GymResumeRefusedError
-    ) -> RolloutAttempt | None:
-        """The Gym would not continue the record (stale: a side effect past it): the sibling
-        restarts from turn 0 under a new rollout id, not counted as a failed sample."""
-        logger.warning("rollout %s restarts from turn 0: %s", attempt.rollout_id, error)
-        run.resume.pop(index, None)
-        sibling_id = sibling_id_for(run.group_id, index)
-        async with self._dispatch_reservation("rollout_failures") as cut:
-            ledger = self.state.ledger
-            assert ledger is not None  # only a ledger's attempt carries a record
-            ledger.abandon(cut, sibling_id, attempt.attempt_uuid, str(error))
-            self._trace_attempt(
-                "attempt_abandoned", run, index, attempt.attempt_uuid, reason="resume_refused"
-            )
-            ledger.retry(cut, sibling_id)
-        return None
 
     async def _attempt_failed(
         self,
@@ -456,7 +462,7 @@ class RolloutPump:
             replica,
             episode,
             run.prompt.prompt_id,
-            self._policy_url(),
+            await self.policies.pick(),
             sampling,
             resume=run.resume.get(index),
         )

@@ -26,7 +26,12 @@ import aiohttp
 from pydantic import ValidationError
 
 from rolloutrun_runtime.contract.run_config import TaskConfig
-from rolloutrun_runtime.contract.wire import COMPLETIONS_ROUTE, CompletionRequest, CompletionResult
+from rolloutrun_runtime.contract.wire import (
+    COMPLETIONS_ROUTE,
+    HEALTHZ_ROUTE,
+    CompletionRequest,
+    CompletionResult,
+)
 from rolloutrun_runtime.environments.gym.effects import (
     SideEffectLog,
     SideEffectReplayError,
@@ -48,6 +53,7 @@ from rolloutrun_runtime.policy.http import (
     bearer_headers,
     bounded,
     data_plane_token,
+    is_unreachable,
 )
 from rolloutrun_runtime.policy.tokenizer import TOKENIZER, PolicyTokenizer
 from rolloutrun_runtime.tasks import make_problem
@@ -69,6 +75,22 @@ class PolicyCallError(Exception):
         self.status = status
 
 
+class PolicyUnreachableError(PolicyCallError):
+    """The policy endpoint could not be reached (refused, reset, a connect timeout, silent
+    under probing): a lost generation worker, not the episode's fault."""
+
+
+#: Longest wait for a connection to the policy endpoint, and for its ``/healthz`` while a
+#: call is in flight: a dead pod's address never answers (no RST), and waiting for
+#: ``rolloutTimeoutSeconds`` there stalled the trainer.
+POLICY_CONNECT_TIMEOUT_S = 2.0
+#: While a model call is in flight, its endpoint's ``/healthz`` is probed this often;
+#: :data:`POLICY_PROBE_STRIKES` probes in a row without an answer end the call as unreachable
+#: (a probe refused at once ends it at the first).
+POLICY_PROBE_PERIOD_S = 0.5
+POLICY_PROBE_STRIKES = 2
+
+
 class PolicyClient(Protocol):
     """Calls the policy's generation service for one model turn."""
 
@@ -85,8 +107,11 @@ class HttpPolicyClient:
         self, session: aiohttp.ClientSession, timeout_s: float, token: str | None = None
     ) -> None:
         self.session = session
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=POLICY_CONNECT_TIMEOUT_S)
         self.headers = bearer_headers(data_plane_token(token, "the Gym's policy client"))
+        #: The probe of each endpoint in flight: concurrent calls share it (one probe an
+        #: endpoint at a time, however many episodes wait on it).
+        self._probing: dict[str, asyncio.Future[tuple[bool, str]]] = {}
 
     async def complete(self, policy_url: str, request: GenerationRequest) -> GenerationResult:
         url = policy_url.rstrip("/") + COMPLETIONS_ROUTE
@@ -105,18 +130,10 @@ class HttpPolicyClient:
         except ValidationError as error:
             raise PolicyCallError(f"policy {url}: invalid completion request: {error}") from error
         try:
-            async with self.session.post(
-                url, json=body, timeout=self.timeout, headers=self.headers
-            ) as response:
-                if response.status != 200:
-                    raise PolicyCallError(
-                        f"policy {url} answered {response.status}: "
-                        f"{_error_excerpt(await response.read())}",
-                        response.status,
-                    )
-                payload = await response.json(content_type=None)
+            payload = await self._watched(policy_url, self._post(url, body))
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as error:
-            raise PolicyCallError(f"policy {url} failed: {bounded(repr(error))}") from error
+            kind = PolicyUnreachableError if is_unreachable(error) else PolicyCallError
+            raise kind(f"policy {url} failed: {bounded(repr(error))}") from error
         try:
             answer = CompletionResult.model_validate(payload)
         except ValidationError as error:
@@ -129,6 +146,59 @@ class HttpPolicyClient:
             weight_versions=answer.weight_versions,
             finish_reason=answer.finish_reason,
         )
+
+    async def _post(self, url: str, body: dict[str, object]) -> object:
+        async with self.session.post(
+            url, json=body, timeout=self.timeout, headers=self.headers
+        ) as response:
+            if response.status != 200:
+                raise PolicyCallError(
+                    f"policy {url} answered {response.status}: "
+                    f"{_error_excerpt(await response.read())}",
+                    response.status,
+                )
+            return await response.json(content_type=None)
+
+    async def _watched(self, policy_url: str, call: Awaitable[object]) -> object:
+        """Await ``call`` while probing ``policy_url``'s ``/healthz``: an endpoint that
+        stops answering (its pod deleted: no RST) ends the call as unreachable."""
+        task = asyncio.ensure_future(call)
+        try:
+            strikes = 0
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=POLICY_PROBE_PERIOD_S)
+                if done:
+                    return task.result()
+                probe = self._probing.get(policy_url)
+                if probe is None or probe.done():
+                    probe = self._probing[policy_url] = asyncio.ensure_future(
+                        self._probe(policy_url)
+                    )
+                answered, refused = await asyncio.shield(probe)
+                strikes = 0 if answered else strikes + 1
+                if refused or strikes >= POLICY_PROBE_STRIKES:
+                    raise PolicyUnreachableError(
+                        f"policy {policy_url} stopped answering: {strikes} probe(s) of "
+                        f"{HEALTHZ_ROUTE} failed ({refused or 'no answer'}) during a model call"
+                    )
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _probe(self, policy_url: str) -> tuple[bool, str]:
+        """``(answered, refused)``: any HTTP answer is an answer; ``refused`` names a
+        connection refused or reset at once (the endpoint is gone)."""
+        url = policy_url.rstrip("/") + HEALTHZ_ROUTE
+        timeout = aiohttp.ClientTimeout(total=POLICY_CONNECT_TIMEOUT_S)
+        try:
+            async with self.session.get(url, timeout=timeout) as response:
+                await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            if isinstance(error, TimeoutError) or not is_unreachable(error):
+                return False, ""
+            return False, bounded(repr(error))
+        return True, ""
 
 
 def _error_excerpt(raw: bytes) -> str:

@@ -41,6 +41,7 @@ from rolloutrun_runtime.contract.wire import (
     MAX_ANNOUNCED_POLICIES,
     MEMBER_RESUME_CAPABILITY,
     POLICY_NOT_ANNOUNCED,
+    POLICY_UNREACHABLE,
     RESUME_REFUSED,
     EpisodesAnswer,
     GymHealth,
@@ -54,6 +55,7 @@ from rolloutrun_runtime.environments.gym.agent import (
     HttpPolicyClient,
     PolicyCallError,
     PolicyClient,
+    PolicyUnreachableError,
     SideEffectLog,
     SideEffectReplayError,
 )
@@ -346,6 +348,10 @@ class GymServer:
         episode_id = episode.episode_id
         try:
             await self.loop.run(episode)
+        except PolicyUnreachableError as error:  # infrastructure: the trainer redispatches
+            logger.warning("episode %s: policy unreachable: %s", episode_id.row_key, error)
+            message = f"episode {episode_id.row_key} failed: {error}"
+            return json_error(502, message, POLICY_UNREACHABLE)
         except PolicyCallError as error:
             logger.warning("episode %s failed: %s", episode_id.row_key, error)
             return _error(502, f"episode {episode_id.row_key} failed: {error}")
