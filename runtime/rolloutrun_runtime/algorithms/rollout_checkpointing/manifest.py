@@ -84,6 +84,16 @@ def _checksum(content: bytes | Path) -> dict[str, Any]:
     return {"sha256": digest, "bytes": size}
 
 
+def _check_checksum(uri: str, data: bytes, expected: Mapping[str, Any]) -> None:
+    """Refuse ``data`` read from ``uri`` unless it matches the manifest's record of it."""
+    digest, size = sha256_of(data)
+    if digest != expected["sha256"] or size != expected["bytes"]:
+        raise ManifestError(
+            f"{uri}: checksum mismatch (expected sha256 {expected['sha256'][:12]}… of "
+            f"{expected['bytes']} bytes, found {digest[:12]}… of {size} bytes)"
+        )
+
+
 class ManifestStore:
     """Publishes, lists, selects and retires the rollout snapshots of one run."""
 
@@ -285,13 +295,7 @@ class ManifestStore:
         if expected is None:
             raise ManifestError(f"{self.storage.uri_for(key)}: not listed in the manifest")
         data = self.storage.read_bytes(key)
-        digest, size = sha256_of(data)
-        if digest != expected["sha256"] or size != expected["bytes"]:
-            raise ManifestError(
-                f"{self.storage.uri_for(key)}: checksum mismatch (expected sha256 "
-                f"{expected['sha256'][:12]}… of {expected['bytes']} bytes, found "
-                f"{digest[:12]}… of {size} bytes)"
-            )
+        _check_checksum(self.storage.uri_for(key), data, expected)
         return data
 
     def read_segment(self, candidate: Candidate, key: str) -> bytes:
@@ -307,13 +311,7 @@ class ManifestStore:
             data = self.storage.read_bytes(key)
         except ObjectNotFoundError as error:
             raise ManifestError(f"{candidate.manifest_uri}: segment {key} is missing") from error
-        digest, size = sha256_of(data)
-        if digest != expected["sha256"] or size != expected["bytes"]:
-            raise ManifestError(
-                f"{self.storage.uri_for(key)}: checksum mismatch (expected sha256 "
-                f"{expected['sha256'][:12]}… of {expected['bytes']} bytes, found "
-                f"{digest[:12]}… of {size} bytes)"
-            )
+        _check_checksum(self.storage.uri_for(key), data, expected)
         return data
 
     def verify(
