@@ -44,6 +44,7 @@ from typing import Any
 
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
+    READ_THREADS,
     Anchor,
     Candidate,
     ManifestError,
@@ -101,9 +102,6 @@ logger = logging.getLogger(__name__)
 
 #: Seconds the environment may take to install a snapshot's episodes.
 ENV_RESTORE_TIMEOUT_S = 30.0
-#: Storage reads in flight while a restore lists manifests and reads the chosen entry: on
-#: ``gs://`` each read is a round trip, and a resume's start-up waits for all of them.
-READ_THREADS = 8
 
 
 class UnrestorableError(RestoreError):
@@ -393,24 +391,18 @@ class RolloutRestorer:
         manifest = candidate.manifest
         if manifest.anchor.kind == "step" and self._checkpointer is None:
             raise RestoreError(f"{candidate.manifest_uri}: anchor needs trainer checkpoints")
-        names = [name for name in sorted(manifest.files) if name in ROLLOUT_FILES]
-        # the files, the data-plane segments its metadata.json names and the anchor at once
-        with ThreadPoolExecutor(READ_THREADS) as pool:
-            reads = [pool.submit(self._manifests.read_file, candidate, name) for name in names]
-            segments = [
-                pool.submit(self._manifests.read_segment, candidate, key)
-                for key in manifest.segments
-            ]
-            anchor = None
-            if manifest.anchor.kind == "step" and self._checkpointer is not None:
-                anchor = pool.submit(self._checkpointer.load, manifest.anchor.step)
-        # Results in the order the reads were listed: a failure is the one a sequential read
-        # would have met first.
-        files = {name: read.result() for name, read in zip(names, reads, strict=True)}
+        # read and checked by ``verify``, concurrently: taken from the candidate here
+        files = {
+            name: self._manifests.read_file(candidate, name)
+            for name in sorted(manifest.files)
+            if name in ROLLOUT_FILES
+        }
         files.update(
-            {key: read.result() for key, read in zip(manifest.segments, segments, strict=True)}
+            {key: self._manifests.read_segment(candidate, key) for key in manifest.segments}
         )
-        trainer = anchor.result() if anchor is not None else None
+        trainer = None
+        if manifest.anchor.kind == "step" and self._checkpointer is not None:
+            trainer = self._checkpointer.load(manifest.anchor.step)
         return self._assemble(
             files,
             source=ResumeSource(
