@@ -37,37 +37,31 @@ def _eager(method: Callable[..., Any]) -> Callable[..., Any] | None:
 class EagerAdam(torch.optim.Adam):
     """``torch.optim.Adam`` that does not import ``torch._dynamo`` (see the module doc)."""
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        eager = _eager(torch.optim.Adam.add_param_group)
+    def _call(self, name: str, *args: Any) -> Any:
+        """Adam's method ``name``: its wrapped function while that is safe, else torch's."""
+        eager = _eager(getattr(torch.optim.Adam, name))
         if eager is None:
-            super().add_param_group(param_group)
-        else:
-            eager(self, param_group)
+            return getattr(super(), name)(*args)
+        return eager(self, *args)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self._call("add_param_group", param_group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        eager = _eager(torch.optim.Adam.zero_grad)
-        if eager is None:
-            super().zero_grad(set_to_none)
-        else:
-            eager(self, set_to_none)
+        self._call("zero_grad", set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
-        eager = _eager(torch.optim.Adam.state_dict)
-        return super().state_dict() if eager is None else eager(self)
+        return self._call("state_dict")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        eager = _eager(torch.optim.Adam.load_state_dict)
-        if eager is None:
-            super().load_state_dict(state_dict)
-        else:
-            eager(self, state_dict)
+        self._call("load_state_dict", state_dict)
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
-        eager = _eager(torch.optim.Adam.step)
-        if eager is None:
+        if _eager(torch.optim.Adam.step) is None:
             return super().step(closure)
+        # the one effect of torch's step wrapper besides the import: its grad mode
         with torch.set_grad_enabled(self.defaults["differentiable"]):
-            return eager(self, closure)
+            return self._call("step", closure)
 
 
 def build_optimizer(parameters: Iterable[torch.nn.Parameter], lr: float) -> EagerAdam:
