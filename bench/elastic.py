@@ -30,15 +30,23 @@ and the middle of the segment: the same one deletion per ``--every`` seconds), `
 pairs in ABBA order (U D, D U, U D, ...), so both arms share the run, its warm-up and the
 machine's load at the same minutes; the seed's ratio is the disturbed segments' rate over
 the undisturbed ones', and the per-pair ratios give its spread. Separate runs back to back
-(the default) swung +-0.14 between two arms of the same runtime on a shared machine.
+(the default) swung +-0.14 between two arms of the same runtime on a shared machine. An
+even ``--pairs`` balances a linear drift; the run's own drift is not linear (as the policy
+learns, more groups have one reward for all siblings and are dropped, so a step needs more
+rollouts: a step takes ~2x longer at step 150 than at step 20).
+
+``--paired`` (the rate's measurement, preferred): per seed the undisturbed and the elastic
+arm run AT THE SAME TIME, each in its own process and local cluster, their windows started
+together once both train: the same machine load at the same moments and the same run age.
+The replacements' start-up CPU is taken from both arms alike (one shared machine).
 
 This tree's pods run a byte-compiled copy of its ``runtime/`` (as an installed image is;
 the pods' root is read-only, so a tree without ``__pycache__`` compiled every module at each
 pod start, ~12 % of a Gym's start-up CPU, which ``--before``'s copy never paid).
 
 Usage: ``python -m bench.elastic [--window 90] [--every 15] [--seeds 3] [--quick]
-[--before REF] [--interleaved [--pairs 3]]``. The machine may be shared: the arms run in one
-process, back to back, so they share its load.
+[--before REF] [--paired | --interleaved [--pairs 4]]``. The machine may be shared: by
+default the arms run in one process, back to back, so they share its load.
 """
 
 from __future__ import annotations
@@ -420,7 +428,11 @@ def interleaved(seed: int, work: Path, *, every: float, pairs: int) -> dict[str,
                 segments.append((kind, steps, elapsed))
         status = run.status()
         replaced = _replacements(run, status, deletions, watches)
-    return {"seed": seed, **interleaved_rates(segments), "deletions": len(deletions),
+    rates = interleaved_rates(segments)
+    disturbed_s = sum(t for kind, _, t in segments if kind == "D")
+    lost = (1 - rates["elastic_vs_undisturbed"]) * disturbed_s / max(len(deletions), 1)
+    return {"seed": seed, **rates, "deletions": len(deletions),
+            "training_lost_per_deletion_s": round(lost, 2),
             "incarnations": int(status.get("incarnation") or 0),
             "elastic": {"deletions": len(deletions), **replaced}}  # fmt: skip
 
@@ -477,6 +489,63 @@ def interleaved_rates(segments: list[tuple[str, int, float]]) -> dict[str, Any]:
     }
 
 
+def paired(seed: int, work: Path, *, window: float, every: float) -> dict[str, Any]:
+    """The undisturbed and the elastic arm of ``seed`` at the same time, each in its own
+    process (its own local cluster): both train until ready, then their windows start
+    together, so they see the same machine load at the same run age."""
+    sync = work / f"sync-{seed}"
+    sync.mkdir()
+    children = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "bench.elastic", "--arm", name, "--arm-seed", str(seed),
+             "--window", str(window), "--every", str(every), "--work", str(work),
+             "--sync", str(sync)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("undisturbed", "elastic")
+    }  # fmt: skip
+    try:
+        wait(
+            lambda: (
+                all((sync / f"{name}.ready").exists() for name in children)
+                or any(child.poll() is not None for child in children.values())
+            ),
+            f"seed {seed}: both arms training",
+            bound=900,
+        )
+        (sync / "go").touch()
+        arms = {name: _arm_answer(name, child) for name, child in children.items()}
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.kill()
+    base = arms["undisturbed"]["steps_per_min"] or 1.0
+    ratio = round(arms["elastic"]["steps_per_min"] / base, 3)
+    return {"seed": seed, **arms, "elastic_vs_undisturbed": ratio}
+
+
+def _arm_answer(name: str, child: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = child.communicate(timeout=1200)
+    if child.returncode != 0:
+        raise RuntimeError(f"the {name} arm exited {child.returncode}")
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def paired_arm(args: argparse.Namespace) -> None:
+    """One arm of :func:`paired` (this process): train, say ready, wait for the go, run
+    the window, print its result as the last line."""
+    delete = args.arm == "elastic"
+    spec = Arm(f"{args.arm}-{args.arm_seed}", True, delete, args.arm_seed)
+    sync = Path(args.sync)
+    with EmbeddedRun(_document(True, spec.seed), Path(args.work) / spec.name) as run:
+        wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
+        (sync / f"{args.arm}.ready").touch()
+        wait(lambda: (sync / "go").exists(), f"{spec.name}: the go", bound=900)
+        result = _window(run, spec, args.window, args.every)
+    print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--window", type=float, default=90.0, help="seconds trained per arm")
@@ -489,8 +558,19 @@ def main() -> None:
         action="store_true",
         help="per seed one run alternating undisturbed/disturbed segments (the rate's ratio)",
     )
-    parser.add_argument("--pairs", type=int, default=3, help="U/D segment pairs (--interleaved)")
+    parser.add_argument("--pairs", type=int, default=4, help="U/D segment pairs (--interleaved)")
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="per seed the undisturbed and elastic arms at the same time (separate processes)",
+    )
+    for internal in ("--arm", "--arm-seed", "--work", "--sync"):  # a --paired arm's process
+        parser.add_argument(internal, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.arm is not None:
+        args.arm_seed = int(args.arm_seed)
+        paired_arm(args)
+        return
     if args.quick:
         args.window = 40.0
     Path(".rolloutrun").mkdir(exist_ok=True)  # pods see the work dir (not a private /tmp)
@@ -500,7 +580,12 @@ def main() -> None:
         here = runtime_here(work / "here")  # this tree, compiled: the pods' PYTHONPATH first
         inherited = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join([str(here), *([inherited] if inherited else [])])
-        if args.interleaved:
+        if args.paired:
+            per_seed = [
+                paired(seed, work, window=args.window, every=args.every)
+                for seed in range(args.seeds)
+            ]
+        elif args.interleaved:
             per_seed = [
                 interleaved(seed, work, every=args.every, pairs=args.pairs)
                 for seed in range(args.seeds)
