@@ -24,9 +24,29 @@ trained its first step. Over the seeds: mean, spread and the worst seed, and the
 (issue 14) checked against the worst seed: elastic >= 90 % of the undisturbed rate; loss
 -> replacement doing work <= 5 s.
 
+``--interleaved`` (the rate's measurement): per seed ONE elastic run whose window alternates
+segments of ``2 * --every`` seconds, undisturbed and disturbed (a Gym deleted at the start
+and the middle of the segment: the same one deletion per ``--every`` seconds), ``--pairs``
+pairs in ABBA order (U D, D U, U D, ...), so both arms share the run, its warm-up and the
+machine's load at the same minutes; the seed's ratio is the disturbed segments' rate over
+the undisturbed ones', and the per-pair ratios give its spread. Separate runs back to back
+(the default) swung +-0.14 between two arms of the same runtime on a shared machine. An
+even ``--pairs`` balances a linear drift; the run's own drift is not linear (as the policy
+learns, more groups have one reward for all siblings and are dropped, so a step needs more
+rollouts: a step takes ~2x longer at step 150 than at step 20).
+
+``--paired`` (the rate's measurement, preferred): per seed the undisturbed and the elastic
+arm run AT THE SAME TIME, each in its own process and local cluster, their windows started
+together once both train: the same machine load at the same moments and the same run age.
+The replacements' start-up CPU is taken from both arms alike (one shared machine).
+
+This tree's pods run a byte-compiled copy of its ``runtime/`` (as an installed image is;
+the pods' root is read-only, so a tree without ``__pycache__`` compiled every module at each
+pod start, ~12 % of a Gym's start-up CPU, which ``--before``'s copy never paid).
+
 Usage: ``python -m bench.elastic [--window 90] [--every 15] [--seeds 3] [--quick]
-[--before REF]``. The machine may be shared: the arms run in one process, back to back,
-so they share its load.
+[--before REF] [--paired | --interleaved [--pairs 4]]``. The machine may be shared: by
+default the arms run in one process, back to back, so they share its load.
 """
 
 from __future__ import annotations
@@ -37,6 +57,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -321,6 +342,18 @@ def runtime_at(ref: str, into: Path) -> Path:
     return into / "runtime"
 
 
+def runtime_here(into: Path) -> Path:
+    """A copy of this checkout's ``runtime/`` (its working tree), byte-compiled as
+    :func:`runtime_at`'s is, so both sides of a comparison start alike."""
+    shutil.copytree(
+        Path(__file__).resolve().parents[1] / "runtime",
+        into / "runtime",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(into / "runtime")], check=True)
+    return into / "runtime"
+
+
 def over_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean, spread and worst seed of the elastic/undisturbed ratio and of the replacement
     time (loss -> first /run, each seed's max), with the goals checked on the worst seed."""
@@ -376,6 +409,143 @@ def _seed(seed: int, work: Path, args: argparse.Namespace, before: Path | None) 
     return result
 
 
+def interleaved(seed: int, work: Path, *, every: float, pairs: int) -> dict[str, Any]:
+    """One elastic run, its window alternating undisturbed (U) and disturbed (D) segments
+    of ``2 * every`` seconds in ABBA order: the seed's rates of both and their ratio, the
+    per-pair ratios, and the disturbed segments' replacements (as the ``elastic`` arm's)."""
+    segment = 2 * every
+    order = [("U", "D") if i % 2 == 0 else ("D", "U") for i in range(pairs)]
+    with EmbeddedRun(_document(True, seed), work / f"interleaved-{seed}") as run:
+        wait(lambda: _highest_step(run) >= 2, f"interleaved-{seed}: training", bound=600)
+        deletions: list[tuple[float, str]] = []
+        watches: list[ReplacementWatch] = []
+        victims = iter(range(seed, seed + 4 * pairs))
+        segments: list[tuple[str, int, float]] = []
+        for pair in order:
+            for kind in pair:
+                steps, elapsed = _segment(run, kind == "D", segment, every, victims,
+                                          deletions, watches)  # fmt: skip
+                segments.append((kind, steps, elapsed))
+        status = run.status()
+        replaced = _replacements(run, status, deletions, watches)
+    rates = interleaved_rates(segments)
+    disturbed_s = sum(t for kind, _, t in segments if kind == "D")
+    lost = (1 - rates["elastic_vs_undisturbed"]) * disturbed_s / max(len(deletions), 1)
+    return {"seed": seed, **rates, "deletions": len(deletions),
+            "training_lost_per_deletion_s": round(lost, 2),
+            "incarnations": int(status.get("incarnation") or 0),
+            "elastic": {"deletions": len(deletions), **replaced}}  # fmt: skip
+
+
+def _segment(
+    run: EmbeddedRun,
+    delete: bool,
+    seconds: float,
+    every: float,
+    victims: Any,
+    deletions: list[tuple[float, str]],
+    watches: list[ReplacementWatch],
+) -> tuple[int, float]:
+    """Train ``seconds``; when ``delete``, delete a serving Gym at once and every ``every``
+    seconds (a Gym still being replaced is skipped for the other). Steps trained, elapsed."""
+    start, first = time.time(), _highest_step(run)
+    next_delete = start if delete else float("inf")
+    while time.time() < start + seconds:
+        if time.time() >= next_delete:
+            n = int(run.status().get("incarnation") or 0)
+            serving = run.serving_member_uids()
+            for _ in range(2):
+                victim = f"bench-i{n}-gym-{next(victims) % 2}"
+                if victim in serving:
+                    at = time.time()
+                    run.delete_pod(victim)
+                    deletions.append((at, victim))
+                    watches.append(ReplacementWatch(run, victim, serving[victim], at))
+                    watches[-1].start()
+                    break
+            next_delete += every
+        time.sleep(0.05)
+    return _highest_step(run) - first, time.time() - start
+
+
+def interleaved_rates(segments: list[tuple[str, int, float]]) -> dict[str, Any]:
+    """Steps per minute of the U and D segments, their ratio (D over U, all segments
+    pooled), and the ratio of each U/D pair (segments 2i and 2i+1)."""
+
+    def rate(kind: str, chosen: list[tuple[str, int, float]]) -> float:
+        steps = sum(n for k, n, _ in chosen if k == kind)
+        seconds = sum(t for k, _, t in chosen if k == kind)
+        return steps / seconds * 60 if seconds else 0.0
+
+    undisturbed, disturbed = rate("U", segments), rate("D", segments)
+    pairs = [segments[i : i + 2] for i in range(0, len(segments) - 1, 2)]
+    per_pair = [rate("D", p) / rate("U", p) for p in pairs if rate("U", p)]
+    return {
+        "undisturbed": {"steps_per_min": round(undisturbed, 2)},
+        "disturbed_steps_per_min": round(disturbed, 2),
+        "elastic_vs_undisturbed": round(disturbed / undisturbed, 3) if undisturbed else 0.0,
+        "per_pair_ratio": [round(r, 3) for r in per_pair],
+        "segments": [{"kind": k, "steps": n, "s": round(t, 1)} for k, n, t in segments],
+    }
+
+
+def paired(seed: int, work: Path, *, window: float, every: float) -> dict[str, Any]:
+    """The undisturbed and the elastic arm of ``seed`` at the same time, each in its own
+    process (its own local cluster): both train until ready, then their windows start
+    together, so they see the same machine load at the same run age."""
+    sync = work / f"sync-{seed}"
+    sync.mkdir()
+    children = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "bench.elastic", "--arm", name, "--arm-seed", str(seed),
+             "--window", str(window), "--every", str(every), "--work", str(work),
+             "--sync", str(sync)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("undisturbed", "elastic")
+    }  # fmt: skip
+    try:
+        wait(
+            lambda: (
+                all((sync / f"{name}.ready").exists() for name in children)
+                or any(child.poll() is not None for child in children.values())
+            ),
+            f"seed {seed}: both arms training",
+            bound=900,
+        )
+        (sync / "go").touch()
+        arms = {name: _arm_answer(name, child) for name, child in children.items()}
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.kill()
+    base = arms["undisturbed"]["steps_per_min"] or 1.0
+    ratio = round(arms["elastic"]["steps_per_min"] / base, 3)
+    return {"seed": seed, **arms, "elastic_vs_undisturbed": ratio}
+
+
+def _arm_answer(name: str, child: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = child.communicate(timeout=1200)
+    if child.returncode != 0:
+        raise RuntimeError(f"the {name} arm exited {child.returncode}")
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def paired_arm(args: argparse.Namespace) -> None:
+    """One arm of :func:`paired` (this process): train, say ready, wait for the go, run
+    the window, print its result as the last line."""
+    delete = args.arm == "elastic"
+    spec = Arm(f"{args.arm}-{args.arm_seed}", True, delete, args.arm_seed)
+    sync = Path(args.sync)
+    with EmbeddedRun(_document(True, spec.seed), Path(args.work) / spec.name) as run:
+        wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
+        (sync / f"{args.arm}.ready").touch()
+        wait(lambda: (sync / "go").exists(), f"{spec.name}: the go", bound=900)
+        result = _window(run, spec, args.window, args.every)
+    print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--window", type=float, default=90.0, help="seconds trained per arm")
@@ -383,14 +553,45 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds (runs of every arm)")
     parser.add_argument("--quick", action="store_true", help="a 40 s window, no ending arm")
     parser.add_argument("--before", default=None, help="git ref: an elastic arm on its runtime")
+    parser.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="per seed one run alternating undisturbed/disturbed segments (the rate's ratio)",
+    )
+    parser.add_argument("--pairs", type=int, default=4, help="U/D segment pairs (--interleaved)")
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="per seed the undisturbed and elastic arms at the same time (separate processes)",
+    )
+    for internal in ("--arm", "--arm-seed", "--work", "--sync"):  # a --paired arm's process
+        parser.add_argument(internal, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.arm is not None:
+        args.arm_seed = int(args.arm_seed)
+        paired_arm(args)
+        return
     if args.quick:
         args.window = 40.0
     Path(".rolloutrun").mkdir(exist_ok=True)  # pods see the work dir (not a private /tmp)
     with tempfile.TemporaryDirectory(prefix="bench-elastic-", dir=".rolloutrun") as tmp:
         work = Path(tmp).resolve()
         before = runtime_at(args.before, work / "before") if args.before else None
-        per_seed = [_seed(seed, work, args, before) for seed in range(args.seeds)]
+        here = runtime_here(work / "here")  # this tree, compiled: the pods' PYTHONPATH first
+        inherited = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(here), *([inherited] if inherited else [])])
+        if args.paired:
+            per_seed = [
+                paired(seed, work, window=args.window, every=args.every)
+                for seed in range(args.seeds)
+            ]
+        elif args.interleaved:
+            per_seed = [
+                interleaved(seed, work, every=args.every, pairs=args.pairs)
+                for seed in range(args.seeds)
+            ]
+        else:
+            per_seed = [_seed(seed, work, args, before) for seed in range(args.seeds)]
     print(
         json.dumps(
             {
@@ -401,6 +602,7 @@ def main() -> None:
                 "seeds": per_seed,
                 "over_seeds": over_seeds(per_seed),
                 "note": "arms run back to back in one process on a possibly shared machine",
+                "loadavg": Path("/proc/loadavg").read_text().split()[:3],
             },
             indent=1,
         )

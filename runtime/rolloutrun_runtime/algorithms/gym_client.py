@@ -473,20 +473,27 @@ class GymClient:
         endpoints: Callable[[bool], Mapping[int, MemberEndpoint]] | None,
         period_s: float = READMIT_PERIOD_S,
     ) -> None:
-        """Forever: take the member addresses ``endpoints`` gives (asked to read afresh
-        while a replica is down), and re-admit the replicas that answer again."""
+        """Forever: take the member addresses ``endpoints`` gives (asked to read afresh while
+        one is down) and, side by side so a slow read never holds back a probe, re-admit the
+        replicas that answer again."""
+        async with asyncio.TaskGroup() as both:
+            if endpoints is not None:
+                both.create_task(self._follow(endpoints, period_s))
+            while True:
+                if any(self.outages.down(replica.url) for replica in self.replicas):
+                    await self.readmit()
+                await asyncio.sleep(period_s)
+
+    async def _follow(self, endpoints: Callable[..., Mapping[int, Any]], period_s: float) -> None:
         while True:
             down = any(self.outages.down(replica.url) for replica in self.replicas)
-            if endpoints is not None:
-                try:
-                    known = await asyncio.to_thread(endpoints, down)
-                except Exception as error:  # the next round asks again
-                    logger.warning("reading the Gym members' addresses failed: %s", error)
-                    known = {}
-                for endpoint in known.values():
-                    self.readdress(endpoint)
-            if down:
-                await self.readmit()
+            try:
+                known = await asyncio.to_thread(endpoints, down)
+            except Exception as error:  # the next round asks again
+                logger.warning("reading the Gym members' addresses failed: %s", error)
+                known = {}
+            for endpoint in known.values():
+                self.readdress(endpoint)
             await asyncio.sleep(period_s)
 
     async def run_episode(

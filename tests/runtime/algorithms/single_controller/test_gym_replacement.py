@@ -13,6 +13,7 @@ until ``gymUnreachableSeconds`` stopped it.
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from aiohttp import web
@@ -191,3 +192,46 @@ async def test_a_call_in_flight_to_a_replaced_generation_ends_as_unreachable_at_
         release.set()
         await client.close()
         await runner.cleanup()
+
+
+async def test_a_slow_read_of_the_addresses_does_not_hold_back_re_admission():
+    """The trainer reads the replacement's address from the API server (slow on a busy
+    node); the probes of a replica already readdressed go on while a read is in flight.
+    Before, each probe waited for the read before it, so a re-admission waited a read."""
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"instance_id": "gym-0"})
+
+    app = web.Application()
+    app.router.add_get("/healthz", health)
+    lost, lost_url = await serve_app(app, port=0)
+    replacement, url = await serve_app(app, port=0)
+    slow_api = threading.Event()
+    reads: list[bool] = []
+
+    def endpoints(fresh: bool) -> dict[int, MemberEndpoint]:
+        reads.append(fresh)
+        if len(reads) > 1:
+            slow_api.wait()  # every later read hangs until the test ends
+        return {0: MemberEndpoint(0, url, 1)}
+
+    client = GymClient(
+        [lost_url], timeout_s=30, max_seq_len=32, overhead=OverheadClock(), token=TOKEN
+    )
+    await client.open()
+    watch = asyncio.ensure_future(client.watch_members(endpoints, period_s=0.02))
+    try:
+
+        async def re_admitted() -> None:
+            while client.replicas[0].url != url or client.outages.down(url):
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(re_admitted(), 30)
+        assert len(reads) >= 2 and not slow_api.is_set()  # while the second read hangs
+    finally:
+        slow_api.set()
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        await client.close()
+        await lost.cleanup()
+        await replacement.cleanup()
