@@ -59,7 +59,7 @@ class PodWorker:
         self.init = [ContainerRecord(c["name"], c.get("image", "")) for c in self.init_specs]
         self.main = [ContainerRecord(c["name"], c.get("image", "")) for c in self.main_specs]
         self.processes: dict[str, asyncio.subprocess.Process] = {}
-        self.sessions: set[int] = set()
+        self.sessions = processes.Sessions()
         self.initialized = not self.init_specs
         self.started_at = now_iso()
         self.terminating = asyncio.Event()

@@ -6,6 +6,13 @@ A container's processes die with it: each container's main process starts in a n
 ``/proc`` for any process still carrying the tag or still in one of the pod's sessions, so a
 daemon that double-forks into a new session (Ray's raylet, GCS and workers do) still dies
 with the pod, as it would when a container's PID namespace goes away.
+
+A session id outlives the session: once every process of it is gone, Linux may hand the same
+number to a new process, and a new process that calls ``setsid`` (every other pod's container
+does) leads a session of that number. So a pod's sessions are kept with their leader's start
+time (:class:`Sessions`): a session whose number now leads a process started at another time
+is somebody else's and is never signalled; and a process found only through a session while
+it carries another pod's (or container's) tag is that other one's.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -50,8 +57,42 @@ def _read(path: str) -> bytes:
         return b""
 
 
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or None."""
+    stat = _read(f"/proc/{pid}/stat")
+    fields = stat.rsplit(b")", 1)[-1].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+class Sessions:
+    """The sessions a pod's containers lead, each with its leader's start time."""
+
+    def __init__(self) -> None:
+        self._leaders: dict[int, int | None] = {}
+
+    def add(self, leader: int) -> None:
+        self._leaders[leader] = start_ticks(leader)
+
+    def __iter__(self) -> Iterator[int]:
+        """The sessions still the pod's: the leader gone (Linux reuses no session number
+        while a process is in it) or still the process that started then."""
+        for sid, started in list(self._leaders.items()):
+            now = start_ticks(sid)
+            if now is None or now == started:
+                yield sid
+            else:  # the number leads another process now: it was reused
+                del self._leaders[sid]
+
+
+def _other_owner(environ: bytes, wanted: bytes) -> bool:
+    """Whether ``environ`` carries ``wanted``'s name with another value (another pod's tag)."""
+    name = wanted.split(b"=", 1)[0] + b"="
+    return any(entry.startswith(name) and entry != wanted for entry in environ.split(b"\0"))
+
+
 def tagged_pids(tag: str, sessions: Iterable[int] = ()) -> set[int]:
-    """Live processes carrying the environment entry ``tag`` or in one of ``sessions``."""
+    """Live processes carrying the environment entry ``tag``, or in one of ``sessions`` and
+    carrying no other value of the tag's name."""
     wanted = tag.encode()
     wanted_sessions = set(sessions)
     found: set[int] = set()
@@ -66,8 +107,9 @@ def tagged_pids(tag: str, sessions: Iterable[int] = ()) -> set[int]:
         fields = stat.rsplit(b")", 1)[-1].split()
         if len(fields) < 4 or fields[0] == b"Z":
             continue
-        if int(fields[3]) in wanted_sessions or wanted in _read(f"/proc/{pid}/environ").split(
-            b"\0"
+        environ = _read(f"/proc/{pid}/environ")
+        if wanted in environ.split(b"\0") or (
+            int(fields[3]) in wanted_sessions and not _other_owner(environ, wanted)
         ):
             found.add(pid)
     return found
