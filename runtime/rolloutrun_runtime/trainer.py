@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from rolloutrun_runtime.algorithms.single_controller import RunHooks, SingleController
     from rolloutrun_runtime.contract.pod import MemberEndpoint
     from rolloutrun_runtime.contract.run_config import RunConfig
+    from rolloutrun_runtime.lease_keeper import KeptLease
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,29 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     STARTUP.mark("command_loaded")  # the interpreter, the dispatcher and this module
+    from rolloutrun_runtime.lease_keeper import kept_lease_from_environment
+
+    gym_token = take_gym_token()  # first: no child process of the trainer inherits it
+    metrics_token = take_metrics_token()  # likewise (it opens /metrics only)
+    pod = PodLease()
+    # In a pod: the run's Lease (a KubernetesLease), held through a keeper process started
+    # before torch is imported, so the kubernetes client's import runs on another core;
+    # outside any cluster: no lease. Acquired below, before any side effect.
+    lease = kept_lease_from_environment(on_lost=pod.lost)
+    try:
+        return _main(args, pod, lease, gym_token, metrics_token)
+    finally:
+        if lease is not None:
+            lease.close()  # a keeper whose lease was never held (a config error) ends too
+
+
+def _main(
+    args: argparse.Namespace,
+    pod: PodLease,
+    lease: KeptLease | None,
+    gym_token: str | None,
+    metrics_token: str | None,
+) -> int:
     from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import UnrestorableError
     from rolloutrun_runtime.contract.model_dir import local_model_problem
     from rolloutrun_runtime.contract.run_config import (
@@ -78,17 +102,10 @@ def main(args: argparse.Namespace) -> int:
         ConfigError,
         load_run_config,
     )
-    from rolloutrun_runtime.coordination import (
-        FencedError,
-        LeaseError,
-        holding,
-        lease_from_environment,
-    )
+    from rolloutrun_runtime.coordination import FencedError, LeaseError, holding
     from rolloutrun_runtime.policy.hf_files import HFModelError
     from rolloutrun_runtime.prompt_data import PromptDataError
 
-    gym_token = take_gym_token()  # first: no child process of the trainer inherits it
-    metrics_token = take_metrics_token()  # likewise (it opens /metrics only)
     try:
         cfg = load_run_config(resolve_config_path(args.config))
     except ConfigError as error:
@@ -106,11 +123,9 @@ def main(args: argparse.Namespace) -> int:
             "rolloutrun trainer: gym.endpoints is empty (use 'rolloutrun train')", file=sys.stderr
         )
         return 2
-    pod = PodLease()
     try:
-        # In a pod: the run's Lease (KubernetesLease); outside any cluster: no lease.
-        with holding(lease_from_environment(on_lost=pod.lost)) as lease:
-            pod.lease = lease
+        with holding(lease) as held:
+            pod.lease = held
             try:
                 return asyncio.run(_run_until_signalled(cfg, pod, gym_token, metrics_token))
             finally:

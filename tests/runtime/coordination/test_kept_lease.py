@@ -1,0 +1,198 @@
+"""KeptLease: the trainer's Kubernetes Lease held through a keeper process, over real HTTP
+against the local cluster's API server. The same semantics as KubernetesLease in-process
+(acquire, progress, release, fencing by a newer incarnation); a dead keeper is a lost lease;
+a dead trainer takes its keeper with it without a release; the trainer starts its keeper
+before it imports torch and never imports kubernetes itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
+from rolloutrun_runtime.contract.pod import (
+    ENV_INCARNATION,
+    ENV_LEASE_NAME,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+)
+from rolloutrun_runtime.coordination import FencedError, KubernetesLease, LeaseHolder
+from rolloutrun_runtime.lease_keeper import KeptLease
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    yield from local_cluster(tmp_path_factory.mktemp("cluster"))
+
+
+@pytest.fixture(scope="module")
+def api(cluster: LocalCluster) -> Iterator[Any]:
+    client = api_client(cluster)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def lease_name(api: Any) -> str:
+    from kubernetes import client as k8s
+
+    name = f"run-{uuid.uuid4().hex[:6]}-trainer"
+    body = {"metadata": {"name": name}, "spec": {"leaseDurationSeconds": 15}}
+    leases: Any = k8s.CoordinationV1Api(api)
+    leases.create_namespaced_lease("default", body)
+    return name
+
+
+def pod_env(cluster: LocalCluster, name: str, incarnation: int) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO / "operator")]),
+        "KUBECONFIG": str(cluster.kubeconfig_path),
+        ENV_LEASE_NAME: name,
+        ENV_POD_NAMESPACE: "default",
+        ENV_POD_NAME: f"run-i{incarnation}-trainer",
+        ENV_INCARNATION: str(incarnation),
+    }
+
+
+def holder(api: Any, name: str) -> str | None:
+    from kubernetes import client as k8s
+
+    leases: Any = k8s.CoordinationV1Api(api)
+    return leases.read_namespaced_lease(name, "default").spec.holder_identity
+
+
+def test_a_kept_lease_acquires_records_and_releases_through_its_keeper(cluster, api, lease_name):
+    import datetime as dt
+
+    lease = KeptLease(environ=pod_env(cluster, lease_name, 1))
+    assert isinstance(lease, LeaseHolder) and lease.identity == "run-i1-trainer/1"
+    lease.acquire(timeout=10)
+    lease.start_renewing(interval=0.2)
+    lease.renew()
+    lease.ensure_held()
+    moment = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    lease.record_progress(
+        train_step=3, latest_manifest="gs://b/m3.json", latest_manifest_time=moment
+    )
+    notes = lease.annotations(fresh=True)
+    assert notes["rolloutrun.dev/train-step"] == "3"
+    assert notes["rolloutrun.dev/latest-manifest-time"] == "2026-01-02T03:04:05Z"
+    assert holder(api, lease_name) == "run-i1-trainer/1"
+    lease.stop(release=True)
+    assert holder(api, lease_name) is None
+    assert lease.process.poll() == 0 and lease.lost is None
+
+
+def test_a_newer_incarnation_fences_the_kept_lease(cluster, api, lease_name):
+    lost = threading.Event()
+    old = KeptLease(on_lost=lambda error: lost.set(), environ=pod_env(cluster, lease_name, 1))
+    old.acquire(timeout=10)
+    old.start_renewing(interval=0.05)
+    new = KubernetesLease(lease_name, "default", "run-i2-trainer/2", 2, api_client=api)
+    new.acquire(timeout=10)
+    eventually(lost.is_set, timeout=30, what="the keeper's renewal to find the lease lost")
+    with pytest.raises(FencedError):
+        old.ensure_held()
+    with pytest.raises(FencedError):
+        old.record_progress(latest_manifest="gs://b/stale.json")
+    old.stop(release=True)  # never releases what the newer incarnation holds
+    assert holder(api, lease_name) == "run-i2-trainer/2"
+
+
+def test_a_keeper_that_dies_is_a_lost_lease(cluster, api, lease_name):
+    errors: list[FencedError] = []
+    lease = KeptLease(on_lost=errors.append, environ=pod_env(cluster, lease_name, 1))
+    lease.acquire(timeout=10)
+    lease.process.send_signal(signal.SIGKILL)
+    eventually(lambda: errors, timeout=30, what="on_lost after the keeper died")
+    assert "keeper exited" in str(errors[0])
+    with pytest.raises(FencedError):
+        lease.ensure_held()
+    lease.stop(release=True)
+
+
+TRAINER = """
+import json, sys, time
+from rolloutrun_runtime.lease_keeper import KeptLease
+lease = KeptLease()
+lease.acquire(timeout=10)
+lease.start_renewing(interval=0.1)
+print(json.dumps({"keeper": lease.process.pid, "kubernetes": "kubernetes" in sys.modules}))
+sys.stdout.flush()
+time.sleep(600)
+"""
+
+
+def test_a_killed_trainer_takes_its_keeper_along_without_a_release(cluster, api, lease_name):
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER],
+        env=pod_env(cluster, lease_name, 1),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert trainer.stdout is not None
+        seen = json.loads(trainer.stdout.readline())
+        assert seen["kubernetes"] is False  # the client lives in the keeper only
+        assert holder(api, lease_name) == "run-i1-trainer/1"
+    finally:
+        trainer.kill()
+        trainer.wait()
+    eventually(
+        lambda: (
+            not Path(f"/proc/{seen['keeper']}").exists()
+            or "Z" in Path(f"/proc/{seen['keeper']}/stat").read_text().rsplit(")", 1)[1][:3]
+        ),
+        timeout=30,
+        what="the keeper to exit with its trainer",
+    )
+    assert holder(api, lease_name) == "run-i1-trainer/1"  # not released: it expires
+
+
+ENTRY = """
+import argparse, sys
+from rolloutrun_runtime import lease_keeper, trainer
+
+class Seen(lease_keeper.KeptLease):
+    def __init__(self, **options):
+        print("torch imported before the keeper:", "torch" in sys.modules, flush=True)
+        super().__init__(**options)
+        print("keeper", self.process.pid, flush=True)
+
+lease_keeper.KeptLease = Seen
+sys.exit(trainer.main(argparse.Namespace(config=sys.argv[1], log_dir=None)))
+"""
+
+
+def test_the_trainer_starts_its_keeper_before_torch_and_ends_it_on_a_config_error(
+    cluster, lease_name, tmp_path
+):
+    config = tmp_path / "bad.yaml"
+    config.write_text("name: x\nno_such_field: 1\n")
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(ENTRY), str(config)],
+        env=pod_env(cluster, lease_name, 1),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "torch imported before the keeper: False"
+    keeper = int(lines[1].split()[1])
+    assert not Path(f"/proc/{keeper}").exists()  # ended (and reaped) before the exit
