@@ -23,6 +23,7 @@ import pytest
 from rolloutrun_localcluster.cluster import LocalCluster
 from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
 from rolloutrun_runtime.contract.pod import (
+    ENV_GYM_TOKEN,
     ENV_INCARNATION,
     ENV_LEASE_NAME,
     ENV_POD_NAME,
@@ -173,20 +174,22 @@ class Seen(lease_keeper.KeptLease):
         print("torch imported before the keeper:", "torch" in sys.modules, flush=True)
         super().__init__(**options)
         print("keeper", self.process.pid, flush=True)
+        environ = open(f"/proc/{self.process.pid}/environ", "rb").read()
+        print("token in the keeper:", b"gym-secret" in environ, flush=True)
 
 lease_keeper.KeptLease = Seen
 sys.exit(trainer.main(argparse.Namespace(config=sys.argv[1], log_dir=None)))
 """
 
 
-def test_the_trainer_starts_its_keeper_before_torch_and_ends_it_on_a_config_error(
+def test_the_trainer_starts_its_keeper_first_and_ends_it_on_a_config_error(
     cluster, lease_name, tmp_path
 ):
     config = tmp_path / "bad.yaml"
     config.write_text("name: x\nno_such_field: 1\n")
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(ENTRY), str(config)],
-        env=pod_env(cluster, lease_name, 1),
+        env={**pod_env(cluster, lease_name, 1), ENV_GYM_TOKEN: "gym-secret"},
         capture_output=True,
         text=True,
         timeout=120,
@@ -195,4 +198,5 @@ def test_the_trainer_starts_its_keeper_before_torch_and_ends_it_on_a_config_erro
     lines = done.stdout.splitlines()
     assert lines[0] == "torch imported before the keeper: False"
     keeper = int(lines[1].split()[1])
+    assert lines[2] == "token in the keeper: False"  # taken before the keeper started
     assert not Path(f"/proc/{keeper}").exists()  # ended (and reaped) before the exit
