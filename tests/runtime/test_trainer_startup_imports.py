@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -20,9 +21,16 @@ FORBIDDEN = ("rolloutrun_operator", "rolloutrun_localcluster", "kopf", "ray")
 
 _PROBE = textwrap.dedent(
     """
-    import json, sys
+    import gc, json, sys
     from rolloutrun_runtime.cli import main
 
+    seen = {{}}
+
+    def audit(event, args):  # whether the cyclic GC was on when torch was imported
+        if event == "import" and args[0] == "torch" and "torch" not in seen:
+            seen["torch"] = gc.isenabled()
+
+    sys.addaudithook(audit)
     code = main(["trainer", "--config", sys.argv[1]])
     # what run_trainer imports once the config is read (in-process workers, a restore)
     import rolloutrun_runtime.trainer
@@ -33,22 +41,30 @@ _PROBE = textwrap.dedent(
     forbidden = sorted(
         m for m in sys.modules if m.split(".")[0] in {forbidden}
     )
-    print(json.dumps({{"code": code, "forbidden": forbidden}}))
+    gc_on = seen.get("torch")
+    print(json.dumps({{"code": code, "forbidden": forbidden, "gc_on_at_torch_import": gc_on}}))
     """
 ).format(forbidden=set(FORBIDDEN))
 
 
-def test_the_trainer_entry_point_imports_no_operator_cluster_or_ray(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``rolloutrun trainer`` with a missing config, in a fresh interpreter (it imports torch
+    before it reads the config, then exits 2)."""
+    missing = tmp_path_factory.mktemp("probe") / "missing.yaml"
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(tmp_path / "missing.yaml")],
+        [sys.executable, "-c", _PROBE, str(missing)],
         capture_output=True,
         text=True,
         check=True,
         timeout=240,
     )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["code"] == 2  # the missing config is reported, after the command loaded
-    assert result["forbidden"] == []
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_the_trainer_entry_point_imports_no_operator_cluster_or_ray(probed) -> None:
+    assert probed["code"] == 2  # the missing config is reported, after the command loaded
+    assert probed["forbidden"] == []
 
 
 @pytest.mark.parametrize(
@@ -73,34 +89,8 @@ def test_an_unknown_command_still_lists_every_command(capsys) -> None:
     assert "trainer" in err and "crd" in err
 
 
-_GC_PROBE = textwrap.dedent(
-    """
-    import gc, json, sys
-    from rolloutrun_runtime.cli import main
-
-    seen = {}
-
-    def audit(event, args):
-        if event == "import" and args[0] == "torch" and "torch" not in seen:
-            seen["torch"] = gc.isenabled()
-
-    sys.addaudithook(audit)
-    code = main(["trainer", "--config", sys.argv[1]])
-    print(json.dumps({"code": code, "gc_on_at_torch_import": seen.get("torch")}))
-    """
-)
-
-
-def test_the_trainer_entry_point_imports_torch_with_the_cyclic_gc_off(tmp_path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _GC_PROBE, str(tmp_path / "missing.yaml")],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=240,
-    )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == {"code": 2, "gc_on_at_torch_import": False}
+def test_the_trainer_entry_point_imports_torch_with_the_cyclic_gc_off(probed) -> None:
+    assert probed["code"] == 2 and probed["gc_on_at_torch_import"] is False
 
 
 def test_imports_done_freezes_them_and_turns_the_gc_back_on() -> None:
