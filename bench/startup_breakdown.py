@@ -178,7 +178,8 @@ def _pod_lease(root: Path) -> Iterator[None]:
     for cluster in local_cluster(root / "cluster"):
         api = api_client(cluster)
         body = {"metadata": {"name": "bench-trainer"}, "spec": {"leaseDurationSeconds": 15}}
-        client.CoordinationV1Api(api).create_namespaced_lease("default", body)
+        leases: Any = client.CoordinationV1Api(api)
+        leases.create_namespaced_lease("default", body)
         api.close()
         env = {
             ENV_LEASE_NAME: "bench-trainer",
