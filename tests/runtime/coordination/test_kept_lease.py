@@ -128,15 +128,25 @@ def test_a_keeper_that_dies_is_a_lost_lease(cluster, api, lease_name):
 
 
 TRAINER = """
-import json, sys, time
+import json, os, sys, time
 from rolloutrun_runtime.lease_keeper import KeptLease
 lease = KeptLease()
 lease.acquire(timeout=10)
 lease.start_renewing(interval=0.1)
-print(json.dumps({"keeper": lease.process.pid, "kubernetes": "kubernetes" in sys.modules}))
+forked = os.fork()  # a process of the trainer that outlives it, holding the keeper's pipe
+if forked == 0:
+    time.sleep(600)
+    os._exit(0)
+seen = {"keeper": lease.process.pid, "forked": forked, "kubernetes": "kubernetes" in sys.modules}
+print(json.dumps(seen))
 sys.stdout.flush()
 time.sleep(600)
 """
+
+
+def exited(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_a_killed_trainer_takes_its_keeper_along_without_a_release(cluster, api, lease_name):
@@ -146,23 +156,22 @@ def test_a_killed_trainer_takes_its_keeper_along_without_a_release(cluster, api,
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert trainer.stdout is not None
+    seen = json.loads(trainer.stdout.readline())
     try:
-        assert trainer.stdout is not None
-        seen = json.loads(trainer.stdout.readline())
         assert seen["kubernetes"] is False  # the client lives in the keeper only
         assert holder(api, lease_name) == "run-i1-trainer/1"
+        trainer.kill()
+        trainer.wait()
+        # Its input never ends (the forked process holds the pipe open): the kernel's
+        # parent-death signal ends the keeper.
+        eventually(lambda: exited(seen["keeper"]), timeout=30, what="the keeper to exit")
+        assert not exited(seen["forked"])
+        assert holder(api, lease_name) == "run-i1-trainer/1"  # not released: it expires
     finally:
         trainer.kill()
         trainer.wait()
-    eventually(
-        lambda: (
-            not Path(f"/proc/{seen['keeper']}").exists()
-            or "Z" in Path(f"/proc/{seen['keeper']}/stat").read_text().rsplit(")", 1)[1][:3]
-        ),
-        timeout=30,
-        what="the keeper to exit with its trainer",
-    )
-    assert holder(api, lease_name) == "run-i1-trainer/1"  # not released: it expires
+        os.kill(seen["forked"], signal.SIGKILL)
 
 
 ENTRY = """
