@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from rolloutrun_runtime import cli
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN, ENV_LEASE_NAME, ENV_POD_NAMESPACE
 
 FORBIDDEN = ("rolloutrun_operator", "rolloutrun_localcluster", "kopf", "ray")
 
@@ -26,9 +28,14 @@ _PROBE = textwrap.dedent(
 
     seen = {{}}
 
-    def audit(event, args):  # whether the cyclic GC was on when torch was imported
+    def audit(event, args):
         if event == "import" and args[0] == "torch" and "torch" not in seen:
-            seen["torch"] = gc.isenabled()
+            seen["torch"] = gc.isenabled()  # whether the cyclic GC was on then
+        if event == "subprocess.Popen" and "rolloutrun_runtime.lease_keeper" in args[1]:
+            seen["keeper"] = {{  # the Lease keeper, started: torch yet? the Gym token?
+                "torch": "torch" in sys.modules,
+                "token": any("gym-secret" in str(v) for v in (args[3] or {{}}).values()),
+            }}
 
     sys.addaudithook(audit)
     code = main(["trainer", "--config", sys.argv[1]])
@@ -42,18 +49,31 @@ _PROBE = textwrap.dedent(
         m for m in sys.modules if m.split(".")[0] in {forbidden}
     )
     gc_on = seen.get("torch")
-    print(json.dumps({{"code": code, "forbidden": forbidden, "gc_on_at_torch_import": gc_on}}))
+    print(json.dumps({{
+        "code": code,
+        "forbidden": forbidden,
+        "gc_on_at_torch_import": gc_on,
+        "keeper": seen.get("keeper"),
+    }}))
     """
 ).format(forbidden=set(FORBIDDEN))
 
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """``rolloutrun trainer`` with a missing config, in a fresh interpreter (it imports torch
-    before it reads the config, then exits 2)."""
+    """``rolloutrun trainer`` with a missing config, in a fresh interpreter, in a pod's
+    environment (a Lease, the Gym token): it imports torch before it reads the config, then
+    exits 2 (its Lease keeper, with no API server to reach, exits too)."""
     missing = tmp_path_factory.mktemp("probe") / "missing.yaml"
+    pod = {
+        ENV_LEASE_NAME: "run-trainer",
+        ENV_POD_NAMESPACE: "default",
+        ENV_GYM_TOKEN: "gym-secret",
+        "KUBECONFIG": str(missing.with_name("no-kubeconfig")),
+    }
     done = subprocess.run(
         [sys.executable, "-c", _PROBE, str(missing)],
+        env={**os.environ, **pod},
         capture_output=True,
         text=True,
         check=True,
@@ -91,6 +111,12 @@ def test_an_unknown_command_still_lists_every_command(capsys) -> None:
 
 def test_the_trainer_entry_point_imports_torch_with_the_cyclic_gc_off(probed) -> None:
     assert probed["code"] == 2 and probed["gc_on_at_torch_import"] is False
+
+
+def test_the_trainer_starts_its_lease_keeper_before_torch_without_the_gym_token(probed) -> None:
+    """The keeper imports the kubernetes client on another core while the trainer imports
+    torch (so it starts first), and inherits the environment after the token was taken."""
+    assert probed["keeper"] == {"torch": False, "token": False}
 
 
 def test_imports_done_freezes_them_and_turns_the_gc_back_on() -> None:

@@ -1,8 +1,9 @@
 """KeptLease: the trainer's Kubernetes Lease held through a keeper process, over real HTTP
 against the local cluster's API server. The same semantics as KubernetesLease in-process
 (acquire, progress, release, fencing by a newer incarnation); a dead keeper is a lost lease;
-a dead trainer takes its keeper with it without a release; the trainer starts its keeper
-before it imports torch and never imports kubernetes itself."""
+a dead trainer takes its keeper with it without a release, and never imports kubernetes
+itself (that the trainer's entry point starts its keeper before torch:
+tests/runtime/test_trainer_startup_imports.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import uuid
 from collections.abc import Iterator
@@ -23,7 +23,6 @@ import pytest
 from rolloutrun_localcluster.cluster import LocalCluster
 from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
 from rolloutrun_runtime.contract.pod import (
-    ENV_GYM_TOKEN,
     ENV_INCARNATION,
     ENV_LEASE_NAME,
     ENV_POD_NAME,
@@ -172,40 +171,3 @@ def test_a_killed_trainer_takes_its_keeper_along_without_a_release(cluster, api,
         trainer.kill()
         trainer.wait()
         os.kill(seen["forked"], signal.SIGKILL)
-
-
-ENTRY = """
-import argparse, sys
-from rolloutrun_runtime import lease_keeper, trainer
-
-class Seen(lease_keeper.KeptLease):
-    def __init__(self, **options):
-        print("torch imported before the keeper:", "torch" in sys.modules, flush=True)
-        super().__init__(**options)
-        print("keeper", self.process.pid, flush=True)
-        environ = open(f"/proc/{self.process.pid}/environ", "rb").read()
-        print("token in the keeper:", b"gym-secret" in environ, flush=True)
-
-lease_keeper.KeptLease = Seen
-sys.exit(trainer.main(argparse.Namespace(config=sys.argv[1], log_dir=None)))
-"""
-
-
-def test_the_trainer_starts_its_keeper_first_and_ends_it_on_a_config_error(
-    cluster, lease_name, tmp_path
-):
-    config = tmp_path / "bad.yaml"
-    config.write_text("name: x\nno_such_field: 1\n")
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(ENTRY), str(config)],
-        env={**pod_env(cluster, lease_name, 1), ENV_GYM_TOKEN: "gym-secret"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0] == "torch imported before the keeper: False"
-    keeper = int(lines[1].split()[1])
-    assert lines[2] == "token in the keeper: False"  # taken before the keeper started
-    assert not Path(f"/proc/{keeper}").exists()  # ended (and reaped) before the exit
