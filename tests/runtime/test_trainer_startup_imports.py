@@ -1,26 +1,43 @@
 """The trainer pod's start-up imports only what it runs: the dispatcher loads only the chosen
 command, so ``rolloutrun trainer`` never imports the operator, the local cluster, kopf or Ray
 (with the in-process worker backend), each of which costs start-up time before the first
-redispatch after a resume."""
+redispatch after a resume. And it imports torch with the cyclic GC off (its passes over the
+growing heap cost 10-20 % of the imports), back on once the imports are frozen."""
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
 from rolloutrun_runtime import cli
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN, ENV_LEASE_NAME, ENV_POD_NAMESPACE
 
 FORBIDDEN = ("rolloutrun_operator", "rolloutrun_localcluster", "kopf", "ray")
 
 _PROBE = textwrap.dedent(
     """
-    import json, sys
+    import gc, json, sys
     from rolloutrun_runtime.cli import main
 
+    seen = {{}}
+
+    def audit(event, args):
+        if event == "import" and args[0] == "torch" and "torch" not in seen:
+            seen["torch"] = gc.isenabled()  # whether the cyclic GC was on then
+        if event == "subprocess.Popen" and "rolloutrun_runtime.lease_keeper" in args[1]:
+            seen["keeper"] = {{  # the Lease keeper, started: torch yet? the Gym token?
+                "torch": "torch" in sys.modules,
+                "token": any("gym-secret" in str(v) for v in (args[3] or {{}}).values()),
+            }}
+
+    sys.addaudithook(audit)
     code = main(["trainer", "--config", sys.argv[1]])
     # what run_trainer imports once the config is read (in-process workers, a restore)
     import rolloutrun_runtime.trainer
@@ -31,22 +48,43 @@ _PROBE = textwrap.dedent(
     forbidden = sorted(
         m for m in sys.modules if m.split(".")[0] in {forbidden}
     )
-    print(json.dumps({{"code": code, "forbidden": forbidden}}))
+    gc_on = seen.get("torch")
+    print(json.dumps({{
+        "code": code,
+        "forbidden": forbidden,
+        "gc_on_at_torch_import": gc_on,
+        "keeper": seen.get("keeper"),
+    }}))
     """
 ).format(forbidden=set(FORBIDDEN))
 
 
-def test_the_trainer_entry_point_imports_no_operator_cluster_or_ray(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``rolloutrun trainer`` with a missing config, in a fresh interpreter, in a pod's
+    environment (a Lease, the Gym token): it imports torch before it reads the config, then
+    exits 2 (its Lease keeper, with no API server to reach, exits too)."""
+    missing = tmp_path_factory.mktemp("probe") / "missing.yaml"
+    pod = {
+        ENV_LEASE_NAME: "run-trainer",
+        ENV_POD_NAMESPACE: "default",
+        ENV_GYM_TOKEN: "gym-secret",
+        "KUBECONFIG": str(missing.with_name("no-kubeconfig")),
+    }
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(tmp_path / "missing.yaml")],
+        [sys.executable, "-c", _PROBE, str(missing)],
+        env={**os.environ, **pod},
         capture_output=True,
         text=True,
         check=True,
         timeout=240,
     )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["code"] == 2  # the missing config is reported, after the command loaded
-    assert result["forbidden"] == []
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_the_trainer_entry_point_imports_no_operator_cluster_or_ray(probed) -> None:
+    assert probed["code"] == 2  # the missing config is reported, after the command loaded
+    assert probed["forbidden"] == []
 
 
 @pytest.mark.parametrize(
@@ -69,3 +107,28 @@ def test_an_unknown_command_still_lists_every_command(capsys) -> None:
         cli.main(["no-such-command"])
     err = capsys.readouterr().err
     assert "trainer" in err and "crd" in err
+
+
+def test_the_trainer_entry_point_imports_torch_with_the_cyclic_gc_off(probed) -> None:
+    assert probed["code"] == 2 and probed["gc_on_at_torch_import"] is False
+
+
+def test_the_trainer_starts_its_lease_keeper_before_torch_without_the_gym_token(probed) -> None:
+    """The keeper imports the kubernetes client on another core while the trainer imports
+    torch (so it starts first), and inherits the environment after the token was taken."""
+    assert probed["keeper"] == {"torch": False, "token": False}
+
+
+def test_imports_done_freezes_them_and_turns_the_gc_back_on() -> None:
+    from rolloutrun_runtime.trainer import _imports_done
+
+    frozen = gc.get_freeze_count()
+    try:
+        _imports_done()  # the collector was on: nothing changes
+        assert gc.isenabled() and gc.get_freeze_count() == frozen
+        gc.disable()
+        _imports_done()
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+    finally:
+        gc.enable()
+        gc.unfreeze()

@@ -1,0 +1,173 @@
+"""KeptLease: the trainer's Kubernetes Lease held through a keeper process, over real HTTP
+against the local cluster's API server. The same semantics as KubernetesLease in-process
+(acquire, progress, release, fencing by a newer incarnation); a dead keeper is a lost lease;
+a dead trainer takes its keeper with it without a release, and never imports kubernetes
+itself (that the trainer's entry point starts its keeper before torch:
+tests/runtime/test_trainer_startup_imports.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolloutrun_localcluster.cluster import LocalCluster
+from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
+from rolloutrun_runtime.contract.pod import (
+    ENV_INCARNATION,
+    ENV_LEASE_NAME,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+)
+from rolloutrun_runtime.coordination import FencedError, KubernetesLease, LeaseHolder
+from rolloutrun_runtime.lease_keeper import KeptLease
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    yield from local_cluster(tmp_path_factory.mktemp("cluster"))
+
+
+@pytest.fixture(scope="module")
+def api(cluster: LocalCluster) -> Iterator[Any]:
+    client = api_client(cluster)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def lease_name(api: Any) -> str:
+    from kubernetes import client as k8s
+
+    name = f"run-{uuid.uuid4().hex[:6]}-trainer"
+    body = {"metadata": {"name": name}, "spec": {"leaseDurationSeconds": 15}}
+    leases: Any = k8s.CoordinationV1Api(api)
+    leases.create_namespaced_lease("default", body)
+    return name
+
+
+def pod_env(cluster: LocalCluster, name: str, incarnation: int) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO / "operator")]),
+        "KUBECONFIG": str(cluster.kubeconfig_path),
+        ENV_LEASE_NAME: name,
+        ENV_POD_NAMESPACE: "default",
+        ENV_POD_NAME: f"run-i{incarnation}-trainer",
+        ENV_INCARNATION: str(incarnation),
+    }
+
+
+def holder(api: Any, name: str) -> str | None:
+    from kubernetes import client as k8s
+
+    leases: Any = k8s.CoordinationV1Api(api)
+    return leases.read_namespaced_lease(name, "default").spec.holder_identity
+
+
+def test_a_kept_lease_acquires_records_and_releases_through_its_keeper(cluster, api, lease_name):
+    import datetime as dt
+
+    lease = KeptLease(environ=pod_env(cluster, lease_name, 1))
+    assert isinstance(lease, LeaseHolder) and lease.identity == "run-i1-trainer/1"
+    lease.acquire(timeout=10)
+    lease.start_renewing(interval=0.2)
+    lease.renew()
+    lease.ensure_held()
+    moment = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    lease.record_progress(
+        train_step=3, latest_manifest="gs://b/m3.json", latest_manifest_time=moment
+    )
+    notes = lease.annotations(fresh=True)
+    assert notes["rolloutrun.dev/train-step"] == "3"
+    assert notes["rolloutrun.dev/latest-manifest-time"] == "2026-01-02T03:04:05Z"
+    assert holder(api, lease_name) == "run-i1-trainer/1"
+    lease.stop(release=True)
+    assert holder(api, lease_name) is None
+    assert lease.process.poll() == 0 and lease.lost is None
+
+
+def test_a_newer_incarnation_fences_the_kept_lease(cluster, api, lease_name):
+    lost = threading.Event()
+    old = KeptLease(on_lost=lambda error: lost.set(), environ=pod_env(cluster, lease_name, 1))
+    old.acquire(timeout=10)
+    old.start_renewing(interval=0.05)
+    new = KubernetesLease(lease_name, "default", "run-i2-trainer/2", 2, api_client=api)
+    new.acquire(timeout=10)
+    eventually(lost.is_set, timeout=30, what="the keeper's renewal to find the lease lost")
+    with pytest.raises(FencedError):
+        old.ensure_held()
+    with pytest.raises(FencedError):
+        old.record_progress(latest_manifest="gs://b/stale.json")
+    old.stop(release=True)  # never releases what the newer incarnation holds
+    assert holder(api, lease_name) == "run-i2-trainer/2"
+
+
+def test_a_keeper_that_dies_is_a_lost_lease(cluster, api, lease_name):
+    errors: list[FencedError] = []
+    lease = KeptLease(on_lost=errors.append, environ=pod_env(cluster, lease_name, 1))
+    lease.acquire(timeout=10)
+    lease.process.send_signal(signal.SIGKILL)
+    eventually(lambda: errors, timeout=30, what="on_lost after the keeper died")
+    assert "keeper exited" in str(errors[0])
+    with pytest.raises(FencedError):
+        lease.ensure_held()
+    lease.stop(release=True)
+
+
+TRAINER = """
+import json, os, sys, time
+from rolloutrun_runtime.lease_keeper import KeptLease
+lease = KeptLease()
+lease.acquire(timeout=10)
+lease.start_renewing(interval=0.1)
+forked = os.fork()  # a process of the trainer that outlives it, holding the keeper's pipe
+if forked == 0:
+    time.sleep(600)
+    os._exit(0)
+seen = {"keeper": lease.process.pid, "forked": forked, "kubernetes": "kubernetes" in sys.modules}
+print(json.dumps(seen))
+sys.stdout.flush()
+time.sleep(600)
+"""
+
+
+def exited(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_killed_trainer_takes_its_keeper_along_without_a_release(cluster, api, lease_name):
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER],
+        env=pod_env(cluster, lease_name, 1),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert trainer.stdout is not None
+    seen = json.loads(trainer.stdout.readline())
+    try:
+        assert seen["kubernetes"] is False  # the client lives in the keeper only
+        assert holder(api, lease_name) == "run-i1-trainer/1"
+        trainer.kill()
+        trainer.wait()
+        # Its input never ends (the forked process holds the pipe open): the kernel's
+        # parent-death signal ends the keeper.
+        eventually(lambda: exited(seen["keeper"]), timeout=30, what="the keeper to exit")
+        assert not exited(seen["forked"])
+        assert holder(api, lease_name) == "run-i1-trainer/1"  # not released: it expires
+    finally:
+        trainer.kill()
+        trainer.wait()
+        os.kill(seen["forked"], signal.SIGKILL)
