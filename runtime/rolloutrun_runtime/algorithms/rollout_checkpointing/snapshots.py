@@ -42,6 +42,7 @@ from typing import Any
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.data_segments import (
     SegmentedWrite,
+    SegmentSeed,
     SegmentWriter,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
@@ -110,7 +111,7 @@ class RolloutSnapshotter:
 
     Public methods (the controller calls only these): ``capture``,
     ``write_controller_sidecars``, ``attempt``, ``run_pump``, ``trainer_checkpoint_published``,
-    ``train_step_completed`` and ``ensure_bootstrap_anchor``.
+    ``train_step_completed``, ``ensure_bootstrap_anchor`` and ``resumed_from``.
     """
 
     def __init__(
@@ -208,6 +209,12 @@ class RolloutSnapshotter:
 
     #: Serializing a capture (off the loop): see :mod:`.sidecars`.
     write_controller_sidecars = staticmethod(write_controller_sidecars)
+
+    def resumed_from(self, seed: SegmentSeed | None) -> None:
+        """A restore was installed: the data-plane segments its snapshot wrote are this
+        incarnation's too (the first snapshot after a resume writes only what changed)."""
+        if seed is not None:
+            self._segments.seed(seed)
 
     # ================================================================== bootstrap
     def ensure_bootstrap_anchor(self) -> None:
