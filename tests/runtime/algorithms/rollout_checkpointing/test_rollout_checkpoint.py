@@ -6,6 +6,7 @@ Every test runs on file:// and on gs:// (the real fake-gcs-server; see tests/con
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -227,7 +228,7 @@ def test_a_fence_lost_during_the_upload_commits_nothing(storage, config):
 def test_losing_the_create_only_race_is_a_fencing_error(storage, config):
     store = ManifestStore(storage, "alpha")
     stale = ManifestStore(storage, "alpha")
-    stale.snapshot_ids = lambda: []  # a stale trainer that listed before the winner wrote
+    stale._listed_ids = lambda: ([], [])  # a stale trainer that listed before the winner wrote
     publish(store, config, 0)
     with pytest.raises(PublicationFencedError, match="another publisher"):
         publish(stale, config, 0)
@@ -248,8 +249,34 @@ def test_retention_removes_leftovers_of_killed_publishers(storage, config):
     store = ManifestStore(storage, "alpha")
     storage.write_bytes(join_key(snapshot_dir(1), "ledger.json"), b"partial")
     publish(store, config, 0)
-    assert store.apply_retention(3) == [1]
+    later = time.time() + store.orphan_grace_s + 60
+    assert store.apply_retention(3, now=later) == [1]
     assert store.snapshot_ids() == [2]
+
+
+def test_retention_spares_a_live_publishers_folder_below_a_higher_commit(storage, config):
+    """An old trainer that was not fenced in time commits a higher id while the live one
+    is still writing its snapshot's files: the old trainer's retention leaves that young
+    folder alone (deleted only once past the orphan grace), so the live one commits it."""
+    live, old = ManifestStore(storage, "alpha"), ManifestStore(storage, "alpha")
+    publish(live, config, 0)  # snapshot 1
+
+    def old_commits_meanwhile() -> None:  # the live publisher's files are written (id 2)
+        publish(old, config, 0)  # id 3, with retention, as an unfenced old trainer does
+        assert old.apply_retention(1) == [1]
+        assert old.snapshot_ids() == [2, 3]
+
+    live.publish(
+        config=config,
+        anchor=BOOTSTRAP_ANCHOR,
+        files={"ledger.json": b"{}", "state.json": b"[]"},
+        train_step=0,
+        mutation_version=0,
+        cut_time=1.0,
+        fence=old_commits_meanwhile,
+    )
+    assert live.committed_ids() == [2, 3]
+    assert live.read_file(live.verify(2, config=config, anchor_is_durable=always), "state.json")
 
 
 def test_bootstrap_anchor_is_written_once_and_checked(storage, config):
