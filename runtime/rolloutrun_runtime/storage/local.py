@@ -105,8 +105,8 @@ class LocalStorage:
         """Write ``key`` whole; returns the directories it created (already fsynced into
         their parents unless ``sync_dir`` is False: then the caller fsyncs them and the
         key's directory). ``sync`` False: no fsync at all (a hint's write)."""
-        path = self.path_for(key)
-        uri = self.uri_for(key)
+        path = self.path_for(key)  # validates the key: the URI needs no second check
+        uri = f"{self.base_uri}/{key}"
         with _translated(uri):
             created = _makedirs(path.parent)
             if sync_dir and sync:
@@ -184,32 +184,41 @@ class LocalStorage:
             return path.is_file()
 
     def list(self, prefix: str = "") -> list[str]:
-        prefix = normalize_prefix(prefix, base_uri=self.base_uri)
-        top = self.path_for(prefix) if prefix else self.root
-        with _translated(f"{self.base_uri}/{prefix}" if prefix else self.base_uri):
-            return sorted(self._walk(top))
+        return sorted(key for key, _ in self._listed(prefix))
 
     def modified_times(self, prefix: str = "") -> dict[str, float]:
         times = {}
-        for key in self.list(prefix):
+        for key, path in self._listed(prefix):
             try:
-                times[key] = self.path_for(key).stat().st_mtime
+                times[key] = os.stat(path).st_mtime
             except FileNotFoundError:
                 continue  # deleted since the listing
         return times
 
-    def _walk(self, top: Path) -> Iterator[str]:
+    def _listed(self, prefix: str) -> list[tuple[str, str]]:
+        """Each key under ``prefix`` and its path."""
+        prefix = normalize_prefix(prefix, base_uri=self.base_uri)
+        top = self.path_for(prefix) if prefix else self.root
+        with _translated(f"{self.base_uri}/{prefix}" if prefix else self.base_uri):
+            return list(self._walk(top))
+
+    def _walk(self, top: Path) -> Iterator[tuple[str, str]]:
+        """Keys and paths under ``top``, temporary files left out. Paths are cut as strings
+        (a snapshot's publication lists the snapshots' tree more than once: no ``Path`` per
+        folder and file)."""
+
         def on_error(exc: OSError) -> None:
             # A missing or not-a-directory prefix lists as empty; anything else is real.
             if not isinstance(exc, FileNotFoundError | NotADirectoryError):
                 raise exc
 
+        cut = len(str(self.root).rstrip("/")) + 1
         for dirpath, _dirnames, filenames in os.walk(top, onerror=on_error):
-            rel = Path(dirpath).relative_to(self.root).as_posix()
+            rel = dirpath[cut:]
             for name in filenames:
                 if name.startswith(TMP_PREFIX):
                     continue
-                yield name if rel == "." else f"{rel}/{name}"
+                yield (f"{rel}/{name}" if rel else name), os.path.join(dirpath, name)
 
     # -- deletes ----------------------------------------------------------------------------
 
@@ -224,23 +233,22 @@ class LocalStorage:
 
     def delete_prefix(self, prefix: str, *, durable: bool = True) -> int:
         prefix = normalize_prefix(prefix, base_uri=self.base_uri)
-        keys = self.list(prefix)
-        touched: set[Path] = set()
-        for key in keys:
-            path = self.path_for(key)
-            with _translated(self.uri_for(key)):
+        listed = self._listed(prefix)
+        touched: set[str] = set()
+        for key, path in listed:
+            with _translated(f"{self.base_uri}/{key}"):
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
                     continue
-            touched.add(path.parent)
+            touched.add(os.path.dirname(path))
         for directory in sorted(touched) if durable else ():  # once per directory, not object
             with _translated(f"{self.base_uri}/{prefix}"):
-                _fsync_dir(directory)
+                _fsync_dir(Path(directory))
         top = self.path_for(prefix) if prefix else self.root
         _prune_empty_dirs(top, keep=self.root)
-        log.debug("deleted %d objects under %s/%s", len(keys), self.base_uri, prefix)
-        return len(keys)
+        log.debug("deleted %d objects under %s/%s", len(listed), self.base_uri, prefix)
+        return len(listed)
 
     def remove_stale_temp_files(self, older_than_s: float = 3600.0) -> int:
         """Delete temporary files left by killed writers, if older than ``older_than_s``.
