@@ -195,12 +195,12 @@ class LocalStorage:
                 continue  # deleted since the listing
         return times
 
-    def _listed(self, prefix: str) -> list[tuple[str, str]]:
+    def _listed(self, prefix: str) -> tuple[tuple[str, str], ...]:
         """Each key under ``prefix`` and its path."""
         prefix = normalize_prefix(prefix, base_uri=self.base_uri)
         top = self.path_for(prefix) if prefix else self.root
         with _translated(f"{self.base_uri}/{prefix}" if prefix else self.base_uri):
-            return list(self._walk(top))
+            return tuple(self._walk(top))
 
     def _walk(self, top: Path) -> Iterator[tuple[str, str]]:
         """Keys and paths under ``top``, temporary files left out. Paths are cut as strings

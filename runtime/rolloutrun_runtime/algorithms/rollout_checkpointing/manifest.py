@@ -83,6 +83,10 @@ log = logging.getLogger(__name__)
 
 #: Storage reads in flight when a whole entry is read (each a round trip on ``gs://``).
 READ_THREADS = 8
+#: Segment collection runs after a store's first publication and every this many after: what
+#: it may delete is older than the orphan grace (>= 10 min) anyway, so a few snapshots later
+#: costs only storage, while each pass lists the snapshots and dates every segment.
+COLLECT_EVERY = 4
 
 
 def _checksum(content: bytes | Path) -> dict[str, Any]:
@@ -136,6 +140,8 @@ class ManifestStore:
         self._segments_of: dict[int, frozenset[str]] = {}
         #: Unreferenced segments younger than this are kept (set from the config at publish).
         self.orphan_grace_s = ORPHAN_GRACE_FLOOR_S
+        #: Publications with retention by this store (segment collection every COLLECT_EVERY).
+        self._retained = 0
 
     # ---------------------------------------------------------------- bootstrap anchor
     def ensure_bootstrap_anchor(self, config: RunConfig) -> None:
@@ -285,7 +291,9 @@ class ManifestStore:
             snapshot_ids=[*known_ids, published_id],
             committed_ids=[*committed, published_id],
         )
-        self.collect_segments()
+        if self._retained % COLLECT_EVERY == 0:
+            self.collect_segments()
+        self._retained += 1
 
     def _config_view(self, config: RunConfig) -> tuple[dict[str, Any], str]:
         """The rollout config view and its fingerprint, computed once per config object."""

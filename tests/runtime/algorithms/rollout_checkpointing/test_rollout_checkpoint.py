@@ -287,3 +287,27 @@ def test_bootstrap_anchor_is_written_once_and_checked(storage, config):
         store.ensure_bootstrap_anchor(parse_run_config({"name": "alpha", "seed": 4}))
     with pytest.raises(ManifestError, match="belongs to run 'alpha'"):
         ManifestStore(storage, "beta").ensure_bootstrap_anchor(config)
+
+
+def test_segment_collection_runs_every_few_publications(storage, config, monkeypatch):
+    """Collection (a listing and a date per segment) runs after the first publication and
+    every COLLECT_EVERY-th after it, not after each one: what it may delete is older than
+    the orphan grace anyway."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import COLLECT_EVERY
+
+    store = ManifestStore(storage, "alpha")
+    passes: list[int] = []
+    monkeypatch.setattr(
+        store, "collect_segments", lambda: passes.append(len(store.committed_ids()))
+    )
+    for step in range(2 * COLLECT_EVERY + 1):
+        store.publish(
+            config=config,
+            anchor=BOOTSTRAP_ANCHOR if step == 0 else Anchor("step", step, step),
+            files={"ledger.json": b"{}"},
+            train_step=step,
+            mutation_version=step,
+            cut_time=1.0,
+            keep_latest=2,
+        )
+    assert len(passes) == 3
