@@ -142,6 +142,8 @@ class ManifestStore:
         self.orphan_grace_s = ORPHAN_GRACE_FLOOR_S
         #: Publications with retention by this store (segment collection every COLLECT_EVERY).
         self._retained = 0
+        #: Per uncommitted folder retention found, its newest file's date when last listed.
+        self._leftover_dates: dict[int, float] = {}
 
     # ---------------------------------------------------------------- bootstrap anchor
     def ensure_bootstrap_anchor(self, config: RunConfig) -> None:
@@ -496,18 +498,25 @@ class ManifestStore:
                 delete_entry(self.storage, snapshot_dir(sid), marker_name=MANIFEST_NAME)
                 deleted.append(sid)
                 self._segments_of.pop(sid, None)
+                self._leftover_dates.pop(sid, None)
             except StorageError as error:
                 log.warning("retention could not delete snapshot %d (will retry): %s", sid, error)
         return deleted
 
     def _leftover_is_stale(self, snapshot_id: int, cutoff: float) -> bool:
-        """Whether an uncommitted folder's newest file was written before ``cutoff``."""
+        """Whether an uncommitted folder's newest file was written before ``cutoff``. A
+        folder dated younger is not listed again until ``cutoff`` passes that date (its files
+        only get newer), then listed again before it is deleted."""
+        if self._leftover_dates.get(snapshot_id, float("-inf")) > cutoff:
+            return False
         try:
             written = self.storage.modified_times(snapshot_dir(snapshot_id)).values()
         except StorageError as error:
             log.warning("retention cannot date snapshot %d's files: %s", snapshot_id, error)
             return False
-        return bool(written) and max(written) <= cutoff
+        newest = max(written, default=float("inf"))
+        self._leftover_dates[snapshot_id] = newest
+        return newest <= cutoff
 
     def missing_segments(self, keys: Collection[str]) -> set[str]:
         """Which of ``keys`` (segment keys) storage does not hold.

@@ -311,3 +311,24 @@ def test_segment_collection_runs_every_few_publications(storage, config, monkeyp
             keep_latest=2,
         )
     assert len(passes) == 3
+
+
+def test_a_leftover_written_again_since_it_was_dated_is_spared(tmp_path, config):
+    """Retention dates a folder without a manifest once and skips it while that date is
+    young; once the date is past the grace it lists the folder again before deleting, so a
+    publisher that wrote there since keeps its files."""
+    import os
+
+    from rolloutrun_runtime.storage import open_storage
+
+    storage = open_storage(f"file://{tmp_path}/storage")
+    store = ManifestStore(storage, "alpha")
+    old = time.time() - 2 * store.orphan_grace_s
+    storage.write_bytes(join_key(snapshot_dir(1), "ledger.json"), b"partial")
+    os.utime(storage.path_for(join_key(snapshot_dir(1), "ledger.json")), (old, old))
+    publish(store, config, 0)
+    assert store.apply_retention(3, now=old + store.orphan_grace_s - 1) == []  # young then
+    storage.write_bytes(join_key(snapshot_dir(1), "state.json"), b"written since")
+    assert store.apply_retention(3) == []  # the old date is past the grace: listed again
+    assert store.snapshot_ids() == [1, 2]
+    assert store.apply_retention(3, now=time.time() + store.orphan_grace_s + 1) == [1]
