@@ -28,8 +28,12 @@ class CheckpointStorage(Protocol):
         """The absolute URI of ``key`` (``<base_uri>/<key>``)."""
         ...
 
-    def write_bytes(self, key: str, data: bytes) -> None:
-        """Create or atomically replace ``key``: readers see the old or new content, whole."""
+    def write_bytes(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        """Create or atomically replace ``key``: readers see the old or new content, whole.
+
+        ``durable=False`` (hints only, such as a LATEST pointer that readers verify): the
+        write may be lost, or the old content back, after a power loss (file:// skips its
+        fsyncs); a process kill loses nothing either way."""
         ...
 
     def write_many(self, items: Mapping[str, bytes]) -> None:
@@ -84,8 +88,11 @@ class CheckpointStorage(Protocol):
         """Delete ``key``; a missing key is not an error."""
         ...
 
-    def delete_prefix(self, prefix: str) -> int:
-        """Delete every key under ``prefix``; return how many were deleted."""
+    def delete_prefix(self, prefix: str, *, durable: bool = True) -> int:
+        """Delete every key under ``prefix``; return how many were deleted.
+
+        ``durable=False``: some deletes may be undone by a power loss (file:// skips its
+        directory fsyncs), for files an already durable uncommit made garbage."""
         ...
 
 

@@ -290,8 +290,8 @@ class GcsStorage:
 
     # -- writes -----------------------------------------------------------------------------
 
-    def write_bytes(self, key: str, data: bytes) -> None:
-        uri = self.uri_for(key)
+    def write_bytes(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        uri = self.uri_for(key)  # every completed upload is durable: ``durable`` changes nothing
         try:
             self._call(
                 uri,
@@ -466,8 +466,8 @@ class GcsStorage:
             if self._bucket_missing():
                 raise self._missing_bucket_error(exc.uri) from exc
 
-    def delete_prefix(self, prefix: str) -> int:
-        keys = self.list(prefix)
+    def delete_prefix(self, prefix: str, *, durable: bool = True) -> int:
+        keys = self.list(prefix)  # every completed delete is durable: ``durable`` changes nothing
         for key in keys:
             self.delete(key)
         log.debug("deleted %d objects under %s/%s", len(keys), self.base_uri, prefix)

@@ -57,19 +57,26 @@ class LocalStorage:
 
     # -- writes -----------------------------------------------------------------------------
 
-    def write_bytes(self, key: str, data: bytes) -> None:
-        self._write_atomic(key, lambda f: f.write(data), exclusive=False)
+    def write_bytes(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        if durable:
+            self._write_atomic(key, lambda f: f.write(data), exclusive=False)
+        else:
+            self._write_atomic(key, lambda f: f.write(data), exclusive=False, sync=False)
 
     def write_many(self, items: Mapping[str, bytes]) -> None:
-        """Each file whole (temporary file, fsync, rename), then each directory fsynced once."""
+        """Each file whole (temporary file, fsync, rename), then each directory fsynced once:
+        those written into and the parents of those created (a new snapshot's folder and
+        its subfolders cost one fsync each, not one per folder created plus one per write)."""
         directories: set[Path] = set()
         for key, data in items.items():
             write = lambda f, data=data: f.write(data)  # noqa: E731 - binds this item's data
-            self._write_atomic(key, write, exclusive=False, sync_dir=False)
+            created = self._write_atomic(key, write, exclusive=False, sync_dir=False)
             directories.add(self.path_for(key).parent)
-        for directory in sorted(directories):
-            where = directory.relative_to(self.root).as_posix()
-            with _translated(self.base_uri if where == "." else f"{self.base_uri}/{where}"):
+            directories.update(path.parent for path in created)
+        for directory in sorted(directories, reverse=True):  # the deepest first
+            inside = directory.is_relative_to(self.root) and directory != self.root
+            where = directory.relative_to(self.root).as_posix() if inside else ""
+            with _translated(f"{self.base_uri}/{where}" if where else self.base_uri):
                 _fsync_dir(directory)
 
     def write_bytes_if_absent(self, key: str, data: bytes) -> None:
@@ -93,18 +100,26 @@ class LocalStorage:
         *,
         exclusive: bool,
         sync_dir: bool = True,
-    ) -> None:
-        path = self.path_for(key)
-        uri = self.uri_for(key)
+        sync: bool = True,
+    ) -> list[Path]:
+        """Write ``key`` whole; returns the directories it created (already fsynced into
+        their parents unless ``sync_dir`` is False: then the caller fsyncs them and the
+        key's directory). ``sync`` False: no fsync at all (a hint's write)."""
+        path = self.path_for(key)  # validates the key: the URI needs no second check
+        uri = f"{self.base_uri}/{key}"
         with _translated(uri):
-            _makedirs_durable(path.parent)
+            created = _makedirs(path.parent)
+            if sync_dir and sync:
+                for directory in created:
+                    _fsync_dir(directory.parent)
             tmp = path.parent / f"{TMP_PREFIX}{path.name}.{uuid.uuid4().hex}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
             try:
                 with os.fdopen(fd, "wb") as f:
                     fill(f)
                     f.flush()
-                    os.fsync(f.fileno())
+                    if sync:
+                        os.fsync(f.fileno())
                 if exclusive:
                     try:
                         os.link(tmp, path)
@@ -125,8 +140,9 @@ class LocalStorage:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-            if sync_dir:
+            if sync_dir and sync:
                 _fsync_dir(path.parent)
+        return created
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -168,32 +184,41 @@ class LocalStorage:
             return path.is_file()
 
     def list(self, prefix: str = "") -> list[str]:
-        prefix = normalize_prefix(prefix, base_uri=self.base_uri)
-        top = self.path_for(prefix) if prefix else self.root
-        with _translated(f"{self.base_uri}/{prefix}" if prefix else self.base_uri):
-            return sorted(self._walk(top))
+        return sorted(key for key, _ in self._listed(prefix))
 
     def modified_times(self, prefix: str = "") -> dict[str, float]:
         times = {}
-        for key in self.list(prefix):
+        for key, path in self._listed(prefix):
             try:
-                times[key] = self.path_for(key).stat().st_mtime
+                times[key] = os.stat(path).st_mtime
             except FileNotFoundError:
                 continue  # deleted since the listing
         return times
 
-    def _walk(self, top: Path) -> Iterator[str]:
+    def _listed(self, prefix: str) -> tuple[tuple[str, str], ...]:
+        """Each key under ``prefix`` and its path."""
+        prefix = normalize_prefix(prefix, base_uri=self.base_uri)
+        top = self.path_for(prefix) if prefix else self.root
+        with _translated(f"{self.base_uri}/{prefix}" if prefix else self.base_uri):
+            return tuple(self._walk(top))
+
+    def _walk(self, top: Path) -> Iterator[tuple[str, str]]:
+        """Keys and paths under ``top``, temporary files left out. Paths are cut as strings
+        (a snapshot's publication lists the snapshots' tree more than once: no ``Path`` per
+        folder and file)."""
+
         def on_error(exc: OSError) -> None:
             # A missing or not-a-directory prefix lists as empty; anything else is real.
             if not isinstance(exc, FileNotFoundError | NotADirectoryError):
                 raise exc
 
+        cut = len(str(self.root).rstrip("/")) + 1
         for dirpath, _dirnames, filenames in os.walk(top, onerror=on_error):
-            rel = Path(dirpath).relative_to(self.root).as_posix()
+            rel = dirpath[cut:]
             for name in filenames:
                 if name.startswith(TMP_PREFIX):
                     continue
-                yield name if rel == "." else f"{rel}/{name}"
+                yield (f"{rel}/{name}" if rel else name), os.path.join(dirpath, name)
 
     # -- deletes ----------------------------------------------------------------------------
 
@@ -206,25 +231,24 @@ class LocalStorage:
                 return
             _fsync_dir(path.parent)
 
-    def delete_prefix(self, prefix: str) -> int:
+    def delete_prefix(self, prefix: str, *, durable: bool = True) -> int:
         prefix = normalize_prefix(prefix, base_uri=self.base_uri)
-        keys = self.list(prefix)
-        touched: set[Path] = set()
-        for key in keys:
-            path = self.path_for(key)
-            with _translated(self.uri_for(key)):
+        listed = self._listed(prefix)
+        touched: set[str] = set()
+        for key, path in listed:
+            with _translated(f"{self.base_uri}/{key}"):
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
                     continue
-            touched.add(path.parent)
-        for directory in sorted(touched):  # one fsync per directory, not per object
+            touched.add(os.path.dirname(path))
+        for directory in sorted(touched) if durable else ():  # once per directory, not object
             with _translated(f"{self.base_uri}/{prefix}"):
-                _fsync_dir(directory)
+                _fsync_dir(Path(directory))
         top = self.path_for(prefix) if prefix else self.root
         _prune_empty_dirs(top, keep=self.root)
-        log.debug("deleted %d objects under %s/%s", len(keys), self.base_uri, prefix)
-        return len(keys)
+        log.debug("deleted %d objects under %s/%s", len(listed), self.base_uri, prefix)
+        return len(listed)
 
     def remove_stale_temp_files(self, older_than_s: float = 3600.0) -> int:
         """Delete temporary files left by killed writers, if older than ``older_than_s``.
@@ -260,10 +284,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _makedirs_durable(path: Path) -> None:
-    """``mkdir -p`` that fsyncs each parent whose entries it changed."""
+def _makedirs(path: Path) -> list[Path]:
+    """``mkdir -p``; returns the directories it created, outermost first (their parents'
+    entries changed: the caller fsyncs them)."""
     if path.is_dir():
-        return
+        return []
     missing: list[Path] = []
     cur = path
     while not cur.exists():
@@ -271,6 +296,7 @@ def _makedirs_durable(path: Path) -> None:
         if cur.parent == cur:
             break
         cur = cur.parent
+    created = []
     for d in reversed(missing):
         try:
             os.mkdir(d)
@@ -278,7 +304,8 @@ def _makedirs_durable(path: Path) -> None:
             if not d.is_dir():
                 raise
             continue
-        _fsync_dir(d.parent)
+        created.append(d)
+    return created
 
 
 def _prune_empty_dirs(top: Path, *, keep: Path) -> None:

@@ -11,7 +11,10 @@ with a create-only write, so:
   before touching any file, so nothing already published changes. (Two publishers racing on
   the same *uncommitted* entry may interleave their file writes; the trainer lease fences
   that case off, see ARCHITECTURE.md.)
-* deletion removes the marker first, so a half-deleted entry is no longer committed;
+* deletion removes the marker first, durably, so a half-deleted entry is no longer
+  committed; its files' deletes need not be durable (one a power loss undoes leaves a file
+  of an uncommitted entry, garbage that retention removes again), so file:// fsyncs only
+  the marker's folder;
 * a publisher's ``before_commit`` check (the trainer's lease: is it still the newest
   incarnation?) runs after the last file and immediately before the marker, so a writer
   that lost its right while uploading commits nothing, however long the upload took.
@@ -116,10 +119,11 @@ def is_committed(
 def delete_entry(
     storage: CheckpointStorage, entry_prefix: str, marker_name: str = COMMIT_MARKER
 ) -> int:
-    """Uncommit ``entry_prefix`` (marker first), then delete its files; return files deleted."""
+    """Uncommit ``entry_prefix`` (marker first, durably), then delete its files (not
+    durably: they are garbage once the marker is gone); return files deleted."""
     marker = _marker_key(storage, entry_prefix, marker_name)
     storage.delete(marker)
-    deleted = storage.delete_prefix(marker.rsplit("/", 1)[0])
+    deleted = storage.delete_prefix(marker.rsplit("/", 1)[0], durable=False)
     log.info("deleted entry %s (%d files)", storage.uri_for(marker.rsplit("/", 1)[0]), deleted)
     return deleted
 

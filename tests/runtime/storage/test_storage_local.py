@@ -211,3 +211,35 @@ def test_write_many_syncs_each_directory_once(tmp_path: Path, monkeypatch) -> No
     storage.write_many({"s/a": b"1", "s/c": b"2", "s/x/b": b"3", "s/x/d": b"4"})
     assert sorted(synced) == [tmp_path / "s", tmp_path / "s" / "x"]
     assert storage.read_bytes("s/x/d") == b"4"
+
+
+def test_write_many_into_new_folders_syncs_each_directory_once(tmp_path: Path, monkeypatch) -> None:
+    """A new entry with subfolders (a snapshot): each folder created and its parent are
+    synced once, after the files, not once per folder created and again per write."""
+    from rolloutrun_runtime.storage import local
+
+    storage = LocalStorage(tmp_path)
+    synced: list[Path] = []
+    real = local._fsync_dir
+    monkeypatch.setattr(local, "_fsync_dir", lambda path: (synced.append(path), real(path)))
+    storage.write_many({"e/a": b"1", "e/x/b": b"2", "e/y/c": b"3", "e/y/d": b"4"})
+    entry = tmp_path / "e"
+    assert sorted(synced) == [tmp_path, entry, entry / "x", entry / "y"]
+    assert storage.read_bytes("e/y/d") == b"4"
+
+
+def test_hints_and_garbage_deletes_skip_the_fsyncs(tmp_path: Path, monkeypatch) -> None:
+    """``durable=False`` writes and prefix deletes fsync nothing (a power loss may undo
+    them); durable ones still sync; the effects are the same for readers."""
+    from rolloutrun_runtime.storage import local
+
+    storage = LocalStorage(tmp_path)
+    storage.write_many({"p/a": b"1", "p/q/b": b"2"})
+    synced: list[object] = []
+    monkeypatch.setattr(local.os, "fsync", lambda fd: synced.append(fd))
+    storage.write_bytes("LATEST", b"hint", durable=False)
+    assert storage.delete_prefix("p", durable=False) == 2
+    assert synced == []
+    assert storage.read_bytes("LATEST") == b"hint" and storage.list("p") == []
+    storage.write_bytes("LATEST", b"durable")
+    assert len(synced) == 2  # the file and its folder

@@ -26,17 +26,26 @@ it: so an unreferenced segment is collected only once older than :func:`orphan_g
 reusing segments, the writer checks they still exist (a collector without that grace, or a
 hand-made delete, may have taken them) and rewrites the rows of any missing one into the
 new segment, so no snapshot names a segment that is gone.
+
+A new incarnation's writer starts from the snapshot it restored (:func:`seed_from_snapshot`,
+:meth:`SegmentWriter.seed`): the rows it read back are placed in the segments they came
+from, so its first snapshot writes only what changed since, not every row again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from rolloutrun_runtime.contract.layout import DATA_PLANE_METADATA_FILE, data_segment_key
+from rolloutrun_runtime.contract.layout import (
+    DATA_PLANE_METADATA_FILE,
+    SEGMENTED_DATA_PLANE_FORMAT,
+    data_segment_key,
+)
 from rolloutrun_runtime.contract.pod import DEFAULT_LEASE_DURATION_S
 from rolloutrun_runtime.data_plane import DataPlane
 from rolloutrun_runtime.data_plane.store import PARTITIONS, pack_segment, segmented_metadata
@@ -105,6 +114,49 @@ class SegmentedWrite:
         return {key: record.manifest_record() for key, record in sorted(self.referenced.items())}
 
 
+@dataclasses.dataclass(frozen=True)
+class SegmentSeed:
+    """What a restored snapshot wrote: where each restored row object lives, and the
+    segments' records (a new incarnation's writer starts from it)."""
+
+    placement: Placement
+    records: dict[str, SegmentRecord]
+
+
+def seed_from_snapshot(
+    plane: DataPlane, metadata: bytes, segments: Mapping[str, Mapping[str, Any]]
+) -> SegmentSeed | None:
+    """The writer's memory of a restored snapshot: ``plane`` as read back from it (its row
+    objects, before anything replaced one), its data-plane ``metadata.json`` and its
+    manifest's ``segments``. None when the snapshot is not segmented.
+
+    A segment's row count is the rows the metadata places in it (it may hold more, dead
+    ones: compaction then comes later than it would have, never wrongly).
+    """
+    meta = json.loads(metadata)
+    if meta.get("format") != SEGMENTED_DATA_PLANE_FORMAT:
+        return None
+    names = list(meta["segments"])
+    counts = dict.fromkeys(names, 0)
+    placement: Placement = {}
+    for partition in PARTITIONS:
+        packed = meta["index"].get(partition, {"keys": [], "segment": []})
+        rows, placed = plane.rows_of(partition), {}
+        for key, at in zip(packed["keys"], packed["segment"], strict=True):
+            name = names[at]
+            counts[name] += 1
+            row = rows.get(key)
+            if row is not None and name in segments:
+                placed[key] = (row, name)
+        placement[partition] = placed
+    records = {
+        name: SegmentRecord(name, str(segments[name]["sha256"]), int(segments[name]["bytes"]), n)
+        for name, n in counts.items()
+        if name in segments
+    }
+    return SegmentSeed(placement, records)
+
+
 def choose_compaction(
     live: Mapping[str, int],
     records: Mapping[str, SegmentRecord],
@@ -138,6 +190,13 @@ class SegmentWriter:
         self._missing = missing
         #: Segments found missing (so rewritten) since the writer was made.
         self.missing_found: set[str] = set()
+
+    def seed(self, seed: SegmentSeed) -> None:
+        """Start from a restored snapshot's segments (a writer that wrote nothing yet)."""
+        if self._records:
+            return  # it has written since: its own memory is newer
+        self._placement = {p: dict(seed.placement.get(p, {})) for p in PARTITIONS}
+        self._records = dict(seed.records)
 
     def forget(self, keys: Collection[str]) -> None:
         """Drop ``keys`` from the memory: their rows count as not written."""

@@ -15,11 +15,14 @@ config whose fingerprint differs (naming the differing keys). The restorer
 ``select`` is the snapshots-only choice (tools and tests).
 
 Retention keeps the newest ``keep_latest`` committed snapshots and never deletes the newest
-valid one; a failed delete is logged and retried at the next publication. The data-plane
-segments a snapshot shares with others (:mod:`.data_segments`) are written before its
-manifest and collected only once no committed manifest lists them and they are older than
-the orphan grace (another incarnation's publication may be about to list them), and not at
-all while a manifest cannot be read (it might list any).
+valid one; a failed delete is logged and retried at the next publication. An uncommitted
+folder below the newest committed snapshot is removed only once older than the orphan grace
+(it may be a live publisher's, overlapping an old trainer that committed a higher id).
+
+The data-plane segments a snapshot shares with others (:mod:`.data_segments`) are written
+before its manifest and collected only once no committed manifest lists them and they are
+older than the orphan grace (another incarnation's publication may be about to list them),
+and not at all while a manifest cannot be read (it might list any).
 
 This module is the face of both halves: the manifest's names are importable from here.
 """
@@ -80,6 +83,10 @@ log = logging.getLogger(__name__)
 
 #: Storage reads in flight when a whole entry is read (each a round trip on ``gs://``).
 READ_THREADS = 8
+#: Segment collection runs after a store's first publication and every this many after: what
+#: it may delete is older than the orphan grace (>= 10 min) anyway, so a few snapshots later
+#: costs only storage, while each pass lists the snapshots and dates every segment.
+COLLECT_EVERY = 4
 
 
 def _checksum(content: bytes | Path) -> dict[str, Any]:
@@ -96,6 +103,20 @@ def _check_checksum(uri: str, data: bytes, expected: Mapping[str, Any]) -> None:
             f"{uri}: checksum mismatch (expected sha256 {expected['sha256'][:12]}… of "
             f"{expected['bytes']} bytes, found {digest[:12]}… of {size} bytes)"
         )
+
+
+def retention_plan(
+    snapshot_ids: list[int], committed: list[int], newest_valid: int | None, keep_latest: int
+) -> tuple[list[int], list[int]]:
+    """Which committed snapshots retention deletes (beyond the newest ``keep_latest``, never
+    ``newest_valid``), and which uncommitted folders may be leftovers (those numbered below
+    the newest committed one; deleted only once old enough)."""
+    keep = set(committed[-keep_latest:]) | ({newest_valid} if newest_valid is not None else set())
+    doomed = [sid for sid in committed if sid not in keep]
+    newest = committed[-1] if committed else None
+    known = set(committed)
+    leftovers = [s for s in snapshot_ids if s not in known and newest is not None and s < newest]
+    return doomed, leftovers
 
 
 class ManifestStore:
@@ -119,6 +140,10 @@ class ManifestStore:
         self._segments_of: dict[int, frozenset[str]] = {}
         #: Unreferenced segments younger than this are kept (set from the config at publish).
         self.orphan_grace_s = ORPHAN_GRACE_FLOOR_S
+        #: Publications with retention by this store (segment collection every COLLECT_EVERY).
+        self._retained = 0
+        #: Per uncommitted folder retention found, its newest file's date when last listed.
+        self._leftover_dates: dict[int, float] = {}
 
     # ---------------------------------------------------------------- bootstrap anchor
     def ensure_bootstrap_anchor(self, config: RunConfig) -> None:
@@ -157,22 +182,25 @@ class ManifestStore:
     # ---------------------------------------------------------------- publication
     def snapshot_ids(self) -> list[int]:
         """Every snapshot id with any file in storage (committed or not), ascending."""
-        ids = set()
+        return self._listed_ids()[0]
+
+    def committed_ids(self) -> list[int]:
+        """Ids of snapshots whose manifest exists, ascending."""
+        return self._listed_ids()[1]
+
+    def _listed_ids(self) -> tuple[list[int], list[int]]:
+        """Every snapshot id with any file, and those with a manifest: one listing (not an
+        existence check per id)."""
+        ids, committed = set(), set()
         for key in self.storage.list(SNAPSHOTS_PREFIX):
             parts = key.split("/")
             if len(parts) >= 3:
                 parsed = parse_snapshot_id(parts[1])
                 if parsed is not None:
                     ids.add(parsed)
-        return sorted(ids)
-
-    def committed_ids(self) -> list[int]:
-        """Ids of snapshots whose manifest exists, ascending."""
-        return [
-            sid
-            for sid in self.snapshot_ids()
-            if self.storage.exists(join_key(snapshot_dir(sid), MANIFEST_NAME))
-        ]
+                    if len(parts) == 3 and parts[2] == MANIFEST_NAME:
+                        committed.add(parsed)
+        return sorted(ids), sorted(committed)
 
     def next_snapshot_id(self) -> int:
         ids = self.snapshot_ids()
@@ -211,7 +239,7 @@ class ManifestStore:
             settings.preemption_grace_seconds,
             self.lease_duration_s,
         )
-        known_ids = self.snapshot_ids()  # listed once: the next id and retention use it
+        known_ids, known_committed = self._listed_ids()  # once: the next id and retention
         snapshot_id = (known_ids[-1] + 1) if known_ids else 1
         entry = snapshot_dir(snapshot_id)
         checksums = {name: _checksum(content) for name, content in files.items()}
@@ -252,17 +280,22 @@ class ManifestStore:
         self._segments_of[snapshot_id] = frozenset(manifest.segments)
         self._write_latest(entry, manifest_uri)
         if keep_latest is not None:
-            self._retain(keep_latest, snapshot_id, known_ids)
+            self._retain(keep_latest, snapshot_id, known_ids, known_committed)
         return Candidate(manifest=manifest, entry=entry, manifest_uri=manifest_uri)
 
-    def _retain(self, keep_latest: int, published_id: int, known_ids: list[int]) -> None:
+    def _retain(
+        self, keep_latest: int, published_id: int, known_ids: list[int], committed: list[int]
+    ) -> None:
         """Retention right after publishing ``published_id``, then the unlisted segments."""
         self.apply_retention(
             keep_latest,
             is_valid=lambda sid: sid == published_id or self._manifest_parses(sid),
             snapshot_ids=[*known_ids, published_id],
+            committed_ids=[*committed, published_id],
         )
-        self.collect_segments()
+        if self._retained % COLLECT_EVERY == 0:
+            self.collect_segments()
+        self._retained += 1
 
     def _config_view(self, config: RunConfig) -> tuple[dict[str, Any], str]:
         """The rollout config view and its fingerprint, computed once per config object."""
@@ -273,10 +306,13 @@ class ManifestStore:
         return cached[1], cached[2]
 
     def _write_latest(self, entry: str, manifest_uri: str) -> None:
-        """LATEST is a hint for people and tools; readers verify and never trust it alone."""
+        """LATEST is a hint for people and tools; readers verify and never trust it alone, so
+        it is written without the fsyncs of a durable write (a power loss may leave an older
+        one; the manifests are the truth)."""
         pointer = {"entry": entry, "manifest_uri": manifest_uri, "written_at": time.time()}
         try:
-            self.storage.write_bytes(LATEST_KEY, json.dumps(pointer, sort_keys=True).encode())
+            data = json.dumps(pointer, sort_keys=True).encode()
+            self.storage.write_bytes(LATEST_KEY, data, durable=False)
         except StorageError as error:
             log.warning("could not update %s: %s", self.storage.uri_for(LATEST_KEY), error)
 
@@ -430,40 +466,57 @@ class ManifestStore:
         *,
         is_valid: Callable[[int], bool] | None = None,
         snapshot_ids: list[int] | None = None,
+        committed_ids: list[int] | None = None,
+        now: float | None = None,
     ) -> list[int]:
         """Delete committed snapshots beyond the newest ``keep_latest`` and stale leftovers.
 
         Never deletes the newest valid snapshot (``is_valid`` decides validity; by default a
-        snapshot whose manifest parses). Uncommitted leftovers older than the newest committed
-        snapshot are removed too (a killed publisher's partial files). Failed deletes are
-        logged and left for the next pass. ``snapshot_ids`` spares a listing when the caller
-        just made one. Returns the ids deleted.
+        snapshot whose manifest parses). Uncommitted folders numbered below the newest
+        committed snapshot are a killed publisher's leftovers only once every file in them
+        is older than ``orphan_grace_s`` (at ``now``): a younger one may be a live
+        publisher's (an old trainer that still commits a higher id until the Lease fences
+        it must not cost the new one its snapshot in flight). Failed deletes are logged and
+        left for the next pass. ``snapshot_ids`` and ``committed_ids`` spare a listing when
+        the caller just made one. Returns the ids deleted.
         """
         if keep_latest < 1:
             raise ValueError("keep_latest must be at least 1")
-        all_ids = sorted(snapshot_ids) if snapshot_ids is not None else self.snapshot_ids()
-        committed = [sid for sid in all_ids if self._has_manifest(sid)]
+        if snapshot_ids is None or committed_ids is None:
+            snapshot_ids, committed_ids = self._listed_ids()
+        committed = sorted(committed_ids)
         valid = is_valid or self._manifest_parses
         newest_valid = next((sid for sid in reversed(committed) if valid(sid)), None)
-        keep = set(committed[-keep_latest:])
-        if newest_valid is not None:
-            keep.add(newest_valid)
-        newest_committed = committed[-1] if committed else None
-        doomed = [
-            sid
-            for sid in all_ids
-            if sid not in keep
-            and (sid in committed or (newest_committed is not None and sid < newest_committed))
-        ]
+        doomed, leftovers = retention_plan(
+            sorted(snapshot_ids), committed, newest_valid, keep_latest
+        )
+        cutoff = (time.time() if now is None else now) - self.orphan_grace_s
+        doomed += [sid for sid in leftovers if self._leftover_is_stale(sid, cutoff)]
         deleted = []
-        for sid in doomed:
+        for sid in sorted(doomed):
             try:
                 delete_entry(self.storage, snapshot_dir(sid), marker_name=MANIFEST_NAME)
                 deleted.append(sid)
                 self._segments_of.pop(sid, None)
+                self._leftover_dates.pop(sid, None)
             except StorageError as error:
                 log.warning("retention could not delete snapshot %d (will retry): %s", sid, error)
         return deleted
+
+    def _leftover_is_stale(self, snapshot_id: int, cutoff: float) -> bool:
+        """Whether an uncommitted folder's newest file was written before ``cutoff``. A
+        folder dated younger is not listed again until ``cutoff`` passes that date (its files
+        only get newer), then listed again before it is deleted."""
+        if self._leftover_dates.get(snapshot_id, float("-inf")) > cutoff:
+            return False
+        try:
+            written = self.storage.modified_times(snapshot_dir(snapshot_id)).values()
+        except StorageError as error:
+            log.warning("retention cannot date snapshot %d's files: %s", snapshot_id, error)
+            return False
+        newest = max(written, default=float("inf"))
+        self._leftover_dates[snapshot_id] = newest
+        return newest <= cutoff
 
     def missing_segments(self, keys: Collection[str]) -> set[str]:
         """Which of ``keys`` (segment keys) storage does not hold.
@@ -505,9 +558,6 @@ class ManifestStore:
                     log.warning("could not delete data segment %s (will retry): %s", key, error)
             crash_point("during_segment_gc")  # an orphan deleted, or spared (too young)
         return deleted
-
-    def _has_manifest(self, snapshot_id: int) -> bool:
-        return self.storage.exists(join_key(snapshot_dir(snapshot_id), MANIFEST_NAME))
 
     def _manifest_parses(self, snapshot_id: int) -> bool:
         try:

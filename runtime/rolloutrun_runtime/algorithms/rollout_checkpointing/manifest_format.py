@@ -204,9 +204,11 @@ class SnapshotManifest:
 
     def to_bytes(self) -> bytes:
         # Field by field, not dataclasses.asdict: that deep-copies the config view first.
+        # No indent: json's C encoder runs only without one (a publication writes one
+        # manifest, config view included; ``python -m json.tool`` shows it indented).
         data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         data["anchor"] = self.anchor.to_json()
-        return json.dumps(data, sort_keys=True, indent=1).encode()
+        return json.dumps(data, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes, source: str) -> SnapshotManifest:

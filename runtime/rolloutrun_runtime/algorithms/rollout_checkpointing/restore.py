@@ -43,6 +43,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
+from rolloutrun_runtime.algorithms.rollout_checkpointing.data_segments import (
+    SegmentSeed,
+    seed_from_snapshot,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     READ_THREADS,
     Anchor,
@@ -79,6 +83,8 @@ from rolloutrun_runtime.algorithms.trainer_checkpoint import (
     TrainerCheckpointError,
 )
 from rolloutrun_runtime.contract.layout import (
+    DATA_PLANE_METADATA_FILE,
+    DATA_PLANE_PREFIX,
     ENVIRONMENT_FILE,
     MANIFEST_NAME,
     ROLLOUT_FILES,
@@ -232,6 +238,9 @@ class RestoredRolloutState:
     environment_snapshot: bytes | None = None
     snapshot_id: int | None = None
     cut_time: float | None = None
+    segment_seed: SegmentSeed | None = None
+    """A snapshot's data-plane segments as restored: the next snapshot's writer starts
+    from them (``RolloutSnapshotter.resumed_from``)."""
 
 
 class RolloutRestorer:
@@ -403,7 +412,7 @@ class RolloutRestorer:
         trainer = None
         if manifest.anchor.kind == "step" and self._checkpointer is not None:
             trainer = self._checkpointer.load(manifest.anchor.step)
-        return self._assemble(
+        restored = self._assemble(
             files,
             source=ResumeSource(
                 path=candidate.manifest_uri,
@@ -416,6 +425,13 @@ class RolloutRestorer:
             snapshot_id=manifest.snapshot_id,
             cut_time=manifest.cut_time,
         )
+        metadata = files.get(DATA_PLANE_PREFIX + DATA_PLANE_METADATA_FILE)
+        if metadata is not None and manifest.segments:
+            # the rows just read back, before anything replaced one: the writer's memory
+            restored.segment_seed = seed_from_snapshot(
+                restored.data_plane, metadata, manifest.segments
+            )
+        return restored
 
     def _from_trainer_checkpoint(self, step: int) -> RestoredRolloutState:
         assert self._checkpointer is not None

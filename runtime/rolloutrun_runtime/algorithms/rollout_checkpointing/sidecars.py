@@ -4,12 +4,19 @@ Why its own module: this is the work taken off the snapshot pump's loop (the cut
 captures; see :mod:`.snapshots`), run in a thread for snapshots and inline for trainer
 checkpoints. It checks the capture's inventory first, so an incomplete capture fails here,
 before anything is written.
+
+A snapshot's writer keeps :class:`SidecarFragments`: the JSON of each replay group and each
+finalizer result, encoded once. They are the same objects from one snapshot to the next
+(a replay group is frozen, a finalizer result made once and never changed), so a snapshot
+encodes only the new ones and joins the rest; the files are byte for byte what encoding the
+whole documents gives.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
@@ -36,10 +43,57 @@ from rolloutrun_runtime.data_plane import DataPlane
 DataPlaneFiles = Callable[[DataPlane, Mapping[str, Any]], Mapping[str, bytes]]
 
 
+class JsonFragments:
+    """Each object's ``to_json()`` encoded once, by identity (the object is held, so its id
+    is not reused); remembers only the objects of the last array it made."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[object, str]] = {}
+        #: Objects encoded by the last :meth:`array` (the rest were joined as they were).
+        self.encoded_last = 0
+
+    def array(self, items: Iterable[Any]) -> str:
+        """The JSON array of the items' ``to_json()``, as ``json.dumps(sort_keys=True)``."""
+        fresh: dict[int, tuple[object, str]] = {}
+        parts = []
+        encoded = 0
+        for item in items:
+            known = self._known.get(id(item))
+            if known is None or known[0] is not item:
+                known = (item, json.dumps(item.to_json(), sort_keys=True))
+                encoded += 1
+            fresh[id(item)] = known
+            parts.append(known[1])
+        self._known, self.encoded_last = fresh, encoded
+        return "[" + ", ".join(parts) + "]"
+
+
+class SidecarFragments:
+    """A snapshot writer's fragments: replay groups and finalizer results (one writer at a
+    time: the snapshotter's save lock)."""
+
+    def __init__(self) -> None:
+        self.replay = JsonFragments()
+        self.results = JsonFragments()
+
+
+def _dumps_with(document: Mapping[str, Any], key: str, array: str) -> bytes:
+    """``json.dumps({**document, key: <array>}, sort_keys=True)`` with ``array`` already
+    encoded: a unique placeholder is encoded in its place, then replaced."""
+    token = f"@{uuid.uuid4().hex}@"
+    text = json.dumps({**document, key: token}, sort_keys=True)
+    return text.replace(json.dumps(token), array, 1).encode()
+
+
 def write_controller_sidecars(
-    captured: CapturedRolloutState, data_plane_files: DataPlaneFiles | None = None
+    captured: CapturedRolloutState,
+    data_plane_files: DataPlaneFiles | None = None,
+    fragments: SidecarFragments | None = None,
 ) -> dict[str, bytes]:
-    """Serialize a capture: the files both checkpoint kinds hold (runs off the loop)."""
+    """Serialize a capture: the files both checkpoint kinds hold (runs off the loop).
+
+    ``fragments`` (a snapshot's, with its segment writer as ``data_plane_files``, which
+    keeps no replay view in the data plane's metadata): per-object JSON reused."""
     files: dict[str, bytes] = {}
     # The inventory of the cut's copies, off the loop (an incomplete capture fails here).
     inventory = compare_rows(
@@ -50,22 +104,33 @@ def write_controller_sidecars(
     )
     require_complete(inventory, f"{captured.kind.value} at step {captured.train_step}")
     # per-group JSON only in locals (not on ``captured``): gone when this call returns
-    replay_json = [group.to_json() for group in captured.replay_view]
+    segmented = fragments is not None and data_plane_files is not None
+    replay_json = [] if segmented else [group.to_json() for group in captured.replay_view]
     if captured.ledger_capture is not None:
         sidecar = encode_captured_ledger(captured)
         files[LEDGER_FILE] = sidecar.data
         captured.controller_state["rollout_recovery"] = sidecar.metadata()
         captured.data_plane_metadata.update(sidecar.metadata())
-    dp_metadata = {**captured.data_plane_metadata, "replay": replay_json}
+    dp_metadata = dict(captured.data_plane_metadata)
+    if not segmented:
+        dp_metadata["replay"] = replay_json
     pack = data_plane_files or DataPlane.to_files
     for name, data in pack(captured.data_plane, dp_metadata).items():
         files[DATA_PLANE_PREFIX + name] = data
     crash_point("after_data_plane_save")
-    controller_state = {**captured.controller_state, "replay": replay_json}
-    files[CONTROLLER_STATE_FILE] = json.dumps(controller_state, sort_keys=True).encode()
-    results = [r.to_json() for r in captured.finalizer_results]
-    runtime_state = {**captured.runtime_state, "finalizer_results": results}
-    files[RUNTIME_STATE_FILE] = json.dumps(runtime_state, sort_keys=True).encode()
+    if fragments is not None and segmented:
+        replay = fragments.replay.array(captured.replay_view)
+        files[CONTROLLER_STATE_FILE] = _dumps_with(captured.controller_state, "replay", replay)
+        results = fragments.results.array(captured.finalizer_results)
+        files[RUNTIME_STATE_FILE] = _dumps_with(
+            captured.runtime_state, "finalizer_results", results
+        )
+    else:
+        controller_state = {**captured.controller_state, "replay": replay_json}
+        files[CONTROLLER_STATE_FILE] = json.dumps(controller_state, sort_keys=True).encode()
+        finalized = [r.to_json() for r in captured.finalizer_results]
+        runtime_state = {**captured.runtime_state, "finalizer_results": finalized}
+        files[RUNTIME_STATE_FILE] = json.dumps(runtime_state, sort_keys=True).encode()
     files[JOURNAL_FILE] = json.dumps(captured.journal, sort_keys=True).encode()
     if captured.environment_snapshot is not None:
         files[ENVIRONMENT_FILE] = captured.environment_snapshot.to_bytes()

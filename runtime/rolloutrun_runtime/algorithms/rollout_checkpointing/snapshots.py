@@ -42,6 +42,7 @@ from typing import Any
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.data_segments import (
     SegmentedWrite,
+    SegmentSeed,
     SegmentWriter,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
@@ -53,7 +54,10 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     ManifestStore,
     PublicationFencedError,
 )
-from rolloutrun_runtime.algorithms.rollout_checkpointing.sidecars import write_controller_sidecars
+from rolloutrun_runtime.algorithms.rollout_checkpointing.sidecars import (
+    SidecarFragments,
+    write_controller_sidecars,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions import (
     EnvironmentPhase,
     FingerprintCache,
@@ -110,7 +114,7 @@ class RolloutSnapshotter:
 
     Public methods (the controller calls only these): ``capture``,
     ``write_controller_sidecars``, ``attempt``, ``run_pump``, ``trainer_checkpoint_published``,
-    ``train_step_completed`` and ``ensure_bootstrap_anchor``.
+    ``train_step_completed``, ``ensure_bootstrap_anchor`` and ``resumed_from``.
     """
 
     def __init__(
@@ -150,6 +154,8 @@ class RolloutSnapshotter:
         self.published: list[dict[str, Any]] = []
         #: The data plane is written incrementally: only rows new since the last snapshot.
         self._segments = SegmentWriter(manifests.missing_segments if manifests else None)
+        #: Replay groups' and finalizer results' JSON, encoded once each (:mod:`.sidecars`).
+        self._fragments = SidecarFragments()
         self._fingerprint = FingerprintCache()
         #: The newest published snapshot's environment part: the episode records a lost Gym
         #: replica's turn-level episodes go on from elsewhere (elastic members).
@@ -208,6 +214,12 @@ class RolloutSnapshotter:
 
     #: Serializing a capture (off the loop): see :mod:`.sidecars`.
     write_controller_sidecars = staticmethod(write_controller_sidecars)
+
+    def resumed_from(self, seed: SegmentSeed | None) -> None:
+        """A restore was installed: the data-plane segments its snapshot wrote are this
+        incarnation's too (the first snapshot after a resume writes only what changed)."""
+        if seed is not None:
+            self._segments.seed(seed)
 
     # ================================================================== bootstrap
     def ensure_bootstrap_anchor(self) -> None:
@@ -447,7 +459,9 @@ class RolloutSnapshotter:
         """Step 6: write the files off the loop, publish the manifest last, report it."""
         write_started = time.monotonic()
         segments = self._segments
-        files = await asyncio.to_thread(self.write_controller_sidecars, captured, segments.pack)
+        files = await asyncio.to_thread(
+            self.write_controller_sidecars, captured, segments.pack, self._fragments
+        )
         segmented = segments.take_pending()
         timings.write_s = time.monotonic() - write_started
         if captured.restart_from_turn_zero:

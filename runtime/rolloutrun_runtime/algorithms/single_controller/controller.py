@@ -265,11 +265,15 @@ class SingleController:
 
     async def restore(self) -> RestoredRolloutState | None:
         """Resume from the best source (see ``Resume.restore``); None for a fresh run."""
-        return await self.resumption.restore()
+        restored = await self.resumption.restore()
+        if restored is not None:
+            self.rollout_snapshots.resumed_from(restored.segment_seed)
+        return restored
 
     def install_restored(self, restored: RestoredRolloutState) -> None:
         """Install a checked restore and retrain its replay steps (before ``run``)."""
         self.resumption.install(restored)
+        self.rollout_snapshots.resumed_from(restored.segment_seed)
 
     # ================================================================== the run state's face
     def read_progress(self) -> TrainingProgress:

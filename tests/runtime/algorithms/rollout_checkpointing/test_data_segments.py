@@ -259,3 +259,59 @@ async def test_a_controller_snapshot_writes_only_new_rows_and_restores_them(tmp_
                 got, want = restored.get(partition, key), plane.get(partition, key)
                 assert got.keys() == want.keys()
                 assert all(np.array_equal(got[f], want[f]) for f in got), (partition, key)
+
+
+def test_a_seeded_writer_reuses_the_restored_segments(tmp_path: Path) -> None:
+    """A new incarnation's writer, seeded from the snapshot it restored, writes only the rows
+    that changed since: none when nothing did, the replaced one when one was."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.data_segments import (
+        seed_from_snapshot,
+    )
+
+    writer, stored = SegmentWriter(), {}
+    plane = _plane(range(40), range(5))
+    first = writer.prepare(plane.copy(), {"note": "x"})
+    stored.update(first.new_segments)
+    writer.commit(first)
+    restored = _restored(first, stored)
+    seed = seed_from_snapshot(
+        restored, first.files[DATA_PLANE_METADATA_FILE], first.manifest_segments()
+    )
+    assert seed is not None
+    fresh = SegmentWriter(lambda keys: set(keys) - set(stored))
+    fresh.seed(seed)
+    again = fresh.prepare(restored.copy(), {"note": "x"})
+    assert (again.new_rows, again.new_segments) == (0, {})
+    assert set(again.referenced) == set(first.referenced)
+    restored.put("train", "t3", _row(300))
+    changed = fresh.prepare(restored.copy(), {"note": "x"})
+    assert changed.new_rows == 1
+    stored.update(changed.new_segments)
+    _same(_restored(changed, stored), restored)
+
+
+async def test_the_first_snapshot_after_a_resume_writes_no_existing_segment(tmp_path) -> None:
+    """Through the real controller: a new incarnation restores a snapshot, and its first
+    snapshot rewrites none of the rows that snapshot's segments already hold."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import SnapshotOutcome
+    from tests.support.rollout_checkpoints import (
+        harness,
+        run_until_stopped,
+        snapshot_after_commits,
+    )
+
+    async with harness() as h:
+        cfg = await h.start_gyms(tiny_config(tmp_path, grpo={"maxSteps": 3}))
+        controller = await h.controller(cfg)
+        outcomes: list = []
+        await run_until_stopped(controller, snapshot_after_commits(controller, {1}, outcomes, {1}))
+        assert outcomes == [SnapshotOutcome.PUBLISHED]
+        storage = controller.rollout_snapshots._manifests.storage
+        segments_before = set(storage.list(DATA_SEGMENTS_PREFIX))
+        assert segments_before
+        resumed = await h.controller(cfg)
+        assert await resumed.restore() is not None
+        assert len(resumed.data_plane) > 0
+        assert await resumed.rollout_snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
+        assert h.records[-1]["data_plane_rows_written"] == 0
+        assert set(storage.list(DATA_SEGMENTS_PREFIX)) == segments_before

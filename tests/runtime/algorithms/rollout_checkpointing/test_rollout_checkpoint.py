@@ -6,6 +6,7 @@ Every test runs on file:// and on gs:// (the real fake-gcs-server; see tests/con
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -227,7 +228,7 @@ def test_a_fence_lost_during_the_upload_commits_nothing(storage, config):
 def test_losing_the_create_only_race_is_a_fencing_error(storage, config):
     store = ManifestStore(storage, "alpha")
     stale = ManifestStore(storage, "alpha")
-    stale.snapshot_ids = lambda: []  # a stale trainer that listed before the winner wrote
+    stale._listed_ids = lambda: ([], [])  # a stale trainer that listed before the winner wrote
     publish(store, config, 0)
     with pytest.raises(PublicationFencedError, match="another publisher"):
         publish(stale, config, 0)
@@ -248,8 +249,34 @@ def test_retention_removes_leftovers_of_killed_publishers(storage, config):
     store = ManifestStore(storage, "alpha")
     storage.write_bytes(join_key(snapshot_dir(1), "ledger.json"), b"partial")
     publish(store, config, 0)
-    assert store.apply_retention(3) == [1]
+    later = time.time() + store.orphan_grace_s + 60
+    assert store.apply_retention(3, now=later) == [1]
     assert store.snapshot_ids() == [2]
+
+
+def test_retention_spares_a_live_publishers_folder_below_a_higher_commit(storage, config):
+    """An old trainer that was not fenced in time commits a higher id while the live one
+    is still writing its snapshot's files: the old trainer's retention leaves that young
+    folder alone (deleted only once past the orphan grace), so the live one commits it."""
+    live, old = ManifestStore(storage, "alpha"), ManifestStore(storage, "alpha")
+    publish(live, config, 0)  # snapshot 1
+
+    def old_commits_meanwhile() -> None:  # the live publisher's files are written (id 2)
+        publish(old, config, 0)  # id 3, with retention, as an unfenced old trainer does
+        assert old.apply_retention(1) == [1]
+        assert old.snapshot_ids() == [2, 3]
+
+    live.publish(
+        config=config,
+        anchor=BOOTSTRAP_ANCHOR,
+        files={"ledger.json": b"{}", "state.json": b"[]"},
+        train_step=0,
+        mutation_version=0,
+        cut_time=1.0,
+        fence=old_commits_meanwhile,
+    )
+    assert live.committed_ids() == [2, 3]
+    assert live.read_file(live.verify(2, config=config, anchor_is_durable=always), "state.json")
 
 
 def test_bootstrap_anchor_is_written_once_and_checked(storage, config):
@@ -260,3 +287,48 @@ def test_bootstrap_anchor_is_written_once_and_checked(storage, config):
         store.ensure_bootstrap_anchor(parse_run_config({"name": "alpha", "seed": 4}))
     with pytest.raises(ManifestError, match="belongs to run 'alpha'"):
         ManifestStore(storage, "beta").ensure_bootstrap_anchor(config)
+
+
+def test_segment_collection_runs_every_few_publications(storage, config, monkeypatch):
+    """Collection (a listing and a date per segment) runs after the first publication and
+    every COLLECT_EVERY-th after it, not after each one: what it may delete is older than
+    the orphan grace anyway."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import COLLECT_EVERY
+
+    store = ManifestStore(storage, "alpha")
+    passes: list[int] = []
+    monkeypatch.setattr(
+        store, "collect_segments", lambda: passes.append(len(store.committed_ids()))
+    )
+    for step in range(2 * COLLECT_EVERY + 1):
+        store.publish(
+            config=config,
+            anchor=BOOTSTRAP_ANCHOR if step == 0 else Anchor("step", step, step),
+            files={"ledger.json": b"{}"},
+            train_step=step,
+            mutation_version=step,
+            cut_time=1.0,
+            keep_latest=2,
+        )
+    assert len(passes) == 3
+
+
+def test_a_leftover_written_again_since_it_was_dated_is_spared(tmp_path, config):
+    """Retention dates a folder without a manifest once and skips it while that date is
+    young; once the date is past the grace it lists the folder again before deleting, so a
+    publisher that wrote there since keeps its files."""
+    import os
+
+    from rolloutrun_runtime.storage import open_storage
+
+    storage = open_storage(f"file://{tmp_path}/storage")
+    store = ManifestStore(storage, "alpha")
+    old = time.time() - 2 * store.orphan_grace_s
+    storage.write_bytes(join_key(snapshot_dir(1), "ledger.json"), b"partial")
+    os.utime(storage.path_for(join_key(snapshot_dir(1), "ledger.json")), (old, old))
+    publish(store, config, 0)
+    assert store.apply_retention(3, now=old + store.orphan_grace_s - 1) == []  # young then
+    storage.write_bytes(join_key(snapshot_dir(1), "state.json"), b"written since")
+    assert store.apply_retention(3) == []  # the old date is past the grace: listed again
+    assert store.snapshot_ids() == [1, 2]
+    assert store.apply_retention(3, now=time.time() + store.orphan_grace_s + 1) == [1]

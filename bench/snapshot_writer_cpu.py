@@ -1,0 +1,140 @@
+"""CPU a snapshot costs after its cut (the writer thread), this tree against another checkout.
+
+Why: the throughput goal (a snapshot after every step vs none, >= 0.995) cannot be read off
+the wall clock on a shared 2-core machine (ratios moved 0.64-1.21 between repetitions), and
+the CPU ratio mixes the writer's share with the cut's and the environment phase's. This
+measures only the writer's share, per snapshot: the thread CPU (user + system) of
+serializing the capture (``write_controller_sidecars``) and of publishing it
+(``ManifestStore.publish``: segments, files, manifest, LATEST, retention, segment
+collection), over whole runs of the tiny config with a snapshot after every step, the
+trees' runs interleaved (``--baseline DIR``), each a fresh process.
+
+``python -m bench.snapshot_writer_cpu [--baseline DIR] [--repetitions N] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+STEPS = 24
+
+
+def _instrument() -> dict[str, list[float]]:
+    """Thread CPU of each call of the writer's two steps (in this process's runtime)."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing import manifest, snapshots
+
+    spent: dict[str, list[float]] = {"serialize": [], "publish": []}
+    serialize = snapshots.RolloutSnapshotter.write_controller_sidecars
+    publish = manifest.ManifestStore.publish
+
+    def timed_serialize(*args: Any, **kwargs: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return serialize(*args, **kwargs)
+        finally:
+            spent["serialize"].append(time.thread_time() - started)
+
+    def timed_publish(*args: Any, **kwargs: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return publish(*args, **kwargs)
+        finally:
+            spent["publish"].append(time.thread_time() - started)
+
+    snapshots.RolloutSnapshotter.write_controller_sidecars = staticmethod(timed_serialize)
+    manifest.ManifestStore.publish = timed_publish  # type: ignore[method-assign]
+    return spent
+
+
+def one(config: Path, log_dir: Path) -> dict[str, Any]:
+    """One run of ``config`` in this process; the writer's CPU per snapshot (ms)."""
+    from bench.rollout_throughput import run_one
+
+    spent = _instrument()
+    run_one(config, log_dir)
+    per = [s + p for s, p in zip(spent["serialize"], spent["publish"], strict=False)]
+    return {
+        "snapshots": len(spent["publish"]),
+        "serialize_ms": round(statistics.median(spent["serialize"]) * 1000, 3),
+        "publish_ms": round(statistics.median(spent["publish"]) * 1000, 3),
+        "writer_ms": round(statistics.median(per) * 1000, 3),
+    }
+
+
+def _run_tree(tree: Path, config: Path, log_dir: Path) -> dict[str, Any]:
+    here = Path(__file__).resolve().parent.parent
+    path = os.pathsep.join([str(here), str(tree / "runtime"), str(tree / "operator")])
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.snapshot_writer_cpu", "--one", str(config), str(log_dir)],
+        env={**os.environ, "PYTHONPATH": path},
+        cwd=here,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def compare(baseline: str | None, repetitions: int, root: Path) -> dict[str, Any]:
+    """``repetitions`` rounds, the trees' order alternating; per tree the median over runs."""
+    from bench.rollout_checkpoint import TINY
+    from bench.rollout_throughput import _write_config, spread
+
+    here = Path(__file__).resolve().parent.parent
+    trees = {"this_tree": here}
+    if baseline:
+        trees = {"baseline": Path(baseline).resolve(), **trees}
+    config = _write_config(TINY, root / "writer-on.yaml", "on", STEPS)
+    runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+    load = [round(os.getloadavg()[0], 2)]
+    for rep in range(repetitions):
+        order = list(trees) if rep % 2 == 0 else list(reversed(trees))
+        for tree in order:
+            runs[tree].append(_run_tree(trees[tree], config, root / f"writer-{tree}-{rep}"))
+        load.append(round(os.getloadavg()[0], 2))
+    out: dict[str, Any] = {"steps": STEPS, "load_1m_per_round": load, "cpus": os.cpu_count()}
+    for tree, got in runs.items():
+        out[tree] = {
+            "tree": str(trees[tree]),
+            "per_run": got,
+            **{
+                key: spread([r[key] for r in got])
+                for key in ("writer_ms", "serialize_ms", "publish_ms")
+            },
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--one", nargs=2, metavar=("CONFIG", "LOGDIR"))
+    parser.add_argument(
+        "--baseline", help="another checkout, its runs interleaved with this tree's"
+    )
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(Path(args.one[0]), Path(args.one[1]))))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="writer-cpu-") as root:
+        result = compare(args.baseline, args.repetitions, Path(root))
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
