@@ -323,11 +323,11 @@ class RolloutSnapshotter:
         timings.env_phase_s = time.monotonic() - env_started
         serialize_started = time.monotonic()
         await self._serialize_changed_groups()
-        prime_views(self._parts)  # the cut's copy-on-write views: from here on
-        timings.serialize_ahead_s = time.monotonic() - serialize_started
-        # No automatic GC from the cut until the files are written and the capture is gone:
+        # No automatic GC from here until the files are written and the capture is gone:
         # no pass over every buffered record lands in the cut or right after it.
         with hold_gc():
+            prime_views(parts)  # the cut's copy-on-write views log from here on
+            timings.serialize_ahead_s = time.monotonic() - serialize_started
             return await self._cut_and_publish(anchor, progress, phase, timings)
 
     async def _cut_and_publish(
