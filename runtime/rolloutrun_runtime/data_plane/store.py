@@ -242,7 +242,7 @@ class DataPlane:
 
 def _cow(rows: dict[str, dict[str, RowValue]]) -> CowMap[str, dict[str, RowValue]]:
     if not isinstance(rows, CowMap):
-        raise DataPlaneError("a copy of a data plane cannot be copied again; copy the store")
+        raise DataPlaneError("a data-plane partition that is not copy-on-write cannot be copied")
     return rows
 
 
