@@ -33,6 +33,9 @@ baseline from the same run:
   reports the loop's CPU time in the cut (``cut_held_cpu``), which a shared machine does not
   inflate. Goals (``pause.goals``): p99 <= 10 ms at 1,000 groups, <= 25 ms at 10,000, write +
   publish off the pump <= a quarter of the default snapshot interval at 10,000.
+  ``--pause-churn N``: before each snapshot N groups trained and N new ones finalized (what a
+  run changes between snapshots; 0 = nothing changes); ``--pause-repeats-10k N``: samples at
+  10,000 groups (default 5, whose p99 is their max).
 - **write** (``--parts write --write-baseline DIR [--repeats N]``): per forced snapshot with
   ``WRITE_CHURN_GROUPS`` groups' rows replaced before each, write + publish off the pump and
   the pause (wall clock, loop CPU in the cut, cuts the OS preempted) at 1,000 and 10,000
