@@ -18,6 +18,7 @@ mutated (the data plane's rows, the ledger's JSON texts, frozen records).
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
@@ -67,7 +68,13 @@ class CowView(Generic[K, V]):
 
 
 def _apply_chain(view: CowView[K, V]) -> dict[K, V]:
-    """The nearest built ancestor's dict with every later log applied, in order."""
+    """The nearest built ancestor's dict with every later log applied, in order.
+
+    When that ancestor is the direct parent and nothing but this view can reach it (its
+    capture was written and dropped: the steady state of one snapshot after another), its
+    dict is taken over and changed in place: building costs the log, and no new dict of
+    every entry is left for the cyclic GC to traverse while young.
+    """
     chain: list[dict[K, tuple[int, Any]]] = []
     node: CowView[K, V] | None = view
     while node is not None and node._full is None:
@@ -76,7 +83,15 @@ def _apply_chain(view: CowView[K, V]) -> dict[K, V]:
         node = node._parent
     if node is None:
         raise RuntimeError("a copy-on-write view lost its base")
-    rows = dict(node._full or {})
+    direct = node is view._parent
+    del node  # no reference of this frame's own when counting the parent's holders
+    if direct and _holders(view) == _SOLE_HOLDERS:
+        parent = view._parent
+        assert parent is not None and parent._full is not None
+        rows, parent._full = parent._full, None  # unreachable once this view drops its link
+        del parent
+    else:
+        rows = dict(_built_base(view))
     for changes in reversed(chain):
         for key, (kind, value) in changes.items():
             if kind == _UPDATE:
@@ -86,6 +101,28 @@ def _apply_chain(view: CowView[K, V]) -> dict[K, V]:
                 if kind == _ADD:
                     rows[key] = value
     return rows
+
+
+def _built_base(view: CowView[K, V]) -> dict[K, V]:
+    node = view
+    while node._full is None:
+        assert node._parent is not None
+        node = node._parent
+    return node._full
+
+
+def _holders(view: CowView[Any, Any]) -> tuple[int, int]:
+    """References to ``view``'s parent and to the parent's dict, as counted from here."""
+    parent = view._parent
+    assert parent is not None
+    return sys.getrefcount(parent), sys.getrefcount(parent._full)
+
+
+def _calibrate() -> tuple[int, int]:
+    """``_holders`` of a view that alone holds its parent, whose dict nothing else holds
+    (counted the same way, so the interpreter's own references cancel out)."""
+    child: CowView[int, int] = CowView(parent=CowView(full={}), changes={})
+    return _holders(child)
 
 
 class CowMap(dict[K, V]):
@@ -186,3 +223,7 @@ class CowMap(dict[K, V]):
 
     def __reduce__(self) -> Any:  # copy.copy/deepcopy: a new map, not logging
         return (CowMap, (dict(self),))
+
+
+#: What ``_holders`` counts when nothing but the view reaches its parent and that dict.
+_SOLE_HOLDERS = _calibrate()

@@ -119,3 +119,38 @@ def test_a_view_is_built_in_another_thread_while_the_map_changes() -> None:
         live[key] = key * 2
     reader.join()
     assert built == [expected]
+
+
+def test_views_read_one_after_another_stay_right_when_each_is_dropped() -> None:
+    """The steady state: each view is read, written and dropped before the next is read, so
+    the next one takes over its dict instead of copying it; every view is still exact."""
+    rng = random.Random(3)
+    live: CowMap[int, int] = CowMap({k: k for k in range(30)})
+    model = dict(live)
+    live.prime()
+    for _ in range(200):
+        for _ in range(rng.randrange(5)):
+            _mutate(live, model, rng)
+        view = live.view()
+        assert list(view.mapping().items()) == list(model.items())
+        del view
+
+
+def test_a_parent_is_taken_over_only_when_nothing_else_holds_it_or_its_dict() -> None:
+    from rolloutrun_runtime.cow import _SOLE_HOLDERS, _holders
+
+    live: CowMap[int, int] = CowMap({1: 1})
+    first = live.view()
+    live[2] = 2
+    second = live.view()
+    assert _holders(second) != _SOLE_HOLDERS  # ``first`` is still held here
+    held = first.mapping()
+    del first
+    assert _holders(second) != _SOLE_HOLDERS  # its dict is still held
+    assert second.mapping() == {1: 1, 2: 2} and held == {1: 1}
+    live[3] = 3
+    third = live.view()
+    assert _holders(third) != _SOLE_HOLDERS  # ``second`` is still held here
+    del second
+    assert _holders(third) == _SOLE_HOLDERS  # now only through ``third``: taken over
+    assert third.mapping() == {1: 1, 2: 2, 3: 3} and held == {1: 1}
