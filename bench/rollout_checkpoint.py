@@ -33,6 +33,9 @@ baseline from the same run:
   reports the loop's CPU time in the cut (``cut_held_cpu``), which a shared machine does not
   inflate. Goals (``pause.goals``): p99 <= 10 ms at 1,000 groups, <= 25 ms at 10,000, write +
   publish off the pump <= a quarter of the default snapshot interval at 10,000.
+  ``--pause-churn N``: before each snapshot N groups trained and N new ones finalized (what a
+  run changes between snapshots; 0 = nothing changes); ``--pause-repeats-10k N``: samples at
+  10,000 groups (default 5, whose p99 is their max).
 - **write** (``--parts write --write-baseline DIR [--repeats N]``): per forced snapshot with
   ``WRITE_CHURN_GROUPS`` groups' rows replaced before each, write + publish off the pump and
   the pause (wall clock, loop CPU in the cut, cuts the OS preempted) at 1,000 and 10,000
@@ -160,6 +163,72 @@ def _row(rng: np.random.Generator) -> dict[str, Any]:
     }
 
 
+def _add_group(
+    controller: SingleController, cut: Any, index: int, rng: np.random.Generator
+) -> None:
+    """Group ``pg<index>`` reserved, generated, finalized and buffered (as the rollout pump
+    leaves it: its rows in the data plane, its finalizer result kept)."""
+    ledger = controller.ledger
+    assert ledger is not None
+    group_id = f"pg{index:06d}"
+    prompt = PromptRef(index % 64, index // 64, index % 64)
+    ledger.reserve_group(
+        cut,
+        group_id=group_id,
+        admission_id="step1",
+        prompt=prompt,
+        target_step=1,
+        start_weight_version=0,
+        group_size=GROUP_SIZE,
+        granularity=Granularity.SIBLING,
+        restore_level=RestoreLevel.SIBLING,
+    )
+    ledger.admit(cut, group_id)
+    group = ledger.group(group_id)
+    for sibling in group.siblings:
+        attempt = sibling.current
+        ledger.dispatch(cut, sibling.sibling_id, attempt.attempt_uuid, "gym-0")
+        ledger.seal(
+            cut,
+            sibling.sibling_id,
+            attempt.attempt_uuid,
+            reward=float(rng.random()),
+            row_key=attempt.episode.capture_key,
+        )
+    ledger.begin_finalize(cut, group_id)
+    keys = []
+    for sibling in group.siblings:
+        key = sibling_id_for(group_id, sibling.index)
+        controller.data_plane.put("train", key, _row(rng))
+        keys.append(key)
+    ledger.finish_finalize(cut, group_id)
+    controller.buffer.add(
+        ReplayGroup(group_id, prompt.prompt_id, 1, tuple(keys), (0.0,) * GROUP_SIZE, 48)
+    )
+    # as the rollout pump leaves it: one finalizer result per buffered group
+    controller.state.runtime_state.finalizer_results[group_id] = FinalizerResult(
+        group_id, 1, [0.0] * GROUP_SIZE, 48, {0: 48}
+    )
+
+
+async def _churn(controller: SingleController, first: int, count: int, step: int) -> None:
+    """What a run changes between two snapshots: the ``count`` oldest buffered groups trained
+    (gone from the ledger, the buffer, the data plane and the finalizer results) and as many
+    new groups finalized, numbered from ``first``."""
+    ledger = controller.ledger
+    assert ledger is not None
+    trained = [group.group_id for group in controller.buffer.groups()[:count]]
+    rng = np.random.default_rng(first)
+    async with controller.barrier.mutation("bench_churn") as cut:
+        ledger.claim(cut, trained, step)
+        ledger.remove_trained(cut, trained, step)
+        for group in controller.buffer.take(trained):
+            controller.data_plane.clear("train", group.row_keys)
+            controller.state.runtime_state.finalizer_results.pop(group.group_id, None)
+        for index in range(first, first + count):
+            _add_group(controller, cut, index, rng)
+
+
 async def _filled_controller(groups: int, root: Path) -> SingleController:
     """A real controller whose ledger, replay buffer and data plane hold ``groups`` groups."""
     import torch
@@ -194,50 +263,14 @@ async def _filled_controller(groups: int, root: Path) -> SingleController:
     rng = np.random.default_rng(0)
     async with controller.barrier.mutation("prompt_reservations") as cut:
         for index in range(groups):
-            group_id = f"pg{index:06d}"
-            prompt = PromptRef(index % 64, index // 64, index % 64)
-            ledger.reserve_group(
-                cut,
-                group_id=group_id,
-                admission_id="step1",
-                prompt=prompt,
-                target_step=1,
-                start_weight_version=0,
-                group_size=GROUP_SIZE,
-                granularity=Granularity.SIBLING,
-                restore_level=RestoreLevel.SIBLING,
-            )
-            ledger.admit(cut, group_id)
-            group = ledger.group(group_id)
-            for sibling in group.siblings:
-                attempt = sibling.current
-                ledger.dispatch(cut, sibling.sibling_id, attempt.attempt_uuid, "gym-0")
-                ledger.seal(
-                    cut,
-                    sibling.sibling_id,
-                    attempt.attempt_uuid,
-                    reward=float(rng.random()),
-                    row_key=attempt.episode.capture_key,
-                )
-            ledger.begin_finalize(cut, group_id)
-            keys = []
-            for sibling in group.siblings:
-                key = sibling_id_for(group_id, sibling.index)
-                controller.data_plane.put("train", key, _row(rng))
-                keys.append(key)
-            ledger.finish_finalize(cut, group_id)
-            controller.buffer.add(
-                ReplayGroup(group_id, prompt.prompt_id, 1, tuple(keys), (0.0,) * GROUP_SIZE, 48)
-            )
-            # as the rollout pump leaves it: one finalizer result per buffered group
-            controller.state.runtime_state.finalizer_results[group_id] = FinalizerResult(
-                group_id, 1, [0.0] * GROUP_SIZE, 48, {0: 48}
-            )
+            _add_group(controller, cut, index, rng)
     controller.rollout_snapshots.ensure_bootstrap_anchor()
     return controller
 
 
-async def _pause_samples(groups: int, repeats: int) -> dict[str, Any]:
+async def _pause_samples(groups: int, repeats: int, churn: int = 0) -> dict[str, Any]:
+    """Forced snapshots of a filled controller; with ``churn``, that many groups trained and
+    as many finalized before each (what a run changes between snapshots)."""
     with tempfile.TemporaryDirectory(prefix="rr-bench-pause-") as tmp:
         controller = await _filled_controller(groups, Path(tmp))
         records: list[dict[str, Any]] = []
@@ -254,7 +287,9 @@ async def _pause_samples(groups: int, repeats: int) -> dict[str, Any]:
 
         gc.callbacks.append(on_gc)
         try:
-            for _ in range(repeats):
+            for repeat in range(repeats):
+                if churn and repeat:
+                    await _churn(controller, groups + repeat * churn, churn, repeat)
                 await snapshotter.attempt(force=True, reason="bench")
         finally:
             gc.callbacks.remove(on_gc)
@@ -272,6 +307,7 @@ async def _pause_samples(groups: int, repeats: int) -> dict[str, Any]:
         cpu = [r["timing/rollout_checkpoint"].get("cut_held_cpu_s", 0.0) for r in published]
         return {
             "groups": groups,
+            "churn_groups": churn,
             "pause": _percentiles(pauses),
             "cut_held": _percentiles(held),
             "cut_held_cpu": _percentiles(cpu),
@@ -284,7 +320,9 @@ async def _pause_samples(groups: int, repeats: int) -> dict[str, Any]:
         }
 
 
-def _pause_side_by_side(sizes: tuple[int, ...], repeats: dict[int, int], baseline: str) -> dict:
+def _pause_side_by_side(
+    sizes: tuple[int, ...], repeats: dict[int, int], baseline: str, churn: int = 0
+) -> dict:
     """The pause part against another checkout's runtime (e.g. ``git archive main``) in
     the same session: each size runs in a fresh process per tree, the trees alternating."""
     import os
@@ -299,7 +337,8 @@ def _pause_side_by_side(sizes: tuple[int, ...], repeats: dict[int, int], baselin
             path = os.pathsep.join([str(here), str(tree / "runtime"), str(tree / "operator")])
             command = [sys.executable, "-m", "bench.rollout_checkpoint", "--pause-one"]
             done = subprocess.run(
-                [*command, str(groups), "--repeats", str(repeats[groups])],
+                [*command, str(groups), "--repeats", str(repeats[groups])]
+                + (["--pause-churn", str(churn)] if churn else []),
                 env={**os.environ, "PYTHONPATH": path},
                 cwd=here,
                 check=True,
@@ -674,6 +713,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="a checkout (e.g. `git archive main`) whose runtime's pause runs side by side",
     )
     parser.add_argument("--pause-one", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--pause-churn",
+        type=int,
+        default=0,
+        help="pause part: groups trained and as many finalized before each snapshot",
+    )
+    parser.add_argument(
+        "--pause-repeats-10k",
+        type=int,
+        default=None,
+        help="pause part: snapshots at 10,000 groups (default 5; p99 of 5 is their max)",
+    )
     parser.add_argument("--startup-one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--startup-baseline",
@@ -720,7 +771,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.pause_one is not None:  # one size, this process's runtime (--pause-baseline)
-        print(json.dumps(asyncio.run(_pause_samples(args.pause_one, args.repeats))))
+        sample = _pause_samples(args.pause_one, args.repeats, args.pause_churn)
+        print(json.dumps(asyncio.run(sample)))
         return 0
     if args.write_one is not None:  # one size, this process's runtime (--write-baseline)
         sample = _write_samples(
@@ -742,7 +794,10 @@ def main(argv: list[str] | None = None) -> int:
     if "pause" in parts:
         sizes = (100, 1000) if args.quick else (100, 1000, 10_000)
         repeats = {n: 5 if n >= 10_000 or args.quick else 30 for n in sizes}
-        pause = [asyncio.run(_pause_samples(n, repeats[n])) for n in sizes]
+        if args.pause_repeats_10k and 10_000 in repeats:
+            repeats[10_000] = args.pause_repeats_10k
+        churn = args.pause_churn
+        pause = [asyncio.run(_pause_samples(n, repeats[n], churn)) for n in sizes]
         at_1000 = next(p for p in pause if p["groups"] == 1000)
         report["pause"] = {
             "by_groups": pause,
@@ -752,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if args.pause_baseline:
             report["pause"]["side_by_side"] = _pause_side_by_side(
-                sizes, repeats, args.pause_baseline
+                sizes, repeats, args.pause_baseline, churn
             )
     if "write" in parts and args.write_baseline:
         sizes = (1000,) if args.quick else (1000, 10_000)

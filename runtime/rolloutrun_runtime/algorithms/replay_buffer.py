@@ -14,6 +14,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from rolloutrun_runtime.cow import CowMap, CowView
+
 
 class ReplayError(RuntimeError):
     """The replay buffer was asked for something inconsistent."""
@@ -57,7 +59,9 @@ class ReplayBuffer:
     """Finalized groups by id (insertion order), plus the capacity semaphore."""
 
     capacity: int
-    _groups: dict[str, ReplayGroup] = field(default_factory=dict)
+    #: copy-on-write: a snapshot's cut takes ``view`` in time proportional to the groups
+    #: added or taken since its previous one
+    _groups: dict[str, ReplayGroup] = field(default_factory=CowMap)
     _permits: asyncio.Semaphore | None = None
 
     def __post_init__(self) -> None:
@@ -91,6 +95,20 @@ class ReplayBuffer:
 
     def groups(self) -> list[ReplayGroup]:
         return list(self._groups.values())
+
+    def view(self) -> CowView[str, ReplayGroup]:
+        """The groups by id as they are now, in O(groups changed since the previous view);
+        the view builds its dict when first read (after a snapshot's cut)."""
+        return self._cow().view()
+
+    def prime_view(self) -> None:
+        """Ahead of a cut: the next ``view`` costs only what changes from now on."""
+        self._cow().prime()
+
+    def _cow(self) -> CowMap[str, ReplayGroup]:
+        if not isinstance(self._groups, CowMap):
+            self._groups = CowMap(self._groups)
+        return self._groups
 
     def ready_for(self, step: int) -> list[ReplayGroup]:
         """Groups stamped for ``step``, in the order they were finalized."""

@@ -15,6 +15,7 @@ from rolloutrun_runtime.data_plane.barrier import (
 from rolloutrun_runtime.data_plane.store import (
     PARTITIONS,
     DataPlane,
+    DataPlaneCopy,
     DataPlaneError,
     RowNotFoundError,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "CheckpointCut",
     "DataPlane",
     "DataPlaneBarrier",
+    "DataPlaneCopy",
     "DataPlaneError",
     "MutationCut",
     "RowNotFoundError",

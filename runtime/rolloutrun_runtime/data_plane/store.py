@@ -46,6 +46,7 @@ from rolloutrun_runtime.contract.layout import (
     ROWS_FILE,
     SEGMENTED_DATA_PLANE_FORMAT,
 )
+from rolloutrun_runtime.cow import CowMap, CowView
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,8 @@ class DataPlane:
     """Rows by partition and key; ``put``/``get``/``clear``/``list``, ``save``/``load``."""
 
     def __init__(self) -> None:
-        self._rows: dict[str, dict[str, dict[str, RowValue]]] = {p: {} for p in PARTITIONS}
+        # copy-on-write partitions: ``copy`` costs what changed since the previous copy
+        self._rows: dict[str, dict[str, dict[str, RowValue]]] = {p: CowMap() for p in PARTITIONS}
 
     # ------------------------------------------------------------------ row access
     def put(self, partition: str, key: str, row: Row) -> None:
@@ -139,15 +141,19 @@ class DataPlane:
         _check_partition(partition)
         return MappingProxyType(self._rows[partition])
 
-    def copy(self) -> DataPlane:
-        """A copy-on-write view: new partition maps that share the row dicts. A row is
-        replaced (``put`` stores a new dict), never mutated, so the copy cannot see a change
-        made after it; it costs one map copy per partition, not one dict per row (the
-        snapshot's cut takes it)."""
-        clone = DataPlane()
-        for partition, rows in self._rows.items():
-            clone._rows[partition] = dict(rows)
-        return clone
+    def copy(self) -> DataPlaneCopy:
+        """A read-only copy that shares the row dicts: a row is replaced (``put`` stores a
+        new dict), never mutated, so the copy cannot see a change made after it. Taking it
+        costs the partitions' changes since the previous copy (their copy-on-write logs,
+        :mod:`rolloutrun_runtime.cow`), not one entry per row: the snapshot's cut takes it,
+        and the copy builds its maps when first read, after the cut."""
+        return DataPlaneCopy({p: _cow(rows).view() for p, rows in self._rows.items()})
+
+    def prime_copies(self) -> None:
+        """Ahead of a cut: make the next ``copy`` cost only what changes from now on (the
+        first copy, or one after a long gap, copies the partitions whole here instead)."""
+        for rows in self._rows.values():
+            _cow(rows).prime()
 
     # ------------------------------------------------------------------ checkpoints
     def to_files(self, metadata: Mapping[str, Any]) -> dict[str, bytes]:
@@ -206,7 +212,7 @@ class DataPlane:
                 arrays = {name: npz[name] for name in npz.files}
             for partition, packed in meta["index"].items():
                 _check_partition(partition)
-                plane._rows[partition] = unpack(packed, arrays)
+                plane._rows[partition] = CowMap(unpack(packed, arrays))
         except (KeyError, ValueError, TypeError, IndexError) as error:
             raise DataPlaneError(f"data-plane checkpoint is malformed: {error!r}") from error
         return plane, dict(meta["user"])
@@ -232,6 +238,52 @@ class DataPlane:
         self._rows = loaded._rows
         logger.info("loaded data plane from %s: %d rows", directory, len(self))
         return metadata
+
+
+def _cow(rows: dict[str, dict[str, RowValue]]) -> CowMap[str, dict[str, RowValue]]:
+    if not isinstance(rows, CowMap):
+        raise DataPlaneError("a data-plane partition that is not copy-on-write cannot be copied")
+    return rows
+
+
+class DataPlaneCopy(DataPlane):
+    """What ``DataPlane.copy`` returns: each partition's copy-on-write view, built into its
+    map on first read (off the event loop, by whoever serializes the copy). Read-only:
+    its maps are shared with the views the store's next copies build on."""
+
+    def __init__(self, views: Mapping[str, CowView[str, dict[str, RowValue]]]) -> None:
+        self._views = dict(views)
+        self._built: dict[str, dict[str, dict[str, RowValue]]] | None = None
+
+    @property
+    def _rows(self) -> dict[str, dict[str, dict[str, RowValue]]]:
+        if self._built is None:
+            self._built = {p: view.mapping() for p, view in self._views.items()}
+        return self._built
+
+    @_rows.setter
+    def _rows(self, rows: dict[str, dict[str, dict[str, RowValue]]]) -> None:
+        self._built = rows
+
+    def changed_rows(self) -> dict[str, int]:
+        """Per partition, the rows taking this copy logged (changed since the previous
+        copy; 0 for a partition copied whole)."""
+        return {p: view.changed for p, view in self._views.items()}
+
+    def put(self, partition: str, key: str, row: Row) -> None:
+        raise DataPlaneError("a data-plane copy is read-only (it shares rows with its store)")
+
+    def clear(self, partition: str, keys: Iterable[str]) -> int:
+        raise DataPlaneError("a data-plane copy is read-only (it shares rows with its store)")
+
+    def copy(self) -> DataPlaneCopy:
+        return DataPlaneCopy({p: CowView(full=rows) for p, rows in self._rows.items()})
+
+    def prime_copies(self) -> None:
+        pass
+
+    def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+        raise DataPlaneError("a data-plane copy is read-only (it shares rows with its store)")
 
 
 def segmented_metadata(
@@ -297,9 +349,9 @@ def _from_segments(
             keys, where = packed["keys"], packed["segment"]
             if len(keys) != len(where):
                 raise DataPlaneError(f"partition {partition!r}: keys and segments differ")
-            plane._rows[partition] = {
-                key: unpacked[at][partition][key] for key, at in zip(keys, where, strict=True)
-            }
+            plane._rows[partition] = CowMap(
+                {key: unpacked[at][partition][key] for key, at in zip(keys, where, strict=True)}
+            )
     except (KeyError, IndexError, TypeError) as error:
         raise DataPlaneError(
             f"data-plane checkpoint names a row its segment lacks: {error!r}"

@@ -235,3 +235,30 @@ async def test_cancelled_holder_releases_its_slot() -> None:
     assert barrier.active_mutations() == {}
     async with barrier.checkpoint() as cut:
         assert cut.mutation_version == 1
+
+
+def test_a_copy_is_the_store_at_its_moment_read_only_and_costs_what_changed() -> None:
+    plane = DataPlane()
+    for n in range(50):
+        plane.put("train", f"t{n}", _row(n))
+    first = plane.copy()
+    assert first.changed_rows() == {"train": 0, "staging": 0}  # copied whole
+    plane.put("train", "t3", _row(300))
+    plane.clear("train", ["t4"])
+    plane.put("staging", "s0", _row(0))
+    second = plane.copy()
+    assert second.changed_rows() == {"train": 2, "staging": 1}
+    plane.put("train", "t5", _row(500))  # after the copy: not in it
+    assert second.list("train") == sorted(f"t{n}" for n in range(50) if n != 4)
+    assert len(second.get("train", "t3")["input_ids"]) == 300
+    assert len(second.get("train", "t5")["input_ids"]) == 5
+    assert first.contains("train", "t4") and not first.contains("staging", "s0")
+    with pytest.raises(DataPlaneError, match="read-only"):
+        second.put("train", "t9", _row(9))
+    with pytest.raises(DataPlaneError, match="read-only"):
+        second.clear("train", ["t9"])
+    restored, _ = DataPlane.from_files(plane.to_files({}))
+    restored.put("train", "t60", _row(60))  # a restored store's copies work the same way
+    assert "t60" in restored.copy().list("train")
+    restored.clear("train", ["t60"])
+    assert restored.copy().changed_rows() == {"train": 1, "staging": 0}

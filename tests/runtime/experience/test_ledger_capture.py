@@ -133,3 +133,24 @@ def test_serializing_ahead_leaves_the_cut_only_what_changed_after(monkeypatch) -
     capture = ledger.sidecar_capture(**SIDECAR)
     assert serialized == []
     assert capture.encode().group_count == 9
+
+
+def test_a_capture_copies_only_the_groups_changed_since_the_last() -> None:
+    """Taking the capture under the cut costs the changed groups, not the ledger's size:
+    the groups' texts are a copy-on-write view holding only what changed, and it still
+    joins into the full encoding, in the ledger's order, after later changes."""
+    ledger = RecoveryLedger()
+    groups = [_reserve(ledger, i) for i in range(500)]
+    first = ledger.sidecar_capture(**SIDECAR)
+    assert first.texts.changed == 0  # the first capture copies the texts whole
+    sibling = ledger.group(groups[17]).siblings[0]
+    ledger.dispatch(CUT, sibling.sibling_id, sibling.current.attempt_uuid, "gym-0")
+    capture = ledger.sidecar_capture(**SIDECAR)
+    expected = ledger.to_sidecar(**SIDECAR)
+    assert (capture.serialized, capture.texts.changed) == (1, 1)
+    ledger.discard(CUT, groups[3], "dropped")  # after the cut: not in this capture
+    _reserve(ledger, 3)
+    assert capture.encode() == expected
+    assert first.encode().group_count == 500
+    assert ledger.sidecar_capture(**SIDECAR).texts.changed == 1  # the one group (id reused)
+    _assert_capture_is_the_full_encoding(ledger)

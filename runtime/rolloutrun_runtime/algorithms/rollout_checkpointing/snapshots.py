@@ -40,6 +40,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rolloutrun_runtime.algorithms.rollout_checkpointing.capture_views import (
+    CapturedReplayView,
+    CapturedResults,
+    cow_view,
+    prime_views,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.data_segments import (
     SegmentedWrite,
     SegmentSeed,
@@ -163,19 +169,22 @@ class RolloutSnapshotter:
 
     # ================================================================== capture
     def capture(self, cut: Any, kind: CaptureKind) -> CapturedRolloutState:
-        """Copies of all rollout state (call under the exclusive cut)."""
+        """Copies of all rollout state (call under the exclusive cut).
+
+        The cost is what changed since the previous capture, not the buffer's size: the
+        replay buffer, the data plane, the ledger's group texts and the finalizer results
+        are copy-on-write views, the journal its frozen entries; all JSON is made after."""
         cut.require_live()
         parts = self._parts
         state = parts.runtime_state
         progress = parts.read_progress()
-        replay_view = parts.buffer.groups()  # a fresh list, the capture's own (one copy)
-        if kind is CaptureKind.ROLLOUT_SNAPSHOT:
-            replay_view.extend(state.open_step_groups)
-        elif state.open_step_groups:
+        if kind is not CaptureKind.ROLLOUT_SNAPSHOT and state.open_step_groups:
             raise SnapshotError(
                 f"a trainer checkpoint cannot be taken inside step {progress.trainer_version + 1}"
                 f" ({len(state.open_step_groups)} groups selected, not committed)"
             )
+        # a snapshot re-indexes the unfinished step's groups into its replay view
+        replay_view = CapturedReplayView(parts.buffer.view(), state.open_step_groups)
         controller_state: dict[str, Any] = {
             "schema": CONTROLLER_STATE_SCHEMA,
             "kind": kind.value,
@@ -203,13 +212,14 @@ class RolloutSnapshotter:
             controller_state=controller_state,
             data_plane=parts.data_plane.copy(),
             data_plane_metadata={},
-            runtime_state=state.to_json(results=False),
-            journal=state.journal_json(),
+            runtime_state_rest=state.to_json(results=False, journal=False),
+            journal_entries=tuple(state.journal),
+            pending_drops=tuple(state.pending_drops),
             ledger_capture=ledger_capture,
             replay_view=replay_view,
             retained_row_keys=tuple(state.retained_row_keys()),
             staging_refs=None if parts.ledger is None else expected_staging_rows(parts.ledger),
-            finalizer_results=tuple(state.finalizer_results.values()),
+            finalizer_results=CapturedResults(cow_view(state.finalizer_results)),
         )
 
     #: Serializing a capture (off the loop): see :mod:`.sidecars`.
@@ -325,10 +335,11 @@ class RolloutSnapshotter:
         timings.env_phase_s = time.monotonic() - env_started
         serialize_started = time.monotonic()
         await self._serialize_changed_groups()
-        timings.serialize_ahead_s = time.monotonic() - serialize_started
-        # No automatic GC from the cut until the files are written and the capture is gone:
+        # No automatic GC from here until the files are written and the capture is gone:
         # no pass over every buffered record lands in the cut or right after it.
         with hold_gc():
+            prime_views(parts)  # the cut's copy-on-write views log from here on
+            timings.serialize_ahead_s = time.monotonic() - serialize_started
             return await self._cut_and_publish(anchor, progress, phase, timings)
 
     async def _cut_and_publish(

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
+from rolloutrun_runtime.cow import CowMap
 from rolloutrun_runtime.experience.rollout_recovery import PromptRef
 
 if TYPE_CHECKING:
@@ -264,8 +266,9 @@ class RolloutRuntimeState:
     """Per stamped step, how many dropped groups were replaced from the spare pool."""
     sampler_stamps_target_steps: bool = True
     """Whether admitted groups carry a target step (the in-order sampler)."""
-    finalizer_results: dict[str, FinalizerResult] = field(default_factory=dict)
-    """Finalized groups' results, kept until the group is trained."""
+    finalizer_results: dict[str, FinalizerResult] = field(default_factory=CowMap)
+    """Finalized groups' results, kept until the group is trained (copy-on-write: a
+    capture's view costs the results changed since the previous one)."""
     open_step_groups: list[ReplayGroup] = field(default_factory=list)
     """Groups the unfinished train step selected (claimed in the ledger, rows still in the
     data plane). Not saved as such: a snapshot re-indexes them into its replay view, and a
@@ -380,22 +383,15 @@ class RolloutRuntimeState:
 
     def journal_json(self) -> dict[str, Any]:
         """``training_journal.json``: every committed step once, in order."""
-        steps = [entry.journal_json() for entry in self.journal]
-        if self.pending_drops and self.journal:
-            # drops since the last commit: listed under it here, under the next step once
-            # that one commits (each checkpoint's journal lists every drop exactly once)
-            steps[-1] = self.journal[-1].journal_json(tuple(self.pending_drops))
-        return {"schema": TRAINING_JOURNAL_SCHEMA, "steps": steps}
+        return training_journal_json(self.journal, self.pending_drops)
 
-    def to_json(self, *, results: bool = True) -> dict[str, Any]:
+    def to_json(self, *, results: bool = True, journal: bool = True) -> dict[str, Any]:
         """The saved form; ``results=False`` leaves out ``finalizer_results`` (one per
-        buffered group; a capture shares the records and adds their JSON after its cut)."""
-        data = {
+        buffered group; a capture shares the records and adds their JSON after its cut),
+        ``journal=False`` the journal (one entry per step trained; a capture shares the
+        frozen entries and adds :func:`journal_entries_json` after its cut)."""
+        data: dict[str, Any] = {
             "schema": RUNTIME_STATE_SCHEMA,
-            "journal": [
-                {**entry.journal_json(), "row_groups": [g.to_json() for g in entry.row_groups]}
-                for entry in self.journal
-            ],
             "pending_drops": [p.to_json() for p in self.pending_drops],
             "replay_after": self.replay_after,
             "spare_prompts": [p.to_json() for p in self.spare_prompts],
@@ -408,6 +404,8 @@ class RolloutRuntimeState:
             "leftovers": [left.to_json() for left in self.leftovers],
             "step_rewards": {str(k): v for k, v in sorted(self.step_rewards.items())},
         }
+        if journal:
+            data["journal"] = journal_entries_json(self.journal)
         if results:
             data["finalizer_results"] = [r.to_json() for r in self.finalizer_results.values()]
         return data
@@ -445,7 +443,7 @@ class RolloutRuntimeState:
             batch_shortfall={int(k): int(v) for k, v in data["batch_shortfall"].items()},
             replacements={int(k): int(v) for k, v in data["replacements"].items()},
             sampler_stamps_target_steps=bool(data["sampler_stamps_target_steps"]),
-            finalizer_results={r.group_id: r for r in results},
+            finalizer_results=CowMap((r.group_id, r) for r in results),
             journal=journal,
             pending_drops=[
                 PromptRef.from_json(p, f"pending_drops[{i}]")
@@ -465,6 +463,26 @@ class RolloutRuntimeState:
                 for step, rewards in data.get("step_rewards", {}).items()
             },
         )
+
+
+def journal_entries_json(journal: Sequence[TrainedStep]) -> list[dict[str, Any]]:
+    """The runtime state's ``journal``: each step's journal entry and its kept row groups."""
+    return [
+        {**entry.journal_json(), "row_groups": [g.to_json() for g in entry.row_groups]}
+        for entry in journal
+    ]
+
+
+def training_journal_json(
+    journal: Sequence[TrainedStep], pending_drops: Sequence[PromptRef]
+) -> dict[str, Any]:
+    """``training_journal.json``: every committed step once, in order."""
+    steps = [entry.journal_json() for entry in journal]
+    if pending_drops and journal:
+        # drops since the last commit: listed under it here, under the next step once
+        # that one commits (each checkpoint's journal lists every drop exactly once)
+        steps[-1] = journal[-1].journal_json(tuple(pending_drops))
+    return {"schema": TRAINING_JOURNAL_SCHEMA, "steps": steps}
 
 
 @dataclass(frozen=True)
@@ -527,9 +545,11 @@ class CapturedRolloutState:
 
     Everything here is a copy or immutable: the pumps may change the live state as soon as
     the cut is left, while these are serialized and written. The large parts are shared, not
-    copied (the cut's cost does not grow with the buffer): the replay view holds the frozen
-    ``ReplayGroup`` objects, the data plane copy shares its row dicts (rows are replaced,
-    never mutated), and the ledger is each group's cached JSON text.
+    copied, and taken in time proportional to what changed since the previous capture (the
+    cut's cost does not grow with the buffer): the replay view, the data plane, the ledger's
+    group texts and the finalizer results are copy-on-write views (:mod:`rolloutrun_runtime.
+    cow`) of frozen records, row dicts that are replaced and never mutated, and JSON text;
+    the journal is its frozen entries. Their JSON is made after the cut.
     """
 
     kind: CaptureKind
@@ -540,8 +560,10 @@ class CapturedRolloutState:
     """Dataloader, sampler, replay view, counters: ``rollout/controller_state.json``."""
     data_plane: DataPlane
     data_plane_metadata: dict[str, Any]
-    runtime_state: dict[str, Any]
-    journal: dict[str, Any]
+    runtime_state_rest: dict[str, Any]
+    """The runtime state's JSON but its journal and finalizer results (small)."""
+    journal_entries: tuple[TrainedStep, ...] = ()
+    pending_drops: tuple[PromptRef, ...] = ()
     ledger_capture: SidecarCapture | None = None
     """The ledger sidecar (each group's JSON text), taken under the cut; joined after it."""
     replay_view: Sequence[ReplayGroup] = ()
@@ -554,7 +576,17 @@ class CapturedRolloutState:
     staging_refs: set[str] | None = None
     """What the inventory expects besides the replay view (taken under the cut, compared
     with the data plane copy after it)."""
-    finalizer_results: tuple[FinalizerResult, ...] = ()
+    finalizer_results: Iterable[FinalizerResult] = ()
     """``runtime_state["finalizer_results"]`` at the cut (never mutated); JSON made after."""
     environment_snapshot: EnvironmentSnapshot | None = None
     """The environment's records still out at the cut; encoded with the files, off the loop."""
+
+    @cached_property
+    def runtime_state(self) -> dict[str, Any]:
+        """``RolloutRuntimeState.to_json(results=False)`` at the cut (made after it)."""
+        return {**self.runtime_state_rest, "journal": journal_entries_json(self.journal_entries)}
+
+    @cached_property
+    def journal(self) -> dict[str, Any]:
+        """``training_journal.json`` at the cut (made after it)."""
+        return training_journal_json(self.journal_entries, self.pending_drops)

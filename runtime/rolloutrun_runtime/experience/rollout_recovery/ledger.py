@@ -466,7 +466,7 @@ class RecoveryLedger:
                 f"the environment restored episodes no ledger attempt claims: {sorted(unclaimed)}"
             )
         report = RestartReport()
-        self._texts = GroupTexts(dirty=set(self._groups))
+        self._texts = GroupTexts.all_changed(self._groups)
         for group in self._groups.values():
             if group.status is GroupStatus.CLAIMED:
                 group.status = GroupStatus.FINALIZED
@@ -573,14 +573,19 @@ class RecoveryLedger:
         sampler_stamps_target_steps: bool,
     ) -> SidecarCapture:
         """The sidecar for a capture under the exclusive cut: only the groups changed since the
-        last capture are serialized now (each group's JSON text is cached and shared, never
-        copied); :meth:`SidecarCapture.encode` joins them after the cut into the bytes
+        last capture are serialized now, and the groups' texts are taken as a copy-on-write
+        view (the entries changed since the last capture, not one per group);
+        :meth:`SidecarCapture.encode` joins them after the cut into the bytes
         ``encode_sidecar`` gives for :meth:`sidecar_document` at the same moment."""
         from rolloutrun_runtime.experience.rollout_recovery.sidecar import SidecarCapture
 
-        self._texts.refresh(self._groups, len(self._texts.dirty))
+        serialized = self._texts.refresh(self._groups, len(self._texts.dirty))
         rest = sidecar_rest(spare_prompts, batch_shortfall, sampler_stamps_target_steps)
-        return SidecarCapture(list(self._groups), dict(self._texts.texts), rest)
+        return SidecarCapture(self._texts.texts.view(), rest, serialized)
+
+    def prime_capture(self) -> None:
+        """Ahead of a cut: the next capture's view costs only what changes from now on."""
+        self._texts.texts.prime()
 
     @classmethod
     def _from_groups(cls, groups: list[PromptGroupRecord]) -> RecoveryLedger:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rolloutrun_runtime.contract.layout import LEDGER_SCHEMA_VERSION
+from rolloutrun_runtime.cow import CowMap
 from rolloutrun_runtime.experience.rollout_recovery.ids import row_key_for
 
 
@@ -305,14 +306,24 @@ def sidecar_rest(
 
 @dataclass
 class GroupTexts:
-    """Each group's sidecar JSON text as of its last change, and the groups changed since
-    (the ledger reports every change), so a capture re-serializes only those."""
+    """Each group's sidecar JSON text as of its last change (None until serialized again),
+    in the ledger's group order, and the groups changed since (the ledger reports every
+    change), so a capture re-serializes only those. ``texts`` is copy-on-write: a capture's
+    view of it costs the entries changed since the previous capture."""
 
-    texts: dict[str, str] = field(default_factory=dict)
+    texts: CowMap[str, str | None] = field(default_factory=CowMap)
     dirty: set[str] = field(default_factory=set)
 
+    @classmethod
+    def all_changed(cls, group_ids: Iterable[str]) -> GroupTexts:
+        """Every group changed (to serialize again), in the ledger's order."""
+        texts: CowMap[str, str | None] = CowMap(dict.fromkeys(group_ids))
+        return cls(texts=texts, dirty=set(texts))
+
     def changed(self, group_id: str) -> None:
-        self.texts.pop(group_id, None)
+        # a new group goes to the end (the ledger has just added it there); a known one
+        # keeps its place
+        self.texts[group_id] = None
         self.dirty.add(group_id)
 
     def dropped(self, group_id: str) -> None:

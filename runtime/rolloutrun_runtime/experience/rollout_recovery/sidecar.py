@@ -13,9 +13,11 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import Any, cast
 
 from rolloutrun_runtime.contract.layout import READABLE_LEDGER_SCHEMA_VERSIONS
+from rolloutrun_runtime.cow import CowView
 from rolloutrun_runtime.experience.rollout_recovery.ledger import RecoveryLedger
 from rolloutrun_runtime.experience.rollout_recovery.records import (
     LedgerSidecarError,
@@ -71,18 +73,38 @@ def _sidecar(data: bytes, document: Mapping[str, Any], groups: int) -> LedgerSid
 
 @dataclass(frozen=True)
 class SidecarCapture:
-    """A sidecar taken under the cut (:meth:`RecoveryLedger.sidecar_capture`): the groups'
-    order, each group's JSON text (shared with the ledger's cache) and the small rest of the
-    document; two C-level copies, so taking it costs no Python loop over the groups."""
+    """A sidecar taken under the cut (:meth:`RecoveryLedger.sidecar_capture`): a
+    copy-on-write view of each group's JSON text in the ledger's order (the texts are shared
+    with the ledger's cache, never copied) and the small rest of the document. Taking it
+    costs the groups changed since the previous capture; the view is built when first read,
+    after the cut."""
 
-    order: list[str]
-    fragments: Mapping[str, str]
+    texts: CowView[str, str | None]
     rest: Mapping[str, Any]
+    serialized: int = 0
+    """Groups serialized by the capture itself (changed since they were last serialized)."""
+
+    @cached_property
+    def fragments(self) -> Mapping[str, str]:
+        """Each group's JSON text by group id, in the ledger's order."""
+        texts = self.texts.mapping()
+        unserialized = [group_id for group_id, text in texts.items() if text is None]
+        if unserialized:
+            raise LedgerSidecarError(
+                f"ledger capture lacks the JSON of {len(unserialized)} groups "
+                f"({', '.join(unserialized[:5])}): the capture is incomplete"
+            )
+        return cast("Mapping[str, str]", texts)
+
+    @property
+    def order(self) -> list[str]:
+        """The group ids in the ledger's order."""
+        return list(self.fragments)
 
     @property
     def groups(self) -> list[str]:
         """Each group's JSON text, in the ledger's order."""
-        return [self.fragments[group_id] for group_id in self.order]
+        return list(self.fragments.values())
 
     def encode(self) -> LedgerSidecar:
         """The bytes ``encode_sidecar`` gives for the same document, without re-serializing
@@ -90,7 +112,7 @@ class SidecarCapture:
         fields = {key: encode_json(value) for key, value in self.rest.items()}
         fields["groups"] = "[" + ",".join(self.groups) + "]"
         body = ",".join(f"{encode_json(key)}:{fields[key]}" for key in sorted(fields))
-        return _sidecar(("{" + body + "}").encode(), self.rest, len(self.order))
+        return _sidecar(("{" + body + "}").encode(), self.rest, len(self.fragments))
 
     def document(self) -> dict[str, Any]:
         """The document as fresh dicts, for a caller that edits it before encoding."""
