@@ -378,7 +378,6 @@ EVENT_HANDLERS = frozenset(
     {
         "run_changed",
         "member_changed",
-        "lease_changed",
         "workload_changed",
         *(f"child_deleted/{kind}" for kind in WATCHED_CHILD_KINDS),
     }
