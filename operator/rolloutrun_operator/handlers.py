@@ -9,9 +9,11 @@ also serializes its passes, so two passes never race to create the same pod.
 
 Why label selectors and indexes (see :mod:`watching`): the API load must not grow with the
 trainers' renewals. Only pods and Leases with the run label are streamed; a pass reads them
-from Kopf indexes instead of the API; a renewal moves the expiry deadline in memory and
-wakes nothing; progress is mirrored into status by one small patch (a new snapshot manifest
-at once, the train step alone at most every two minutes). The static children but Secrets
+from Kopf indexes (the Leases: from the operator's own watch, :mod:`lease_watch`, which
+keeps the renewals out of Kopf's per-event machinery, so a lost pod never waits behind
+them) instead of the API; a renewal moves the expiry deadline in memory and wakes
+nothing; progress is mirrored into status by one small patch (a new snapshot manifest at
+once, the train step alone at most every two minutes). The static children but Secrets
 are watched the same way, so one deleted by hand makes its run's pass due (``child_deleted``).
 Every decision is in :func:`~rolloutrun_operator.reconcile.reconcile`; the I/O in
 :mod:`actuator`.

@@ -109,7 +109,7 @@ class LeaseWatch:
                 logger.warning("the Lease watch of %s stopped (listing again): %s", path, error)
             await asyncio.sleep(RETRY_SECONDS)
 
-    async def _get(self, session: aiohttp.ClientSession, path: str, params: dict[str, str]) -> Any:
+    def _get(self, session: aiohttp.ClientSession, path: str, params: dict[str, str]) -> Any:
         headers = {"Accept": "application/json"}
         auth = self.credentials.authorization()
         if auth:
@@ -124,7 +124,7 @@ class LeaseWatch:
         """List the labelled Leases: record each, and each held one no longer listed as
         gone; returns the listing's ``resourceVersion``."""
         params = {"labelSelector": naming.LABEL_RUN}
-        async with await self._get(session, path, params) as response:
+        async with self._get(session, path, params) as response:
             text = await response.text()
             if response.status >= 400:
                 raise KubeError(f"GET {path}: {response.status} {text[:200]}", response.status)
@@ -151,7 +151,7 @@ class LeaseWatch:
                 "allowWatchBookmarks": "true",
                 "timeoutSeconds": str(WATCH_SECONDS),
             }
-            async with await self._get(session, path, params) as response:
+            async with self._get(session, path, params) as response:
                 if response.status >= 400:
                     text = await response.text()
                     raise KubeError(

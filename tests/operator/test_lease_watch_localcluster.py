@@ -126,3 +126,35 @@ def test_lease_key_and_paths():
     assert lease_key(lease) is None
     assert [ns for ns, _ in watch_paths([])] == [None]
     assert watch_paths(["a", "b"])[1] == ("b", "/apis/coordination.k8s.io/v1/namespaces/b/leases")
+
+
+async def test_a_watch_too_old_for_the_server_lists_again_and_reports_what_went(cluster, api):
+    """After compaction the server answers the watch's version with 410 Gone; the watch
+    lists again, and a Lease deleted meanwhile is reported gone (a run would otherwise keep
+    a deadline for a Lease that no longer exists)."""
+    import aiohttp
+
+    from rolloutrun_localcluster.operator_access import operator_kubeconfig
+    from rolloutrun_operator.kube import KubeError, load_credentials, permission_rules
+
+    ns = RunNamespace(api, "relist")
+    credentials = load_credentials(str(operator_kubeconfig(cluster, permission_rules())))
+    told: list[tuple[str, str, bool]] = []
+    watch = LeaseWatch(credentials, [ns.name], lambda n, r, lease: told.append((n, r, bool(lease))))
+    namespace, path = watch.paths[0]
+    labels = {naming.LABEL_RUN: "g"}
+    ns.leases.create_namespaced_lease(
+        ns.name, {"metadata": {"name": naming.lease_name("g"), "labels": labels}, "spec": {}}
+    )
+    async with aiohttp.ClientSession() as session:
+        version = await watch._relist(session, namespace, path)
+        assert watch.ready.is_set() and told == [(ns.name, "g", True)]
+        ns.leases.delete_namespaced_lease(naming.lease_name("g"), ns.name)
+        cluster.compact()
+        try:
+            await watch._stream(session, path, version)
+            raise AssertionError("the stream of a compacted version did not end")
+        except KubeError as gone:
+            assert gone.status == 410, gone
+        await watch._relist(session, namespace, path)
+    assert told[-1] == (ns.name, "g", False) and watch.get(ns.name, "g") is None
