@@ -533,6 +533,7 @@ def main() -> int:
     parser.add_argument("--baseline-runs", type=int, default=50)
     parser.add_argument("--baseline-window", type=float, default=120.0)
     parser.add_argument("--baseline-ref", default=BASELINE_REF)
+    parser.add_argument("--baseline-losses", type=int, default=5, help="at most --losses")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--quick", action="store_true", help="50 runs, 60 s windows")
     parser.add_argument(
@@ -578,7 +579,7 @@ def main() -> int:
                         "baseline",
                         args.baseline_runs,
                         args.baseline_window,
-                        min(args.losses, 5),
+                        min(args.losses, args.baseline_losses),
                         tree,
                     ),
                 }

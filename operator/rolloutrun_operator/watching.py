@@ -7,7 +7,8 @@ expiry deadline (judged on the operator's clock, as ``status.lease`` does). Prog
 annotations are mirrored into status by one small patch: a new snapshot manifest or anchor
 step at once, the train step alone at most once per :data:`PROGRESS_MIRROR_SECONDS`. A pass
 runs on a change of the run, of a member pod, of the Lease's holder, or when a deadline is
-due. The pods and the Lease come from Kopf indexes, trusted once they show what the last
+due. The pods come from Kopf indexes, the Lease from the operator's own watch
+(:mod:`.lease_watch`), trusted once they show what the last
 pass created and deleted and nothing older than it saw (else the pass reads them from the
 API: an index may lag behind the operator's own writes).
 """
@@ -378,7 +379,6 @@ EVENT_HANDLERS = frozenset(
     {
         "run_changed",
         "member_changed",
-        "lease_changed",
         "workload_changed",
         *(f"child_deleted/{kind}" for kind in WATCHED_CHILD_KINDS),
     }

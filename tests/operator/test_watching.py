@@ -176,17 +176,17 @@ def test_kopfs_per_event_success_lines_move_to_debug_and_nothing_else_does():
     watching.quiet_event_handlers(logger)
     watching.quiet_event_handlers(logger)  # installed once
     assert len(logger.filters) == 1
-    logger.info("Handler 'lease_changed' succeeded.")
+    logger.info("Handler 'member_changed' succeeded.")
     logger.info("Handler 'child_deleted/Service' succeeded.")
     logger.info("Daemon 'keep_running' succeeded.")
-    logger.error("Handler 'lease_changed' failed with an exception and will try again")
+    logger.error("Handler 'member_changed' failed with an exception and will try again")
     logger.info("Handler 'somebody_elses' succeeded.")
     levels = [(record.getMessage()[:22], record.levelname) for record in records]
     assert levels == [
-        ("Handler 'lease_changed", "DEBUG"),
+        ("Handler 'member_change", "DEBUG"),
         ("Handler 'child_deleted", "DEBUG"),
         ("Daemon 'keep_running' ", "INFO"),
-        ("Handler 'lease_changed", "ERROR"),
+        ("Handler 'member_change", "ERROR"),
         ("Handler 'somebody_else", "INFO"),
     ]
     logger.setLevel(logging.INFO)  # as the operator runs without --verbose: not shown
