@@ -466,21 +466,26 @@ def lost_pods(
     split: dict[str, list[float]] = {}
     skipped = 0
     missing: list[str] = []
+    each: list[dict[str, Any]] = []
     for run in victims:
         status = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run)
         n = int((status.get("status") or {}).get("incarnation") or 0)
         if not exists(core, namespace, f"{run}-i{n}-trainer"):
             skipped += 1  # between incarnations: not a running trainer to lose
             continue
-        t0 = time.monotonic()
+        t0, lost_at = time.monotonic(), time.time()
         core.delete_namespaced_pod(f"{run}-i{n}-trainer", namespace, grace_period_seconds=0)
         replacement = ("added", f"{run}-i{n + 1}-gym-0")
         try:
             wait(lambda key=replacement: key in commits.at, replacement[1], bound=120)
         except TimeoutError:
             missing.append(f"{run}-i{n}")  # reported, and the other samples kept
+            each.append(
+                {"run": run, "lost_at": round(lost_at, 3), **phases(commits.at, run, n, t0)}
+            )
             continue
         seen = phases(commits.at, run, n, t0)
+        each.append({"run": run, "lost_at": round(lost_at, 3), **seen})
         samples.append(seen["replacement"])
         for phase, at in seen.items():
             split.setdefault(phase, []).append(at)
@@ -491,6 +496,7 @@ def lost_pods(
         "missing_after_120s": missing,
         "goal_p99_s": 2.0,
         "phases_s": {phase: quantiles(at) for phase, at in split.items()},
+        "samples": each,
     }
 
 

@@ -55,9 +55,13 @@ from rolloutrun_operator.watching import (
     child_event_needs_pass,
     expiry_wait,
     idle_step,
+    pass_timing,
     quiet_event_handlers,
     rate_after,
 )
+
+passes_logger = logging.getLogger(__name__)
+"""One line per pass that acted (:func:`~rolloutrun_operator.watching.pass_timing`)."""
 
 registry = kopf.OperatorRegistry()
 """The handlers' own registry: embedding the operator never touches Kopf's global one."""
@@ -261,7 +265,7 @@ def memory_of(memo: Any, namespace: str | None, name: str | None) -> RunMemory:
 def pass_due(memo: Any, namespace: str | None, run: str | None) -> None:
     """Make a pass of ``run`` due and wake its daemon: a wake-up alone only lets an idle
     daemon look at its deadlines, then sleep again."""
-    memory_of(memo, namespace, run).dirty = True
+    memory_of(memo, namespace, run).make_due(time.time())
     memo["wakers"].wake(namespace, run)
 
 
@@ -285,25 +289,34 @@ def indexed(
 
 
 async def one_pass(
-    kube: Kube, memory: RunMemory, known: Known, namespace: str, name: str
+    kube: Kube,
+    memory: RunMemory,
+    known: Known,
+    namespace: str,
+    name: str,
 ) -> Outcome | None:
-    """A full pass from the indexes, or from the API while they lag the last pass's writes."""
-    memory.dirty, memory.busy = False, True
+    """A full pass from the indexes, or from the API while they lag the last pass's writes
+    (the run itself as its last watch event showed it, when that shows the last status
+    write: :meth:`~rolloutrun_operator.watching.RunMemory.watched_run`)."""
+    memory.dirty, memory.busy, memory.due_since = False, True, None
     memory.passes += 1
+    body = memory.watched_run()
+    memory.run_version = None  # unknown until the pass ends (a failed write may have landed)
     try:
         if memory.indexes_current(known.pods, known.lease, known.children):
             outcome = await run_pass(
-                kube, namespace, name, now(), known, memory.lease_for_pass, memory.saw
+                kube, namespace, name, now(), known, memory.lease_for_pass, memory.saw, body=body
             )
         else:
             children = memory.current_children(known.children)
             memory.forget_expectations()
             outcome = await run_pass(
-                kube, namespace, name, now(), saw=memory.saw, children=children
+                kube, namespace, name, now(), saw=memory.saw, children=children, body=body
             )
     finally:
         memory.busy = False
     if outcome is not None:
+        memory.run_version = outcome.version or None
         memory.expect(outcome.result.actions)
         memory.mirrored_progress(status_json(outcome.result.status), time.monotonic())
     return outcome
@@ -313,7 +326,9 @@ async def mirror_progress(kube: Kube, memory: RunMemory, namespace: str, name: s
     """One status patch with the Lease's progress annotations and the step rate (no pass)."""
     patch = dict(memory.progress)
     patch.update(rate_after(memory.mirrored, patch.get("trainStep"), now()))
-    await kube.patch_status("RolloutRun", namespace, name, patch)
+    memory.run_version = None  # unknown until the write is answered
+    written = await kube.patch_status("RolloutRun", namespace, name, patch)
+    memory.run_version = str((written.get("metadata") or {}).get("resourceVersion") or "") or None
     memory.mirrored = {**memory.mirrored, **patch}
     memory.mirrored_at = time.monotonic()
 
@@ -372,9 +387,10 @@ async def keep_running(
         with contextlib.suppress(TimeoutError):  # the Leases listed, as Kopf's indexes are
             await asyncio.wait_for(leases.ready.wait(), 1.0)
     while not stopped:
-        began = time.perf_counter()
+        began, queued = time.perf_counter(), time.time()
         try:
             async with memo["passes"]:
+                slot, due_since = time.time(), memory.due_since
                 known = indexed(pod_index, leases, namespace, name, child_indexes)
                 outcome = await one_pass(kube, memory, known, namespace, name)
         except Exception as error:  # every failure is reported and retried, none kills the loop
@@ -393,6 +409,9 @@ async def keep_running(
         result = outcome.result
         for action in result.actions:
             logger.debug("applied %s", action)
+        if result.actions:
+            timing = pass_timing(due_since, queued, slot, time.time(), len(result.actions))
+            passes_logger.info("pass of %s/%s: %s", namespace, name, timing)
         metrics.record_run(namespace, name, outcome.previous, result.status)
         for event in result.events:
             body = cast(kopf.Body, outcome.body)
@@ -423,8 +442,9 @@ async def run_changed(
     """A change of the run's spec, deletion, labels or annotations wakes its daemon (its
     own status writes do not)."""
     memory = memory_of(memo, namespace, name)
+    memory.run_body = None if type == "DELETED" else dict(body)
     if type == "DELETED" or memory.saw_run(body):
-        memory.dirty = True
+        memory.make_due(time.time())
         memo["wakers"].wake(namespace, name)
 
 
@@ -443,6 +463,8 @@ def lease_event(memo: Any, namespace: str, run: str, body: Json | None) -> None:
     memory = memory_of(memo, namespace, run)
     before = memory.progress_due(time.monotonic())
     asks_pass = memory.saw_lease(body or {}, now(), deleted=body is None)
+    if asks_pass:
+        memory.make_due(time.time())
     due = memory.progress_due(time.monotonic())
     if asks_pass or (due is not None and (before is None or due < before)):
         memo["wakers"].wake(namespace, run)  # a pass, or progress due sooner than planned
