@@ -192,8 +192,13 @@ async def apply(kube: Kube, namespace: str, actions: list[Action]) -> None:
     for step in in_steps(actions):
         if len(step) == 1:
             await _apply_one(kube, namespace, step[0])
-        else:
-            await asyncio.gather(*(_apply_one(kube, namespace, action) for action in step))
+            continue
+        done = await asyncio.gather(
+            *(_apply_one(kube, namespace, action) for action in step), return_exceptions=True
+        )
+        for outcome in done:  # every one ended (none left running); the first error raised
+            if isinstance(outcome, BaseException):
+                raise outcome
 
 
 def in_steps(actions: list[Action]) -> list[list[Action]]:
