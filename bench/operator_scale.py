@@ -462,11 +462,7 @@ def lost_pods(
     API server's commits (:class:`Commits`), split into its phases (:func:`phases`)."""
     from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 
-    samples: list[float] = []
-    split: dict[str, list[float]] = {}
-    skipped = 0
-    missing: list[str] = []
-    each: list[dict[str, Any]] = []
+    skipped, missing, each = 0, [], []  # each loss, with its wall-clock time (the log's)
     for run in victims:
         status = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run)
         n = int((status.get("status") or {}).get("incarnation") or 0)
@@ -480,18 +476,15 @@ def lost_pods(
             wait(lambda key=replacement: key in commits.at, replacement[1], bound=120)
         except TimeoutError:
             missing.append(f"{run}-i{n}")  # reported, and the other samples kept
-            each.append(
-                {"run": run, "lost_at": round(lost_at, 3), **phases(commits.at, run, n, t0)}
-            )
-            continue
-        seen = phases(commits.at, run, n, t0)
-        each.append({"run": run, "lost_at": round(lost_at, 3), **seen})
-        samples.append(seen["replacement"])
-        for phase, at in seen.items():
-            split.setdefault(phase, []).append(at)
+        each.append({"run": run, "lost_at": round(lost_at, 3), **phases(commits.at, run, n, t0)})
         time.sleep(1.0)  # the next incarnation's pods started before the next loss
+    split: dict[str, list[float]] = {}
+    for seen in each:  # those replaced (a missing one has no replacement phase)
+        for phase, at in seen.items():
+            if "replacement" in seen and phase not in ("run", "lost_at"):
+                split.setdefault(phase, []).append(at)
     return {
-        **quantiles(samples),
+        **quantiles(split.get("replacement", [])),
         "skipped": skipped,
         "missing_after_120s": missing,
         "goal_p99_s": 2.0,
