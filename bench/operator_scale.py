@@ -462,35 +462,34 @@ def lost_pods(
     API server's commits (:class:`Commits`), split into its phases (:func:`phases`)."""
     from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 
-    samples: list[float] = []
-    split: dict[str, list[float]] = {}
-    skipped = 0
-    missing: list[str] = []
+    skipped, missing, each = 0, [], []  # each loss, with its wall-clock time (the log's)
     for run in victims:
         status = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, run)
         n = int((status.get("status") or {}).get("incarnation") or 0)
         if not exists(core, namespace, f"{run}-i{n}-trainer"):
             skipped += 1  # between incarnations: not a running trainer to lose
             continue
-        t0 = time.monotonic()
+        t0, lost_at = time.monotonic(), time.time()
         core.delete_namespaced_pod(f"{run}-i{n}-trainer", namespace, grace_period_seconds=0)
         replacement = ("added", f"{run}-i{n + 1}-gym-0")
         try:
             wait(lambda key=replacement: key in commits.at, replacement[1], bound=120)
         except TimeoutError:
             missing.append(f"{run}-i{n}")  # reported, and the other samples kept
-            continue
-        seen = phases(commits.at, run, n, t0)
-        samples.append(seen["replacement"])
-        for phase, at in seen.items():
-            split.setdefault(phase, []).append(at)
+        each.append({"run": run, "lost_at": round(lost_at, 3), **phases(commits.at, run, n, t0)})
         time.sleep(1.0)  # the next incarnation's pods started before the next loss
+    split: dict[str, list[float]] = {}
+    for seen in each:  # those replaced (a missing one has no replacement phase)
+        for phase, at in seen.items():
+            if "replacement" in seen and phase not in ("run", "lost_at"):
+                split.setdefault(phase, []).append(at)
     return {
-        **quantiles(samples),
+        **quantiles(split.get("replacement", [])),
         "skipped": skipped,
         "missing_after_120s": missing,
         "goal_p99_s": 2.0,
         "phases_s": {phase: quantiles(at) for phase, at in split.items()},
+        "samples": each,
     }
 
 
@@ -533,6 +532,7 @@ def main() -> int:
     parser.add_argument("--baseline-runs", type=int, default=50)
     parser.add_argument("--baseline-window", type=float, default=120.0)
     parser.add_argument("--baseline-ref", default=BASELINE_REF)
+    parser.add_argument("--baseline-losses", type=int, default=5, help="at most --losses")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--quick", action="store_true", help="50 runs, 60 s windows")
     parser.add_argument(
@@ -578,7 +578,7 @@ def main() -> int:
                         "baseline",
                         args.baseline_runs,
                         args.baseline_window,
-                        min(args.losses, 5),
+                        min(args.losses, args.baseline_losses),
                         tree,
                     ),
                 }

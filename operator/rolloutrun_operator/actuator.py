@@ -51,6 +51,9 @@ class Outcome:
     result: Result
     previous: RolloutRunStatus | None
     wrote_status: bool
+    version: str = ""
+    """The run's ``resourceVersion`` once the pass ended: its status write's, else the one
+    it read (a later pass may take a watched body that is not older, see ``run_pass``)."""
 
 
 @dataclass
@@ -83,6 +86,7 @@ async def observe(
     static = static_child_refs(run)
     user_secrets = builders.referenced_secrets(run)
     account = run.spec.service_account_name
+    uid = str(run.metadata.get("uid") or "")
     gets = [
         ("Lease", naming.lease_name(name)),
         ("ConfigMap", naming.config_map_name(name)),
@@ -96,12 +100,14 @@ async def observe(
             kube.list("Pod", namespace, naming.run_selector(name)),
             asyncio.gather(*(_child(kube, current, namespace, k, c) for k, c in gets)),
         )
-    else:
+        nodes = await _nodes(kube, pods, uid)
+    else:  # the nodes read with the children: the pods are known before any request
         pods = known.pods
-        found = [
-            known.lease,
-            *await asyncio.gather(*(_child(kube, known, namespace, k, c) for k, c in gets[1:])),
-        ]
+        children_found, nodes = await asyncio.gather(
+            asyncio.gather(*(_child(kube, known, namespace, k, c) for k, c in gets[1:])),
+            _nodes(kube, pods, uid),
+        )
+        found = [known.lease, *children_found]
     lease, config = found[0], found[1]
     if saw is not None:
         indexed = {
@@ -115,18 +121,13 @@ async def observe(
     secret_objs = found[2 + len(static) : 2 + len(static) + len(user_secrets)]
     existing = [s for s, obj in zip(user_secrets, secret_objs, strict=True) if obj]
     account_obj = found[-1] if account else None
-    uid = str(run.metadata.get("uid") or "")
-    members = [pod for pod in pods if owned_by(pod, uid)]
-    node_names = sorted({str((pod.get("spec") or {}).get("nodeName") or "") for pod in members})
-    node_names = [node for node in node_names if node]
-    nodes = await asyncio.gather(*(kube.get("Node", None, node) for node in node_names))
     return observed_from(
         pods=pods,
         lease=lease,
         config_map=config,
         children=children,
         secrets=existing,
-        nodes=[node for node in nodes if node],
+        nodes=nodes,
         new_token=secrets.token_urlsafe(32),
         new_metrics_token=secrets.token_urlsafe(32),
         uid=uid,
@@ -144,6 +145,18 @@ async def _child(kube: Kube, known: Known, namespace: str, kind: str, name: str)
     if found is not None and kind in INDEXED_CHILD_KINDS:
         return found
     return await kube.get(kind, namespace, name)
+
+
+async def _nodes(kube: Kube, pods: list[Json], uid: str) -> list[Json]:
+    """The nodes the run's own pods are bound to (read for their readiness)."""
+    members = [pod for pod in pods if owned_by(pod, uid)]
+    names = sorted({str((pod.get("spec") or {}).get("nodeName") or "") for pod in members})
+    found = await asyncio.gather(*(kube.get("Node", None, node) for node in names if node))
+    return [node for node in found if node]
+
+
+def _version(obj: Json) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def _name(obj: Json) -> str:
@@ -170,27 +183,52 @@ async def apply(kube: Kube, namespace: str, actions: list[Action]) -> None:
     """Apply the actions in order; a create of an existing child the run owns or a delete
     of a gone one counts as done. A name held by an object the run does not own raises
     :class:`~rolloutrun_operator.kube.ChildConflict` and stops the actions after it (they
-    may depend on it); any other API error propagates (the pass is retried)."""
+    may depend on it); any other API error propagates (the pass is retried).
+
+    Consecutive deletes are sent together (:func:`in_steps`): none depends on another (a
+    Gym pod its trainer may still need is not among them, see ``reconcile._stop``), and a
+    lost trainer's Gym pods one after another cost a round trip each before the next
+    incarnation could start."""
+    for step in in_steps(actions):
+        if len(step) == 1:
+            await _apply_one(kube, namespace, step[0])
+            continue
+        done = await asyncio.gather(
+            *(_apply_one(kube, namespace, action) for action in step), return_exceptions=True
+        )
+        for outcome in done:  # every one ended (none left running); the first error raised
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+
+def in_steps(actions: list[Action]) -> list[list[Action]]:
+    """``actions`` in order, each run of consecutive deletes one step, any other action a
+    step of its own."""
+    steps: list[list[Action]] = []
     for action in actions:
-        if action.verb is Verb.CREATE and action.manifest is not None:
-            created = await kube.create_owned(action.manifest)
-            logger.info(
-                "created %s/%s%s", action.kind, action.name, "" if created else " (existed)"
-            )
-        elif action.verb is Verb.REPLACE and action.manifest is not None:
-            await kube.replace(action.manifest)
-            logger.info("replaced %s/%s", action.kind, action.name)
-        elif action.verb is Verb.PATCH_STATUS and action.manifest is not None:
-            if await kube.patch_status_at(action.kind, namespace, action.name, action.manifest):
-                logger.info("patched %s/%s status", action.kind, action.name)
-        elif action.verb is Verb.ANNOTATE and action.manifest is not None:
-            await kube.patch(action.kind, namespace, action.name, action.manifest)
-            logger.info("annotated %s/%s", action.kind, action.name)
-        elif action.verb is Verb.DELETE:
-            await kube.delete(
-                action.kind, namespace, action.name, action.grace_seconds, uid=action.uid
-            )
-            logger.info("deleted %s/%s", action.kind, action.name)
+        if steps and action.verb is Verb.DELETE and steps[-1][-1].verb is Verb.DELETE:
+            steps[-1].append(action)
+        else:
+            steps.append([action])
+    return steps
+
+
+async def _apply_one(kube: Kube, namespace: str, action: Action) -> None:
+    if action.verb is Verb.CREATE and action.manifest is not None:
+        created = await kube.create_owned(action.manifest)
+        logger.info("created %s/%s%s", action.kind, action.name, "" if created else " (existed)")
+    elif action.verb is Verb.REPLACE and action.manifest is not None:
+        await kube.replace(action.manifest)
+        logger.info("replaced %s/%s", action.kind, action.name)
+    elif action.verb is Verb.PATCH_STATUS and action.manifest is not None:
+        if await kube.patch_status_at(action.kind, namespace, action.name, action.manifest):
+            logger.info("patched %s/%s status", action.kind, action.name)
+    elif action.verb is Verb.ANNOTATE and action.manifest is not None:
+        await kube.patch(action.kind, namespace, action.name, action.manifest)
+        logger.info("annotated %s/%s", action.kind, action.name)
+    elif action.verb is Verb.DELETE:
+        await kube.delete(action.kind, namespace, action.name, action.grace_seconds, uid=action.uid)
+        logger.info("deleted %s/%s", action.kind, action.name)
 
 
 def lenient_status(raw: Any, where: str) -> RolloutRunStatus | None:
@@ -247,13 +285,18 @@ async def run_pass(
     | None = None,
     saw: Saw | None = None,
     children: Mapping[str, Json] | None = None,
+    body: Json | None = None,
 ) -> Outcome | None:
     """One full pass over the run ``namespace/name``; None when the run is gone. ``known``:
     its pods and Lease from the watch indexes; ``lease_seen`` gives ``status.lease`` from the
     renewals the operator saw (see :meth:`watching.RunMemory.lease_for_pass`); ``saw`` is
     told the pods and Lease the pass decided on; ``children``: without ``known``, the
-    static children the indexes hold that are known current (the others are read)."""
-    body = await kube.get("RolloutRun", namespace, name)
+    static children the indexes hold that are known current (the others are read);
+    ``body``: the run as the watch holds it, when it is known to be no older than this
+    operator's last write of its status (else it is read: one round trip less on a lost
+    pod's path, where each costs most under load)."""
+    if body is None:
+        body = await kube.get("RolloutRun", namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return None
     try:
@@ -262,11 +305,10 @@ async def run_pass(
     except RolloutRunInvalid as problem:
         patch = invalid_status(body, problem, now)
         changed = patch != _subset(body.get("status") or {}, patch)
-        if changed:
-            await kube.patch_status("RolloutRun", namespace, name, patch)
+        written = await kube.patch_status("RolloutRun", namespace, name, patch) if changed else {}
         events = [Event("Warning", "InvalidSpec", "; ".join(problem.problems)[:1024])]
         result = Result([], RolloutRunStatus(), events if changed else [], IDLE_REQUEUE_SECONDS)
-        return Outcome(body, result, None, wrote_status=changed)
+        return Outcome(body, result, None, changed, _version(written or body))
     run.status = lenient_status(body.get("status"), f"{namespace}/{name}")
     if lease_seen is not None and known is not None:
         recorded = run.status.lease if run.status is not None else None
@@ -283,9 +325,8 @@ async def run_pass(
     new = status_json(result.status)
     old = status_json(run.status) if run.status is not None else None
     wrote = new != old
-    if wrote:
-        await kube.patch_status("RolloutRun", namespace, name, new)
-    return Outcome(body, result, run.status, wrote)
+    written = await kube.patch_status("RolloutRun", namespace, name, new) if wrote else {}
+    return Outcome(body, result, run.status, wrote, _version(written or body))
 
 
 def conflict_result(run: RolloutRun, conflict: ChildConflict, now: dt.datetime) -> Result:

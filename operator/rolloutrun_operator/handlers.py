@@ -9,9 +9,11 @@ also serializes its passes, so two passes never race to create the same pod.
 
 Why label selectors and indexes (see :mod:`watching`): the API load must not grow with the
 trainers' renewals. Only pods and Leases with the run label are streamed; a pass reads them
-from Kopf indexes instead of the API; a renewal moves the expiry deadline in memory and
-wakes nothing; progress is mirrored into status by one small patch (a new snapshot manifest
-at once, the train step alone at most every two minutes). The static children but Secrets
+from Kopf indexes (the Leases: from the operator's own watch, :mod:`lease_watch`, which
+keeps the renewals out of Kopf's per-event machinery, so a lost pod never waits behind
+them) instead of the API; a renewal moves the expiry deadline in memory and wakes
+nothing; progress is mirrored into status by one small patch (a new snapshot manifest at
+once, the train step alone at most every two minutes). The static children but Secrets
 are watched the same way, so one deleted by hand makes its run's pass due (``child_deleted``).
 Every decision is in :func:`~rolloutrun_operator.reconcile.reconcile`; the I/O in
 :mod:`actuator`.
@@ -27,7 +29,9 @@ waited out (a fixed spec wakes the daemon).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -41,6 +45,7 @@ from rolloutrun_operator.actuator import Known, Outcome, run_pass, status_json
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 from rolloutrun_operator.conditions import failure_patch
 from rolloutrun_operator.kube import RESOURCES, Json, Kube, KubeError, load_credentials
+from rolloutrun_operator.lease_watch import LeaseWatch
 from rolloutrun_operator.metrics import Metrics
 from rolloutrun_operator.reconcile import Result
 from rolloutrun_operator.watching import (
@@ -50,9 +55,13 @@ from rolloutrun_operator.watching import (
     child_event_needs_pass,
     expiry_wait,
     idle_step,
+    pass_timing,
     quiet_event_handlers,
     rate_after,
 )
+
+passes_logger = logging.getLogger(__name__)
+"""One line per pass that acted (:func:`~rolloutrun_operator.watching.pass_timing`)."""
 
 registry = kopf.OperatorRegistry()
 """The handlers' own registry: embedding the operator never touches Kopf's global one."""
@@ -215,7 +224,6 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.scanning.disabled = True  # the CRD exists before the operator starts: fewer rights
     # Only the runs' own children are streamed: not every pod, not the nodes' heartbeat Leases.
     settings.watching.label_selectors["v1", "pods"] = naming.LABEL_RUN
-    settings.watching.label_selectors["coordination.k8s.io", "leases"] = naming.LABEL_RUN
     for kind in WATCHED_CHILD_KINDS:  # a static child deleted by hand (child_deleted)
         settings.watching.label_selectors[_selector(kind)] = naming.LABEL_RUN
     options: Options = memo.get("options") or Options()
@@ -223,6 +231,11 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     memo["wakers"] = Wakers()
     memo["memories"] = {}
     memo["passes"] = asyncio.Semaphore(MAX_CONCURRENT_PASSES)
+    # The Leases: a raw watch, not Kopf's per-event handlers (see lease_watch)
+    credentials = load_credentials(options.kubeconfig)
+    changed = functools.partial(lease_event, memo)
+    leases = memo["lease_watch"] = LeaseWatch(credentials, memo.get("namespaces") or (), changed)
+    memo["lease_task"] = asyncio.create_task(leases.run(), name="rolloutrun-lease-watch")
     metrics = memo.get("metrics")
     if metrics is None:
         metrics = memo["metrics"] = Metrics()
@@ -232,6 +245,10 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
 
 @kopf.on.cleanup(registry=registry)
 async def close(memo: Any, **_: Any) -> None:
+    task = memo.get("lease_task")
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
     kube = memo.get("kube")
     if kube is not None:
         await kube.close()
@@ -248,21 +265,19 @@ def memory_of(memo: Any, namespace: str | None, name: str | None) -> RunMemory:
 def pass_due(memo: Any, namespace: str | None, run: str | None) -> None:
     """Make a pass of ``run`` due and wake its daemon: a wake-up alone only lets an idle
     daemon look at its deadlines, then sleep again."""
-    memory_of(memo, namespace, run).dirty = True
+    memory_of(memo, namespace, run).make_due(time.time())
     memo["wakers"].wake(namespace, run)
 
 
 def indexed(
     pod_index: kopf.Index[tuple[str, str], Json],
-    lease_index: kopf.Index[tuple[str, str], Json],
+    leases: LeaseWatch,
     namespace: str,
     name: str,
     child_indexes: Mapping[str, kopf.Index[tuple[str, str], Json]] | None = None,
 ) -> Known:
     """The run's pods, Lease and static children as the indexes hold them now."""
     pods = list(pod_index.get((namespace, name), []))
-    lease_name = naming.lease_name(name)
-    leases = [x for x in lease_index.get((namespace, name), []) if _name(x) == lease_name]
     children = None
     if child_indexes is not None:
         children = {
@@ -270,29 +285,38 @@ def indexed(
             for kind, index in child_indexes.items()
             for child in index.get((namespace, name), [])
         }
-    return Known(pods, leases[0] if leases else None, children)
+    return Known(pods, leases.get(namespace, name), children)
 
 
 async def one_pass(
-    kube: Kube, memory: RunMemory, known: Known, namespace: str, name: str
+    kube: Kube,
+    memory: RunMemory,
+    known: Known,
+    namespace: str,
+    name: str,
 ) -> Outcome | None:
-    """A full pass from the indexes, or from the API while they lag the last pass's writes."""
-    memory.dirty, memory.busy = False, True
+    """A full pass from the indexes, or from the API while they lag the last pass's writes
+    (the run itself as its last watch event showed it, when that shows the last status
+    write: :meth:`~rolloutrun_operator.watching.RunMemory.watched_run`)."""
+    memory.dirty, memory.busy, memory.due_since = False, True, None
     memory.passes += 1
+    body = memory.watched_run()
+    memory.run_version = None  # unknown until the pass ends (a failed write may have landed)
     try:
         if memory.indexes_current(known.pods, known.lease, known.children):
             outcome = await run_pass(
-                kube, namespace, name, now(), known, memory.lease_for_pass, memory.saw
+                kube, namespace, name, now(), known, memory.lease_for_pass, memory.saw, body=body
             )
         else:
             children = memory.current_children(known.children)
             memory.forget_expectations()
             outcome = await run_pass(
-                kube, namespace, name, now(), saw=memory.saw, children=children
+                kube, namespace, name, now(), saw=memory.saw, children=children, body=body
             )
     finally:
         memory.busy = False
     if outcome is not None:
+        memory.run_version = outcome.version or None
         memory.expect(outcome.result.actions)
         memory.mirrored_progress(status_json(outcome.result.status), time.monotonic())
     return outcome
@@ -302,7 +326,9 @@ async def mirror_progress(kube: Kube, memory: RunMemory, namespace: str, name: s
     """One status patch with the Lease's progress annotations and the step rate (no pass)."""
     patch = dict(memory.progress)
     patch.update(rate_after(memory.mirrored, patch.get("trainStep"), now()))
-    await kube.patch_status("RolloutRun", namespace, name, patch)
+    memory.run_version = None  # unknown until the write is answered
+    written = await kube.patch_status("RolloutRun", namespace, name, patch)
+    memory.run_version = str((written.get("metadata") or {}).get("resourceVersion") or "") or None
     memory.mirrored = {**memory.mirrored, **patch}
     memory.mirrored_at = time.monotonic()
 
@@ -345,9 +371,10 @@ async def keep_running(
     **indexes: Any,
 ) -> None:
     """Reconcile the run until it is deleted: pass, emit Events, wait until one is due.
-    Kopf passes the indexes below by their names (``pod_index``, ``lease_index``)."""
+    Kopf passes the indexes below by their names (``pod_index``); the Lease comes from the
+    operator's own Lease watch, once it has listed them."""
     pod_index: kopf.Index[tuple[str, str], Json] = indexes["pod_index"]
-    lease_index: kopf.Index[tuple[str, str], Json] = indexes["lease_index"]
+    leases: LeaseWatch = memo["lease_watch"]
     child_indexes = {kind: indexes[_child_index_id(kind)] for kind in INDEXED_CHILD_KINDS}
     namespace = namespace or "default"
     kube: Kube = memo["kube"]
@@ -356,11 +383,15 @@ async def keep_running(
     wake = wakers.event(namespace, name)
     memory = memory_of(memo, namespace, name)
     failures = 0
+    while not (stopped or leases.ready.is_set()):
+        with contextlib.suppress(TimeoutError):  # the Leases listed, as Kopf's indexes are
+            await asyncio.wait_for(leases.ready.wait(), 1.0)
     while not stopped:
-        began = time.perf_counter()
+        began, queued = time.perf_counter(), time.time()
         try:
             async with memo["passes"]:
-                known = indexed(pod_index, lease_index, namespace, name, child_indexes)
+                slot, due_since = time.time(), memory.due_since
+                known = indexed(pod_index, leases, namespace, name, child_indexes)
                 outcome = await one_pass(kube, memory, known, namespace, name)
         except Exception as error:  # every failure is reported and retried, none kills the loop
             metrics.reconcile_errors.inc()
@@ -378,6 +409,9 @@ async def keep_running(
         result = outcome.result
         for action in result.actions:
             logger.debug("applied %s", action)
+        if result.actions:
+            timing = pass_timing(due_since, queued, slot, time.time(), len(result.actions))
+            passes_logger.info("pass of %s/%s: %s", namespace, name, timing)
         metrics.record_run(namespace, name, outcome.previous, result.status)
         for event in result.events:
             body = cast(kopf.Body, outcome.body)
@@ -401,20 +435,6 @@ async def pod_index(
     return {(namespace or "default", labels[naming.LABEL_RUN]): dict(body)}
 
 
-@kopf.index(
-    "coordination.k8s.io",
-    "v1",
-    "leases",
-    labels={naming.LABEL_RUN: kopf.PRESENT},
-    registry=registry,
-)
-async def lease_index(
-    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
-) -> dict[tuple[str, str], Json]:
-    """The runs' Leases by run."""
-    return {(namespace or "default", labels[naming.LABEL_RUN]): dict(body)}
-
-
 @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
 async def run_changed(
     name: str, namespace: str | None, body: kopf.Body, type: str | None, memo: Any, **_: Any
@@ -422,8 +442,9 @@ async def run_changed(
     """A change of the run's spec, deletion, labels or annotations wakes its daemon (its
     own status writes do not)."""
     memory = memory_of(memo, namespace, name)
+    memory.run_body = None if type == "DELETED" else dict(body)
     if type == "DELETED" or memory.saw_run(body):
-        memory.dirty = True
+        memory.make_due(time.time())
         memo["wakers"].wake(namespace, name)
 
 
@@ -435,30 +456,15 @@ async def member_changed(
     pass_due(memo, namespace, labels.get(naming.LABEL_RUN))
 
 
-@kopf.on.event(
-    "coordination.k8s.io",
-    "v1",
-    "leases",
-    labels={naming.LABEL_RUN: kopf.PRESENT},
-    registry=registry,
-)
-async def lease_changed(
-    namespace: str | None,
-    name: str,
-    labels: Mapping[str, str],
-    body: kopf.Body,
-    type: str | None,
-    memo: Any,
-    **_: Any,
-) -> None:
-    """A new holder wakes a pass; a renewal only moves the expiry; progress is mirrored by
-    the daemon at most once per ``PROGRESS_MIRROR_SECONDS``."""
-    run = labels.get(naming.LABEL_RUN)
-    if not run or name != naming.lease_name(run):
-        return
+def lease_event(memo: Any, namespace: str, run: str, body: Json | None) -> None:
+    """The run's Lease changed (:class:`~.lease_watch.LeaseWatch`, no Kopf handler): a new
+    holder wakes a pass; a renewal only moves the expiry; progress is mirrored by the
+    daemon at most once per ``PROGRESS_MIRROR_SECONDS``."""
     memory = memory_of(memo, namespace, run)
     before = memory.progress_due(time.monotonic())
-    asks_pass = memory.saw_lease(body, now(), deleted=type == "DELETED")
+    asks_pass = memory.saw_lease(body or {}, now(), deleted=body is None)
+    if asks_pass:
+        memory.make_due(time.time())
     due = memory.progress_due(time.monotonic())
     if asks_pass or (due is not None and (before is None or due < before)):
         memo["wakers"].wake(namespace, run)  # a pass, or progress due sooner than planned

@@ -45,6 +45,8 @@ async def run_operator(
 ) -> None:
     """Run Kopf with the RolloutRun handlers until ``stop_flag`` is set (or forever)."""
     peered = config.peering is not None
+    memo = memo if memo is not None else kopf.Memo(options=config.options)
+    memo["namespaces"] = list(config.namespaces)  # what the operator's own Lease watch follows
     if peered:
         await warn_of_missing_peerings(config)
     await kopf.operator(
@@ -55,7 +57,7 @@ async def run_operator(
         peering_name=config.peering,
         priority=config.priority if peered else None,
         liveness_endpoint=config.liveness,
-        memo=memo if memo is not None else kopf.Memo(options=config.options),
+        memo=memo,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     )

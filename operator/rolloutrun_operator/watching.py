@@ -7,7 +7,8 @@ expiry deadline (judged on the operator's clock, as ``status.lease`` does). Prog
 annotations are mirrored into status by one small patch: a new snapshot manifest or anchor
 step at once, the train step alone at most once per :data:`PROGRESS_MIRROR_SECONDS`. A pass
 runs on a change of the run, of a member pod, of the Lease's holder, or when a deadline is
-due. The pods and the Lease come from Kopf indexes, trusted once they show what the last
+due. The pods come from Kopf indexes, the Lease from the operator's own watch
+(:mod:`.lease_watch`), trusted once they show what the last
 pass created and deleted and nothing older than it saw (else the pass reads them from the
 API: an index may lag behind the operator's own writes).
 """
@@ -165,7 +166,17 @@ class RunMemory:
     passes: int = 0
     busy: bool = False
     """A pass is under way."""
+    due_since: float | None = None
+    """Wall-clock time (``time.time()``) a watch event first made a pass due since the last
+    pass began (None: none did): logged with each pass that acts, so a slow reaction can be
+    split into event seen -> pass began -> pass done (see :func:`pass_timing`)."""
     lease: LeaseSeen | None = None
+    run_body: dict[str, Any] | None = None
+    """The run as its last watch event showed it (Kopf's own ``body`` of a daemon is not
+    kept current)."""
+    run_version: str | None = None
+    """The run's ``resourceVersion`` after this operator's last status write (None: not
+    known, e.g. a write that failed and may or may not have happened)."""
     progress: dict[str, Any] = field(default_factory=dict)
     mirrored: dict[str, Any] = field(default_factory=dict)
     """Progress as last written into status."""
@@ -179,6 +190,22 @@ class RunMemory:
     deleted: set[tuple[str, str, str | None]] = field(default_factory=set)
     replaced: set[tuple[str, str]] = field(default_factory=set)
     """Children the last pass replaced: the indexes must show a version newer than it saw."""
+
+    def make_due(self, at: float) -> None:
+        """A watch event asks for a pass (at wall-clock ``at``)."""
+        self.dirty = True
+        if self.due_since is None:
+            self.due_since = at
+
+    def watched_run(self) -> dict[str, Any] | None:
+        """The run as its last watch event showed it (:attr:`run_body`), for a pass to start
+        from instead of a GET, when it is known to show this operator's last status write
+        (a pass must never decide on an older status: it would count incarnations again);
+        else None."""
+        body, version = self.run_body, self.run_version
+        if body is None or version is None or older(_version(body), version):
+            return None
+        return body
 
     def saw_run(self, body: Json) -> bool:
         """Record a run event; True when it asks for a pass."""
@@ -355,6 +382,22 @@ def idle_step(dirty: bool, other_wait: float, expiry: float, progress: float | N
     return min(other_wait, expiry, progress if progress is not None else float("inf"))
 
 
+def pass_timing(
+    due_since: float | None, queued: float, began: float, done: float, actions: int
+) -> str:
+    """One line on a pass that acted: when an event made it due (wall clock, to compare with
+    the API server's commits), how long it then waited for a pass slot, and how long it took
+    (``queued``, ``began``, ``done``: wall-clock times the pass asked for a slot, got one
+    and ended)."""
+    due = "due by a deadline"
+    if due_since is not None:
+        due = f"due at {due_since:.3f} ({queued - due_since:.3f} s before it queued)"
+    return (
+        f"{actions} action(s) in {done - began:.3f} s; {due}; "
+        f"{began - queued:.3f} s waiting for a pass slot"
+    )
+
+
 def older(version: str, than: str) -> bool:
     """Whether ``version`` precedes ``than`` (resourceVersions are opaque, but etcd's and
     the local cluster's are increasing integers; other values only compare equal)."""
@@ -378,7 +421,6 @@ EVENT_HANDLERS = frozenset(
     {
         "run_changed",
         "member_changed",
-        "lease_changed",
         "workload_changed",
         *(f"child_deleted/{kind}" for kind in WATCHED_CHILD_KINDS),
     }

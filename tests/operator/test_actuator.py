@@ -6,12 +6,14 @@ import datetime as dt
 
 from rolloutrun_operator.actuator import (
     conflict_result,
+    in_steps,
     invalid_status,
     lenient_status,
     status_json,
 )
 from rolloutrun_operator.api.v1alpha1 import RolloutRunStatus
 from rolloutrun_operator.api.validation import RolloutRunInvalid
+from rolloutrun_operator.plan import Action, Verb
 
 
 def test_cleared_fields_are_explicit_nulls_in_the_merge_patch():
@@ -73,3 +75,16 @@ def test_a_conflict_on_create_keeps_the_last_status_and_names_the_object():
     assert [e.reason for e in result.events] == ["ChildConflict"]
     run.status = result.status  # the next pass meets the same object: no second Event
     assert conflict_result(run, conflict, now).events == []
+
+
+def test_consecutive_deletes_form_one_step_every_other_action_its_own():
+    """A lost trainer's Gym pods are deleted together (one round trip, not one each); a
+    create after them still waits for them, and creates keep their order (the ConfigMap
+    before the pods that mount it)."""
+    delete = [Action(Verb.DELETE, "Pod", f"r-i1-gym-{i}") for i in range(2)]
+    config = Action(Verb.REPLACE, "ConfigMap", "r-config", {})
+    create = [Action(Verb.CREATE, "Pod", f"r-i2-gym-{i}", {}) for i in range(2)]
+    lease = Action(Verb.DELETE, "Lease", "r-trainer")
+    steps = in_steps([*delete, config, *create, lease])
+    assert steps == [delete, [config], [create[0]], [create[1]], [lease]]
+    assert in_steps([]) == []

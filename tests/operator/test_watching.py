@@ -176,17 +176,17 @@ def test_kopfs_per_event_success_lines_move_to_debug_and_nothing_else_does():
     watching.quiet_event_handlers(logger)
     watching.quiet_event_handlers(logger)  # installed once
     assert len(logger.filters) == 1
-    logger.info("Handler 'lease_changed' succeeded.")
+    logger.info("Handler 'member_changed' succeeded.")
     logger.info("Handler 'child_deleted/Service' succeeded.")
     logger.info("Daemon 'keep_running' succeeded.")
-    logger.error("Handler 'lease_changed' failed with an exception and will try again")
+    logger.error("Handler 'member_changed' failed with an exception and will try again")
     logger.info("Handler 'somebody_elses' succeeded.")
     levels = [(record.getMessage()[:22], record.levelname) for record in records]
     assert levels == [
-        ("Handler 'lease_changed", "DEBUG"),
+        ("Handler 'member_change", "DEBUG"),
         ("Handler 'child_deleted", "DEBUG"),
         ("Daemon 'keep_running' ", "INFO"),
-        ("Handler 'lease_changed", "ERROR"),
+        ("Handler 'member_change", "ERROR"),
         ("Handler 'somebody_else", "INFO"),
     ]
     logger.setLevel(logging.INFO)  # as the operator runs without --verbose: not shown
@@ -210,3 +210,31 @@ def test_a_pass_reading_the_pods_from_the_api_still_trusts_the_current_children(
     }
     assert memory.current_children(indexed) == {"Service/r-gym": child("r-gym", "5")}
     assert memory.current_children(None) is None
+
+
+def test_a_pass_starts_from_the_watched_run_only_when_it_shows_the_last_status_write():
+    """Without a GET only while the last watch event of the run is not older than this
+    operator's last status write: an older one would let a pass count incarnations again."""
+    memory = RunMemory()
+    body = {"metadata": {"name": "r", "resourceVersion": "41"}, "status": {"incarnation": 1}}
+    memory.run_body = body
+    assert memory.watched_run() is None  # no write known yet (a fresh operator): read it
+    memory.run_version = "42"
+    assert memory.watched_run() is None  # the watch has not shown the write yet
+    memory.run_body = {**body, "metadata": {"name": "r", "resourceVersion": "42"}}
+    assert memory.watched_run() == memory.run_body
+    memory.run_version = None  # a write that failed may have landed: read it
+    assert memory.watched_run() is None
+
+
+def test_a_pass_made_due_keeps_the_time_of_the_first_event_and_its_line_splits_it():
+    memory = RunMemory(dirty=False)
+    memory.make_due(100.0)
+    memory.make_due(100.5)
+    assert memory.dirty and memory.due_since == 100.0
+    line = watching.pass_timing(memory.due_since, 100.25, 101.0, 101.5, 2)
+    assert line == (
+        "2 action(s) in 0.500 s; due at 100.000 (0.250 s before it queued); "
+        "0.750 s waiting for a pass slot"
+    )
+    assert "due by a deadline" in watching.pass_timing(None, 1.0, 1.0, 2.0, 1)

@@ -203,4 +203,6 @@ def test_a_steady_pass_reads_the_static_children_from_the_indexes(cluster, api):
         indexed = {"configmaps", "services", "serviceaccounts", "roles", "rolebindings"}
         indexed |= {"networkpolicies", "leases", "pods"}
         assert not [key for key in made if key[0] in ("get", "list") and key[1] in indexed], made
-        assert made.get(("get", "rolloutruns")) == 1, made
+        # nor of the run: the pass starts from the run as its watch event showed it, which
+        # shows the last status write (a lost pod's reaction saves that round trip)
+        assert ("get", "rolloutruns") not in made, made
