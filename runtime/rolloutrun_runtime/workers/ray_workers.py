@@ -12,24 +12,37 @@ already initialised by the caller is reused and left running. Actors placed on o
 (worker pods, a joined cluster) serve on their node's address; actors beside the trainer
 serve where the trainer is reachable (``$POD_IP``).
 
-A lost actor (its worker node gone: ``RayActorError`` on a refit) does not stop the run: its
-endpoint leaves ``endpoints`` at once (the rollout pump sends no more episodes there), a
-replacement actor is created under the same index (Ray places it when a node offering the
-generation resource joins: the operator's replacement worker pod) and re-admitted at the
-first refit after its server started, on the weights of that refit. Replacements of one
-index are bounded (:data:`MAX_ACTOR_REPLACEMENTS`), and a refit that finds no actor left
-waits (bounded) for a replacement: past either, a :class:`WorkerError` names the loss.
+A lost actor (its worker node gone) does not stop the run. Each admitted actor carries a
+watch (a call of :meth:`GenerationActor.watch` that returns only when the actor dies), so
+Ray's report of the death (the watch fails with ``RayActorError``; a refit finding it dead
+is the fallback) takes its endpoint out of ``endpoints`` at once, not at the next refit:
+the rollout pump's :class:`~rolloutrun_runtime.workers.endpoints.PolicyEndpoints` reads
+``endpoints`` on every pick and gives no more episodes there. A replacement actor is created
+under the same index at once (Ray places it when a node offering the generation resource
+joins: the operator's replacement worker pod) and re-admitted at the first refit after its
+server started, on the weights of that refit. Replacements of one index are bounded
+(:data:`MAX_ACTOR_REPLACEMENTS`), and a refit that finds no actor left waits (bounded) for
+a replacement: past either, a :class:`WorkerError` names the loss (a watch that runs past
+the bound hands its error to the next refit).
+
+With worker nodes the GPUs each actor asks for are read once the expected worker nodes
+(``workers.workerNodes``) have joined, from the nodes that offer the generation resource
+(:func:`generation_gpus`): read at once, the cluster is the head alone (0 GPUs, or the
+head's), and the actors would ask for the wrong share.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import ray
 import torch
 
+from rolloutrun_runtime.contract.pod import RAY_GENERATION_RESOURCE
 from rolloutrun_runtime.contract.run_config import Device, RunConfig
 from rolloutrun_runtime.policy.http import data_plane_token
 from rolloutrun_runtime.workers import WorkerError
@@ -49,6 +62,8 @@ NODE_JOIN_TIMEOUT_S = 600.0
 MAX_ACTOR_REPLACEMENTS = 8
 #: Seconds an actor gets to close its server on stop (a lost node's actor never answers).
 ACTOR_STOP_TIMEOUT_S = 5.0
+#: How often the cluster's nodes are read while the worker nodes join.
+NODE_POLL_S = 0.5
 
 
 @ray.remote(num_cpus=0)
@@ -93,6 +108,10 @@ class GenerationActor:
         await self.engine.refit(state_dict, version)
         return int(self.engine.version)
 
+    async def watch(self) -> None:
+        """Never returns: the caller's reference fails when this actor dies."""
+        await asyncio.Event().wait()
+
     async def stop(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
@@ -110,6 +129,32 @@ def actor_gpus(device: Device, cluster_gpus: float, workers: int) -> float:
     if device is Device.CUDA and cluster_gpus < 1:
         raise WorkerError("policy.device is 'cuda' but the Ray cluster has no GPUs")
     return min(1.0, cluster_gpus / workers)
+
+
+def generation_gpus(nodes: Iterable[Mapping[str, Any]], expected: int) -> float | None:
+    """GPUs of the live nodes offering the generation resource (``ray.nodes()`` entries),
+    or None while fewer than ``expected`` such nodes have joined."""
+    offering = [
+        node
+        for node in nodes
+        if node.get("Alive") and (node.get("Resources") or {}).get(RAY_GENERATION_RESOURCE)
+    ]
+    if len(offering) < expected:
+        return None
+    return float(sum((node.get("Resources") or {}).get("GPU", 0.0) for node in offering))
+
+
+def joined_generation_gpus(expected: int, timeout_s: float) -> float:
+    """:func:`generation_gpus` once ``expected`` worker nodes have joined (blocking)."""
+    deadline = time.monotonic() + timeout_s
+    while (gpus := generation_gpus(ray.nodes(), expected)) is None:
+        if time.monotonic() > deadline:
+            raise WorkerError(
+                f"fewer than {expected} Ray worker node(s) offering {RAY_GENERATION_RESOURCE} "
+                f"joined within {timeout_s:.0f} s (workers.workerNodes)"
+            )
+        time.sleep(NODE_POLL_S)
+    return gpus
 
 
 async def _awaited(ref: Any) -> dict[str, Any]:
@@ -147,6 +192,12 @@ class RayWorkers:
         #: Replacement actors by index, with their starting server.
         self.pending: dict[int, tuple[Any, asyncio.Task[dict[str, Any]]]] = {}
         self.replacements: dict[int, int] = {}
+        #: The weights (an object-store reference) and version of the last start or refit:
+        #: what a replacement created between refits starts on.
+        self._current: tuple[Any, int] | None = None
+        self._watches: dict[int, asyncio.Task[None]] = {}
+        #: A loss past the bound found by a watch, raised by the next refit.
+        self._failure: WorkerError | None = None
 
     async def start(self) -> None:
         if self._initial is None:
@@ -165,7 +216,12 @@ class RayWorkers:
         cfg_data = self.cfg.model_dump(mode="json")
         weights = ray.put(_cpu_state(state_dict))
         workers = self.cfg.workers.generation_workers
-        gpus = actor_gpus(self.cfg.policy.device, ray.cluster_resources().get("GPU", 0), workers)
+        self._current = (weights, version)
+        try:
+            gpus = actor_gpus(self.cfg.policy.device, await self._cluster_gpus(), workers)
+        except WorkerError:
+            await self.stop()
+            raise
         actor = GenerationActor.options(  # type: ignore[attr-defined]
             num_gpus=gpus, resources=resources
         )
@@ -195,19 +251,47 @@ class RayWorkers:
         except (ray.exceptions.RayError, TimeoutError) as error:
             await self.stop()
             raise WorkerError(f"generation actors failed to start: {error}") from error
+        for index, started in enumerate(self._actors):
+            self._watch(index, started)
         logger.info(
             "Ray generation workers at %s placed %s",
             self.endpoints,
             self.placements,
         )
 
+    async def _cluster_gpus(self) -> float:
+        """The GPUs the actors share: with worker nodes, theirs once they joined."""
+        expected = self.cfg.workers.worker_nodes
+        if expected:
+            return await asyncio.to_thread(joined_generation_gpus, expected, NODE_JOIN_TIMEOUT_S)
+        return float(ray.cluster_resources().get("GPU", 0))
+
     def _live_endpoints(self) -> None:
         self.endpoints = [p["url"] for p in self.placements if p is not None]
+
+    def _watch(self, index: int, actor: Any) -> None:
+        """Until ``actor`` (serving index ``index``) dies: then :meth:`_lose` it at once."""
+
+        async def watch() -> None:
+            try:
+                await actor.watch.remote()
+            except ray.exceptions.RayActorError as error:
+                if self._current is None or self._actors[index] is not actor:
+                    return  # stopped, or already found lost by a refit
+                try:
+                    self._lose(index, error, *self._current)
+                except WorkerError as failure:
+                    self._failure = failure
+
+        self._watches[index] = asyncio.ensure_future(watch())
 
     async def refit(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if not self._actors:
             raise WorkerError("refit before the workers were started")
+        if self._failure is not None:
+            raise self._failure
         weights = ray.put(_cpu_state(state_dict))
+        self._current = (weights, version)
         live = [(i, a) for i, a in enumerate(self._actors) if a is not None]
         try:
             results = await asyncio.wait_for(
@@ -218,11 +302,14 @@ class RayWorkers:
             )
         except TimeoutError as error:
             raise WorkerError(f"refit to version {version} timed out: {error}") from error
-        for (index, _), result in zip(live, results, strict=True):
+        for (index, actor), result in zip(live, results, strict=True):
             if isinstance(result, ray.exceptions.RayActorError):
-                self._lose(index, result, weights, version)
+                if self._actors[index] is actor:  # else its watch found it lost already
+                    self._lose(index, result, weights, version)
             elif isinstance(result, BaseException):
                 raise WorkerError(f"refit to version {version} failed: {result}") from result
+        if self._failure is not None:  # a watch found a loss past the bound meanwhile
+            raise self._failure
         if not self.endpoints and self.pending:  # every actor lost: wait for one
             tasks = [task for _, task in self.pending.values()]
             await asyncio.wait(tasks, timeout=NODE_JOIN_TIMEOUT_S, return_when="FIRST_COMPLETED")
@@ -236,6 +323,9 @@ class RayWorkers:
     def _lose(self, index: int, error: BaseException, weights: Any, version: int) -> None:
         """Actor ``index`` is gone (its node lost): out of ``endpoints`` now, a replacement
         created (bounded), to be admitted at a refit once its server runs."""
+        self._actors[index] = None
+        self.placements[index] = None
+        self._live_endpoints()
         count = self.replacements.get(index, 0) + 1
         if count > MAX_ACTOR_REPLACEMENTS:
             raise WorkerError(
@@ -244,9 +334,6 @@ class RayWorkers:
             ) from error
         self.replacements[index] = count
         logger.warning("generation worker %d lost (%s): replacing it (%d)", index, error, count)
-        self._actors[index] = None
-        self.placements[index] = None
-        self._live_endpoints()
         assert self._launch is not None
         actor_class, cfg_data, bind_host, token = self._launch
         actor = actor_class.remote(cfg_data, index, GENERATION_THREADS)
@@ -273,9 +360,15 @@ class RayWorkers:
             self._actors[index] = actor
             self.placements[index] = task.result()
             self._live_endpoints()
+            self._watch(index, actor)
             logger.info("generation worker %d re-admitted at version %d", index, version)
 
     async def stop(self) -> None:
+        self._current = None
+        watches, self._watches = list(self._watches.values()), {}
+        for watch in watches:
+            watch.cancel()
+        await asyncio.gather(*watches, return_exceptions=True)
         actors, self._actors = self._actors, []
         for replacement, task in self.pending.values():  # not serving: nothing to stop
             task.cancel()

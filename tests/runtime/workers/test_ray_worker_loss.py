@@ -16,6 +16,9 @@ from rolloutrun_runtime.policy.tokenizer import TOKENIZER
 from rolloutrun_runtime.workers import WorkerError
 from tests.support.data_plane import HEADERS
 
+#: Bound of a wait for Ray's report of a death: a report that never comes fails the test.
+READMIT_LIMIT_S = 60
+
 CFG = RunConfig.model_validate(
     {"policy": {"device": "cpu"}, "workers": {"backend": "ray", "generationWorkers": 2}}
 )
@@ -75,4 +78,35 @@ async def test_replacements_are_bounded(ray_session: None, monkeypatch: pytest.M
         with pytest.raises(WorkerError, match=r"generation worker 0 was lost 2 times \(limit 1\)"):
             await workers.refit(_weights(3), 4)
     finally:
+        await workers.stop()
+
+
+@pytest.mark.ray
+async def test_a_dead_actor_leaves_the_handed_out_endpoints_at_once(ray_session: None):
+    """Ray's report of the death (no refit in between) takes the endpoint out of what the
+    pump hands the Gyms, and starts the replacement; the next refit admits it once (before:
+    the dead endpoint was handed out until the next refit found the actor dead)."""
+    from rolloutrun_runtime.workers.endpoints import PolicyEndpoints
+    from rolloutrun_runtime.workers.ray_workers import RayWorkers
+
+    workers = RayWorkers(CFG, _weights(0), 1)
+    await workers.start()
+    policies = PolicyEndpoints(workers, budget_s=60)
+    try:
+        survivor, dead = workers.endpoints
+        assert {await policies.pick() for _ in range(4)} == {survivor, dead}
+        await _lose(workers, 1)
+        async with asyncio.timeout(READMIT_LIMIT_S):  # only catches a hang: no refit comes
+            while dead in workers.endpoints:
+                await asyncio.sleep(0.05)
+        assert {await policies.pick() for _ in range(8)} == {survivor}
+        assert set(workers.pending) == {1} and workers.replacements == {1: 1}
+        _, starting = workers.pending[1]
+        await asyncio.wait_for(starting, 120)
+        await workers.refit(_weights(1), 2)  # the dead actor is not replaced a second time
+        assert workers.pending == {} and workers.replacements == {1: 1}
+        assert len(workers.endpoints) == 2 and workers.endpoints[0] == survivor
+        assert {await policies.pick() for _ in range(4)} == set(workers.endpoints)
+    finally:
+        await policies.close()
         await workers.stop()
