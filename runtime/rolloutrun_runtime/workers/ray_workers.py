@@ -10,7 +10,10 @@ Where the driver's Ray comes from (a private Ray on 127.0.0.1, a head on the pod
 for worker pods, a node joining a GCS address, Ray Client) is :mod:`.ray_cluster`'s; a Ray
 already initialised by the caller is reused and left running. Actors placed on other nodes
 (worker pods, a joined cluster) serve on their node's address; actors beside the trainer
-serve where the trainer is reachable (``$POD_IP``).
+serve where the trainer is reachable (``$POD_IP``). On worker nodes each actor serves on
+one of the node's generation ports (the pod's generation port and the next, one per
+generation slot: the span the worker pods' NetworkPolicy admits the run's Gyms to), any
+free port only when a dead actor's process still holds them.
 
 A lost actor (its worker node gone) does not stop the run. Each admitted actor carries a
 watch (a call of :meth:`GenerationActor.watch` that returns only when the actor dies), so
@@ -42,7 +45,7 @@ from typing import Any
 import ray
 import torch
 
-from rolloutrun_runtime.contract.pod import RAY_GENERATION_RESOURCE
+from rolloutrun_runtime.contract.pod import RAY_GENERATION_RESOURCE, generation_slots
 from rolloutrun_runtime.contract.run_config import Device, RunConfig
 from rolloutrun_runtime.policy.http import data_plane_token
 from rolloutrun_runtime.workers import WorkerError
@@ -84,18 +87,25 @@ class GenerationActor:
         bind_host: str | None,
         port: int = 0,
         token: str | None = None,
+        port_span: int = 1,
     ) -> dict[str, Any]:
-        """Serve on ``bind_host`` (None: this node's address); returns where, on which
-        node, with which custom resources assigned."""
+        """Serve on ``bind_host`` (None: this node's address), on the first free port of
+        :func:`candidate_ports`; returns where, on which node, with which custom resources
+        assigned."""
         from rolloutrun_runtime.policy.generation import build_generation_app
         from rolloutrun_runtime.policy.http import serve_app
         from rolloutrun_runtime.workers.inprocess import make_engine
 
         self.engine = make_engine(self.cfg, state_dict, version, self.worker_index)
         host = bind_host or ray.util.get_node_ip_address()
-        self.runner, url = await serve_app(
-            build_generation_app(self.engine, token=token), host, port
-        )
+        for candidate in candidate_ports(port, port_span):
+            try:
+                app = build_generation_app(self.engine, token=token)
+                self.runner, url = await serve_app(app, host, candidate)
+                break
+            except OSError:
+                if candidate == 0:
+                    raise
         context = ray.get_runtime_context()
         return {
             "url": url,
@@ -118,6 +128,13 @@ class GenerationActor:
             self.runner = None
 
 
+def candidate_ports(port: int, span: int) -> list[int]:
+    """Where an actor tries to serve, in order: the ``span`` ports from ``port`` (a worker
+    node's generation ports, the range its NetworkPolicy admits the Gyms to), then any
+    free port (0: a port of the range still held by a dead actor's process)."""
+    return [*range(port, port + span), 0] if port else [0]
+
+
 def actor_gpus(device: Device, cluster_gpus: float, workers: int) -> float:
     """GPUs each generation actor asks Ray for.
 
@@ -129,6 +146,11 @@ def actor_gpus(device: Device, cluster_gpus: float, workers: int) -> float:
     if device is Device.CUDA and cluster_gpus < 1:
         raise WorkerError("policy.device is 'cuda' but the Ray cluster has no GPUs")
     return min(1.0, cluster_gpus / workers)
+
+
+def node_ports(cfg: RunConfig) -> int:
+    """Generation ports of a worker node: one per generation slot it offers."""
+    return generation_slots(cfg.workers.generation_workers, cfg.workers.worker_nodes)
 
 
 def generation_gpus(nodes: Iterable[Mapping[str, Any]], expected: int) -> float | None:
@@ -188,7 +210,7 @@ class RayWorkers:
         #: Per actor, where it serves and on which node (what ``start`` returned); None
         #: while the actor of that index is lost and its replacement not admitted.
         self.placements: list[dict[str, Any] | None] = []
-        self._launch: tuple[Any, dict[str, Any], str | None, str] | None = None
+        self._launch: tuple[Any, dict[str, Any], str | None, str, int] | None = None
         #: Replacement actors by index, with their starting server.
         self.pending: dict[int, tuple[Any, asyncio.Task[dict[str, Any]]]] = {}
         self.replacements: dict[int, int] = {}
@@ -213,6 +235,9 @@ class RayWorkers:
         # address; beside the trainer, where the trainer pod is reachable ($POD_IP).
         remote = bool(resources) or bool(self.cfg.workers.ray_address)
         bind_host = None if remote else self.host
+        # On worker nodes: the generation ports from the pod's (one per slot), as their
+        # NetworkPolicy admits the Gyms there; a joined cluster's nodes: any free port.
+        span = node_ports(self.cfg) if resources else 0
         cfg_data = self.cfg.model_dump(mode="json")
         weights = ray.put(_cpu_state(state_dict))
         workers = self.cfg.workers.generation_workers
@@ -225,7 +250,7 @@ class RayWorkers:
         actor = GenerationActor.options(  # type: ignore[attr-defined]
             num_gpus=gpus, resources=resources
         )
-        self._launch = (actor, cfg_data, bind_host, token)
+        self._launch = (actor, cfg_data, bind_host, token, span)
         self._actors = [
             actor.remote(cfg_data, index, GENERATION_THREADS) for index in range(workers)
         ]
@@ -238,8 +263,9 @@ class RayWorkers:
                                 weights,
                                 version,
                                 bind_host,
-                                self.port if i == 0 and not remote else 0,
+                                self.port if (i == 0 and not remote) or span else 0,
                                 token,
+                                max(span, 1),
                             )
                             for i, a in enumerate(self._actors)
                         ]
@@ -335,9 +361,10 @@ class RayWorkers:
         self.replacements[index] = count
         logger.warning("generation worker %d lost (%s): replacing it (%d)", index, error, count)
         assert self._launch is not None
-        actor_class, cfg_data, bind_host, token = self._launch
+        actor_class, cfg_data, bind_host, token, span = self._launch
         actor = actor_class.remote(cfg_data, index, GENERATION_THREADS)
-        ref = actor.start.remote(weights, version, bind_host, 0, token)
+        port = self.port if span else 0
+        ref = actor.start.remote(weights, version, bind_host, port, token, max(span, 1))
         self.pending[index] = (actor, asyncio.ensure_future(_awaited(ref)))
 
     async def _admit(self, weights: Any, version: int) -> None:

@@ -93,3 +93,12 @@ def test_the_actors_gpus_are_read_from_the_joined_worker_nodes_only() -> None:
     assert generation_gpus([head], 0) == 0.0
     argv = ray_worker_node_argv("10.1.2.3:6379", "10.1.2.9", 1, num_gpus=1)
     assert argv[-1] == "--num-gpus=1"
+
+
+def test_actors_on_worker_nodes_serve_on_the_nodes_generation_ports() -> None:
+    from rolloutrun_runtime.workers.ray_workers import candidate_ports, node_ports
+
+    cfg = RunConfig.model_validate({"workers": {"generationWorkers": 5, "workerNodes": 2}})
+    assert node_ports(cfg) == 3  # slots per node: the span the worker policy admits Gyms to
+    assert candidate_ports(8100, 3) == [8100, 8101, 8102, 0]  # then any free port
+    assert candidate_ports(0, 3) == [0]  # no generation port (outside a pod): any
