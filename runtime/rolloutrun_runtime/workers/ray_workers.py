@@ -300,7 +300,11 @@ class RayWorkers:
 
         async def watch() -> None:
             try:
-                await actor.watch.remote()
+                while True:
+                    try:
+                        await actor.watch.remote()
+                    except ray.exceptions.ActorUnavailableError:  # not known dead: ask again
+                        await asyncio.sleep(NODE_POLL_S)
             except ray.exceptions.RayActorError as error:
                 if self._current is None or self._actors[index] is not actor:
                     return  # stopped, or already found lost by a refit
