@@ -23,10 +23,11 @@ the rollout pump's :class:`~rolloutrun_runtime.workers.endpoints.PolicyEndpoints
 ``endpoints`` on every pick and gives no more episodes there. A replacement actor is created
 under the same index at once (Ray places it when a node offering the generation resource
 joins: the operator's replacement worker pod) and re-admitted at the first refit after its
-server started, on the weights of that refit. Replacements of one index are bounded
-(:data:`MAX_ACTOR_REPLACEMENTS`), and a refit that finds no actor left waits (bounded) for
-a replacement: past either, a :class:`WorkerError` names the loss (a watch that runs past
-the bound hands its error to the next refit).
+server started, on the weights of that refit (while no actor serves, at once on the last
+refit's weights: without generation no step, so no refit, would come). Replacements of
+one index are bounded (:data:`MAX_ACTOR_REPLACEMENTS`), and a refit that finds no actor
+left waits (bounded) for a replacement: past either, a :class:`WorkerError` names the loss
+(a watch that runs past the bound hands its error to the next refit).
 
 With worker nodes the GPUs each actor asks for are read once the expected worker nodes
 (``workers.workerNodes``) have joined, from the nodes that offer the generation resource
@@ -220,6 +221,9 @@ class RayWorkers:
         self._watches: dict[int, asyncio.Task[None]] = {}
         #: A loss past the bound found by a watch, raised by the next refit.
         self._failure: WorkerError | None = None
+        #: Held by a refit and by an admission between refits: never both at once.
+        self._lock = asyncio.Lock()
+        self._admitting: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         if self._initial is None:
@@ -312,10 +316,35 @@ class RayWorkers:
                     self._lose(index, error, *self._current)
                 except WorkerError as failure:
                     self._failure = failure
+                self._admit_if_idle()
 
         self._watches[index] = asyncio.ensure_future(watch())
 
+    def _admit_if_idle(self) -> None:
+        """While no endpoint serves (every actor lost between refits), admit the
+        replacements whose servers started at once, on the last refit's weights: no step
+        can be trained without generation, so no refit would come to admit them."""
+        started = any(task.done() for _, task in self.pending.values())
+        if self.endpoints or self._current is None or not started:
+            return
+        admission = asyncio.ensure_future(self._admit_idle())
+        self._admitting.add(admission)
+        admission.add_done_callback(self._admitting.discard)
+
+    async def _admit_idle(self) -> None:
+        async with self._lock:  # after a refit in flight: its weights are the current ones
+            if self.endpoints or self._current is None:
+                return
+            try:
+                await self._admit(*self._current)
+            except WorkerError as failure:
+                self._failure = failure
+
     async def refit(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        async with self._lock:
+            await self._refit(state_dict, version)
+
+    async def _refit(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if not self._actors:
             raise WorkerError("refit before the workers were started")
         if self._failure is not None:
@@ -369,7 +398,9 @@ class RayWorkers:
         actor = actor_class.remote(cfg_data, index, GENERATION_THREADS)
         port = self.port if span else 0
         ref = actor.start.remote(weights, version, bind_host, port, token, max(span, 1))
-        self.pending[index] = (actor, asyncio.ensure_future(_awaited(ref)))
+        starting = asyncio.ensure_future(_awaited(ref))
+        starting.add_done_callback(lambda _: self._admit_if_idle())
+        self.pending[index] = (actor, starting)
 
     async def _admit(self, weights: Any, version: int) -> None:
         """Replacements whose server started: brought to ``version``, then served."""
@@ -396,7 +427,8 @@ class RayWorkers:
 
     async def stop(self) -> None:
         self._current = None
-        watches, self._watches = list(self._watches.values()), {}
+        watches = [*self._watches.values(), *self._admitting]
+        self._watches, self._admitting = {}, set()
         for watch in watches:
             watch.cancel()
         await asyncio.gather(*watches, return_exceptions=True)

@@ -110,3 +110,41 @@ async def test_a_dead_actor_leaves_the_handed_out_endpoints_at_once(ray_session:
     finally:
         await policies.close()
         await workers.stop()
+
+
+@pytest.mark.ray
+async def test_when_every_actor_dies_between_refits_a_replacement_serves_without_one(
+    ray_session: None,
+):
+    """No actor serves, so no step (and no refit) can come: the first replacement whose
+    server starts is admitted at once, on the last refit's weights (before: the pump waited
+    for an endpoint until rollout.gymUnreachableSeconds and the trainer stopped); the other
+    joins at the next refit, as while some actor serves."""
+    from rolloutrun_runtime.workers.endpoints import PolicyEndpoints
+    from rolloutrun_runtime.workers.ray_workers import RayWorkers
+
+    workers = RayWorkers(CFG, _weights(0), 1)
+    await workers.start()
+    policies = PolicyEndpoints(workers, budget_s=READMIT_LIMIT_S * 4)
+    try:
+        await workers.refit(_weights(1), 2)
+        await _lose(workers, 0)
+        await _lose(workers, 1)
+        async with asyncio.timeout(READMIT_LIMIT_S * 4):  # only catches a hang
+            while workers.replacements != {0: 1, 1: 1}:  # both deaths reported by Ray
+                await asyncio.sleep(0.05)
+            picked = await policies.pick()  # waits while none serves: no refit comes
+        assert picked in workers.endpoints
+        async with (
+            aiohttp.ClientSession(headers=HEADERS) as http,
+            http.get(picked + "/v1/weight_version") as response,
+        ):
+            assert (await response.json())["version"] == 2  # the last refit's weights
+        for _, starting in list(workers.pending.values()):
+            await asyncio.wait_for(starting, 120)
+        await workers.refit(_weights(2), 3)
+        assert workers.pending == {} and len(workers.endpoints) == 2
+        assert workers.replacements == {0: 1, 1: 1}
+    finally:
+        await policies.close()
+        await workers.stop()
