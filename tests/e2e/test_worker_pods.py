@@ -97,8 +97,10 @@ def test_worker_pods_deleted_repeatedly_are_replaced_within_one_incarnation(
     assert (summary["preemptions"], summary["restarts"]) == (0, 0)
     replaced = summary["member_replacements"]
     print(f"worker replacements (loss to Ready, s): {replaced.get('worker')}")
-    assert replaced["worker"]["count"] == DELETIONS == len(deleted), replaced
-    assert len(replaced["worker"]["recent_s"]) == DELETIONS
+    # Each deletion is counted; on an overloaded machine a worker pod's own Ray start may
+    # also time out: that pod fails, and is replaced (and counted) the same way.
+    assert replaced["worker"]["count"] >= DELETIONS == len(deleted), replaced
+    assert len(replaced["worker"]["recent_s"]) == replaced["worker"]["count"]
     assert "gym" not in replaced or replaced["gym"]["count"] == 0, replaced
     assert summary["audit"].get("ok") is True, summary["audit"]
     assert summary["audit_holds"]
