@@ -369,10 +369,15 @@ class RayWorkers:
                 raise WorkerError(f"refit to version {version} failed: {result}") from result
         if self._failure is not None:  # a watch found a loss past the bound meanwhile
             raise self._failure
-        if not self.endpoints and self.pending:  # every actor lost: wait for one
-            tasks = [task for _, task in self.pending.values()]
-            await asyncio.wait(tasks, timeout=NODE_JOIN_TIMEOUT_S, return_when="FIRST_COMPLETED")
+        deadline = time.monotonic() + NODE_JOIN_TIMEOUT_S
         await self._admit(weights, version)
+        # Every actor lost: wait for a replacement; one that failed to start (its node lost
+        # too) was replaced again by _admit (bounded), so wait on, up to the deadline.
+        while not self.endpoints and self.pending and time.monotonic() < deadline:
+            tasks = [task for _, task in self.pending.values()]
+            left = deadline - time.monotonic()
+            await asyncio.wait(tasks, timeout=left, return_when="FIRST_COMPLETED")
+            await self._admit(weights, version)
         if not self.endpoints:
             raise WorkerError(
                 f"no generation worker left at version {version}: every actor was lost and "

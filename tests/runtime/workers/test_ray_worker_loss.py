@@ -148,3 +148,26 @@ async def test_when_every_actor_dies_between_refits_a_replacement_serves_without
     finally:
         await policies.close()
         await workers.stop()
+
+
+@pytest.mark.ray
+async def test_a_refit_waits_on_when_a_replacement_is_lost_before_it_serves(ray_session: None):
+    """Every actor lost, and their replacements lost before they started (their node lost
+    too): the refit replaces them again and waits for those (bounded), where it stopped
+    the run at the first failed start (seen in the worker-pod e2e on a loaded machine)."""
+    from rolloutrun_runtime.workers.ray_workers import RayWorkers
+
+    workers = RayWorkers(CFG, _weights(0), 1)
+    await workers.start()
+    try:
+        await _lose(workers, 0)
+        await _lose(workers, 1)
+        async with asyncio.timeout(READMIT_LIMIT_S):  # only catches a hang
+            while workers.replacements != {0: 1, 1: 1}:  # both deaths reported by Ray
+                await asyncio.sleep(0.05)
+        for replacement, _ in list(workers.pending.values()):
+            ray.kill(replacement, no_restart=True)
+        await workers.refit(_weights(1), 2)
+        assert workers.endpoints and workers.replacements == {0: 2, 1: 2}
+    finally:
+        await workers.stop()
