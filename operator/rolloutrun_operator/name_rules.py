@@ -129,6 +129,11 @@ def derived_names(run: str, replicas: int) -> list[tuple[str, str, Check]]:
             naming.generation_network_policy_name(run),
             dns1123_subdomain_problem,
         ),
+        (
+            "worker NetworkPolicy name",
+            naming.worker_network_policy_name(run),
+            dns1123_subdomain_problem,
+        ),
     ]
 
 

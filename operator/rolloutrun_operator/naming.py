@@ -162,6 +162,10 @@ def generation_network_policy_name(run: str) -> str:
     return f"{run}-generation-ingress"
 
 
+def worker_network_policy_name(run: str) -> str:
+    return f"{run}-worker-ingress"
+
+
 def run_selector(run: str) -> str:
     """Label selector of every child of a run."""
     return f"{LABEL_RUN}={run}"

@@ -1,9 +1,12 @@
-"""Pure builders of a run's two NetworkPolicies (split from builders.py: one concern, one module).
+"""Pure builders of a run's NetworkPolicies (split from builders.py: one concern, one module).
 
 Network: two NetworkPolicies per run admit, on the Gym port, only the run's trainer and, on
 the generation port, only its Gyms and trainer (plus ``spec.network.metricsFrom``); only the
-metrics peers reach the trainer's ``/metrics`` port. They select by the run's labels; the
-bearer token each server checks is what authenticates.
+metrics peers reach the trainer's ``/metrics`` port. With worker pods (``spec.workers``) a
+third admits to them only the run's trainer (the Ray head) and its other worker pods, on
+every port (Ray's node-to-node traffic: raylet, object manager and worker ports, several
+dynamic), and its Gyms on the worker nodes' generation ports only. They select by the run's
+labels; the bearer token each server checks (and Ray's token) is what authenticates.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from rolloutrun_operator import naming
 from rolloutrun_operator.api.v1alpha1 import RolloutRun
 from rolloutrun_operator.builders import Manifest, metadata, run_name
-from rolloutrun_runtime.contract.pod import TRAINER_METRICS_PORT
+from rolloutrun_runtime.contract.pod import TRAINER_METRICS_PORT, generation_slots
 
 
 def _member_pods(run: RolloutRun, *roles: str) -> Manifest:
@@ -80,3 +83,27 @@ def generation_network_policy(run: RolloutRun) -> Manifest:
             {"from": peers, "ports": [{"protocol": "TCP", "port": TRAINER_METRICS_PORT}]}
         )
     return policy
+
+
+def worker_network_policy(run: RolloutRun) -> Manifest:
+    """Only the run's trainer and worker pods reach a worker pod (every port: Ray's
+    node-to-node traffic), and its Gyms only the generation ports there: the pod's
+    generation port and the next, one per generation slot the node offers (where the
+    generation actors serve)."""
+    port = run.spec.trainer.generation_port
+    slots = generation_slots(run.spec.run.workers.generation_workers, run.spec.workers.replicas)
+    ports: Manifest = {"protocol": "TCP", "port": port}
+    if slots > 1:
+        ports["endPort"] = port + slots - 1
+    ray_peers = {"podSelector": _member_pods(run, naming.Role.TRAINER, naming.Role.WORKER)}
+    gyms = {"podSelector": _member_pods(run, naming.Role.GYM)}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(run, naming.worker_network_policy_name(run_name(run))),
+        "spec": {
+            "podSelector": _member_pods(run, naming.Role.WORKER),
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [ray_peers]}, {"from": [gyms], "ports": [ports]}],
+        },
+    }

@@ -253,6 +253,8 @@ def static_children(
         network_policies.gym_network_policy(run),
         network_policies.generation_network_policy(run),
     ]
+    if run.spec.workers.replicas:
+        wanted.append(network_policies.worker_network_policy(run))
     wanted[:0] = [builders.member_role(run), builders.member_role_binding(run)]
     if run.spec.service_account_name is None:
         wanted[:0] = [builders.member_service_account(run)]

@@ -90,3 +90,65 @@ def test_the_run_creates_its_policies_and_the_operator_may() -> None:
 def test_a_bad_metrics_selector_is_refused_by_name(selector: dict[str, Any], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         make_run(network={"metricsFrom": [{"podSelector": selector}]})
+
+
+def _worker_run(name: str, generation_workers: int) -> Any:
+    run = make_run(
+        workers={"replicas": 2},
+        trainer={"generationPort": 8456},
+        run={"workers": {"backend": "ray", "generationWorkers": generation_workers}},
+    )
+    return run.model_copy(update={"metadata": {**run.metadata, "name": name}})
+
+
+def _pods(run: Any) -> dict[str, Any]:
+    from rolloutrun_operator.worker_pods import worker_pod
+
+    return {
+        "trainer": builders.trainer_pod(run, 1),
+        "gym": builders.gym_pod(run, 1, 0),
+        "worker": worker_pod(run, 1, 0, 0, "10.0.0.2"),
+        "worker-1": worker_pod(run, 1, 1, 0, "10.0.0.2"),
+    }
+
+
+@pytest.mark.parametrize("generation_workers", [2, 6])
+def test_only_the_runs_trainer_and_workers_reach_a_worker_pod_and_its_gyms_only_generation(
+    generation_workers: int,
+) -> None:
+    """Decided by Kubernetes' rules (tests/support/network_policy.py: the local cluster does
+    not enforce policies) over the pods the operator builds for two runs in one namespace:
+    before, no policy selected a worker pod, so every pod reached every port of it."""
+    from tests.support.network_policy import admits
+
+    run, other = _worker_run("demo", generation_workers), _worker_run("other", 2)
+    policy = network_policies.worker_network_policy(run)
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    assert policy["metadata"]["name"] == "demo-worker-ingress"
+    assert policy["metadata"]["ownerReferences"] == [builders.owner_reference(run)]
+    policies = [
+        child
+        for r in (run, other)
+        for child in reconcile.static_children(r, token="t")
+        if child["kind"] == "NetworkPolicy"
+    ]
+    ours, theirs = _pods(run), _pods(other)
+    worker = ours["worker"]
+    slots = generation_workers // 2  # generation ports on each worker node: one per slot
+    ray_ports = (6379, 8456, 10002, 45123)  # the GCS, a generation port, Ray's dynamic ones
+    for port in ray_ports:
+        assert admits(policies, ours["trainer"], worker, port)  # the Ray head
+        assert admits(policies, ours["worker-1"], worker, port)  # node to node
+        assert admits(policies, ours["trainer"], theirs["worker"], port) is False
+        for pod in theirs.values():  # no pod of another run reaches our worker
+            assert admits(policies, pod, worker, port) is False
+    generation = range(8456, 8456 + slots)
+    assert all(admits(policies, ours["gym"], worker, port) for port in generation)
+    for port in (6379, 8456 + slots, 8455, 45123):  # the Gyms reach no Ray port
+        assert admits(policies, ours["gym"], worker, port) is False
+
+
+def test_a_run_with_worker_pods_creates_their_policy() -> None:
+    refs = reconcile.static_child_refs(_worker_run("demo", 2))
+    assert ("NetworkPolicy", naming.worker_network_policy_name("demo")) in refs
+    assert ("NetworkPolicy", "demo-worker-ingress") not in reconcile.static_child_refs(make_run())

@@ -7,7 +7,10 @@ pod address), 127.0.0.3 and 127.0.0.4 (the worker pods') are three addresses of 
 machine. :func:`run_in_namespace` runs this module's ``main`` there: worker nodes started by
 the runtime's own entry point (:mod:`rolloutrun_runtime.workers.ray_node`), a Gym, and a
 short ``run_trainer`` whose generation actors must land on the worker nodes; it prints one
-JSON line with where they served and what the run trained.
+JSON line with where they served and what the run trained. Each worker node offers one GPU
+(``--num-gpus=1``: Ray counts it, nothing computes on it) and the second joins only after
+the trainer's driver has connected, as a worker pod that pulls its image late: the GPUs
+each actor asks for must be read from the joined worker nodes, not from the head alone.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +89,13 @@ async def _train(tmp: Path) -> dict[str, Any]:
             "name": "ray-nodes",
             "seed": 5,
             "logDir": str(tmp / "run"),
-            "policy": {"dModel": 32, "nLayers": 1, "nHeads": 2, "maxSeqLen": 32},
+            "policy": {
+                "dModel": 32,
+                "nLayers": 1,
+                "nHeads": 2,
+                "maxSeqLen": 32,
+                "device": "auto",  # an actor asks for the worker nodes' GPUs
+            },
             "task": {"name": "arithmetic", "datasetSize": 64, "maxNewTokens": 4},
             "grpo": {"groupSize": 4, "promptsPerStep": 2, "maxSteps": 2, "maxStaleness": 1},
             "checkpointing": {"savePeriod": 2},
@@ -112,8 +122,9 @@ def main(tmp: Path) -> None:
     handler = _Placements()
     logging.getLogger("rolloutrun_runtime.workers.ray_workers").addHandler(handler)
     logging.getLogger("rolloutrun_runtime.workers.ray_workers").setLevel(logging.INFO)
-    nodes = [
-        subprocess.Popen(
+
+    def start_node(ip: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -122,16 +133,32 @@ def main(tmp: Path) -> None:
                 f"--node-ip={ip}",
                 "--slots=1",
                 "--num-cpus=1",
+                "--num-gpus=1",
             ],
             stdout=(tmp / f"node-{ip}.log").open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        for ip in WORKER_IPS
-    ]
+
+    first, late = WORKER_IPS
+    nodes = [start_node(first)]
+    stop = threading.Event()
+
+    def join_late() -> None:  # once the trainer's driver is connected to its head
+        import ray
+
+        while not ray.is_initialized():
+            if stop.wait(0.1):
+                return
+        nodes.append(start_node(late))
+
+    joiner = threading.Thread(target=join_late, daemon=True)
+    joiner.start()
     try:
         trained = asyncio.run(_train(tmp))
     finally:
+        stop.set()
+        joiner.join()
         for node in nodes:  # the head is gone: a graceful stop would wait on it
             try:
                 os.killpg(node.pid, signal.SIGKILL)

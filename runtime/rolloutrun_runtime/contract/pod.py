@@ -172,7 +172,11 @@ def ray_auth_token(run_token: str) -> str:
 
 
 def ray_worker_node_argv(
-    head_address: str, node_ip: str, slots: int, num_cpus: int | None = None
+    head_address: str,
+    node_ip: str,
+    slots: int,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
 ) -> list[str]:
     """``ray start`` arguments (after ``ray``) of a worker node joining ``head_address``
     (``host:port``) as ``node_ip``, offering ``slots`` generation slots; blocks until the
@@ -188,6 +192,8 @@ def ray_worker_node_argv(
     ]
     if num_cpus is not None:
         argv.append(f"--num-cpus={num_cpus}")
+    if num_gpus is not None:  # default: the GPUs Ray detects on the node
+        argv.append(f"--num-gpus={num_gpus}")
     return argv
 
 

@@ -8,7 +8,7 @@ the GCS to answer, then runs ``ray start ... --block`` (arguments spelled once i
 start, at most :data:`START_ATTEMPTS` times. A node that started and then ended (its head
 gone) ends the process: the operator replaces the pod.
 
-    python -m rolloutrun_runtime.workers.ray_node --address HOST:PORT --slots N
+    python -m rolloutrun_runtime.workers.ray_node --address HOST:PORT --slots N [--num-gpus G]
 """
 
 from __future__ import annotations
@@ -41,9 +41,11 @@ START_ATTEMPTS = 5
 STARTED_AFTER_S = 60.0
 
 
-def worker_argv(address: str, node_ip: str, slots: int, num_cpus: int | None) -> list[str]:
+def worker_argv(
+    address: str, node_ip: str, slots: int, num_cpus: int | None, num_gpus: int | None = None
+) -> list[str]:
     parsed = parse_address(address)
-    return ray_command(*ray_worker_node_argv(parsed.gcs, node_ip, slots, num_cpus))
+    return ray_command(*ray_worker_node_argv(parsed.gcs, node_ip, slots, num_cpus, num_gpus))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=1, help="generation slots offered")
     parser.add_argument("--node-ip", default=os.environ.get(ENV_POD_IP) or None)
     parser.add_argument("--num-cpus", type=int, default=None)
+    parser.add_argument("--num-gpus", type=int, default=None, help="default: as detected")
     parser.add_argument("--wait-s", type=float, default=NODE_START_TIMEOUT_S)
     args = parser.parse_args(argv)
     if not args.node_ip:
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except RayClusterError as error:
         print(f"ray_node: {error}", file=sys.stderr)
         return 1
-    command = worker_argv(args.address, args.node_ip, args.slots, args.num_cpus)
+    command = worker_argv(args.address, args.node_ip, args.slots, args.num_cpus, args.num_gpus)
     return run_node(command, parsed.host, parsed.port, args.wait_s, auth_token)
 
 

@@ -10,26 +10,43 @@ Where the driver's Ray comes from (a private Ray on 127.0.0.1, a head on the pod
 for worker pods, a node joining a GCS address, Ray Client) is :mod:`.ray_cluster`'s; a Ray
 already initialised by the caller is reused and left running. Actors placed on other nodes
 (worker pods, a joined cluster) serve on their node's address; actors beside the trainer
-serve where the trainer is reachable (``$POD_IP``).
+serve where the trainer is reachable (``$POD_IP``). On worker nodes each actor serves on
+one of the node's generation ports (the pod's generation port and the next, one per
+generation slot: the span the worker pods' NetworkPolicy admits the run's Gyms to), any
+free port only when a dead actor's process still holds them.
 
-A lost actor (its worker node gone: ``RayActorError`` on a refit) does not stop the run: its
-endpoint leaves ``endpoints`` at once (the rollout pump sends no more episodes there), a
-replacement actor is created under the same index (Ray places it when a node offering the
-generation resource joins: the operator's replacement worker pod) and re-admitted at the
-first refit after its server started, on the weights of that refit. Replacements of one
-index are bounded (:data:`MAX_ACTOR_REPLACEMENTS`), and a refit that finds no actor left
-waits (bounded) for a replacement: past either, a :class:`WorkerError` names the loss.
+A lost actor (its worker node gone) does not stop the run. Each admitted actor carries a
+watch (a call of :meth:`GenerationActor.watch` that returns only when the actor dies), so
+Ray's report of the death (the watch fails with ``RayActorError``; a refit finding it dead
+is the fallback) takes its endpoint out of ``endpoints`` at once, not at the next refit:
+the rollout pump's :class:`~rolloutrun_runtime.workers.endpoints.PolicyEndpoints` reads
+``endpoints`` on every pick and gives no more episodes there. A replacement actor is created
+under the same index at once (Ray places it when a node offering the generation resource
+joins: the operator's replacement worker pod) and re-admitted at the first refit after its
+server started, on the weights of that refit (while no actor serves, at once on the last
+refit's weights: without generation no step, so no refit, would come). Replacements of
+one index are bounded (:data:`MAX_ACTOR_REPLACEMENTS`), and a refit that finds no actor
+left waits (bounded) for a replacement: past either, a :class:`WorkerError` names the loss
+(a watch that runs past the bound hands its error to the next refit).
+
+With worker nodes the GPUs each actor asks for are read once the expected worker nodes
+(``workers.workerNodes``) have joined, from the nodes that offer the generation resource
+(:func:`generation_gpus`): read at once, the cluster is the head alone (0 GPUs, or the
+head's), and the actors would ask for the wrong share.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import ray
 import torch
 
+from rolloutrun_runtime.contract.pod import RAY_GENERATION_RESOURCE, generation_slots
 from rolloutrun_runtime.contract.run_config import Device, RunConfig
 from rolloutrun_runtime.policy.http import data_plane_token
 from rolloutrun_runtime.workers import WorkerError
@@ -49,6 +66,8 @@ NODE_JOIN_TIMEOUT_S = 600.0
 MAX_ACTOR_REPLACEMENTS = 8
 #: Seconds an actor gets to close its server on stop (a lost node's actor never answers).
 ACTOR_STOP_TIMEOUT_S = 5.0
+#: How often the cluster's nodes are read while the worker nodes join.
+NODE_POLL_S = 0.5
 
 
 @ray.remote(num_cpus=0)
@@ -69,18 +88,25 @@ class GenerationActor:
         bind_host: str | None,
         port: int = 0,
         token: str | None = None,
+        port_span: int = 1,
     ) -> dict[str, Any]:
-        """Serve on ``bind_host`` (None: this node's address); returns where, on which
-        node, with which custom resources assigned."""
+        """Serve on ``bind_host`` (None: this node's address), on the first free port of
+        :func:`candidate_ports`; returns where, on which node, with which custom resources
+        assigned."""
         from rolloutrun_runtime.policy.generation import build_generation_app
         from rolloutrun_runtime.policy.http import serve_app
         from rolloutrun_runtime.workers.inprocess import make_engine
 
         self.engine = make_engine(self.cfg, state_dict, version, self.worker_index)
         host = bind_host or ray.util.get_node_ip_address()
-        self.runner, url = await serve_app(
-            build_generation_app(self.engine, token=token), host, port
-        )
+        for candidate in candidate_ports(port, port_span):
+            try:
+                app = build_generation_app(self.engine, token=token)
+                self.runner, url = await serve_app(app, host, candidate)
+                break
+            except OSError:
+                if candidate == 0:
+                    raise
         context = ray.get_runtime_context()
         return {
             "url": url,
@@ -93,10 +119,21 @@ class GenerationActor:
         await self.engine.refit(state_dict, version)
         return int(self.engine.version)
 
+    async def watch(self) -> None:
+        """Never returns: the caller's reference fails when this actor dies."""
+        await asyncio.Event().wait()
+
     async def stop(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+
+
+def candidate_ports(port: int, span: int) -> list[int]:
+    """Where an actor tries to serve, in order: the ``span`` ports from ``port`` (a worker
+    node's generation ports, the range its NetworkPolicy admits the Gyms to), then any
+    free port (0: a port of the range still held by a dead actor's process)."""
+    return [*range(port, port + span), 0] if port else [0]
 
 
 def actor_gpus(device: Device, cluster_gpus: float, workers: int) -> float:
@@ -110,6 +147,37 @@ def actor_gpus(device: Device, cluster_gpus: float, workers: int) -> float:
     if device is Device.CUDA and cluster_gpus < 1:
         raise WorkerError("policy.device is 'cuda' but the Ray cluster has no GPUs")
     return min(1.0, cluster_gpus / workers)
+
+
+def node_ports(cfg: RunConfig) -> int:
+    """Generation ports of a worker node: one per generation slot it offers."""
+    return generation_slots(cfg.workers.generation_workers, cfg.workers.worker_nodes)
+
+
+def generation_gpus(nodes: Iterable[Mapping[str, Any]], expected: int) -> float | None:
+    """GPUs of the live nodes offering the generation resource (``ray.nodes()`` entries),
+    or None while fewer than ``expected`` such nodes have joined."""
+    offering = [
+        node
+        for node in nodes
+        if node.get("Alive") and (node.get("Resources") or {}).get(RAY_GENERATION_RESOURCE)
+    ]
+    if len(offering) < expected:
+        return None
+    return float(sum((node.get("Resources") or {}).get("GPU", 0.0) for node in offering))
+
+
+def joined_generation_gpus(expected: int, timeout_s: float) -> float:
+    """:func:`generation_gpus` once ``expected`` worker nodes have joined (blocking)."""
+    deadline = time.monotonic() + timeout_s
+    while (gpus := generation_gpus(ray.nodes(), expected)) is None:
+        if time.monotonic() > deadline:
+            raise WorkerError(
+                f"fewer than {expected} Ray worker node(s) offering {RAY_GENERATION_RESOURCE} "
+                f"joined within {timeout_s:.0f} s (workers.workerNodes)"
+            )
+        time.sleep(NODE_POLL_S)
+    return gpus
 
 
 async def _awaited(ref: Any) -> dict[str, Any]:
@@ -143,10 +211,19 @@ class RayWorkers:
         #: Per actor, where it serves and on which node (what ``start`` returned); None
         #: while the actor of that index is lost and its replacement not admitted.
         self.placements: list[dict[str, Any] | None] = []
-        self._launch: tuple[Any, dict[str, Any], str | None, str] | None = None
+        self._launch: tuple[Any, dict[str, Any], str | None, str, int] | None = None
         #: Replacement actors by index, with their starting server.
         self.pending: dict[int, tuple[Any, asyncio.Task[dict[str, Any]]]] = {}
         self.replacements: dict[int, int] = {}
+        #: The weights (an object-store reference) and version of the last start or refit:
+        #: what a replacement created between refits starts on.
+        self._current: tuple[Any, int] | None = None
+        self._watches: dict[int, asyncio.Task[None]] = {}
+        #: A loss past the bound found by a watch, raised by the next refit.
+        self._failure: WorkerError | None = None
+        #: Held by a refit and by an admission between refits: never both at once.
+        self._lock = asyncio.Lock()
+        self._admitting: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         if self._initial is None:
@@ -162,14 +239,22 @@ class RayWorkers:
         # address; beside the trainer, where the trainer pod is reachable ($POD_IP).
         remote = bool(resources) or bool(self.cfg.workers.ray_address)
         bind_host = None if remote else self.host
+        # On worker nodes: the generation ports from the pod's (one per slot), as their
+        # NetworkPolicy admits the Gyms there; a joined cluster's nodes: any free port.
+        span = node_ports(self.cfg) if resources else 0
         cfg_data = self.cfg.model_dump(mode="json")
         weights = ray.put(_cpu_state(state_dict))
         workers = self.cfg.workers.generation_workers
-        gpus = actor_gpus(self.cfg.policy.device, ray.cluster_resources().get("GPU", 0), workers)
+        self._current = (weights, version)
+        try:
+            gpus = actor_gpus(self.cfg.policy.device, await self._cluster_gpus(), workers)
+        except WorkerError:
+            await self.stop()
+            raise
         actor = GenerationActor.options(  # type: ignore[attr-defined]
             num_gpus=gpus, resources=resources
         )
-        self._launch = (actor, cfg_data, bind_host, token)
+        self._launch = (actor, cfg_data, bind_host, token, span)
         self._actors = [
             actor.remote(cfg_data, index, GENERATION_THREADS) for index in range(workers)
         ]
@@ -182,8 +267,9 @@ class RayWorkers:
                                 weights,
                                 version,
                                 bind_host,
-                                self.port if i == 0 and not remote else 0,
+                                self.port if (i == 0 and not remote) or span else 0,
                                 token,
+                                max(span, 1),
                             )
                             for i, a in enumerate(self._actors)
                         ]
@@ -195,19 +281,76 @@ class RayWorkers:
         except (ray.exceptions.RayError, TimeoutError) as error:
             await self.stop()
             raise WorkerError(f"generation actors failed to start: {error}") from error
+        for index, started in enumerate(self._actors):
+            self._watch(index, started)
         logger.info(
             "Ray generation workers at %s placed %s",
             self.endpoints,
             self.placements,
         )
 
+    async def _cluster_gpus(self) -> float:
+        """The GPUs the actors share: with worker nodes, theirs once they joined."""
+        expected = self.cfg.workers.worker_nodes
+        if expected:
+            return await asyncio.to_thread(joined_generation_gpus, expected, NODE_JOIN_TIMEOUT_S)
+        return float(ray.cluster_resources().get("GPU", 0))
+
     def _live_endpoints(self) -> None:
         self.endpoints = [p["url"] for p in self.placements if p is not None]
 
+    def _watch(self, index: int, actor: Any) -> None:
+        """Until ``actor`` (serving index ``index``) dies: then :meth:`_lose` it at once."""
+
+        async def watch() -> None:
+            try:
+                while True:
+                    try:
+                        await actor.watch.remote()
+                    except ray.exceptions.ActorUnavailableError:  # not known dead: ask again
+                        await asyncio.sleep(NODE_POLL_S)
+            except ray.exceptions.RayActorError as error:
+                if self._current is None or self._actors[index] is not actor:
+                    return  # stopped, or already found lost by a refit
+                try:
+                    self._lose(index, error, *self._current)
+                except WorkerError as failure:
+                    self._failure = failure
+                self._admit_if_idle()
+
+        self._watches[index] = asyncio.ensure_future(watch())
+
+    def _admit_if_idle(self) -> None:
+        """While no endpoint serves (every actor lost between refits), admit the
+        replacements whose servers started at once, on the last refit's weights: no step
+        can be trained without generation, so no refit would come to admit them."""
+        started = any(task.done() for _, task in self.pending.values())
+        if self.endpoints or self._current is None or not started:
+            return
+        admission = asyncio.ensure_future(self._admit_idle())
+        self._admitting.add(admission)
+        admission.add_done_callback(self._admitting.discard)
+
+    async def _admit_idle(self) -> None:
+        async with self._lock:  # after a refit in flight: its weights are the current ones
+            if self.endpoints or self._current is None:
+                return
+            try:
+                await self._admit(*self._current)
+            except WorkerError as failure:
+                self._failure = failure
+
     async def refit(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        async with self._lock:
+            await self._refit(state_dict, version)
+
+    async def _refit(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if not self._actors:
             raise WorkerError("refit before the workers were started")
+        if self._failure is not None:
+            raise self._failure
         weights = ray.put(_cpu_state(state_dict))
+        self._current = (weights, version)
         live = [(i, a) for i, a in enumerate(self._actors) if a is not None]
         try:
             results = await asyncio.wait_for(
@@ -218,15 +361,23 @@ class RayWorkers:
             )
         except TimeoutError as error:
             raise WorkerError(f"refit to version {version} timed out: {error}") from error
-        for (index, _), result in zip(live, results, strict=True):
+        for (index, actor), result in zip(live, results, strict=True):
             if isinstance(result, ray.exceptions.RayActorError):
-                self._lose(index, result, weights, version)
+                if self._actors[index] is actor:  # else its watch found it lost already
+                    self._lose(index, result, weights, version)
             elif isinstance(result, BaseException):
                 raise WorkerError(f"refit to version {version} failed: {result}") from result
-        if not self.endpoints and self.pending:  # every actor lost: wait for one
-            tasks = [task for _, task in self.pending.values()]
-            await asyncio.wait(tasks, timeout=NODE_JOIN_TIMEOUT_S, return_when="FIRST_COMPLETED")
+        if self._failure is not None:  # a watch found a loss past the bound meanwhile
+            raise self._failure
+        deadline = time.monotonic() + NODE_JOIN_TIMEOUT_S
         await self._admit(weights, version)
+        # Every actor lost: wait for a replacement; one that failed to start (its node lost
+        # too) was replaced again by _admit (bounded), so wait on, up to the deadline.
+        while not self.endpoints and self.pending and time.monotonic() < deadline:
+            tasks = [task for _, task in self.pending.values()]
+            left = deadline - time.monotonic()
+            await asyncio.wait(tasks, timeout=left, return_when="FIRST_COMPLETED")
+            await self._admit(weights, version)
         if not self.endpoints:
             raise WorkerError(
                 f"no generation worker left at version {version}: every actor was lost and "
@@ -236,6 +387,9 @@ class RayWorkers:
     def _lose(self, index: int, error: BaseException, weights: Any, version: int) -> None:
         """Actor ``index`` is gone (its node lost): out of ``endpoints`` now, a replacement
         created (bounded), to be admitted at a refit once its server runs."""
+        self._actors[index] = None
+        self.placements[index] = None
+        self._live_endpoints()
         count = self.replacements.get(index, 0) + 1
         if count > MAX_ACTOR_REPLACEMENTS:
             raise WorkerError(
@@ -244,14 +398,14 @@ class RayWorkers:
             ) from error
         self.replacements[index] = count
         logger.warning("generation worker %d lost (%s): replacing it (%d)", index, error, count)
-        self._actors[index] = None
-        self.placements[index] = None
-        self._live_endpoints()
         assert self._launch is not None
-        actor_class, cfg_data, bind_host, token = self._launch
+        actor_class, cfg_data, bind_host, token, span = self._launch
         actor = actor_class.remote(cfg_data, index, GENERATION_THREADS)
-        ref = actor.start.remote(weights, version, bind_host, 0, token)
-        self.pending[index] = (actor, asyncio.ensure_future(_awaited(ref)))
+        port = self.port if span else 0
+        ref = actor.start.remote(weights, version, bind_host, port, token, max(span, 1))
+        starting = asyncio.ensure_future(_awaited(ref))
+        starting.add_done_callback(lambda _: self._admit_if_idle())
+        self.pending[index] = (actor, starting)
 
     async def _admit(self, weights: Any, version: int) -> None:
         """Replacements whose server started: brought to ``version``, then served."""
@@ -273,9 +427,16 @@ class RayWorkers:
             self._actors[index] = actor
             self.placements[index] = task.result()
             self._live_endpoints()
+            self._watch(index, actor)
             logger.info("generation worker %d re-admitted at version %d", index, version)
 
     async def stop(self) -> None:
+        self._current = None
+        watches = [*self._watches.values(), *self._admitting]
+        self._watches, self._admitting = {}, set()
+        for watch in watches:
+            watch.cancel()
+        await asyncio.gather(*watches, return_exceptions=True)
         actors, self._actors = self._actors, []
         for replacement, task in self.pending.values():  # not serving: nothing to stop
             task.cancel()

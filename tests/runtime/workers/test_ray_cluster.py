@@ -74,3 +74,31 @@ def test_the_cluster_authenticates_with_a_token_derived_from_the_runs():
     assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"  # 0 refuses worker nodes
     chosen = node_env({"RAY_AUTH_MODE": "disabled"}, auth_token=derived)
     assert chosen["RAY_AUTH_MODE"] == "disabled" and "RAY_AUTH_TOKEN" not in chosen
+
+
+def test_the_actors_gpus_are_read_from_the_joined_worker_nodes_only() -> None:
+    from rolloutrun_runtime.workers.ray_workers import generation_gpus
+
+    def node(alive: bool = True, gpus: float = 0.0, slots: float = 0.0) -> dict[str, object]:
+        resources = {"CPU": 1.0, "GPU": gpus, RAY_GENERATION_RESOURCE: slots}
+        return {"Alive": alive, "Resources": {k: v for k, v in resources.items() if v}}
+
+    head = node(gpus=8)  # the trainer's own GPUs are not the actors'
+    one = node(gpus=1, slots=1)
+    assert generation_gpus([head], 2) is None  # the worker nodes have not joined yet
+    assert generation_gpus([head, one], 2) is None
+    assert generation_gpus([head, one, node(alive=False, gpus=1, slots=1)], 2) is None
+    assert generation_gpus([head, one, node(gpus=1, slots=1)], 2) == 2.0
+    assert generation_gpus([head, one, node(slots=1)], 2) == 1.0
+    assert generation_gpus([head], 0) == 0.0
+    argv = ray_worker_node_argv("10.1.2.3:6379", "10.1.2.9", 1, num_gpus=1)
+    assert argv[-1] == "--num-gpus=1"
+
+
+def test_actors_on_worker_nodes_serve_on_the_nodes_generation_ports() -> None:
+    from rolloutrun_runtime.workers.ray_workers import candidate_ports, node_ports
+
+    cfg = RunConfig.model_validate({"workers": {"generationWorkers": 5, "workerNodes": 2}})
+    assert node_ports(cfg) == 3  # slots per node: the span the worker policy admits Gyms to
+    assert candidate_ports(8100, 3) == [8100, 8101, 8102, 0]  # then any free port
+    assert candidate_ports(0, 3) == [0]  # no generation port (outside a pod): any

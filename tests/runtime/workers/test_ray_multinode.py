@@ -1,6 +1,7 @@
 """A real multi-node Ray: the trainer is the head on its pod address, two worker nodes join
 it on theirs, and the generation actors land on the worker nodes (never on the head) by the
-generation resource, and a run's generation goes through them."""
+generation resource, each asking for the GPUs of the worker nodes (read once they joined,
+not from the head alone), and a run's generation goes through them."""
 
 from __future__ import annotations
 
@@ -28,5 +29,8 @@ def test_generation_actors_run_on_worker_nodes_of_the_trainers_head(tmp_path: Pa
     assert sorted(p["node_ip"] for p in placements) == sorted(WORKER_IPS)
     assert len({p["node_id"] for p in placements}) == 2
     assert all(p["resources"].get(RAY_GENERATION_RESOURCE) == 1.0 for p in placements)
+    # Two worker nodes of one GPU each, the second joining after the driver connected:
+    # a whole GPU per actor (before: 0 or 0.5, read from the cluster before it joined).
+    assert [p["resources"].get("GPU") for p in placements] == [1.0, 1.0], placements
     assert all(p["url"].startswith(f"http://{p['node_ip']}:") for p in placements)
     assert HEAD_IP not in {p["node_ip"] for p in placements}
