@@ -15,10 +15,14 @@ serve where the trainer is reachable (``$POD_IP``).
 A lost actor (its worker node gone: ``RayActorError`` on a refit) does not stop the run: its
 endpoint leaves ``endpoints`` at once (the rollout pump sends no more episodes there), a
 replacement actor is created under the same index (Ray places it when a node offering the
-generation resource joins: the operator's replacement worker pod) and re-admitted at the
-first refit after its server started, on the weights of that refit. Replacements of one
-index are bounded (:data:`MAX_ACTOR_REPLACEMENTS`), and a refit that finds no actor left
-waits (bounded) for a replacement: past either, a :class:`WorkerError` names the loss.
+generation resource joins: the operator's replacement worker pod) and re-admitted as soon as
+its server started, brought first to the weights of the latest refit (never between a refit
+and its end: admission and refits take one lock). Why not wait for the next refit: in
+deterministic mode a refit needs the step's groups, and when the survivors are lost too
+(their deaths are found at a refit) nothing could generate them, so the run would wait for
+the replacement that waits for a refit. Replacements of one index are bounded
+(:data:`MAX_ACTOR_REPLACEMENTS`), and a refit that finds no actor left waits (bounded) for a
+replacement: past either, a :class:`WorkerError` names the loss.
 """
 
 from __future__ import annotations
@@ -147,6 +151,14 @@ class RayWorkers:
         #: Replacement actors by index, with their starting server.
         self.pending: dict[int, tuple[Any, asyncio.Task[dict[str, Any]]]] = {}
         self.replacements: dict[int, int] = {}
+        #: The weights every live actor holds (the latest refit's, or the start's): what a
+        #: replacement is brought to before it is admitted.
+        self._current: tuple[Any, int] | None = None
+        #: Held by a refit from its first call to its end, and by an admission.
+        self._refitting = asyncio.Lock()
+        self._admitters: set[asyncio.Task[None]] = set()
+        #: What ended an admission outside a refit (the next refit raises it).
+        self._admission_error: WorkerError | None = None
 
     async def start(self) -> None:
         if self._initial is None:
@@ -164,6 +176,7 @@ class RayWorkers:
         bind_host = None if remote else self.host
         cfg_data = self.cfg.model_dump(mode="json")
         weights = ray.put(_cpu_state(state_dict))
+        self._current = (weights, version)
         workers = self.cfg.workers.generation_workers
         gpus = actor_gpus(self.cfg.policy.device, ray.cluster_resources().get("GPU", 0), workers)
         actor = GenerationActor.options(  # type: ignore[attr-defined]
@@ -208,6 +221,13 @@ class RayWorkers:
         if not self._actors:
             raise WorkerError("refit before the workers were started")
         weights = ray.put(_cpu_state(state_dict))
+        async with self._refitting:
+            if self._admission_error is not None:
+                raise self._admission_error
+            self._current = (weights, version)
+            await self._refit(weights, version)
+
+    async def _refit(self, weights: Any, version: int) -> None:
         live = [(i, a) for i, a in enumerate(self._actors) if a is not None]
         try:
             results = await asyncio.wait_for(
@@ -235,7 +255,7 @@ class RayWorkers:
 
     def _lose(self, index: int, error: BaseException, weights: Any, version: int) -> None:
         """Actor ``index`` is gone (its node lost): out of ``endpoints`` now, a replacement
-        created (bounded), to be admitted at a refit once its server runs."""
+        created (bounded), admitted once its server runs (:meth:`_admit_once_started`)."""
         count = self.replacements.get(index, 0) + 1
         if count > MAX_ACTOR_REPLACEMENTS:
             raise WorkerError(
@@ -251,7 +271,24 @@ class RayWorkers:
         actor_class, cfg_data, bind_host, token = self._launch
         actor = actor_class.remote(cfg_data, index, GENERATION_THREADS)
         ref = actor.start.remote(weights, version, bind_host, 0, token)
-        self.pending[index] = (actor, asyncio.ensure_future(_awaited(ref)))
+        starting = asyncio.ensure_future(_awaited(ref))
+        self.pending[index] = (actor, starting)
+        admitter = asyncio.ensure_future(self._admit_once_started(actor, starting))
+        self._admitters.add(admitter)
+        admitter.add_done_callback(self._admitters.discard)
+
+    async def _admit_once_started(self, actor: Any, starting: asyncio.Future[Any]) -> None:
+        """Admit the replacement ``actor`` as soon as its server started (on the latest
+        refit's weights), unless a refit admitted it (or lost it) first."""
+        await asyncio.wait({starting})
+        async with self._refitting:
+            if not any(a is actor for a, _ in self.pending.values()) or self._current is None:
+                return
+            weights, version = self._current
+            try:
+                await self._admit(weights, version)
+            except WorkerError as error:  # replacements exhausted: the next refit says so
+                self._admission_error = error
 
     async def _admit(self, weights: Any, version: int) -> None:
         """Replacements whose server started: brought to ``version``, then served."""
@@ -276,6 +313,10 @@ class RayWorkers:
             logger.info("generation worker %d re-admitted at version %d", index, version)
 
     async def stop(self) -> None:
+        admitters, self._admitters = self._admitters, set()
+        for admitter in admitters:
+            admitter.cancel()
+        await asyncio.gather(*admitters, return_exceptions=True)
         actors, self._actors = self._actors, []
         for replacement, task in self.pending.values():  # not serving: nothing to stop
             task.cancel()
