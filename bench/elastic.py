@@ -566,6 +566,9 @@ def main() -> None:
     )
     for internal in ("--arm", "--arm-seed", "--work", "--sync"):  # a --paired arm's process
         parser.add_argument(internal, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--role", choices=("gym", "worker"), default="gym", help="whose pods are deleted"
+    )
     args = parser.parse_args()
     if args.arm is not None:
         args.arm_seed = int(args.arm_seed)
@@ -573,6 +576,11 @@ def main() -> None:
         return
     if args.quick:
         args.window = 40.0
+    if args.role == "worker":  # the worker arms (bench/elastic_workers.py)
+        from .elastic_workers import worker_main
+
+        worker_main(args)
+        return
     Path(".rolloutrun").mkdir(exist_ok=True)  # pods see the work dir (not a private /tmp)
     with tempfile.TemporaryDirectory(prefix="bench-elastic-", dir=".rolloutrun") as tmp:
         work = Path(tmp).resolve()

@@ -399,6 +399,7 @@ class EmbeddedRun:
         on_tick: Callable[[EmbeddedRun, dict[str, Any]], None] | None = None,
         interval: float = 0.5,
         roles: Collection[str] | None = None,
+        grace_seconds: int | None = None,
     ) -> tuple[str, Preemptions]:
         """Poll until the run Succeeds or Fails; preempt a random member every so often.
 
@@ -407,6 +408,7 @@ class EmbeddedRun:
         ``while_training`` the interval counts only while the current incarnation trains
         (:class:`TrainingClock`): each deletion lands ``preempt_every`` seconds into training.
         ``roles`` (e.g. ``{"gym"}``) limits the victims to those members' pods (default: all).
+        ``grace_seconds``: the deletions' grace period (0: SIGKILL at once; None: the pod's).
         Returns the outcome (``Succeeded``, ``Failed``, or ``TimedOut``) and the deletions.
         """
         rng = rng or random.Random()
@@ -435,7 +437,7 @@ class EmbeddedRun:
                 if members:
                     victim = rng.choice(members)
                     logger.info("preempting %s", victim)
-                    self.delete_pod(victim)
+                    self.delete_pod(victim, grace_seconds)
                     preempted.done.append((round(now, 2), victim))
                     preempted.uids.add(serving[victim])
                     next_preemption = now + preempt_every

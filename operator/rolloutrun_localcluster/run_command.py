@@ -52,8 +52,17 @@ def register(parser: argparse.ArgumentParser) -> None:
         type=preempt_roles,
         default=None,
         metavar="ROLES",
-        help="whose pods the preemptions hit, comma-separated of trainer,gym (default: both); "
-        "a Gym pod is replaced while the run goes on, a trainer pod ends the incarnation",
+        help="whose pods the preemptions hit, comma-separated of trainer,gym,worker (default: "
+        "all); a Gym or worker pod is replaced while the run goes on, a trainer pod ends the "
+        "incarnation",
+    )
+    parser.add_argument(
+        "--preempt-grace",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="the deleted pods' grace period (0: SIGKILL at once, as a node lost with its "
+        "pods; default: the pod's own)",
     )
     parser.add_argument(
         "--summary", default=None, metavar="FILE.json", help="also write the summary here"
@@ -181,6 +190,7 @@ def main(args: argparse.Namespace) -> int:
                 rng=rng,
                 on_tick=Display(),
                 roles=args.preempt_roles,
+                grace_seconds=args.preempt_grace,
             )
             for at, victim in preempted.done:
                 logger.info("deleted %s at %.1fs", victim, at)

@@ -35,15 +35,21 @@ SUMMARY_BOUND_S = 240.0
 STOP_GRACE_S = 30.0
 
 
-def oracle_config(example: str, directory: Path, max_steps: int) -> Path:
+def oracle_config(example: str, directory: Path, max_steps: int, worker_pods: int = 0) -> Path:
     """``examples/<example>.yaml`` in deterministic mode, restarting at once, ``max_steps``.
 
-    Nothing else changes: the run is the example a user starts."""
+    Nothing else changes: the run is the example a user starts. ``worker_pods`` > 0: the
+    generation workers run as that many Ray actors on as many worker pods
+    (``spec.workers.replicas``; ``rolloutrun train`` of the same config runs the same
+    actors beside its trainer)."""
     document = yaml.safe_load((EXAMPLES / f"{example}.yaml").read_text())
     spec = document["spec"]
     spec["recovery"]["backoffSeconds"] = 0
     spec["run"]["checkpointing"]["deterministic"] = True
     spec["run"]["grpo"]["maxSteps"] = max_steps
+    if worker_pods:
+        spec["workers"] = {"replicas": worker_pods}
+        spec["run"]["workers"] = {"backend": "ray", "generationWorkers": worker_pods}
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{example}.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -111,8 +117,16 @@ class Oracle:
 
     @property
     def deleted_roles(self) -> set[str]:
-        """``trainer`` / ``gym`` for each deleted pod (``<run>-i<N>-trainer``, ``-gym-<k>``)."""
-        return {"trainer" if name.endswith("-trainer") else "gym" for name in self.deleted}
+        """``trainer`` / ``gym`` / ``worker`` for each deleted pod (``<run>-i<N>-trainer``,
+        ``-gym-<k>``, ``-worker-<k>``)."""
+        return {
+            "trainer"
+            if name.endswith("-trainer")
+            else "worker"
+            if name.rpartition("-")[0].endswith("-worker")
+            else "gym"
+            for name in self.deleted
+        }
 
     @property
     def deleted(self) -> list[str]:
@@ -169,13 +183,16 @@ def run_oracle(
     while_training: bool = False,
     timeout: float = 600.0,
     roles: str | None = None,
+    worker_pods: int = 0,
+    grace_seconds: int | None = None,
 ) -> Oracle:
     """The reference (``rolloutrun train``), then the preempted run (``rolloutrun run``).
 
     ``while_training``: ``preempt_every`` counts only while an incarnation trains, so every
     deletion hits a training run (a short run's few deletions never land in a start-up).
-    ``roles``: ``--preempt-roles`` (whose pods are deleted; default both)."""
-    config = oracle_config(example, directory, max_steps)
+    ``roles``: ``--preempt-roles`` (whose pods are deleted; default both). ``worker_pods``:
+    see :func:`oracle_config`. ``grace_seconds``: ``--preempt-grace`` (0: SIGKILL at once)."""
+    config = oracle_config(example, directory, max_steps, worker_pods)
     reference_dir = directory / "reference"
     code = rolloutrun(
         ["train", str(config), "--log-dir", str(reference_dir), "--quiet"],
@@ -193,6 +210,8 @@ def run_oracle(
         args.append("--preempt-while-training")
     if roles is not None:
         args += ["--preempt-roles", roles]
+    if grace_seconds is not None:
+        args += ["--preempt-grace", str(grace_seconds)]
     args += ["--work-dir", str(work_dir), "--summary", str(summary_file)]
     args += ["--timeout", str(timeout)]
     code = rolloutrun(args, directory / "run.log", timeout + SUMMARY_BOUND_S)

@@ -44,6 +44,17 @@ NODE_STOP_TIMEOUT_S = 5.0
 #: Ray refuses multi-node clusters when this is 0 (its name says Windows and macOS, but it
 #: is read on Linux too): a node we start sets it so that worker nodes may join.
 RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: How soon the head's GCS declares a silent node dead (Ray's defaults: a check every 3 s,
+#: dead after 5 misses, ~15 s): until then a refit's call on the lost worker pod's actor
+#: waits, and the train pump with it. Ours: every 1 s, dead after 3 misses of 2 s each;
+#: the environment may say otherwise.
+HEALTH_CHECK_ENV = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "2000",
+    "RAY_health_check_failure_threshold": "3",
+}
+#: Starts of a private Ray (its raylet missed Ray's own start-up bound) before giving up.
+PRIVATE_START_ATTEMPTS = 3
 RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
 RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 
@@ -128,6 +139,8 @@ def node_env(
     env = dict(os.environ if environ is None else environ)
     env[RAY_CLUSTER_ENV] = "1"
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    for name, value in HEALTH_CHECK_ENV.items():
+        env.setdefault(name, value)
     env.update(auth_env(auth_token, env))
     return env
 
@@ -241,7 +254,7 @@ class RayConnection:
             self._start_node(head_argv(self.host), self.host, RAY_GCS_PORT)
             gcs = f"{self.host}:{RAY_GCS_PORT}"
         else:
-            ray.init(_node_ip_address="127.0.0.1", **options)
+            init_private(options)
             self.owns_driver = True
             return
         self._authenticate_driver()
@@ -302,6 +315,23 @@ class RayConnection:
             self.node = None
             if self.kind == "head":
                 forget_head(f"{self.host}:{RAY_GCS_PORT}")
+
+
+def init_private(options: dict[str, Any]) -> None:
+    """``ray.init`` of a private Ray on 127.0.0.1, tried :data:`PRIVATE_START_ATTEMPTS`
+    times: Ray gives its raylet a fixed 30 s to register, which a loaded machine misses
+    ("The current node timed out during startup"), and a second start usually makes it."""
+    import ray
+
+    for attempt in range(1, PRIVATE_START_ATTEMPTS + 1):
+        try:
+            ray.init(_node_ip_address="127.0.0.1", **options)
+            return
+        except Exception as error:
+            ray.shutdown()
+            if attempt == PRIVATE_START_ATTEMPTS or "timed out during startup" not in str(error):
+                raise
+            logger.warning("Ray did not start (%s): trying again (%d)", error, attempt)
 
 
 def forget_head(gcs: str) -> None:

@@ -6,7 +6,11 @@ as soon as the trainer pod has an address, before the trainer has started its he
 the GCS to answer, then runs ``ray start ... --block`` (arguments spelled once in
 :func:`rolloutrun_runtime.contract.pod.ray_worker_node_argv`), again when it failed to
 start, at most :data:`START_ATTEMPTS` times. A node that started and then ended (its head
-gone) ends the process: the operator replaces the pod.
+gone) ends the process: the operator replaces the pod. A stop (SIGTERM, the pod deleted) is
+forwarded to the node, and ends this process within :data:`STOP_GRACE_S` whether the node
+ended or not: ``ray start --block`` can take the pod's whole grace period (30 s) to drain,
+and the operator creates the replacement (same name) only once the pod is gone, while a
+worker node holds nothing to save (the container's end takes its remaining processes).
 
     python -m rolloutrun_runtime.workers.ray_node --address HOST:PORT --slots N [--num-gpus G]
 """
@@ -39,6 +43,8 @@ from rolloutrun_runtime.workers.ray_cluster import (
 #: ``ray start`` tries before the pod gives up; one that blocked this long had started.
 START_ATTEMPTS = 5
 STARTED_AFTER_S = 60.0
+#: Seconds a stopped node gets to end before this process ends without it.
+STOP_GRACE_S = 2
 
 
 def worker_argv(
@@ -79,12 +85,15 @@ def run_node(
 ) -> int:
     """``command`` until it ends after having started, or fails to start too often."""
     child: subprocess.Popen[bytes] | None = None
+    stopping: list[int] = []  # the stop signal received: the node is not started again
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        if child is not None and child.poll() is None:
-            child.send_signal(signum)
-        else:
+        if child is None or child.poll() is not None:
             sys.exit(128 + signum)
+        stopping.append(signum)
+        child.send_signal(signum)
+        signal.signal(signal.SIGALRM, lambda _s, _f: sys.exit(128 + signum))
+        signal.alarm(STOP_GRACE_S)  # a second signal re-arms it: still bounded
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
@@ -94,7 +103,7 @@ def run_node(
         began = time.monotonic()
         child = subprocess.Popen(command, env=node_env(auth_token=auth_token))
         code = child.wait()
-        if code == 0 or time.monotonic() - began >= STARTED_AFTER_S:
+        if code == 0 or stopping or time.monotonic() - began >= STARTED_AFTER_S:
             return code
         print(f"ray_node: ray start failed ({code}), try {attempt}/{START_ATTEMPTS}", flush=True)
         time.sleep(2.0)

@@ -22,9 +22,11 @@ is the fallback) takes its endpoint out of ``endpoints`` at once, not at the nex
 the rollout pump's :class:`~rolloutrun_runtime.workers.endpoints.PolicyEndpoints` reads
 ``endpoints`` on every pick and gives no more episodes there. A replacement actor is created
 under the same index at once (Ray places it when a node offering the generation resource
-joins: the operator's replacement worker pod) and re-admitted at the first refit after its
-server started, on the weights of that refit (while no actor serves, at once on the last
-refit's weights: without generation no step, so no refit, would come). Replacements of
+joins: the operator's replacement worker pod) and re-admitted as soon as its server started,
+brought first to the latest refit's weights (never between a refit and its end: admissions
+and refits hold one lock). Why not at the next refit: in deterministic mode a refit needs
+the step's groups, and with every actor lost nothing could generate them, so the run would
+wait for a replacement that waits for a refit. Replacements of
 one index are bounded (:data:`MAX_ACTOR_REPLACEMENTS`), and a refit that finds no actor
 left waits (bounded) for a replacement: past either, a :class:`WorkerError` names the loss
 (a watch that runs past the bound hands its error to the next refit).
@@ -244,6 +246,7 @@ class RayWorkers:
         span = node_ports(self.cfg) if resources else 0
         cfg_data = self.cfg.model_dump(mode="json")
         weights = ray.put(_cpu_state(state_dict))
+        self._current = (weights, version)
         workers = self.cfg.workers.generation_workers
         self._current = (weights, version)
         try:
@@ -316,24 +319,23 @@ class RayWorkers:
                     self._lose(index, error, *self._current)
                 except WorkerError as failure:
                     self._failure = failure
-                self._admit_if_idle()
+                self._admit_started()
 
         self._watches[index] = asyncio.ensure_future(watch())
 
-    def _admit_if_idle(self) -> None:
-        """While no endpoint serves (every actor lost between refits), admit the
-        replacements whose servers started at once, on the last refit's weights: no step
-        can be trained without generation, so no refit would come to admit them."""
+    def _admit_started(self) -> None:
+        """Admit the replacements whose servers started, now, on the latest refit's weights
+        (after a refit in flight: the lock orders them)."""
         started = any(task.done() for _, task in self.pending.values())
-        if self.endpoints or self._current is None or not started:
+        if self._current is None or not started:
             return
-        admission = asyncio.ensure_future(self._admit_idle())
+        admission = asyncio.ensure_future(self._admit_now())
         self._admitting.add(admission)
         admission.add_done_callback(self._admitting.discard)
 
-    async def _admit_idle(self) -> None:
+    async def _admit_now(self) -> None:
         async with self._lock:  # after a refit in flight: its weights are the current ones
-            if self.endpoints or self._current is None:
+            if self._current is None:
                 return
             try:
                 await self._admit(*self._current)
@@ -386,7 +388,7 @@ class RayWorkers:
 
     def _lose(self, index: int, error: BaseException, weights: Any, version: int) -> None:
         """Actor ``index`` is gone (its node lost): out of ``endpoints`` now, a replacement
-        created (bounded), to be admitted at a refit once its server runs."""
+        created (bounded), admitted once its server runs (:meth:`_admit_started`)."""
         self._actors[index] = None
         self.placements[index] = None
         self._live_endpoints()
@@ -404,7 +406,7 @@ class RayWorkers:
         port = self.port if span else 0
         ref = actor.start.remote(weights, version, bind_host, port, token, max(span, 1))
         starting = asyncio.ensure_future(_awaited(ref))
-        starting.add_done_callback(lambda _: self._admit_if_idle())
+        starting.add_done_callback(lambda _: self._admit_started())
         self.pending[index] = (actor, starting)
 
     async def _admit(self, weights: Any, version: int) -> None:

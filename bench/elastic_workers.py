@@ -1,0 +1,230 @@
+"""The worker arms of ``bench/elastic.py`` (``python -m bench.elastic --role worker``).
+
+The run of the Gym arms with its generation on :data:`WORKER_PODS` worker pods (Ray actors,
+the trainer the Ray head): a worker pod deleted every ``--every`` seconds, elastic versus
+undisturbed (and, first seed without ``--quick``, ending the incarnation: the operator's
+``elasticMembers: false``), per arm and over ``--seeds`` seeds, side by side in one process.
+Per deletion, the seconds from it to each of :data:`WORKER_STAGES`: the old pod gone, the
+trainer finding the actor dead (a refit's ``RayActorError``) and starting its replacement,
+the replacement pod created and Running, and the replacement actor re-admitted (its
+endpoint is named by the next dispatch, round robin: the replacement doing work). Goals
+(issue 14) on the worst seed: rate >= 90 % of undisturbed; loss -> replacement doing work
+<= 5 s. Kept apart from ``bench/elastic.py`` (which holds the Gym arms and the helpers both
+use) so that module stays under 600 lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rolloutrun_localcluster.embedded import EmbeddedRun, member_replacements
+
+from .elastic import (
+    Arm,
+    ReplacementWatch,
+    _document,
+    _first_step_after,
+    _highest_step,
+    _log_times,
+    _spread,
+    _stats,
+)
+from .operator_recovery import wait
+
+#: Generation workers of the worker arms: Ray actors, one per worker pod (the trainer is the
+#: Ray head; ``spec.workers.replicas``).
+WORKER_PODS = 2
+#: The worker arms' Lease duration (seconds; the operator's default).
+WORKER_LEASE_S = 15
+#: The trainer's log lines of a lost actor and of its replacement re-admitted at a refit
+#: (:mod:`rolloutrun_runtime.workers.ray_workers`); the next dispatch names the re-admitted
+#: endpoint (round robin), so re-admission is when the replacement starts doing work.
+WORKER_LOST = "lost ("
+WORKER_READMITTED = "re-admitted at version"
+#: Per worker deletion, the moments reported (seconds after the deletion).
+WORKER_STAGES = (
+    ("old_pod_gone", "the old pod is gone (its processes ended)"),
+    ("trainer_saw_loss", "the trainer found the actor dead and started its replacement"),
+    ("new_pod_created", "the operator created the replacement worker pod"),
+    ("pod_running", "the kubelet reports the replacement Running (ray_node started)"),
+    ("readmitted", "the replacement actor re-admitted at a refit: it serves the next call"),
+)
+
+
+def _worker_document(elastic: bool, seed: int) -> dict[str, Any]:
+    """The Gym arms' run with its generation on :data:`WORKER_PODS` worker pods."""
+    document = _document(elastic, seed)
+    spec = document["spec"]
+    # Ray's start (head, driver, actors) holds the trainer's loop for seconds on a loaded
+    # machine: the Gym arms' 4 s Lease then expires under it (the trainer fenced at start)
+    spec["recovery"]["leaseDurationSeconds"] = WORKER_LEASE_S
+    spec["workers"] = {"replicas": WORKER_PODS}
+    spec["run"]["workers"] = {"backend": "ray", "generationWorkers": WORKER_PODS}
+    return document
+
+
+def worker_arm(spec: Arm, work: Path, *, window: float, every: float) -> dict[str, Any]:
+    """One worker arm: start, wait for training, run ``window`` seconds deleting worker
+    pods every ``every`` seconds (with ``spec.delete``)."""
+    with EmbeddedRun(_worker_document(spec.elastic, spec.seed), work / spec.name) as run:
+        wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
+        return _worker_window(run, spec, window, every)
+
+
+def _worker_window(run: EmbeddedRun, spec: Arm, window: float, every: float) -> dict[str, Any]:
+    start, first = time.time(), _highest_step(run)
+    deletions: list[tuple[float, str]] = []
+    watches: list[ReplacementWatch] = []
+    recoveries: list[float] = []
+    next_delete, k = start + every, spec.seed
+    while time.time() < start + window:
+        if spec.delete and time.time() >= next_delete:
+            n = int(run.status().get("incarnation") or 0)
+            victim = f"bench-i{n}-worker-{k % WORKER_PODS}"
+            serving = run.serving_member_uids()
+            if victim in serving:
+                at = time.time()
+                run.delete_pod(victim)
+                deletions.append((at, victim))
+                k += 1
+                if spec.elastic:
+                    watches.append(ReplacementWatch(run, victim, serving[victim], at))
+                    watches[-1].start()
+                else:  # time the restart inline (the next deletion waits)
+                    resumed = _first_step_after(run, at, n + 1)
+                    if resumed is not None:
+                        recoveries.append(resumed - at)
+            next_delete = max(next_delete + every, time.time() + 1)
+        time.sleep(0.05)
+    steps, elapsed = _highest_step(run) - first, time.time() - start
+    status = run.status()
+    result: dict[str, Any] = {
+        "seed": spec.seed,
+        "window_s": round(elapsed, 1),
+        "steps": steps,
+        "steps_per_min": round(steps / elapsed * 60, 2),
+        "deletions": len(deletions),
+        "incarnations": int(status.get("incarnation") or 0),
+    }
+    if spec.delete and spec.elastic:
+        for watch in watches:
+            watch.join(timeout=5)
+        result.update(_worker_replacements(run, status, deletions, watches))
+    if spec.delete and not spec.elastic:
+        result["loss_to_training_again_s"] = _stats(recoveries)
+    return result
+
+
+def _worker_replacements(
+    run: EmbeddedRun,
+    status: dict[str, Any],
+    deletions: list[tuple[float, str]],
+    watches: list[ReplacementWatch],
+) -> dict[str, Any]:
+    """Per deletion, seconds from it to each of :data:`WORKER_STAGES` (the trainer's log
+    lines: the first after the deletion; a deletion whose replacement was not re-admitted
+    before the next deletion or the window's end has no ``readmitted``)."""
+    lost, readmitted = _log_times(run, WORKER_LOST), _log_times(run, WORKER_READMITTED)
+    samples: list[dict[str, float]] = []
+    for (at, _), watch, until in zip(
+        deletions, watches, [d for d, _ in deletions[1:]] + [float("inf")], strict=True
+    ):
+        times = {key: t - at for key, t in watch.times.items()}
+        for key, found in (("trainer_saw_loss", lost), ("readmitted", readmitted)):
+            after = [t for t in found if at - 0.5 <= t < until]
+            if after:
+                times[key] = after[0] - at
+        samples.append({key: round(value, 3) for key, value in times.items()})
+    replaced = member_replacements(status).get("worker", {})
+    return {
+        "loss_to_readmitted_s": _stats([s["readmitted"] for s in samples if "readmitted" in s]),
+        "not_readmitted": sum("readmitted" not in s for s in samples),
+        "loss_to_ready_s (operator)": _stats(replaced.get("recent_s") or []),
+        "replacements": replaced.get("count", 0),
+        "stages_after_deletion_s": {
+            key: _stats([s[key] for s in samples if key in s]) for key, _ in WORKER_STAGES
+        },
+    }
+
+
+def _worker_seed(seed: int, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The worker arms of one seed, back to back: undisturbed, elastic, and (first seed,
+    not ``--quick``) ending (each lost worker ends the incarnation)."""
+    window, every = args.window, args.every
+    arms = {
+        "undisturbed": worker_arm(
+            Arm(f"workers-undisturbed-{seed}", True, False, seed), work, window=window, every=every
+        ),
+        "elastic": worker_arm(
+            Arm(f"workers-elastic-{seed}", True, True, seed), work, window=window, every=every
+        ),
+    }
+    if seed == 0 and not args.quick:
+        arms["ending"] = worker_arm(
+            Arm(f"workers-ending-{seed}", False, True, seed), work, window=window, every=every
+        )
+    base = arms["undisturbed"]["steps_per_min"] or 1.0
+    result: dict[str, Any] = {"seed": seed, **arms}
+    for name in arms:
+        if name != "undisturbed":
+            result[f"{name}_vs_undisturbed"] = round(arms[name]["steps_per_min"] / base, 3)
+    return result
+
+
+def worker_over_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean, spread and worst seed of the elastic/undisturbed ratio and of the loss ->
+    re-admitted time (each seed's max), the goals checked on the worst seed; a deletion
+    whose replacement never got to work within the window fails the time goal."""
+    ratios = [s["elastic_vs_undisturbed"] for s in per_seed]
+    recovery = [s["elastic"]["loss_to_readmitted_s"].get("max") for s in per_seed]
+    missing = sum(int(s["elastic"].get("not_readmitted") or 0) for s in per_seed)
+    times = [t for t in recovery if t is not None]
+    worst_rate = min(range(len(per_seed)), key=lambda i: ratios[i])
+    worst_time = max(range(len(per_seed)), key=lambda i: recovery[i] or 0.0)
+    return {
+        "elastic_vs_undisturbed": _spread(ratios),
+        "loss_to_readmitted_max_s": _spread(times),
+        "deletions_never_readmitted": missing,
+        "worst_seed_rate": per_seed[worst_rate]["seed"],
+        "worst_seed_replacement": per_seed[worst_time]["seed"],
+        "goals_on_worst_seed": {
+            "rate >= 0.90 of undisturbed": ratios[worst_rate] >= 0.9,
+            "loss -> replacement doing work <= 5 s (max)": bool(times)
+            and max(times) <= 5.0
+            and missing == 0,
+        },
+    }
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    """``--role worker``: the worker arms over ``--seeds`` seeds, one JSON document."""
+    Path(".rolloutrun").mkdir(exist_ok=True)  # pods see the work dir (not a private /tmp)
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-elastic-workers-", dir=".rolloutrun") as tmp:
+        work = Path(tmp).resolve()
+        per_seed = [_worker_seed(seed, work, args) for seed in range(args.seeds)]
+    print(
+        json.dumps(
+            {
+                "role": "worker",
+                "worker_pods": WORKER_PODS,
+                "every_s": args.every,
+                "window_s": args.window,
+                "stages": dict(WORKER_STAGES),
+                "seeds": per_seed,
+                "over_seeds": worker_over_seeds(per_seed),
+                "load_average_1_5_15": {
+                    "before": [round(x, 2) for x in load_before],
+                    "after": [round(x, 2) for x in os.getloadavg()],
+                },
+                "note": "arms run back to back in one process on a possibly shared machine",
+            },
+            indent=1,
+        )
+    )
