@@ -75,6 +75,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions imp
     involuntary_switches,
     lost_episodes,
     mark_restart_from_turn_zero,
+    published_line,
     require_replay_from,
     resolve_anchor,
     should_snapshot_after_rollouts,
@@ -576,17 +577,7 @@ class RolloutSnapshotter:
         self.outcomes.append(outcome)
         record = snapshot_record(outcome, reason, timings, detail, time.time())
         if outcome in (SnapshotOutcome.PUBLISHED, SnapshotOutcome.PUBLISHED_PARTIAL_ENV):
-            logger.info(
-                "rollout snapshot %s %s (train step %s, anchor %s, cut held %.4fs%s)",
-                detail.get("snapshot_id"),
-                outcome.value,
-                detail.get("train_step"),
-                detail.get("anchor"),
-                timings.cut_held_s,
-                f"; environment instances unavailable: {sorted(detail['env_unavailable'])}"
-                if "env_unavailable" in detail
-                else "",
-            )
+            logger.info("%s", published_line(outcome, timings, detail))
         else:
             self._trace.emit("snapshot_skipped", reason=outcome.value)
             logger.debug("rollout snapshot attempt: %s %s", outcome.value, dict(detail))

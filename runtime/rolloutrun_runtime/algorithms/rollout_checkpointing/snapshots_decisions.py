@@ -246,6 +246,22 @@ class EnvironmentPhase:
     discarded: str | None = None
 
 
+def published_line(
+    outcome: SnapshotOutcome, timings: SnapshotTimings, detail: Mapping[str, Any]
+) -> str:
+    """The log line of a published snapshot."""
+    unavailable = (
+        f"; environment instances unavailable: {sorted(detail['env_unavailable'])}"
+        if "env_unavailable" in detail
+        else ""
+    )
+    return (
+        f"rollout snapshot {detail.get('snapshot_id')} {outcome.value} (train step "
+        f"{detail.get('train_step')}, anchor {detail.get('anchor')}, cut held "
+        f"{timings.cut_held_s:.4f}s{unavailable})"
+    )
+
+
 def snapshot_record(
     outcome: SnapshotOutcome,
     reason: str,

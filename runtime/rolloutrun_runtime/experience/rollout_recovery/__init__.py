@@ -19,12 +19,7 @@ from rolloutrun_runtime.experience.rollout_recovery.ids import (
     split_rollout_id,
     valid_rollout_id,
 )
-from rolloutrun_runtime.experience.rollout_recovery.ledger import (
-    RecoveryLedger,
-    RestartReport,
-    new_attempt,
-    relaunch_reason,
-)
+from rolloutrun_runtime.experience.rollout_recovery.ledger import RecoveryLedger
 from rolloutrun_runtime.experience.rollout_recovery.records import (
     AttemptStatus,
     EnvironmentEpisode,
@@ -38,9 +33,12 @@ from rolloutrun_runtime.experience.rollout_recovery.records import (
     LiveCut,
     PromptGroupRecord,
     PromptRef,
+    RestartReport,
     RestoreLevel,
     RolloutAttempt,
     SiblingRecord,
+    new_attempt,
+    relaunch_reason,
 )
 from rolloutrun_runtime.experience.rollout_recovery.sidecar import (
     LedgerSidecar,

@@ -21,32 +21,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rolloutrun_runtime.experience.rollout_recovery.ids import (
-    RolloutIdError,
-    new_uuid_hex,
-    rollout_id_for,
     sibling_id_for,
 )
 from rolloutrun_runtime.experience.rollout_recovery.records import (
     AttemptStatus,
-    EnvironmentEpisode,
     Granularity,
     GroupPhase,
     GroupStatus,
     GroupTexts,
-    LedgerError,
     LedgerRestartError,
     LedgerSidecarError,
     LedgerTransitionError,
     LiveCut,
     PromptGroupRecord,
     PromptRef,
+    RestartReport,
     RestoreLevel,
     RolloutAttempt,
     SiblingRecord,
+    new_attempt,
+    relaunch_reason,
     resume_attempt_elsewhere,
     sidecar_rest,
 )
@@ -86,36 +83,7 @@ _GROUP_MOVES: dict[GroupStatus, frozenset[GroupStatus]] = {
 }
 
 
-@dataclass
-class RestartReport:
-    """What ``prepare_for_restart`` changed."""
-
-    abandoned: list[EnvironmentEpisode] = field(default_factory=list)
-    resumed: list[EnvironmentEpisode] = field(default_factory=list)
-    minted: list[str] = field(default_factory=list)
-    unclaimed_groups: list[str] = field(default_factory=list)
-    stale_row_keys: list[str] = field(default_factory=list)
-
-
 # ---------------------------------------------------------------------- the ledger
-def relaunch_reason(status: AttemptStatus) -> str:
-    """Why a restart abandons an attempt in ``status`` that the environment did not restore
-    (its sibling is relaunched under a new rollout id, a fresh side-effect revision space)."""
-    if status is AttemptStatus.RESERVED:
-        return "restart: reserved at the cut (it may have run after it); relaunched as new"
-    return "restart"
-
-
-def new_attempt(sibling_id: str, attempt_uuid: str | None = None) -> RolloutAttempt:
-    """A fresh reserved attempt with a physical rollout id ``<sibling_id>_a<uuidhex>``."""
-    attempt_uuid = attempt_uuid or new_uuid_hex()
-    try:
-        rollout_id = rollout_id_for(sibling_id, attempt_uuid)
-    except RolloutIdError as error:
-        raise LedgerError(str(error)) from None
-    return RolloutAttempt(attempt_uuid=attempt_uuid, rollout_id=rollout_id)
-
-
 class RecoveryLedger:
     """Prompt groups -> siblings -> attempts, with checked transitions."""
 

@@ -23,7 +23,12 @@ from typing import Any, Protocol
 
 from rolloutrun_runtime.contract.layout import LEDGER_SCHEMA_VERSION
 from rolloutrun_runtime.cow import CowMap
-from rolloutrun_runtime.experience.rollout_recovery.ids import row_key_for
+from rolloutrun_runtime.experience.rollout_recovery.ids import (
+    RolloutIdError,
+    new_uuid_hex,
+    rollout_id_for,
+    row_key_for,
+)
 
 
 class LedgerError(RuntimeError):
@@ -372,3 +377,32 @@ def _enum(kind: type[enum.Enum], value: Any, where: str) -> Any:
             f"{where}: {value!r} is not a valid {kind.__name__} "
             f"({', '.join(str(m.value) for m in kind)})"
         ) from None
+
+
+@dataclass
+class RestartReport:
+    """What ``prepare_for_restart`` changed."""
+
+    abandoned: list[EnvironmentEpisode] = field(default_factory=list)
+    resumed: list[EnvironmentEpisode] = field(default_factory=list)
+    minted: list[str] = field(default_factory=list)
+    unclaimed_groups: list[str] = field(default_factory=list)
+    stale_row_keys: list[str] = field(default_factory=list)
+
+
+def relaunch_reason(status: AttemptStatus) -> str:
+    """Why a restart abandons an attempt in ``status`` that the environment did not restore
+    (its sibling is relaunched under a new rollout id, a fresh side-effect revision space)."""
+    if status is AttemptStatus.RESERVED:
+        return "restart: reserved at the cut (it may have run after it); relaunched as new"
+    return "restart"
+
+
+def new_attempt(sibling_id: str, attempt_uuid: str | None = None) -> RolloutAttempt:
+    """A fresh reserved attempt with a physical rollout id ``<sibling_id>_a<uuidhex>``."""
+    attempt_uuid = attempt_uuid or new_uuid_hex()
+    try:
+        rollout_id = rollout_id_for(sibling_id, attempt_uuid)
+    except RolloutIdError as error:
+        raise LedgerError(str(error)) from None
+    return RolloutAttempt(attempt_uuid=attempt_uuid, rollout_id=rollout_id)
