@@ -242,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parent", type=int, required=True)
     args = parser.parse_args(argv)
+    # A preemption notice is the trainer's: its forced snapshot needs the Lease, so the
+    # keeper ends only with its trainer (end of input, or the parent-death signal).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with(args.parent)
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print cannot break the pipe

@@ -126,6 +126,23 @@ def test_a_keeper_that_dies_is_a_lost_lease(cluster, api, lease_name):
     lease.stop(release=True)
 
 
+
+def test_a_preemption_notice_leaves_the_keeper_holding_the_lease(cluster, api, lease_name):
+    """SIGTERM to every process of the pod (a runtime that signals the group, or the local
+    cluster's kill of a pod's processes) is the trainer's notice: its forced snapshot needs
+    the Lease, so the keeper ignores it and ends only with its trainer."""
+    errors: list[FencedError] = []
+    lease = KeptLease(on_lost=errors.append, environ=pod_env(cluster, lease_name, 1))
+    lease.acquire(timeout=10)
+    lease.process.send_signal(signal.SIGTERM)
+    lease.process.send_signal(signal.SIGINT)
+    lease.record_progress(latest_manifest="file:///forced/MANIFEST.json")  # answered: alive
+    lease.ensure_held()
+    assert lease.process.poll() is None and not errors
+    lease.stop(release=True)
+    assert holder(api, lease_name) is None
+
+
 TRAINER = """
 import json, os, sys, time
 from rolloutrun_runtime.lease_keeper import KeptLease
