@@ -126,7 +126,6 @@ def test_a_keeper_that_dies_is_a_lost_lease(cluster, api, lease_name):
     lease.stop(release=True)
 
 
-
 def test_a_preemption_notice_leaves_the_keeper_holding_the_lease(cluster, api, lease_name):
     """SIGTERM to every process of the pod (a runtime that signals the group, or the local
     cluster's kill of a pod's processes) is the trainer's notice: its forced snapshot needs
