@@ -28,7 +28,7 @@ from rolloutrun_operator.api.v1alpha1 import (
 )
 from rolloutrun_operator.api.validation import RolloutRunInvalid, parse_rolloutrun
 from rolloutrun_operator.conditions import ConditionType, Desired, find, merge
-from rolloutrun_operator.kube import ChildConflict, Json, Kube
+from rolloutrun_operator.kube import ChildConflict, Json, Kube, NameFreed
 from rolloutrun_operator.observe import Observed, observed_from, owned_by
 from rolloutrun_operator.ownership import CHILD_CONFLICT, conflict_message
 from rolloutrun_operator.plan import Action, Event, Verb
@@ -322,6 +322,9 @@ async def run_pass(
         await apply(kube, namespace, result.actions)
     except ChildConflict as conflict:
         result = conflict_result(run, conflict, now)
+    except NameFreed as freed:
+        logger.info("%s: the pass ends unclaimed, the next one observes again", freed)
+        result = freed_result(run)
     new = status_json(result.status)
     old = status_json(run.status) if run.status is not None else None
     wrote = new != old
@@ -343,6 +346,15 @@ def conflict_result(run: RolloutRun, conflict: ChildConflict, now: dt.datetime) 
     fresh = before is None or before.reason != CHILD_CONFLICT or before.message != message
     events = [Event("Warning", CHILD_CONFLICT, message[:1024])] if fresh else []
     return Result([], status, events, IDLE_REQUEUE_SECONDS)
+
+
+def freed_result(run: RolloutRun) -> Result:
+    """A pass cut short by :class:`~rolloutrun_operator.kube.NameFreed`: the last status
+    unchanged (this pass's decision assumed the child was created, and a trainer counted
+    launched but never created would be a trainer lost: a restart nothing caused), and the
+    next pass at once, which finds the name free."""
+    status = (run.status or RolloutRunStatus()).model_copy(deep=True)
+    return Result([], status, [], 0.0, other_requeue_after=0.0)
 
 
 def _subset(status: dict[str, Any], patch: Json) -> Json:

@@ -6,6 +6,7 @@ import datetime as dt
 
 from rolloutrun_operator.actuator import (
     conflict_result,
+    freed_result,
     in_steps,
     invalid_status,
     lenient_status,
@@ -75,6 +76,20 @@ def test_a_conflict_on_create_keeps_the_last_status_and_names_the_object():
     assert [e.reason for e in result.events] == ["ChildConflict"]
     run.status = result.status  # the next pass meets the same object: no second Event
     assert conflict_result(run, conflict, now).events == []
+
+
+def test_a_name_freed_on_create_keeps_the_last_status_and_looks_again_at_once():
+    """Nothing this pass decided is claimed (a trainer it meant to create would otherwise
+    count as launched, and then as lost), no Event, and the next pass without waiting."""
+    from tests.support.rolloutruns import make_run, running_status
+
+    run = make_run(running_status(3, restarts=1))
+    assert run.status is not None
+    run.status.incarnation_start_time = None
+    result = freed_result(run)
+    assert result.actions == [] and result.events == []
+    assert status_json(result.status) == status_json(run.status)
+    assert result.requeue_after == 0.0 and result.other_requeue_after == 0.0
 
 
 def test_consecutive_deletes_form_one_step_every_other_action_its_own():
