@@ -42,6 +42,10 @@ from rolloutrun_operator.watching import INDEXED_CHILD_KINDS
 
 logger = logging.getLogger(__name__)
 
+#: Seconds between passes while a conflicting object is terminating: its name is free once
+#: it is gone, and no watch event says so (it does not carry the run's label).
+TERMINATING_HOLDER_RECHECK_SECONDS = 2.0
+
 
 @dataclass
 class Outcome:
@@ -334,7 +338,8 @@ async def run_pass(
 
 def conflict_result(run: RolloutRun, conflict: ChildConflict, now: dt.datetime) -> Result:
     """A pass cut short by a :class:`ChildConflict` on create: the last status (nothing
-    this pass decided is claimed) with ``Ready=False`` naming the object and its owner."""
+    this pass decided is claimed) with ``Ready=False`` naming the object and its owner;
+    looked at again soon when that object is terminating, else when idle."""
     status = (run.status or RolloutRunStatus()).model_copy(deep=True)
     message = conflict_message([(conflict.ref, conflict.owner)])
     desired = {
@@ -345,7 +350,8 @@ def conflict_result(run: RolloutRun, conflict: ChildConflict, now: dt.datetime) 
     status.conditions = merge(status.conditions, desired, now, run.metadata.get("generation"))
     fresh = before is None or before.reason != CHILD_CONFLICT or before.message != message
     events = [Event("Warning", CHILD_CONFLICT, message[:1024])] if fresh else []
-    return Result([], status, events, IDLE_REQUEUE_SECONDS)
+    again = TERMINATING_HOLDER_RECHECK_SECONDS if conflict.terminating else IDLE_REQUEUE_SECONDS
+    return Result([], status, events, again, other_requeue_after=again)
 
 
 def freed_result(run: RolloutRun) -> Result:

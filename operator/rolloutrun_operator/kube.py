@@ -127,13 +127,16 @@ class KubeError(Exception):
 
 
 class ChildConflict(KubeError):
-    """A create found the name taken by an object the run does not control: not adopted."""
+    """A create found the name taken by an object the run does not control: not adopted.
+    ``terminating``: its deletion is under way, so the name is soon free (nothing else
+    tells the run: an object without the run's label is not watched)."""
 
-    def __init__(self, ref: str, owner: str) -> None:
+    def __init__(self, ref: str, owner: str, terminating: bool = False) -> None:
         super().__init__(f"{ref} exists and is not owned by this run (owner: {owner})", 409)
         self.reason = "ChildConflict"
         self.ref = ref
         self.owner = owner
+        self.terminating = terminating
 
 
 class NameFreed(KubeError):
@@ -297,7 +300,9 @@ class Kube:
         if existing is None:  # not "existed": a pass counting it would count a child lost
             raise NameFreed(f"{manifest['kind']}/{meta['name']}")
         if not owned_by(existing, controller_uid(manifest) or ""):
-            raise ChildConflict(f"{manifest['kind']}/{meta['name']}", owner_text(existing))
+            terminating = bool((existing.get("metadata") or {}).get("deletionTimestamp"))
+            ref = f"{manifest['kind']}/{meta['name']}"
+            raise ChildConflict(ref, owner_text(existing), terminating)
         return False
 
     async def replace(self, manifest: Json) -> None:

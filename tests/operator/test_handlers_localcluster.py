@@ -378,6 +378,40 @@ def test_a_name_freed_between_the_409_and_the_read_back_is_not_claimed(cluster, 
     ns.core.delete_namespace(ns.name)
 
 
+def test_a_conflict_with_a_terminating_holder_says_so(cluster, api):
+    """The conflicts test above waited 20 min under load: the squatter was still terminating
+    when the run was poked, and its end wakes nothing. A held-up deletion (a finalizer)
+    stands for a slow one."""
+    import asyncio
+
+    from rolloutrun_operator.kube import ChildConflict, Kube, load_credentials
+
+    ns = Namespace(api, "term")
+    pod = {
+        "metadata": {"name": "p", "finalizers": ["test.rolloutrun.dev/hold"]},
+        "spec": {"containers": [{"name": "c", "image": "x", "command": ["rolloutrun", "x"]}]},
+    }
+    ns.core.create_namespaced_pod(ns.name, pod)
+    manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod["spec"]}
+    manifest["metadata"]["namespace"] = ns.name
+
+    async def conflict() -> ChildConflict:
+        kube = Kube(load_credentials(str(cluster.kubeconfig_path)))
+        try:
+            with pytest.raises(ChildConflict) as raised:
+                await kube.create_owned(manifest)
+            return raised.value
+        finally:
+            await kube.close()
+
+    assert asyncio.run(conflict()).terminating is False
+    ns.core.delete_namespaced_pod("p", ns.name)
+    assert ns.core.read_namespaced_pod("p", ns.name).metadata.deletion_timestamp is not None
+    assert asyncio.run(conflict()).terminating is True
+    ns.core.patch_namespaced_pod("p", ns.name, {"metadata": {"finalizers": None}})
+    ns.core.delete_namespace(ns.name)
+
+
 def test_a_delete_names_the_uid_it_observed_and_spares_a_replacement(cluster, api):
     import asyncio
 
