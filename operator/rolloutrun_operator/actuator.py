@@ -28,7 +28,7 @@ from rolloutrun_operator.api.v1alpha1 import (
 )
 from rolloutrun_operator.api.validation import RolloutRunInvalid, parse_rolloutrun
 from rolloutrun_operator.conditions import ConditionType, Desired, find, merge
-from rolloutrun_operator.kube import ChildConflict, Json, Kube
+from rolloutrun_operator.kube import ChildConflict, Json, Kube, NameFreed
 from rolloutrun_operator.observe import Observed, observed_from, owned_by
 from rolloutrun_operator.ownership import CHILD_CONFLICT, conflict_message
 from rolloutrun_operator.plan import Action, Event, Verb
@@ -41,6 +41,10 @@ from rolloutrun_operator.reconcile import (
 from rolloutrun_operator.watching import INDEXED_CHILD_KINDS
 
 logger = logging.getLogger(__name__)
+
+#: Seconds between passes while a conflicting object is terminating: its name is free once
+#: it is gone, and no watch event says so (it does not carry the run's label).
+TERMINATING_HOLDER_RECHECK_SECONDS = 2.0
 
 
 @dataclass
@@ -322,6 +326,9 @@ async def run_pass(
         await apply(kube, namespace, result.actions)
     except ChildConflict as conflict:
         result = conflict_result(run, conflict, now)
+    except NameFreed as freed:
+        logger.info("%s: the pass ends unclaimed, the next one observes again", freed)
+        result = freed_result(run)
     new = status_json(result.status)
     old = status_json(run.status) if run.status is not None else None
     wrote = new != old
@@ -331,7 +338,8 @@ async def run_pass(
 
 def conflict_result(run: RolloutRun, conflict: ChildConflict, now: dt.datetime) -> Result:
     """A pass cut short by a :class:`ChildConflict` on create: the last status (nothing
-    this pass decided is claimed) with ``Ready=False`` naming the object and its owner."""
+    this pass decided is claimed) with ``Ready=False`` naming the object and its owner;
+    looked at again soon when that object is terminating, else when idle."""
     status = (run.status or RolloutRunStatus()).model_copy(deep=True)
     message = conflict_message([(conflict.ref, conflict.owner)])
     desired = {
@@ -342,7 +350,17 @@ def conflict_result(run: RolloutRun, conflict: ChildConflict, now: dt.datetime) 
     status.conditions = merge(status.conditions, desired, now, run.metadata.get("generation"))
     fresh = before is None or before.reason != CHILD_CONFLICT or before.message != message
     events = [Event("Warning", CHILD_CONFLICT, message[:1024])] if fresh else []
-    return Result([], status, events, IDLE_REQUEUE_SECONDS)
+    again = TERMINATING_HOLDER_RECHECK_SECONDS if conflict.terminating else IDLE_REQUEUE_SECONDS
+    return Result([], status, events, again, other_requeue_after=again)
+
+
+def freed_result(run: RolloutRun) -> Result:
+    """A pass cut short by :class:`~rolloutrun_operator.kube.NameFreed`: the last status
+    unchanged (this pass's decision assumed the child was created, and a trainer counted
+    launched but never created would be a trainer lost: a restart nothing caused), and the
+    next pass at once, which finds the name free."""
+    status = (run.status or RolloutRunStatus()).model_copy(deep=True)
+    return Result([], status, [], 0.0, other_requeue_after=0.0)
 
 
 def _subset(status: dict[str, Any], patch: Json) -> Json:

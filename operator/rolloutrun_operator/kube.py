@@ -127,13 +127,27 @@ class KubeError(Exception):
 
 
 class ChildConflict(KubeError):
-    """A create found the name taken by an object the run does not control: not adopted."""
+    """A create found the name taken by an object the run does not control: not adopted.
+    ``terminating``: its deletion is under way, so the name is soon free (nothing else
+    tells the run: an object without the run's label is not watched)."""
 
-    def __init__(self, ref: str, owner: str) -> None:
+    def __init__(self, ref: str, owner: str, terminating: bool = False) -> None:
         super().__init__(f"{ref} exists and is not owned by this run (owner: {owner})", 409)
         self.reason = "ChildConflict"
         self.ref = ref
         self.owner = owner
+        self.terminating = terminating
+
+
+class NameFreed(KubeError):
+    """A create met a 409 but the read-back found no object of that name: its holder ended
+    between the two requests (someone else's pod finishing its termination). Nothing was
+    created, so nothing may be claimed: the pass ends and the next one observes again."""
+
+    def __init__(self, ref: str) -> None:
+        super().__init__(f"{ref} was taken on create and gone on the read-back", 409)
+        self.reason = "NameFreed"
+        self.child = ref
 
 
 @dataclass(frozen=True)
@@ -277,15 +291,18 @@ class Kube:
         """Create a child; False when the run's own one of that name already exists.
 
         A 409 is not success by itself: the existing object is read back and kept only if
-        its controller is the manifest's (the run's uid); else :class:`ChildConflict`."""
+        its controller is the manifest's (the run's uid); else :class:`ChildConflict`, or
+        :class:`NameFreed` when none is left to read."""
         if await self.create(manifest):
             return True
         meta = manifest["metadata"]
         existing = await self.get(manifest["kind"], meta.get("namespace"), meta["name"])
-        if existing is None:  # gone again since: the next pass creates it
-            return False
+        if existing is None:  # not "existed": a pass counting it would count a child lost
+            raise NameFreed(f"{manifest['kind']}/{meta['name']}")
         if not owned_by(existing, controller_uid(manifest) or ""):
-            raise ChildConflict(f"{manifest['kind']}/{meta['name']}", owner_text(existing))
+            terminating = bool((existing.get("metadata") or {}).get("deletionTimestamp"))
+            ref = f"{manifest['kind']}/{meta['name']}"
+            raise ChildConflict(ref, owner_text(existing), terminating)
         return False
 
     async def replace(self, manifest: Json) -> None:

@@ -6,6 +6,7 @@ import datetime as dt
 
 from rolloutrun_operator.actuator import (
     conflict_result,
+    freed_result,
     in_steps,
     invalid_status,
     lenient_status,
@@ -75,6 +76,37 @@ def test_a_conflict_on_create_keeps_the_last_status_and_names_the_object():
     assert [e.reason for e in result.events] == ["ChildConflict"]
     run.status = result.status  # the next pass meets the same object: no second Event
     assert conflict_result(run, conflict, now).events == []
+
+
+def test_a_conflict_with_a_terminating_object_is_looked_at_again_soon():
+    """Its name is free once it is gone, and no watch event tells the run (the object does
+    not carry its label): the run must not wait for the idle requeue (20 min)."""
+    from rolloutrun_operator.actuator import TERMINATING_HOLDER_RECHECK_SECONDS
+    from rolloutrun_operator.kube import ChildConflict
+    from rolloutrun_operator.reconcile import IDLE_REQUEUE_SECONDS
+    from tests.support.rolloutruns import make_run, running_status
+
+    run = make_run(running_status(1))
+    now = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    ending = conflict_result(run, ChildConflict("Pod/demo-i1-trainer", "no owner", True), now)
+    staying = conflict_result(run, ChildConflict("Pod/demo-i1-trainer", "no owner"), now)
+    assert ending.requeue_after == ending.other_requeue_after == TERMINATING_HOLDER_RECHECK_SECONDS
+    assert staying.requeue_after == IDLE_REQUEUE_SECONDS
+    assert ending.status == staying.status
+
+
+def test_a_name_freed_on_create_keeps_the_last_status_and_looks_again_at_once():
+    """Nothing this pass decided is claimed (a trainer it meant to create would otherwise
+    count as launched, and then as lost), no Event, and the next pass without waiting."""
+    from tests.support.rolloutruns import make_run, running_status
+
+    run = make_run(running_status(3, restarts=1))
+    assert run.status is not None
+    run.status.incarnation_start_time = None
+    result = freed_result(run)
+    assert result.actions == [] and result.events == []
+    assert status_json(result.status) == status_json(run.status)
+    assert result.requeue_after == 0.0 and result.other_requeue_after == 0.0
 
 
 def test_consecutive_deletes_form_one_step_every_other_action_its_own():

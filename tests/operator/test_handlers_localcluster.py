@@ -335,6 +335,83 @@ def test_objects_holding_a_childs_name_are_conflicts_never_adopted(cluster, api)
     ns.core.delete_namespace(ns.name)
 
 
+def test_a_name_freed_between_the_409_and_the_read_back_is_not_claimed(cluster, api):
+    """Under load the conflicts test above restarted its run on its own: the pod holding the
+    trainer's name ended between the create's 409 and the read-back, the create counted as
+    "existed", the pass claimed the trainer launched and the next found it lost. Here the
+    holder ends at that point every time: the create must not report the child as there."""
+    import asyncio
+
+    from rolloutrun_operator.kube import Kube, NameFreed, load_credentials
+
+    ns = Namespace(api, "freed")
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "x", "command": ["rolloutrun", "x"]}]},
+    }
+    ns.core.create_namespaced_pod(ns.name, pod)
+
+    def gone() -> bool:
+        return "p" not in {p.metadata.name for p in ns.core.list_namespaced_pod(ns.name).items}
+
+    class HolderEndsAfterTheConflict(Kube):
+        async def create(self, manifest: dict[str, Any]) -> bool:
+            created = await super().create(manifest)
+            if not created:
+                ns.core.delete_namespaced_pod("p", ns.name, grace_period_seconds=0)
+                eventually(gone, what="p gone")
+            return created
+
+    manifest = {"apiVersion": "v1", "kind": "Pod", **pod}
+    manifest["metadata"] = {"name": "p", "namespace": ns.name}
+
+    async def create() -> bool:
+        kube = HolderEndsAfterTheConflict(load_credentials(str(cluster.kubeconfig_path)))
+        try:
+            return await kube.create_owned(manifest)
+        finally:
+            await kube.close()
+
+    with pytest.raises(NameFreed, match="Pod/p was taken on create and gone"):
+        asyncio.run(create())
+    assert gone()  # nothing was created: the next pass creates it
+    ns.core.delete_namespace(ns.name)
+
+
+def test_a_conflict_with_a_terminating_holder_says_so(cluster, api):
+    """The conflicts test above waited 20 min under load: the squatter was still terminating
+    when the run was poked, and its end wakes nothing. A held-up deletion (a finalizer)
+    stands for a slow one."""
+    import asyncio
+
+    from rolloutrun_operator.kube import ChildConflict, Kube, load_credentials
+
+    ns = Namespace(api, "term")
+    pod = {
+        "metadata": {"name": "p", "finalizers": ["test.rolloutrun.dev/hold"]},
+        "spec": {"containers": [{"name": "c", "image": "x", "command": ["rolloutrun", "x"]}]},
+    }
+    ns.core.create_namespaced_pod(ns.name, pod)
+    manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod["spec"]}
+    manifest["metadata"]["namespace"] = ns.name
+
+    async def conflict() -> ChildConflict:
+        kube = Kube(load_credentials(str(cluster.kubeconfig_path)))
+        try:
+            with pytest.raises(ChildConflict) as raised:
+                await kube.create_owned(manifest)
+            return raised.value
+        finally:
+            await kube.close()
+
+    assert asyncio.run(conflict()).terminating is False
+    ns.core.delete_namespaced_pod("p", ns.name)
+    assert ns.core.read_namespaced_pod("p", ns.name).metadata.deletion_timestamp is not None
+    assert asyncio.run(conflict()).terminating is True
+    ns.core.patch_namespaced_pod("p", ns.name, {"metadata": {"finalizers": None}})
+    ns.core.delete_namespace(ns.name)
+
+
 def test_a_delete_names_the_uid_it_observed_and_spares_a_replacement(cluster, api):
     import asyncio
 
