@@ -64,6 +64,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -251,7 +252,18 @@ def arm(spec: Arm, work: Path, *, window: float, every: float) -> dict[str, Any]
             os.environ["PYTHONPATH"] = saved
 
 
-def _window(run: EmbeddedRun, spec: Arm, window: float, every: float) -> dict[str, Any]:
+def _window(
+    run: EmbeddedRun,
+    spec: Arm,
+    window: float,
+    every: float,
+    *,
+    role: str = "gym",
+    members: int = 2,
+    replacements: Callable[..., dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Train ``window`` seconds, deleting a ``role`` pod (of ``members``) every ``every``
+    seconds (with ``spec.delete``); ``replacements`` reads an elastic arm's recoveries."""
     start, first = time.time(), _highest_step(run)
     deletions: list[tuple[float, str]] = []
     recoveries: list[float] = []
@@ -261,7 +273,7 @@ def _window(run: EmbeddedRun, spec: Arm, window: float, every: float) -> dict[st
     while time.time() < start + window:
         if spec.delete and time.time() >= next_delete:
             n = int(run.status().get("incarnation") or 0)
-            victim = f"bench-i{n}-gym-{k % 2}"
+            victim = f"bench-i{n}-{role}-{k % members}"
             serving = run.serving_member_uids()
             if victim in serving:
                 at = time.time()
@@ -289,7 +301,7 @@ def _window(run: EmbeddedRun, spec: Arm, window: float, every: float) -> dict[st
         "incarnations": int(status.get("incarnation") or 0),
     }
     if spec.delete and spec.elastic:
-        result.update(_replacements(run, status, deletions, watches))
+        result.update((replacements or _replacements)(run, status, deletions, watches))
     if spec.delete and not spec.elastic:
         result["loss_to_training_again_s"] = _stats(recoveries)
     return result

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +28,11 @@ from .elastic import (
     Arm,
     ReplacementWatch,
     _document,
-    _first_step_after,
     _highest_step,
     _log_times,
     _spread,
     _stats,
+    _window,
 )
 from .operator_recovery import wait
 
@@ -74,51 +73,15 @@ def worker_arm(spec: Arm, work: Path, *, window: float, every: float) -> dict[st
     pods every ``every`` seconds (with ``spec.delete``)."""
     with EmbeddedRun(_worker_document(spec.elastic, spec.seed), work / spec.name) as run:
         wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
-        return _worker_window(run, spec, window, every)
-
-
-def _worker_window(run: EmbeddedRun, spec: Arm, window: float, every: float) -> dict[str, Any]:
-    start, first = time.time(), _highest_step(run)
-    deletions: list[tuple[float, str]] = []
-    watches: list[ReplacementWatch] = []
-    recoveries: list[float] = []
-    next_delete, k = start + every, spec.seed
-    while time.time() < start + window:
-        if spec.delete and time.time() >= next_delete:
-            n = int(run.status().get("incarnation") or 0)
-            victim = f"bench-i{n}-worker-{k % WORKER_PODS}"
-            serving = run.serving_member_uids()
-            if victim in serving:
-                at = time.time()
-                run.delete_pod(victim)
-                deletions.append((at, victim))
-                k += 1
-                if spec.elastic:
-                    watches.append(ReplacementWatch(run, victim, serving[victim], at))
-                    watches[-1].start()
-                else:  # time the restart inline (the next deletion waits)
-                    resumed = _first_step_after(run, at, n + 1)
-                    if resumed is not None:
-                        recoveries.append(resumed - at)
-            next_delete = max(next_delete + every, time.time() + 1)
-        time.sleep(0.05)
-    steps, elapsed = _highest_step(run) - first, time.time() - start
-    status = run.status()
-    result: dict[str, Any] = {
-        "seed": spec.seed,
-        "window_s": round(elapsed, 1),
-        "steps": steps,
-        "steps_per_min": round(steps / elapsed * 60, 2),
-        "deletions": len(deletions),
-        "incarnations": int(status.get("incarnation") or 0),
-    }
-    if spec.delete and spec.elastic:
-        for watch in watches:
-            watch.join(timeout=5)
-        result.update(_worker_replacements(run, status, deletions, watches))
-    if spec.delete and not spec.elastic:
-        result["loss_to_training_again_s"] = _stats(recoveries)
-    return result
+        return _window(
+            run,
+            spec,
+            window,
+            every,
+            role="worker",
+            members=WORKER_PODS,
+            replacements=_worker_replacements,
+        )
 
 
 def _worker_replacements(
@@ -130,6 +93,8 @@ def _worker_replacements(
     """Per deletion, seconds from it to each of :data:`WORKER_STAGES` (the trainer's log
     lines: the first after the deletion; a deletion whose replacement was not re-admitted
     before the next deletion or the window's end has no ``readmitted``)."""
+    for watch in watches:
+        watch.join(timeout=5)
     lost, readmitted = _log_times(run, WORKER_LOST), _log_times(run, WORKER_READMITTED)
     samples: list[dict[str, float]] = []
     for (at, _), watch, until in zip(
