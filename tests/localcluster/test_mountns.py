@@ -378,6 +378,10 @@ def test_a_checkout_under_tmp_stays_visible_and_tmp_itself_is_never_kept() -> No
     keep = ["/tmp", "/tmp/ci.x/main/runtime"]
     spec = mountns.plan({}, {"name": "main"}, {}, "/c/pods/p", "/c/pods/p/tmp", keep, "/c")
     assert spec["keep"] == ["/c/pods/p", "/tmp/ci.x/main/runtime"]  # not /tmp: the mount stays
+    mounted = {"name": "main", "volumeMounts": [{"name": "v", "mountPath": "/tmp/ci.x/main"}]}
+    keep = ["/tmp/ci.x/main", "/tmp/ci.x/main/runtime"]
+    spec = mountns.plan({}, mounted, {"v": "/v"}, "/c/pods/p", "/c/pods/p/tmp", keep, "/c")
+    assert spec["keep"] == ["/c/pods/p", "/tmp/ci.x/main/runtime"]  # the volume, not the host's
 
 
 def test_where_mount_namespaces_are_not_permitted_loopback_is_chosen_and_namespaces_refused() -> (
