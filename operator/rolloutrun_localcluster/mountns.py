@@ -125,6 +125,7 @@ def plan(
     # only what lies strictly below a mount: keeping a mount point itself (a PATH entry of
     # /tmp) would undo the mount
     below = {p for p in keep if any(_under(p, t) and p != t for t in hidden)}
+    below -= set(targets)  # a volume mounted at a kept path is what the pod sees there
     kept = sorted(below | {pod_dir})
     security = container.get("securityContext") or {}
     return {

@@ -167,6 +167,22 @@ def _make(path: str, is_file: bool) -> None:
         os.makedirs(path, exist_ok=True)
 
 
+def binding_order(
+    mounts: list[dict[str, Any]], sources: list[int], kept: list[tuple[str, int]]
+) -> list[tuple[str, int, dict[str, Any] | None]]:
+    """The volumes (with their item) and the kept paths (item None) as one list, shallowest
+    target first: a volume mounted below a kept path is bound after it, on top of it. Kept
+    paths bound last covered the volumes below them (a checkout under ``/tmp`` kept behind
+    the pod's private ``/tmp``, the run's claim under it): the pod wrote to the host's
+    directory instead of its volume, and with a read-only root its volume was no mount
+    point (``mount_setattr ... Invalid argument``). Stable: at one depth, volumes first."""
+    steps: list[tuple[str, int, dict[str, Any] | None]] = [
+        (item["target"], fd, item) for item, fd in zip(mounts, sources, strict=True)
+    ]
+    steps += [(path, fd, None) for path, fd in kept]
+    return sorted(steps, key=lambda step: step[0].rstrip("/").count("/"))
+
+
 def setup(spec: dict[str, Any]) -> None:
     """Build the container's mounts in this process's (new) mount namespace."""
     _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
@@ -182,20 +198,17 @@ def setup(spec: dict[str, Any]) -> None:
         if os.path.isdir(path):
             mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
             writable.add(path)
-    for item, fd in zip(spec["mounts"], sources, strict=True):
-        target, source = item["target"], f"/proc/self/fd/{fd}"
-        is_file = not os.path.isdir(source)
-        launcher.ensure(target, is_file, writable)
+    for target, fd, item in binding_order(spec["mounts"], sources, kept):
+        source = f"/proc/self/fd/{fd}"
+        launcher.ensure(target, not os.path.isdir(source), writable)
         mount(source, target, None, MS_BIND | MS_REC)
         os.close(fd)
+        if item is None:  # a kept path, bound onto itself: a mount point, for set_readonly
+            continue
         if item.get("readOnly"):
             mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
         else:
             writable.add(target)
-    for path, fd in kept:  # bound onto themselves too: a mount point each, for set_readonly
-        launcher.ensure(path, not os.path.isdir(f"/proc/self/fd/{fd}"), writable)
-        mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-        os.close(fd)
     if spec.get("workingDir"):  # a container runtime makes a missing working directory
         launcher.ensure(spec["workingDir"], False, writable)
     if spec.get("readOnlyRoot"):

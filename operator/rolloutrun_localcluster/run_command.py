@@ -93,6 +93,8 @@ class Display:
         self.out = out or sys.stdout
         self._last: tuple[Any, ...] | None = None
         self._highest = 0
+        self._restarts = 0
+        self._failure: Any = None
 
     def __call__(self, run: EmbeddedRun, status: dict[str, Any]) -> None:
         step = run.last_step() or {}
@@ -106,6 +108,7 @@ class Display:
             ready.get("reason"),
         )
         if key == self._last:
+            self._why(status)
             return
         self._last = key
         steps = ((run.document.get("spec") or {}).get("run") or {}).get("grpo", {})
@@ -125,6 +128,20 @@ class Display:
             f"  [{ready.get('reason', 'Pending')}]"
         )
         print(line, file=self.out, flush=True)
+        self._why(status)
+
+    def _why(self, status: dict[str, Any]) -> None:
+        """Under a restart after a failure (not a preemption), or the run's end: the
+        failure the operator recorded, its member's last line with it, once."""
+        restarted = int(status.get("restarts") or 0) > self._restarts
+        self._restarts = int(status.get("restarts") or 0)
+        failure = status.get("lastFailure") or None
+        if failure == self._failure or not failure:
+            return
+        if restarted or (condition_of(status, "Failed") or {}).get("status") == "True":
+            self._failure = failure
+            why = f"{failure.get('reason')}: {failure.get('message')}"
+            print(f"         why: {why}", file=self.out, flush=True)
 
 
 def preempt_roles(text: str) -> frozenset[str]:

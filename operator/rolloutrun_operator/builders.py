@@ -528,6 +528,8 @@ def gym_pod(run: RolloutRun, incarnation: int, index: int, generation: int = 0) 
         ],
         "ports": [{"name": naming.PORT_NAME_GYM, "containerPort": port}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1},
+        # why it failed, in the pod's status (the operator quotes its last line)
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     audit = gym_audit_path(run, index)
     if audit is not None:

@@ -72,7 +72,7 @@ def pod_loss(p: Pass, pod: PodView) -> Loss | None:
             why = (pod.terminated_message or "").strip()[-1024:]
             message = f"{pod.name}: {detail}" + (f": {why}" if why else "")
             return Loss(f"{role}{pod.terminated_reason}", pod.name, LossKind.FAILURE, message)
-        return Loss(f"{role}Failed", pod.name, LossKind.FAILURE, f"{pod.name}: {detail}")
+        return Loss(f"{role}Failed", pod.name, LossKind.FAILURE, failed_message(pod, detail))
     if pod.phase == "Succeeded":
         if preempted:
             return Loss(preempted, pod.name, LossKind.PREEMPTION, f"{pod.name} was stopped")
@@ -86,6 +86,14 @@ def pod_loss(p: Pass, pod: PodView) -> Loss | None:
             return Loss("NodeLost", pod.name, LossKind.PREEMPTION, message)
         p.look_again_at(since + timeout)
     return None
+
+
+def failed_message(pod: PodView, detail: str) -> str:
+    """``<pod>: exit code N``, then the container's last line when it left one (a trainer's
+    exception, e.g. ``RayNodeEndedError: ...``; a launcher's ``mountns: ...``): the run's
+    status then says why, not only that, a member failed."""
+    last = (pod.terminated_message or "").strip().splitlines()
+    return f"{pod.name}: {detail}" + (f": {last[-1].strip()[-1024:]}" if last else "")
 
 
 def unrestorable(pod: PodView, detail: str) -> Loss:

@@ -48,6 +48,30 @@ def test_a_restart_shows_the_redone_steps_and_the_highest_reached(tmp_path: Path
     ]
 
 
+def test_a_restart_after_a_failure_says_why_once_and_a_preemption_says_nothing(
+    tmp_path: Path,
+) -> None:
+    run, out = _Run(tmp_path / "metrics.jsonl"), io.StringIO()
+    display = Display(out)
+    mounts = "g-0: exit code 128: mountns: mount_setattr /r/storage/gym-audit: Invalid argument"
+    deleted = {"reason": "PodDeleted", "pod": "t", "message": "t is being deleted"}
+    failed = {"reason": "GymFailed", "pod": "g-0", "message": mounts}
+    steps: list[dict[str, Any]] = [
+        {"incarnation": 1, "restarts": 0, "preemptions": 1, "lastFailure": deleted},
+        {"incarnation": 2, "restarts": 1, "preemptions": 1, "lastFailure": failed},
+        {"incarnation": 2, "restarts": 1, "preemptions": 2, "lastFailure": failed},
+        {"incarnation": 3, "restarts": 1, "preemptions": 2, "lastFailure": deleted},
+    ]
+    for status in steps:
+        display(run, status)  # type: ignore[arg-type]
+    whys = [line.strip() for line in out.getvalue().splitlines() if "why:" in line]
+    assert whys == [f"why: GymFailed: {mounts}"]
+    ended = {**steps[-1], "lastFailure": {**failed, "reason": "TrainerFailed"}}
+    ended["conditions"] = [{"type": "Failed", "status": "True"}]
+    display(run, ended)  # type: ignore[arg-type]
+    assert out.getvalue().splitlines()[-1].strip() == f"why: TrainerFailed: {mounts}"
+
+
 def test_the_summary_line_rounds_the_thrown_away_time_and_says_when_it_is_unknown() -> None:
     summary = {
         "result": "Succeeded",

@@ -8,6 +8,7 @@ any program (``cat``); a read-only root refuses writes; nothing is created on th
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -262,6 +263,55 @@ def test_a_claim_naming_its_volume_binds_to_it_and_pods_see_its_directory(
     assert (directory / "written").read_text() == "from-the-pod\n"
 
 
+@pytest.fixture(params=["under-tmp", "outside-tmp"])
+def checkout(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A project checkout: under /tmp (behind the pod's private /tmp, as CI's and a user's
+    clone under /tmp), or where the pod's /tmp does not reach (/var/tmp)."""
+    if request.param == "under-tmp":
+        yield tmp_path / "checkout"
+        return
+    if not os.path.isdir("/var/tmp"):
+        pytest.skip("no /var/tmp here")
+    with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="mountns-") as directory:
+        yield Path(directory) / "checkout"
+
+
+def test_a_claim_below_a_kept_checkout_is_the_pods_volume_with_a_read_only_root(
+    client: Any, namespace: str, checkout: Path
+) -> None:
+    """``rolloutrun run`` from a clone under /tmp: the run's claim lies in the checkout
+    (``.rolloutrun/<run>/storage``), which pods keep seeing (their programs); the kept
+    checkout was bound over the claim's mount, and every Gym pod (read-only root) exited
+    with ``mountns: mount_setattr <run>/storage/gym-audit: Invalid argument``."""
+    from rolloutrun_localcluster.storage_provisioner import static_claim
+
+    core: Any = k8s.CoreV1Api(client)
+    directory = checkout / ".rolloutrun" / "run" / "storage"
+    directory.mkdir(parents=True)
+    (checkout / "program").write_text("kept\n")
+    pv, claim = static_claim("kept", namespace, directory)
+    core.create_persistent_volume(pv)
+    core.create_namespaced_persistent_volume_claim(namespace, claim)
+    eventually(lambda: _bound(core, namespace, "kept-storage"), what="static claim bound")
+    mounts = [{"name": "s", "mountPath": str(directory)}]
+    volumes = [{"name": "s", "persistentVolumeClaim": {"claimName": "kept-storage"}}]
+    script = (
+        f"cat {checkout}/program && echo from-the-pod > {directory}/written && "
+        f"grep -q ' {directory} ' /proc/self/mountinfo && echo a-mount; "
+        f"echo x > {checkout}/other || echo refused"
+    )
+    env = [{"name": "PYTHONPATH", "value": str(checkout)}]  # kept: the pod's programs
+    pod = _pod(
+        "kept", script, mounts, volumes, env=env, securityContext={"readOnlyRootFilesystem": True}
+    )
+    core.create_namespaced_pod(namespace, pod)
+    phase, log = _finish(core, namespace, "kept")
+    assert phase == "Succeeded", log
+    assert log.splitlines()[:2] == ["kept", "a-mount"] and log.rstrip().endswith("refused")
+    assert (directory / "written").read_text() == "from-the-pod\n"
+    assert not (checkout / "other").exists()
+
+
 def test_a_pod_sees_its_own_directory_but_not_other_pods_or_claims(
     cluster: LocalCluster, client: Any, namespace: str
 ) -> None:
@@ -328,6 +378,10 @@ def test_a_checkout_under_tmp_stays_visible_and_tmp_itself_is_never_kept() -> No
     keep = ["/tmp", "/tmp/ci.x/main/runtime"]
     spec = mountns.plan({}, {"name": "main"}, {}, "/c/pods/p", "/c/pods/p/tmp", keep, "/c")
     assert spec["keep"] == ["/c/pods/p", "/tmp/ci.x/main/runtime"]  # not /tmp: the mount stays
+    mounted = {"name": "main", "volumeMounts": [{"name": "v", "mountPath": "/tmp/ci.x/main"}]}
+    keep = ["/tmp/ci.x/main", "/tmp/ci.x/main/runtime"]
+    spec = mountns.plan({}, mounted, {"v": "/v"}, "/c/pods/p", "/c/pods/p/tmp", keep, "/c")
+    assert spec["keep"] == ["/c/pods/p", "/tmp/ci.x/main/runtime"]  # the volume, not the host's
 
 
 def test_where_mount_namespaces_are_not_permitted_loopback_is_chosen_and_namespaces_refused() -> (

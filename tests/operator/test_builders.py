@@ -227,6 +227,13 @@ def test_a_volume_claim_is_mounted_at_the_storage_path_of_the_trainer():
     assert "--audit-uri" not in command
 
 
+def test_a_failed_gym_says_why_in_its_status_as_the_trainer_does():
+    """A Gym that exits (its launcher refused a mount, its server raised) leaves its log's
+    end as its termination message, which the operator quotes in the run's lastFailure."""
+    container = builders.gym_pod(make_run(), 1, 0)["spec"]["containers"][0]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
 def test_gym_pods_record_side_effects_under_the_gcs_storage_without_the_trainers_key():
     run = make_run(**GCS)
     pod = builders.gym_pod(run, 1, 0)

@@ -147,6 +147,29 @@ def test_a_gym_whose_command_cannot_start_is_reported_with_the_kubelets_message(
     assert cond(result, "Ready")[1] == "GymStartError"
 
 
+def test_a_failed_members_last_line_is_in_the_reason_it_ended():
+    """A trainer that ended with a named error (its Ray head would not start) or a Gym
+    whose launcher refused its mounts: the status says what, not only ``exit code 1``."""
+    why = (
+        "Traceback (most recent call last):\n  ...\n"
+        "rolloutrun_runtime.workers.ray_cluster.RayNodeEndedError: the trainer's Ray head "
+        "node on 10.0.0.5 ended before the driver connected, 3 starts in a row\n"
+    )
+    failed = trainer(1, phase="Failed", exit_code=1, terminated_message=why)
+    result = reconcile(make_run(running_status()), observed((failed, gym(1, 0), gym(1, 1))), NOW)
+    assert result.status.last_failure is not None
+    assert result.status.last_failure.reason == "TrainerFailed"
+    assert result.status.last_failure.message == (
+        f"{failed.name}: exit code 1: rolloutrun_runtime.workers.ray_cluster.RayNodeEndedError: "
+        "the trainer's Ray head node on 10.0.0.5 ended before the driver connected, "
+        "3 starts in a row"
+    )
+    silent = trainer(1, phase="Failed", exit_code=137)
+    result = reconcile(make_run(running_status()), observed((silent, gym(1, 0), gym(1, 1))), NOW)
+    assert result.status.last_failure is not None
+    assert result.status.last_failure.message == f"{silent.name}: exit code 137"
+
+
 def test_the_reward_annotation_is_read_and_mirrored_into_status():
     raw = {"metadata": {"annotations": {naming.ANNOTATION_REWARD: "0.4375"}}, "spec": {}}
     assert lease_view(raw).reward == 0.4375

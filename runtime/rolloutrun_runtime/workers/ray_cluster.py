@@ -18,6 +18,7 @@ run beside the trainer otherwise (today's in-pod behaviour).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
@@ -25,8 +26,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +57,20 @@ HEALTH_CHECK_ENV = {
 }
 #: Starts of a private Ray (its raylet missed Ray's own start-up bound) before giving up.
 PRIVATE_START_ATTEMPTS = 3
+#: Ray's own bound on a node's start: ``ray start`` exits when its raylet has not registered
+#: with the GCS within 30 s (``ray/_private/node.py``), after the GCS port has opened.
+RAY_START_BOUND_S = 30.0
+#: A node of ours alive this long after its GCS port opened has started, whatever it printed.
+STARTED_AFTER_S = RAY_START_BOUND_S + 5.0
+#: What ``ray start`` prints once its node is up (the head's or a joining node's).
+STARTED_LINE = b"Ray runtime started."
+#: Starts of the trainer's own node (the head, or a node joining a cluster) that ended before
+#: the driver was connected, before the trainer gives up with :class:`RayNodeEndedError`.
+NODE_START_ATTEMPTS = 3
+#: Ray's connection tries in ``ray.init`` (about 40 s each when the GCS is gone; 20 by
+#: default, so a dead head held the trainer a quarter of an hour): one, then our loop,
+#: which looks at the node between tries, decides.
+RAY_GCS_TRIES_ENV = "RAY_gcs_server_port_wait_time_s"
 RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
 RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 
@@ -66,6 +82,12 @@ class AddressKind(enum.StrEnum):
 
 class RayClusterError(RuntimeError):
     """A Ray node could not be started or joined."""
+
+
+class RayNodeEndedError(RayClusterError):
+    """The trainer's own Ray node (``ray start``) ended before the driver was connected:
+    Ray's start bound missed on a loaded machine, or the node crashed. Started again up to
+    :data:`NODE_START_ATTEMPTS` times, then the trainer ends with it (the run restarts)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +182,24 @@ def wait_for_port(host: str, port: int, timeout_s: float, alive: Any = None) -> 
             time.sleep(0.2)
 
 
+class Readiness(enum.StrEnum):
+    READY = "ready"
+    ENDED = "ended"
+    WAIT = "wait"
+
+
+def readiness(said_started: bool, alive: bool, since_open_s: float) -> Readiness:
+    """Whether our node, its GCS port open ``since_open_s`` ago, has started: it said so, or
+    outlived Ray's start bound (:data:`STARTED_AFTER_S`); or it ended. An open port alone is
+    not a started node: ``ray start`` exits when its raylet misses Ray's 30 s bound, and a
+    ``ray.init`` on the dead node retried its connection for a quarter of an hour."""
+    if said_started:
+        return Readiness.READY
+    if not alive:
+        return Readiness.ENDED
+    return Readiness.READY if since_open_s >= STARTED_AFTER_S else Readiness.WAIT
+
+
 class RayNode:
     """One ``ray start --block`` process group of ours (head or joining node)."""
 
@@ -170,10 +210,19 @@ class RayNode:
         self.log_path = log_path
         self.auth_token = auth_token
         self.process: subprocess.Popen[bytes] | None = None
+        #: Where this start's output begins in the log (it is appended to), and the log
+        #: when none was given (a private file, removed at stop): its start line is read.
+        self._offset = 0
+        self._own_log: str | None = None
 
     def start(self) -> None:
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        try:
+        path = self.log_path
+        if path is None:
+            descriptor, path = tempfile.mkstemp(prefix="ray-node-", suffix=".log")
+            os.close(descriptor)
+            self._own_log = path
+        with open(path, "ab") as log:
+            self._offset = log.tell()
             self.process = subprocess.Popen(
                 self.argv,
                 env=node_env(auth_token=self.auth_token),
@@ -182,15 +231,37 @@ class RayNode:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own group: stopped (and killed) as one
             )
-        finally:
-            if log is not subprocess.DEVNULL:
-                log.close()  # type: ignore[union-attr]
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def output(self) -> bytes:
+        """What this start of the node has printed so far."""
+        path = self.log_path or self._own_log
+        if path is None:
+            return b""
+        try:
+            with open(path, "rb") as log:
+                log.seek(self._offset)
+                return log.read()
+        except OSError:
+            return b""
+
+    def said_started(self) -> bool:
+        return STARTED_LINE in self.output()
+
+    def ended_why(self) -> str:
+        """The node's exit status and the last lines it printed, for an error message."""
+        code = None if self.process is None else self.process.poll()
+        lines = self.output().decode(errors="replace").strip().splitlines()[-3:]
+        return f"exit status {code}" + (f": {' | '.join(lines)}" if lines else "")
+
     def stop(self) -> None:
         process, self.process = self.process, None
+        if self._own_log is not None:
+            with contextlib.suppress(OSError):
+                os.remove(self._own_log)
+            self._own_log = None
         if process is None:
             return
         for sig, wait in ((signal.SIGTERM, NODE_STOP_TIMEOUT_S), (signal.SIGKILL, 5.0)):
@@ -203,6 +274,27 @@ class RayNode:
                 break
             except subprocess.TimeoutExpired:
                 continue
+
+
+def wait_until_started(node: RayNode, host: str, port: int, timeout_s: float) -> None:
+    """Until ``node`` (ours, serving or joining the GCS at ``host:port``) has started (see
+    :func:`readiness`); :class:`RayNodeEndedError` when it ended first."""
+    try:
+        wait_for_port(host, port, timeout_s, node.alive)
+    except RayClusterError as error:
+        if not node.alive():
+            raise RayNodeEndedError(f"{error} ({node.ended_why()})") from error
+        raise
+    opened = time.monotonic()
+    while True:
+        state = readiness(node.said_started(), node.alive(), time.monotonic() - opened)
+        if state is Readiness.READY:
+            return
+        if state is Readiness.ENDED:
+            raise RayNodeEndedError(
+                f"the Ray node ended after {host}:{port} opened ({node.ended_why()})"
+            )
+        time.sleep(0.2)
 
 
 def wants_worker_nodes(cfg: RunConfig) -> bool:
@@ -220,11 +312,22 @@ class RayConnection:
     :meth:`open` did (a Ray initialised by the caller is reused and left running)."""
 
     def __init__(
-        self, cfg: RunConfig, host: str, log_dir: str | None = None, token: str | None = None
+        self,
+        cfg: RunConfig,
+        host: str,
+        log_dir: str | None = None,
+        token: str | None = None,
+        *,
+        head_port: int = RAY_GCS_PORT,
+        node_prefix: tuple[str, ...] = (),
     ) -> None:
         self.cfg = cfg
         self.host = host
         self.log_dir = log_dir
+        #: The head's GCS port (the pod's fixed one; a test's free port).
+        self.head_port = head_port
+        #: Put before our node's ``ray start`` argv (a test's wrapper that ends the node).
+        self.node_prefix = node_prefix
         #: The cluster's token (derived from the run's): our node and our driver use it.
         self.auth_token = ray_auth_token(token) if token else None
         self.node: RayNode | None = None
@@ -247,19 +350,22 @@ class RayConnection:
                 self.owns_driver = True
                 return
             self.kind = "joined"
-            self._start_node(member_argv(parsed.gcs, self.host), parsed.host, parsed.port)
-            gcs = parsed.gcs
+            argv, gcs_host, gcs_port = member_argv(parsed.gcs, self.host), parsed.host, parsed.port
         elif wants_worker_nodes(self.cfg):
             self.kind = "head"
-            self._start_node(head_argv(self.host), self.host, RAY_GCS_PORT)
-            gcs = f"{self.host}:{RAY_GCS_PORT}"
+            argv, gcs_host, gcs_port = (
+                head_argv(self.host, self.head_port),
+                self.host,
+                self.head_port,
+            )
         else:
             init_private(options)
             self.owns_driver = True
             return
         self._authenticate_driver()
+        gcs = f"{gcs_host}:{gcs_port}"
         try:
-            self._init_driver(gcs)
+            self._connect(argv, gcs_host, gcs_port)
         except BaseException:
             self.close()
             raise
@@ -279,20 +385,45 @@ class RayConnection:
         Config.initialize("")
         AuthenticationTokenLoader.instance().reset_cache()
 
+    def _connect(self, argv: list[str], gcs_host: str, gcs_port: int) -> None:
+        """Our node started (:func:`wait_until_started`), then the driver on it; a node that
+        ends first is started again, :data:`NODE_START_ATTEMPTS` starts in all."""
+        for attempt in range(1, NODE_START_ATTEMPTS + 1):
+            try:
+                self._start_node(argv, gcs_host, gcs_port)
+                self._init_driver(f"{gcs_host}:{gcs_port}")
+                return
+            except RayNodeEndedError as error:
+                self._drop_node()
+                if attempt == NODE_START_ATTEMPTS:
+                    raise RayNodeEndedError(
+                        f"the trainer's Ray {self.kind} node on {self.host} ended before "
+                        f"the driver connected, {attempt} starts in a row; the last: {error}"
+                    ) from error
+                logger.warning("Ray %s node ended (%s): starting it again", self.kind, error)
+
     def _init_driver(self, gcs: str) -> None:
         """``ray.init`` on our node: the GCS answers before our raylet has registered, so
-        a refusal is retried while the node lives (bounded)."""
+        a refusal is retried while the node lives (bounded). Ray's own tries are cut to one
+        (:data:`RAY_GCS_TRIES_ENV`): on a dead GCS each takes ~40 s, and 20 of them held the
+        trainer past any bound; the node is looked at before each try."""
         import ray
 
         deadline = time.monotonic() + NODE_START_TIMEOUT_S
         while True:
+            if self.node is None or not self.node.alive():
+                why = "never started" if self.node is None else self.node.ended_why()
+                raise RayNodeEndedError(f"the Ray node at {self.host} ended ({why})")
             try:
-                ray.init(address=gcs, _node_ip_address=self.host, log_to_driver=False)
+                with _environ(RAY_GCS_TRIES_ENV, "1"):
+                    ray.init(address=gcs, _node_ip_address=self.host, log_to_driver=False)
                 return
             except (ConnectionError, RuntimeError, ValueError) as error:
                 ray.shutdown()
-                if self.node is None or not self.node.alive():
-                    raise RayClusterError(f"the Ray node at {self.host} ended: {error}") from error
+                if not self.node.alive():
+                    raise RayNodeEndedError(
+                        f"the Ray node at {self.host} ended: {error} ({self.node.ended_why()})"
+                    ) from error
                 if time.monotonic() > deadline:
                     raise RayClusterError(f"no Ray node at {self.host}: {error}") from error
                 time.sleep(0.5)
@@ -300,9 +431,17 @@ class RayConnection:
     def _start_node(self, argv: list[str], gcs_host: str, gcs_port: int) -> None:
         log_dir = self.log_dir
         log = os.path.join(log_dir, "ray-node.log") if log_dir and os.path.isdir(log_dir) else None
-        self.node = RayNode(argv, log, self.auth_token)
+        self.node = RayNode([*self.node_prefix, *argv], log, self.auth_token)
         self.node.start()
-        wait_for_port(gcs_host, gcs_port, NODE_START_TIMEOUT_S, self.node.alive)
+        wait_until_started(self.node, gcs_host, gcs_port, NODE_START_TIMEOUT_S)
+
+    def _drop_node(self) -> None:
+        """Stop our node's whole group (a GCS or raylet it left) before a new start."""
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
+        if self.kind == "head":
+            forget_head(f"{self.host}:{self.head_port}")
 
     def close(self) -> None:
         import ray
@@ -311,10 +450,22 @@ class RayConnection:
             ray.shutdown()
             self.owns_driver = False
         if self.node is not None:
-            self.node.stop()
-            self.node = None
-            if self.kind == "head":
-                forget_head(f"{self.host}:{RAY_GCS_PORT}")
+            self._drop_node()
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    """``name=value`` in this process's environment for the block only (a node started
+    later must not inherit it: for ``ray start`` it bounds the GCS's own start)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def init_private(options: dict[str, Any]) -> None:
