@@ -471,7 +471,7 @@ def _throughput(root: Path, runs: int, baseline: str | None, quick: bool) -> dic
     alternating; the paired ratio's 95 % interval against the goal (bench.throughput_blocks)."""
     from bench.throughput_blocks import CYCLES, measure
 
-    cycles = 3 if quick else CYCLES
+    cycles = 2 if quick else CYCLES
     return measure(TINY, root, baseline=baseline, runs=runs, cycles=cycles)
 
 
@@ -757,8 +757,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--throughput-repetitions",
         type=int,
         default=None,
-        help="runs per tree of the throughput part, each of on/off blocks (default 3; "
-        "--quick: 1, of 3 cycles)",
+        help="runs per tree of the throughput part, in complementary pairs (default 4; "
+        "--quick: 2, of 2 cycles)",
     )
     args = parser.parse_args(argv)
     if args.seed is not None and args.seeds is not None:
@@ -820,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(args.keep) if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         if "throughput" in parts:
-            runs = args.throughput_repetitions or (1 if args.quick else 3)
+            runs = args.throughput_repetitions or (2 if args.quick else 4)
             report["throughput"] = _throughput(root, runs, args.throughput_baseline, args.quick)
         if "startup" in parts and args.startup_baseline:
             report["startup"] = _startup_side_by_side(

@@ -17,15 +17,21 @@ per-step snapshot on and off in short blocks, so both sides share all of that:
   the previous ``on`` block lands there, not on an ``off`` step).
 - **paired blocks**: each ``on`` block is paired with its neighbouring ``off`` block (blocks
   0+1, 2+3, ...); the throughput ratio of a pair is off's mean step time over on's, its CPU
-  ratio off's CPU per step (trainer process and Gym replicas) over on's. The result is the
-  geometric mean of the pairs' ratios with a 95 % Student-t interval over the pairs, and
-  the goal is stated against it: **met** only if the lower bound reaches it, **missed** if the
+  ratio off's CPU per step (trainer process and Gym replicas) over on's.
+- **complementary runs**: the bench's config is deterministic, so step k does the same work
+  in every run, and that work varies (a step that needs more rollouts takes 1.1 s instead of
+  0.7 s, at fixed steps). One schedule alone would put such steps on one side: runs come in
+  pairs, the second with every block's side swapped (``phase`` 1), and a pair of runs' block
+  pair j counts as one sample, the geometric mean of its two ratios: each step is then
+  measured once on and once off, and the step's own cost cancels.
+- **the result**: the geometric mean over those samples with a 95 % Student-t interval, and
+  the goal stated against it: **met** only if the lower bound reaches it, **missed** if the
   upper bound falls short, **inconclusive** (None) otherwise.
 - **gating**: the bench wraps the runtime's "snapshot after this step?" decision and its
   "a trainer checkpoint was published" wake-up in the trainer's process (both trees have
   them), so the same code measures another checkout side by side (``baseline``).
 
-``python -m bench.throughput_blocks --one CONFIG LOGDIR WARMUP BLOCK`` is one run.
+``python -m bench.throughput_blocks --one CONFIG LOGDIR WARMUP BLOCK PHASE`` is one run.
 """
 
 from __future__ import annotations
@@ -57,12 +63,16 @@ _T975 = {
 }  # fmt: skip
 
 
-def side_of(step: int, warmup: int, block: int) -> tuple[str, int]:
-    """The side step ``step`` (1-based) trains under and its block (-1: warm-up, on)."""
+def side_of(step: int, warmup: int, block: int, phase: int = 0) -> tuple[str, int]:
+    """The side step ``step`` (1-based) trains under and its block (-1: warm-up, on);
+    ``phase`` 1 is the complementary schedule (every block's side swapped)."""
     if step <= warmup:
         return "on", -1
     index = (step - warmup - 1) // block
-    return _ABBA[index % 4], index
+    side = _ABBA[index % 4]
+    if phase % 2:
+        side = "off" if side == "on" else "on"
+    return side, index
 
 
 def total_steps(warmup: int, block: int, cycles: int) -> int:
@@ -99,7 +109,9 @@ def verdict(ci: dict[str, float], goal: float = GOAL_RATIO) -> bool | None:
     return None
 
 
-def blocks(samples: list[dict[str, float]], warmup: int, block: int) -> list[dict[str, Any]]:
+def blocks(
+    samples: list[dict[str, float]], warmup: int, block: int, phase: int = 0
+) -> list[dict[str, Any]]:
     """Per complete block after warm-up: its side and, over its steps after the guard step,
     the mean wall seconds and CPU ms (trainer + Gym) per step. ``samples[i]`` is taken at the
     end of step i+1 (``t``, ``cpu`` and ``gym_cpu`` cumulative)."""
@@ -111,7 +123,7 @@ def blocks(samples: list[dict[str, float]], warmup: int, block: int) -> list[dic
         steps = block - 1
         out.append(
             {
-                "side": side_of(first, warmup, block)[0],
+                "side": side_of(first, warmup, block, phase)[0],
                 "step_s": (end["t"] - start["t"]) / steps,
                 "cpu_ms": (end["cpu"] - start["cpu"] + end["gym_cpu"] - start["gym_cpu"])
                 * 1000
@@ -142,6 +154,22 @@ def pairs(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
     return out
 
 
+def complementary(
+    first: list[dict[str, float]], second: list[dict[str, float]]
+) -> list[dict[str, float]]:
+    """Block pair j of a run and of its complementary run as one sample: the geometric mean
+    of their ratios (each step measured once on and once off), the mean of the rest."""
+    if len(first) != len(second):
+        raise ValueError(f"complementary runs differ in block pairs: {len(first)} != {len(second)}")
+    out = []
+    for a, b in zip(first, second, strict=True):
+        row = {key: (a[key] + b[key]) / 2 for key in a}
+        row["ratio"] = math.sqrt(a["ratio"] * b["ratio"])
+        row["cpu_ratio"] = math.sqrt(a["cpu_ratio"] * b["cpu_ratio"])
+        out.append(row)
+    return out
+
+
 def summarize(all_pairs: list[dict[str, float]]) -> dict[str, Any]:
     ratio = interval([p["ratio"] for p in all_pairs])
     cpu = [p["snapshot_cpu_ms"] for p in all_pairs]
@@ -160,7 +188,7 @@ def summarize(all_pairs: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
-def install_gate(warmup: int, block: int) -> None:
+def install_gate(warmup: int, block: int, phase: int = 0) -> None:
     """In this (the trainer's) process: snapshots after step k only when step k+1 is ``on``."""
     from rolloutrun_runtime.algorithms.rollout_checkpointing import snapshots
 
@@ -168,10 +196,10 @@ def install_gate(warmup: int, block: int) -> None:
     published = snapshots.RolloutSnapshotter.trainer_checkpoint_published
 
     def gated(step: int, every_steps: int) -> bool:
-        return side_of(step + 1, warmup, block)[0] == "on" and decide(step, every_steps)
+        return side_of(step + 1, warmup, block, phase)[0] == "on" and decide(step, every_steps)
 
     def gated_published(self: Any, step: int) -> None:
-        if side_of(step + 1, warmup, block)[0] == "on":
+        if side_of(step + 1, warmup, block, phase)[0] == "on":
             published(self, step)
 
     snapshots.should_snapshot_after_step = gated  # type: ignore[assignment]
@@ -199,10 +227,12 @@ def write_config(base: dict[str, Any], path: Path, steps: int) -> Path:
     return path
 
 
-def _one_subprocess(tree: Path, config: Path, log_dir: Path, warmup: int, block: int) -> dict:
+def _one_subprocess(
+    tree: Path, config: Path, log_dir: Path, warmup: int, block: int, phase: int
+) -> dict:
     here = Path(__file__).resolve().parent.parent
     path = os.pathsep.join([str(here), str(tree / "runtime"), str(tree / "operator")])
-    argv = ["--one", str(config), str(log_dir), str(warmup), str(block)]
+    argv = ["--one", str(config), str(log_dir), str(warmup), str(block), str(phase)]
     done = subprocess.run(
         [sys.executable, "-m", "bench.throughput_blocks", *argv],
         env={**os.environ, "PYTHONPATH": path},
@@ -225,8 +255,9 @@ def measure(
     warmup: int = WARMUP,
     block: int = BLOCK,
 ) -> dict[str, Any]:
-    """``runs`` runs per tree (this tree and, with ``baseline``, that checkout), the trees'
-    runs alternating; every run's block pairs pooled per tree."""
+    """``runs`` runs per tree (rounded up to complementary pairs) for this tree and, with
+    ``baseline``, that checkout, the trees' runs alternating; per tree the samples of every
+    pair of complementary runs pooled."""
     here = Path(__file__).resolve().parent.parent
     trees = {"this_tree": here}
     if baseline:
@@ -235,11 +266,12 @@ def measure(
     config = write_config(base, root / "tput-blocks.yaml", steps)
     got: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
     load = [round(os.getloadavg()[0], 2)]
-    for run in range(runs):
-        order = list(trees) if run % 2 == 0 else list(reversed(trees))
+    for run in range(runs + runs % 2):
+        order = list(trees) if run // 2 % 2 == 0 else list(reversed(trees))
         for tree in order:
             log_dir = root / f"tput-blocks-{tree}-{run}"
-            got[tree].append(_one_subprocess(trees[tree], config, log_dir, warmup, block))
+            one = _one_subprocess(trees[tree], config, log_dir, warmup, block, run % 2)
+            got[tree].append(one)
             load.append(round(os.getloadavg()[0], 2))
     out: dict[str, Any] = {
         "method": "on/off blocks inside each run (bench.throughput_blocks)",
@@ -251,30 +283,36 @@ def measure(
         "cpus": os.cpu_count(),
     }
     for tree, results in got.items():
-        all_pairs = [p for r in results for p in r["pairs"]]
+        phases = zip(results[::2], results[1::2], strict=True)
+        samples = [complementary(a["pairs"], b["pairs"]) for a, b in phases]
         out[tree] = {
             "tree": str(trees[tree]),
-            **summarize(all_pairs),
-            "per_run": [{"published": r["published"], **summarize(r["pairs"])} for r in results],
+            **summarize([s for pair_of_runs in samples for s in pair_of_runs]),
+            "per_pair_of_runs": [summarize(s) for s in samples],
+            "per_run": [
+                {"phase": i % 2, "published": r["published"], **summarize(r["pairs"])}
+                for i, r in enumerate(results)
+            ],
         }
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--one", nargs=4, metavar=("CONFIG", "LOGDIR", "WARMUP", "BLOCK"))
+    parser.add_argument("--one", nargs=5, metavar=("CONFIG", "LOGDIR", "WARMUP", "BLOCK", "PHASE"))
     args = parser.parse_args(argv)
     if not args.one:
         parser.error(
-            "--one CONFIG LOGDIR WARMUP BLOCK (the throughput part of "
+            "--one CONFIG LOGDIR WARMUP BLOCK PHASE (the throughput part of "
             "bench.rollout_checkpoint runs the blocks)"
         )
     from bench.rollout_throughput import run_one
 
-    config, log_dir, warmup, block = Path(args.one[0]), Path(args.one[1]), *map(int, args.one[2:])
-    install_gate(warmup, block)
+    config, log_dir = Path(args.one[0]), Path(args.one[1])
+    warmup, block, phase = (int(x) for x in args.one[2:])
+    install_gate(warmup, block, phase)
     samples = run_one(config, log_dir)["samples"]
-    rows = blocks(samples, warmup, block)
+    rows = blocks(samples, warmup, block, phase)
     print(json.dumps({"pairs": pairs(rows), "published": _published(log_dir), "blocks": rows}))
     return 0
 

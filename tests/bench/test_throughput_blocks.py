@@ -85,3 +85,29 @@ def test_the_gate_snapshots_after_a_step_only_when_the_next_one_is_on(
     # steps 1-2 warm-up, 3-5 on, 6-11 off, 12-17 on
     assert [s for s in range(1, 15) if decide(s, 1)] == [1, 2, 3, 4, 11, 12, 13, 14]
     assert not decide(12, 0)  # the config's own decision still applies
+
+
+def test_the_complementary_run_swaps_every_block_and_cancels_a_steps_own_cost() -> None:
+    warmup, block, n = 2, 3, 2 + 12 * 2
+    assert [tb.side_of(s, warmup, block, 1)[0] for s in range(1, 15)] == (
+        ["on"] * 2 + ["off"] * 3 + ["on"] * 6 + ["off"] * 3
+    )
+
+    def run(phase: int) -> list[dict[str, float]]:
+        """Snapshots cost nothing, but steps 4-5 (block 0's) are twice as long: one
+        schedule alone puts them on one side."""
+        t = cpu = 0.0
+        out = []
+        for step in range(1, n + 1):
+            t += 1.0 if step in (4, 5) else 0.5
+            cpu += 0.2
+            out.append({"t": t, "cpu": cpu, "gym_cpu": 0.0, "tokens": 1})
+        return tb.pairs(tb.blocks(out, warmup, block, phase))
+
+    first, second = run(0), run(1)
+    assert first[0]["ratio"] == pytest.approx(0.5) and second[0]["ratio"] == pytest.approx(2.0)
+    both = tb.complementary(first, second)
+    assert [s["ratio"] for s in both] == pytest.approx([1.0] * len(both))
+    assert tb.summarize(both)["ratio"]["mean"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="differ in block pairs"):
+        tb.complementary(first, second[:-1])
