@@ -10,12 +10,13 @@ baseline from the same run:
   1,000. Like the trainer, the bench freezes its start-up heap out of cyclic GC (the
   buffered groups, made after, are not frozen) and reports the GC passes that ran during
   the attempts (they block the event loop whether or not a cut is held).
-- **throughput**: the tiny config with a snapshot after every step (``snapshotEverySteps: 1``,
-  and every second) against snapshots off, in interleaved repetitions (each a fresh process,
-  the order alternating), steps/s and CPU time per train step over the same steps after
-  warm-up; every repetition, the median ratio and its spread (:mod:`bench.rollout_throughput`;
-  ``--throughput-baseline DIR`` runs another checkout's repetitions interleaved with this
-  tree's). Goal: ratio >= 0.995 (met at the lower quartile; null when the spread straddles it).
+- **throughput**: the tiny config with a snapshot after every step (``snapshotEverySteps: 1``)
+  against none, switched on and off in short blocks inside each run (ABBA order, a guard
+  step per block), so both sides share the process, its start-up and the machine's drift;
+  the ratio is the geometric mean over on/off block pairs of off's step time over on's, with
+  a 95 % t interval, and the CPU ratio likewise (:mod:`bench.throughput_blocks`;
+  ``--throughput-baseline DIR`` runs another checkout's runs alternating with this tree's).
+  Goal: ratio >= 0.995, met only if the interval's low end reaches it (null: inconclusive).
 - **thrown-away work**: ``rolloutrun chaos`` on the same config at ``savePeriod: 10``,
   snapshots (after every step, every second and every 8 rollouts dispatched) against
   snapshots off (restart from trainer checkpoints only),
@@ -465,11 +466,13 @@ def _config(path: Path, max_steps: int | None = None, **checkpointing: Any) -> P
     return path
 
 
-def _throughput(root: Path, repetitions: int, baseline: str | None) -> dict[str, Any]:
-    """Snapshot after every step vs none, interleaved repetitions (bench.rollout_throughput)."""
-    from bench.rollout_throughput import interleaved
+def _throughput(root: Path, runs: int, baseline: str | None, quick: bool) -> dict[str, Any]:
+    """Snapshot after every step vs none: on/off blocks inside each run, the trees' runs
+    alternating; the paired ratio's 95 % interval against the goal (bench.throughput_blocks)."""
+    from bench.throughput_blocks import CYCLES, measure
 
-    return interleaved(TINY, root, baseline=baseline, repetitions=repetitions)
+    cycles = 2 if quick else CYCLES
+    return measure(TINY, root, baseline=baseline, runs=runs, cycles=cycles)
 
 
 def _resume_times(log_dir: Path, launched_at: list[float]) -> dict[str, Any]:
@@ -748,13 +751,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--throughput-baseline",
         default=None,
-        help="a checkout whose throughput repetitions run interleaved with this tree's",
+        help="a checkout whose throughput runs alternate with this tree's",
     )
     parser.add_argument(
         "--throughput-repetitions",
         type=int,
         default=None,
-        help="on/off pairs of the throughput part (default 5; --quick: 2)",
+        help="runs per tree of the throughput part, in complementary pairs (default 2, "
+        "--quick: of 2 cycles, not 8)",
     )
     args = parser.parse_args(argv)
     if args.seed is not None and args.seeds is not None:
@@ -816,8 +820,8 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(args.keep) if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         if "throughput" in parts:
-            repetitions = args.throughput_repetitions or (2 if args.quick else 5)
-            report["throughput"] = _throughput(root, repetitions, args.throughput_baseline)
+            runs = args.throughput_repetitions or 2
+            report["throughput"] = _throughput(root, runs, args.throughput_baseline, args.quick)
         if "startup" in parts and args.startup_baseline:
             report["startup"] = _startup_side_by_side(
                 min(args.kills, 3), args.seeds[0], args.startup_baseline, 1 if args.quick else 2

@@ -20,6 +20,10 @@ machine, so the figure moved between 0.975 and 0.988 from run to run. Here:
 - **trees side by side** (``baseline``): the same repetitions with another checkout's
   runtime, its runs interleaved with this tree's, so both ratios come from one invocation.
 
+The throughput part of ``bench.rollout_checkpoint`` now measures on/off blocks inside each
+run (:mod:`bench.throughput_blocks`, whose runs are this module's :func:`run_one`): whole-run
+pairs still moved 0.81-1.12 between repetitions on a quiet machine.
+
 ``python -m bench.rollout_throughput --one CONFIG LOGDIR`` is one run (the trees' runs are
 such subprocesses, each with its tree's runtime first on ``PYTHONPATH``).
 """

@@ -25,6 +25,28 @@ from rolloutrun_runtime.experience.rollout_recovery import (
     row_key_for,
 )
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def copy_state(value: Any) -> Any:
+    """A deep copy of a task state (JSON-shaped: dicts, lists, tuples, scalars) that shares
+    nothing mutable with ``value``, several times cheaper than ``copy.deepcopy`` (no memo: a value
+    reached twice is copied twice, as a JSON round trip would). A copy is taken at every
+    turn boundary of every running episode while a snapshot's copy window is open, on the
+    Gym's one event loop; anything not JSON-shaped still goes through ``copy.deepcopy``."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:
+        return {
+            key: item if type(item) in _SCALARS else copy_state(item) for key, item in value.items()
+        }
+    if kind is list:
+        return [item if type(item) in _SCALARS else copy_state(item) for item in value]
+    if kind is tuple:
+        return tuple(item if type(item) in _SCALARS else copy_state(item) for item in value)
+    return copy.deepcopy(value)
+
 
 class EpisodeRecordError(ValueError):
     """An episode record that cannot be installed (version, fields)."""
@@ -182,7 +204,7 @@ class Episode:
             "prompt_id": self.prompt_id,
             "policy_url": self.policy_url,
             "sampling": self.sampling.to_json(),
-            "state": copy.deepcopy(self.state),
+            "state": copy_state(self.state),
             "segments": [segment.to_json() for segment in self.segments],
             "phase": self.phase.value,
             "turn": self.turn,
