@@ -227,7 +227,11 @@ def keeper_lease(on_lost: Callable[[FencedError], None]) -> Any:
     from rolloutrun_runtime.lease_rest import rest_lease_from_environment
 
     lease = rest_lease_from_environment(on_lost=on_lost)
-    return lease if lease is not None else lease_from_environment(on_lost=on_lost)
+    if lease is None:
+        logger.info("credentials need the kubernetes client: KubernetesLease")
+        return lease_from_environment(on_lost=on_lost)
+    logger.info("the Lease over plain HTTPS at %s", lease.access.server)
+    return lease
 
 
 def serve(lease_in: IO[str], lease_out: IO[str]) -> None:
