@@ -58,6 +58,8 @@ USER_KEYS = frozenset(
         "client-key-data",
     }
 )
+#: What a kept-alive connection the server closed meanwhile raises (then dialled again once).
+STALE_CONNECTION = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
 
 
@@ -229,7 +231,7 @@ class RestLease(_Lease):
                     break
                 except (http.client.HTTPException, OSError) as error:
                     self._close()
-                    stale = isinstance(error, http.client.RemoteDisconnected | BrokenPipeError)
+                    stale = isinstance(error, STALE_CONNECTION)
                     if not (reused and attempt == 0 and stale):
                         raise LeaseError(f"{unreachable}: {error}") from error
         text = raw.decode(errors="replace")

@@ -131,6 +131,18 @@ def test_a_missing_lease_and_an_unreachable_server_are_clear_errors(access, leas
         trainer(nowhere, lease_name, 1).try_acquire()
 
 
+def test_a_kept_alive_connection_that_broke_is_dialled_again_once(access, lease_name):
+    import socket
+
+    lease = trainer(access, lease_name, 1)
+    lease.acquire(timeout=10)
+    assert lease._connection is not None and lease._connection.sock is not None
+    lease._connection.sock.shutdown(socket.SHUT_RDWR)  # as a server closing it would
+    lease.ensure_held()  # answered on a fresh connection
+    lease.renew()
+    lease.stop(release=True)
+
+
 def test_without_a_token_the_api_refuses_and_the_lease_says_so(access, lease_name):
     anonymous = ApiAccess(access.server, access.context, lambda: None)
     with pytest.raises(LeaseError, match=r"401|403"):
