@@ -129,15 +129,21 @@ def _named(items: Any, name: Any, key: str) -> dict[str, Any] | None:
 
 
 def _tls(cluster: Mapping[str, Any], user: Mapping[str, Any], base: Path) -> ssl.SSLContext:
-    context = ssl.create_default_context()
+    """Trusting only the cluster's CA where it names one, as the client does (the system's
+    CAs only where it names none: loading them costs ~40 ms of CPU)."""
     if cluster.get("insecure-skip-tls-verify"):
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     elif cluster.get("certificate-authority-data"):
         pem = base64.b64decode(cluster["certificate-authority-data"]).decode()
-        context.load_verify_locations(cadata=pem)
+        context = ssl.create_default_context(cadata=pem)
     elif cluster.get("certificate-authority"):
-        context.load_verify_locations(cafile=str(base / str(cluster["certificate-authority"])))
+        context = ssl.create_default_context(
+            cafile=str(base / str(cluster["certificate-authority"]))
+        )
+    else:
+        context = ssl.create_default_context()
     cert = _pem(user, "client-certificate", base)
     key = _pem(user, "client-key", base)
     if cert is not None:

@@ -7,6 +7,7 @@ understand: None, the keeper then uses the client)."""
 from __future__ import annotations
 
 import base64
+import ssl
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,6 +173,13 @@ def test_credentials_it_does_not_understand_are_left_to_the_client(tmp_path: Pat
     config = _kubeconfig(server, {"token": "t"})
     assert kubeconfig_access({**config, "current-context": "other"}, tmp_path) is None
     assert access_from_environment({"KUBECONFIG": f"{tmp_path}/a:{tmp_path}/b"}) is None
+
+
+def test_a_cluster_ca_is_the_only_one_trusted(access: ApiAccess):
+    """As the client trusts it (and the system's ~150 CAs cost ~40 ms of CPU to load)."""
+    assert access.context is not None
+    assert access.context.cert_store_stats()["x509_ca"] == 1
+    assert access.context.verify_mode == ssl.CERT_REQUIRED and access.context.check_hostname
 
 
 def test_a_kubeconfig_token_file_is_read_at_each_request(tmp_path: Path):
