@@ -1,12 +1,13 @@
 """The trainer's Kubernetes Lease held through a helper process started first thing.
 
 Why: a trainer pod needs ``torch`` (~1.5 s of CPU to import) and its Lease held before any
-side effect. A Lease call in the trainer would wait on API round trips during the import; a
-child process started first thing acquires the Lease on the pod's other core while the
-trainer imports torch, and has it held by the time the trainer asks for it. The child itself
-is kept cheap (~0.1 s of CPU: no ``kubernetes`` client where plain HTTPS does, see
-:mod:`~rolloutrun_runtime.lease_rest`), since on a two-core pod its CPU is taken from the
-trainer's start-up all the same.
+side effect. A child process started first thing does the Lease's start-up work (its
+interpreter, imports and credentials) on the pod's other core while the trainer imports
+torch, so when the trainer asks for the Lease only the acquire's round trips remain on its
+path (it asks once its configuration is read: nothing is acquired for a trainer that exits
+on a configuration error). The child itself is kept cheap (~0.1 s of CPU: no ``kubernetes``
+client where plain HTTPS does, see :mod:`~rolloutrun_runtime.lease_rest`), since on a
+two-core pod its CPU is taken from the trainer's start-up all the same.
 
 The child (``python -m rolloutrun_runtime.lease_keeper --parent PID``) builds the Lease the
 trainer built before (the same name and identity), over plain HTTPS where the credentials
