@@ -80,3 +80,27 @@ def test_the_run_queue_time_of_a_live_process_is_read_and_of_a_gone_one_is_zero(
 
     assert _queued(os.getpid()) >= 0.0
     assert _queued(2**22 + 1) == 0.0  # above pid_max: no such process
+
+
+def test_a_trainers_lease_keeper_is_found_among_its_children() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from bench.startup_breakdown import _keeper_of
+    from rolloutrun_localcluster.testing import eventually
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    keeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "rolloutrun_runtime.lease_keeper"]
+    )
+    try:
+        # (its command line is in /proc only once its exec is through: the watcher polls)
+        eventually(lambda: _keeper_of(os.getpid()) == keeper.pid, timeout=30, what="keeper")
+        keeper.kill()
+        keeper.wait()
+        assert _keeper_of(os.getpid()) is None
+    finally:
+        for process in (other, keeper):
+            process.kill()
+            process.wait()
