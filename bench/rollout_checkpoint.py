@@ -667,6 +667,7 @@ def _startup_side_by_side(kills: int, seed: int, baseline: str, rounds: int) -> 
         out[f"{name}_median_s"] = statistics.median(samples) if samples else None
         out[f"{name}_cpu_s"] = report[name]["cpu_to_first_dispatch_s"]
         out[f"{name}_runqueue_s"] = report[name]["runqueue_to_first_dispatch_s"]
+        out[f"{name}_keeper_cpu_s"] = report[name]["keeper_cpu_to_first_dispatch_s"]
     out["pod_lease"] = True
     out["machine"] = report["machine"]
     out["goal"] = "<= 2 s from process launch to the first redispatch"
