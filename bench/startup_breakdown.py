@@ -14,6 +14,11 @@ step, kills planned past a step so each is followed by a resume):
 - ``cpu_to_first_dispatch_s``: the trainer process's CPU time (user + system, read from
   ``/proc/<pid>/stat`` every few ms by a watcher thread) at that moment: what a shared
   machine inflates least;
+- ``runqueue_to_first_dispatch_s``: the time the trainer was runnable but had no core (the
+  kernel's schedstat) by then: wall minus CPU minus this is what it waited on (I/O, the
+  Lease, its Gyms);
+- ``keeper_cpu_to_first_dispatch_s``: the CPU time of the trainer's Lease keeper (its child
+  process, on the pod path) by then: what the trainer's start-up shares the pod's cores with;
 - ``phases``: the trainer's own start-up marks (``metrics.StartupClock``, in the
   ``restore_completed`` event), as wall seconds and CPU seconds per segment, each segment
   named by the mark that ends it; ``spawn`` is launch -> the process's start and
@@ -65,10 +70,17 @@ def kill_moments(kills: int) -> list[float]:
 
 
 class _CpuWatcher:
-    """Samples ``(unix time, cpu seconds)`` of each child ``rolloutrun ... trainer`` process."""
+    """Samples ``(unix time, cpu seconds, run-queue seconds)`` of each child ``rolloutrun ...
+    trainer`` process: the run-queue time (``/proc/<pid>/schedstat``, time runnable but
+    waiting for a core) tells a trainer slowed by other processes from one that waits on
+    I/O or on its Lease. And the CPU seconds of each trainer's Lease keeper (its child
+    ``rolloutrun_runtime.lease_keeper`` process, where it has one): the pod's other core
+    is shared with it."""
 
     def __init__(self) -> None:
-        self.samples: dict[int, list[tuple[float, float]]] = {}
+        self.samples: dict[int, list[tuple[float, float, float]]] = {}
+        self.keepers: dict[int, int] = {}  # trainer pid -> its keeper's pid
+        self.keeper_samples: dict[int, list[tuple[float, float]]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._tick = os.sysconf("SC_CLK_TCK")
@@ -112,16 +124,57 @@ class _CpuWatcher:
                     alive.remove(pid)
                     continue
                 cpu = (int(fields[11]) + int(fields[12])) / self._tick
-                self.samples.setdefault(pid, []).append((time.time(), cpu))
+                self.samples.setdefault(pid, []).append((time.time(), cpu, _queued(pid)))
+                self._sample_keeper(pid)
             time.sleep(POLL_S)
 
-    def cpu_at(self, t: float) -> float | None:
-        """The CPU time, at ``t``, of the trainer that was running then."""
-        for samples in self.samples.values():
+    def _sample_keeper(self, trainer: int) -> None:
+        keeper = self.keepers.get(trainer) or _keeper_of(trainer)
+        if keeper is None:
+            return
+        self.keepers[trainer] = keeper
+        with contextlib.suppress(OSError, IndexError):
+            fields = Path(f"/proc/{keeper}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / self._tick
+            self.keeper_samples.setdefault(trainer, []).append((time.time(), cpu))
+
+    def keeper_cpu_at(self, t: float) -> float | None:
+        """The CPU time, at ``t``, of the Lease keeper of the trainer running then."""
+        for trainer, samples in self.samples.items():
             if samples[0][0] <= t <= samples[-1][0] + 1.0:
-                before = [cpu for when, cpu in samples if when <= t]
+                before = [cpu for when, cpu in self.keeper_samples.get(trainer, []) if when <= t]
                 return before[-1] if before else None
         return None
+
+    def cpu_at(self, t: float, column: int = 1) -> float | None:
+        """The CPU time (``column`` 2: the run-queue time), at ``t``, of the trainer that
+        was running then."""
+        for samples in self.samples.values():
+            if samples[0][0] <= t <= samples[-1][0] + 1.0:
+                before = [sample[column] for sample in samples if sample[0] <= t]
+                return before[-1] if before else None
+        return None
+
+
+def _keeper_of(trainer: int) -> int | None:
+    """The trainer's Lease keeper process (a child of its main thread), if started."""
+    try:
+        children = Path(f"/proc/{trainer}/task/{trainer}/children").read_text().split()
+    except OSError:
+        return None
+    for child in children:
+        with contextlib.suppress(OSError):
+            if b"lease_keeper" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+    return None
+
+
+def _queued(pid: int) -> float:
+    """Seconds ``pid`` has been runnable without a core (0 where schedstat is missing)."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def segments(marks: dict[str, list[float]], launch: float, first: float) -> dict[str, Any]:
@@ -156,9 +209,12 @@ def _resumed_samples(log_dir: Path, launched: list[float], watcher: _CpuWatcher)
             continue
         done = next((e for e in events if e["event"] == "restore_completed"), {})
         cpu = watcher.cpu_at(first["t"])
+        queued = watcher.cpu_at(first["t"], column=2)
         sample: dict[str, Any] = {
             "launch_to_first_dispatch_s": round(first["t"] - launch, 4),
             "cpu_to_first_dispatch_s": None if cpu is None else round(cpu, 3),
+            "runqueue_to_first_dispatch_s": None if queued is None else round(queued, 3),
+            "keeper_cpu_to_first_dispatch_s": watcher.keeper_cpu_at(first["t"]),
         }
         if done.get("startup"):
             sample["phases"] = segments(done["startup"], launch, first["t"])
@@ -273,8 +329,8 @@ def compile_tree(tree: Path) -> None:
     )
 
 
-def _stats(values: list[float]) -> dict[str, float | None]:
-    values = sorted(v for v in values if v is not None)
+def _stats(given: list[float | None]) -> dict[str, float | None]:
+    values = sorted(v for v in given if v is not None)
     if not values:
         return {"p50": None, "worst": None, "n": 0}
     return {
@@ -290,6 +346,12 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "samples": len(samples),
         "launch_to_first_dispatch_s": _stats([s["launch_to_first_dispatch_s"] for s in samples]),
         "cpu_to_first_dispatch_s": _stats([s["cpu_to_first_dispatch_s"] for s in samples]),
+        "runqueue_to_first_dispatch_s": _stats(
+            [s.get("runqueue_to_first_dispatch_s") for s in samples]
+        ),
+        "keeper_cpu_to_first_dispatch_s": _stats(
+            [s.get("keeper_cpu_to_first_dispatch_s") for s in samples]
+        ),
     }
     with_phases = [s["phases"] for s in samples if "phases" in s]
     for kind in ("wall_s", "cpu_s"):

@@ -57,3 +57,50 @@ def test_summary_reports_p50_and_worst_and_phases_only_where_marked() -> None:
     report = summarize(samples)
     assert report["launch_to_first_dispatch_s"] == {"p50": 2.0, "worst": 3.0, "n": 2}
     assert report["phases_wall_s"] == {"spawn": {"p50": 0.01, "worst": 0.01, "n": 1}}
+
+
+def test_summary_reports_the_run_queue_time_where_sampled() -> None:
+    """How long the trainer was runnable without a core (schedstat), beside wall and CPU."""
+    samples = [
+        {"launch_to_first_dispatch_s": 3.0, "cpu_to_first_dispatch_s": 1.8},
+        {
+            "launch_to_first_dispatch_s": 2.2,
+            "cpu_to_first_dispatch_s": 1.7,
+            "runqueue_to_first_dispatch_s": 0.4,
+        },
+    ]
+    report = summarize(samples)
+    assert report["runqueue_to_first_dispatch_s"] == {"p50": 0.4, "worst": 0.4, "n": 1}
+
+
+def test_the_run_queue_time_of_a_live_process_is_read_and_of_a_gone_one_is_zero() -> None:
+    import os
+
+    from bench.startup_breakdown import _queued
+
+    assert _queued(os.getpid()) >= 0.0
+    assert _queued(2**22 + 1) == 0.0  # above pid_max: no such process
+
+
+def test_a_trainers_lease_keeper_is_found_among_its_children() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from bench.startup_breakdown import _keeper_of
+    from rolloutrun_localcluster.testing import eventually
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    keeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "rolloutrun_runtime.lease_keeper"]
+    )
+    try:
+        # (its command line is in /proc only once its exec is through: the watcher polls)
+        eventually(lambda: _keeper_of(os.getpid()) == keeper.pid, timeout=30, what="keeper")
+        keeper.kill()
+        keeper.wait()
+        assert _keeper_of(os.getpid()) is None
+    finally:
+        for process in (other, keeper):
+            process.kill()
+            process.wait()

@@ -98,6 +98,26 @@ def test_a_kept_lease_acquires_records_and_releases_through_its_keeper(cluster, 
     assert lease.process.poll() == 0 and lease.lost is None
 
 
+def test_the_keeper_holds_the_lease_without_importing_the_kubernetes_client(
+    cluster, api, lease_name, capfd
+):
+    """Its ~0.55 s of import CPU would compete with the trainer's torch import for the pod's
+    cores; the keeper's own imports (``-X importtime``, on its stderr) leave it out."""
+    lease = KeptLease(environ={**pod_env(cluster, lease_name, 1), "PYTHONPROFILEIMPORTTIME": "1"})
+    lease.acquire(timeout=10)
+    lease.record_progress(train_step=1)
+    assert holder(api, lease_name) == "run-i1-trainer/1"
+    lease.stop(release=True)
+    assert holder(api, lease_name) is None
+    imported = [
+        line.split("|")[-1].strip()
+        for line in capfd.readouterr().err.splitlines()
+        if line.startswith("import time:")
+    ]
+    assert "rolloutrun_runtime.lease_rest" in imported  # the probe saw the keeper's imports
+    assert [name for name in imported if name.split(".")[0] == "kubernetes"] == []
+
+
 def test_a_newer_incarnation_fences_the_kept_lease(cluster, api, lease_name):
     lost = threading.Event()
     old = KeptLease(on_lost=lambda error: lost.set(), environ=pod_env(cluster, lease_name, 1))
