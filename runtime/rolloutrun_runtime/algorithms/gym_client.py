@@ -30,13 +30,13 @@ address the trainer did not announce. A replica that restarted has forgotten it 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -114,7 +114,7 @@ def _error_type(body: bytes) -> str | None:
         return None
 
 
-@dataclass
+@dataclasses.dataclass
 class GymReplica:
     """One Gym server: its base URL and the instance id the ledger records."""
 
@@ -126,6 +126,8 @@ class GymReplica:
     """Set when this generation was replaced: its calls in flight end as unreachable."""
     capabilities: frozenset[str] = frozenset()
     """What its ``/healthz`` named (:data:`MEMBER_RESUME_CAPABILITY`: it takes a record)."""
+    identified: bool = False
+    """Whether ``instance_id`` is what the replica answered (until it has: a placeholder)."""
 
 
 def pick_replica(replicas: list[GymReplica], turn: int, down: Callable[[str], bool]) -> int:
@@ -135,6 +137,23 @@ def pick_replica(replicas: list[GymReplica], turn: int, down: Callable[[str], bo
     up = [i for i, replica in enumerate(replicas) if not down(replica.url)]
     choices = up or list(range(len(replicas)))
     return choices[turn % len(choices)]
+
+
+def health_problem(
+    status: int, body: Any, named: str, replica: GymReplica, replicas: list[GymReplica]
+) -> str | None:
+    """Why a ``/healthz`` answer does not re-admit ``replica`` (None: it does). A replica
+    not identified yet takes the id it names, unless another replica already holds it."""
+    if status != 200 or not isinstance(body, dict):
+        return f"{HEALTHZ_ROUTE} answered {status}"
+    if replica.identified and named and named != replica.instance_id:
+        return f"answers as {named!r}, not {replica.instance_id!r}"
+    if not replica.identified and any(
+        other is not replica and other.identified and other.instance_id == named
+        for other in replicas
+    ):
+        return f"answers as {named!r}, the id of another replica"
+    return None
 
 
 def rollout_seed(seed: int, prompt: PromptRef, generation_index: int) -> int:
@@ -257,13 +276,24 @@ class GymClient:
         self._announced: dict[str, set[str]] = {}
         #: Told of each replica readdressed to a new generation (on the event loop).
         self.on_replaced: Callable[[GymReplica], None] | None = None
+        #: Why each replica's last ``/healthz`` did not admit it (by replica URL).
+        self._unanswered: dict[str, str] = {}
 
     def backoff(self, tries: int) -> float:
         """The delay before the next try of an attempt that found its endpoint unreachable."""
         return backoff_delay(tries, self._jitter.random())
 
-    async def open(self) -> None:
-        """Open the HTTP session and learn each replica's instance id from ``/healthz``."""
+    async def open(
+        self, members: Callable[[bool], Mapping[int, MemberEndpoint]] | None = None
+    ) -> None:
+        """Open the HTTP session and learn each replica's instance id from ``/healthz``.
+
+        A replica that does not answer opens as down, as a replica lost under a running
+        trainer is (its instance id unknown until it answers; :meth:`watch_members` re-admits
+        it, at the address ``members`` gives if the operator replaced it): one lost Gym never
+        ends the trainer. Only while *no* replica answers does open wait, following
+        ``members`` and re-probing, and past the unreachable budget it ends with
+        ``GymOutageError`` naming every replica."""
         timeout = aiohttp.ClientTimeout(
             total=self.timeout_s, sock_connect=min(self.timeout_s, CONNECT_TIMEOUT_S)
         )
@@ -272,18 +302,40 @@ class GymClient:
             connector=aiohttp.TCPConnector(limit=0),
             headers=bearer_headers(self.token),
         )
-        for replica in self.replicas:
+        started = time.monotonic()
+        answered = await asyncio.gather(*(self._healthy(replica) for replica in self.replicas))
+        for replica, up in zip(self.replicas, answered, strict=True):
+            if not up:
+                cause = GymUnreachableError(replica.url, self._unanswered.get(replica.url, "?"))
+                self.outages.unreachable(replica.url, cause)
+                logger.warning("Gym replica opens as down: %s", cause)
+        if self.all_down():
             try:
-                async with self._session.get(f"{replica.url}{HEALTHZ_ROUTE}") as response:
-                    body = await response.json(content_type=None)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                await self._await_any(members, started)
+            except BaseException:
                 await self.close()
-                raise GymUnavailableError(
-                    f"Gym replica {replica.url} is unhealthy: {error}"
-                ) from error
-            if isinstance(body, dict) and body.get("instance_id"):
-                replica.instance_id = str(body["instance_id"])
-            replica.capabilities = _capabilities(body)
+                raise
+
+    async def _await_any(
+        self, members: Callable[[bool], Mapping[int, MemberEndpoint]] | None, started: float
+    ) -> None:
+        """Follow the members and re-probe until one replica answers, at most the budget."""
+        watch = asyncio.ensure_future(self.watch_members(members))
+        try:
+            while self.all_down():
+                waited = time.monotonic() - started
+                if waited >= self.outages.budget_s:
+                    raise GymOutageError(
+                        f"no Gym replica answered {HEALTHZ_ROUTE} within {waited:.1f}s "
+                        f"(rollout.gymUnreachableSeconds {self.outages.budget_s:g}): "
+                        + "; ".join(
+                            f"{r.url}: {self._unanswered.get(r.url, '?')}" for r in self.replicas
+                        )
+                    )
+                await asyncio.sleep(READMIT_PERIOD_S)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -294,8 +346,12 @@ class GymClient:
         """The replica that owns ``owner``'s turn state, else the next one in turn."""
         if owner is not None:
             for replica in self.replicas:
-                if replica.instance_id == owner:
+                if replica.identified and replica.instance_id == owner:
                     return replica
+            unknown = [replica for replica in self.replicas if not replica.identified]
+            if unknown:  # its owner has not answered since open: down, as a lost owner is
+                # (the call ends unreachable and the pump redispatches it to a survivor)
+                return dataclasses.replace(unknown[0], instance_id=owner, replaced=None)
             raise GymUnavailableError(
                 f"no Gym replica with instance id {owner!r} (it owns a resumed episode)"
             )
@@ -353,23 +409,29 @@ class GymClient:
         return back
 
     async def _healthy(self, replica: GymReplica) -> bool:
+        """Whether ``replica`` answers ``/healthz`` as itself (learning its instance id
+        while it has none); why not is kept in ``_unanswered`` by its URL."""
         if self._session is None:
             return False
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+        url = replica.url
         try:
-            url = f"{replica.url}{HEALTHZ_ROUTE}"
-            async with self._session.get(url, timeout=timeout) as response:
+            async with self._session.get(f"{url}{HEALTHZ_ROUTE}", timeout=timeout) as response:
                 body = await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            self._unanswered[url] = f"{type(error).__name__}: {error}"
             return False
-        healthy = (
-            response.status == 200
-            and isinstance(body, dict)
-            and str(body.get("instance_id") or replica.instance_id) == replica.instance_id
-        )
-        if healthy:  # a replacement may run another image
-            replica.capabilities = _capabilities(body)
-        return healthy
+        named = str(body.get("instance_id") or "") if isinstance(body, dict) else ""
+        problem = health_problem(response.status, body, named, replica, self.replicas)
+        if problem is not None:
+            self._unanswered[url] = problem
+            return False
+        self._unanswered.pop(url, None)
+        if named and not replica.identified:
+            replica.instance_id = named
+        replica.identified = True
+        replica.capabilities = _capabilities(body)  # a replacement may run another image
+        return True
 
     def resumes(self) -> bool:
         """Whether some replica takes a ``/run``'s resume record (elastic members)."""
