@@ -350,7 +350,7 @@ class GymClient:
                     return replica
             unknown = [replica for replica in self.replicas if not replica.identified]
             if unknown:  # its owner has not answered since open: down, as a lost owner is
-                # (the call ends unreachable and the pump redispatches it to a survivor)
+                # (its call ends unreachable unsent, :meth:`_post`, and is redispatched)
                 return dataclasses.replace(unknown[0], instance_id=owner, replaced=None)
             raise GymUnavailableError(
                 f"no Gym replica with instance id {owner!r} (it owns a resumed episode)"
@@ -526,6 +526,8 @@ class GymClient:
         """POST ``body`` to ``replica``: its status and raw answer, or the unreachable error."""
         if self._session is None:
             raise GymUnavailableError("the Gym client is not open")
+        if not replica.identified:  # never answered /healthz: down, and maybe not the owner
+            raise GymUnreachableError(replica.url, f"has not answered {HEALTHZ_ROUTE} yet")
         started = time.perf_counter()
         if replica.replaced is None:
             replica.replaced = asyncio.Event()
