@@ -71,12 +71,20 @@ class ElasticGyms:
     async def replace(self, index: int) -> None:
         """The pod of ``index`` is lost (its connections reset, its episodes stopped where
         they were); the next generation serves at a new port."""
+        await self.lose(index)
+        await asyncio.sleep(self.down_s)  # the operator's loss -> new pod, in miniature
+        await self.come_back(index)
+
+    async def lose(self, index: int) -> None:
+        """The pod of ``index`` is gone: its connections reset, its server stopped."""
         runner = self.runners.pop(index)
         for handler in runner.server.connections if runner.server is not None else []:
             if handler.transport is not None:
                 handler.transport.abort()
         await runner.cleanup()
-        await asyncio.sleep(self.down_s)  # the operator's loss -> new pod, in miniature
+
+    async def come_back(self, index: int) -> None:
+        """The next generation of ``index`` serves at a new port, announced as a member."""
         generation = self.members[index].generation + 1 if index in self.members else 1
         url = await self._serve(index, generation)
         self.members[index] = MemberEndpoint(index, url, generation)

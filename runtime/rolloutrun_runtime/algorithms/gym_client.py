@@ -11,8 +11,9 @@ an episode over ``rolloutTimeoutSeconds``) is a failed *sample*, retried under t
 ``maxAttempts``; the endpoint could not be reached at all (connection refused or reset, DNS,
 connect timeout, the replica closing the connection, 502/503/504 that the Gym did not write)
 is *infrastructure*: a lost member is not a sample, so the attempt backs off and stays
-pending, and only an endpoint unreachable for longer than ``rollout.gymUnreachableSeconds``
-stops the trainer (``GymOutageError``), for the operator to restart it from a snapshot.
+pending (:mod:`.gym_outages` holds these decisions), and only an endpoint unreachable for
+longer than ``rollout.gymUnreachableSeconds`` stops the trainer (``GymOutageError``), for
+the operator to restart it from a snapshot.
 
 Elastic members: a replica lost under a live trainer is skipped while it is unreachable (its
 attempts are redispatched to the survivors by the rollout pump) and re-admitted once its
@@ -29,19 +30,40 @@ address the trainer did not announce. A replica that restarted has forgotten it 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import numpy as np
 from pydantic import ValidationError
 
+from rolloutrun_runtime.algorithms.gym_outages import BACKOFF_FIRST_S as BACKOFF_FIRST_S
+from rolloutrun_runtime.algorithms.gym_outages import BACKOFF_MAX_S as BACKOFF_MAX_S
+from rolloutrun_runtime.algorithms.gym_outages import (
+    UNREACHABLE_STATUSES as UNREACHABLE_STATUSES,
+)
+from rolloutrun_runtime.algorithms.gym_outages import GymCallError as GymCallError
+from rolloutrun_runtime.algorithms.gym_outages import GymError as GymError
+from rolloutrun_runtime.algorithms.gym_outages import GymOutageError as GymOutageError
+from rolloutrun_runtime.algorithms.gym_outages import (
+    GymPolicyUnreachableError as GymPolicyUnreachableError,
+)
+from rolloutrun_runtime.algorithms.gym_outages import (
+    GymResumeRefusedError as GymResumeRefusedError,
+)
+from rolloutrun_runtime.algorithms.gym_outages import GymUnavailableError as GymUnavailableError
+from rolloutrun_runtime.algorithms.gym_outages import GymUnreachableError as GymUnreachableError
+from rolloutrun_runtime.algorithms.gym_outages import OutageBudget as OutageBudget
+from rolloutrun_runtime.algorithms.gym_outages import backoff_delay as backoff_delay
+from rolloutrun_runtime.algorithms.gym_outages import (
+    is_unreachable_status as is_unreachable_status,
+)
 from rolloutrun_runtime.contract.pod import MemberEndpoint
 from rolloutrun_runtime.contract.wire import (
     GYM_POLICY_ROUTE,
@@ -61,68 +83,12 @@ from rolloutrun_runtime.policy.http import bearer_headers, data_plane_token, is_
 logger = logging.getLogger(__name__)
 
 
-class GymError(RuntimeError):
-    """Base of the Gym client's errors."""
-
-
-class GymCallError(GymError):
-    """A Gym ``/run`` call failed or returned something unusable (the attempt fails)."""
-
-
-class GymResumeRefusedError(GymCallError):
-    """The Gym would not continue an episode from the record a ``/run`` carried (stale: a
-    side effect past it, or a later attempt there): restart the sibling from turn 0."""
-
-
-class GymUnavailableError(GymError):
-    """A Gym replica cannot be used at all (unhealthy, unknown owner, client not open)."""
-
-
-class GymUnreachableError(GymUnavailableError):
-    """A ``/run`` call never reached a Gym that could answer it (infrastructure, not a sample)."""
-
-    def __init__(self, endpoint: str, detail: str) -> None:
-        super().__init__(f"Gym replica {endpoint} is unreachable: {detail}")
-        self.endpoint = endpoint
-
-
-class GymOutageError(GymUnavailableError):
-    """A Gym replica stayed unreachable past ``rollout.gymUnreachableSeconds`` (member lost)."""
-
-
-class GymPolicyUnreachableError(GymError):
-    """The Gym answered that its model call could not reach ``policy_url`` (a lost
-    generation worker): the attempt is redispatched, never a failed sample."""
-
-    def __init__(self, policy_url: str, detail: str) -> None:
-        super().__init__(f"generation endpoint {policy_url} is unreachable: {detail}")
-        self.policy_url = policy_url
-
-
-#: Statuses a proxy or a replica going away answers with; only the Gym's own JSON error body
-#: (its 502 for a policy error, its 503 for side-effect storage) makes them about the episode.
-UNREACHABLE_STATUSES = frozenset({502, 503, 504})
-#: Backoff between attempts against an unreachable endpoint: the first delay, and the most.
-BACKOFF_FIRST_S = 0.25
-BACKOFF_MAX_S = 5.0
 #: Longest wait for a connection to a replica (a blackholed address is unreachable, not an
 #: episode running past ``rolloutTimeoutSeconds``).
 CONNECT_TIMEOUT_S = 10.0
 #: How often a lost replica's ``/healthz`` is tried (re-admission), and its timeout.
 READMIT_PERIOD_S = 0.1
 PROBE_TIMEOUT_S = 2.0
-
-
-def is_unreachable_status(status: int, body: bytes) -> bool:
-    """Whether an HTTP error status came from something other than the Gym (a proxy, a replica
-    going away): 502/503/504 without the Gym's ``{"error": {...}}`` body."""
-    if status not in UNREACHABLE_STATUSES:
-        return False
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return True
-    return not (isinstance(document, dict) and isinstance(document.get("error"), dict))
 
 
 def is_not_announced(status: int, body: bytes) -> bool:
@@ -148,66 +114,7 @@ def _error_type(body: bytes) -> str | None:
         return None
 
 
-def backoff_delay(tries: int, unit: float) -> float:
-    """Seconds to wait before try ``tries + 1`` against an unreachable endpoint.
-
-    Exponential from ``BACKOFF_FIRST_S``, capped at ``BACKOFF_MAX_S``, with jitter: ``unit``
-    (a draw in [0, 1)) picks a point in the upper half, so siblings that failed together do
-    not come back together.
-    """
-    if tries < 1:
-        raise ValueError(f"tries must be at least 1, not {tries}")
-    if not 0.0 <= unit < 1.0:
-        raise ValueError(f"unit must be in [0, 1), not {unit}")
-    ceiling = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** min(tries - 1, 32))
-    return ceiling * (0.5 + 0.5 * unit)
-
-
-class OutageBudget:
-    """Per endpoint: since when it has been unreachable with no answer in between.
-
-    ``unreachable`` raises ``GymOutageError`` once an endpoint's outage has lasted
-    ``budget_s``; any answer from it (even an error about an episode) ends the outage.
-    """
-
-    def __init__(self, budget_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        if budget_s <= 0:
-            raise ValueError(f"the unreachable budget must be positive, not {budget_s}")
-        self.budget_s = budget_s
-        self._clock = clock
-        self._since: dict[str, float] = {}
-
-    def unreachable(self, endpoint: str, error: BaseException) -> float:
-        """Record a failed reach; the seconds the outage has lasted (raises when spent)."""
-        now = self._clock()
-        spent = now - self._since.setdefault(endpoint, now)
-        if spent >= self.budget_s:
-            raise GymOutageError(
-                f"Gym replica {endpoint} has been unreachable for {spent:.1f}s "
-                f"(rollout.gymUnreachableSeconds {self.budget_s:g}); last error: {error}. "
-                "A member is lost: restart from the latest snapshot"
-            ) from error
-        return spent
-
-    def answered(self, endpoint: str) -> None:
-        self._since.pop(endpoint, None)
-
-    def moved(self, old: str, new: str) -> None:
-        """The replica at ``old`` now serves at ``new`` (replaced): an outage goes on under
-        the new address from when it began, so a replacement never resets the budget."""
-        since = self._since.pop(old, None)
-        if since is not None:
-            self._since[new] = since
-
-    def down(self, endpoint: str) -> bool:
-        return endpoint in self._since
-
-    def outages(self) -> dict[str, float]:
-        """The endpoints unreachable now, and since when (the clock's time)."""
-        return dict(self._since)
-
-
-@dataclass
+@dataclasses.dataclass
 class GymReplica:
     """One Gym server: its base URL and the instance id the ledger records."""
 
@@ -219,6 +126,8 @@ class GymReplica:
     """Set when this generation was replaced: its calls in flight end as unreachable."""
     capabilities: frozenset[str] = frozenset()
     """What its ``/healthz`` named (:data:`MEMBER_RESUME_CAPABILITY`: it takes a record)."""
+    identified: bool = False
+    """Whether ``instance_id`` is what the replica answered (until it has: a placeholder)."""
 
 
 def pick_replica(replicas: list[GymReplica], turn: int, down: Callable[[str], bool]) -> int:
@@ -228,6 +137,23 @@ def pick_replica(replicas: list[GymReplica], turn: int, down: Callable[[str], bo
     up = [i for i, replica in enumerate(replicas) if not down(replica.url)]
     choices = up or list(range(len(replicas)))
     return choices[turn % len(choices)]
+
+
+def health_problem(
+    status: int, body: Any, named: str, replica: GymReplica, replicas: list[GymReplica]
+) -> str | None:
+    """Why a ``/healthz`` answer does not re-admit ``replica`` (None: it does). A replica
+    not identified yet takes the id it names, unless another replica already holds it."""
+    if status != 200 or not isinstance(body, dict):
+        return f"{HEALTHZ_ROUTE} answered {status}"
+    if replica.identified and named and named != replica.instance_id:
+        return f"answers as {named!r}, not {replica.instance_id!r}"
+    if not replica.identified and any(
+        other is not replica and other.identified and other.instance_id == named
+        for other in replicas
+    ):
+        return f"answers as {named!r}, the id of another replica"
+    return None
 
 
 def rollout_seed(seed: int, prompt: PromptRef, generation_index: int) -> int:
@@ -350,13 +276,24 @@ class GymClient:
         self._announced: dict[str, set[str]] = {}
         #: Told of each replica readdressed to a new generation (on the event loop).
         self.on_replaced: Callable[[GymReplica], None] | None = None
+        #: Why each replica's last ``/healthz`` did not admit it (by replica URL).
+        self._unanswered: dict[str, str] = {}
 
     def backoff(self, tries: int) -> float:
         """The delay before the next try of an attempt that found its endpoint unreachable."""
         return backoff_delay(tries, self._jitter.random())
 
-    async def open(self) -> None:
-        """Open the HTTP session and learn each replica's instance id from ``/healthz``."""
+    async def open(
+        self, members: Callable[[bool], Mapping[int, MemberEndpoint]] | None = None
+    ) -> None:
+        """Open the HTTP session and learn each replica's instance id from ``/healthz``.
+
+        A replica that does not answer opens as down, as a replica lost under a running
+        trainer is (its instance id unknown until it answers; :meth:`watch_members` re-admits
+        it, at the address ``members`` gives if the operator replaced it): one lost Gym never
+        ends the trainer. Only while *no* replica answers does open wait, following
+        ``members`` and re-probing, and past the unreachable budget it ends with
+        ``GymOutageError`` naming every replica."""
         timeout = aiohttp.ClientTimeout(
             total=self.timeout_s, sock_connect=min(self.timeout_s, CONNECT_TIMEOUT_S)
         )
@@ -365,18 +302,40 @@ class GymClient:
             connector=aiohttp.TCPConnector(limit=0),
             headers=bearer_headers(self.token),
         )
-        for replica in self.replicas:
+        started = time.monotonic()
+        answered = await asyncio.gather(*(self._healthy(replica) for replica in self.replicas))
+        for replica, up in zip(self.replicas, answered, strict=True):
+            if not up:
+                cause = GymUnreachableError(replica.url, self._unanswered.get(replica.url, "?"))
+                self.outages.unreachable(replica.url, cause)
+                logger.warning("Gym replica opens as down: %s", cause)
+        if self.all_down():
             try:
-                async with self._session.get(f"{replica.url}{HEALTHZ_ROUTE}") as response:
-                    body = await response.json(content_type=None)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                await self._await_any(members, started)
+            except BaseException:
                 await self.close()
-                raise GymUnavailableError(
-                    f"Gym replica {replica.url} is unhealthy: {error}"
-                ) from error
-            if isinstance(body, dict) and body.get("instance_id"):
-                replica.instance_id = str(body["instance_id"])
-            replica.capabilities = _capabilities(body)
+                raise
+
+    async def _await_any(
+        self, members: Callable[[bool], Mapping[int, MemberEndpoint]] | None, started: float
+    ) -> None:
+        """Follow the members and re-probe until one replica answers, at most the budget."""
+        watch = asyncio.ensure_future(self.watch_members(members))
+        try:
+            while self.all_down():
+                waited = time.monotonic() - started
+                if waited >= self.outages.budget_s:
+                    raise GymOutageError(
+                        f"no Gym replica answered {HEALTHZ_ROUTE} within {waited:.1f}s "
+                        f"(rollout.gymUnreachableSeconds {self.outages.budget_s:g}): "
+                        + "; ".join(
+                            f"{r.url}: {self._unanswered.get(r.url, '?')}" for r in self.replicas
+                        )
+                    )
+                await asyncio.sleep(READMIT_PERIOD_S)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -387,8 +346,12 @@ class GymClient:
         """The replica that owns ``owner``'s turn state, else the next one in turn."""
         if owner is not None:
             for replica in self.replicas:
-                if replica.instance_id == owner:
+                if replica.identified and replica.instance_id == owner:
                     return replica
+            unknown = [replica for replica in self.replicas if not replica.identified]
+            if unknown:  # its owner has not answered since open: down, as a lost owner is
+                # (its call ends unreachable unsent, :meth:`_post`, and is redispatched)
+                return dataclasses.replace(unknown[0], instance_id=owner, replaced=None)
             raise GymUnavailableError(
                 f"no Gym replica with instance id {owner!r} (it owns a resumed episode)"
             )
@@ -446,23 +409,29 @@ class GymClient:
         return back
 
     async def _healthy(self, replica: GymReplica) -> bool:
+        """Whether ``replica`` answers ``/healthz`` as itself (learning its instance id
+        while it has none); why not is kept in ``_unanswered`` by its URL."""
         if self._session is None:
             return False
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+        url = replica.url
         try:
-            url = f"{replica.url}{HEALTHZ_ROUTE}"
-            async with self._session.get(url, timeout=timeout) as response:
+            async with self._session.get(f"{url}{HEALTHZ_ROUTE}", timeout=timeout) as response:
                 body = await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            self._unanswered[url] = f"{type(error).__name__}: {error}"
             return False
-        healthy = (
-            response.status == 200
-            and isinstance(body, dict)
-            and str(body.get("instance_id") or replica.instance_id) == replica.instance_id
-        )
-        if healthy:  # a replacement may run another image
-            replica.capabilities = _capabilities(body)
-        return healthy
+        named = str(body.get("instance_id") or "") if isinstance(body, dict) else ""
+        problem = health_problem(response.status, body, named, replica, self.replicas)
+        if problem is not None:
+            self._unanswered[url] = problem
+            return False
+        self._unanswered.pop(url, None)
+        if named and not replica.identified:
+            replica.instance_id = named
+        replica.identified = True
+        replica.capabilities = _capabilities(body)  # a replacement may run another image
+        return True
 
     def resumes(self) -> bool:
         """Whether some replica takes a ``/run``'s resume record (elastic members)."""
@@ -557,6 +526,8 @@ class GymClient:
         """POST ``body`` to ``replica``: its status and raw answer, or the unreachable error."""
         if self._session is None:
             raise GymUnavailableError("the Gym client is not open")
+        if not replica.identified:  # never answered /healthz: down, and maybe not the owner
+            raise GymUnreachableError(replica.url, f"has not answered {HEALTHZ_ROUTE} yet")
         started = time.perf_counter()
         if replica.replaced is None:
             replica.replaced = asyncio.Event()

@@ -218,12 +218,20 @@ async def test_gym_client_placement_and_unhealthy_replicas() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    client = GymClient([dead, dead + "/"], timeout_s=5, max_seq_len=16, overhead=OverheadClock())
+    client = GymClient(
+        [dead, dead + "/"],
+        timeout_s=5,
+        max_seq_len=16,
+        overhead=OverheadClock(),
+        unreachable_budget_s=0.2,
+    )
     assert [client.pick(None).instance_id for _ in range(3)] == ["gym-0", "gym-1", "gym-0"]
+    for replica in client.replicas:  # as if each had answered /healthz under its own id
+        replica.identified = True
     assert client.pick("gym-1").url == dead
     with pytest.raises(GymUnavailableError, match="owns a resumed episode"):
         client.pick("gym-9")
-    with pytest.raises(GymUnavailableError, match="unhealthy"):
+    with pytest.raises(GymUnavailableError, match="no Gym replica answered"):
         await client.open()
     with pytest.raises(GymUnavailableError, match="not open"):
         await client.run_episode(client.replicas[0], None, 0, "http://x", {})  # type: ignore[arg-type]

@@ -197,7 +197,7 @@ class SingleController:
         if self.manifests is not None:
             await asyncio.to_thread(self.rollout_snapshots.ensure_bootstrap_anchor)
         STARTUP.mark("bootstrap_anchor_checked")
-        await self.gym.open()
+        await self.gym.open(self.gym_members)  # a replica not answering yet opens as down
         STARTUP.mark("gym_opened")
         try:
             await self.resumption.relaunch()
