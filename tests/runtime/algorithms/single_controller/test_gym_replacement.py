@@ -199,15 +199,23 @@ async def test_a_slow_read_of_the_addresses_does_not_hold_back_re_admission():
     node); the probes of a replica already readdressed go on while a read is in flight.
     Before, each probe waited for the read before it, so a re-admission waited a read."""
 
+    slow_api = threading.Event()
+    reads: list[bool] = []
+
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"instance_id": "gym-0"})
 
+    async def starting_until_the_second_read(request: web.Request) -> web.Response:
+        # Serving only once the second read hangs: a re-admission can then only come from a
+        # probe made while a read is in flight (not in the moment between two reads).
+        return web.json_response({"instance_id": "gym-0"}, status=200 if len(reads) > 1 else 503)
+
     app = web.Application()
     app.router.add_get("/healthz", health)
+    starting = web.Application()
+    starting.router.add_get("/healthz", starting_until_the_second_read)
     lost, lost_url = await serve_app(app, port=0)
-    replacement, url = await serve_app(app, port=0)
-    slow_api = threading.Event()
-    reads: list[bool] = []
+    replacement, url = await serve_app(starting, port=0)
 
     def endpoints(fresh: bool) -> dict[int, MemberEndpoint]:
         reads.append(fresh)
