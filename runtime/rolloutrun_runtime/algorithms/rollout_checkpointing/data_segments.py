@@ -27,6 +27,11 @@ reusing segments, the writer checks they still exist (a collector without that g
 hand-made delete, may have taken them) and rewrites the rows of any missing one into the
 new segment, so no snapshot names a segment that is gone.
 
+The ledger sidecar's groups travel the same way (:meth:`SegmentWriter.stage_ledger`): a
+chain of JSON chunks (:mod:`rolloutrun_runtime.json_chain`) stored beside the segments,
+listed in the manifest with them, written before it and collected as they are; a snapshot
+writes one chunk of the groups changed since the last published one.
+
 A new incarnation's writer starts from the snapshot it restored (:func:`seed_from_snapshot`,
 :meth:`SegmentWriter.seed`): the rows it read back are placed in the segments they came
 from, so its first snapshot writes only what changed since, not every row again.
@@ -44,11 +49,14 @@ from typing import Any
 from rolloutrun_runtime.contract.layout import (
     DATA_PLANE_METADATA_FILE,
     SEGMENTED_DATA_PLANE_FORMAT,
+    chain_chunk_key,
     data_segment_key,
 )
 from rolloutrun_runtime.contract.pod import DEFAULT_LEASE_DURATION_S
 from rolloutrun_runtime.data_plane import DataPlane
 from rolloutrun_runtime.data_plane.store import PARTITIONS, pack_segment, segmented_metadata
+from rolloutrun_runtime.experience.rollout_recovery.sidecar import LedgerSidecar, SidecarCapture
+from rolloutrun_runtime.json_chain import ChainStage, ChainWriter
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +117,8 @@ class SegmentedWrite:
     placement: Placement
     new_rows: int
     compacted_rows: int
+    ledger_chain: ChainStage | None = None
+    """The ledger sidecar's chain this snapshot lists (its chunks are in ``referenced``)."""
 
     def manifest_segments(self) -> dict[str, dict[str, Any]]:
         return {key: record.manifest_record() for key, record in sorted(self.referenced.items())}
@@ -190,6 +200,24 @@ class SegmentWriter:
         self._missing = missing
         #: Segments found missing (so rewritten) since the writer was made.
         self.missing_found: set[str] = set()
+        #: The ledger sidecar's groups as a chain of chunks (:meth:`stage_ledger`).
+        self.ledger_chain = ChainWriter(chain_chunk_key)
+        self._staged_ledger: ChainStage | None = None
+        self._gone: set[str] | None = None
+
+    def _check_gone(self) -> set[str]:
+        """Which committed segments and chain chunks storage no longer holds (one listing
+        per snapshot, shared by the ledger's chain and the data plane)."""
+        if self._gone is None:
+            known = set(self._records) | set(self.ledger_chain.keys)
+            self._gone = self._missing(sorted(known)) if self._missing and known else set()
+        return self._gone
+
+    def stage_ledger(self, capture: SidecarCapture) -> LedgerSidecar:
+        """The ledger sidecar as a schema-6 head and its chain: the committed chunks and one
+        of the groups changed since (listed and written with the next :meth:`prepare`)."""
+        self._staged_ledger = self.ledger_chain.stage(capture.fragments, gone=self._check_gone())
+        return capture.encode_chained(self._staged_ledger)
 
     def seed(self, seed: SegmentSeed) -> None:
         """Start from a restored snapshot's segments (a writer that wrote nothing yet)."""
@@ -224,12 +252,11 @@ class SegmentWriter:
 
     def prepare(self, plane: DataPlane, user_metadata: Mapping[str, Any]) -> SegmentedWrite:
         """The segments and ``metadata.json`` of ``plane`` (a capture's copy)."""
-        if self._missing is not None and self._records:
-            gone = self._missing(sorted(self._records))
-            if gone:
-                log.warning("data segments gone from storage, their rows rewritten: %s", gone)
-                self.missing_found |= gone
-                self.forget(gone)  # their rows go into the new segment
+        gone = self._check_gone() & set(self._records)
+        if gone:
+            log.warning("data segments gone from storage, their rows rewritten: %s", gone)
+            self.missing_found |= gone
+            self.forget(gone)  # their rows go into the new segment
         live: dict[str, int] = {}
         placement: Placement = {}
         fresh: dict[str, dict[str, Mapping[str, Any]]] = {}
@@ -270,16 +297,23 @@ class SegmentWriter:
             keys = sorted(placed)
             index[partition] = {"keys": keys, "segment": [position[placed[k][1]] for k in keys]}
         metadata = segmented_metadata(user_metadata, order, index)
+        chain, self._staged_ledger, self._gone = self._staged_ledger, None, None
+        for chunk in chain.records if chain else []:
+            referenced[chunk.key] = SegmentRecord(chunk.key, chunk.sha256, chunk.size, 0)
         return SegmentedWrite(
             files={DATA_PLANE_METADATA_FILE: metadata},
-            new_segments=new_segments,
+            new_segments={**new_segments, **(chain.new_files if chain else {})},
             referenced=referenced,
             placement=placement,
             new_rows=new_rows - compacted,
             compacted_rows=compacted,
+            ledger_chain=chain,
         )
 
     def commit(self, write: SegmentedWrite) -> None:
         """``write``'s manifest is published: the next snapshot builds on it."""
         self._placement = write.placement
-        self._records = dict(write.referenced)
+        chained = {r.key for r in write.ledger_chain.records} if write.ledger_chain else set()
+        self._records = {k: r for k, r in write.referenced.items() if k not in chained}
+        if write.ledger_chain is not None:
+            self.ledger_chain.commit(write.ledger_chain)
