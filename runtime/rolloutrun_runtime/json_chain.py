@@ -134,6 +134,39 @@ class ChainWriter:
             or len(self._records) + 1 > MAX_CHUNKS
             or (ordered and not _order_kept(previous, current, drop, new))
         )
+        return self._finish(put, drop, live, rewrite, lambda: current, dict(current))
+
+    def stage_changes(
+        self,
+        put: Mapping[str, str],
+        drop: list[str],
+        live: int,
+        everything: Callable[[], Mapping[str, str]],
+        *,
+        rewrite: bool = False,
+        gone: Collection[str] = (),
+    ) -> ChainStage:
+        """:meth:`stage` for a writer that knows what changed (``put``, ``drop``) without
+        comparing every entry, and the map's ``live`` bytes; ``everything()`` is the whole
+        map, called only for a rewrite. The order of such a map does not matter (its reader
+        sorts), and the stage keeps no copy of it."""
+        rewrite = (
+            rewrite
+            or not self._records
+            or any(record.key in gone for record in self._records)
+            or len(self._records) + 1 > MAX_CHUNKS
+        )
+        return self._finish(dict(put), drop, live, rewrite, everything, {})
+
+    def _finish(
+        self,
+        put: dict[str, str],
+        drop: list[str],
+        live: int,
+        rewrite: bool,
+        everything: Callable[[], Mapping[str, str]],
+        entries: dict[str, str],
+    ) -> ChainStage:
         records = [] if rewrite else list(self._records)
         chain_bytes = 0 if rewrite else self._chain_bytes
         if not rewrite and (put or drop):
@@ -141,8 +174,8 @@ class ChainWriter:
             if chain_bytes + len(data) > REWRITE_FACTOR * max(live, 1):
                 rewrite, records, chain_bytes = True, [], 0
         if rewrite:
-            put, drop = dict(current), []
-            live = sum(_size(key, text) for key, text in current.items())
+            put, drop = dict(everything()), []
+            live = sum(_size(key, text) for key, text in put.items())
         new_files: dict[str, bytes] = {}
         if rewrite or put or drop:
             data = encode_chunk(put, drop)
@@ -154,7 +187,7 @@ class ChainWriter:
         return ChainStage(
             records=records,
             new_files=new_files,
-            entries=dict(current),
+            entries=entries,
             chain_bytes=chain_bytes,
             live_bytes=live,
             rewritten=rewrite,
@@ -167,6 +200,12 @@ class ChainWriter:
         self._records = list(stage.records)
         self._chain_bytes = stage.chain_bytes
         self._live_bytes = stage.live_bytes
+
+    def seed(self, records: list[ChunkRecord], live_bytes: int) -> None:
+        """Start from a chain a restored snapshot listed (for :meth:`stage_changes`, whose
+        changes are then counted from that snapshot's map)."""
+        self._entries, self._records = {}, list(records)
+        self._chain_bytes, self._live_bytes = sum(r.size for r in records), live_bytes
 
     def forget(self) -> None:
         """Start over: the next stage writes the whole map."""

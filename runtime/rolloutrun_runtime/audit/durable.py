@@ -192,18 +192,23 @@ class _Entry:
     runtime_state: dict[str, Any] | None
     data_plane: dict[str, Any] | None
     seed: int | None
-    #: A schema-6 ledger head's chunks (key -> bytes), read from the data segments.
+    #: The chunks a schema-6 ledger head and a format-4 data-plane index list (key -> bytes).
     ledger_chunks: Mapping[str, bytes] = field(default_factory=dict)
 
 
 def _ledger_chunks(storage: Any, ledger_raw: bytes) -> dict[str, bytes]:
-    """The chunks a schema-6 ledger head lists (absent ones are left out: the reader names
-    them)."""
+    """The chunks a schema-6 ledger head lists."""
     from rolloutrun_runtime.experience.rollout_recovery.sidecar import chain_keys
+
+    return _read_chunks(storage, chain_keys(ledger_raw))
+
+
+def _read_chunks(storage: Any, keys: list[str]) -> dict[str, bytes]:
+    """Chain chunks by key (absent ones are left out: the readers name them)."""
     from rolloutrun_runtime.storage import StorageError
 
     chunks = {}
-    for key in chain_keys(ledger_raw):
+    for key in keys:
         try:
             chunks[key] = storage.read_bytes(key)
         except StorageError:
@@ -254,6 +259,9 @@ def _read_entry(uri: str, seed: int | None) -> tuple[Any, _Entry]:
         runtime_state = _read_json(storage, f"{entry}/{RUNTIME_STATE_FILE}", required=False)
         data_plane_metadata = f"{entry}/{DATA_PLANE_PREFIX}{DATA_PLANE_METADATA_FILE}"
         data_plane = _read_json(storage, data_plane_metadata, required=False)
+        index_chain = (data_plane or {}).get("index_chain", [])
+        keys = [str(c.get("key")) for c in index_chain if isinstance(c, dict)]
+        ledger_chunks.update(_read_chunks(storage, keys))
         if seed is None:
             seed = _seed_from_manifests(storage)
     except StorageError as error:
@@ -337,7 +345,7 @@ def load_durable_state(
     reserved = parse_reserves(raw.runtime_state or {})
     retained = _retained_train_keys(raw.runtime_state or {})
     try:
-        row_keys = row_keys_in(raw.data_plane) if raw.data_plane else {}
+        row_keys = row_keys_in(raw.data_plane, raw.ledger_chunks) if raw.data_plane else {}
     except DataPlaneError as error:
         raise AuditError(f"{raw.source}: {error}") from error
     replay = (raw.data_plane or {}).get("user", {}).get("replay", raw.state.get("replay", []))

@@ -98,7 +98,9 @@ def snapshot_dir(snapshot_id: int) -> str:
 DATA_PLANE_FORMAT = 2
 #: A snapshot's data plane as segments: ``metadata.json`` lists each row's segment.
 SEGMENTED_DATA_PLANE_FORMAT = 3
-READABLE_DATA_PLANE_FORMATS = (1, 2, 3)
+#: Format 4: format 3 with the row index as a chain of chunks (only what changed is written).
+CHAINED_DATA_PLANE_FORMAT = 4
+READABLE_DATA_PLANE_FORMATS = (1, 2, 3, 4)
 #: Format tag inside a segment (an npz whose ``index`` member is its JSON column index).
 DATA_SEGMENT_FORMAT = "data-segment/1"
 ROWS_FILE = "rows.npz"

@@ -47,6 +47,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from rolloutrun_runtime.contract.layout import (
+    CHAINED_DATA_PLANE_FORMAT,
     DATA_PLANE_METADATA_FILE,
     SEGMENTED_DATA_PLANE_FORMAT,
     chain_chunk_key,
@@ -54,9 +55,15 @@ from rolloutrun_runtime.contract.layout import (
 )
 from rolloutrun_runtime.contract.pod import DEFAULT_LEASE_DURATION_S
 from rolloutrun_runtime.data_plane import DataPlane
-from rolloutrun_runtime.data_plane.store import PARTITIONS, pack_segment, segmented_metadata
+from rolloutrun_runtime.data_plane.store import (
+    PARTITIONS,
+    chained_metadata,
+    expand_index,
+    pack_segment,
+    segment_short_id,
+)
 from rolloutrun_runtime.experience.rollout_recovery.sidecar import LedgerSidecar, SidecarCapture
-from rolloutrun_runtime.json_chain import ChainStage, ChainWriter
+from rolloutrun_runtime.json_chain import ChainStage, ChainWriter, ChunkRecord
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +126,26 @@ class SegmentedWrite:
     compacted_rows: int
     ledger_chain: ChainStage | None = None
     """The ledger sidecar's chain this snapshot lists (its chunks are in ``referenced``)."""
+    index_chain: ChainStage | None = None
+    """``metadata.json``'s row index as a chain (its chunks are in ``referenced``)."""
+
+    @property
+    def chains(self) -> list[ChainStage]:
+        return [stage for stage in (self.ledger_chain, self.index_chain) if stage is not None]
 
     def manifest_segments(self) -> dict[str, dict[str, Any]]:
-        return {key: record.manifest_record() for key, record in sorted(self.referenced.items())}
+        """Every segment and chain chunk the snapshot lists (key -> sha256 and bytes)."""
+        listed = {key: record.manifest_record() for key, record in self.referenced.items()}
+        for stage in self.chains:
+            listed.update({r.key: {"sha256": r.sha256, "bytes": r.size} for r in stage.records})
+        return dict(sorted(listed.items()))
+
+    def files_to_write(self) -> dict[str, bytes]:
+        """The new segments and chain chunks, written (durable) before the manifest."""
+        files = dict(self.new_segments)
+        for stage in self.chains:
+            files.update(stage.new_files)
+        return files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,10 +155,15 @@ class SegmentSeed:
 
     placement: Placement
     records: dict[str, SegmentRecord]
+    index_chain: list[ChunkRecord] = dataclasses.field(default_factory=list)
+    """The chain of its ``metadata.json`` row index (format 4; empty before)."""
 
 
 def seed_from_snapshot(
-    plane: DataPlane, metadata: bytes, segments: Mapping[str, Mapping[str, Any]]
+    plane: DataPlane,
+    metadata: bytes,
+    segments: Mapping[str, Mapping[str, Any]],
+    chunks: Mapping[str, bytes] | None = None,
 ) -> SegmentSeed | None:
     """The writer's memory of a restored snapshot: ``plane`` as read back from it (its row
     objects, before anything replaced one), its data-plane ``metadata.json`` and its
@@ -144,8 +173,13 @@ def seed_from_snapshot(
     ones: compaction then comes later than it would have, never wrongly).
     """
     meta = json.loads(metadata)
-    if meta.get("format") != SEGMENTED_DATA_PLANE_FORMAT:
+    if meta.get("format") not in (SEGMENTED_DATA_PLANE_FORMAT, CHAINED_DATA_PLANE_FORMAT):
         return None
+    chain = [
+        ChunkRecord.from_json(record, "data-plane metadata.json index")
+        for record in meta.get("index_chain", [])
+    ]
+    meta = expand_index(meta, chunks or {})  # (``chunks``: a format-4 index's)
     names = list(meta["segments"])
     counts = dict.fromkeys(names, 0)
     placement: Placement = {}
@@ -158,13 +192,15 @@ def seed_from_snapshot(
             row = rows.get(key)
             if row is not None and name in segments:
                 placed[key] = (row, name)
+            else:  # the index names a row the writer does not place: not the chain's map
+                chain = []
         placement[partition] = placed
     records = {
         name: SegmentRecord(name, str(segments[name]["sha256"]), int(segments[name]["bytes"]), n)
         for name, n in counts.items()
         if name in segments
     }
-    return SegmentSeed(placement, records)
+    return SegmentSeed(placement, records, chain)
 
 
 def choose_compaction(
@@ -202,6 +238,8 @@ class SegmentWriter:
         self.missing_found: set[str] = set()
         #: The ledger sidecar's groups as a chain of chunks (:meth:`stage_ledger`).
         self.ledger_chain = ChainWriter(chain_chunk_key)
+        #: ``metadata.json``'s row index (format 4) as a chain of chunks.
+        self.index_chain = ChainWriter(chain_chunk_key)
         self._staged_ledger: ChainStage | None = None
         self._gone: set[str] | None = None
 
@@ -209,7 +247,7 @@ class SegmentWriter:
         """Which committed segments and chain chunks storage no longer holds (one listing
         per snapshot, shared by the ledger's chain and the data plane)."""
         if self._gone is None:
-            known = set(self._records) | set(self.ledger_chain.keys)
+            known = {*self._records, *self.ledger_chain.keys, *self.index_chain.keys}
             self._gone = self._missing(sorted(known)) if self._missing and known else set()
         return self._gone
 
@@ -225,6 +263,9 @@ class SegmentWriter:
             return  # it has written since: its own memory is newer
         self._placement = {p: dict(seed.placement.get(p, {})) for p in PARTITIONS}
         self._records = dict(seed.records)
+        if seed.index_chain:
+            live = sum(len(key) + 26 for placed in self._placement.values() for key in placed)
+            self.index_chain.seed(seed.index_chain, live)
 
     def forget(self, keys: Collection[str]) -> None:
         """Drop ``keys`` from the memory: their rows count as not written."""
@@ -291,29 +332,60 @@ class SegmentWriter:
                 for key, row in rows.items():
                     placement[partition][key] = (row, record.key)
         order = sorted(referenced)
-        position = {key: at for at, key in enumerate(order)}
-        index = {}
-        for partition, placed in placement.items():
-            keys = sorted(placed)
-            index[partition] = {"keys": keys, "segment": [position[placed[k][1]] for k in keys]}
-        metadata = segmented_metadata(user_metadata, order, index)
+        index = self._stage_index(placement, fresh, referenced, rewrite=bool(gone))
+        metadata = chained_metadata(user_metadata, order, index.head())
         chain, self._staged_ledger, self._gone = self._staged_ledger, None, None
-        for chunk in chain.records if chain else []:
-            referenced[chunk.key] = SegmentRecord(chunk.key, chunk.sha256, chunk.size, 0)
         return SegmentedWrite(
             files={DATA_PLANE_METADATA_FILE: metadata},
-            new_segments={**new_segments, **(chain.new_files if chain else {})},
+            new_segments=new_segments,
             referenced=referenced,
             placement=placement,
             new_rows=new_rows - compacted,
             compacted_rows=compacted,
             ledger_chain=chain,
+            index_chain=index,
+        )
+
+    def _stage_index(
+        self,
+        placement: Placement,
+        fresh: Mapping[str, Mapping[str, Any]],
+        referenced: Mapping[str, SegmentRecord],
+        *,
+        rewrite: bool,
+    ) -> ChainStage:
+        """``metadata.json``'s row index as a chain: the rows placed in a new segment and the
+        rows gone since the committed placement, not every row (``rewrite``: the committed
+        index may name a segment that is gone, so write it whole)."""
+        short = {key: json.dumps(segment_short_id(key)) for key in referenced}
+
+        def everything() -> dict[str, str]:
+            return {
+                f"{partition}/{key}": short[segment]
+                for partition, placed in placement.items()
+                for key, (_, segment) in placed.items()
+            }
+
+        put = {
+            f"{partition}/{key}": short[placement[partition][key][1]]
+            for partition, rows in fresh.items()
+            for key in rows
+        }
+        drop = [
+            f"{partition}/{key}"
+            for partition in PARTITIONS
+            for key in self._placement.get(partition, {}).keys() - placement[partition].keys()
+        ]
+        live = sum(len(key) + 26 for placed in placement.values() for key in placed)
+        return self.index_chain.stage_changes(
+            put, sorted(drop), live, everything, rewrite=rewrite, gone=self._check_gone()
         )
 
     def commit(self, write: SegmentedWrite) -> None:
         """``write``'s manifest is published: the next snapshot builds on it."""
         self._placement = write.placement
-        chained = {r.key for r in write.ledger_chain.records} if write.ledger_chain else set()
-        self._records = {k: r for k, r in write.referenced.items() if k not in chained}
+        self._records = dict(write.referenced)
         if write.ledger_chain is not None:
             self.ledger_chain.commit(write.ledger_chain)
+        if write.index_chain is not None:
+            self.index_chain.commit(write.index_chain)

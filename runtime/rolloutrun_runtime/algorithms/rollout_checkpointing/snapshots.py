@@ -551,7 +551,7 @@ class RolloutSnapshotter:
             fence=fence,
             keep_latest=self._parts.config.checkpointing.keep_latest,
             segments=segmented.manifest_segments(),
-            segment_files=segmented.new_segments,
+            segment_files=segmented.files_to_write(),
         )
 
     async def _durable(self, step: int) -> bool:
