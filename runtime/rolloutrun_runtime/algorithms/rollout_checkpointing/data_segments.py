@@ -254,6 +254,7 @@ class SegmentWriter:
     def stage_ledger(self, capture: SidecarCapture) -> LedgerSidecar:
         """The ledger sidecar as a schema-6 head and its chain: the committed chunks and one
         of the groups changed since (listed and written with the next :meth:`prepare`)."""
+        self._gone = None  # checked afresh for each snapshot (a failed one may have left it)
         self._staged_ledger = self.ledger_chain.stage(capture.fragments, gone=self._check_gone())
         return capture.encode_chained(self._staged_ledger)
 
