@@ -220,6 +220,12 @@ def choose_compaction(
     return chosen
 
 
+def _index_bytes(placement: Placement) -> int:
+    """About the bytes of a chained index of ``placement``: per row its key, partition and
+    the segment's short id with their JSON punctuation (``json_chain``'s rewrite rule)."""
+    return sum(sum(map(len, placed)) + 26 * len(placed) for placed in placement.values())
+
+
 class SegmentWriter:
     """Remembers what the last published snapshot wrote; prepares the next one's segments.
 
@@ -265,7 +271,7 @@ class SegmentWriter:
         self._placement = {p: dict(seed.placement.get(p, {})) for p in PARTITIONS}
         self._records = dict(seed.records)
         if seed.index_chain:
-            live = sum(len(key) + 26 for placed in self._placement.values() for key in placed)
+            live = _index_bytes(self._placement)
             self.index_chain.seed(seed.index_chain, live)
 
     def forget(self, keys: Collection[str]) -> None:
@@ -377,7 +383,7 @@ class SegmentWriter:
             for partition in PARTITIONS
             for key in self._placement.get(partition, {}).keys() - placement[partition].keys()
         ]
-        live = sum(len(key) + 26 for placed in placement.values() for key in placed)
+        live = _index_bytes(placement)
         return self.index_chain.stage_changes(
             put, sorted(drop), live, everything, rewrite=rewrite, gone=self._check_gone()
         )
