@@ -321,3 +321,18 @@ async def test_the_first_snapshot_after_a_resume_writes_no_existing_segment(tmp_
         assert await resumed.rollout_snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
         assert h.records[-1]["data_plane_rows_written"] == 0
         assert set(storage.list(DATA_SEGMENTS_PREFIX)) == segments_before
+
+
+def test_a_truncated_or_mislabeled_index_chain_is_refused_by_name() -> None:
+    """metadata.json format 4: its row index is a chain of chunks; a truncated chunk, or an
+    entry naming a segment the metadata does not list, is refused naming it."""
+    write = SegmentWriter().prepare(_plane(range(3)).copy(), {})
+    files = write.files_to_write()
+    meta = json.loads(write.files[DATA_PLANE_METADATA_FILE])
+    assert meta["format"] == 4 and "index" not in meta
+    (chunk,) = [record["key"] for record in meta["index_chain"]]
+    with pytest.raises(DataPlaneError, match=f"chunk {chunk} is truncated"):
+        DataPlane.from_files(write.files, {**files, chunk: files[chunk][:-2]})
+    meta["segments"] = [f"{DATA_SEGMENTS_PREFIX}/{'f' * 64}.npz"]
+    with pytest.raises(DataPlaneError, match=r"names segment .* not one of its segments"):
+        DataPlane.from_files({DATA_PLANE_METADATA_FILE: json.dumps(meta).encode()}, files)
