@@ -10,6 +10,12 @@ collection), over whole runs of the tiny config with a snapshot after every step
 trees' runs interleaved (``--baseline DIR``), each a fresh process.
 
 ``python -m bench.snapshot_writer_cpu [--baseline DIR] [--repetitions N] [--out FILE]``.
+
+``--groups 1000 10000`` measures instead a controller filled with that many buffered groups
+(``bench.rollout_checkpoint``'s), forced snapshots each after ``CHURN_GROUPS`` groups were
+trained and as many finalized: per snapshot the writer's CPU and the bytes written for the
+data plane's ``metadata.json`` and the ledger sidecar (with their chain chunks, where the
+tree writes them), per tree in a fresh process, trees alternating.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ from pathlib import Path
 from typing import Any
 
 STEPS = 24
+#: Groups trained and as many finalized before each snapshot of ``--groups``.
+CHURN_GROUPS = 40
+#: Forced snapshots measured per size in ``--groups`` (after a first, unmeasured one).
+GROUPS_SNAPSHOTS = 8
 
 
 def _instrument() -> dict[str, list[float]]:
@@ -68,6 +78,119 @@ def one(config: Path, log_dir: Path) -> dict[str, Any]:
         "publish_ms": round(statistics.median(spent["publish"]) * 1000, 3),
         "writer_ms": round(statistics.median(per) * 1000, 3),
     }
+
+
+def _written_bytes() -> list[dict[str, int]]:
+    """Per publication: bytes of ``metadata.json`` and the ledger sidecar, and of the chain
+    chunks (``.json`` beside the data segments) written with it."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing import manifest
+    from rolloutrun_runtime.contract.layout import DATA_PLANE_PREFIX, LEDGER_FILE
+
+    sizes: list[dict[str, int]] = []
+    publish = manifest.ManifestStore.publish
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        files, chunks = kwargs.get("files", {}), kwargs.get("segment_files") or {}
+        sizes.append(
+            {
+                "metadata_json": len(files.get(DATA_PLANE_PREFIX + "metadata.json", b"")),
+                "ledger": len(files.get(LEDGER_FILE, b"")),
+                "chain_chunks": sum(len(v) for k, v in chunks.items() if k.endswith(".json")),
+            }
+        )
+        return publish(self, *args, **kwargs)
+
+    manifest.ManifestStore.publish = counted  # type: ignore[method-assign]
+    return sizes
+
+
+async def groups_one(groups: int) -> dict[str, Any]:
+    """Forced snapshots of a filled controller, ``CHURN_GROUPS`` changed before each: the
+    writer's CPU (ms) and the metadata + ledger bytes written, median per snapshot."""
+    import gc
+
+    from bench.rollout_checkpoint import _churn, _filled_controller
+
+    spent = _instrument()  # wraps ``publish`` first: the byte count runs inside it
+    sizes = _written_bytes()
+    with tempfile.TemporaryDirectory(prefix="writer-groups-") as tmp:
+        controller = await _filled_controller(groups, Path(tmp))
+        snapshotter = controller.rollout_snapshots
+        try:
+            await snapshotter.attempt(force=True, reason="bench")  # the base, not measured
+            for repeat in range(1, GROUPS_SNAPSHOTS + 1):
+                await _churn(controller, groups + repeat * CHURN_GROUPS, CHURN_GROUPS, repeat)
+                await snapshotter.attempt(force=True, reason="bench")
+        finally:
+            gc.unfreeze()
+    serialize, publish = spent["serialize"][1:], spent["publish"][1:]
+    written = sizes[1:]
+    if len(written) != GROUPS_SNAPSHOTS:
+        raise RuntimeError(f"{len(written)} of {GROUPS_SNAPSHOTS} snapshots published")
+
+    def median_ms(values: list[float]) -> float:
+        return round(statistics.median(values) * 1000, 2)
+
+    return {
+        "groups": groups,
+        "snapshots": len(written),
+        "serialize_ms": median_ms(serialize),
+        "publish_ms": median_ms(publish),
+        "writer_ms": median_ms([a + b for a, b in zip(serialize, publish, strict=True)]),
+        **{
+            f"{key}_bytes": int(statistics.median(w[key] for w in written))
+            for key in ("metadata_json", "ledger", "chain_chunks")
+        },
+    }
+
+
+def compare_groups(baseline: str | None, sizes: list[int], repetitions: int) -> dict[str, Any]:
+    """Per size, ``repetitions`` rounds of a fresh process per tree, the order alternating."""
+    here = Path(__file__).resolve().parent.parent
+    trees = {"this_tree": here}
+    if baseline:
+        trees = {"baseline": Path(baseline).resolve(), **trees}
+    out: dict[str, Any] = {
+        "churn_groups": CHURN_GROUPS,
+        "cpus": os.cpu_count(),
+        "load_1m": [round(os.getloadavg()[0], 2)],
+        "by_groups": [],
+    }
+    for groups in sizes:
+        runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+        for rep in range(repetitions):
+            order = list(trees) if rep % 2 == 0 else list(reversed(trees))
+            for tree in order:
+                runs[tree].append(_tree_json(trees[tree], ["--groups-one", str(groups)]))
+        row: dict[str, Any] = {"groups": groups}
+        for tree, got in runs.items():
+            row[tree] = {
+                "per_run": got,
+                **{
+                    key: statistics.median(r[key] for r in got)
+                    for key in got[0]
+                    if key.endswith(("_ms", "_bytes"))
+                },
+            }
+        out["by_groups"].append(row)
+        out["load_1m"].append(round(os.getloadavg()[0], 2))
+    out["trees"] = {name: str(path) for name, path in trees.items()}
+    return out
+
+
+def _tree_json(tree: Path, args: list[str]) -> dict[str, Any]:
+    here = Path(__file__).resolve().parent.parent
+    path = os.pathsep.join([str(here), str(tree / "runtime"), str(tree / "operator")])
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.snapshot_writer_cpu", *args],
+        env={**os.environ, "PYTHONPATH": path},
+        cwd=here,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def _run_tree(tree: Path, config: Path, log_dir: Path) -> dict[str, Any]:
@@ -123,9 +246,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--groups", type=int, nargs="+", help="filled controllers of these sizes instead"
+    )
+    parser.add_argument("--groups-one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(one(Path(args.one[0]), Path(args.one[1]))))
+        return 0
+    if args.groups_one:
+        import asyncio
+
+        print(json.dumps(asyncio.run(groups_one(args.groups_one))))
+        return 0
+    if args.groups:
+        result = compare_groups(args.baseline, args.groups, args.repetitions)
+        text = json.dumps(result, indent=1)
+        if args.out:
+            args.out.write_text(text)
+        print(text)
         return 0
     with tempfile.TemporaryDirectory(prefix="writer-cpu-") as root:
         result = compare(args.baseline, args.repetitions, Path(root))

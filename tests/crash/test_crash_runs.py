@@ -136,6 +136,8 @@ def test_kill_between_segment_write_and_manifest_resumes_and_collects(tmp_path: 
     # the killed publisher's segment is younger than the orphan grace: kept (it might have
     # been another incarnation's publication in flight); past the grace it is collected
     assert listed and stored() > listed
+    # the ledger sidecar's and metadata.json's chain chunks are written and kept the same way
+    assert any(key.endswith(".json") for key in listed)
     store = ManifestStore(open_storage(f"file://{root}"), "crash")
     store.collect_segments(now=time.time() + 365 * 86_400)  # past any orphan grace
     assert stored() == listed

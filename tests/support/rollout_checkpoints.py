@@ -293,3 +293,21 @@ def republish_checkpoint(cfg: RunConfig, step: int, edit: Callable[[dict[str, An
             files[name] = json.dumps(state).encode()
     checkpointer.publish_files(step, files)
     return checkpointer.storage.uri_for(f"step_{step}")
+
+
+def snapshot_ledger_chunks(storage, raw: bytes) -> dict[str, bytes]:
+    """The chunks a snapshot's ledger head (schema 6) lists, read from storage."""
+    from rolloutrun_runtime.experience.rollout_recovery.sidecar import chain_keys
+
+    return {key: storage.read_bytes(key) for key in chain_keys(raw)}
+
+
+def whole_ledger(storage, entry: str) -> dict[str, Any]:
+    """A snapshot's ledger sidecar as one whole document (schema 5: what a test edits and
+    republishes as the entry's ``LEDGER_FILE``)."""
+    from rolloutrun_runtime.contract.layout import LEDGER_FILE, LEDGER_SCHEMA_VERSION
+    from rolloutrun_runtime.experience.rollout_recovery.sidecar import sidecar_document
+
+    raw = storage.read_bytes(f"{entry}/{LEDGER_FILE}")
+    document = sidecar_document(raw, snapshot_ledger_chunks(storage, raw))
+    return {**document, "schema_version": LEDGER_SCHEMA_VERSION}

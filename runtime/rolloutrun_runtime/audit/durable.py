@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +192,28 @@ class _Entry:
     runtime_state: dict[str, Any] | None
     data_plane: dict[str, Any] | None
     seed: int | None
+    #: The chunks a schema-6 ledger head and a format-4 data-plane index list (key -> bytes).
+    ledger_chunks: Mapping[str, bytes] = field(default_factory=dict)
+
+
+def _ledger_chunks(storage: Any, ledger_raw: bytes) -> dict[str, bytes]:
+    """The chunks a schema-6 ledger head lists."""
+    from rolloutrun_runtime.experience.rollout_recovery.sidecar import chain_keys
+
+    return _read_chunks(storage, chain_keys(ledger_raw))
+
+
+def _read_chunks(storage: Any, keys: list[str]) -> dict[str, bytes]:
+    """Chain chunks by key (absent ones are left out: the readers name them)."""
+    from rolloutrun_runtime.storage import StorageError
+
+    chunks = {}
+    for key in keys:
+        try:
+            chunks[key] = storage.read_bytes(key)
+        except StorageError:
+            continue
+    return chunks
 
 
 def _newest_entry(storage: Any, uri: str) -> tuple[str, str, int]:
@@ -230,11 +252,16 @@ def _read_entry(uri: str, seed: int | None) -> tuple[Any, _Entry]:
             )
         journal = _read_json(storage, journal_keys[0], required=True)
         ledger_raw: bytes | None = None
+        ledger_chunks: dict[str, bytes] = {}
         if f"{entry}/{LEDGER_FILE}" in keys:
             ledger_raw = storage.read_bytes(f"{entry}/{LEDGER_FILE}")
+            ledger_chunks = _ledger_chunks(storage, ledger_raw)
         runtime_state = _read_json(storage, f"{entry}/{RUNTIME_STATE_FILE}", required=False)
         data_plane_metadata = f"{entry}/{DATA_PLANE_PREFIX}{DATA_PLANE_METADATA_FILE}"
         data_plane = _read_json(storage, data_plane_metadata, required=False)
+        index_chain = (data_plane or {}).get("index_chain", [])
+        keys = [str(c.get("key")) for c in index_chain if isinstance(c, dict)]
+        ledger_chunks.update(_read_chunks(storage, keys))
         if seed is None:
             seed = _seed_from_manifests(storage)
     except StorageError as error:
@@ -246,6 +273,7 @@ def _read_entry(uri: str, seed: int | None) -> tuple[Any, _Entry]:
         journal=journal,
         journal_uri=storage.uri_for(journal_keys[0]),
         ledger_raw=ledger_raw,
+        ledger_chunks=ledger_chunks,
         runtime_state=runtime_state,
         data_plane=data_plane,
         seed=seed,
@@ -259,6 +287,7 @@ def _ledger_and_spare(raw: _Entry) -> tuple[list[LedgerGroup], list[Prompt]]:
         LedgerSidecarError,
         read_recovery_sidecar,
     )
+    from rolloutrun_runtime.experience.rollout_recovery.sidecar import sidecar_document
 
     if raw.ledger_raw is not None:
         facts = raw.state.get("rollout_recovery", {})
@@ -268,10 +297,11 @@ def _ledger_and_spare(raw: _Entry) -> tuple[list[LedgerGroup], list[Prompt]]:
                 expected_sha256=facts.get("rollout_recovery_sha256"),
                 expected_schema=facts.get("rollout_recovery_schema"),
                 expected_group_count=facts.get("rollout_recovery_groups"),
+                chunks=raw.ledger_chunks,
             )
         except LedgerSidecarError as error:
             raise AuditError(f"{raw.source}: {error}") from error
-        return parse_ledger(json.loads(raw.ledger_raw))
+        return parse_ledger(sidecar_document(raw.ledger_raw, raw.ledger_chunks))
     if raw.runtime_state:
         return [], [
             Prompt(int(p["prompt_id"]), int(p["epoch"]))
@@ -315,7 +345,7 @@ def load_durable_state(
     reserved = parse_reserves(raw.runtime_state or {})
     retained = _retained_train_keys(raw.runtime_state or {})
     try:
-        row_keys = row_keys_in(raw.data_plane) if raw.data_plane else {}
+        row_keys = row_keys_in(raw.data_plane, raw.ledger_chunks) if raw.data_plane else {}
     except DataPlaneError as error:
         raise AuditError(f"{raw.source}: {error}") from error
     replay = (raw.data_plane or {}).get("user", {}).get("replay", raw.state.get("replay", []))

@@ -82,6 +82,12 @@ def data_segment_key(sha256: str) -> str:
     return f"{DATA_SEGMENTS_PREFIX}/{sha256}.npz"
 
 
+def chain_chunk_key(sha256: str) -> str:
+    """The key of a snapshot's chain chunk (:mod:`rolloutrun_runtime.json_chain`) whose
+    bytes hash to ``sha256``: beside the data segments, listed, kept and collected as they are."""
+    return f"{DATA_SEGMENTS_PREFIX}/{sha256}.json"
+
+
 def snapshot_dir(snapshot_id: int) -> str:
     """The directory of rollout snapshot ``snapshot_id`` under the run's storage."""
     return f"{SNAPSHOTS_PREFIX}/snapshot_{snapshot_id:06d}"
@@ -92,7 +98,9 @@ def snapshot_dir(snapshot_id: int) -> str:
 DATA_PLANE_FORMAT = 2
 #: A snapshot's data plane as segments: ``metadata.json`` lists each row's segment.
 SEGMENTED_DATA_PLANE_FORMAT = 3
-READABLE_DATA_PLANE_FORMATS = (1, 2, 3)
+#: Format 4: format 3 with the row index as a chain of chunks (only what changed is written).
+CHAINED_DATA_PLANE_FORMAT = 4
+READABLE_DATA_PLANE_FORMATS = (1, 2, 3, 4)
 #: Format tag inside a segment (an npz whose ``index`` member is its JSON column index).
 DATA_SEGMENT_FORMAT = "data-segment/1"
 ROWS_FILE = "rows.npz"
@@ -101,7 +109,9 @@ DATA_PLANE_METADATA_FILE = "metadata.json"
 # ------------------------------------------------------------------ recovery ledger
 #: Sidecar schema 5 adds the spare-prompt pool (always present, possibly empty).
 LEDGER_SCHEMA_VERSION = 5
-READABLE_LEDGER_SCHEMA_VERSIONS = (4, 5)
+#: Schema 6 (snapshots only): the groups as a chain of chunks (only what changed is written).
+LEDGER_CHAIN_SCHEMA_VERSION = 6
+READABLE_LEDGER_SCHEMA_VERSIONS = (4, 5, 6)
 LEDGER_SIDECAR_NAME = "rollout_recovery.json"
 
 #: Every file of a rollout snapshot that restore installs (the manifest lists their digests).

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from rolloutrun_runtime.contract.layout import (
+    CHAINED_DATA_PLANE_FORMAT,
     DATA_PLANE_FORMAT,
     DATA_PLANE_METADATA_FILE,
     DATA_SEGMENT_FORMAT,
@@ -47,6 +48,7 @@ from rolloutrun_runtime.contract.layout import (
     SEGMENTED_DATA_PLANE_FORMAT,
 )
 from rolloutrun_runtime.cow import CowMap, CowView
+from rolloutrun_runtime.json_chain import ChainError, read_chain
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +200,8 @@ class DataPlane:
                 f"data-plane checkpoint format {meta.get('format')!r} is not supported "
                 f"(this runtime reads formats {', '.join(map(str, READABLE_DATA_PLANE_FORMATS))})"
             )
-        if meta["format"] == SEGMENTED_DATA_PLANE_FORMAT:
+        if meta["format"] in (SEGMENTED_DATA_PLANE_FORMAT, CHAINED_DATA_PLANE_FORMAT):
+            meta = expand_index(meta, segments or {})
             return _from_segments(cls(), meta, segments or {}), dict(meta["user"])
         if ROWS_FILE not in files:
             raise DataPlaneError(f"data-plane checkpoint lacks {ROWS_FILE}")
@@ -303,6 +306,62 @@ def segmented_metadata(
         raise DataPlaneError(f"checkpoint metadata is not JSON: {error}") from error
 
 
+def chained_metadata(
+    user: Mapping[str, Any], segment_keys: list[str], chain: list[dict[str, Any]]
+) -> bytes:
+    """A format-4 ``metadata.json``: format 3 with its row index as a chain of chunks
+    (:mod:`rolloutrun_runtime.json_chain`), each entry ``"<partition>/<row key>"`` to
+    :func:`segment_short_id` of the segment holding the row."""
+    full = {
+        "user": dict(user),
+        "format": CHAINED_DATA_PLANE_FORMAT,
+        "segments": list(segment_keys),
+        "index_chain": chain,
+    }
+    try:
+        return json.dumps(full, sort_keys=True).encode()
+    except TypeError as error:
+        raise DataPlaneError(f"checkpoint metadata is not JSON: {error}") from error
+
+
+def segment_short_id(segment_key: str) -> str:
+    """How a chained index names a segment: its hash's first 16 hex digits (the name is the
+    hash), stable while the list of segments changes around it."""
+    return segment_key.rsplit("/", 1)[-1][:16]
+
+
+def expand_index(meta: dict[str, Any], chunks: Mapping[str, bytes]) -> dict[str, Any]:
+    """``meta`` with a format-4 index chain read from ``chunks`` (key -> bytes) into format
+    3's index (per partition the sorted keys and their segments' positions); other formats
+    as they are. ``DataPlaneError`` naming a missing or malformed chunk or entry."""
+    if meta.get("format") != CHAINED_DATA_PLANE_FORMAT:
+        return meta
+    try:
+        entries = read_chain(meta["index_chain"], chunks, "data-plane metadata.json index")
+        position = {segment_short_id(key): at for at, key in enumerate(meta["segments"])}
+        if len(position) != len(meta["segments"]):
+            raise DataPlaneError("data-plane metadata.json: two segments share a short id")
+        placed: dict[str, dict[str, int]] = {}
+        for entry, short in entries.items():
+            partition, _, key = entry.partition("/")
+            _check_partition(partition)
+            if short not in position:
+                raise DataPlaneError(
+                    f"data-plane metadata.json index: row {entry!r} names segment {short!r}, "
+                    "not one of its segments"
+                )
+            placed.setdefault(partition, {})[key] = position[short]
+    except ChainError as error:
+        raise DataPlaneError(str(error)) from error
+    except (KeyError, TypeError, AttributeError) as error:
+        raise DataPlaneError(f"data-plane metadata.json is malformed: {error!r}") from error
+    index = {
+        partition: {"keys": sorted(rows), "segment": [rows[k] for k in sorted(rows)]}
+        for partition, rows in placed.items()
+    }
+    return {**{k: v for k, v in meta.items() if k != "index_chain"}, "index": index}
+
+
 #: The npz member of a segment that holds its JSON column index.
 SEGMENT_INDEX_MEMBER = "segment_index"
 
@@ -359,8 +418,11 @@ def _from_segments(
     return plane
 
 
-def row_keys_in(metadata: Mapping[str, Any]) -> dict[str, list[str]]:
-    """A data-plane checkpoint's row keys by partition, from ``metadata.json`` alone.
+def row_keys_in(
+    metadata: Mapping[str, Any], chunks: Mapping[str, bytes] | None = None
+) -> dict[str, list[str]]:
+    """A data-plane checkpoint's row keys by partition, from ``metadata.json`` alone (and a
+    format-4 index's ``chunks``).
 
     For readers that check what a checkpoint holds without loading its rows (the audit).
     """
@@ -369,7 +431,7 @@ def row_keys_in(metadata: Mapping[str, Any]) -> dict[str, list[str]]:
             f"data-plane checkpoint format {metadata.get('format')!r} is not supported "
             f"(this runtime reads formats {', '.join(map(str, READABLE_DATA_PLANE_FORMATS))})"
         )
-    index = metadata.get("index", {})
+    index = expand_index(dict(metadata), chunks or {}).get("index", {})
     if metadata["format"] == 1:
         return {partition: sorted(rows) for partition, rows in index.items()}
     return {partition: sorted(packed["keys"]) for partition, packed in index.items()}

@@ -27,6 +27,11 @@ reusing segments, the writer checks they still exist (a collector without that g
 hand-made delete, may have taken them) and rewrites the rows of any missing one into the
 new segment, so no snapshot names a segment that is gone.
 
+The ledger sidecar's groups travel the same way (:meth:`SegmentWriter.stage_ledger`): a
+chain of JSON chunks (:mod:`rolloutrun_runtime.json_chain`) stored beside the segments,
+listed in the manifest with them, written before it and collected as they are; a snapshot
+writes one chunk of the groups changed since the last published one.
+
 A new incarnation's writer starts from the snapshot it restored (:func:`seed_from_snapshot`,
 :meth:`SegmentWriter.seed`): the rows it read back are placed in the segments they came
 from, so its first snapshot writes only what changed since, not every row again.
@@ -42,13 +47,23 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from rolloutrun_runtime.contract.layout import (
+    CHAINED_DATA_PLANE_FORMAT,
     DATA_PLANE_METADATA_FILE,
     SEGMENTED_DATA_PLANE_FORMAT,
+    chain_chunk_key,
     data_segment_key,
 )
 from rolloutrun_runtime.contract.pod import DEFAULT_LEASE_DURATION_S
 from rolloutrun_runtime.data_plane import DataPlane
-from rolloutrun_runtime.data_plane.store import PARTITIONS, pack_segment, segmented_metadata
+from rolloutrun_runtime.data_plane.store import (
+    PARTITIONS,
+    chained_metadata,
+    expand_index,
+    pack_segment,
+    segment_short_id,
+)
+from rolloutrun_runtime.experience.rollout_recovery.sidecar import LedgerSidecar, SidecarCapture
+from rolloutrun_runtime.json_chain import ChainStage, ChainWriter, ChunkRecord
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +124,28 @@ class SegmentedWrite:
     placement: Placement
     new_rows: int
     compacted_rows: int
+    ledger_chain: ChainStage | None = None
+    """The ledger sidecar's chain this snapshot lists (its chunks are in ``referenced``)."""
+    index_chain: ChainStage | None = None
+    """``metadata.json``'s row index as a chain (its chunks are in ``referenced``)."""
+
+    @property
+    def chains(self) -> list[ChainStage]:
+        return [stage for stage in (self.ledger_chain, self.index_chain) if stage is not None]
 
     def manifest_segments(self) -> dict[str, dict[str, Any]]:
-        return {key: record.manifest_record() for key, record in sorted(self.referenced.items())}
+        """Every segment and chain chunk the snapshot lists (key -> sha256 and bytes)."""
+        listed = {key: record.manifest_record() for key, record in self.referenced.items()}
+        for stage in self.chains:
+            listed.update({r.key: {"sha256": r.sha256, "bytes": r.size} for r in stage.records})
+        return dict(sorted(listed.items()))
+
+    def files_to_write(self) -> dict[str, bytes]:
+        """The new segments and chain chunks, written (durable) before the manifest."""
+        files = dict(self.new_segments)
+        for stage in self.chains:
+            files.update(stage.new_files)
+        return files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,10 +155,15 @@ class SegmentSeed:
 
     placement: Placement
     records: dict[str, SegmentRecord]
+    index_chain: list[ChunkRecord] = dataclasses.field(default_factory=list)
+    """The chain of its ``metadata.json`` row index (format 4; empty before)."""
 
 
 def seed_from_snapshot(
-    plane: DataPlane, metadata: bytes, segments: Mapping[str, Mapping[str, Any]]
+    plane: DataPlane,
+    metadata: bytes,
+    segments: Mapping[str, Mapping[str, Any]],
+    chunks: Mapping[str, bytes] | None = None,
 ) -> SegmentSeed | None:
     """The writer's memory of a restored snapshot: ``plane`` as read back from it (its row
     objects, before anything replaced one), its data-plane ``metadata.json`` and its
@@ -134,8 +173,13 @@ def seed_from_snapshot(
     ones: compaction then comes later than it would have, never wrongly).
     """
     meta = json.loads(metadata)
-    if meta.get("format") != SEGMENTED_DATA_PLANE_FORMAT:
+    if meta.get("format") not in (SEGMENTED_DATA_PLANE_FORMAT, CHAINED_DATA_PLANE_FORMAT):
         return None
+    chain = [
+        ChunkRecord.from_json(record, "data-plane metadata.json index")
+        for record in meta.get("index_chain", [])
+    ]
+    meta = expand_index(meta, chunks or {})  # (``chunks``: a format-4 index's)
     names = list(meta["segments"])
     counts = dict.fromkeys(names, 0)
     placement: Placement = {}
@@ -148,13 +192,15 @@ def seed_from_snapshot(
             row = rows.get(key)
             if row is not None and name in segments:
                 placed[key] = (row, name)
+            else:  # the index names a row the writer does not place: not the chain's map
+                chain = []
         placement[partition] = placed
     records = {
         name: SegmentRecord(name, str(segments[name]["sha256"]), int(segments[name]["bytes"]), n)
         for name, n in counts.items()
         if name in segments
     }
-    return SegmentSeed(placement, records)
+    return SegmentSeed(placement, records, chain)
 
 
 def choose_compaction(
@@ -174,6 +220,12 @@ def choose_compaction(
     return chosen
 
 
+def _index_bytes(placement: Placement) -> int:
+    """About the bytes of a chained index of ``placement``: per row its key, partition and
+    the segment's short id with their JSON punctuation (``json_chain``'s rewrite rule)."""
+    return sum(sum(map(len, placed)) + 26 * len(placed) for placed in placement.values())
+
+
 class SegmentWriter:
     """Remembers what the last published snapshot wrote; prepares the next one's segments.
 
@@ -190,6 +242,27 @@ class SegmentWriter:
         self._missing = missing
         #: Segments found missing (so rewritten) since the writer was made.
         self.missing_found: set[str] = set()
+        #: The ledger sidecar's groups as a chain of chunks (:meth:`stage_ledger`).
+        self.ledger_chain = ChainWriter(chain_chunk_key)
+        #: ``metadata.json``'s row index (format 4) as a chain of chunks.
+        self.index_chain = ChainWriter(chain_chunk_key)
+        self._staged_ledger: ChainStage | None = None
+        self._gone: set[str] | None = None
+
+    def _check_gone(self) -> set[str]:
+        """Which committed segments and chain chunks storage no longer holds (one listing
+        per snapshot, shared by the ledger's chain and the data plane)."""
+        if self._gone is None:
+            known = {*self._records, *self.ledger_chain.keys, *self.index_chain.keys}
+            self._gone = self._missing(sorted(known)) if self._missing and known else set()
+        return self._gone
+
+    def stage_ledger(self, capture: SidecarCapture) -> LedgerSidecar:
+        """The ledger sidecar as a schema-6 head and its chain: the committed chunks and one
+        of the groups changed since (listed and written with the next :meth:`prepare`)."""
+        self._gone = None  # checked afresh for each snapshot (a failed one may have left it)
+        self._staged_ledger = self.ledger_chain.stage(capture.fragments, gone=self._check_gone())
+        return capture.encode_chained(self._staged_ledger)
 
     def seed(self, seed: SegmentSeed) -> None:
         """Start from a restored snapshot's segments (a writer that wrote nothing yet)."""
@@ -197,6 +270,9 @@ class SegmentWriter:
             return  # it has written since: its own memory is newer
         self._placement = {p: dict(seed.placement.get(p, {})) for p in PARTITIONS}
         self._records = dict(seed.records)
+        if seed.index_chain:
+            live = _index_bytes(self._placement)
+            self.index_chain.seed(seed.index_chain, live)
 
     def forget(self, keys: Collection[str]) -> None:
         """Drop ``keys`` from the memory: their rows count as not written."""
@@ -224,12 +300,11 @@ class SegmentWriter:
 
     def prepare(self, plane: DataPlane, user_metadata: Mapping[str, Any]) -> SegmentedWrite:
         """The segments and ``metadata.json`` of ``plane`` (a capture's copy)."""
-        if self._missing is not None and self._records:
-            gone = self._missing(sorted(self._records))
-            if gone:
-                log.warning("data segments gone from storage, their rows rewritten: %s", gone)
-                self.missing_found |= gone
-                self.forget(gone)  # their rows go into the new segment
+        gone = self._check_gone() & set(self._records)
+        if gone:
+            log.warning("data segments gone from storage, their rows rewritten: %s", gone)
+            self.missing_found |= gone
+            self.forget(gone)  # their rows go into the new segment
         live: dict[str, int] = {}
         placement: Placement = {}
         fresh: dict[str, dict[str, Mapping[str, Any]]] = {}
@@ -264,12 +339,9 @@ class SegmentWriter:
                 for key, row in rows.items():
                     placement[partition][key] = (row, record.key)
         order = sorted(referenced)
-        position = {key: at for at, key in enumerate(order)}
-        index = {}
-        for partition, placed in placement.items():
-            keys = sorted(placed)
-            index[partition] = {"keys": keys, "segment": [position[placed[k][1]] for k in keys]}
-        metadata = segmented_metadata(user_metadata, order, index)
+        index = self._stage_index(placement, fresh, referenced, rewrite=bool(gone))
+        metadata = chained_metadata(user_metadata, order, index.head())
+        chain, self._staged_ledger, self._gone = self._staged_ledger, None, None
         return SegmentedWrite(
             files={DATA_PLANE_METADATA_FILE: metadata},
             new_segments=new_segments,
@@ -277,9 +349,50 @@ class SegmentWriter:
             placement=placement,
             new_rows=new_rows - compacted,
             compacted_rows=compacted,
+            ledger_chain=chain,
+            index_chain=index,
+        )
+
+    def _stage_index(
+        self,
+        placement: Placement,
+        fresh: Mapping[str, Mapping[str, Any]],
+        referenced: Mapping[str, SegmentRecord],
+        *,
+        rewrite: bool,
+    ) -> ChainStage:
+        """``metadata.json``'s row index as a chain: the rows placed in a new segment and the
+        rows gone since the committed placement, not every row (``rewrite``: the committed
+        index may name a segment that is gone, so write it whole)."""
+        short = {key: json.dumps(segment_short_id(key)) for key in referenced}
+
+        def everything() -> dict[str, str]:
+            return {
+                f"{partition}/{key}": short[segment]
+                for partition, placed in placement.items()
+                for key, (_, segment) in placed.items()
+            }
+
+        put = {
+            f"{partition}/{key}": short[placement[partition][key][1]]
+            for partition, rows in fresh.items()
+            for key in rows
+        }
+        drop = [
+            f"{partition}/{key}"
+            for partition in PARTITIONS
+            for key in self._placement.get(partition, {}).keys() - placement[partition].keys()
+        ]
+        live = _index_bytes(placement)
+        return self.index_chain.stage_changes(
+            put, sorted(drop), live, everything, rewrite=rewrite, gone=self._check_gone()
         )
 
     def commit(self, write: SegmentedWrite) -> None:
         """``write``'s manifest is published: the next snapshot builds on it."""
         self._placement = write.placement
         self._records = dict(write.referenced)
+        if write.ledger_chain is not None:
+            self.ledger_chain.commit(write.ledger_chain)
+        if write.index_chain is not None:
+            self.index_chain.commit(write.index_chain)

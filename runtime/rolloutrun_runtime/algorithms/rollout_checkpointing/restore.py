@@ -429,7 +429,7 @@ class RolloutRestorer:
         if metadata is not None and manifest.segments:
             # the rows just read back, before anything replaced one: the writer's memory
             restored.segment_seed = seed_from_snapshot(
-                restored.data_plane, metadata, manifest.segments
+                restored.data_plane, metadata, manifest.segments, files
             )
         return restored
 

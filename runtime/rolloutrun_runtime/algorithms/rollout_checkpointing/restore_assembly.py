@@ -153,6 +153,7 @@ def read_ledger(
         expected_sha256=facts.get("rollout_recovery_sha256"),
         expected_schema=facts.get("rollout_recovery_schema"),
         expected_group_count=facts.get("rollout_recovery_groups"),
+        chunks=files,
     )
     runtime.batch_shortfall = dict(recovered.batch_shortfall)
     runtime.sampler_stamps_target_steps = recovered.sampler_stamps_target_steps

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from rolloutrun_runtime.algorithms.rollout_checkpointing.data_segments import SegmentWriter
 from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
     compare_rows,
     require_complete,
@@ -70,11 +71,13 @@ class JsonFragments:
 
 class SidecarFragments:
     """A snapshot writer's fragments: replay groups and finalizer results (one writer at a
-    time: the snapshotter's save lock)."""
+    time: the snapshotter's save lock); with ``segments``, the ledger sidecar is written as
+    a chain of what changed (:meth:`SegmentWriter.stage_ledger`, schema 6)."""
 
-    def __init__(self) -> None:
+    def __init__(self, segments: SegmentWriter | None = None) -> None:
         self.replay = JsonFragments()
         self.results = JsonFragments()
+        self.segments = segments
 
 
 def _dumps_with(document: Mapping[str, Any], key: str, array: str) -> bytes:
@@ -107,7 +110,11 @@ def write_controller_sidecars(
     segmented = fragments is not None and data_plane_files is not None
     replay_json = [] if segmented else [group.to_json() for group in captured.replay_view]
     if captured.ledger_capture is not None:
-        sidecar = encode_captured_ledger(captured)
+        chained = fragments.segments if segmented and fragments is not None else None
+        if chained is not None and not captured.restart_from_turn_zero:
+            sidecar = chained.stage_ledger(captured.ledger_capture)
+        else:  # a trainer checkpoint, or a document edited after the cut: whole (schema 5)
+            sidecar = encode_captured_ledger(captured)
         files[LEDGER_FILE] = sidecar.data
         captured.controller_state["rollout_recovery"] = sidecar.metadata()
         captured.data_plane_metadata.update(sidecar.metadata())

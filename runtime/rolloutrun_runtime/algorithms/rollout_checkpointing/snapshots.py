@@ -162,7 +162,7 @@ class RolloutSnapshotter:
         #: The data plane is written incrementally: only rows new since the last snapshot.
         self._segments = SegmentWriter(manifests.missing_segments if manifests else None)
         #: Replay groups' and finalizer results' JSON, encoded once each (:mod:`.sidecars`).
-        self._fragments = SidecarFragments()
+        self._fragments = SidecarFragments(self._segments)
         self._fingerprint = FingerprintCache()
         #: The newest published snapshot's environment part: the episode records a lost Gym
         #: replica's turn-level episodes go on from elsewhere (elastic members).
@@ -551,7 +551,7 @@ class RolloutSnapshotter:
             fence=fence,
             keep_latest=self._parts.config.checkpointing.keep_latest,
             segments=segmented.manifest_segments(),
-            segment_files=segmented.new_segments,
+            segment_files=segmented.files_to_write(),
         )
 
     async def _durable(self, step: int) -> bool:

@@ -5,6 +5,12 @@ spare-prompt pool, always present, possibly empty, to schema 4's batch shortfall
 stamping flag) and the data plane's metadata repeats its digest, schema and group count, so
 a reader checks the bytes against the checkpoint before it trusts a single record. The
 encoding is deterministic JSON (sorted keys, no spaces), so equal ledgers give equal digests.
+
+Schema 6 (rollout snapshots): the file is a small head, schema 5's document with
+``groups_chain`` (the chunk list of a :mod:`rolloutrun_runtime.json_chain` chain of the
+groups by id, in the ledger's order) in place of ``groups``; a snapshot writes only the
+chunk of groups changed since the last one. The head's digest covers each chunk's sha256,
+so the checkpoint's facts still pin every byte; the reader takes the chunks beside it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, cast
 
-from rolloutrun_runtime.contract.layout import READABLE_LEDGER_SCHEMA_VERSIONS
+from rolloutrun_runtime.contract.layout import (
+    LEDGER_CHAIN_SCHEMA_VERSION,
+    READABLE_LEDGER_SCHEMA_VERSIONS,
+)
 from rolloutrun_runtime.cow import CowView
 from rolloutrun_runtime.experience.rollout_recovery.ledger import RecoveryLedger
 from rolloutrun_runtime.experience.rollout_recovery.records import (
@@ -26,6 +35,7 @@ from rolloutrun_runtime.experience.rollout_recovery.records import (
     _strict,
     encode_json,
 )
+from rolloutrun_runtime.json_chain import ChainError, ChainStage, read_chain
 
 
 @dataclass(frozen=True)
@@ -114,10 +124,53 @@ class SidecarCapture:
         body = ",".join(f"{encode_json(key)}:{fields[key]}" for key in sorted(fields))
         return _sidecar(("{" + body + "}").encode(), self.rest, len(self.fragments))
 
+    def encode_chained(self, stage: ChainStage) -> LedgerSidecar:
+        """The schema-6 head for the groups' chain ``stage`` (staged from :attr:`fragments`)."""
+        head = {
+            **self.rest,
+            "schema_version": LEDGER_CHAIN_SCHEMA_VERSION,
+            "groups_chain": stage.head(),
+        }
+        return _sidecar(encode_json(head).encode(), head, len(self.fragments))
+
     def document(self) -> dict[str, Any]:
         """The document as fresh dicts, for a caller that edits it before encoding."""
         groups = [json.loads(text) for text in self.groups]
         return {**json.loads(encode_json(self.rest)), "groups": groups}
+
+
+def chain_keys(data: bytes) -> list[str]:
+    """The chunk keys a schema-6 head lists (none for older schemas or unreadable bytes: the
+    reader then names the problem)."""
+    try:
+        document = json.loads(data)
+        chain = document.get("groups_chain", []) if isinstance(document, dict) else []
+        return [str(record["key"]) for record in chain]
+    except (ValueError, TypeError, KeyError):
+        return []
+
+
+def sidecar_document(data: bytes, chunks: Mapping[str, bytes] | None = None) -> dict[str, Any]:
+    """A sidecar's document with its groups (a schema-6 head's chain read from ``chunks``,
+    key -> bytes): ``LedgerSidecarError`` naming what is missing or malformed."""
+    try:
+        document = json.loads(data)
+    except ValueError as error:
+        raise LedgerSidecarError(f"recovery sidecar is not valid JSON: {error}") from error
+    if not isinstance(document, dict):
+        raise LedgerSidecarError("recovery sidecar must be a JSON object")
+    if document.get("schema_version") != LEDGER_CHAIN_SCHEMA_VERSION:
+        return document
+    if "groups" in document or "groups_chain" not in document:
+        raise LedgerSidecarError("recovery sidecar schema 6 holds groups_chain, not groups")
+    try:
+        groups = read_chain(document.pop("groups_chain"), chunks or {}, "recovery sidecar")
+    except ChainError as error:
+        raise LedgerSidecarError(str(error)) from error
+    for group_id, group in groups.items():
+        if not isinstance(group, dict) or group.get("group_id") != group_id:
+            raise LedgerSidecarError(f"recovery sidecar chain: group {group_id!r} mislabeled")
+    return {**document, "groups": list(groups.values())}
 
 
 def read_recovery_sidecar(
@@ -126,19 +179,16 @@ def read_recovery_sidecar(
     expected_sha256: str | None = None,
     expected_schema: int | None = None,
     expected_group_count: int | None = None,
+    chunks: Mapping[str, bytes] | None = None,
 ) -> RecoveredLedger:
-    """Parse sidecar bytes (schema 4 or 5), checking them against the data-plane metadata."""
+    """Parse sidecar bytes (schema 4, 5 or 6, whose chain's chunks are in ``chunks``),
+    checking them against the data-plane metadata."""
     digest = hashlib.sha256(data).hexdigest()
     if expected_sha256 is not None and digest != expected_sha256:
         raise LedgerSidecarError(
             f"recovery sidecar sha256 {digest} does not match the checkpoint's {expected_sha256}"
         )
-    try:
-        document = json.loads(data)
-    except ValueError as error:
-        raise LedgerSidecarError(f"recovery sidecar is not valid JSON: {error}") from error
-    if not isinstance(document, dict):
-        raise LedgerSidecarError("recovery sidecar must be a JSON object")
+    document = sidecar_document(data, chunks)
     version = document.get("schema_version")
     if version not in READABLE_LEDGER_SCHEMA_VERSIONS:
         raise LedgerSidecarError(

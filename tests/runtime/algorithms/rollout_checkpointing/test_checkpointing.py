@@ -55,6 +55,7 @@ from tests.support.rollout_checkpoints import (
     run_to_end,
     run_until_stopped,
     snapshot_after_commits,
+    snapshot_ledger_chunks,
     tiny_config,
     two_snapshots,
     weights_digest,
@@ -531,7 +532,8 @@ async def _out_on(controller, instances: list[str]) -> list[RolloutAttempt]:
 def _published_ledger(cfg) -> RecoveryLedger:
     store = ManifestStore(open_storage(cfg.resolved_storage_uri()), cfg.name)
     entry = snapshot_dir(store.committed_ids()[-1])
-    return read_recovery_sidecar(store.storage.read_bytes(f"{entry}/{LEDGER_FILE}")).ledger
+    raw = store.storage.read_bytes(f"{entry}/{LEDGER_FILE}")
+    return read_recovery_sidecar(raw, chunks=snapshot_ledger_chunks(store.storage, raw)).ledger
 
 
 class _LiveCut:

@@ -68,7 +68,7 @@ def test_the_next_snapshot_writes_only_new_and_replaced_rows() -> None:
     plane = _plane(range(100), range(10))
     first = writer.prepare(plane.copy(), {"note": "x"})
     assert (first.new_rows, len(first.new_segments)) == (110, 1)
-    stored.update(first.new_segments)
+    stored.update(first.files_to_write())
     writer.commit(first)
     plane.put("train", "t100", _row(100))  # added
     plane.put("train", "t5", _row(500))  # replaced
@@ -77,7 +77,7 @@ def test_the_next_snapshot_writes_only_new_and_replaced_rows() -> None:
     second = writer.prepare(copy, {"note": "x"})
     assert second.new_rows == 2
     assert set(second.referenced) >= set(first.referenced)  # shared, not rewritten
-    stored.update(second.new_segments)
+    stored.update(second.files_to_write())
     _same(_restored(second, stored), copy)
     # the first snapshot still reads what it named, unchanged
     _same(_restored(first, stored), _plane(range(100), range(10)))
@@ -98,13 +98,13 @@ def test_mostly_dead_segments_are_compacted_into_the_new_one() -> None:
     plane = _plane(range(100))
     first = writer.prepare(plane.copy(), {"note": "x"})
     writer.commit(first)
-    stored.update(first.new_segments)
+    stored.update(first.files_to_write())
     plane.clear("train", [f"t{i}" for i in range(60)])  # 40 of 100 left: below half
     copy = plane.copy()
     second = writer.prepare(copy, {"note": "x"})
     assert (second.new_rows, second.compacted_rows) == (0, 40)
     assert set(second.referenced).isdisjoint(first.referenced)
-    stored.update(second.new_segments)
+    stored.update(second.files_to_write())
     _same(_restored(second, stored), copy)
 
 
@@ -119,11 +119,14 @@ def test_choose_compaction_bounds_the_segments_a_snapshot_reads() -> None:
 def test_a_segment_must_be_named_and_present() -> None:
     writer = SegmentWriter()
     write = writer.prepare(_plane(range(3)).copy(), {})
+    chain = {k: v for k, v in write.files_to_write().items() if k not in write.new_segments}
     with pytest.raises(DataPlaneError, match="lacks segments"):
-        DataPlane.from_files(write.files, {})
+        DataPlane.from_files(write.files, chain)
+    with pytest.raises(DataPlaneError, match=r"index: chunk .*\.json is missing"):
+        DataPlane.from_files(write.files, write.new_segments)
     key = next(iter(write.new_segments))
     with pytest.raises(DataPlaneError, match="malformed"):
-        DataPlane.from_files(write.files, {key: b"not an npz"})
+        DataPlane.from_files(write.files, {**chain, key: b"not an npz"})
 
 
 # ------------------------------------------------------------------ in storage
@@ -137,7 +140,7 @@ def _publish(store: ManifestStore, cfg, writer: SegmentWriter, plane: DataPlane,
         mutation_version=0,
         cut_time=0.0,
         segments=write.manifest_segments(),
-        segment_files=write.new_segments,
+        segment_files=write.files_to_write(),
         **kw,
     )
     writer.commit(write)
@@ -215,7 +218,8 @@ def test_a_missing_or_altered_segment_refuses_the_snapshot(tmp_path: Path) -> No
     with pytest.raises(ManifestError, match="is missing"):
         store.verify(1, config=cfg, anchor_is_durable=lambda a: True)
     manifest = json.loads(store.storage.read_bytes(f"{snapshot_dir(1)}/{MANIFEST_NAME}"))
-    assert manifest["schema_version"] == 2 and list(manifest["segments"]) == [key]
+    assert manifest["schema_version"] == 2 and key in manifest["segments"]
+    assert list(manifest["segments"]) == list(write.manifest_segments())
 
 
 async def test_a_controller_snapshot_writes_only_new_rows_and_restores_them(tmp_path) -> None:
@@ -271,22 +275,24 @@ def test_a_seeded_writer_reuses_the_restored_segments(tmp_path: Path) -> None:
     writer, stored = SegmentWriter(), {}
     plane = _plane(range(40), range(5))
     first = writer.prepare(plane.copy(), {"note": "x"})
-    stored.update(first.new_segments)
+    stored.update(first.files_to_write())
     writer.commit(first)
     restored = _restored(first, stored)
     seed = seed_from_snapshot(
-        restored, first.files[DATA_PLANE_METADATA_FILE], first.manifest_segments()
+        restored, first.files[DATA_PLANE_METADATA_FILE], first.manifest_segments(), stored
     )
     assert seed is not None
     fresh = SegmentWriter(lambda keys: set(keys) - set(stored))
     fresh.seed(seed)
     again = fresh.prepare(restored.copy(), {"note": "x"})
-    assert (again.new_rows, again.new_segments) == (0, {})
+    assert (again.new_rows, again.files_to_write()) == (0, {})  # nor an index chunk
     assert set(again.referenced) == set(first.referenced)
     restored.put("train", "t3", _row(300))
     changed = fresh.prepare(restored.copy(), {"note": "x"})
     assert changed.new_rows == 1
-    stored.update(changed.new_segments)
+    assert changed.index_chain is not None and not changed.index_chain.rewritten
+    assert changed.index_chain.put == 1  # the row index: the replaced row, not all 45
+    stored.update(changed.files_to_write())
     _same(_restored(changed, stored), restored)
 
 
@@ -315,3 +321,18 @@ async def test_the_first_snapshot_after_a_resume_writes_no_existing_segment(tmp_
         assert await resumed.rollout_snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
         assert h.records[-1]["data_plane_rows_written"] == 0
         assert set(storage.list(DATA_SEGMENTS_PREFIX)) == segments_before
+
+
+def test_a_truncated_or_mislabeled_index_chain_is_refused_by_name() -> None:
+    """metadata.json format 4: its row index is a chain of chunks; a truncated chunk, or an
+    entry naming a segment the metadata does not list, is refused naming it."""
+    write = SegmentWriter().prepare(_plane(range(3)).copy(), {})
+    files = write.files_to_write()
+    meta = json.loads(write.files[DATA_PLANE_METADATA_FILE])
+    assert meta["format"] == 4 and "index" not in meta
+    (chunk,) = [record["key"] for record in meta["index_chain"]]
+    with pytest.raises(DataPlaneError, match=f"chunk {chunk} is truncated"):
+        DataPlane.from_files(write.files, {**files, chunk: files[chunk][:-2]})
+    meta["segments"] = [f"{DATA_SEGMENTS_PREFIX}/{'f' * 64}.npz"]
+    with pytest.raises(DataPlaneError, match=r"names segment .* not one of its segments"):
+        DataPlane.from_files({DATA_PLANE_METADATA_FILE: json.dumps(meta).encode()}, files)

@@ -46,6 +46,7 @@ from tests.support.rollout_checkpoints import (
     republish_checkpoint,
     tiny_config,
     two_snapshots,
+    whole_ledger,
 )
 from tests.support.rolloutruns import make_run
 
@@ -220,7 +221,7 @@ async def test_nothing_is_installed_before_the_decision(tmp_path) -> None:
         store = await two_snapshots(h, cfg)
         oldest = store.committed_ids()[0]
         entry = snapshot_dir(oldest)
-        ledger = json.loads(store.storage.read_bytes(f"{entry}/{LEDGER_FILE}"))
+        ledger = whole_ledger(store.storage, entry)
         assert ledger["groups"], "the snapshot after step 1 holds unfinished groups"
         ledger["groups"][0]["status"] = "finalization_unknown"
         controller_state = json.loads(store.storage.read_bytes(f"{entry}/{CONTROLLER_STATE_FILE}"))
