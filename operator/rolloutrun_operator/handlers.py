@@ -44,7 +44,14 @@ from rolloutrun_operator import naming
 from rolloutrun_operator.actuator import Known, Outcome, run_pass, status_json
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 from rolloutrun_operator.conditions import failure_patch
-from rolloutrun_operator.kube import RESOURCES, Json, Kube, KubeError, load_credentials
+from rolloutrun_operator.kube import (
+    RESOURCES,
+    Json,
+    Kube,
+    KubeError,
+    load_credentials,
+    recording_reads,
+)
 from rolloutrun_operator.lease_watch import LeaseWatch
 from rolloutrun_operator.metrics import Metrics
 from rolloutrun_operator.reconcile import Result
@@ -304,6 +311,7 @@ async def one_pass(
     memory.run_version = None  # unknown until the pass ends (a failed write may have landed)
     try:
         if memory.indexes_current(known.pods, known.lease, known.children):
+            known.recent = memory.recent_reads(time.monotonic())
             outcome = await run_pass(
                 kube, namespace, name, now(), known, memory.lease_for_pass, memory.saw, body=body
             )
@@ -390,7 +398,7 @@ async def keep_running(
         began, queued = time.perf_counter(), time.time()
         try:
             async with memo["passes"]:
-                slot, due_since = time.time(), memory.due_since
+                slot, due_since, reads = time.time(), memory.due_since, recording_reads()
                 known = indexed(pod_index, leases, namespace, name, child_indexes)
                 outcome = await one_pass(kube, memory, known, namespace, name)
         except Exception as error:  # every failure is reported and retried, none kills the loop
@@ -398,6 +406,7 @@ async def keep_running(
             failures += 1
             delay = retry_delay(failures)
             memory.forget_expectations()
+            memory.read.clear()
             await report_failure(kube, namespace, name, error, delay, logger)
             await wait_for_wake(wake, stopped, delay)
             continue
@@ -410,7 +419,8 @@ async def keep_running(
         for action in result.actions:
             logger.debug("applied %s", action)
         if result.actions:
-            timing = pass_timing(due_since, queued, slot, time.time(), len(result.actions))
+            done, acted = time.time(), len(result.actions)
+            timing = pass_timing(due_since, queued, slot, done, acted, reads)
             passes_logger.info("pass of %s/%s: %s", namespace, name, timing)
         metrics.record_run(namespace, name, outcome.previous, result.status)
         for event in result.events:
@@ -450,10 +460,18 @@ async def run_changed(
 
 @kopf.on.event("v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
 async def member_changed(
-    namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
+    name: str,
+    namespace: str | None,
+    labels: Mapping[str, str],
+    type: str | None,
+    memo: Any,
+    **_: Any,
 ) -> None:
     """A member pod changed phase, got an IP, was evicted or deleted."""
-    pass_due(memo, namespace, labels.get(naming.LABEL_RUN))
+    run = labels.get(naming.LABEL_RUN)
+    if run:
+        memory_of(memo, namespace, run).watched("Pod", name, type == "DELETED")
+    pass_due(memo, namespace, run)
 
 
 def lease_event(memo: Any, namespace: str, run: str, body: Json | None) -> None:
@@ -461,6 +479,7 @@ def lease_event(memo: Any, namespace: str, run: str, body: Json | None) -> None:
     holder wakes a pass; a renewal only moves the expiry; progress is mirrored by the
     daemon at most once per ``PROGRESS_MIRROR_SECONDS``."""
     memory = memory_of(memo, namespace, run)
+    memory.watched("Lease", naming.lease_name(run), body is None)
     before = memory.progress_due(time.monotonic())
     asks_pass = memory.saw_lease(body or {}, now(), deleted=body is None)
     if asks_pass:
@@ -497,13 +516,22 @@ def _selector(kind: str) -> tuple[str, str, str]:
 
 
 async def child_deleted(
-    namespace: str | None, labels: Mapping[str, str], type: str | None, memo: Any, **_: Any
+    name: str,
+    namespace: str | None,
+    labels: Mapping[str, str],
+    type: str | None,
+    body: kopf.Body,
+    memo: Any,
+    **_: Any,
 ) -> None:
     """A static child of a running run (its Service, ConfigMap, NetworkPolicy, RBAC) was
     deleted: the pass that recreates it is due now, not at the resync
     (:func:`~rolloutrun_operator.watching.child_event_needs_pass`)."""
     run = labels.get(naming.LABEL_RUN)
     known = (namespace or "default", run or "") in memo["memories"]
+    kind = str(body.get("kind") or "")
+    if known and kind and name:
+        memory_of(memo, namespace, run).watched(kind, name, type == "DELETED")
     if child_event_needs_pass(type, known):
         pass_due(memo, namespace, run)
 

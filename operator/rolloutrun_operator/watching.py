@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +65,14 @@ WATCHED_CHILD_KINDS = (
 #: The kinds whose children a pass reads from the Kopf indexes of those watches (the pods
 #: and the Lease have their own), not with a GET each.
 INDEXED_CHILD_KINDS = frozenset(WATCHED_CHILD_KINDS)
+
+#: How long a child of a kind no index holds (the Secrets, a ServiceAccount the spec names)
+#: that a pass found present is taken as present by the passes after it without a GET: a
+#: lost pod's reaction is two passes a fraction of a second apart (delete the old members,
+#: then start the next incarnation), and the second read them again on the replacement's
+#: path. Longer than that pair, far shorter than the resync at which a deleted token Secret
+#: comes back anyway (no watch wakes a pass for one).
+RECENT_READ_SECONDS = 30.0
 
 
 def child_event_needs_pass(event_type: str | None, run_known: bool) -> bool:
@@ -190,6 +199,14 @@ class RunMemory:
     deleted: set[tuple[str, str, str | None]] = field(default_factory=set)
     replaced: set[tuple[str, str]] = field(default_factory=set)
     """Children the last pass replaced: the indexes must show a version newer than it saw."""
+    gone: set[tuple[str, str]] = field(default_factory=set)
+    """``(kind, name)`` of the pods, Lease and indexed children whose deletion a watch
+    event reported (none re-added since): one the last pass saw is missing from its index
+    because it is gone, not because the index lags (a lost pod's passes read the API
+    otherwise, on the replacement's path)."""
+    read: dict[str, tuple[float, Any]] = field(default_factory=dict)
+    """``Kind/name`` of each child of a kind no index holds that a pass found present, to
+    the monotonic time it was read and the object (see :data:`RECENT_READ_SECONDS`)."""
 
     def make_due(self, at: float) -> None:
         """A watch event asks for a pass (at wall-clock ``at``)."""
@@ -254,8 +271,9 @@ class RunMemory:
 
     def expect(self, actions: Iterable[Action]) -> None:
         """Remember the pods and Lease the pass created or deleted: until the indexes show
-        them, the next pass reads the API instead."""
+        them, the next pass reads the API instead; an unindexed child acted on is read again."""
         for action in actions:
+            self.read.pop(f"{action.kind}/{action.name}", None)
             if action.kind not in ("Pod", "Lease") and action.kind not in INDEXED_CHILD_KINDS:
                 continue
             if action.verb is Verb.CREATE:
@@ -278,6 +296,8 @@ class RunMemory:
             found[("Lease", _name(lease))] = lease
         for key, version in self.seen.items():
             obj = found.get(key)
+            if obj is None and key in self.gone:
+                continue  # its deletion was watched: newer than anything a pass saw
             if obj is None or older(_version(obj), version):
                 return False
             if key in self.replaced and _version(obj) == version:
@@ -306,8 +326,10 @@ class RunMemory:
         children of the indexed kinds, ``Kind/name`` to the object (None: absent)."""
         self.seen = {("Pod", _name(pod)): _version(pod) for pod in pods}
         for ref, child in (children or {}).items():
-            if child is not None:
-                kind, _, name = ref.partition("/")
+            kind, _, name = ref.partition("/")
+            if kind not in INDEXED_CHILD_KINDS:
+                self.read_now(ref, child)
+            elif child is not None:
                 self.seen[(kind, name)] = _version(child)
         if lease is not None:
             self.seen[("Lease", _name(lease))] = _version(lease)
@@ -328,6 +350,29 @@ class RunMemory:
                 continue
             current[ref] = child
         return current
+
+    def watched(self, kind: str, name: str, deleted: bool) -> None:
+        """A watch event of the run's ``kind/name`` (see :attr:`gone`)."""
+        if deleted:
+            self.gone.add((kind, name))
+        else:
+            self.gone.discard((kind, name))
+
+    def read_now(self, ref: str, child: Any) -> None:
+        """A pass read the unindexed child ``ref`` (None: absent, not remembered)."""
+        if child is None:
+            self.read.pop(ref, None)
+        else:
+            self.read[ref] = (time.monotonic(), child)
+
+    def recent_reads(self, monotonic: float) -> dict[str, Any]:
+        """The unindexed children a pass found present less than :data:`RECENT_READ_SECONDS`
+        ago (none acted on since: :meth:`expect` forgets those)."""
+        return {
+            ref: child
+            for ref, (at, child) in self.read.items()
+            if monotonic - at < RECENT_READ_SECONDS
+        }
 
     def forget_expectations(self) -> None:
         self.created.clear()
@@ -383,18 +428,25 @@ def idle_step(dirty: bool, other_wait: float, expiry: float, progress: float | N
 
 
 def pass_timing(
-    due_since: float | None, queued: float, began: float, done: float, actions: int
+    due_since: float | None,
+    queued: float,
+    began: float,
+    done: float,
+    actions: int,
+    reads: Iterable[tuple[str, float]] = (),
 ) -> str:
     """One line on a pass that acted: when an event made it due (wall clock, to compare with
-    the API server's commits), how long it then waited for a pass slot, and how long it took
+    the API server's commits), how long it then waited for a pass slot, how long it took
     (``queued``, ``began``, ``done``: wall-clock times the pass asked for a slot, got one
-    and ended)."""
+    and ended), and each read it made with its seconds (``reads``, as the API answered
+    them; those sent together overlap), so a slow pass says which read was slow."""
     due = "due by a deadline"
     if due_since is not None:
         due = f"due at {due_since:.3f} ({queued - due_since:.3f} s before it queued)"
+    listed = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in reads) or "none"
     return (
         f"{actions} action(s) in {done - began:.3f} s; {due}; "
-        f"{began - queued:.3f} s waiting for a pass slot"
+        f"{began - queued:.3f} s waiting for a pass slot; reads: {listed}"
     )
 
 
