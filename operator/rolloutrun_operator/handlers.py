@@ -33,6 +33,7 @@ import contextlib
 import datetime as dt
 import functools
 import logging
+import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -79,6 +80,12 @@ MAX_IDLE_SECONDS = 1200.0
 #: First delay after a failed pass; it doubles with each failure in a row, up to the max.
 RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 300.0
+#: The same after a pass that got no answer at all (the API server down, restarting, or
+#: past the client's timeout): nothing wakes the daemon when it answers again (its watches
+#: broke too), and the long backoff kept a run unreconciled for minutes after an outage of
+#: seconds. The delay takes a random 50-100 % of this, so runs do not retry in step.
+NO_ANSWER_RETRY_SECONDS = 1.0
+MAX_NO_ANSWER_RETRY_SECONDS = 30.0
 #: Passes under way at once, over all runs. Each pass sends about a dozen requests at once;
 #: a thousand runs starting together (an operator restart, a bulk submit) sent twelve
 #: thousand, the API server queued them past the client's timeout, and every pass failed
@@ -132,6 +139,16 @@ def retry_delay(failures: int) -> float:
     return min(RETRY_SECONDS * 2.0 ** max(failures - 1, 0), MAX_RETRY_SECONDS)
 
 
+def failure_delay(error: BaseException, failures: int, jitter: float) -> float:
+    """How long to wait after ``failures`` failed passes in a row, the last with ``error``:
+    :func:`retry_delay` for an answered error or a bug; for an API that did not answer,
+    ``jitter`` (0.5 to 1) of 1 s doubling to at most 30 s."""
+    if isinstance(error, KubeError) and error.unanswered:
+        ceiling = NO_ANSWER_RETRY_SECONDS * 2.0 ** max(failures - 1, 0)
+        return jitter * min(ceiling, MAX_NO_ANSWER_RETRY_SECONDS)
+    return retry_delay(failures)
+
+
 def describe_failure(error: BaseException) -> tuple[str, str]:
     """The ``Ready`` reason and message of a failed pass: a child the API refused is named
     with the API's own words (``ChildRejected``: a quota, a policy, an invalid field; the
@@ -166,6 +183,8 @@ async def report_failure(
         message,
         exc_info=None if isinstance(error, KubeError) else error,
     )
+    if isinstance(error, KubeError) and error.unanswered:
+        return  # the report would wait for the same API (up to the client's timeout)
     try:
         body = await kube.get("RolloutRun", namespace, name)
         if body is None:
@@ -403,8 +422,8 @@ async def keep_running(
                 outcome = await one_pass(kube, memory, known, namespace, name)
         except Exception as error:  # every failure is reported and retried, none kills the loop
             metrics.reconcile_errors.inc()
-            failures += 1
-            delay = retry_delay(failures)
+            memory.failures = failures = failures + 1
+            delay = memory.retry_in = failure_delay(error, failures, random.uniform(0.5, 1.0))
             memory.forget_expectations()
             memory.read.clear()
             await report_failure(kube, namespace, name, error, delay, logger)
@@ -412,7 +431,7 @@ async def keep_running(
             continue
         finally:
             metrics.reconcile_seconds.observe(time.perf_counter() - began)
-        failures = 0
+        failures = memory.failures = 0
         if outcome is None:
             break
         result = outcome.result

@@ -120,6 +120,10 @@ class KubeError(Exception):
         self.reason = reason
         self.detail = detail or message
         self.child: str | None = None
+        self.unanswered = False
+        """No answer came (connection refused or reset, a timeout): the request may well
+        succeed as soon as the API server answers again, unlike one it answered with an
+        error."""
 
     @property
     def refused(self) -> bool:
@@ -283,7 +287,11 @@ class Kube:
                         str(answer.get("message", "")),
                     )
                 return json.loads(text) if text else {}
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+        except (aiohttp.ClientError, TimeoutError) as error:
+            unanswered = KubeError(f"{method} {path}: {error or type(error).__name__}")
+            unanswered.unanswered = True
+            raise unanswered from error
+        except ValueError as error:
             raise KubeError(f"{method} {path}: {error}") from error
         finally:
             if reads is not None:

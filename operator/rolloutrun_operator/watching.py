@@ -204,6 +204,10 @@ class RunMemory:
     event reported (none re-added since): one the last pass saw is missing from its index
     because it is gone, not because the index lags (a lost pod's passes read the API
     otherwise, on the replacement's path)."""
+    failures: int = 0
+    """Failed passes in a row."""
+    retry_in: float | None = None
+    """The delay chosen after the last failed pass (seconds)."""
     read: dict[str, tuple[float, Any]] = field(default_factory=dict)
     """``Kind/name`` of each child of a kind no index holds that a pass found present, to
     the monotonic time it was read and the object (see :data:`RECENT_READ_SECONDS`)."""
