@@ -410,6 +410,7 @@ def main() -> int:
     set_lease_seconds(args.lease_seconds)
     if args.hollow:
         return hollow_main(args.kubeconfig, args.hollow)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the clusters and operator end
     if args.quick:
         args.runs, args.window, args.losses, args.baseline_losses = 50, 60.0, 5, 5
         args.baseline_runs, args.baseline_window = 20, 60.0
