@@ -337,6 +337,7 @@ class RunMemory:
                 self.seen[(kind, name)] = _version(child)
         if lease is not None:
             self.seen[("Lease", _name(lease))] = _version(lease)
+        self.gone &= set(self.seen)  # only what a pass saw is looked for in its index
 
     def current_children(
         self, children: Mapping[str, dict[str, Any]] | None
