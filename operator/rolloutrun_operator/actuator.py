@@ -58,6 +58,9 @@ class Outcome:
     version: str = ""
     """The run's ``resourceVersion`` once the pass ended: its status write's, else the one
     it read (a later pass may take a watched body that is not older, see ``run_pass``)."""
+    written: Json | None = None
+    """The run as the API answered the pass's status write (None: none written): the next
+    pass may start from it while the watch has not yet shown that write."""
 
 
 @dataclass
@@ -362,7 +365,8 @@ async def run_pass(
     old = status_json(run.status) if run.status is not None else None
     wrote = new != old
     written = await kube.patch_status("RolloutRun", namespace, name, new) if wrote else {}
-    return Outcome(body, result, run.status, wrote, _version(written or body))
+    after = written if _version(written) else None
+    return Outcome(body, result, run.status, wrote, _version(written or body), after)
 
 
 def conflict_result(run: RolloutRun, conflict: ChildConflict, now: dt.datetime) -> Result:

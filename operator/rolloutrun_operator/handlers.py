@@ -344,6 +344,7 @@ async def one_pass(
         memory.busy = False
     if outcome is not None:
         memory.run_version = outcome.version or None
+        memory.wrote_run(outcome.written)
         memory.expect(outcome.result.actions)
         memory.mirrored_progress(status_json(outcome.result.status), time.monotonic())
     return outcome

@@ -228,6 +228,15 @@ class RunMemory:
             return None
         return body
 
+    def wrote_run(self, written: Json | None) -> None:
+        """The run as this operator's status write returned it: the body the next pass
+        starts from (no GET on a lost pod's second pass, whose first pass wrote status)
+        until a watch event shows a version not older (:attr:`run_body`)."""
+        if written is None:
+            return
+        if self.run_body is None or older(_version(self.run_body), _version(written)):
+            self.run_body = dict(written)
+
     def saw_run(self, body: Json) -> bool:
         """Record a run event; True when it asks for a pass."""
         signature = run_signature(body)

@@ -286,3 +286,20 @@ def test_an_unindexed_child_read_moments_ago_is_reused_until_acted_on_or_old():
     assert ("Secret", "r-gym-token") not in memory.seen  # not an index's: no staleness check
     memory.expect([Action(Verb.DELETE, "Secret", "r-gym-token")])
     assert memory.recent_reads(now + 1.0) == {"Node/n": {}}
+
+
+def test_the_runs_body_from_a_status_write_serves_until_the_watch_catches_up():
+    """A lost pod's second pass began before the watch showed the first pass's status
+    write, and read the run again; the write's answer is that body."""
+    memory = RunMemory()
+    memory.run_body = {"metadata": {"resourceVersion": "5"}}
+    written = {"metadata": {"resourceVersion": "8"}, "status": {"incarnation": 2}}
+    memory.run_version = "8"
+    assert memory.watched_run() is None  # the watch lags the write: today a GET
+    memory.wrote_run(written)
+    assert memory.watched_run() == written
+    memory.run_body = {"metadata": {"resourceVersion": "9"}}  # a later event wins
+    memory.wrote_run(written)
+    assert memory.watched_run() == {"metadata": {"resourceVersion": "9"}}
+    memory.wrote_run(None)  # no write: nothing changes
+    assert memory.watched_run() == {"metadata": {"resourceVersion": "9"}}
