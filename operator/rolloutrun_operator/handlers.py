@@ -63,6 +63,7 @@ from rolloutrun_operator.watching import (
     child_event_needs_pass,
     expiry_wait,
     idle_step,
+    index_catch_up,
     pass_timing,
     quiet_event_handlers,
     rate_after,
@@ -416,6 +417,8 @@ async def keep_running(
             await asyncio.wait_for(leases.ready.wait(), 1.0)
     while not stopped:
         began, queued = time.perf_counter(), time.time()
+        current = functools.partial(indexed, pod_index, leases, namespace, name, child_indexes)
+        await index_catch_up(memory, stopped, current)
         try:
             async with memo["passes"]:
                 slot, due_since, reads = time.time(), memory.due_since, recording_reads()

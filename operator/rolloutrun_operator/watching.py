@@ -15,10 +15,11 @@ API: an index may lag behind the operator's own writes).
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,13 @@ INDEXED_CHILD_KINDS = frozenset(WATCHED_CHILD_KINDS)
 #: path. Longer than that pair, far shorter than the resync at which a deleted token Secret
 #: comes back anyway (no watch wakes a pass for one).
 RECENT_READ_SECONDS = 30.0
+
+#: How long a pass waits for the watch indexes to show what the last pass did (and nothing
+#: older than it saw) before it reads everything from the API instead: a lost pod's passes
+#: met an index one event behind (the other Gym's deletion, the Lease's last renewal) and
+#: sent a dozen reads, each slower than the event they stood in for on a loaded API server.
+INDEX_WAIT_SECONDS = 1.0
+INDEX_POLL_SECONDS = 0.02
 
 
 def child_event_needs_pass(event_type: str | None, run_known: bool) -> bool:
@@ -410,6 +418,24 @@ class RunMemory:
         ):
             return recorded
         return self.lease.observation()
+
+
+async def index_catch_up(
+    memory: RunMemory, stopped: Any, current: Callable[[], Any], bound: float | None = None
+) -> bool:
+    """Wait (up to ``bound`` seconds, default :data:`INDEX_WAIT_SECONDS`, looking every
+    :data:`INDEX_POLL_SECONDS`) until the indexes ``current()`` returns (its ``pods``,
+    ``lease`` and ``children``) show what the last pass did; True when they do. In-memory
+    checks only: a renewal or an index event wakes nothing, so it looks rather than waits."""
+    deadline = time.monotonic() + (INDEX_WAIT_SECONDS if bound is None else bound)
+    while not stopped:
+        known = current()
+        if memory.indexes_current(known.pods, known.lease, known.children):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(INDEX_POLL_SECONDS)
+    return False
 
 
 def expiry_wait(

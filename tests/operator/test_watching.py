@@ -303,3 +303,36 @@ def test_the_runs_body_from_a_status_write_serves_until_the_watch_catches_up():
     assert memory.watched_run() == {"metadata": {"resourceVersion": "9"}}
     memory.wrote_run(None)  # no write: nothing changes
     assert memory.watched_run() == {"metadata": {"resourceVersion": "9"}}
+
+
+def test_a_pass_looks_again_at_a_lagging_index_before_reading_everything(monkeypatch):
+    """The index one event behind the last pass (the other Gym's deletion not yet
+    handled): the pass waits for that event, it does not read the run's children from the
+    API (a dozen reads, on a lost pod's path); an index that never catches up is given up
+    on after the bound."""
+    import asyncio
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(watching, "INDEX_POLL_SECONDS", 0.0)
+    memory = RunMemory()
+
+    def pod(name: str, version: str) -> dict:
+        return {"metadata": {"name": name, "resourceVersion": version}}
+
+    memory.saw([pod("r-i1-gym-0", "5"), pod("r-i1-gym-1", "7")], None)
+    views = [[pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "6")]] * 3
+    views.append([pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "8")])
+    looked: list[int] = []
+
+    def current() -> SimpleNamespace:
+        looked.append(1)
+        view = views[min(len(looked), len(views)) - 1]
+        return SimpleNamespace(pods=view, lease=None, children={})
+
+    assert asyncio.run(watching.index_catch_up(memory, False, current, bound=60.0))
+    assert len(looked) == 4
+    memory.saw([pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "8")], None)
+    looked.clear()
+    views[:] = [[pod("r-i1-gym-0", "9")]]  # gym-1 missing, its deletion never watched
+    assert not asyncio.run(watching.index_catch_up(memory, False, current, bound=0.0))
+    assert len(looked) == 1
