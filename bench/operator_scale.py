@@ -7,43 +7,43 @@ Ready through the API and finishes their deletion; a load generator (in a proces
 own with the hollow kubelet, so it does not starve the API server) acts as each run's
 trainer: it takes the run's Lease when its trainer pod runs and renews it every
 ``duration/3`` seconds through the API, recording a new train step with each renewal and
-a new anchor step every minute, as trainers do. Measured, at the API server (which counts
-admitted requests per user):
+a new anchor step every minute at the run's own phase, as trainers do. Measured, at the
+API server (which counts admitted requests per user):
 
 - ``api_requests_per_run_per_minute``: the operator's requests in steady state (all runs
   Ready and renewing), over ``--window`` seconds. Goal: ≤ 2.
 - ``pod_lost_to_replacement_s``: a running trainer pod is lost (deleted at once); the time
   until the API server commits the run's next incarnation's first pod, with its phases
   (``phases_s``: the old Gym pods marked for deletion by the operator, gone, the new pod),
-  read from the cluster's store as it commits (no polling requests). Goal: p99 ≤ 2 s.
+  read from the cluster's store as it commits (no polling requests). Goal: p99 ≤ 2 s,
+  over ``--losses`` (default 100: fewer make p99 the max) one at a time; p50/p90/p99/max.
 - ``operator_rss_mib``: the operator's RSS once steady, and its peak.
 
 ``baseline``: the same measurement, on fewer runs, with the operator of ``--baseline-ref``
 (default: the commit before label-selected watches and Lease-driven passes), run from a
-``git archive`` of that commit. Usage: ``python -m bench.operator_scale [--quick]``.
+``git archive`` of that commit, or of the checkout ``--baseline-tree`` (this one: an A/A
+run), each column on a local cluster of its own. Usage:
+``python -m bench.operator_scale [--quick]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import heapq
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench import hollow_load
+from bench.hollow_load import HOLLOW, hollow_main, hollow_run, note, set_lease_seconds
 from bench.operator_recovery import (
     api_cpu_seconds,
     cpu_seconds,
-    drained,
     exists,
     micro_now,
     quantiles,
@@ -58,206 +58,8 @@ from rolloutrun_localcluster.testing import api_client
 from rolloutrun_operator.kube import permission_rules
 
 OPERATOR = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
-HOLLOW = "hollow"
-#: The runs' ``leaseDurationSeconds`` (``--lease-seconds``): trainers renew every third of it.
-LEASE_DURATION_S = 15
-ANCHOR_EVERY_S = 60.0
 BASELINE_REF = "f9d7b81"
 REPO = Path(__file__).resolve().parent.parent
-
-
-def hollow_run(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "rolloutrun.dev/v1alpha1",
-        "kind": "RolloutRun",
-        "metadata": {"name": name},
-        "spec": {
-            "storage": {"uri": f"gs://bench-bucket/{name}"},
-            "gym": {"replicas": 2, "nodeSelector": {"bench": HOLLOW}},
-            "trainer": {"nodeSelector": {"bench": HOLLOW}},
-            "recovery": {
-                "maxRestarts": 10000,
-                "backoffSeconds": 0,
-                "leaseDurationSeconds": LEASE_DURATION_S,
-            },
-            "run": {"workers": {"backend": "inprocess"}},
-        },
-    }
-
-
-def set_lease_seconds(seconds: int) -> None:
-    global LEASE_DURATION_S
-    LEASE_DURATION_S = seconds
-    os.environ["BENCH_LEASE_SECONDS"] = str(seconds)  # the hollow process renews as long
-
-
-def note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-class Hollow:
-    """The hollow node's kubelet and the runs' trainers, through the API (admin).
-
-    Run in a process of its own (:func:`start_hollow`): in the benchmark's process it shared
-    the interpreter lock with the API server, whose requests then queued behind the load
-    generator's (tens of seconds at 200 runs: the replacement times measured the generator,
-    not the operator). Responses are not decoded (``_preload_content=False``), and each
-    trainer renews on its own phase, ``duration/3`` after its last renewal, as trainers do,
-    not all runs in one burst."""
-
-    def __init__(self, api: Any, namespace: str) -> None:
-        from kubernetes import client as k8s
-
-        self.core: Any = k8s.CoreV1Api(api)
-        self.leases: Any = k8s.CoordinationV1Api(api)
-        self.namespace = namespace
-        self.pool = ThreadPoolExecutor(4)  # the kubelet's
-        self.renewers = ThreadPoolExecutor(8)  # the trainers'
-
-        self.stop = threading.Event()
-        self.trainers: dict[str, str] = {}  # run -> holder identity of its running trainer
-        self.due: list[tuple[float, str, str]] = []  # (monotonic, run, holder): next renewals
-        self.lock = threading.Lock()
-        self.step = 0
-        self.threads = [
-            threading.Thread(target=self._kubelet, daemon=True),
-            threading.Thread(target=self._trainers, daemon=True),
-        ]
-        self.address = 0
-
-    def close(self) -> None:
-        self.stop.set()
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        self.renewers.shutdown(wait=False, cancel_futures=True)
-
-    # ---------------------------------------------------------------- the hollow kubelet
-    def _kubelet(self) -> None:
-        from kubernetes import watch
-
-        while not self.stop.is_set():
-            stream = watch.Watch().stream(
-                self.core.list_namespaced_pod,
-                self.namespace,
-                field_selector=f"spec.nodeName={HOLLOW}",
-                timeout_seconds=60,
-            )
-            for event in stream:
-                if self.stop.is_set():
-                    return
-                pod = event["object"]
-                if event["type"] == "DELETED":
-                    self._gone(pod)
-                elif pod.metadata.deletion_timestamp is not None:
-                    self.pool.submit(self._finish, pod.metadata.name)
-                elif pod.status.phase != "Running":
-                    self.pool.submit(self._run, pod.metadata.name)
-
-    def _run(self, name: str) -> None:
-        self.address += 1
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        ip = f"10.{(self.address >> 16) & 255}.{(self.address >> 8) & 255}.{self.address & 255}"
-        status = {
-            "phase": "Running",
-            "podIP": ip,
-            "conditions": [
-                {"type": "PodScheduled", "status": "True"},
-                {"type": "Ready", "status": "True", "lastTransitionTime": now},
-            ],
-            "containerStatuses": [
-                {
-                    "name": "main",
-                    "ready": True,
-                    "restartCount": 0,
-                    "image": "x",
-                    "imageID": "",
-                    "state": {"running": {"startedAt": now}},
-                }
-            ],
-        }
-        try:
-            drained(
-                self.core.patch_namespaced_pod_status(
-                    name, self.namespace, {"status": status}, _preload_content=False
-                )
-            )
-        except Exception:  # deleted meanwhile
-            return
-        run, _, rest = name.rpartition("-i")
-        number, _, role = rest.partition("-")
-        if role == "trainer":
-            holder = f"{name}/{number}"
-            with self.lock:
-                new = self.trainers.get(run) != holder  # one renewal chain per trainer
-                self.trainers[run] = holder
-            if new:
-                self.renewers.submit(self._renew, run, holder)
-
-    def _finish(self, name: str) -> None:
-        try:
-            drained(
-                self.core.delete_namespaced_pod(
-                    name, self.namespace, grace_period_seconds=0, _preload_content=False
-                )
-            )
-        except Exception:
-            return
-
-    def _gone(self, pod: Any) -> None:
-        run, _, rest = pod.metadata.name.rpartition("-i")
-        number, _, role = rest.partition("-")
-        if role == "trainer":
-            with self.lock:
-                if self.trainers.get(run) == f"{pod.metadata.name}/{number}":
-                    del self.trainers[run]
-
-    # ---------------------------------------------------------------- the trainers
-    def _renew(self, run: str, holder: str) -> None:
-        with self.lock:
-            if self.trainers.get(run) != holder:
-                return  # that trainer is gone: its successor renews on its own phase
-            self.step += 1
-            step = self.step
-            heapq.heappush(self.due, (time.monotonic() + LEASE_DURATION_S / 3, run, holder))
-        notes = {"rolloutrun.dev/train-step": str(step)}
-        if int(time.time() // ANCHOR_EVERY_S) != int((time.time() - 5) // ANCHOR_EVERY_S):
-            notes["rolloutrun.dev/anchor-step"] = str(step)
-        spec = {
-            "holderIdentity": holder,
-            "renewTime": micro_now(),
-            "leaseDurationSeconds": LEASE_DURATION_S,
-        }
-        body = {"metadata": {"annotations": notes}, "spec": spec}
-        try:
-            drained(
-                self.leases.patch_namespaced_lease(
-                    f"{run}-trainer", self.namespace, body, _preload_content=False
-                )
-            )
-        except Exception:
-            return
-
-    def _trainers(self) -> None:
-        while not self.stop.wait(0.05):
-            now = time.monotonic()
-            with self.lock:
-                ready = []
-                while self.due and self.due[0][0] <= now:
-                    ready.append(heapq.heappop(self.due))
-            for _at, run, holder in ready:
-                self.renewers.submit(self._renew, run, holder)
-
-
-def hollow_main(kubeconfig: str, namespace: str) -> int:
-    """``--hollow``: the hollow kubelet and trainers until SIGTERM (:func:`start_hollow`)."""
-    from kubernetes import config
-
-    hollow = Hollow(config.new_client_from_config(config_file=kubeconfig), namespace)
-    signal.signal(signal.SIGTERM, lambda *_: hollow.stop.set())
-    for thread in hollow.threads:
-        thread.start()
-    hollow.stop.wait()
-    hollow.close()
-    return 0
 
 
 def start_hollow(cluster: LocalCluster, namespace: str) -> Any:
@@ -344,6 +146,7 @@ def measure(
     window: float,
     losses: int,
     tree: Path | None,
+    gap: float = 1.0,
 ) -> dict[str, Any]:
     from kubernetes import client as k8s
 
@@ -403,7 +206,8 @@ def measure(
         restarts = sum(int((i.get("status") or {}).get("restarts") or 0) for i in items)
         note(f"{namespace}: {sum(made.values())} operator requests in {elapsed:.0f} s")
         pass_cost = one_pass_cost(cluster, objects, namespace, names[-1])
-        reaction = lost_pods(core, objects, commits, namespace, names[:losses])
+        victims = [names[index % runs] for index in range(losses)]
+        reaction = lost_pods(core, objects, commits, namespace, victims, gap)
     finally:
         operator.send_signal(signal.SIGTERM)
         operator.wait(60)
@@ -413,7 +217,7 @@ def measure(
     resync = resync_seconds(tree)
     return {
         "runs": runs,
-        "lease_duration_s": LEASE_DURATION_S,
+        "lease_duration_s": hollow_load.LEASE_DURATION_S,
         "converged_s": round(converged, 1),
         "window_s": round(elapsed, 1),
         "lease_renewals_per_run_per_minute": round(renewed / runs / (elapsed / 60), 2),
@@ -456,10 +260,12 @@ def resync_seconds(tree: Path | None) -> float | None:
 
 
 def lost_pods(
-    core: Any, objects: Any, commits: Commits, namespace: str, victims: list[str]
+    core: Any, objects: Any, commits: Commits, namespace: str, victims: list[str], gap: float
 ) -> dict[str, Any]:
-    """Lose each victim's running trainer, one at a time, and time the replacement from the
-    API server's commits (:class:`Commits`), split into its phases (:func:`phases`)."""
+    """Lose each victim's running trainer, one at a time (``gap`` seconds after the last
+    one's replacement: one loss under way at a time, the others steady), and time the
+    replacement from the API server's commits (:class:`Commits`), split into its phases
+    (:func:`phases`)."""
     from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 
     skipped, missing, each = 0, [], []  # each loss, with its wall-clock time (the log's)
@@ -476,21 +282,32 @@ def lost_pods(
             wait(lambda key=replacement: key in commits.at, replacement[1], bound=120)
         except TimeoutError:
             missing.append(f"{run}-i{n}")  # reported, and the other samples kept
-        each.append({"run": run, "lost_at": round(lost_at, 3), **phases(commits.at, run, n, t0)})
-        time.sleep(1.0)  # the next incarnation's pods started before the next loss
+        sample = {"run": run, "lost_at": round(lost_at, 3), **phases(commits.at, run, n, t0)}
+        each.append({**sample, "second_of_minute": round(lost_at % 60, 1)})
+        time.sleep(gap)  # the next incarnation's pods started before the next loss
     split: dict[str, list[float]] = {}
     for seen in each:  # those replaced (a missing one has no replacement phase)
         for phase, at in seen.items():
-            if "replacement" in seen and phase not in ("run", "lost_at"):
+            if "replacement" in seen and phase not in ("run", "lost_at", "second_of_minute"):
                 split.setdefault(phase, []).append(at)
     return {
-        **quantiles(split.get("replacement", [])),
+        **spread(split.get("replacement", [])),
         "skipped": skipped,
         "missing_after_120s": missing,
         "goal_p99_s": 2.0,
-        "phases_s": {phase: quantiles(at) for phase, at in split.items()},
+        "phases_s": {phase: spread(at) for phase, at in split.items()},
         "samples": each,
     }
+
+
+def spread(samples: list[float]) -> dict[str, Any]:
+    """n, p50, p90, p99 and max (with fewer than 100 samples p99 is the max: take at
+    least 100 losses for a p99 that means one)."""
+    found = quantiles(samples)
+    if samples:
+        ordered = sorted(samples)
+        found["p90"] = round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 3)
+    return found
 
 
 def phases(at: dict[tuple[str, str], float], run: str, n: int, t0: float) -> dict[str, float]:
@@ -524,43 +341,25 @@ def archive(ref: str, into: Path) -> Path:
     return into
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--window", type=float, default=600.0, help="steady-state seconds")
-    parser.add_argument("--losses", type=int, default=20, help="trainer pods lost")
-    parser.add_argument("--baseline-runs", type=int, default=50)
-    parser.add_argument("--baseline-window", type=float, default=120.0)
-    parser.add_argument("--baseline-ref", default=BASELINE_REF)
-    parser.add_argument("--baseline-losses", type=int, default=5, help="at most --losses")
-    parser.add_argument("--no-baseline", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="50 runs, 60 s windows")
-    parser.add_argument(
-        "--lease-seconds",
-        type=int,
-        default=LEASE_DURATION_S,
-        help="the runs' leaseDurationSeconds (trainers renew every third of it); a loaded "
-        "machine whose API server cannot keep up with the renewals expires Leases instead",
-    )
-    parser.add_argument("--hollow", metavar="NAMESPACE", help=argparse.SUPPRESS)
-    parser.add_argument("--kubeconfig", help=argparse.SUPPRESS)
-    parser.set_defaults(lease_seconds=int(os.environ.get("BENCH_LEASE_SECONDS", LEASE_DURATION_S)))
-    args = parser.parse_args()
-    set_lease_seconds(args.lease_seconds)
-    if args.hollow:
-        return hollow_main(args.kubeconfig, args.hollow)
-    if args.quick:
-        args.runs, args.window, args.losses = 50, 60.0, 5
-        args.baseline_runs, args.baseline_window = 20, 60.0
-    report: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
-    with tempfile.TemporaryDirectory(prefix="rolloutrun-scale-") as tmp:
-        work = Path(tmp)
-        with LocalCluster(work / "cluster", pod_network=free_pod_network()) as cluster:
-            from kubernetes import client as k8s
+def half(
+    where: Path,
+    namespace: str,
+    runs: int,
+    window: float,
+    losses: int,
+    tree: Path | None,
+    gap: float,
+) -> dict[str, Any]:
+    """One column of the comparison, on a local cluster of its own: the second column run
+    on the first one's cluster met its thousand runs' objects still there (an A/A run gave
+    0.195 s against 0.777 s p99), so each column starts from an empty cluster."""
+    with LocalCluster(where, pod_network=free_pod_network()) as cluster:
+        from kubernetes import client as k8s
 
-            from rolloutrun_operator.api.crdgen import build_crd
+        from rolloutrun_operator.api.crdgen import build_crd
 
-            api = api_client(cluster)
+        api = api_client(cluster)
+        try:
             k8s.ApiextensionsV1Api(api).create_custom_resource_definition(build_crd())
             node = {
                 "metadata": {"name": HOLLOW, "labels": {"bench": HOLLOW}},
@@ -568,24 +367,111 @@ def main() -> int:
             }
             k8s.CoreV1Api(api).create_node(node)
             k8s.CoreV1Api(api).patch_node_status(HOLLOW, {"status": node["status"]})
-            if not args.no_baseline:
-                tree = archive(args.baseline_ref, work / "baseline")
-                report["baseline"] = {
-                    "ref": args.baseline_ref,
-                    **measure(
-                        cluster,
-                        api,
-                        "baseline",
-                        args.baseline_runs,
-                        args.baseline_window,
-                        min(args.losses, args.baseline_losses),
-                        tree,
-                    ),
-                }
-            report["load"] = measure(
-                cluster, api, "load", args.runs, args.window, args.losses, None
-            )
+            return measure(cluster, api, namespace, runs, window, losses, tree, gap)
+        finally:
             api.close()
+
+
+def half_in_process(
+    namespace: str,
+    runs: int,
+    window: float,
+    losses: int,
+    tree: Path | None,
+    gap: float,
+    lease_seconds: int,
+) -> dict[str, Any]:
+    """:func:`half` in a fresh interpreter: the local cluster's API server runs in the
+    benchmark's process, and an A/A run of two halves in one process still measured the
+    second slower (the API server's own commit of the loss 7x slower) on a fresh cluster."""
+    command = [sys.executable, "-m", "bench.operator_scale", "--one-half", namespace]
+    command += ["--runs", str(runs), "--window", str(window), "--losses", str(losses)]
+    command += ["--loss-gap", str(gap), "--lease-seconds", str(lease_seconds)]
+    command += ["--baseline-tree", str(tree)] if tree is not None else []
+    answer = subprocess.run(command, check=True, stdout=subprocess.PIPE).stdout
+    return dict(json.loads(answer))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--window", type=float, default=600.0, help="steady-state seconds")
+    parser.add_argument(
+        "--losses", type=int, default=100, help="trainer pods lost (runs taken in turn)"
+    )
+    parser.add_argument(
+        "--loss-gap", type=float, default=1.0, help="seconds from a replacement to the next loss"
+    )
+    parser.add_argument("--baseline-runs", type=int, default=50)
+    parser.add_argument("--baseline-window", type=float, default=120.0)
+    parser.add_argument("--baseline-ref", default=BASELINE_REF)
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="the baseline's operator from this checkout (its operator/ and runtime/), not "
+        "--baseline-ref; this checkout itself gives an A/A run",
+    )
+    parser.add_argument("--baseline-losses", type=int, default=20)
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="50 runs, 60 s windows")
+    parser.add_argument(
+        "--lease-seconds",
+        type=int,
+        default=hollow_load.LEASE_DURATION_S,
+        help="the runs' leaseDurationSeconds (trainers renew every third of it); a loaded "
+        "machine whose API server cannot keep up with the renewals expires Leases instead",
+    )
+    parser.add_argument("--hollow", metavar="NAMESPACE", help=argparse.SUPPRESS)
+    parser.add_argument("--one-half", metavar="NAMESPACE", help=argparse.SUPPRESS)
+    parser.add_argument("--kubeconfig", help=argparse.SUPPRESS)
+    parser.set_defaults(
+        lease_seconds=int(os.environ.get("BENCH_LEASE_SECONDS", hollow_load.LEASE_DURATION_S))
+    )
+    args = parser.parse_args()
+    set_lease_seconds(args.lease_seconds)
+    if args.hollow:
+        return hollow_main(args.kubeconfig, args.hollow)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the clusters and operator end
+    if args.one_half:
+        with tempfile.TemporaryDirectory(prefix="rolloutrun-scale-") as tmp:
+            tree = args.baseline_tree.resolve() if args.baseline_tree is not None else None
+            found = half(
+                Path(tmp) / "cluster",
+                args.one_half,
+                args.runs,
+                args.window,
+                args.losses,
+                tree,
+                args.loss_gap,
+            )
+        print(json.dumps(found))
+        return 0
+    if args.quick:
+        args.runs, args.window, args.losses, args.baseline_losses = 50, 60.0, 5, 5
+        args.baseline_runs, args.baseline_window = 20, 60.0
+    report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "load": os.getloadavg()}}
+    with tempfile.TemporaryDirectory(prefix="rolloutrun-scale-") as tmp:
+        work = Path(tmp)
+        if not args.no_baseline:
+            if args.baseline_tree is not None:
+                tree, ref = args.baseline_tree.resolve(), str(args.baseline_tree)
+            else:
+                tree, ref = archive(args.baseline_ref, work / "baseline"), args.baseline_ref
+            report["baseline"] = {
+                "ref": ref,
+                **half_in_process(
+                    "baseline",
+                    args.baseline_runs,
+                    args.baseline_window,
+                    args.baseline_losses,
+                    tree,
+                    args.loss_gap,
+                    args.lease_seconds,
+                ),
+            }
+        report["load"] = half_in_process(
+            "load", args.runs, args.window, args.losses, None, args.loss_gap, args.lease_seconds
+        )
     load = report["load"]
     report["goals"] = {
         "api_requests_per_run_per_minute_le_2": load["api_requests_per_run_per_minute"] <= 2,

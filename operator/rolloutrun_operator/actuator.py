@@ -58,6 +58,9 @@ class Outcome:
     version: str = ""
     """The run's ``resourceVersion`` once the pass ended: its status write's, else the one
     it read (a later pass may take a watched body that is not older, see ``run_pass``)."""
+    written: Json | None = None
+    """The run as the API answered the pass's status write (None: none written): the next
+    pass may start from it while the watch has not yet shown that write."""
 
 
 @dataclass
@@ -69,6 +72,10 @@ class Known:
     pods: list[Json]
     lease: Json | None
     children: Mapping[str, Json] | None = None
+    recent: Mapping[str, Json] = dataclasses.field(default_factory=dict)
+    """Children of the kinds no index holds (``Kind/name``) that a pass found present
+    moments ago (:meth:`~rolloutrun_operator.watching.RunMemory.recent_reads`): not read
+    again."""
 
 
 #: What a pass tells its caller it decided on: the pods, the Lease, and the static children
@@ -100,26 +107,24 @@ async def observe(
     ]
     if known is None:
         current = Known([], None, indexed_children)  # those the indexes hold, known current
-        pods, found = await asyncio.gather(
+        unique = list(dict.fromkeys(gets))  # the Lease is a static child too: read once
+        pods, answers = await asyncio.gather(
             kube.list("Pod", namespace, naming.run_selector(name)),
-            asyncio.gather(*(_child(kube, current, namespace, k, c) for k, c in gets)),
+            asyncio.gather(*(_child(kube, current, namespace, k, c) for k, c in unique)),
         )
+        found = [dict(zip(unique, answers, strict=True))[ref] for ref in gets]
         nodes = await _nodes(kube, pods, uid)
     else:  # the nodes read with the children: the pods are known before any request
         pods = known.pods
         children_found, nodes = await asyncio.gather(
             asyncio.gather(*(_child(kube, known, namespace, k, c) for k, c in gets[1:])),
-            _nodes(kube, pods, uid),
+            _nodes(kube, pods, uid, known.recent),
         )
         found = [known.lease, *children_found]
     lease, config = found[0], found[1]
-    if saw is not None:
-        indexed = {
-            f"{kind}/{child}": obj
-            for (kind, child), obj in zip(gets[1:], found[1:], strict=True)
-            if kind in INDEXED_CHILD_KINDS
-        }
-        saw(pods, lease, indexed)
+    if saw is not None:  # the unindexed ones too: a pass moments later need not read them
+        read = {f"{k}/{c}": obj for (k, c), obj in zip(gets[1:], found[1:], strict=True)}
+        saw(pods, lease, {**read, **{f"Node/{_name(node)}": node for node in nodes}})
     statics = found[2 : 2 + len(static)]
     children = {f"{kind}/{child}": obj for (kind, child), obj in zip(static, statics, strict=True)}
     secret_objs = found[2 + len(static) : 2 + len(static) + len(user_secrets)]
@@ -148,15 +153,42 @@ async def _child(kube: Kube, known: Known, namespace: str, kind: str, name: str)
     found = known.children.get(f"{kind}/{name}") if known.children is not None else None
     if found is not None and kind in INDEXED_CHILD_KINDS:
         return found
+    if kind not in INDEXED_CHILD_KINDS and f"{kind}/{name}" in known.recent:
+        return known.recent[f"{kind}/{name}"]
     return await kube.get(kind, namespace, name)
 
 
-async def _nodes(kube: Kube, pods: list[Json], uid: str) -> list[Json]:
-    """The nodes the run's own pods are bound to (read for their readiness)."""
+async def _nodes(
+    kube: Kube, pods: list[Json], uid: str, recent: Mapping[str, Json] | None = None
+) -> list[Json]:
+    """The nodes the run's own pods are bound to (read for their readiness); a node only
+    pods being deleted or ended are on is taken from ``recent`` when a pass read it moments
+    ago (a lost pod's old members, deleting, were read on its reaction's path; a running
+    member's node is always read: its readiness decides a loss)."""
     members = [pod for pod in pods if owned_by(pod, uid)]
-    names = sorted({str((pod.get("spec") or {}).get("nodeName") or "") for pod in members})
-    found = await asyncio.gather(*(kube.get("Node", None, node) for node in names if node))
+    running = {_node_of(pod) for pod in members if not _ending(pod)}
+    names = sorted({_node_of(pod) for pod in members} - {""})
+    recent = recent or {}
+
+    async def read(node: str) -> Json | None:
+        if node not in running and f"Node/{node}" in recent:
+            return recent[f"Node/{node}"]
+        return await kube.get("Node", None, node)
+
+    found = await asyncio.gather(*(read(node) for node in names))
     return [node for node in found if node]
+
+
+def _node_of(pod: Json) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def _ending(pod: Json) -> bool:
+    phase = (pod.get("status") or {}).get("phase")
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp")) or phase in (
+        "Succeeded",
+        "Failed",
+    )
 
 
 def _version(obj: Json) -> str:
@@ -333,7 +365,8 @@ async def run_pass(
     old = status_json(run.status) if run.status is not None else None
     wrote = new != old
     written = await kube.patch_status("RolloutRun", namespace, name, new) if wrote else {}
-    return Outcome(body, result, run.status, wrote, _version(written or body))
+    after = written if _version(written) else None
+    return Outcome(body, result, run.status, wrote, _version(written or body), after)
 
 
 def conflict_result(run: RolloutRun, conflict: ChildConflict, now: dt.datetime) -> Result:

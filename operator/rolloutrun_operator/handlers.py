@@ -33,6 +33,7 @@ import contextlib
 import datetime as dt
 import functools
 import logging
+import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,7 +45,14 @@ from rolloutrun_operator import naming
 from rolloutrun_operator.actuator import Known, Outcome, run_pass, status_json
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 from rolloutrun_operator.conditions import failure_patch
-from rolloutrun_operator.kube import RESOURCES, Json, Kube, KubeError, load_credentials
+from rolloutrun_operator.kube import (
+    RESOURCES,
+    Json,
+    Kube,
+    KubeError,
+    load_credentials,
+    recording_reads,
+)
 from rolloutrun_operator.lease_watch import LeaseWatch
 from rolloutrun_operator.metrics import Metrics
 from rolloutrun_operator.reconcile import Result
@@ -55,6 +63,7 @@ from rolloutrun_operator.watching import (
     child_event_needs_pass,
     expiry_wait,
     idle_step,
+    index_catch_up,
     pass_timing,
     quiet_event_handlers,
     rate_after,
@@ -72,6 +81,12 @@ MAX_IDLE_SECONDS = 1200.0
 #: First delay after a failed pass; it doubles with each failure in a row, up to the max.
 RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 300.0
+#: The same after a pass that got no answer at all (the API server down, restarting, or
+#: past the client's timeout): nothing wakes the daemon when it answers again (its watches
+#: broke too), and the long backoff kept a run unreconciled for minutes after an outage of
+#: seconds. The delay takes a random 50-100 % of this, so runs do not retry in step.
+NO_ANSWER_RETRY_SECONDS = 1.0
+MAX_NO_ANSWER_RETRY_SECONDS = 30.0
 #: Passes under way at once, over all runs. Each pass sends about a dozen requests at once;
 #: a thousand runs starting together (an operator restart, a bulk submit) sent twelve
 #: thousand, the API server queued them past the client's timeout, and every pass failed
@@ -125,6 +140,16 @@ def retry_delay(failures: int) -> float:
     return min(RETRY_SECONDS * 2.0 ** max(failures - 1, 0), MAX_RETRY_SECONDS)
 
 
+def failure_delay(error: BaseException, failures: int, jitter: float) -> float:
+    """How long to wait after ``failures`` failed passes in a row, the last with ``error``:
+    :func:`retry_delay` for an answered error or a bug; for an API that did not answer,
+    ``jitter`` (0.5 to 1) of 1 s doubling to at most 30 s."""
+    if isinstance(error, KubeError) and error.unanswered:
+        ceiling = NO_ANSWER_RETRY_SECONDS * 2.0 ** max(failures - 1, 0)
+        return jitter * min(ceiling, MAX_NO_ANSWER_RETRY_SECONDS)
+    return retry_delay(failures)
+
+
 def describe_failure(error: BaseException) -> tuple[str, str]:
     """The ``Ready`` reason and message of a failed pass: a child the API refused is named
     with the API's own words (``ChildRejected``: a quota, a policy, an invalid field; the
@@ -159,6 +184,8 @@ async def report_failure(
         message,
         exc_info=None if isinstance(error, KubeError) else error,
     )
+    if isinstance(error, KubeError) and error.unanswered:
+        return  # the report would wait for the same API (up to the client's timeout)
     try:
         body = await kube.get("RolloutRun", namespace, name)
         if body is None:
@@ -304,6 +331,7 @@ async def one_pass(
     memory.run_version = None  # unknown until the pass ends (a failed write may have landed)
     try:
         if memory.indexes_current(known.pods, known.lease, known.children):
+            known.recent = memory.recent_reads(time.monotonic())
             outcome = await run_pass(
                 kube, namespace, name, now(), known, memory.lease_for_pass, memory.saw, body=body
             )
@@ -317,6 +345,7 @@ async def one_pass(
         memory.busy = False
     if outcome is not None:
         memory.run_version = outcome.version or None
+        memory.wrote_run(outcome.written)
         memory.expect(outcome.result.actions)
         memory.mirrored_progress(status_json(outcome.result.status), time.monotonic())
     return outcome
@@ -388,29 +417,33 @@ async def keep_running(
             await asyncio.wait_for(leases.ready.wait(), 1.0)
     while not stopped:
         began, queued = time.perf_counter(), time.time()
+        current = functools.partial(indexed, pod_index, leases, namespace, name, child_indexes)
+        await index_catch_up(memory, stopped, current)
         try:
             async with memo["passes"]:
-                slot, due_since = time.time(), memory.due_since
+                slot, due_since, reads = time.time(), memory.due_since, recording_reads()
                 known = indexed(pod_index, leases, namespace, name, child_indexes)
                 outcome = await one_pass(kube, memory, known, namespace, name)
         except Exception as error:  # every failure is reported and retried, none kills the loop
             metrics.reconcile_errors.inc()
-            failures += 1
-            delay = retry_delay(failures)
+            memory.failures = failures = failures + 1
+            delay = memory.retry_in = failure_delay(error, failures, random.uniform(0.5, 1.0))
             memory.forget_expectations()
+            memory.read.clear()
             await report_failure(kube, namespace, name, error, delay, logger)
             await wait_for_wake(wake, stopped, delay)
             continue
         finally:
             metrics.reconcile_seconds.observe(time.perf_counter() - began)
-        failures = 0
+        failures = memory.failures = 0
         if outcome is None:
             break
         result = outcome.result
         for action in result.actions:
             logger.debug("applied %s", action)
         if result.actions:
-            timing = pass_timing(due_since, queued, slot, time.time(), len(result.actions))
+            done, acted = time.time(), len(result.actions)
+            timing = pass_timing(due_since, queued, slot, done, acted, reads)
             passes_logger.info("pass of %s/%s: %s", namespace, name, timing)
         metrics.record_run(namespace, name, outcome.previous, result.status)
         for event in result.events:
@@ -450,10 +483,18 @@ async def run_changed(
 
 @kopf.on.event("v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
 async def member_changed(
-    namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
+    name: str,
+    namespace: str | None,
+    labels: Mapping[str, str],
+    type: str | None,
+    memo: Any,
+    **_: Any,
 ) -> None:
     """A member pod changed phase, got an IP, was evicted or deleted."""
-    pass_due(memo, namespace, labels.get(naming.LABEL_RUN))
+    run = labels.get(naming.LABEL_RUN)
+    if run:
+        memory_of(memo, namespace, run).watched("Pod", name, type == "DELETED")
+    pass_due(memo, namespace, run)
 
 
 def lease_event(memo: Any, namespace: str, run: str, body: Json | None) -> None:
@@ -461,6 +502,7 @@ def lease_event(memo: Any, namespace: str, run: str, body: Json | None) -> None:
     holder wakes a pass; a renewal only moves the expiry; progress is mirrored by the
     daemon at most once per ``PROGRESS_MIRROR_SECONDS``."""
     memory = memory_of(memo, namespace, run)
+    memory.watched("Lease", naming.lease_name(run), body is None)
     before = memory.progress_due(time.monotonic())
     asks_pass = memory.saw_lease(body or {}, now(), deleted=body is None)
     if asks_pass:
@@ -497,13 +539,22 @@ def _selector(kind: str) -> tuple[str, str, str]:
 
 
 async def child_deleted(
-    namespace: str | None, labels: Mapping[str, str], type: str | None, memo: Any, **_: Any
+    name: str,
+    namespace: str | None,
+    labels: Mapping[str, str],
+    type: str | None,
+    body: kopf.Body,
+    memo: Any,
+    **_: Any,
 ) -> None:
     """A static child of a running run (its Service, ConfigMap, NetworkPolicy, RBAC) was
     deleted: the pass that recreates it is due now, not at the resync
     (:func:`~rolloutrun_operator.watching.child_event_needs_pass`)."""
     run = labels.get(naming.LABEL_RUN)
     known = (namespace or "default", run or "") in memo["memories"]
+    kind = str(body.get("kind") or "")
+    if known and kind and name:
+        memory_of(memo, namespace, run).watched(kind, name, type == "DELETED")
     if child_event_needs_pass(type, known):
         pass_due(memo, namespace, run)
 

@@ -13,9 +13,11 @@ chart's ClusterRole is checked against it.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -118,6 +120,10 @@ class KubeError(Exception):
         self.reason = reason
         self.detail = detail or message
         self.child: str | None = None
+        self.unanswered = False
+        """No answer came (connection refused or reset, a timeout): the request may well
+        succeed as soon as the API server answers again, unlike one it answered with an
+        error."""
 
     @property
     def refused(self) -> bool:
@@ -201,6 +207,32 @@ def load_credentials(kubeconfig: str | None = None) -> Credentials:
     )
 
 
+#: The reads of the pass under way (:func:`recording_reads`): each ``GET``/``LIST`` named
+#: (``GET secrets/x``) with its seconds, so a slow pass's line says which read was slow.
+_reads: contextvars.ContextVar[list[tuple[str, float]] | None] = contextvars.ContextVar(
+    "rolloutrun_reads", default=None
+)
+
+
+def recording_reads() -> list[tuple[str, float]]:
+    """Start recording this task's reads (and those of the tasks it starts) into the list
+    returned, filled as each read is answered or fails."""
+    reads: list[tuple[str, float]] = []
+    _reads.set(reads)
+    return reads
+
+
+def read_name(method: str, path: str) -> str:
+    """A read as a pass's timing line names it: ``GET secrets/x``, ``LIST pods``."""
+    parts = path.strip("/").split("/")
+    if "namespaces" in parts:
+        parts = parts[parts.index("namespaces") + 2 :]
+    else:
+        parts = parts[2:] if parts[0] == "api" else parts[3:]
+    verb = "LIST" if method == "GET" and len(parts) == 1 else method
+    return f"{verb} {'/'.join(parts)}"
+
+
 class Kube:
     """Async JSON calls against one API server; one aiohttp session, opened lazily."""
 
@@ -232,6 +264,7 @@ class Kube:
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body)
+        reads, began = _reads.get() if method == "GET" else None, time.monotonic()
         try:
             async with self._session.request(
                 method,
@@ -254,8 +287,15 @@ class Kube:
                         str(answer.get("message", "")),
                     )
                 return json.loads(text) if text else {}
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+        except (aiohttp.ClientError, TimeoutError) as error:
+            unanswered = KubeError(f"{method} {path}: {error or type(error).__name__}")
+            unanswered.unanswered = True
+            raise unanswered from error
+        except ValueError as error:
             raise KubeError(f"{method} {path}: {error}") from error
+        finally:
+            if reads is not None:
+                reads.append((read_name(method, path), time.monotonic() - began))
 
     # ------------------------------------------------------------------ conveniences
     async def get(self, kind: str, namespace: str | None, name: str) -> Json | None:

@@ -15,9 +15,11 @@ API: an index may lag behind the operator's own writes).
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +66,21 @@ WATCHED_CHILD_KINDS = (
 #: The kinds whose children a pass reads from the Kopf indexes of those watches (the pods
 #: and the Lease have their own), not with a GET each.
 INDEXED_CHILD_KINDS = frozenset(WATCHED_CHILD_KINDS)
+
+#: How long a child of a kind no index holds (the Secrets, a ServiceAccount the spec names)
+#: that a pass found present is taken as present by the passes after it without a GET: a
+#: lost pod's reaction is two passes a fraction of a second apart (delete the old members,
+#: then start the next incarnation), and the second read them again on the replacement's
+#: path. Longer than that pair, far shorter than the resync at which a deleted token Secret
+#: comes back anyway (no watch wakes a pass for one).
+RECENT_READ_SECONDS = 30.0
+
+#: How long a pass waits for the watch indexes to show what the last pass did (and nothing
+#: older than it saw) before it reads everything from the API instead: a lost pod's passes
+#: met an index one event behind (the other Gym's deletion, the Lease's last renewal) and
+#: sent a dozen reads, each slower than the event they stood in for on a loaded API server.
+INDEX_WAIT_SECONDS = 1.0
+INDEX_POLL_SECONDS = 0.02
 
 
 def child_event_needs_pass(event_type: str | None, run_known: bool) -> bool:
@@ -190,6 +207,18 @@ class RunMemory:
     deleted: set[tuple[str, str, str | None]] = field(default_factory=set)
     replaced: set[tuple[str, str]] = field(default_factory=set)
     """Children the last pass replaced: the indexes must show a version newer than it saw."""
+    gone: set[tuple[str, str]] = field(default_factory=set)
+    """``(kind, name)`` of the pods, Lease and indexed children whose deletion a watch
+    event reported (none re-added since): one the last pass saw is missing from its index
+    because it is gone, not because the index lags (a lost pod's passes read the API
+    otherwise, on the replacement's path)."""
+    failures: int = 0
+    """Failed passes in a row."""
+    retry_in: float | None = None
+    """The delay chosen after the last failed pass (seconds)."""
+    read: dict[str, tuple[float, Any]] = field(default_factory=dict)
+    """``Kind/name`` of each child of a kind no index holds that a pass found present, to
+    the monotonic time it was read and the object (see :data:`RECENT_READ_SECONDS`)."""
 
     def make_due(self, at: float) -> None:
         """A watch event asks for a pass (at wall-clock ``at``)."""
@@ -206,6 +235,15 @@ class RunMemory:
         if body is None or version is None or older(_version(body), version):
             return None
         return body
+
+    def wrote_run(self, written: Json | None) -> None:
+        """The run as this operator's status write returned it: the body the next pass
+        starts from (no GET on a lost pod's second pass, whose first pass wrote status)
+        until a watch event shows a version not older (:attr:`run_body`)."""
+        if written is None:
+            return
+        if self.run_body is None or older(_version(self.run_body), _version(written)):
+            self.run_body = dict(written)
 
     def saw_run(self, body: Json) -> bool:
         """Record a run event; True when it asks for a pass."""
@@ -254,8 +292,9 @@ class RunMemory:
 
     def expect(self, actions: Iterable[Action]) -> None:
         """Remember the pods and Lease the pass created or deleted: until the indexes show
-        them, the next pass reads the API instead."""
+        them, the next pass reads the API instead; an unindexed child acted on is read again."""
         for action in actions:
+            self.read.pop(f"{action.kind}/{action.name}", None)
             if action.kind not in ("Pod", "Lease") and action.kind not in INDEXED_CHILD_KINDS:
                 continue
             if action.verb is Verb.CREATE:
@@ -278,6 +317,8 @@ class RunMemory:
             found[("Lease", _name(lease))] = lease
         for key, version in self.seen.items():
             obj = found.get(key)
+            if obj is None and key in self.gone:
+                continue  # its deletion was watched: newer than anything a pass saw
             if obj is None or older(_version(obj), version):
                 return False
             if key in self.replaced and _version(obj) == version:
@@ -306,11 +347,14 @@ class RunMemory:
         children of the indexed kinds, ``Kind/name`` to the object (None: absent)."""
         self.seen = {("Pod", _name(pod)): _version(pod) for pod in pods}
         for ref, child in (children or {}).items():
-            if child is not None:
-                kind, _, name = ref.partition("/")
+            kind, _, name = ref.partition("/")
+            if kind not in INDEXED_CHILD_KINDS:
+                self.read_now(ref, child)
+            elif child is not None:
                 self.seen[(kind, name)] = _version(child)
         if lease is not None:
             self.seen[("Lease", _name(lease))] = _version(lease)
+        self.gone &= set(self.seen)  # only what a pass saw is looked for in its index
 
     def current_children(
         self, children: Mapping[str, dict[str, Any]] | None
@@ -328,6 +372,29 @@ class RunMemory:
                 continue
             current[ref] = child
         return current
+
+    def watched(self, kind: str, name: str, deleted: bool) -> None:
+        """A watch event of the run's ``kind/name`` (see :attr:`gone`)."""
+        if deleted:
+            self.gone.add((kind, name))
+        else:
+            self.gone.discard((kind, name))
+
+    def read_now(self, ref: str, child: Any) -> None:
+        """A pass read the unindexed child ``ref`` (None: absent, not remembered)."""
+        if child is None:
+            self.read.pop(ref, None)
+        else:
+            self.read[ref] = (time.monotonic(), child)
+
+    def recent_reads(self, monotonic: float) -> dict[str, Any]:
+        """The unindexed children a pass found present less than :data:`RECENT_READ_SECONDS`
+        ago (none acted on since: :meth:`expect` forgets those)."""
+        return {
+            ref: child
+            for ref, (at, child) in self.read.items()
+            if monotonic - at < RECENT_READ_SECONDS
+        }
 
     def forget_expectations(self) -> None:
         self.created.clear()
@@ -351,6 +418,24 @@ class RunMemory:
         ):
             return recorded
         return self.lease.observation()
+
+
+async def index_catch_up(
+    memory: RunMemory, stopped: Any, current: Callable[[], Any], bound: float | None = None
+) -> bool:
+    """Wait (up to ``bound`` seconds, default :data:`INDEX_WAIT_SECONDS`, looking every
+    :data:`INDEX_POLL_SECONDS`) until the indexes ``current()`` returns (its ``pods``,
+    ``lease`` and ``children``) show what the last pass did; True when they do. In-memory
+    checks only: a renewal or an index event wakes nothing, so it looks rather than waits."""
+    deadline = time.monotonic() + (INDEX_WAIT_SECONDS if bound is None else bound)
+    while not stopped:
+        known = current()
+        if memory.indexes_current(known.pods, known.lease, known.children):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(INDEX_POLL_SECONDS)
+    return False
 
 
 def expiry_wait(
@@ -383,18 +468,25 @@ def idle_step(dirty: bool, other_wait: float, expiry: float, progress: float | N
 
 
 def pass_timing(
-    due_since: float | None, queued: float, began: float, done: float, actions: int
+    due_since: float | None,
+    queued: float,
+    began: float,
+    done: float,
+    actions: int,
+    reads: Iterable[tuple[str, float]] = (),
 ) -> str:
     """One line on a pass that acted: when an event made it due (wall clock, to compare with
-    the API server's commits), how long it then waited for a pass slot, and how long it took
+    the API server's commits), how long it then waited for a pass slot, how long it took
     (``queued``, ``began``, ``done``: wall-clock times the pass asked for a slot, got one
-    and ended)."""
+    and ended), and each read it made with its seconds (``reads``, as the API answered
+    them; those sent together overlap), so a slow pass says which read was slow."""
     due = "due by a deadline"
     if due_since is not None:
         due = f"due at {due_since:.3f} ({queued - due_since:.3f} s before it queued)"
+    listed = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in reads) or "none"
     return (
         f"{actions} action(s) in {done - began:.3f} s; {due}; "
-        f"{began - queued:.3f} s waiting for a pass slot"
+        f"{began - queued:.3f} s waiting for a pass slot; reads: {listed}"
     )
 
 

@@ -35,3 +35,27 @@ def test_a_gym_deleted_without_a_grace_period_counts_as_marked_when_it_went():
         "gyms_deleting": 0.5,
         "gyms_gone": 0.5,
     }  # no replacement committed yet: no such mark
+
+
+def test_each_hollow_trainer_anchors_once_a_minute_at_its_own_phase(monkeypatch):
+    from bench import hollow_load
+
+    monkeypatch.delenv("BENCH_ANCHOR_BURST", raising=False)
+    renewals = [1_800_000_000 + 5.0 * k for k in range(12 * 3)]  # every 5 s for 3 minutes
+
+    def anchored(run: str) -> list[float]:
+        return [t for t in renewals if hollow_load.anchor_due(run, t)]
+
+    runs = [f"r{index:04d}" for index in range(50)]
+    assert all(len(anchored(run)) == 3 for run in runs)  # once a minute each
+    phases = {anchored(run)[0] % 60 for run in runs}
+    assert len(phases) > 5  # spread over the minute, not one burst
+    monkeypatch.setenv("BENCH_ANCHOR_BURST", "1")
+    assert {anchored(run)[0] % 60 for run in runs} == {0.0}  # the earlier generator's burst
+
+
+def test_the_replacement_is_reported_with_p90_beside_p50_p99_and_max():
+    from bench.operator_scale import spread
+
+    found = spread([float(k) for k in range(1, 101)])
+    assert (found["n"], found["p90"], found["p99"], found["max"]) == (100, 91.0, 100.0, 100.0)

@@ -232,9 +232,107 @@ def test_a_pass_made_due_keeps_the_time_of_the_first_event_and_its_line_splits_i
     memory.make_due(100.0)
     memory.make_due(100.5)
     assert memory.dirty and memory.due_since == 100.0
-    line = watching.pass_timing(memory.due_since, 100.25, 101.0, 101.5, 2)
+    reads = [("GET secrets/r-gym-token", 0.0123), ("GET nodes/n1", 0.4)]
+    line = watching.pass_timing(memory.due_since, 100.25, 101.0, 101.5, 2, reads)
     assert line == (
         "2 action(s) in 0.500 s; due at 100.000 (0.250 s before it queued); "
-        "0.750 s waiting for a pass slot"
+        "0.750 s waiting for a pass slot; reads: GET secrets/r-gym-token 0.012 s, "
+        "GET nodes/n1 0.400 s"
     )
+    assert watching.pass_timing(None, 1.0, 1.0, 2.0, 1).endswith("; reads: none")
     assert "due by a deadline" in watching.pass_timing(None, 1.0, 1.0, 2.0, 1)
+
+
+def test_reads_are_named_by_resource_and_object():
+    from rolloutrun_operator.kube import read_name
+
+    assert (
+        read_name("GET", "/api/v1/namespaces/ns/secrets/r-gym-token") == "GET secrets/r-gym-token"
+    )
+    assert read_name("GET", "/api/v1/namespaces/ns/pods") == "LIST pods"
+    assert read_name("GET", "/api/v1/nodes/n1") == "GET nodes/n1"
+    run = "/apis/rolloutrun.dev/v1alpha1/namespaces/ns/rolloutruns/r"
+    assert read_name("GET", run) == "GET rolloutruns/r"
+    assert read_name("GET", "/apis/kueue.x-k8s.io/v1beta1/resourceflavors/f") == (
+        "GET resourceflavors/f"
+    )
+
+
+def test_a_member_whose_deletion_was_watched_does_not_make_the_index_look_stale():
+    """A lost pod leaves its index: the pass that saw it must still trust the indexes (a
+    lost pod's reaction read everything from the API, on the replacement's path); one
+    merely missing (not yet listed) still is not trusted."""
+    memory = RunMemory()
+
+    def pod(name: str, version: str) -> dict:
+        return {"metadata": {"name": name, "resourceVersion": version}}
+
+    memory.saw([pod("r-i1-trainer", "5"), pod("r-i1-gym-0", "7")], None)
+    assert not memory.indexes_current([pod("r-i1-gym-0", "7")], None)
+    memory.watched("Pod", "r-i1-trainer", deleted=True)
+    assert memory.indexes_current([pod("r-i1-gym-0", "7")], None)
+    memory.saw([pod("r-i1-trainer", "5"), pod("r-i1-gym-0", "7")], None)
+    memory.watched("Pod", "r-i1-trainer", deleted=False)  # re-added under that name
+    assert not memory.indexes_current([pod("r-i1-gym-0", "7")], None)
+
+
+def test_an_unindexed_child_read_moments_ago_is_reused_until_acted_on_or_old():
+    memory = RunMemory()
+    secret = {"metadata": {"name": "r-gym-token", "resourceVersion": "3"}}
+    memory.saw([], None, {"Secret/r-gym-token": secret, "Secret/r-other": None, "Node/n": {}})
+    now = memory.read["Secret/r-gym-token"][0]
+    assert memory.recent_reads(now + 1.0) == {"Secret/r-gym-token": secret, "Node/n": {}}
+    assert memory.recent_reads(now + watching.RECENT_READ_SECONDS + 1.0) == {}
+    assert ("Secret", "r-gym-token") not in memory.seen  # not an index's: no staleness check
+    memory.expect([Action(Verb.DELETE, "Secret", "r-gym-token")])
+    assert memory.recent_reads(now + 1.0) == {"Node/n": {}}
+
+
+def test_the_runs_body_from_a_status_write_serves_until_the_watch_catches_up():
+    """A lost pod's second pass began before the watch showed the first pass's status
+    write, and read the run again; the write's answer is that body."""
+    memory = RunMemory()
+    memory.run_body = {"metadata": {"resourceVersion": "5"}}
+    written = {"metadata": {"resourceVersion": "8"}, "status": {"incarnation": 2}}
+    memory.run_version = "8"
+    assert memory.watched_run() is None  # the watch lags the write: today a GET
+    memory.wrote_run(written)
+    assert memory.watched_run() == written
+    memory.run_body = {"metadata": {"resourceVersion": "9"}}  # a later event wins
+    memory.wrote_run(written)
+    assert memory.watched_run() == {"metadata": {"resourceVersion": "9"}}
+    memory.wrote_run(None)  # no write: nothing changes
+    assert memory.watched_run() == {"metadata": {"resourceVersion": "9"}}
+
+
+def test_a_pass_looks_again_at_a_lagging_index_before_reading_everything(monkeypatch):
+    """The index one event behind the last pass (the other Gym's deletion not yet
+    handled): the pass waits for that event, it does not read the run's children from the
+    API (a dozen reads, on a lost pod's path); an index that never catches up is given up
+    on after the bound."""
+    import asyncio
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(watching, "INDEX_POLL_SECONDS", 0.0)
+    memory = RunMemory()
+
+    def pod(name: str, version: str) -> dict:
+        return {"metadata": {"name": name, "resourceVersion": version}}
+
+    memory.saw([pod("r-i1-gym-0", "5"), pod("r-i1-gym-1", "7")], None)
+    views = [[pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "6")]] * 3
+    views.append([pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "8")])
+    looked: list[int] = []
+
+    def current() -> SimpleNamespace:
+        looked.append(1)
+        view = views[min(len(looked), len(views)) - 1]
+        return SimpleNamespace(pods=view, lease=None, children={})
+
+    assert asyncio.run(watching.index_catch_up(memory, False, current, bound=60.0))
+    assert len(looked) == 4
+    memory.saw([pod("r-i1-gym-0", "9"), pod("r-i1-gym-1", "8")], None)
+    looked.clear()
+    views[:] = [[pod("r-i1-gym-0", "9")]]  # gym-1 missing, its deletion never watched
+    assert not asyncio.run(watching.index_catch_up(memory, False, current, bound=0.0))
+    assert len(looked) == 1
