@@ -31,6 +31,19 @@ one index are bounded (:data:`MAX_ACTOR_REPLACEMENTS`), and a refit that finds n
 left waits (bounded) for a replacement: past either, a :class:`WorkerError` names the loss
 (a watch that runs past the bound hands its error to the next refit).
 
+Warm standbys (``workers.standbyWorkers``, from ``spec.workers.standby``): that many more
+actors are started beside the active ones, each serving on a worker node, but their
+endpoints are handed to no Gym. When an active actor is lost, a started standby is admitted
+under its index at once (brought first to the latest refit's weights, under the same lock
+as refits: the same path as a replacement whose server started), and a new standby actor is
+created to refill the pool (Ray places it when the operator's new worker pod joins). A new
+worker pod's start (its Ray node joining, the actor's imports and server start: ~10 s) is
+then off the path of a loss. A lost active actor counts a replacement of its index whether a
+standby took its place or a new actor did (the bound is the same); a standby lost while
+waiting is replaced in the pool (bounded: :data:`MAX_ACTOR_REPLACEMENTS` per standby). With
+no started standby at the loss, a replacement actor is created under the index as without
+standbys. Which actor serves does not change results (see the oracle).
+
 With worker nodes the GPUs each actor asks for are read once the expected worker nodes
 (``workers.workerNodes``) have joined, from the nodes that offer the generation resource
 (:func:`generation_gpus`): read at once, the cluster is the head alone (0 GPUs, or the
@@ -166,7 +179,9 @@ def generation_gpus(nodes: Iterable[Mapping[str, Any]], expected: int) -> float 
     ]
     if len(offering) < expected:
         return None
-    return float(sum((node.get("Resources") or {}).get("GPU", 0.0) for node in offering))
+    total = float(sum((node.get("Resources") or {}).get("GPU", 0.0) for node in offering))
+    # standby worker nodes (alike) may have joined too: the GPUs of ``expected`` of them
+    return total * expected / len(offering) if len(offering) > expected else total
 
 
 def joined_generation_gpus(expected: int, timeout_s: float) -> float:
@@ -215,7 +230,7 @@ class RayWorkers:
         self.placements: list[dict[str, Any] | None] = []
         self._launch: tuple[Any, dict[str, Any], str | None, str, int] | None = None
         #: Replacement actors by index, with their starting server.
-        self.pending: dict[int, tuple[Any, asyncio.Task[dict[str, Any]]]] = {}
+        self.pending: dict[int, tuple[Any, asyncio.Future[dict[str, Any]]]] = {}
         self.replacements: dict[int, int] = {}
         #: The weights (an object-store reference) and version of the last start or refit:
         #: what a replacement created between refits starts on.
@@ -226,6 +241,15 @@ class RayWorkers:
         #: Held by a refit and by an admission between refits: never both at once.
         self._lock = asyncio.Lock()
         self._admitting: set[asyncio.Task[None]] = set()
+        #: Started standby actors (served by no Gym) with what their ``start`` returned,
+        #: and those still starting.
+        self.standbys: list[tuple[Any, dict[str, Any]]] = []
+        self.standby_starting: dict[int, tuple[Any, asyncio.Task[dict[str, Any]]]] = {}
+        self._standby_serial = 0
+        self._standby_watches: dict[int, asyncio.Task[None]] = {}
+        #: Standby actors lost while waiting (their node lost), and standbys admitted.
+        self.standby_losses = 0
+        self.promotions = 0
 
     async def start(self) -> None:
         if self._initial is None:
@@ -286,6 +310,8 @@ class RayWorkers:
             raise WorkerError(f"generation actors failed to start: {error}") from error
         for index, started in enumerate(self._actors):
             self._watch(index, started)
+        for _ in range(self.cfg.workers.standby_workers):
+            self._new_standby()
         logger.info(
             "Ray generation workers at %s placed %s",
             self.endpoints,
@@ -400,14 +426,96 @@ class RayWorkers:
             ) from error
         self.replacements[index] = count
         logger.warning("generation worker %d lost (%s): replacing it (%d)", index, error, count)
-        assert self._launch is not None
-        actor_class, cfg_data, bind_host, token, span = self._launch
-        actor = actor_class.remote(cfg_data, index, GENERATION_THREADS)
-        port = self.port if span else 0
-        ref = actor.start.remote(weights, version, bind_host, port, token, max(span, 1))
+        if self.standbys:  # a warm standby takes its place now; the pool is refilled
+            self._promote(index)
+            return
+        actor, ref = self._create(index, weights, version)
         starting = asyncio.ensure_future(_awaited(ref))
         starting.add_done_callback(lambda _: self._admit_started())
         self.pending[index] = (actor, starting)
+
+    def _create(self, worker_index: int, weights: Any, version: int) -> tuple[Any, Any]:
+        """A new generation actor and the reference of its ``start`` (its server)."""
+        assert self._launch is not None
+        actor_class, cfg_data, bind_host, token, span = self._launch
+        actor = actor_class.remote(cfg_data, worker_index, GENERATION_THREADS)
+        port = self.port if span else 0
+        ref = actor.start.remote(weights, version, bind_host, port, token, max(span, 1))
+        return actor, ref
+
+    def _promote(self, index: int) -> None:
+        """The oldest started standby serves index ``index``: handed to :meth:`_admit` as a
+        replacement whose server has started (brought to the latest refit's weights under
+        the refits' lock, then served)."""
+        actor, placement = self.standbys.pop(0)
+        watch = self._standby_watches.pop(id(actor), None)
+        if watch is not None:
+            watch.cancel()  # from now on the index's watch follows it
+        started: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        started.set_result(placement)
+        self.pending[index] = (actor, started)
+        self.promotions += 1
+        logger.info("generation worker %d: standby at %s admitted", index, placement["url"])
+        self._admit_started()
+        self._new_standby()
+
+    def _new_standby(self) -> None:
+        """One more standby actor, started on the latest weights; it joins the pool once its
+        server runs."""
+        if self._current is None:
+            return
+        serial = self._standby_serial
+        self._standby_serial += 1
+        # worker indices past the active ones: each actor its own sampling seed
+        worker_index = self.cfg.workers.generation_workers + serial
+        actor, ref = self._create(worker_index, *self._current)
+        starting = asyncio.ensure_future(_awaited(ref))
+        self.standby_starting[serial] = (actor, starting)
+        starting.add_done_callback(lambda task: self._standby_started(serial, actor, task))
+
+    def _standby_started(self, serial: int, actor: Any, task: asyncio.Task[Any]) -> None:
+        self.standby_starting.pop(serial, None)
+        if self._current is None or task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            self.standbys.append((actor, task.result()))
+            self._watch_standby(actor)
+        else:
+            self._standby_lost(error)
+
+    def _standby_lost(self, error: BaseException) -> None:
+        """A standby died before it served (its node lost): another one, bounded."""
+        self.standby_losses += 1
+        limit = MAX_ACTOR_REPLACEMENTS * max(1, self.cfg.workers.standby_workers)
+        if self.standby_losses > limit:
+            self._failure = WorkerError(
+                f"standby generation workers were lost {self.standby_losses} times (limit "
+                f"{limit}); last: {error}"
+            )
+            return
+        logger.warning("standby generation worker lost (%s): starting another", error)
+        self._new_standby()
+
+    def _watch_standby(self, actor: Any) -> None:
+        """Until the standby ``actor`` dies or is promoted: out of the pool if it dies."""
+
+        async def watch() -> None:
+            try:
+                while True:
+                    try:
+                        await actor.watch.remote()
+                    except ray.exceptions.ActorUnavailableError:
+                        await asyncio.sleep(NODE_POLL_S)
+            except ray.exceptions.RayActorError as error:
+                self._standby_watches.pop(id(actor), None)
+                kept = [entry for entry in self.standbys if entry[0] is not actor]
+                if self._current is None or len(kept) == len(self.standbys):
+                    return  # stopped, or promoted meanwhile
+                self.standbys = kept
+                self._standby_lost(error)
+
+        self._standby_watches[id(actor)] = asyncio.ensure_future(watch())
 
     async def _admit(self, weights: Any, version: int) -> None:
         """Replacements whose server started: brought to ``version``, then served."""
@@ -434,8 +542,8 @@ class RayWorkers:
 
     async def stop(self) -> None:
         self._current = None
-        watches = [*self._watches.values(), *self._admitting]
-        self._watches, self._admitting = {}, set()
+        watches = [*self._watches.values(), *self._admitting, *self._standby_watches.values()]
+        self._watches, self._admitting, self._standby_watches = {}, set(), {}
         for watch in watches:
             watch.cancel()
         await asyncio.gather(*watches, return_exceptions=True)
@@ -444,6 +552,12 @@ class RayWorkers:
             task.cancel()
             ray.kill(replacement)
         self.pending = {}
+        for standby, task in self.standby_starting.values():
+            task.cancel()
+            ray.kill(standby)
+        self.standby_starting = {}
+        actors = [*actors, *(standby for standby, _ in self.standbys)]
+        self.standbys = []
         live = [actor for actor in actors if actor is not None]
         results = await asyncio.gather(
             *[asyncio.wait_for(a.stop.remote(), ACTOR_STOP_TIMEOUT_S) for a in live],
