@@ -131,8 +131,9 @@ def keep_workers(p: Pass, members: list[PodView], trainer: PodView | None) -> Lo
     worker failed too often. Standby pods (``spec.workers.standby``) are more of the same
     pods under the next indices: which of them serve and which wait is the trainer's (its
     Ray actors), so a lost one is replaced alike and counted alike."""
-    replicas = p.run.spec.workers.replicas + p.run.spec.workers.standby
-    if p.run.spec.workers.replicas == 0 or trainer is None or not trainer.pod_ip or trainer.terminated:
+    settings = p.run.spec.workers
+    replicas = settings.replicas + settings.standby
+    if settings.replicas == 0 or trainer is None or not trainer.pod_ip or trainer.terminated:
         return None
     n = p.status.incarnation
     trainer_ip = trainer.pod_ip
