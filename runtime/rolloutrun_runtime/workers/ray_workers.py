@@ -538,7 +538,12 @@ class RayWorkers:
             self.placements[index] = task.result()
             self._live_endpoints()
             self._watch(index, actor)
-            logger.info("generation worker %d re-admitted at version %d", index, version)
+            logger.info(
+                "generation worker %d re-admitted at version %d at %s",
+                index,
+                version,
+                self.placements[index]["url"],  # type: ignore[index]
+            )
 
     async def stop(self) -> None:
         self._current = None
