@@ -261,14 +261,14 @@ def _window(
     role: str = "gym",
     members: int = 2,
     replacements: Callable[..., dict[str, Any]] | None = None,
-    victim: Callable[[EmbeddedRun, int, int], str] | None = None,
+    pick: Callable[[EmbeddedRun, int, int], str] | None = None,
 ) -> dict[str, Any]:
     """Train ``window`` seconds, deleting a ``role`` pod (of ``members``) every ``every``
     seconds (with ``spec.delete``); ``replacements`` reads an elastic arm's recoveries;
-    ``victim(run, incarnation, k)`` names the k-th pod deleted (default: round robin)."""
+    ``pick(run, incarnation, k)`` names the k-th pod deleted (default: round robin)."""
 
     def victim_of(run: EmbeddedRun, n: int, k: int) -> str:
-        return victim(run, n, k) if victim else f"bench-i{n}-{role}-{k % members}"
+        return pick(run, n, k) if pick else f"bench-i{n}-{role}-{k % members}"
 
     start, first = time.time(), _highest_step(run)
     deletions: list[tuple[float, str]] = []

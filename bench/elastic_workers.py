@@ -125,7 +125,7 @@ def worker_arm(
             role="worker",
             members=WORKER_PODS,
             replacements=_worker_replacements,
-            victim=active_victim,
+            pick=active_victim,
         )
 
 
