@@ -79,11 +79,13 @@ async def _run(cfg: RunConfig, *, kill: bool) -> tuple[Any, str, list[int]]:
         )
         workers = harness.workers[-1]
         pids = [await asyncio.to_thread(_actor_pid, actor) for actor in workers._actors]
+        if cfg.workers.standby_workers:  # a standby started: the first loss promotes it
+            async with asyncio.timeout(RUN_LIMIT_S):
+                while not workers.standbys:
+                    await asyncio.sleep(0.05)
         running = asyncio.ensure_future(controller.run())
         if kill:
             await _until(lambda: steps and steps[-1] >= KILL_AFTER_STEP, running)
-            if cfg.workers.standby_workers:  # a standby started: the first loss promotes it
-                await _until(lambda: bool(workers.standbys), running)
             os.kill(pids[0], signal.SIGKILL)
             killed.append(pids[0])
             # the first loss seen (a replacement created, or a standby taking the index)
