@@ -244,7 +244,7 @@ class RayWorkers:
         #: Started standby actors (served by no Gym) with what their ``start`` returned,
         #: and those still starting.
         self.standbys: list[tuple[Any, dict[str, Any]]] = []
-        self.standby_starting: dict[int, tuple[Any, asyncio.Task[dict[str, Any]]]] = {}
+        self.standby_starting: dict[int, tuple[Any, asyncio.Future[dict[str, Any]]]] = {}
         self._standby_serial = 0
         self._standby_watches: dict[int, asyncio.Task[None]] = {}
         #: Standby actors lost while waiting (their node lost), and standbys admitted.
@@ -443,10 +443,10 @@ class RayWorkers:
         ref = actor.start.remote(weights, version, bind_host, port, token, max(span, 1))
         return actor, ref
 
-    def _promote(self, index: int) -> None:
+    def _promote(self, index: int, refill: bool = True) -> None:
         """The oldest started standby serves index ``index``: handed to :meth:`_admit` as a
         replacement whose server has started (brought to the latest refit's weights under
-        the refits' lock, then served)."""
+        the refits' lock, then served); with ``refill``, a new standby is created."""
         actor, placement = self.standbys.pop(0)
         watch = self._standby_watches.pop(id(actor), None)
         if watch is not None:
@@ -457,23 +457,26 @@ class RayWorkers:
         self.promotions += 1
         logger.info("generation worker %d: standby at %s admitted", index, placement["url"])
         self._admit_started()
-        self._new_standby()
+        if refill:
+            self._new_standby()
 
     def _new_standby(self) -> None:
         """One more standby actor, started on the latest weights; it joins the pool once its
         server runs."""
         if self._current is None:
             return
+        # worker indices past the active ones: each actor its own sampling seed
+        worker_index = self.cfg.workers.generation_workers + self._standby_serial
+        actor, ref = self._create(worker_index, *self._current)
+        self._pool_starting(actor, asyncio.ensure_future(_awaited(ref)))
+
+    def _pool_starting(self, actor: Any, starting: asyncio.Future[dict[str, Any]]) -> None:
         serial = self._standby_serial
         self._standby_serial += 1
-        # worker indices past the active ones: each actor its own sampling seed
-        worker_index = self.cfg.workers.generation_workers + serial
-        actor, ref = self._create(worker_index, *self._current)
-        starting = asyncio.ensure_future(_awaited(ref))
         self.standby_starting[serial] = (actor, starting)
         starting.add_done_callback(lambda task: self._standby_started(serial, actor, task))
 
-    def _standby_started(self, serial: int, actor: Any, task: asyncio.Task[Any]) -> None:
+    def _standby_started(self, serial: int, actor: Any, task: asyncio.Future[Any]) -> None:
         self.standby_starting.pop(serial, None)
         if self._current is None or task.cancelled():
             return
@@ -481,6 +484,13 @@ class RayWorkers:
         if error is None:
             self.standbys.append((actor, task.result()))
             self._watch_standby(actor)
+            # an index lost while no standby had started waits for its replacement actor:
+            # this standby serves it now, and that replacement joins the pool instead
+            waiting = [i for i, (_, t) in self.pending.items() if not t.done()]
+            if waiting:
+                replacement, starting = self.pending.pop(waiting[0])
+                self._pool_starting(replacement, starting)
+                self._promote(waiting[0], refill=False)
         else:
             self._standby_lost(error)
 
