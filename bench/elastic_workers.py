@@ -13,7 +13,11 @@ process: the elastic arm with ``spec.workers.standby: N`` (warm standby worker p
 taking a lost worker's place at once). In every elastic arm the pod deleted is one whose
 actor serves (read from the trainer's log: the first placement, then each re-admission's
 address), round robin over those: without standbys that is every worker pod, as before;
-with them a deletion never hits an idle standby (which would cost nothing). Goals
+with them a deletion never hits an idle standby (which would cost nothing). With
+``--before REF`` an arm ``elastic_before`` runs the elastic arm with its pods (trainer and
+workers) on the runtime of git ``REF`` (the operator is this tree's), the before/after in
+one run; this tree's pods run a byte-compiled copy of its ``runtime/``, as ``REF``'s do.
+Goals
 (issue 14) on the worst seed: rate >= 90 % of undisturbed; loss -> replacement doing work
 <= 5 s. Kept apart from ``bench/elastic.py`` (which holds the Gym arms and the helpers both
 use) so that module stays under 600 lines.
@@ -37,9 +41,12 @@ from .elastic import (
     _document,
     _highest_step,
     _log_times,
+    _pods_pythonpath,
     _spread,
     _stats,
     _window,
+    runtime_at,
+    runtime_here,
 )
 from .operator_recovery import wait
 
@@ -115,6 +122,19 @@ def worker_arm(
     """One worker arm: start, wait for training, run ``window`` seconds deleting worker
     pods whose actor serves every ``every`` seconds (with ``spec.delete``)."""
     document = _worker_document(spec.elastic, spec.seed, standby)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ.update(_pods_pythonpath(spec.runtime))  # --before: the pods run REF's runtime
+    try:
+        return _worker_window(spec, document, work, window=window, every=every)
+    finally:
+        os.environ.pop("PYTHONPATH", None)
+        if saved is not None:
+            os.environ["PYTHONPATH"] = saved
+
+
+def _worker_window(
+    spec: Arm, document: dict[str, Any], work: Path, *, window: float, every: float
+) -> dict[str, Any]:
     with EmbeddedRun(document, work / spec.name) as run:
         wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
         return _window(
@@ -163,7 +183,9 @@ def _worker_replacements(
     }
 
 
-def _worker_seed(seed: int, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def _worker_seed(
+    seed: int, work: Path, args: argparse.Namespace, before: Path | None = None
+) -> dict[str, Any]:
     """The worker arms of one seed, back to back: undisturbed, elastic, and (first seed,
     not ``--quick``) ending (each lost worker ends the incarnation)."""
     window, every = args.window, args.every
@@ -175,6 +197,13 @@ def _worker_seed(seed: int, work: Path, args: argparse.Namespace) -> dict[str, A
             Arm(f"workers-elastic-{seed}", True, True, seed), work, window=window, every=every
         ),
     }
+    if before is not None:  # the same elastic arm, its pods on the runtime of --before REF
+        arms["elastic_before"] = worker_arm(
+            Arm(f"workers-elastic-before-{seed}", True, True, seed, before),
+            work,
+            window=window,
+            every=every,
+        )
     if args.standby:
         arms["standby"] = worker_arm(
             Arm(f"workers-standby-{seed}", True, True, seed),
@@ -201,7 +230,7 @@ def worker_over_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     whose replacement never got to work within the window fails the time goal."""
     return {
         arm: _arm_over_seeds(per_seed, arm)
-        for arm in ("elastic", "standby")
+        for arm in ("elastic", "elastic_before", "standby")
         if all(arm in s for s in per_seed)
     }
 
@@ -234,13 +263,18 @@ def worker_main(args: argparse.Namespace) -> None:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-elastic-workers-", dir=".rolloutrun") as tmp:
         work = Path(tmp).resolve()
-        per_seed = [_worker_seed(seed, work, args) for seed in range(args.seeds)]
+        before = runtime_at(args.before, work / "before") if args.before else None
+        here = runtime_here(work / "here")  # this tree, compiled: the pods' PYTHONPATH first
+        inherited = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(here), *([inherited] if inherited else [])])
+        per_seed = [_worker_seed(seed, work, args, before) for seed in range(args.seeds)]
     print(
         json.dumps(
             {
                 "role": "worker",
                 "worker_pods": WORKER_PODS,
                 "standby_pods": args.standby,
+                "before": args.before,
                 "every_s": args.every,
                 "window_s": args.window,
                 "stages": dict(WORKER_STAGES),
