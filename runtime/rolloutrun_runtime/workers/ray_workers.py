@@ -42,7 +42,9 @@ then off the path of a loss. A lost active actor counts a replacement of its ind
 standby took its place or a new actor did (the bound is the same); a standby lost while
 waiting is replaced in the pool (bounded: :data:`MAX_ACTOR_REPLACEMENTS` per standby). With
 no started standby at the loss, a replacement actor is created under the index as without
-standbys. Which actor serves does not change results (see the oracle).
+standbys; a standby that starts before it takes the index at once, and the replacement
+joins the pool instead (the pool refilling slower than losses come). Which actor serves
+does not change results (see the oracle).
 
 With worker nodes the GPUs each actor asks for are read once the expected worker nodes
 (``workers.workerNodes``) have joined, from the nodes that offer the generation resource
