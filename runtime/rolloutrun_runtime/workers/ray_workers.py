@@ -57,17 +57,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import ray
 import torch
 
-from rolloutrun_runtime.contract.pod import RAY_GENERATION_RESOURCE, generation_slots
-from rolloutrun_runtime.contract.run_config import Device, RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.policy.http import data_plane_token
 from rolloutrun_runtime.workers import WorkerError
 from rolloutrun_runtime.workers.ray_cluster import RayConnection, actor_resources
+from rolloutrun_runtime.workers.ray_placement import (
+    NODE_POLL_S,
+    actor_gpus,
+    candidate_ports,
+    joined_generation_gpus,
+    node_ports,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +88,6 @@ NODE_JOIN_TIMEOUT_S = 600.0
 MAX_ACTOR_REPLACEMENTS = 8
 #: Seconds an actor gets to close its server on stop (a lost node's actor never answers).
 ACTOR_STOP_TIMEOUT_S = 5.0
-#: How often the cluster's nodes are read while the worker nodes join.
-NODE_POLL_S = 0.5
 
 
 @ray.remote(num_cpus=0)
@@ -146,61 +149,16 @@ class GenerationActor:
             self.runner = None
 
 
-def candidate_ports(port: int, span: int) -> list[int]:
-    """Where an actor tries to serve, in order: the ``span`` ports from ``port`` (a worker
-    node's generation ports, the range its NetworkPolicy admits the Gyms to), then any
-    free port (0: a port of the range still held by a dead actor's process)."""
-    return [*range(port, port + span), 0] if port else [0]
-
-
-def actor_gpus(device: Device, cluster_gpus: float, workers: int) -> float:
-    """GPUs each generation actor asks Ray for.
-
-    Ray hides GPUs from actors that ask for none, so an actor that should compute on CUDA
-    must ask: a whole GPU each when there are enough, else an even share.
-    """
-    if device is Device.CPU or (device is Device.AUTO and cluster_gpus < 1):
-        return 0.0
-    if device is Device.CUDA and cluster_gpus < 1:
-        raise WorkerError("policy.device is 'cuda' but the Ray cluster has no GPUs")
-    return min(1.0, cluster_gpus / workers)
-
-
-def node_ports(cfg: RunConfig) -> int:
-    """Generation ports of a worker node: one per generation slot it offers."""
-    return generation_slots(cfg.workers.generation_workers, cfg.workers.worker_nodes)
-
-
-def generation_gpus(nodes: Iterable[Mapping[str, Any]], expected: int) -> float | None:
-    """GPUs of the live nodes offering the generation resource (``ray.nodes()`` entries),
-    or None while fewer than ``expected`` such nodes have joined."""
-    offering = [
-        node
-        for node in nodes
-        if node.get("Alive") and (node.get("Resources") or {}).get(RAY_GENERATION_RESOURCE)
-    ]
-    if len(offering) < expected:
-        return None
-    total = float(sum((node.get("Resources") or {}).get("GPU", 0.0) for node in offering))
-    # standby worker nodes (alike) may have joined too: the GPUs of ``expected`` of them
-    return total * expected / len(offering) if len(offering) > expected else total
-
-
-def joined_generation_gpus(expected: int, timeout_s: float) -> float:
-    """:func:`generation_gpus` once ``expected`` worker nodes have joined (blocking)."""
-    deadline = time.monotonic() + timeout_s
-    while (gpus := generation_gpus(ray.nodes(), expected)) is None:
-        if time.monotonic() > deadline:
-            raise WorkerError(
-                f"fewer than {expected} Ray worker node(s) offering {RAY_GENERATION_RESOURCE} "
-                f"joined within {timeout_s:.0f} s (workers.workerNodes)"
-            )
-        time.sleep(NODE_POLL_S)
-    return gpus
-
-
 async def _awaited(ref: Any) -> dict[str, Any]:
     return dict(await ref)
+
+
+async def _awaited_any(ref: Any) -> Any:
+    return await ref
+
+
+#: What a refit's call on an actor returns when the actor's watch found it dead first.
+FOUND_LOST = object()
 
 
 def _cpu_state(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -252,6 +210,8 @@ class RayWorkers:
         #: Standby actors lost while waiting (their node lost), and standbys admitted.
         self.standby_losses = 0
         self.promotions = 0
+        #: Per active actor (by id) a refit may wait on: set when its watch finds it dead.
+        self._lost: dict[int, asyncio.Event] = {}
 
     async def start(self) -> None:
         if self._initial is None:
@@ -341,6 +301,8 @@ class RayWorkers:
                     except ray.exceptions.ActorUnavailableError:  # not known dead: ask again
                         await asyncio.sleep(NODE_POLL_S)
             except ray.exceptions.RayActorError as error:
+                self._lost_signal(actor).set()  # a refit waiting on it goes on without it
+                self._lost.pop(id(actor), None)
                 if self._current is None or self._actors[index] is not actor:
                     return  # stopped, or already found lost by a refit
                 try:
@@ -385,13 +347,16 @@ class RayWorkers:
         try:
             results = await asyncio.wait_for(
                 asyncio.gather(
-                    *[a.refit.remote(weights, version) for _, a in live], return_exceptions=True
+                    *[self._refit_one(a, weights, version) for _, a in live],
+                    return_exceptions=True,
                 ),
                 ACTOR_TIMEOUT_S,
             )
         except TimeoutError as error:
             raise WorkerError(f"refit to version {version} timed out: {error}") from error
         for (index, actor), result in zip(live, results, strict=True):
+            if result is FOUND_LOST:
+                continue  # its watch found it lost (and replaced it) while the refit waited
             if isinstance(result, ray.exceptions.RayActorError):
                 if self._actors[index] is actor:  # else its watch found it lost already
                     self._lose(index, result, weights, version)
@@ -413,6 +378,24 @@ class RayWorkers:
                 f"no generation worker left at version {version}: every actor was lost and "
                 f"no replacement started within {NODE_JOIN_TIMEOUT_S:.0f} s"
             )
+
+    async def _refit_one(self, actor: Any, weights: Any, version: int) -> Any:
+        """``actor``'s refit, or :data:`FOUND_LOST` as soon as its watch finds it dead: a
+        call in flight on a lost node's actor can take seconds more to fail than the watch,
+        and the refit holds the lock a standby's admission waits for."""
+        call = asyncio.ensure_future(_awaited_any(actor.refit.remote(weights, version)))
+        lost = asyncio.ensure_future(self._lost_signal(actor).wait())
+        try:
+            await asyncio.wait({call, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        if call.done():
+            return call.result()
+        call.cancel()
+        return FOUND_LOST
+
+    def _lost_signal(self, actor: Any) -> asyncio.Event:
+        return self._lost.setdefault(id(actor), asyncio.Event())
 
     def _lose(self, index: int, error: BaseException, weights: Any, version: int) -> None:
         """Actor ``index`` is gone (its node lost): out of ``endpoints`` now, a replacement
