@@ -135,6 +135,7 @@ def worker_arm(
 def _worker_window(
     spec: Arm, document: dict[str, Any], work: Path, *, window: float, every: float
 ) -> dict[str, Any]:
+    standby = int(document["spec"]["workers"].get("standby") or 0)
     with EmbeddedRun(document, work / spec.name) as run:
         wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
         return _window(
@@ -145,7 +146,9 @@ def _worker_window(
             role="worker",
             members=WORKER_PODS,
             replacements=_worker_replacements,
-            pick=active_victim,
+            # with standbys, a serving pod (the log names them); without, every pod serves:
+            # round robin (a --before runtime's log does not name re-admitted addresses)
+            pick=active_victim if standby else None,
         )
 
 
