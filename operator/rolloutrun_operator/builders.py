@@ -244,7 +244,10 @@ def config_data(
     """The ConfigMap's data: the trainer's ``run.yaml`` and the Gym's ``gym.yaml``."""
 
     def dump(config: RunConfig) -> str:
-        return yaml.safe_dump(config.to_yaml_dict(), sort_keys=True)
+        data = config.to_yaml_dict()
+        if not config.workers.standby_workers:  # a runtime older than the field refuses it
+            data.get("workers", {}).pop("standbyWorkers", None)
+        return yaml.safe_dump(data, sort_keys=True)
 
     data = {naming.GYM_CONFIG_KEY: dump(render_run_config(run, None, resume_from))}
     if endpoints is not None:

@@ -473,6 +473,7 @@ OPERATOR_OWNED_FIELDS: dict[str, str] = {
     "gym.replicas": "spec.gym.replicas",
     "gym.endpoints": "the Gym pods' addresses",
     "workers.workerNodes": "spec.workers.replicas",
+    "workers.standbyWorkers": "spec.workers.standby",
 }
 
 
