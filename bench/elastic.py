@@ -261,9 +261,15 @@ def _window(
     role: str = "gym",
     members: int = 2,
     replacements: Callable[..., dict[str, Any]] | None = None,
+    pick: Callable[[EmbeddedRun, int, int], str] | None = None,
 ) -> dict[str, Any]:
     """Train ``window`` seconds, deleting a ``role`` pod (of ``members``) every ``every``
-    seconds (with ``spec.delete``); ``replacements`` reads an elastic arm's recoveries."""
+    seconds (with ``spec.delete``); ``replacements`` reads an elastic arm's recoveries;
+    ``pick(run, incarnation, k)`` names the k-th pod deleted (default: round robin)."""
+
+    def victim_of(run: EmbeddedRun, n: int, k: int) -> str:
+        return pick(run, n, k) if pick else f"bench-i{n}-{role}-{k % members}"
+
     start, first = time.time(), _highest_step(run)
     deletions: list[tuple[float, str]] = []
     recoveries: list[float] = []
@@ -273,7 +279,7 @@ def _window(
     while time.time() < start + window:
         if spec.delete and time.time() >= next_delete:
             n = int(run.status().get("incarnation") or 0)
-            victim = f"bench-i{n}-{role}-{k % members}"
+            victim = victim_of(run, n, k)
             serving = run.serving_member_uids()
             if victim in serving:
                 at = time.time()
@@ -580,6 +586,9 @@ def main() -> None:
         parser.add_argument(internal, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--role", choices=("gym", "worker"), default="gym", help="whose pods are deleted"
+    )
+    parser.add_argument(
+        "--standby", type=int, default=1, help="--role worker: a standby arm with N standby pods"
     )
     args = parser.parse_args()
     if args.arm is not None:

@@ -31,6 +31,7 @@ from rolloutrun_runtime.contract.pod import (
     METRICS_TOKEN_KEY,
     PORT_NAME_METRICS,
     TRAINER_METRICS_PORT,
+    generation_slots,
 )
 from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
 
@@ -219,6 +220,10 @@ def render_run_config(
     data["gym"]["endpoints"] = list(endpoints or [])
     if run.spec.workers.replicas:  # the generation actors go to the worker pods' nodes
         data.setdefault("workers", {})["workerNodes"] = run.spec.workers.replicas
+        if run.spec.workers.standby:  # worker_pods.py: each standby pod offers a pod's slots
+            data["workers"]["standbyWorkers"] = run.spec.workers.standby * generation_slots(
+                run.spec.run.workers.generation_workers, run.spec.workers.replicas
+            )
     checkpointing = data.setdefault("checkpointing", {})
     checkpointing["storageUri"] = run.spec.storage.uri
     if resume_from:
@@ -239,7 +244,10 @@ def config_data(
     """The ConfigMap's data: the trainer's ``run.yaml`` and the Gym's ``gym.yaml``."""
 
     def dump(config: RunConfig) -> str:
-        return yaml.safe_dump(config.to_yaml_dict(), sort_keys=True)
+        data = config.to_yaml_dict()
+        if not config.workers.standby_workers:  # a runtime older than the field refuses it
+            data.get("workers", {}).pop("standbyWorkers", None)
+        return yaml.safe_dump(data, sort_keys=True)
 
     data = {naming.GYM_CONFIG_KEY: dump(render_run_config(run, None, resume_from))}
     if endpoints is not None:

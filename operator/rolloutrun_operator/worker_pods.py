@@ -128,9 +128,12 @@ def keep_workers(p: Pass, members: list[PodView], trainer: PodView | None) -> Lo
     then each index's first pod (generation 0), and a lost one (failed, evicted, being
     deleted) replaced under its index with the next generation and counted
     (:func:`members.replace_members`). Returns the loss that ends the incarnation when a
-    worker failed too often."""
-    replicas = p.run.spec.workers.replicas
-    if replicas == 0 or trainer is None or not trainer.pod_ip or trainer.terminated:
+    worker failed too often. Standby pods (``spec.workers.standby``) are more of the same
+    pods under the next indices: which of them serve and which wait is the trainer's (its
+    Ray actors), so a lost one is replaced alike and counted alike."""
+    settings = p.run.spec.workers
+    replicas = settings.replicas + settings.standby
+    if settings.replicas == 0 or trainer is None or not trainer.pod_ip or trainer.terminated:
         return None
     n = p.status.incarnation
     trainer_ip = trainer.pod_ip

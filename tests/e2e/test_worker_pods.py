@@ -40,10 +40,11 @@ def _ready(run: EmbeddedRun, name: str) -> bool:
     return ready and pod.metadata.deletion_timestamp is None
 
 
-def _worker_run(turn_level: bool) -> dict[str, Any]:
+def _worker_run(turn_level: bool, standby: int = 0) -> dict[str, Any]:
     # A Lease of 15 s: the trainer (the Ray head) is not the member under test, and Ray's
     # start on a shared machine can starve the 4 s Lease of the tiny run.
-    document = tiny(workers={"replicas": 2}, recovery={"leaseDurationSeconds": 15})
+    workers = {"replicas": 2, "standby": standby}
+    document = tiny(workers=workers, recovery={"leaseDurationSeconds": 15})
     run_spec = document["spec"]["run"]
     run_spec["grpo"]["maxSteps"] = MAX_STEPS
     run_spec["workers"] = {"backend": "ray", "generationWorkers": 2}
@@ -60,7 +61,7 @@ def _worker_run(turn_level: bool) -> dict[str, Any]:
     return document
 
 
-def _delete_workers_repeatedly(run: EmbeddedRun, deletions: int) -> list[str]:
+def _delete_workers_repeatedly(run: EmbeddedRun, deletions: int, pods: int = 2) -> list[str]:
     """Delete a worker pod (alternating the index) each time the last replacement is
     counted, the pod is Ready and the trainer trained a step more; the names deleted."""
     deleted = []
@@ -71,7 +72,7 @@ def _delete_workers_repeatedly(run: EmbeddedRun, deletions: int) -> list[str]:
             timeout=RUN_BOUND_S,
             what="a step trained since the last replacement",
         )
-        name = f"{run.name}-i1-worker-{k % 2}"
+        name = f"{run.name}-i1-worker-{k % pods}"
         eventually(lambda n=name: _ready(run, n), timeout=RUN_BOUND_S, what=f"{name} Ready")
         run.delete_pod(name)
         deleted.append(name)
@@ -108,3 +109,29 @@ def test_worker_pods_deleted_repeatedly_are_replaced_within_one_incarnation(
     assert summary["audit_holds"]
     status = run.status()
     assert status["members"] and all(m["lostAt"] is None for m in status["members"])
+
+
+def _trainer_log(run: EmbeddedRun) -> str:
+    logs = sorted((run.work_dir / "cluster").glob("pods/*/*-trainer*/logs/trainer.log"))
+    return "".join(log.read_text(errors="replace") for log in logs)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(2400)
+def test_standby_worker_pods_take_lost_workers_places_and_are_refilled(start_run: Any) -> None:
+    """``spec.workers.standby: 1``: three worker pods (two serve, one waits); every pod
+    deleted once in turn. Each lost serving worker's place is taken by the standby at once
+    (the trainer's log says so), the operator refills the pool, one incarnation, the audit
+    clean, and the operator counts exactly one replacement per deleted pod (a refill pod
+    whose ``ray start`` missed Ray's 30 s bound tries again rather than being replaced)."""
+    run = start_run(_worker_run(False, standby=1))
+    wait_for_snapshot(run)
+    deleted = _delete_workers_repeatedly(run, DELETIONS, pods=3)
+    result, preempted = run.follow(timeout=RUN_BOUND_S * 6, interval=0.2)
+    summary = run.summary(result, preempted)
+    assert summary["result"] == "Succeeded", summary
+    assert summary["incarnations"] == 1, summary
+    replaced = summary["member_replacements"]
+    assert replaced["worker"]["count"] == DELETIONS == len(deleted), replaced
+    assert summary["audit"].get("ok") is True, summary["audit"]
+    assert ": standby at " in _trainer_log(run)  # at least one deletion hit a serving pod

@@ -167,3 +167,31 @@ def test_without_elastic_members_a_lost_worker_ends_the_incarnation():
     going = members_with(worker(1, 0, deletion_time=NOW), worker(1, 1))
     result = reconcile(run, observed(going), NOW)
     assert result.status.incarnation_start_time is None and result.status.members == []
+
+
+def test_standby_worker_pods_are_kept_beside_the_workers_and_counted_alike():
+    """``spec.workers.standby``: that many more worker pods, alike (which serve is the
+    trainer's), their actors counted as standbys in the trainer's config; a lost standby pod
+    is replaced under its index like any worker, one replacement."""
+    run = run_with_workers(running_status(), standby=1)
+    result = reconcile(run, observed(members_with()), NOW)
+    assert creates(result) == [
+        ("demo-i1-worker-0", "0"),
+        ("demo-i1-worker-1", "0"),
+        ("demo-i1-worker-2", "0"),
+    ]
+    standby_pod = next(a.manifest for a in result.actions if a.name == "demo-i1-worker-2")
+    assert "--slots=2" in standby_pod["spec"]["containers"][0]["command"]  # a worker's slots
+    rendered = builders.render_run_config(run)
+    assert (rendered.workers.worker_nodes, rendered.workers.standby_workers) == (2, 2)
+    assert builders.render_run_config(run_with_workers()).workers.standby_workers == 0
+    pods = members_with(worker(1, 0), worker(1, 1), worker(1, 2, deletion_time=NOW))
+    lost = reconcile(run_with_workers(running_status(), standby=1), observed(pods), NOW)
+    assert [(m.role, m.index, m.generation) for m in lost.status.members] == [("worker", 2, 1)]
+    assert lost.status.incarnation == 1
+
+
+def test_standby_needs_worker_pods():
+    assert make_run().spec.workers.standby == 0
+    with pytest.raises(RolloutRunInvalid, match=r"workers.standby needs workers.replicas > 0"):
+        make_run(workers={"standby": 1}, run=RAY_RUN)

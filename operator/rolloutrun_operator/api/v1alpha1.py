@@ -59,7 +59,7 @@ from rolloutrun_operator.api.status import (
     RolloutRunStatus as RolloutRunStatus,
 )
 from rolloutrun_operator.kube_names import LABEL_VALUE, LABEL_VALUE_MAX
-from rolloutrun_runtime.contract.field_rules import cel_rules
+from rolloutrun_runtime.contract.field_rules import FieldRule, cel_rules
 from rolloutrun_runtime.contract.pod import (
     API_GROUP,
     DEFAULT_GENERATION_PORT,
@@ -153,10 +153,23 @@ class TrainerPodSettings(PodSettings):
     )
 
 
+#: Standby worker pods wait to take a lost worker pod's place: without worker pods there is
+#: nothing to take.
+STANDBY_NEEDS_REPLICAS = FieldRule(
+    rule="self.standby == 0 || self.replicas > 0",
+    message="workers.standby needs workers.replicas > 0 (standby pods stand in for worker pods)",
+    field_path=".standby",
+)
+
+
 class WorkerPodSettings(PodSettings):
     """Generation-worker pods: Ray worker nodes joining the head the trainer starts on its
     pod address; the generation actors are placed on them (docs/runtime.md "Generation
     workers as pods")."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(RESERVED_ENV_RULE, STANDBY_NEEDS_REPLICAS)
+    )
 
     replicas: int = Field(
         0,
@@ -166,6 +179,23 @@ class WorkerPodSettings(PodSettings):
             "Worker pods; 0 (the default): the generation workers run in the trainer pod."
         ),
     )
+    standby: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description=(
+            "Warm standby worker pods beyond replicas: joined to the Ray cluster with their "
+            "generation servers started, but handed to no Gym until a worker is lost, when "
+            "one takes its place at once and a new pod refills the pool. 0 (the default): a "
+            "lost worker waits for its replacement pod to start (docs/runtime.md)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _standby_needs_replicas(self) -> WorkerPodSettings:
+        if self.standby and not self.replicas:
+            raise ValueError(f"{STANDBY_NEEDS_REPLICAS.message} (standby {self.standby})")
+        return self
 
 
 class Images(_Model):

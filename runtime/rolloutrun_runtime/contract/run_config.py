@@ -402,6 +402,16 @@ class WorkerPlacement(WorkersConfig):
             "spec.workers.replicas); 0: the actors run on the trainer's own node."
         ),
     )
+    standby_workers: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description=(
+            "Warm standby generation actors: started and serving, but handed to no Gym "
+            "until an active one is lost, when one is admitted in its place at once (the "
+            "operator sets it from spec.workers.standby times the slots of a worker pod)."
+        ),
+    )
 
 
 class RunSettings(_Model):
@@ -463,6 +473,7 @@ OPERATOR_OWNED_FIELDS: dict[str, str] = {
     "gym.replicas": "spec.gym.replicas",
     "gym.endpoints": "the Gym pods' addresses",
     "workers.workerNodes": "spec.workers.replicas",
+    "workers.standbyWorkers": "spec.workers.standby",
 }
 
 

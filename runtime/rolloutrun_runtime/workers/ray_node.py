@@ -5,8 +5,13 @@ as soon as the trainer pod has an address, before the trainer has started its he
 ``ray start --address`` gives up when the GCS is slow to take it; this waits (bounded) for
 the GCS to answer, then runs ``ray start ... --block`` (arguments spelled once in
 :func:`rolloutrun_runtime.contract.pod.ray_worker_node_argv`), again when it failed to
-start, at most :data:`START_ATTEMPTS` times. A node that started and then ended (its head
-gone) ends the process: the operator replaces the pod. A stop (SIGTERM, the pod deleted) is
+start, at most :data:`START_ATTEMPTS` times, then ends with a message naming the failure.
+Whether a node started is read from what ``ray start`` prints (:data:`STARTED_LINE`), not
+from how long it ran: on a loaded machine a start that misses Ray's fixed 30 s bound for
+its raylet to register ("The current node timed out during startup") can run past any
+duration we could pick, and a pod that ended on it was replaced again by the operator (5
+replacements for 3 deleted pods). A node that started and then ended (its head gone) ends
+the process: the operator replaces the pod. A stop (SIGTERM, the pod deleted) is
 forwarded to the node, and ends this process within :data:`STOP_GRACE_S` whether the node
 ended or not: ``ray start --block`` can take the pod's whole grace period (30 s) to drain,
 and the operator creates the replacement (same name) only once the pod is gone, while a
@@ -22,8 +27,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from types import FrameType
+from typing import IO
 
 from rolloutrun_runtime.contract.pod import (
     ENV_GYM_TOKEN,
@@ -40,9 +47,11 @@ from rolloutrun_runtime.workers.ray_cluster import (
     wait_for_port,
 )
 
-#: ``ray start`` tries before the pod gives up; one that blocked this long had started.
+#: ``ray start`` tries before the pod gives up, and the pause between two.
 START_ATTEMPTS = 5
-STARTED_AFTER_S = 60.0
+RETRY_PAUSE_S = 2.0
+#: What ``ray start`` prints once its node has registered with the GCS (Ray 2.x's CLI).
+STARTED_LINE = b"Ray runtime started."
 #: Seconds a stopped node gets to end before this process ends without it.
 STOP_GRACE_S = 2
 
@@ -80,6 +89,21 @@ def main(argv: list[str] | None = None) -> int:
     return run_node(command, parsed.host, parsed.port, args.wait_s, auth_token)
 
 
+def should_retry(code: int, stopping: bool, started: bool, attempt: int) -> bool:
+    """Whether a ``ray start`` that ended with ``code`` is run again: only one that never
+    started (no :data:`STARTED_LINE`), was not stopped, and left tries."""
+    return code != 0 and not stopping and not started and attempt < START_ATTEMPTS
+
+
+def _relay(stream: IO[bytes], started: threading.Event) -> None:
+    """The node's output to ours, line by line, noting when it says it started."""
+    for line in iter(stream.readline, b""):
+        if STARTED_LINE in line:
+            started.set()
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+
+
 def run_node(
     command: list[str], host: str, port: int, wait_s: float, auth_token: str | None = None
 ) -> int:
@@ -100,13 +124,29 @@ def run_node(
     code = 1
     for attempt in range(1, START_ATTEMPTS + 1):
         wait_for_port(host, port, wait_s)
-        began = time.monotonic()
-        child = subprocess.Popen(command, env=node_env(auth_token=auth_token))
+        started = threading.Event()
+        child = subprocess.Popen(
+            command,
+            env=node_env(auth_token=auth_token),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        assert child.stdout is not None
+        relay = threading.Thread(target=_relay, args=(child.stdout, started), daemon=True)
+        relay.start()
         code = child.wait()
-        if code == 0 or stopping or time.monotonic() - began >= STARTED_AFTER_S:
-            return code
+        relay.join(1.0)  # the rest of its output (a grandchild may hold the pipe: bounded)
+        if not should_retry(code, bool(stopping), started.is_set(), attempt):
+            break
         print(f"ray_node: ray start failed ({code}), try {attempt}/{START_ATTEMPTS}", flush=True)
-        time.sleep(2.0)
+        time.sleep(RETRY_PAUSE_S)
+    if code != 0 and not stopping and not started.is_set():
+        print(
+            f"ray_node: ray start failed {START_ATTEMPTS} times (last exit code {code}); "
+            "the Ray node never started",
+            file=sys.stderr,
+            flush=True,
+        )
     return code
 
 

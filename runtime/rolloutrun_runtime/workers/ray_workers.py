@@ -31,6 +31,21 @@ one index are bounded (:data:`MAX_ACTOR_REPLACEMENTS`), and a refit that finds n
 left waits (bounded) for a replacement: past either, a :class:`WorkerError` names the loss
 (a watch that runs past the bound hands its error to the next refit).
 
+Warm standbys (``workers.standbyWorkers``, from ``spec.workers.standby``): that many more
+actors are started beside the active ones, each serving on a worker node, but their
+endpoints are handed to no Gym. When an active actor is lost, a started standby is admitted
+under its index at once (brought first to the latest refit's weights, under the same lock
+as refits: the same path as a replacement whose server started), and a new standby actor is
+created to refill the pool (Ray places it when the operator's new worker pod joins). A new
+worker pod's start (its Ray node joining, the actor's imports and server start: ~10 s) is
+then off the path of a loss. A lost active actor counts a replacement of its index whether a
+standby took its place or a new actor did (the bound is the same); a standby lost while
+waiting is replaced in the pool (bounded: :data:`MAX_ACTOR_REPLACEMENTS` per standby). With
+no started standby at the loss, a replacement actor is created under the index as without
+standbys; a standby that starts before it takes the index at once, and the replacement
+joins the pool instead (the pool refilling slower than losses come). Which actor serves
+does not change results (see the oracle).
+
 With worker nodes the GPUs each actor asks for are read once the expected worker nodes
 (``workers.workerNodes``) have joined, from the nodes that offer the generation resource
 (:func:`generation_gpus`): read at once, the cluster is the head alone (0 GPUs, or the
@@ -42,17 +57,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import ray
 import torch
 
-from rolloutrun_runtime.contract.pod import RAY_GENERATION_RESOURCE, generation_slots
-from rolloutrun_runtime.contract.run_config import Device, RunConfig
+from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.policy.http import data_plane_token
 from rolloutrun_runtime.workers import WorkerError
 from rolloutrun_runtime.workers.ray_cluster import RayConnection, actor_resources
+from rolloutrun_runtime.workers.ray_placement import (
+    NODE_POLL_S,
+    actor_gpus,
+    candidate_ports,
+    joined_generation_gpus,
+    node_ports,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +88,6 @@ NODE_JOIN_TIMEOUT_S = 600.0
 MAX_ACTOR_REPLACEMENTS = 8
 #: Seconds an actor gets to close its server on stop (a lost node's actor never answers).
 ACTOR_STOP_TIMEOUT_S = 5.0
-#: How often the cluster's nodes are read while the worker nodes join.
-NODE_POLL_S = 0.5
 
 
 @ray.remote(num_cpus=0)
@@ -131,59 +149,16 @@ class GenerationActor:
             self.runner = None
 
 
-def candidate_ports(port: int, span: int) -> list[int]:
-    """Where an actor tries to serve, in order: the ``span`` ports from ``port`` (a worker
-    node's generation ports, the range its NetworkPolicy admits the Gyms to), then any
-    free port (0: a port of the range still held by a dead actor's process)."""
-    return [*range(port, port + span), 0] if port else [0]
-
-
-def actor_gpus(device: Device, cluster_gpus: float, workers: int) -> float:
-    """GPUs each generation actor asks Ray for.
-
-    Ray hides GPUs from actors that ask for none, so an actor that should compute on CUDA
-    must ask: a whole GPU each when there are enough, else an even share.
-    """
-    if device is Device.CPU or (device is Device.AUTO and cluster_gpus < 1):
-        return 0.0
-    if device is Device.CUDA and cluster_gpus < 1:
-        raise WorkerError("policy.device is 'cuda' but the Ray cluster has no GPUs")
-    return min(1.0, cluster_gpus / workers)
-
-
-def node_ports(cfg: RunConfig) -> int:
-    """Generation ports of a worker node: one per generation slot it offers."""
-    return generation_slots(cfg.workers.generation_workers, cfg.workers.worker_nodes)
-
-
-def generation_gpus(nodes: Iterable[Mapping[str, Any]], expected: int) -> float | None:
-    """GPUs of the live nodes offering the generation resource (``ray.nodes()`` entries),
-    or None while fewer than ``expected`` such nodes have joined."""
-    offering = [
-        node
-        for node in nodes
-        if node.get("Alive") and (node.get("Resources") or {}).get(RAY_GENERATION_RESOURCE)
-    ]
-    if len(offering) < expected:
-        return None
-    return float(sum((node.get("Resources") or {}).get("GPU", 0.0) for node in offering))
-
-
-def joined_generation_gpus(expected: int, timeout_s: float) -> float:
-    """:func:`generation_gpus` once ``expected`` worker nodes have joined (blocking)."""
-    deadline = time.monotonic() + timeout_s
-    while (gpus := generation_gpus(ray.nodes(), expected)) is None:
-        if time.monotonic() > deadline:
-            raise WorkerError(
-                f"fewer than {expected} Ray worker node(s) offering {RAY_GENERATION_RESOURCE} "
-                f"joined within {timeout_s:.0f} s (workers.workerNodes)"
-            )
-        time.sleep(NODE_POLL_S)
-    return gpus
-
-
 async def _awaited(ref: Any) -> dict[str, Any]:
     return dict(await ref)
+
+
+async def _awaited_any(ref: Any) -> Any:
+    return await ref
+
+
+#: What a refit's call on an actor returns when the actor's watch found it dead first.
+FOUND_LOST = object()
 
 
 def _cpu_state(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -215,7 +190,7 @@ class RayWorkers:
         self.placements: list[dict[str, Any] | None] = []
         self._launch: tuple[Any, dict[str, Any], str | None, str, int] | None = None
         #: Replacement actors by index, with their starting server.
-        self.pending: dict[int, tuple[Any, asyncio.Task[dict[str, Any]]]] = {}
+        self.pending: dict[int, tuple[Any, asyncio.Future[dict[str, Any]]]] = {}
         self.replacements: dict[int, int] = {}
         #: The weights (an object-store reference) and version of the last start or refit:
         #: what a replacement created between refits starts on.
@@ -226,6 +201,17 @@ class RayWorkers:
         #: Held by a refit and by an admission between refits: never both at once.
         self._lock = asyncio.Lock()
         self._admitting: set[asyncio.Task[None]] = set()
+        #: Started standby actors (served by no Gym) with what their ``start`` returned,
+        #: and those still starting.
+        self.standbys: list[tuple[Any, dict[str, Any]]] = []
+        self.standby_starting: dict[int, tuple[Any, asyncio.Future[dict[str, Any]]]] = {}
+        self._standby_serial = 0
+        self._standby_watches: dict[int, asyncio.Task[None]] = {}
+        #: Standby actors lost while waiting (their node lost), and standbys admitted.
+        self.standby_losses = 0
+        self.promotions = 0
+        #: Per active actor (by id) a refit may wait on: set when its watch finds it dead.
+        self._lost: dict[int, asyncio.Event] = {}
 
     async def start(self) -> None:
         if self._initial is None:
@@ -286,6 +272,8 @@ class RayWorkers:
             raise WorkerError(f"generation actors failed to start: {error}") from error
         for index, started in enumerate(self._actors):
             self._watch(index, started)
+        for _ in range(self.cfg.workers.standby_workers):
+            self._new_standby()
         logger.info(
             "Ray generation workers at %s placed %s",
             self.endpoints,
@@ -313,6 +301,8 @@ class RayWorkers:
                     except ray.exceptions.ActorUnavailableError:  # not known dead: ask again
                         await asyncio.sleep(NODE_POLL_S)
             except ray.exceptions.RayActorError as error:
+                self._lost_signal(actor).set()  # a refit waiting on it goes on without it
+                self._lost.pop(id(actor), None)
                 if self._current is None or self._actors[index] is not actor:
                     return  # stopped, or already found lost by a refit
                 try:
@@ -357,13 +347,16 @@ class RayWorkers:
         try:
             results = await asyncio.wait_for(
                 asyncio.gather(
-                    *[a.refit.remote(weights, version) for _, a in live], return_exceptions=True
+                    *[self._refit_one(a, weights, version) for _, a in live],
+                    return_exceptions=True,
                 ),
                 ACTOR_TIMEOUT_S,
             )
         except TimeoutError as error:
             raise WorkerError(f"refit to version {version} timed out: {error}") from error
         for (index, actor), result in zip(live, results, strict=True):
+            if result is FOUND_LOST:
+                continue  # its watch found it lost (and replaced it) while the refit waited
             if isinstance(result, ray.exceptions.RayActorError):
                 if self._actors[index] is actor:  # else its watch found it lost already
                     self._lose(index, result, weights, version)
@@ -386,6 +379,24 @@ class RayWorkers:
                 f"no replacement started within {NODE_JOIN_TIMEOUT_S:.0f} s"
             )
 
+    async def _refit_one(self, actor: Any, weights: Any, version: int) -> Any:
+        """``actor``'s refit, or :data:`FOUND_LOST` as soon as its watch finds it dead: a
+        call in flight on a lost node's actor can take seconds more to fail than the watch,
+        and the refit holds the lock a standby's admission waits for."""
+        call = asyncio.ensure_future(_awaited_any(actor.refit.remote(weights, version)))
+        lost = asyncio.ensure_future(self._lost_signal(actor).wait())
+        try:
+            await asyncio.wait({call, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        if call.done():
+            return call.result()
+        call.cancel()
+        return FOUND_LOST
+
+    def _lost_signal(self, actor: Any) -> asyncio.Event:
+        return self._lost.setdefault(id(actor), asyncio.Event())
+
     def _lose(self, index: int, error: BaseException, weights: Any, version: int) -> None:
         """Actor ``index`` is gone (its node lost): out of ``endpoints`` now, a replacement
         created (bounded), admitted once its server runs (:meth:`_admit_started`)."""
@@ -400,14 +411,106 @@ class RayWorkers:
             ) from error
         self.replacements[index] = count
         logger.warning("generation worker %d lost (%s): replacing it (%d)", index, error, count)
-        assert self._launch is not None
-        actor_class, cfg_data, bind_host, token, span = self._launch
-        actor = actor_class.remote(cfg_data, index, GENERATION_THREADS)
-        port = self.port if span else 0
-        ref = actor.start.remote(weights, version, bind_host, port, token, max(span, 1))
+        if self.standbys:  # a warm standby takes its place now; the pool is refilled
+            self._promote(index)
+            return
+        actor, ref = self._create(index, weights, version)
         starting = asyncio.ensure_future(_awaited(ref))
         starting.add_done_callback(lambda _: self._admit_started())
         self.pending[index] = (actor, starting)
+
+    def _create(self, worker_index: int, weights: Any, version: int) -> tuple[Any, Any]:
+        """A new generation actor and the reference of its ``start`` (its server)."""
+        assert self._launch is not None
+        actor_class, cfg_data, bind_host, token, span = self._launch
+        actor = actor_class.remote(cfg_data, worker_index, GENERATION_THREADS)
+        port = self.port if span else 0
+        ref = actor.start.remote(weights, version, bind_host, port, token, max(span, 1))
+        return actor, ref
+
+    def _promote(self, index: int, refill: bool = True) -> None:
+        """The oldest started standby serves index ``index``: handed to :meth:`_admit` as a
+        replacement whose server has started (brought to the latest refit's weights under
+        the refits' lock, then served); with ``refill``, a new standby is created."""
+        actor, placement = self.standbys.pop(0)
+        watch = self._standby_watches.pop(id(actor), None)
+        if watch is not None:
+            watch.cancel()  # from now on the index's watch follows it
+        started: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        started.set_result(placement)
+        self.pending[index] = (actor, started)
+        self.promotions += 1
+        logger.info("generation worker %d: standby at %s admitted", index, placement["url"])
+        self._admit_started()
+        if refill:
+            self._new_standby()
+
+    def _new_standby(self) -> None:
+        """One more standby actor, started on the latest weights; it joins the pool once its
+        server runs."""
+        if self._current is None:
+            return
+        # worker indices past the active ones: each actor its own sampling seed
+        worker_index = self.cfg.workers.generation_workers + self._standby_serial
+        actor, ref = self._create(worker_index, *self._current)
+        self._pool_starting(actor, asyncio.ensure_future(_awaited(ref)))
+
+    def _pool_starting(self, actor: Any, starting: asyncio.Future[dict[str, Any]]) -> None:
+        serial = self._standby_serial
+        self._standby_serial += 1
+        self.standby_starting[serial] = (actor, starting)
+        starting.add_done_callback(lambda task: self._standby_started(serial, actor, task))
+
+    def _standby_started(self, serial: int, actor: Any, task: asyncio.Future[Any]) -> None:
+        self.standby_starting.pop(serial, None)
+        if self._current is None or task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            self.standbys.append((actor, task.result()))
+            self._watch_standby(actor)
+            # an index lost while no standby had started waits for its replacement actor:
+            # this standby serves it now, and that replacement joins the pool instead
+            waiting = [i for i, (_, t) in self.pending.items() if not t.done()]
+            if waiting:
+                replacement, starting = self.pending.pop(waiting[0])
+                self._pool_starting(replacement, starting)
+                self._promote(waiting[0], refill=False)
+        else:
+            self._standby_lost(error)
+
+    def _standby_lost(self, error: BaseException) -> None:
+        """A standby died before it served (its node lost): another one, bounded."""
+        self.standby_losses += 1
+        limit = MAX_ACTOR_REPLACEMENTS * max(1, self.cfg.workers.standby_workers)
+        if self.standby_losses > limit:
+            self._failure = WorkerError(
+                f"standby generation workers were lost {self.standby_losses} times (limit "
+                f"{limit}); last: {error}"
+            )
+            return
+        logger.warning("standby generation worker lost (%s): starting another", error)
+        self._new_standby()
+
+    def _watch_standby(self, actor: Any) -> None:
+        """Until the standby ``actor`` dies or is promoted: out of the pool if it dies."""
+
+        async def watch() -> None:
+            try:
+                while True:
+                    try:
+                        await actor.watch.remote()
+                    except ray.exceptions.ActorUnavailableError:
+                        await asyncio.sleep(NODE_POLL_S)
+            except ray.exceptions.RayActorError as error:
+                self._standby_watches.pop(id(actor), None)
+                kept = [entry for entry in self.standbys if entry[0] is not actor]
+                if self._current is None or len(kept) == len(self.standbys):
+                    return  # stopped, or promoted meanwhile
+                self.standbys = kept
+                self._standby_lost(error)
+
+        self._standby_watches[id(actor)] = asyncio.ensure_future(watch())
 
     async def _admit(self, weights: Any, version: int) -> None:
         """Replacements whose server started: brought to ``version``, then served."""
@@ -430,12 +533,17 @@ class RayWorkers:
             self.placements[index] = task.result()
             self._live_endpoints()
             self._watch(index, actor)
-            logger.info("generation worker %d re-admitted at version %d", index, version)
+            logger.info(
+                "generation worker %d re-admitted at version %d at %s",
+                index,
+                version,
+                self.placements[index]["url"],  # type: ignore[index]
+            )
 
     async def stop(self) -> None:
         self._current = None
-        watches = [*self._watches.values(), *self._admitting]
-        self._watches, self._admitting = {}, set()
+        watches = [*self._watches.values(), *self._admitting, *self._standby_watches.values()]
+        self._watches, self._admitting, self._standby_watches = {}, set(), {}
         for watch in watches:
             watch.cancel()
         await asyncio.gather(*watches, return_exceptions=True)
@@ -444,6 +552,12 @@ class RayWorkers:
             task.cancel()
             ray.kill(replacement)
         self.pending = {}
+        for standby, task in self.standby_starting.values():
+            task.cancel()
+            ray.kill(standby)
+        self.standby_starting = {}
+        actors = [*actors, *(standby for standby, _ in self.standbys)]
+        self.standbys = []
         live = [actor for actor in actors if actor is not None]
         results = await asyncio.gather(
             *[asyncio.wait_for(a.stop.remote(), ACTOR_STOP_TIMEOUT_S) for a in live],

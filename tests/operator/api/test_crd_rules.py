@@ -24,6 +24,7 @@ from rolloutrun_operator.api.v1alpha1 import (
     ARGS_NEED_COMMAND,
     GRACE_BELOW_TERMINATION,
     RESERVED_ENV_RULE,
+    STANDBY_NEEDS_REPLICAS,
     STORAGE_NEEDS_CLAIM,
 )
 from rolloutrun_operator.api.validation import RolloutRunInvalid, parse_rolloutrun
@@ -50,6 +51,7 @@ RULES = (
     DATASET_NEEDS_EXTERNAL,
     ARGS_NEED_COMMAND,
     CHAT_TEMPLATE_NEEDS_MODEL,
+    STANDBY_NEEDS_REPLICAS,
 )
 needs_cel = pytest.mark.skipif(not cel.available(), reason="cel-python (test extra) missing")
 
@@ -114,6 +116,7 @@ BAD_SPECS: list[tuple[FieldRule, dict[str, Any], str]] = [
     ),
     (ARGS_NEED_COMMAND, {"gym": {"args": ["--port", "8000"]}}, "spec.gym"),
     (CHAT_TEMPLATE_NEEDS_MODEL, {"run": {"policy": {"chatTemplate": True}}}, "spec.run.policy"),
+    (STANDBY_NEEDS_REPLICAS, {"workers": {"standby": 1}}, "spec.workers.standby"),
 ]
 
 

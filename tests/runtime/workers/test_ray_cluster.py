@@ -77,7 +77,7 @@ def test_the_cluster_authenticates_with_a_token_derived_from_the_runs():
 
 
 def test_the_actors_gpus_are_read_from_the_joined_worker_nodes_only() -> None:
-    from rolloutrun_runtime.workers.ray_workers import generation_gpus
+    from rolloutrun_runtime.workers.ray_placement import generation_gpus
 
     def node(alive: bool = True, gpus: float = 0.0, slots: float = 0.0) -> dict[str, object]:
         resources = {"CPU": 1.0, "GPU": gpus, RAY_GENERATION_RESOURCE: slots}
@@ -96,7 +96,7 @@ def test_the_actors_gpus_are_read_from_the_joined_worker_nodes_only() -> None:
 
 
 def test_actors_on_worker_nodes_serve_on_the_nodes_generation_ports() -> None:
-    from rolloutrun_runtime.workers.ray_workers import candidate_ports, node_ports
+    from rolloutrun_runtime.workers.ray_placement import candidate_ports, node_ports
 
     cfg = RunConfig.model_validate({"workers": {"generationWorkers": 5, "workerNodes": 2}})
     assert node_ports(cfg) == 3  # slots per node: the span the worker policy admits Gyms to

@@ -40,14 +40,14 @@ MAX_STEPS = 4
 KILL_AFTER_STEP = 1
 
 
-def _config(tmp_path: Path) -> RunConfig:
+def _config(tmp_path: Path, standby: int = 0) -> RunConfig:
     return tiny_config(
         tmp_path,
         grpo={"maxSteps": MAX_STEPS, "maxStaleness": 1},
         # an outage (no live actor) ends the run in 30 s rather than hanging the test
         rollout={"maxAttempts": 2, "rolloutTimeoutSeconds": 600, "gymUnreachableSeconds": 30},
         checkpointing={"deterministic": True, "snapshotIntervalSeconds": 0},
-        workers={"backend": "ray", "generationWorkers": 2},
+        workers={"backend": "ray", "generationWorkers": 2, "standbyWorkers": standby},
     )
 
 
@@ -79,12 +79,17 @@ async def _run(cfg: RunConfig, *, kill: bool) -> tuple[Any, str, list[int]]:
         )
         workers = harness.workers[-1]
         pids = [await asyncio.to_thread(_actor_pid, actor) for actor in workers._actors]
+        if cfg.workers.standby_workers:  # a standby started: the first loss promotes it
+            async with asyncio.timeout(RUN_LIMIT_S):
+                while not workers.standbys:
+                    await asyncio.sleep(0.05)
         running = asyncio.ensure_future(controller.run())
         if kill:
             await _until(lambda: steps and steps[-1] >= KILL_AFTER_STEP, running)
             os.kill(pids[0], signal.SIGKILL)
             killed.append(pids[0])
-            await _until(lambda: 0 in workers.pending, running)
+            # the first loss seen (a replacement created, or a standby taking the index)
+            await _until(lambda: 0 in workers.replacements, running)
             os.kill(pids[1], signal.SIGKILL)
             killed.append(pids[1])
         await asyncio.wait_for(running, RUN_LIMIT_S)
@@ -117,3 +122,23 @@ async def test_generation_actors_sigkilled_one_after_the_other_change_no_weight(
     report = audit(load_durable_state(Path(cfg.log_dir), seed=cfg.seed, max_steps=MAX_STEPS))
     assert report.ok, report
     assert (report.prompts.lost, report.prompts.duplicated) == (0, 0)
+
+
+@pytest.mark.chaos  # two more runs of a minute each on a shared machine
+@pytest.mark.ray
+async def test_a_standby_serving_a_lost_workers_index_changes_no_weight(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The same kills with a warm standby actor: the first lost index is served by the
+    standby at once (promoted on the latest refit's weights, under the refits' lock), the
+    second by a standby or a replacement; the final weights are those of the undisturbed
+    run without standby, bit for bit."""
+    _, reference, _ = await _run(_config(tmp_path / "reference"), kill=False)
+    cfg = _config(tmp_path / "lost", standby=1)
+    controller, weights, killed = await _run(cfg, kill=True)
+    assert len(killed) == 2
+    assert controller.trainer_version == MAX_STEPS
+    assert controller.workers.promotions >= 1
+    assert weights == reference
+    report = audit(load_durable_state(Path(cfg.log_dir), seed=cfg.seed, max_steps=MAX_STEPS))
+    assert report.ok, report

@@ -71,7 +71,7 @@ async def test_ray_workers_refit_and_endpoints(ray_session: None) -> None:
 
 def test_ray_actors_ask_for_gpus_only_when_they_compute_on_them() -> None:
     from rolloutrun_runtime.contract.run_config import Device
-    from rolloutrun_runtime.workers.ray_workers import actor_gpus
+    from rolloutrun_runtime.workers.ray_placement import actor_gpus
 
     assert actor_gpus(Device.CPU, 8, 2) == 0.0
     assert actor_gpus(Device.AUTO, 0, 2) == 0.0
