@@ -8,7 +8,7 @@ from aiohttp import web
 from rolloutrun_runtime.contract.run_config import parse_run_config
 from rolloutrun_runtime.environments.gym import GymServer
 from rolloutrun_runtime.policy.http import serve_app
-from rolloutrun_runtime.trainer import _gym_instance_ids
+from rolloutrun_runtime.trainer_inputs import gym_instance_ids as _gym_instance_ids
 
 CFG = parse_run_config({"task": {"name": "reach_target"}, "checkpointing": {"targetLevel": "turn"}})
 

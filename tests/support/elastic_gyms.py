@@ -12,6 +12,7 @@ announces it (:class:`MemberEndpoint`, read by the trainer's ``gym_members``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,18 @@ from rolloutrun_runtime.contract.wire import GYM_RUN_ROUTE
 class ElasticGyms:
     """The replicas of one run; ``servers[(index, generation)]`` keeps every server built."""
 
-    def __init__(self, cfg: RunConfig, token: str, *, down_s: float = 0.3) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        token: str,
+        *,
+        down_s: float = 0.3,
+        instance_id: Callable[[int], str] = "gym-{}".format,
+    ) -> None:
+        """``instance_id``: replica ``index``'s id in every generation (the launcher's
+        ``gym-<i>``; a pod's is ``gym_instance_id(run, index)``)."""
         self.cfg = cfg
+        self.instance_id = instance_id
         self.token = token
         self.down_s = down_s
         self.runners: dict[int, Any] = {}
@@ -47,7 +58,9 @@ class ElasticGyms:
         from rolloutrun_runtime.policy.http import serve_app
 
         Path(self.cfg.log_dir).mkdir(parents=True, exist_ok=True)
-        server = GymServer(f"gym-{index}", self.cfg, self.audit_file(index), token=self.token)
+        server = GymServer(
+            self.instance_id(index), self.cfg, self.audit_file(index), token=self.token
+        )
         control = GymCheckpointControl(server, self.token)
         server.continue_restored = control.claim_restored
 
