@@ -117,7 +117,8 @@ async def gym_instance_ids(
     started = time.monotonic()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         while True:
-            known = await asyncio.to_thread(members, True) if members is not None else {}
+            # Asked only once one is silent: a pod's read is an API call at start-up.
+            known = await asyncio.to_thread(members, True) if members and silent else {}
             for index, listed in enumerate(urls):
                 if index in answered:
                     continue
