@@ -52,7 +52,7 @@ class ElasticGyms:
     def audit_file(self, index: int) -> Path:
         return Path(self.cfg.log_dir) / f"gym-{index}.audit.jsonl"
 
-    async def _serve(self, index: int, generation: int) -> str:
+    async def _serve(self, index: int, generation: int, port: int = 0) -> str:
         from rolloutrun_runtime.environments.gym import GymServer
         from rolloutrun_runtime.environments.gym.control import GymCheckpointControl
         from rolloutrun_runtime.policy.http import serve_app
@@ -73,7 +73,7 @@ class ElasticGyms:
 
         server.app.on_response_prepare.append(count)
         # As ``rolloutrun gym`` serves: a handler is cancelled when its client goes away.
-        runner, url = await serve_app(server.app, port=0, cancel_on_disconnect=True)
+        runner, url = await serve_app(server.app, port=port, cancel_on_disconnect=True)
         self.runners[index] = runner
         self.servers[(index, generation)] = server
         return str(url)
@@ -96,10 +96,11 @@ class ElasticGyms:
                 handler.transport.abort()
         await runner.cleanup()
 
-    async def come_back(self, index: int) -> None:
-        """The next generation of ``index`` serves at a new port, announced as a member."""
+    async def come_back(self, index: int, port: int = 0) -> None:
+        """The next generation of ``index`` serves at a new port (``port``: that one, e.g.
+        its first address, as a static endpoint's server comes back), announced as a member."""
         generation = self.members[index].generation + 1 if index in self.members else 1
-        url = await self._serve(index, generation)
+        url = await self._serve(index, generation, port)
         self.members[index] = MemberEndpoint(index, url, generation)
 
     async def stop(self) -> None:

@@ -13,6 +13,10 @@ finishes on this one trainer, no sample failed, and the durable-state audit is c
 0, duplicated 0, no side effect applied twice). Before, the trainer ended at start
 ("Gym replica ... did not answer /healthz"), and with every Gym answering but one failing
 its restore, every episode of every replica restarted from turn 0.
+
+With static endpoints (no id to derive: the launcher's or the user's) the trainer waits for
+the silent replica within ``rollout.gymUnreachableSeconds`` (here it comes back at its
+address a moment later) and restores on every replica once it answers.
 """
 
 from __future__ import annotations
@@ -57,6 +61,13 @@ def _config(tmp_path: Path) -> Any:
         rollout={"maxAttempts": 3, "gymUnreachableSeconds": 60},
         checkpointing={"targetLevel": "turn", "snapshotIntervalSeconds": 0},
     )
+
+
+def _whole_restore_refused(events: list[Any]) -> list[Any]:
+    """The restore's failure as a whole (an episode refused alone, e.g. one whose run applied
+    an effect past its record before the first trainer stopped, names its rollout)."""
+    refused = [e for e in events if e["event"] == "environment_restore_refused"]
+    return [e for e in refused if e["rollout_id"] is None]
 
 
 async def _preempted_after_step_1(gyms: ElasticGyms) -> None:
@@ -106,9 +117,46 @@ async def test_a_gym_lost_before_a_turn_level_restore_is_replaced_and_the_run_fi
     restored = [e for e in events if e["event"] == "attempt_restored"]
     assert [e for e in restored if e["level"] == "turn"], "no episode restored on the survivor"
     assert [e for e in restored if e["level"] == "member"], "Gym 1's episodes did not go on"
-    assert not [e for e in events if e["event"] == "environment_restore_refused"]
+    assert not _whole_restore_refused(events)
     assert not [e for e in events if e["event"] == "attempt_failed"]  # never a failed sample
     assert back, "no step was trained before Gym 1's replacement"
+    state = load_durable_state(Path(cfg.log_dir), seed=cfg.seed, max_steps=MAX_STEPS)
+    report = audit(state)
+    assert report.ok, report
+    assert (report.prompts.lost, report.prompts.duplicated) == (0, 0)
+
+
+@pytest.mark.timeout(400)
+async def test_a_static_gym_silent_at_a_turn_level_start_is_waited_for(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV_RUN_NAME, raising=False)  # not a pod: ids cannot be derived
+    cfg = _config(tmp_path)
+    gyms = ElasticGyms(cfg, TOKEN)
+    await gyms.start()
+    try:
+        await _preempted_after_step_1(gyms)
+        trace_file = Path(cfg.log_dir) / TRACE_FILE
+        before = len(list(read_events(trace_file)))
+        await gyms.lose(1)
+
+        port = int(gyms.urls[1].rstrip("/").rsplit(":", 1)[1])
+
+        async def comes_back_a_moment_later() -> None:
+            await asyncio.sleep(0.5)
+            await gyms.come_back(1, port)  # at its address: nobody announces another
+
+        back = asyncio.ensure_future(comes_back_a_moment_later())
+        run = run_trainer(gyms.config())
+        result = await asyncio.wait_for(run, RUN_LIMIT_S)
+        await back
+    finally:
+        await gyms.stop()
+
+    assert result.history and result.history[-1]["step"] == MAX_STEPS
+    events = list(read_events(trace_file))[before:]
+    assert [e for e in events if e["event"] == "attempt_restored" and e["level"] == "turn"]
+    assert not _whole_restore_refused(events)
+    assert not [e for e in events if e["event"] == "attempt_failed"]
+    assert gyms.runs.get((1, 1), 0) > 0  # the replacement took the restore and the work
     state = load_durable_state(Path(cfg.log_dir), seed=cfg.seed, max_steps=MAX_STEPS)
     report = audit(state)
     assert report.ok, report
