@@ -22,6 +22,7 @@ address a moment later) and restores on every replica once it answers.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from rolloutrun_runtime.algorithms.single_controller import OnStep
 from rolloutrun_runtime.audit import audit, load_durable_state
 from rolloutrun_runtime.contract.layout import TRACE_FILE
 from rolloutrun_runtime.contract.pod import ENV_RUN_NAME, gym_instance_id
+from rolloutrun_runtime.experience.rollout_recovery import rollout_id_for, sibling_id_for
 from rolloutrun_runtime.trainer import run_trainer
 from tests.support.data_plane import TOKEN
 from tests.support.elastic_gyms import ElasticGyms
@@ -61,6 +63,16 @@ def _config(tmp_path: Path) -> Any:
         rollout={"maxAttempts": 3, "gymUnreachableSeconds": 60},
         checkpointing={"targetLevel": "turn", "snapshotIntervalSeconds": 0},
     )
+
+
+def _effects(files: list[Path]) -> dict[str, list[dict[str, Any]]]:
+    """The runs' side effects by rollout id, in revision order."""
+    by_rollout: dict[str, list[dict[str, Any]]] = {}
+    for path in files:
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            by_rollout.setdefault(entry["rollout_id"], []).append(entry)
+    return {r: sorted(entries, key=lambda e: e["revision"]) for r, entries in by_rollout.items()}
 
 
 def _whole_restore_refused(events: list[Any]) -> list[Any]:
@@ -120,6 +132,24 @@ async def test_a_gym_lost_before_a_turn_level_restore_is_replaced_and_the_run_fi
     assert not _whole_restore_refused(events)
     assert not [e for e in events if e["event"] == "attempt_failed"]  # never a failed sample
     assert back, "no step was trained before Gym 1's replacement"
+    # Gym 1's episodes went on from their records (on the survivor or the replacement):
+    # under their own rollout ids and a later environment attempt, at a turn past 0, their
+    # revisions 1..n each once across both replicas' side-effect logs (a restart from turn
+    # 0 would run under a new rollout id).
+    effects = _effects([gyms.audit_file(0), gyms.audit_file(1)])
+    went_on = {
+        rollout_id_for(sibling_id_for(e["group_id"], e["generation_index"]), e["attempt_uuid"])
+        for e in restored
+        if e["level"] == "member"
+    }
+    continued = {
+        r: effects[r] for r in went_on if any(e["attempt"] >= 1 for e in effects.get(r, []))
+    }
+    assert continued, "no episode of Gym 1 applied an effect after going on from its record"
+    for rollout_id, entries in continued.items():
+        revisions = [e["revision"] for e in entries]
+        assert revisions == list(range(1, len(revisions) + 1)), (rollout_id, revisions)
+        assert next(e for e in entries if e["attempt"] >= 1)["turn"] > 0, (rollout_id, entries)
     state = load_durable_state(Path(cfg.log_dir), seed=cfg.seed, max_steps=MAX_STEPS)
     report = audit(state)
     assert report.ok, report
