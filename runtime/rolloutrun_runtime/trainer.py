@@ -228,7 +228,7 @@ async def run_trainer(
     await workers.start()
     STARTUP.mark("workers_started")
     cfg = await _settle_recovery_level(cfg, trace)  # turn needs the control plane
-    environment = await _environment_checkpoint(cfg, gym_token)
+    environment = await _environment_checkpoint(cfg, gym_token, gym_members)
     STARTUP.mark("gyms_answered")
     resumed_from = None
     try:
@@ -472,62 +472,40 @@ def _run_token(gym_token: str | None) -> str | None:
     return gym_token if gym_token is not None else os.environ.get(ENV_GYM_TOKEN)
 
 
-async def _environment_checkpoint(cfg: RunConfig, gym_token: str | None) -> Any:
+async def _environment_checkpoint(
+    cfg: RunConfig,
+    gym_token: str | None,
+    gym_members: Callable[[bool], Mapping[int, MemberEndpoint]] | None = None,
+) -> Any:
     """The environment's checkpoint participant, keyed by each Gym replica's instance id.
 
     A restored episode must go back to the replica that owns it, and the ledger records the
     id each replica reports (``gym-<i>`` from the launcher, ``<run>-gym-<k>`` in pods), so
-    the ids come from the replicas' ``/healthz``, never from their order. ``gym_token``: the
+    the ids come from the replicas' ``/healthz``, never from their order; a replica that
+    does not answer is keyed as :func:`~rolloutrun_runtime.trainer_inputs.gym_instance_ids`
+    decides (in a pod its id is derived; elsewhere it is waited for). ``gym_token``: the
     run's token, as :func:`run_trainer` resolved it.
     """
-    from rolloutrun_runtime.contract.pod import ENV_INCARNATION
+    from rolloutrun_runtime.contract.pod import ENV_INCARNATION, ENV_RUN_NAME, gym_instance_id
     from rolloutrun_runtime.contract.run_config import TargetLevel
     from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint
+    from rolloutrun_runtime.trainer_inputs import gym_instance_ids
 
     endpoints = {f"gym-{i}": url for i, url in enumerate(cfg.gym.endpoints)}
     if cfg.checkpointing.target_level is TargetLevel.TURN:
-        endpoints = await _gym_instance_ids(list(cfg.gym.endpoints))
+        run = os.environ.get(ENV_RUN_NAME)  # set in pods: the operator's RolloutRun name
+        endpoints = await gym_instance_ids(
+            list(cfg.gym.endpoints),
+            pod_ids=(lambda index: gym_instance_id(run, index)) if run else None,
+            budget_s=cfg.rollout.gym_unreachable_seconds,
+            members=gym_members,
+        )
     return build_environment_checkpoint(
         cfg,
         endpoints,
         gym_token,
         incarnation=int(os.environ.get(ENV_INCARNATION, "0") or 0),
     )
-
-
-async def _gym_instance_ids(urls: list[str]) -> dict[str, str]:
-    """``{instance_id: url}`` from each Gym replica's ``/healthz``."""
-    import aiohttp
-    import pydantic
-
-    from rolloutrun_runtime.contract.wire import HEALTHZ_ROUTE, GymHealth
-
-    found: dict[str, str] = {}
-    timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        for url in urls:
-            try:
-                async with session.get(url.rstrip("/") + HEALTHZ_ROUTE) as response:
-                    body = await response.json(content_type=None)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-                raise RuntimeError(
-                    f"Gym replica {url} did not answer {HEALTHZ_ROUTE}: {error}"
-                ) from error
-            try:
-                instance = GymHealth.model_validate(body).instance_id
-            except pydantic.ValidationError as error:
-                raise RuntimeError(
-                    f"Gym replica {url} answered {HEALTHZ_ROUTE} without a valid instance_id: "
-                    f"{error.errors()[0]['msg']}"
-                ) from None
-            if not instance:
-                raise RuntimeError(f"Gym replica {url} reported no instance_id on {HEALTHZ_ROUTE}")
-            if instance in found:
-                raise RuntimeError(
-                    f"Gym replicas {found[instance]} and {url} both call themselves {instance!r}"
-                )
-            found[str(instance)] = url
-    return found
 
 
 class _preemption_snapshots:

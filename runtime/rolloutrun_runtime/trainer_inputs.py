@@ -16,11 +16,18 @@ right before the environment checkpoint is built):
   docs/environment-contract.md) makes the run recover at sibling level instead, and the
   trainer says so (a warning naming the server, a ``recovery_level_lowered`` trace event,
   and ``recovery_level`` in its result).
+- The Gym replicas' instance ids (turn level), which key the environment checkpoint: a
+  replica that does not answer at start is down, not the end of the trainer
+  (:func:`gym_instance_ids` says how its id is found).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from rolloutrun_runtime.contract.run_config import RunConfig, TargetLevel
 from rolloutrun_runtime.contract.wire import (
@@ -29,6 +36,9 @@ from rolloutrun_runtime.contract.wire import (
     GymHealth,
 )
 from rolloutrun_runtime.prompt_data import PromptSet, read_prompt_set
+
+if TYPE_CHECKING:
+    from rolloutrun_runtime.contract.pod import MemberEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -46,23 +56,146 @@ def recovery_level(requested: TargetLevel, lacking: list[str]) -> tuple[TargetLe
 
 
 async def lacking_control_plane(urls: list[str]) -> list[str]:
-    """The servers among ``urls`` whose ``/healthz`` names no checkpoint control plane."""
+    """The servers among ``urls`` whose ``/healthz`` names no checkpoint control plane.
+
+    A server that does not answer is down, as a Gym lost under a running trainer is: it is
+    judged when it (or its replacement, the same image) answers, not here; only when none
+    answers is there nothing to judge by, and that is an error naming them."""
     import aiohttp
     import pydantic
 
-    lacking = []
+    lacking, silent = [], []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         for url in urls:
             try:
                 async with session.get(url.rstrip("/") + HEALTHZ_ROUTE) as response:
                     health = GymHealth.model_validate(await response.json(content_type=None))
             except (aiohttp.ClientError, TimeoutError, ValueError, pydantic.ValidationError) as e:
-                raise RuntimeError(
-                    f"environment server {url} did not answer {HEALTHZ_ROUTE}: {e}"
-                ) from e
+                silent.append(f"environment server {url} did not answer {HEALTHZ_ROUTE}: {e}")
+                continue
             if CHECKPOINT_CONTROL_CAPABILITY not in health.capabilities:
                 lacking.append(url)
+    if len(silent) == len(urls):
+        raise RuntimeError("; ".join(silent))
+    for why in silent:
+        logger.warning("%s (down: judged when it answers)", why)
     return lacking
+
+
+#: Seconds between probes of a Gym replica the trainer waits for at start.
+PROBE_PERIOD_S = 0.2
+
+
+async def gym_instance_ids(
+    urls: list[str],
+    *,
+    pod_ids: Callable[[int], str] | None = None,
+    budget_s: float = 0.0,
+    members: Callable[[bool], Mapping[int, MemberEndpoint]] | None = None,
+) -> dict[str, str]:
+    """``{instance_id: url}`` from each Gym replica's ``/healthz`` (turn level).
+
+    A replica that does not answer is down, not the end of the trainer (issue 14):
+
+    - In a pod (``pod_ids``: the operator's ``gym_instance_id(run, index)``, the id every
+      generation of replica ``index`` is started with) its id is derived, once every replica
+      that answered reports exactly its derived id (the rule is checked, not assumed). Its
+      episodes then take a lost replica's path (the restore skips it, the Gym client
+      re-admits its replacement and readdresses the checkpoint to it).
+    - Elsewhere (static endpoints from the launcher or the user) nothing names its id, and
+      a guessed one would send a restored episode to a replica that does not own it: it is
+      waited for (re-probed, at the address ``members`` announces if any), at most
+      ``budget_s`` (``rollout.gymUnreachableSeconds``, as long as the Gym client waits
+      for a lost one), then ``GymOutageError`` names it: a restart is the only safe way on.
+    """
+    import aiohttp
+
+    from rolloutrun_runtime.algorithms.gym_outages import GymOutageError
+
+    answered: dict[int, tuple[str, str]] = {}  # index -> (instance id, url)
+    silent: dict[int, str] = {}  # index -> why
+    started = time.monotonic()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        while True:
+            # Asked only once one is silent: a pod's read is an API call at start-up.
+            known = await asyncio.to_thread(members, True) if members and silent else {}
+            for index, listed in enumerate(urls):
+                if index in answered:
+                    continue
+                url = known[index].url if index in known else listed
+                instance, why = await _reported_id(session, url)
+                if instance is not None:
+                    answered[index] = (instance, url)
+                    silent.pop(index, None)
+                else:
+                    silent[index] = why
+            derived = _derived_ids(answered, silent, pod_ids)
+            if derived is not None:
+                for index, instance in derived.items():
+                    logger.warning(
+                        "Gym replica %s (%s) opens as down: %s", index, instance, silent[index]
+                    )
+                    answered[index] = (instance, urls[index])
+                break
+            waited = time.monotonic() - started
+            if not silent:
+                break
+            if waited >= budget_s:
+                raise GymOutageError(
+                    f"turn level: no id for Gym replica(s) that did not answer within "
+                    f"{waited:.1f}s (rollout.gymUnreachableSeconds {budget_s:g}): "
+                    + "; ".join(silent[i] for i in sorted(silent))
+                )
+            await asyncio.sleep(PROBE_PERIOD_S)
+    return _distinct(answered)
+
+
+def _derived_ids(
+    answered: Mapping[int, tuple[str, str]],
+    silent: Mapping[int, str],
+    pod_ids: Callable[[int], str] | None,
+) -> dict[int, str] | None:
+    """The silent replicas' derived ids, or None when there is none to derive (nothing
+    silent, not a pod, or an answering replica's id is not its derived one)."""
+    if not silent or pod_ids is None:
+        return None
+    if any(instance != pod_ids(index) for index, (instance, _) in answered.items()):
+        return None
+    return {index: pod_ids(index) for index in silent}
+
+
+def _distinct(answered: Mapping[int, tuple[str, str]]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for _, (instance, url) in sorted(answered.items()):
+        if instance in found:
+            raise RuntimeError(
+                f"Gym replicas {found[instance]} and {url} both call themselves {instance!r}"
+            )
+        found[instance] = url
+    return found
+
+
+async def _reported_id(session: Any, url: str) -> tuple[str | None, str]:
+    """The id ``url``'s ``/healthz`` reports, or None and why it did not answer. A replica
+    that answers without a valid id is a misconfiguration, not an outage: it raises."""
+    import aiohttp
+    import pydantic
+
+    try:
+        async with session.get(url.rstrip("/") + HEALTHZ_ROUTE) as response:
+            body = await response.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+        return None, f"Gym replica {url} did not answer {HEALTHZ_ROUTE}: {error}"
+    try:
+        instance = GymHealth.model_validate(body).instance_id
+    except pydantic.ValidationError as error:
+        raise RuntimeError(
+            f"Gym replica {url} answered {HEALTHZ_ROUTE} without a valid instance_id: "
+            f"{error.errors()[0]['msg']}"
+        ) from None
+    if not instance:
+        raise RuntimeError(f"Gym replica {url} reported no instance_id on {HEALTHZ_ROUTE}")
+    return str(instance), ""
 
 
 def with_prompt_set(cfg: RunConfig) -> tuple[RunConfig, PromptSet | None]:

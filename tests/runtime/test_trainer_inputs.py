@@ -72,3 +72,14 @@ async def test_a_server_without_the_plane_lowers_the_run_to_sibling(serve: Any) 
 async def test_an_unanswering_server_is_named() -> None:
     with pytest.raises(RuntimeError, match=r"http://127\.0\.0\.1:9 did not answer /healthz"):
         await lacking_control_plane(["http://127.0.0.1:9"])
+
+
+async def test_a_silent_server_among_answering_ones_is_judged_when_it_answers(
+    serve: Any,
+) -> None:
+    """Issue 14: a Gym down while the trainer starts is not the end of the trainer; only
+    those that answer decide the level (before: "did not answer /healthz" ended it)."""
+    urls = [await serve("gym-0", True), "http://127.0.0.1:9"]
+    assert await lacking_control_plane(urls) == []
+    urls = [await serve("gym-0", False), "http://127.0.0.1:9"]
+    assert await lacking_control_plane(urls) == [urls[0]]

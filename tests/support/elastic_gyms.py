@@ -12,6 +12,7 @@ announces it (:class:`MemberEndpoint`, read by the trainer's ``gym_members``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,18 @@ from rolloutrun_runtime.contract.wire import GYM_RUN_ROUTE
 class ElasticGyms:
     """The replicas of one run; ``servers[(index, generation)]`` keeps every server built."""
 
-    def __init__(self, cfg: RunConfig, token: str, *, down_s: float = 0.3) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        token: str,
+        *,
+        down_s: float = 0.3,
+        instance_id: Callable[[int], str] = "gym-{}".format,
+    ) -> None:
+        """``instance_id``: replica ``index``'s id in every generation (the launcher's
+        ``gym-<i>``; a pod's is ``gym_instance_id(run, index)``)."""
         self.cfg = cfg
+        self.instance_id = instance_id
         self.token = token
         self.down_s = down_s
         self.runners: dict[int, Any] = {}
@@ -41,13 +52,15 @@ class ElasticGyms:
     def audit_file(self, index: int) -> Path:
         return Path(self.cfg.log_dir) / f"gym-{index}.audit.jsonl"
 
-    async def _serve(self, index: int, generation: int) -> str:
+    async def _serve(self, index: int, generation: int, port: int = 0) -> str:
         from rolloutrun_runtime.environments.gym import GymServer
         from rolloutrun_runtime.environments.gym.control import GymCheckpointControl
         from rolloutrun_runtime.policy.http import serve_app
 
         Path(self.cfg.log_dir).mkdir(parents=True, exist_ok=True)
-        server = GymServer(f"gym-{index}", self.cfg, self.audit_file(index), token=self.token)
+        server = GymServer(
+            self.instance_id(index), self.cfg, self.audit_file(index), token=self.token
+        )
         control = GymCheckpointControl(server, self.token)
         server.continue_restored = control.claim_restored
 
@@ -60,7 +73,7 @@ class ElasticGyms:
 
         server.app.on_response_prepare.append(count)
         # As ``rolloutrun gym`` serves: a handler is cancelled when its client goes away.
-        runner, url = await serve_app(server.app, port=0, cancel_on_disconnect=True)
+        runner, url = await serve_app(server.app, port=port, cancel_on_disconnect=True)
         self.runners[index] = runner
         self.servers[(index, generation)] = server
         return str(url)
@@ -83,10 +96,11 @@ class ElasticGyms:
                 handler.transport.abort()
         await runner.cleanup()
 
-    async def come_back(self, index: int) -> None:
-        """The next generation of ``index`` serves at a new port, announced as a member."""
+    async def come_back(self, index: int, port: int = 0) -> None:
+        """The next generation of ``index`` serves at a new port (``port``: that one, e.g.
+        its first address, as a static endpoint's server comes back), announced as a member."""
         generation = self.members[index].generation + 1 if index in self.members else 1
-        url = await self._serve(index, generation)
+        url = await self._serve(index, generation, port)
         self.members[index] = MemberEndpoint(index, url, generation)
 
     async def stop(self) -> None:

@@ -209,6 +209,12 @@ def segments_to_row(result: Mapping[str, Any], max_seq_len: int) -> dict[str, An
     }
 
 
+def carries_record(record: Mapping[str, Any], request_max_bytes: int) -> bool:
+    """Whether an episode record may ride in a ``/run`` (a member resume): at most half of
+    ``gym.requestMaxBytes``, the rest of the body's room left to the call."""
+    return len(json.dumps(record)) <= request_max_bytes // 2
+
+
 def run_request_body(
     episode: EnvironmentEpisode,
     prompt_id: int,
@@ -274,7 +280,8 @@ class GymClient:
         self._jitter = random.Random()
         #: Generation addresses announced to each replica (by replica URL).
         self._announced: dict[str, set[str]] = {}
-        #: Told of each replica readdressed to a new generation (on the event loop).
+        #: Told of each replica readdressed to a new generation, and again once it answers
+        #: (its instance id known then: one down since open had none) (on the event loop).
         self.on_replaced: Callable[[GymReplica], None] | None = None
         #: Why each replica's last ``/healthz`` did not admit it (by replica URL).
         self._unanswered: dict[str, str] = {}
@@ -405,6 +412,8 @@ class GymClient:
                 self.outages.answered(replica.url)
                 self._announced.pop(replica.url, None)  # a new process knows no address
                 logger.info("Gym replica %s re-admitted at %s", replica.instance_id, replica.url)
+                if self.on_replaced is not None:  # its instance id is known now
+                    self.on_replaced(replica)
                 back.append(replica)
         return back
 
@@ -478,7 +487,13 @@ class GymClient:
         ``GymResumeRefusedError`` when the replica refused to continue from ``resume``)."""
         if self._session is None:
             raise GymUnavailableError("the Gym client is not open")
-        if resume is not None and MEMBER_RESUME_CAPABILITY not in replica.capabilities:
+        # One that never answered has no capabilities yet: its call ends unreachable unsent
+        # (``_post``), and the record goes on elsewhere, as a lost replica's does.
+        if (
+            resume is not None
+            and replica.identified
+            and MEMBER_RESUME_CAPABILITY not in replica.capabilities
+        ):
             raise GymResumeRefusedError(f"{replica.url} does not take a resume record")
         prompt = None if self.prompt_payload is None else self.prompt_payload(prompt_id)
         body = run_request_body(episode, prompt_id, policy_url, sampling, prompt, resume)

@@ -128,3 +128,38 @@ async def test_a_replica_answering_as_another_replicas_id_is_not_admitted(tmp_pa
         await first.cleanup()
         if twin is not None:
             await twin.cleanup()
+
+
+async def test_a_replacement_admitted_after_open_readdresses_the_environment_checkpoint(
+    tmp_path,
+):
+    """Turn level: the environment checkpoint keys a replica silent at open by its pod id
+    (``<run>-gym-<i>``, at its first address); its replacement serves at a new one. The
+    client's ``on_replaced`` (the controller's hook to ``environment.readdress``) is told
+    again once the replacement answers, under the id it names: the checkpoint then calls
+    the replacement. Before, it was told only when readdressed, under the placeholder id
+    (``gym-1``) the client had for a replica that never answered: the checkpoint kept
+    calling the lost pod's address."""
+    from rolloutrun_runtime.contract.pod import MemberEndpoint
+    from rolloutrun_runtime.environments.checkpointing.nemo_gym import GymEnvironmentCheckpoint
+
+    survivor, survivor_url = await _gym(tmp_path / "a", "run-gym-0")
+    lost_url = f"http://127.0.0.1:{_free_port()}"
+    client = _client([survivor_url, lost_url])
+    environment = GymEnvironmentCheckpoint(
+        {"run-gym-0": survivor_url, "run-gym-1": lost_url}, TOKEN
+    )
+    client.on_replaced = lambda r: environment.readdress(r.instance_id, r.url)
+    replacement = None
+    try:
+        await client.open()
+        replacement, new_url = await _gym(tmp_path / "b", "run-gym-1")
+        assert client.readdress(MemberEndpoint(1, new_url, 1))
+        assert [r.url for r in await client.readmit()] == [new_url]
+        assert environment.endpoints == {"run-gym-0": survivor_url, "run-gym-1": new_url}
+    finally:
+        await client.close()
+        await environment.close()
+        await survivor.cleanup()
+        if replacement is not None:
+            await replacement.cleanup()

@@ -263,6 +263,8 @@ class RolloutRestorer:
         self._trace = trace or TraceWriter(None)
         #: What the environment refused of this incarnation's restore (the step records').
         self.environment_restore = EnvironmentRestoreMetrics()
+        #: The restore's episodes a down replica did not take: rollout id -> (owner, record).
+        self.unavailable_episodes: dict[str, tuple[str, Mapping[str, Any]]] = {}
 
     # ================================================================== plan
     def anchor_is_durable(self, anchor: Anchor) -> bool:
@@ -523,7 +525,8 @@ class RolloutRestorer:
         drops them when it raises (the seed's restore scope; see ``restore_scope``).
 
         Refused episodes are logged; their siblings restart from turn 0 under a new rollout
-        id (the ledger mints one for every dispatched attempt not in the map).
+        id (the ledger mints one for every dispatched attempt not in the map). A down
+        replica's episodes are kept in ``unavailable_episodes`` with their records.
         """
         data = restored.environment_snapshot
         if data is None or not self._environment.holds_rollout_state:
@@ -553,6 +556,9 @@ class RolloutRestorer:
                 logger.warning("episode %s restarts from turn 0: %s", episode.rollout_id, why)
                 self.environment_restore.refused_episodes += 1
                 self._refuse_environment(restored, episode.rollout_id, episode.instance_id, why)
+            self.unavailable_episodes = {  # the resume carries them as a lost replica's
+                e.rollout_id: (e.instance_id, record) for e, record in outcome.unavailable
+            }
             yield {episode.rollout_id: episode.instance_id for episode in outcome.restored}
 
     def _refuse_environment(

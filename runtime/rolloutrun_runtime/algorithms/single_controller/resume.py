@@ -20,8 +20,10 @@ import asyncio
 import contextlib
 import logging
 import sys
+from collections.abc import Mapping
 from typing import Any
 
+from rolloutrun_runtime.algorithms.gym_client import carries_record
 from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
     RestoredRolloutState,
     RolloutRestorer,
@@ -129,16 +131,21 @@ class Resume:
             self._trace_restore(0)
             return
         ledger = state.ledger
+        carried = self._carried_records()
+        owners = {**self.restored_episodes, **{r: owner for r, (owner, _) in carried.items()}}
         async with state.barrier.checkpoint() as cut:
             async with self._environment_restore:  # kept; dropped if the ledger refuses it
-                report = ledger.prepare_for_restart(cut, self.restored_episodes)
+                report = ledger.prepare_for_restart(cut, owners)
             for resumed in report.resumed:
-                self._trace_restarted(ledger, resumed.rollout_id, "attempt_restored", level="turn")
+                level = "member" if resumed.rollout_id in carried else "turn"
+                self._trace_restarted(ledger, resumed.rollout_id, "attempt_restored", level=level)
             for episode in report.abandoned:
                 self._trace_restarted(
                     ledger, episode.rollout_id, "attempt_abandoned", reason="restart"
                 )
             runs = self._unfinished_groups(ledger, report.stale_row_keys)
+            resumed_ids = {episode.rollout_id for episode in report.resumed}
+            _carry(ledger, runs, {r: v for r, v in carried.items() if r in resumed_ids})
         for _ in range(len(runs) + len(state.buffer)):
             if state.buffer.permits.locked():
                 raise ControllerError("restored work exceeds rollout.replayCapacity")
@@ -153,6 +160,22 @@ class Resume:
             len(state.buffer),
             len(report.abandoned),
         )
+
+    def _carried_records(self) -> dict[str, tuple[str, Mapping[str, Any]]]:
+        """The restore's episodes a down replica did not take that go on from their records
+        as a lost replica's do mid-run (``RolloutPump._member_resume``: the ``/run`` carries
+        the record, to the owner's replacement once it answers, else to a survivor). Only
+        where some replica takes a record and it fits in a ``/run``: a ``/run`` for attempt
+        + 1 without it would start the episode over under the same rollout id and repeat its
+        side effects, so every other restarts from turn 0 under a new one."""
+        if not self.rollouts.gym.resumes():
+            return {}
+        limit = self.state.cfg.gym.request_max_bytes
+        return {
+            rollout_id: (owner, record)
+            for rollout_id, (owner, record) in self.restorer.unavailable_episodes.items()
+            if carries_record(record, limit)
+        }
 
     def _trace_restarted(
         self, ledger: RecoveryLedger, rollout_id: str, event: str, **fields: Any
@@ -212,3 +235,18 @@ class Resume:
             # torch._dynamo costs 1.5-2 s of start-up; nothing on this path needs it
             dynamo_imported="torch._dynamo" in sys.modules,
         )
+
+
+def _carry(
+    ledger: RecoveryLedger,
+    runs: list[GroupRun],
+    records: Mapping[str, tuple[str, Mapping[str, Any]]],
+) -> None:
+    """Each resumed episode's record on its relaunched group's sibling (``GroupRun.resume``),
+    where the rollout pump sends it with the sibling's next ``/run``."""
+    by_group = {run.group_id: run for run in runs}
+    for rollout_id, (_, record) in records.items():
+        sibling_id, _ = split_rollout_id(rollout_id)
+        run = by_group.get(ledger.group_of(sibling_id).group_id)
+        if run is not None:
+            run.resume[ledger.sibling(sibling_id).index] = record

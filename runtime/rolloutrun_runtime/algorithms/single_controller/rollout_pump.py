@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import defaultdict
@@ -42,6 +41,7 @@ from rolloutrun_runtime.algorithms.gym_client import (
     GymReplica,
     GymResumeRefusedError,
     GymUnavailableError,
+    carries_record,
     rollout_seed,
 )
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
@@ -371,7 +371,7 @@ class RolloutPump:
         lookup = self.turn_records if self.gym.resumes() else None
         record = lookup(attempt.rollout_id, attempt.gym_attempt) if lookup is not None else None
         record = record if record is not None else run.resume.get(index)
-        if record is None or len(json.dumps(record)) > self.cfg.gym.request_max_bytes // 2:
+        if record is None or not carries_record(record, self.cfg.gym.request_max_bytes):
             return False  # none, or too big to ride in a /run under gym.requestMaxBytes
         sibling_id = sibling_id_for(run.group_id, index)
         if not ledger.resume_elsewhere(cut, sibling_id, attempt.attempt_uuid):

@@ -84,6 +84,10 @@ class EpisodeRestoreOutcome:
     """Episodes installed under attempt + 1 (ready to be dispatched again)."""
     refused: tuple[tuple[EnvironmentEpisode, str], ...]
     """Episodes that cannot continue (and why): their siblings restart from turn 0."""
+    unavailable: tuple[tuple[EnvironmentEpisode, Mapping[str, Any]], ...] = ()
+    """Episodes of replicas that did not take the restore (down at start), each with its
+    record: as a lost replica's episodes mid-run, each goes on from its record on the
+    owner's replacement or a survivor (the ``/run`` carries it), or restarts from turn 0."""
 
 
 @runtime_checkable

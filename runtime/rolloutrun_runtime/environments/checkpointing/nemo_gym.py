@@ -7,11 +7,15 @@ phase out to every replica concurrently, routes per-episode calls to the instanc
 the episode (a restored attempt must return to its owner). A snapshot's phases (retire,
 prepare, commit) report a replica that fails as *unavailable* instead of failing the whole
 attempt: a lost Gym pod costs only its own episodes' turns (they restart from turn 0), not
-the rest of the rollout state. Restore and the other calls still turn any replica's refusal
-into :class:`EnvironmentCheckpointError`. A restore goes to each replica in chunks under its
-``gym.requestMaxBytes`` (:mod:`~rolloutrun_runtime.environments.checkpointing.restore_chunks`);
-a failed chunk drops every replica's earlier chunks, and a record too big for any body is
-refused alone, naming the episode and the sizes.
+the rest of the rollout state. A restore likewise leaves out a replica that fails (one
+down while the trainer starts): its chunks are dropped and its episodes come back as
+``unavailable`` with their records, to take a lost replica's path (go on from the record on
+its replacement or a survivor, or restart from turn 0), while the others' episodes are
+restored; only when every replica fails does the restore fail. The other calls still turn
+any replica's refusal into :class:`EnvironmentCheckpointError`. A restore goes to each
+replica in chunks under its ``gym.requestMaxBytes``
+(:mod:`~rolloutrun_runtime.environments.checkpointing.restore_chunks`), and a record too big
+for any body is refused alone, naming the episode and the sizes.
 
 Every call names this trainer (an id, its incarnation and its start time): a replica then
 ends at once a checkpoint that a killed predecessor left half done, instead of refusing this
@@ -203,6 +207,8 @@ class GymEnvironmentCheckpoint:
             if request_max_bytes is not None
             else GymConfig.model_fields["request_max_bytes"].default
         )
+        #: Replicas left out of an open restore (down at start), by its checkpoint id.
+        self._left_out: dict[str, set[str]] = {}
         #: Sent with every call (the control plane's ``trainer``): who is driving the Gym.
         self.trainer = {
             "id": uuid.uuid4().hex[:16],
@@ -370,19 +376,29 @@ class GymEnvironmentCheckpoint:
             ),
             return_exceptions=True,
         )
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            # All or nothing: every chunk any replica installed is dropped again.
+        failed = {
+            instance: result
+            for instance, result in zip(plans, results, strict=True)
+            if isinstance(result, BaseException)
+        }
+        bugs = [e for e in failed.values() if not isinstance(e, EnvironmentCheckpointError)]
+        if bugs or len(failed) == len(plans):
+            # Nothing to restore onto (or a bug): every chunk any replica installed is dropped.
             await self._end_restore_quietly(checkpoint_id)
-            for failure in errors:
-                if not isinstance(failure, EnvironmentCheckpointError):
-                    raise failure  # a bug, not a replica's failure
-            raise EnvironmentCheckpointError("; ".join(str(failure) for failure in errors))
+            if bugs:
+                raise bugs[0]
+            raise EnvironmentCheckpointError("; ".join(str(e) for e in failed.values()))
+        # A replica that failed (down at start) is left out, as a snapshot's phases leave out
+        # a replica that fails: its earlier chunks are dropped, its episodes handed back with
+        # their records (``unavailable``), the others' restore goes on.
+        await self._drop_left_out(checkpoint_id, {i: str(e) for i, e in failed.items()})
         # The restore scope stays open (``end_restore`` keeps or drops what it installed); a
         # trainer that dies inside it leaves it to the replicas' lease, which drops it.
         restored: list[EnvironmentEpisode] = []
         refused: list[tuple[EnvironmentEpisode, str]] = []
         for (instance, plan), answers in zip(plans.items(), results, strict=True):
+            if instance in failed:
+                continue
             assert isinstance(answers, list)
             for too_big in plan.oversized:
                 episode = _episode_of(too_big.record, instance)
@@ -399,7 +415,31 @@ class GymEnvironmentCheckpoint:
                     (EnvironmentEpisode.from_row_key(item.episode, instance), item.reason)
                     for item in answer.refused
                 )
-        return EpisodeRestoreOutcome(restored=tuple(sorted(restored)), refused=tuple(refused))
+        unavailable = tuple(
+            (_episode_of(record, instance), record)
+            for instance in sorted(failed)
+            for record in snapshot.records.get(instance, [])
+        )
+        return EpisodeRestoreOutcome(
+            restored=tuple(sorted(restored)), refused=tuple(refused), unavailable=unavailable
+        )
+
+    async def _drop_left_out(self, checkpoint_id: str, failed: Mapping[str, str]) -> None:
+        """Drop what the replicas in ``failed`` installed of restore ``checkpoint_id`` (a
+        down one answers nothing: its lease drops it), and leave them out of its end."""
+        if not failed:
+            return
+        self._left_out[checkpoint_id] = set(failed)
+        for instance, why in sorted(failed.items()):
+            logger.warning(
+                "Gym %s is unavailable to restore %s; its episodes go on from their records "
+                "on its replacement or a survivor: %s",
+                instance,
+                checkpoint_id,
+                why,
+            )
+        body = {"checkpoint_id": checkpoint_id, "deadline_ts": time.time() + RESUME_TIMEOUT_S}
+        await self._fan_out_each("drop", {instance: body for instance in failed})
 
     def _restore_envelope_bytes(self, checkpoint_id: str) -> int:
         """Bytes of a restore body without its records (the largest chunk number, and the
@@ -435,13 +475,14 @@ class GymEnvironmentCheckpoint:
         return answers
 
     async def end_restore(self, checkpoint_id: str, *, keep: bool) -> None:
-        if keep:
-            # The restored episodes stay installed (a /run for attempt + 1 continues them)
-            # and the replicas return to idle, so the next snapshot's prepare may follow.
-            await self.resume(checkpoint_id)
-            return
+        left_out = self._left_out.pop(checkpoint_id, set())
         body = {"checkpoint_id": checkpoint_id, "deadline_ts": time.time() + RESUME_TIMEOUT_S}
-        await self._fan_out("drop", {instance: body for instance in self.endpoints})
+        # The restored episodes stay installed (a /run for attempt + 1 continues them) and
+        # the replicas return to idle (resume), so the next snapshot's prepare may follow.
+        route = "resume" if keep else "drop"
+        await self._fan_out(
+            route, {instance: body for instance in self.endpoints if instance not in left_out}
+        )
 
     async def _end_restore_quietly(self, checkpoint_id: str) -> None:
         try:

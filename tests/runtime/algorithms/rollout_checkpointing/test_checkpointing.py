@@ -458,9 +458,10 @@ async def test_refused_episode_restores_are_trace_events_and_a_metric(tmp_path) 
 async def test_a_refused_whole_environment_restore_is_a_trace_event_and_a_metric(
     tmp_path,
 ) -> None:
-    """Issue 12: a Gym that cannot take the restore (gone, here) fails the whole restore;
-    that is a trace event naming no episode and ``env_restore_failed`` in every step record,
-    not only a warning in the log."""
+    """Issue 12: when no Gym can take the restore (every one gone, here) the whole restore
+    fails; that is a trace event naming no episode and ``env_restore_failed`` in every step
+    record, not only a warning in the log. (One Gym gone is left out alone: its episodes
+    take a lost replica's path, ``test_gym_lost_at_turn_restore``.)"""
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter, read_events
 
     cfg = _turn_config(tmp_path, max_steps=3)
@@ -470,17 +471,19 @@ async def test_a_refused_whole_environment_restore_is_a_trace_event_and_a_metric
         await _stop_after_a_snapshot_with_episodes(h, cfg)
         trace = TraceWriter(trace_path)
         second = await h.controller(cfg, trace=trace)
-        second.environment.endpoints["gym-0"] = "http://127.0.0.1:9"  # nothing listens
+        for instance in ("gym-0", "gym-1"):
+            second.environment.endpoints[instance] = "http://127.0.0.1:9"  # nothing listens
         restored = await second.restore()
         assert restored is not None and not second.resumption.restored_episodes
-        second.environment.endpoints["gym-0"] = cfg.gym.endpoints[0]
+        second.environment.endpoints.update({"gym-0": cfg.gym.endpoints[0]})
+        second.environment.endpoints.update({"gym-1": cfg.gym.endpoints[1]})
         await run_to_end(second)
         trace.close()
     events = [e for e in read_events(trace_path) if e["event"] == "environment_restore_refused"]
     assert [(e["snapshot_id"], e["rollout_id"], e["instance_id"]) for e in events] == [
         (restored.snapshot_id, None, None)
     ]
-    assert "gym-0" in events[0]["reason"]
+    assert "gym-0" in events[0]["reason"] and "gym-1" in events[0]["reason"]
     assert second.history
     for record in second.history:
         assert record["env_restore_failed"] == 1 and record["env_restore_refused_episodes"] == 0

@@ -678,6 +678,38 @@ async def test_a_lost_replica_is_reported_unavailable_not_fatal(rig: Rig) -> Non
     assert status == 200
 
 
+async def test_a_restore_leaves_out_a_replica_that_is_down_and_restores_the_others(
+    rig: Rig,
+) -> None:
+    """Issue 14: a replica down while the trainer starts (connection refused) is left out of
+    the restore; its episodes come back ``unavailable`` with their records (to go on as a
+    lost replica's do), the survivor's are restored and kept, and the scope's end calls only
+    the survivor. Before, the whole restore failed and every episode restarted from turn 0."""
+    await rig.start_gym("gym-0")
+    client = rig.client()
+    snapshot = await _snapshot_two_running(rig, client)
+    server = rig.gyms["gym-0"][0]
+    for _ in range(100):  # as above: the dropped runs stop before they apply another effect
+        if all(e.error == CANCELLED_REASON for e in server.episodes.values()):
+            break
+        await asyncio.sleep(0.01)
+    lost = {**_record("lost"), "turn": 2}
+    records = {"gym-0": list(snapshot.records["gym-0"]), "gym-1": [lost]}
+    both = GymSnapshot("ck1", records)
+    client.endpoints["gym-1"] = "http://127.0.0.1:9"  # its pod was deleted
+    async with restore_scope(client, "ck-restore", deadline(), both.to_bytes()) as outcome:
+        assert rig.gyms["gym-0"][1].phase is ControlPhase.RESTORED
+    # Each of the survivor's episodes is answered by it (restored, or refused when a run
+    # applied an effect past its record before it was cancelled), none is left out.
+    answered = [e.rollout_id for e in outcome.restored] + [e.rollout_id for e, _ in outcome.refused]
+    assert sorted(answered) == ["r0", "r1"]
+    assert outcome.unavailable == ((EnvironmentEpisode("lost", 0, "gym-1"), lost),)
+    assert rig.gyms["gym-0"][1].phase is ControlPhase.IDLE  # kept, and only it was resumed
+    client.endpoints["gym-0"] = "http://127.0.0.1:9"  # every replica down: nothing to restore on
+    with pytest.raises(EnvironmentCheckpointError, match="gym-0 restore failed"):
+        await client.restore("ck-none", deadline(), both.to_bytes())
+
+
 def _record(rollout_id: str, attempt: int = 0) -> dict[str, Any]:
     return {"episode_id": {"rollout_id": rollout_id, "attempt": attempt}}
 
