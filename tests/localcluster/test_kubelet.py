@@ -463,7 +463,7 @@ def test_volumes_are_files_under_the_pod_root_or_at_their_mount_paths(
 
 RAY_TRAINER = """
 import ray, time
-ray.init(num_cpus=1, include_dashboard=False)
+ray.init(address="local", num_cpus=1, include_dashboard=False)
 print("ray up", flush=True)
 time.sleep(300)
 """

@@ -471,12 +471,15 @@ def _environ(name: str, value: str) -> Iterator[None]:
 def init_private(options: dict[str, Any]) -> None:
     """``ray.init`` of a private Ray on 127.0.0.1, tried :data:`PRIVATE_START_ATTEMPTS`
     times: Ray gives its raylet a fixed 30 s to register, which a loaded machine misses
-    ("The current node timed out during startup"), and a second start usually makes it."""
+    ("The current node timed out during startup"), and a second start usually makes it.
+
+    ``address="local"``: without an address Ray joins the cluster named in its "current
+    cluster" file, which a SIGKILLed head leaves behind; a private Ray never joins anything."""
     import ray
 
     for attempt in range(1, PRIVATE_START_ATTEMPTS + 1):
         try:
-            ray.init(_node_ip_address="127.0.0.1", **options)
+            ray.init(address="local", _node_ip_address="127.0.0.1", **options)
             return
         except Exception as error:
             ray.shutdown()

@@ -23,6 +23,7 @@ def ray_session() -> Iterator[None]:
     started = not ray.is_initialized()
     if started:
         ray.init(
+            address="local",  # never a stale "current cluster" a killed head left
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,

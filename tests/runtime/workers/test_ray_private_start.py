@@ -60,3 +60,46 @@ def test_other_failures_are_not_retried(fake_init: Any) -> None:
     with pytest.raises(ValueError, match="bad option"):
         ray_cluster.init_private({})
     assert fake.calls == 1
+
+
+STALE_HEAD = "127.0.0.1:9"  # the discard port: nothing serves a GCS there
+
+PRIVATE_START = """
+import ray
+from rolloutrun_runtime.workers.ray_cluster import init_private
+init_private({"include_dashboard": False, "log_to_driver": False, "num_cpus": 1})
+print("gcs", ray.get_runtime_context().gcs_address, flush=True)
+ray.shutdown()
+"""
+
+
+def test_a_stale_current_cluster_file_is_not_joined() -> None:
+    """A head SIGKILLed on this machine leaves Ray's "current cluster" file naming it; a
+    plain ``ray.init()`` would try to join that dead cluster instead of starting one."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from tests.runtime.workers.conftest import RAY_ENV
+
+    temp = Path(tempfile.mkdtemp(prefix="rr", dir="/tmp"))  # short: Ray's socket paths
+    try:
+        (temp / "ray").mkdir()
+        (temp / "ray" / "ray_current_cluster").write_text(STALE_HEAD)
+        env = {**os.environ, **RAY_ENV, "RAY_TMPDIR": str(temp)}
+        env.pop("RAY_ADDRESS", None)
+        done = subprocess.run(
+            [sys.executable, "-c", PRIVATE_START],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        gcs = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("gcs ")]
+        assert gcs and gcs[0] != STALE_HEAD
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
