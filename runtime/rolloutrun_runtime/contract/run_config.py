@@ -18,15 +18,13 @@ This module imports only pydantic and the standard library: the operator image h
 from __future__ import annotations
 
 import enum
-import hashlib
-import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from rolloutrun_runtime.contract.config_base import ConfigSection as _Model
+from rolloutrun_runtime.contract.config_fingerprint import fingerprint_of, flatten
 from rolloutrun_runtime.contract.field_rules import FieldRule, cel_rules
 from rolloutrun_runtime.contract.layout import DEFAULT_STORAGE_DIR
 from rolloutrun_runtime.contract.policy_config import HEADS_DIVIDE_WIDTH as HEADS_DIVIDE_WIDTH
@@ -527,28 +525,6 @@ class RunConfig(RunSettings):
     def fingerprint(self, exclude: frozenset[str] = frozenset()) -> str:
         """sha256 over the canonical JSON of the config, minus the dotted keys in ``exclude``."""
         return fingerprint_of(flatten(self.to_yaml_dict(), exclude))
-
-
-def fingerprint_of(view: Mapping[str, Any]) -> str:
-    """sha256 of a flattened config view, in canonical JSON (the one fingerprint rule)."""
-    return hashlib.sha256(json.dumps(dict(view), sort_keys=True).encode()).hexdigest()
-
-
-def flatten(mapping: dict[str, Any], exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """Flatten nested mappings into ``{"a.b.c": value}``, dropping keys listed in ``exclude``."""
-    flat: dict[str, Any] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if prefix in exclude:
-            return
-        if isinstance(value, dict):
-            for key, inner in value.items():
-                walk(f"{prefix}.{key}" if prefix else key, inner)
-        else:
-            flat[prefix] = value
-
-    walk("", mapping)
-    return flat
 
 
 class ConfigError(ValueError):

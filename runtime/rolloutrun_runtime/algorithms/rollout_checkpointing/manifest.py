@@ -58,6 +58,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest_format import 
     rollout_config_view,
     sha256_of,
 )
+from rolloutrun_runtime.contract.config_fingerprint import fingerprint_of
 from rolloutrun_runtime.contract.layout import (
     BOOTSTRAP_KEY,
     DATA_SEGMENTS_PREFIX,
@@ -67,7 +68,7 @@ from rolloutrun_runtime.contract.layout import (
     snapshot_dir,
 )
 from rolloutrun_runtime.contract.pod import DEFAULT_LEASE_DURATION_S
-from rolloutrun_runtime.contract.run_config import RunConfig, fingerprint_of
+from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.storage import (
     CheckpointStorage,

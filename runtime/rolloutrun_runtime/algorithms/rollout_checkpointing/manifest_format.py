@@ -27,12 +27,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rolloutrun_runtime.contract.config_fingerprint import fingerprint_of, flatten
 from rolloutrun_runtime.contract.layout import (
     MANIFEST_SCHEMA_VERSION,
     READABLE_MANIFEST_SCHEMA_VERSIONS,
     SNAPSHOT_DIR,
 )
-from rolloutrun_runtime.contract.run_config import RunConfig, fingerprint_of, flatten
+from rolloutrun_runtime.contract.run_config import RunConfig
 
 #: Config keys that may change between incarnations without invalidating a snapshot. All
 #: other keys count (fail closed): a new key added to RunConfig is part of the fingerprint
