@@ -24,12 +24,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.tree_run import run_in_tree
 
 STEPS = 24
 #: Groups trained and as many finalized before each snapshot of ``--groups``.
@@ -179,33 +179,12 @@ def compare_groups(baseline: str | None, sizes: list[int], repetitions: int) -> 
 
 
 def _tree_json(tree: Path, args: list[str]) -> dict[str, Any]:
-    here = Path(__file__).resolve().parent.parent
-    path = os.pathsep.join([str(here), str(tree / "runtime"), str(tree / "operator")])
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.snapshot_writer_cpu", *args],
-        env={**os.environ, "PYTHONPATH": path},
-        cwd=here,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    return json.loads(done.stdout.splitlines()[-1])
+    return dict(run_in_tree(tree, "bench.snapshot_writer_cpu", args, 1800))
 
 
 def _run_tree(tree: Path, config: Path, log_dir: Path) -> dict[str, Any]:
-    here = Path(__file__).resolve().parent.parent
-    path = os.pathsep.join([str(here), str(tree / "runtime"), str(tree / "operator")])
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.snapshot_writer_cpu", "--one", str(config), str(log_dir)],
-        env={**os.environ, "PYTHONPATH": path},
-        cwd=here,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    return json.loads(done.stdout.splitlines()[-1])
+    argv = ["--one", str(config), str(log_dir)]
+    return dict(run_in_tree(tree, "bench.snapshot_writer_cpu", argv, 900))
 
 
 def compare(baseline: str | None, repetitions: int, root: Path) -> dict[str, Any]:

@@ -41,12 +41,12 @@ import json
 import math
 import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from bench.tree_run import run_in_tree
 
 #: The goal: steps/s with a snapshot after every step over steps/s without snapshots.
 GOAL_RATIO = 0.995
@@ -230,19 +230,8 @@ def write_config(base: dict[str, Any], path: Path, steps: int) -> Path:
 def _one_subprocess(
     tree: Path, config: Path, log_dir: Path, warmup: int, block: int, phase: int
 ) -> dict:
-    here = Path(__file__).resolve().parent.parent
-    path = os.pathsep.join([str(here), str(tree / "runtime"), str(tree / "operator")])
     argv = ["--one", str(config), str(log_dir), str(warmup), str(block), str(phase)]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.throughput_blocks", *argv],
-        env={**os.environ, "PYTHONPATH": path},
-        cwd=here,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    return json.loads(done.stdout.splitlines()[-1])
+    return dict(run_in_tree(tree, "bench.throughput_blocks", argv, 1800))
 
 
 def measure(
