@@ -28,7 +28,7 @@ import dataclasses
 import itertools
 import json
 import logging
-import statistics
+import math
 import threading
 import time
 import uuid
@@ -274,7 +274,7 @@ def _stop_report(
             and _prompt_key(e) in running
             and _prompt_key(e) in baseline_sealed
         ]
-        lost = statistics.fmean(delays) if delays else 0.0
+        lost = math.fsum(delays) / len(delays) if delays else 0.0  # = statistics.fmean
     return StopReport(
         index=index,
         stopped_run_id=before[0]["run_id"],
