@@ -207,7 +207,7 @@ def test_write_many_syncs_each_directory_once(tmp_path: Path, monkeypatch) -> No
     storage.write_bytes("s/x/b", b"0")
     synced: list[Path] = []
     real = local._fsync_dir
-    monkeypatch.setattr(local, "_fsync_dir", lambda path: (synced.append(path), real(path)))
+    monkeypatch.setattr(local, "_fsync_dir", lambda path: (synced.append(Path(path)), real(path)))
     storage.write_many({"s/a": b"1", "s/c": b"2", "s/x/b": b"3", "s/x/d": b"4"})
     assert sorted(synced) == [tmp_path / "s", tmp_path / "s" / "x"]
     assert storage.read_bytes("s/x/d") == b"4"
@@ -221,7 +221,7 @@ def test_write_many_into_new_folders_syncs_each_directory_once(tmp_path: Path, m
     storage = LocalStorage(tmp_path)
     synced: list[Path] = []
     real = local._fsync_dir
-    monkeypatch.setattr(local, "_fsync_dir", lambda path: (synced.append(path), real(path)))
+    monkeypatch.setattr(local, "_fsync_dir", lambda path: (synced.append(Path(path)), real(path)))
     storage.write_many({"e/a": b"1", "e/x/b": b"2", "e/y/c": b"3", "e/y/d": b"4"})
     entry = tmp_path / "e"
     assert sorted(synced) == [tmp_path, entry, entry / "x", entry / "y"]
