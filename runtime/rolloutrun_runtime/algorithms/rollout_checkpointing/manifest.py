@@ -192,15 +192,21 @@ class ManifestStore:
     def _listed_ids(self) -> tuple[list[int], list[int]]:
         """Every snapshot id with any file, and those with a manifest: one listing (not an
         existence check per id)."""
-        ids, committed = set(), set()
+        folders: set[str] = set()
+        marked: set[str] = set()
         for key in self.storage.list(SNAPSHOTS_PREFIX):
-            parts = key.split("/")
+            parts = key.split("/", 3)
             if len(parts) >= 3:
-                parsed = parse_snapshot_id(parts[1])
-                if parsed is not None:
-                    ids.add(parsed)
-                    if len(parts) == 3 and parts[2] == MANIFEST_NAME:
-                        committed.add(parsed)
+                folders.add(parts[1])
+                if len(parts) == 3 and parts[2] == MANIFEST_NAME:
+                    marked.add(parts[1])
+        ids, committed = [], []
+        for folder in folders:  # each folder's name parsed once, not once per file in it
+            parsed = parse_snapshot_id(folder)
+            if parsed is not None:
+                ids.append(parsed)
+                if folder in marked:
+                    committed.append(parsed)
         return sorted(ids), sorted(committed)
 
     def next_snapshot_id(self) -> int:
