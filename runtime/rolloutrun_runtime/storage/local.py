@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import shutil
@@ -32,6 +33,20 @@ from .keys import TMP_PREFIX, check_create_only_size, normalize_prefix, validate
 log = logging.getLogger(__name__)
 
 COPY_CHUNK = 4 * 1024 * 1024
+
+#: Temporary names: this process's random token and a counter, not a ``getrandom`` call per
+#: write (each syscall on the writer thread is one more hand-over of the interpreter lock
+#: the trainer waits on); a forked child draws its own token. ``O_EXCL`` guards anyway.
+_tmp_token = os.urandom(8).hex()
+_tmp_counter = itertools.count()
+
+
+def _renew_tmp_token() -> None:
+    global _tmp_token
+    _tmp_token = os.urandom(8).hex()
+
+
+os.register_at_fork(after_in_child=_renew_tmp_token)
 
 
 class LocalStorage:
@@ -287,7 +302,7 @@ def _write_file(
     or linked to it when ``exclusive`` (``ObjectExistsError`` if it exists). The caller
     fsyncs the directory."""
     head, name = os.path.split(path)
-    tmp = f"{head}/{TMP_PREFIX}{name}.{os.urandom(16).hex()}"
+    tmp = f"{head}/{TMP_PREFIX}{name}.{_tmp_token}{next(_tmp_counter):x}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
         try:

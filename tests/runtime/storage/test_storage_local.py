@@ -243,3 +243,20 @@ def test_hints_and_garbage_deletes_skip_the_fsyncs(tmp_path: Path, monkeypatch) 
     assert storage.read_bytes("LATEST") == b"hint" and storage.list("p") == []
     storage.write_bytes("LATEST", b"durable")
     assert len(synced) == 2  # the file and its folder
+
+
+def test_a_forked_child_names_its_temporary_files_apart_from_its_parent(tmp_path: Path) -> None:
+    """Temporary names are a per-process token and a counter (no syscall per write): a
+    child forked mid-run draws its own token, so it never collides with its parent's."""
+    from rolloutrun_runtime.storage import local
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its token and leave at once
+        os.write(write, local._tmp_token.encode())
+        os._exit(0)
+    os.close(write)
+    child_token = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child_token and child_token != local._tmp_token
