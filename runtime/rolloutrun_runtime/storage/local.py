@@ -186,6 +186,29 @@ class LocalStorage:
     def list(self, prefix: str = "") -> list[str]:
         return sorted(key for key, _ in self._listed(prefix))
 
+    def list_entries(self, prefix: str, marker_name: str) -> dict[str, bool]:
+        """One read of ``prefix``'s folder and a check of each subfolder's marker; only a
+        subfolder without one is searched for a file (a snapshot's publication asks this of
+        the snapshots' folder each time: not every file of every snapshot and segment)."""
+        prefix = normalize_prefix(prefix, base_uri=self.base_uri)
+        top = self._path_str(prefix) if prefix else self._root_str
+        entries: dict[str, bool] = {}
+        with _translated(f"{self.base_uri}/{prefix}" if prefix else self.base_uri):
+            try:
+                with os.scandir(top) as listed:
+                    folders = [e.name for e in listed if e.is_dir() and not e.is_symlink()]
+            except (FileNotFoundError, NotADirectoryError):
+                return entries
+            for name in folders:
+                folder = f"{top}/{name}"
+                if os.path.isfile(f"{folder}/{marker_name}"):
+                    entries[name] = True
+                elif any(
+                    not file.startswith(TMP_PREFIX) for _, files in _scan(folder) for file in files
+                ):
+                    entries[name] = False
+        return entries
+
     def modified_times(self, prefix: str = "") -> dict[str, float]:
         times = {}
         for key, path in self._listed(prefix):
@@ -364,11 +387,10 @@ def _makedirs(path: str) -> list[str]:
     return created
 
 
-def _scan(top: str) -> list[tuple[str, list[str]]]:
+def _scan(top: str) -> Iterator[tuple[str, list[str]]]:
     """Each folder under and including ``top`` (parents before their children) with the
-    names of the files in it. A missing or not-a-directory ``top`` (or a folder removed
-    meanwhile) scans as empty; any other error is raised."""
-    folders: list[tuple[str, list[str]]] = []
+    names of the files in it, read one folder at a time. A missing or not-a-directory
+    ``top`` (or a folder removed meanwhile) scans as empty; any other error is raised."""
     pending = [top]
     while pending:
         folder = pending.pop()
@@ -382,9 +404,8 @@ def _scan(top: str) -> list[tuple[str, list[str]]]:
                         subfolders.append(entry.name)
         except (FileNotFoundError, NotADirectoryError):
             continue
-        folders.append((folder, files))
+        yield folder, files
         pending.extend(f"{folder}/{name}" for name in sorted(subfolders, reverse=True))
-    return folders
 
 
 def _translate_os_error(exc: OSError, uri: str) -> StorageError:

@@ -260,3 +260,16 @@ def test_a_forked_child_names_its_temporary_files_apart_from_its_parent(tmp_path
     os.close(read)
     os.waitpid(pid, 0)
     assert child_token and child_token != local._tmp_token
+
+
+def test_list_entries_passes_over_folders_with_no_object(tmp_path: Path) -> None:
+    """An empty folder, or one holding only a killed writer's temporary file, holds no key:
+    ``list`` does not show it, so neither does ``list_entries``."""
+    from rolloutrun_runtime.storage.keys import TMP_PREFIX
+
+    storage = LocalStorage(tmp_path)
+    storage.write_bytes("top/kept/MARK", b"")
+    (tmp_path / "top" / "empty" / "inner").mkdir(parents=True)
+    (tmp_path / "top" / "tmp-only").mkdir()
+    (tmp_path / "top" / "tmp-only" / f"{TMP_PREFIX}x.1").write_bytes(b"half")
+    assert storage.list_entries("top", "MARK") == {"kept": True}
