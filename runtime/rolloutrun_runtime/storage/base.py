@@ -78,6 +78,13 @@ class CheckpointStorage(Protocol):
         """All keys strictly under ``prefix`` (a key or ``""``), recursive, sorted."""
         ...
 
+    def list_entries(self, prefix: str, marker_name: str) -> dict[str, bool]:
+        """Each folder directly under ``prefix`` that holds an object (at any depth) -> whether
+        it holds ``marker_name`` directly: what :meth:`list` says of them
+        (:func:`~.keys.entries_of`), without listing every object where the backend can
+        (file:// reads the folders and checks each marker, not every file below them)."""
+        ...
+
     def modified_times(self, prefix: str = "") -> dict[str, float]:
         """Each key under ``prefix`` (as :meth:`list`) -> when it was last written, in seconds
         since the epoch as the storage records it (file mtime; GCS ``updated``). Lets a

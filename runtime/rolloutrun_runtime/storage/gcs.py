@@ -50,7 +50,13 @@ from .errors import (
     StoragePermissionError,
     TransientStorageError,
 )
-from .keys import TMP_PREFIX, check_create_only_size, normalize_prefix, validate_key
+from .keys import (
+    TMP_PREFIX,
+    check_create_only_size,
+    entries_of,
+    normalize_prefix,
+    validate_key,
+)
 from .retry import AttemptBudget, RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -427,6 +433,12 @@ class GcsStorage:
 
     def list(self, prefix: str = "") -> list[str]:
         return [key for key, _ in self._listed(prefix)]
+
+    def list_entries(self, prefix: str, marker_name: str) -> dict[str, bool]:
+        """One listing of ``prefix`` (every object below it: the markers come with it)."""
+        return entries_of(
+            self.list(prefix), normalize_prefix(prefix, base_uri=self.base_uri), marker_name
+        )
 
     def modified_times(self, prefix: str = "") -> dict[str, float]:
         """One listing: each blob's ``updated`` (server time) comes with it."""

@@ -64,6 +64,18 @@ def join_key(*parts: str) -> str:
     return "/".join(part.strip("/") for part in parts if part.strip("/"))
 
 
+def entries_of(keys: list[str], prefix: str, marker_name: str) -> dict[str, bool]:
+    """From a listing of ``prefix`` (``keys``, full keys): each folder directly under it that
+    holds a key -> whether it holds ``marker_name`` directly (``list_entries``'s meaning)."""
+    cut = len(prefix.rstrip("/")) + 1 if prefix else 0
+    entries: dict[str, bool] = {}
+    for key in keys:
+        folder, slash, rest = key[cut:].partition("/")
+        if slash:
+            entries[folder] = entries.get(folder, False) or rest == marker_name
+    return entries
+
+
 def under_prefix(key: str, prefix: str) -> bool:
     """Whether ``key`` lies strictly under the (normalized) listing ``prefix``."""
     return prefix == "" or key.startswith(prefix + "/")

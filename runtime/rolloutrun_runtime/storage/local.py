@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import shutil
@@ -33,6 +34,20 @@ log = logging.getLogger(__name__)
 
 COPY_CHUNK = 4 * 1024 * 1024
 
+#: Temporary names: this process's random token and a counter, not a ``getrandom`` call per
+#: write (each syscall on the writer thread is one more hand-over of the interpreter lock
+#: the trainer waits on); a forked child draws its own token. ``O_EXCL`` guards anyway.
+_tmp_token = os.urandom(8).hex()
+_tmp_counter = itertools.count()
+
+
+def _renew_tmp_token() -> None:
+    global _tmp_token
+    _tmp_token = os.urandom(8).hex()
+
+
+os.register_at_fork(after_in_child=_renew_tmp_token)
+
 
 class LocalStorage:
     """:class:`~.base.CheckpointStorage` over a local (or mounted) directory."""
@@ -41,6 +56,7 @@ class LocalStorage:
         if not root.is_absolute():
             raise StorageError(str(root), "file:// storage needs an absolute path")
         self.root = Path(os.path.normpath(root))
+        self._root_str = str(self.root).rstrip("/")
         self.base_uri = "file://" + self.root.as_posix().rstrip("/")
 
     def __repr__(self) -> str:
@@ -55,33 +71,42 @@ class LocalStorage:
         """The local path of ``key``."""
         return self.root.joinpath(*validate_key(key, base_uri=self.base_uri).split("/"))
 
+    def _path_str(self, key: str) -> str:
+        """The local path of ``key`` as a string (no ``Path`` objects on the hot path)."""
+        return f"{self._root_str}/{validate_key(key, base_uri=self.base_uri)}"
+
     # -- writes -----------------------------------------------------------------------------
 
     def write_bytes(self, key: str, data: bytes, *, durable: bool = True) -> None:
-        if durable:
-            self._write_atomic(key, lambda f: f.write(data), exclusive=False)
-        else:
-            self._write_atomic(key, lambda f: f.write(data), exclusive=False, sync=False)
+        self._write_atomic(key, data, exclusive=False, sync=durable)
 
     def write_many(self, items: Mapping[str, bytes]) -> None:
         """Each file whole (temporary file, fsync, rename), then each directory fsynced once:
         those written into and the parents of those created (a new snapshot's folder and
-        its subfolders cost one fsync each, not one per folder created plus one per write)."""
-        directories: set[Path] = set()
+        its subfolders cost one fsync each, not one per folder created plus one per write).
+
+        Paths are strings and each folder is checked once per call: a snapshot's publication
+        runs on the trainer's writer thread, and every ``Path`` and ``stat`` there is time
+        the trainer's event loop waits for the interpreter lock."""
+        directories: set[str] = set()
         for key, data in items.items():
-            write = lambda f, data=data: f.write(data)  # noqa: E731 - binds this item's data
-            created = self._write_atomic(key, write, exclusive=False, sync_dir=False)
-            directories.add(self.path_for(key).parent)
-            directories.update(path.parent for path in created)
+            path = self._path_str(key)
+            parent = os.path.dirname(path)
+            with _translated(f"{self.base_uri}/{key}"):
+                if parent not in directories:
+                    directories.add(parent)
+                    directories.update(os.path.dirname(d) for d in _makedirs(parent))
+                _write_file(path, data, f"{self.base_uri}/{key}", exclusive=False)
+        root = str(self.root)
         for directory in sorted(directories, reverse=True):  # the deepest first
-            inside = directory.is_relative_to(self.root) and directory != self.root
-            where = directory.relative_to(self.root).as_posix() if inside else ""
+            inside = directory.startswith(root + "/")
+            where = directory[len(root) + 1 :] if inside else ""
             with _translated(f"{self.base_uri}/{where}" if where else self.base_uri):
                 _fsync_dir(directory)
 
     def write_bytes_if_absent(self, key: str, data: bytes) -> None:
         check_create_only_size(self.uri_for(key), len(data))
-        self._write_atomic(key, lambda f: f.write(data), exclusive=True)
+        self._write_atomic(key, data, exclusive=True)
 
     def upload_file(self, key: str, local_path: Path) -> None:
         def copy(dst: BinaryIO) -> None:
@@ -96,52 +121,27 @@ class LocalStorage:
     def _write_atomic(
         self,
         key: str,
-        fill: Callable[[BinaryIO], object],
+        fill: Callable[[BinaryIO], object] | bytes,
         *,
         exclusive: bool,
         sync_dir: bool = True,
         sync: bool = True,
-    ) -> list[Path]:
-        """Write ``key`` whole; returns the directories it created (already fsynced into
-        their parents unless ``sync_dir`` is False: then the caller fsyncs them and the
-        key's directory). ``sync`` False: no fsync at all (a hint's write)."""
-        path = self.path_for(key)  # validates the key: the URI needs no second check
+    ) -> list[str]:
+        """Write ``key`` whole (``fill``: its bytes, or what writes them); returns the
+        directories it created (already fsynced into their parents unless ``sync_dir`` is
+        False: then the caller fsyncs them and the key's directory). ``sync`` False: no
+        fsync at all (a hint's write)."""
+        path = self._path_str(key)  # validates the key: the URI needs no second check
         uri = f"{self.base_uri}/{key}"
         with _translated(uri):
-            created = _makedirs(path.parent)
+            parent = os.path.dirname(path)
+            created = _makedirs(parent)
             if sync_dir and sync:
                 for directory in created:
-                    _fsync_dir(directory.parent)
-            tmp = path.parent / f"{TMP_PREFIX}{path.name}.{uuid.uuid4().hex}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    fill(f)
-                    f.flush()
-                    if sync:
-                        os.fsync(f.fileno())
-                if exclusive:
-                    try:
-                        os.link(tmp, path)
-                    except FileExistsError as exc:
-                        raise ObjectExistsError(uri, "object already exists") from exc
-                    except OSError as exc:
-                        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
-                            raise
-                        raise StorageError(
-                            uri,
-                            "the filesystem does not support hard links, which create-only "
-                            f"commits need ({exc.strerror})",
-                        ) from exc
-                    os.unlink(tmp)
-                else:
-                    os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+                    _fsync_dir(os.path.dirname(directory))
+            _write_file(path, fill, uri, exclusive=exclusive, sync=sync)
             if sync_dir and sync:
-                _fsync_dir(path.parent)
+                _fsync_dir(parent)
         return created
 
     # -- reads ------------------------------------------------------------------------------
@@ -186,6 +186,29 @@ class LocalStorage:
     def list(self, prefix: str = "") -> list[str]:
         return sorted(key for key, _ in self._listed(prefix))
 
+    def list_entries(self, prefix: str, marker_name: str) -> dict[str, bool]:
+        """One read of ``prefix``'s folder and a check of each subfolder's marker; only a
+        subfolder without one is searched for a file (a snapshot's publication asks this of
+        the snapshots' folder each time: not every file of every snapshot and segment)."""
+        prefix = normalize_prefix(prefix, base_uri=self.base_uri)
+        top = self._path_str(prefix) if prefix else self._root_str
+        entries: dict[str, bool] = {}
+        with _translated(f"{self.base_uri}/{prefix}" if prefix else self.base_uri):
+            try:
+                with os.scandir(top) as listed:
+                    folders = [e.name for e in listed if e.is_dir() and not e.is_symlink()]
+            except (FileNotFoundError, NotADirectoryError):
+                return entries
+            for name in folders:
+                folder = f"{top}/{name}"
+                if os.path.isfile(f"{folder}/{marker_name}"):
+                    entries[name] = True
+                elif any(
+                    not file.startswith(TMP_PREFIX) for _, files in _scan(folder) for file in files
+                ):
+                    entries[name] = False
+        return entries
+
     def modified_times(self, prefix: str = "") -> dict[str, float]:
         times = {}
         for key, path in self._listed(prefix):
@@ -204,51 +227,56 @@ class LocalStorage:
 
     def _walk(self, top: Path) -> Iterator[tuple[str, str]]:
         """Keys and paths under ``top``, temporary files left out. Paths are cut as strings
-        (a snapshot's publication lists the snapshots' tree more than once: no ``Path`` per
-        folder and file)."""
-
-        def on_error(exc: OSError) -> None:
-            # A missing or not-a-directory prefix lists as empty; anything else is real.
-            if not isinstance(exc, FileNotFoundError | NotADirectoryError):
-                raise exc
-
-        cut = len(str(self.root).rstrip("/")) + 1
-        for dirpath, _dirnames, filenames in os.walk(top, onerror=on_error):
+        and folders read with one ``scandir`` each (a snapshot's publication lists the
+        snapshots' tree more than once: no ``Path`` and no ``stat`` per folder and file)."""
+        cut = len(self._root_str) + 1
+        for dirpath, filenames in _scan(str(top)):
             rel = dirpath[cut:]
             for name in filenames:
                 if name.startswith(TMP_PREFIX):
                     continue
-                yield (f"{rel}/{name}" if rel else name), os.path.join(dirpath, name)
+                yield (f"{rel}/{name}" if rel else name), f"{dirpath}/{name}"
 
     # -- deletes ----------------------------------------------------------------------------
 
     def delete(self, key: str) -> None:
-        path = self.path_for(key)
-        with _translated(self.uri_for(key)):
+        path = self._path_str(key)
+        with _translated(f"{self.base_uri}/{key}"):
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 return
-            _fsync_dir(path.parent)
+            _fsync_dir(os.path.dirname(path))
 
     def delete_prefix(self, prefix: str, *, durable: bool = True) -> int:
         prefix = normalize_prefix(prefix, base_uri=self.base_uri)
-        listed = self._listed(prefix)
+        top = self._path_str(prefix) if prefix else self._root_str
+        with _translated(f"{self.base_uri}/{prefix}" if prefix else self.base_uri):
+            scanned = list(_scan(top))
+        listed = 0
         touched: set[str] = set()
-        for key, path in listed:
-            with _translated(f"{self.base_uri}/{key}"):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
+        for dirpath, filenames in scanned:
+            for name in filenames:
+                if name.startswith(TMP_PREFIX):
                     continue
-            touched.add(os.path.dirname(path))
+                listed += 1
+                key = f"{dirpath[len(self._root_str) + 1 :]}/{name}"
+                with _translated(f"{self.base_uri}/{key}"):
+                    try:
+                        os.unlink(f"{dirpath}/{name}")
+                    except FileNotFoundError:
+                        continue
+                touched.add(dirpath)
         for directory in sorted(touched) if durable else ():  # once per directory, not object
             with _translated(f"{self.base_uri}/{prefix}"):
-                _fsync_dir(Path(directory))
-        top = self.path_for(prefix) if prefix else self.root
-        _prune_empty_dirs(top, keep=self.root)
-        log.debug("deleted %d objects under %s/%s", len(listed), self.base_uri, prefix)
-        return len(listed)
+                _fsync_dir(directory)
+        # the folders scanned, deepest first (a folder left non-empty stays), never the root
+        for dirpath, _filenames in reversed(scanned):
+            if dirpath != self._root_str:
+                with contextlib.suppress(OSError):
+                    os.rmdir(dirpath)
+        log.debug("deleted %d objects under %s/%s", listed, self.base_uri, prefix)
+        return listed
 
     def remove_stale_temp_files(self, older_than_s: float = 3600.0) -> int:
         """Delete temporary files left by killed writers, if older than ``older_than_s``.
@@ -275,7 +303,7 @@ class LocalStorage:
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: Path | str) -> None:
     """Make a directory's entries (renames, links, unlinks) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -284,40 +312,100 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _makedirs(path: Path) -> list[Path]:
+def _write_file(
+    path: str,
+    content: Callable[[BinaryIO], object] | bytes,
+    uri: str,
+    *,
+    exclusive: bool,
+    sync: bool = True,
+) -> None:
+    """``path`` whole: a hidden temporary file beside it, written (``content``'s bytes, or
+    what ``content`` writes), fsynced unless ``sync`` is False, then renamed over ``path``,
+    or linked to it when ``exclusive`` (``ObjectExistsError`` if it exists). The caller
+    fsyncs the directory."""
+    head, name = os.path.split(path)
+    tmp = f"{head}/{TMP_PREFIX}{name}.{_tmp_token}{next(_tmp_counter):x}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        try:
+            if callable(content):
+                with os.fdopen(fd, "wb", closefd=False) as f:
+                    content(f)
+            else:
+                view = memoryview(content)
+                while view:
+                    view = view[os.write(fd, view) :]
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if exclusive:
+            try:
+                os.link(tmp, path)
+            except FileExistsError as exc:
+                raise ObjectExistsError(uri, "object already exists") from exc
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+                raise StorageError(
+                    uri,
+                    "the filesystem does not support hard links, which create-only "
+                    f"commits need ({exc.strerror})",
+                ) from exc
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _makedirs(path: str) -> list[str]:
     """``mkdir -p``; returns the directories it created, outermost first (their parents'
     entries changed: the caller fsyncs them)."""
-    if path.is_dir():
+    if os.path.isdir(path):
         return []
-    missing: list[Path] = []
+    missing: list[str] = []
     cur = path
-    while not cur.exists():
+    while not os.path.exists(cur):
         missing.append(cur)
-        if cur.parent == cur:
+        parent = os.path.dirname(cur)
+        if parent == cur:
             break
-        cur = cur.parent
+        cur = parent
     created = []
     for d in reversed(missing):
         try:
             os.mkdir(d)
         except FileExistsError:
-            if not d.is_dir():
+            if not os.path.isdir(d):
                 raise
             continue
         created.append(d)
     return created
 
 
-def _prune_empty_dirs(top: Path, *, keep: Path) -> None:
-    """Remove empty directories under and including ``top`` (never ``keep``), best effort."""
-    if not top.is_dir():
-        return
-    for dirpath, _dirnames, _filenames in os.walk(top, topdown=False):
-        d = Path(dirpath)
-        if d == keep:
+def _scan(top: str) -> Iterator[tuple[str, list[str]]]:
+    """Each folder under and including ``top`` (parents before their children) with the
+    names of the files in it, read one folder at a time. A missing or not-a-directory
+    ``top`` (or a folder removed meanwhile) scans as empty; any other error is raised."""
+    pending = [top]
+    while pending:
+        folder = pending.pop()
+        try:
+            with os.scandir(folder) as entries:
+                files, subfolders = [], []
+                for entry in entries:
+                    if not entry.is_dir():
+                        files.append(entry.name)
+                    elif not entry.is_symlink():  # a link to a folder: neither (as os.walk)
+                        subfolders.append(entry.name)
+        except (FileNotFoundError, NotADirectoryError):
             continue
-        with contextlib.suppress(OSError):
-            os.rmdir(d)
+        yield folder, files
+        pending.extend(f"{folder}/{name}" for name in sorted(subfolders, reverse=True))
 
 
 def _translate_os_error(exc: OSError, uri: str) -> StorageError:

@@ -315,3 +315,24 @@ def test_json_helpers(storage: CheckpointStorage) -> None:
     storage.write_bytes("cfg/bad.json", b"{not json")
     with pytest.raises(StorageError, match=r"cfg/bad\.json: not valid JSON"):
         read_json(storage, "cfg/bad.json")
+
+
+def test_list_entries_names_the_folders_holding_objects_and_which_are_marked(
+    storage: CheckpointStorage,
+) -> None:
+    """Each folder directly under the prefix holding an object at any depth, and whether its
+    marker lies directly in it: what a full listing says, on every backend."""
+    from rolloutrun_runtime.storage.keys import entries_of
+
+    storage.write_bytes("top/a/MARK", b"")
+    storage.write_bytes("top/a/x/y", b"1")
+    storage.write_bytes("top/b/deep/z", b"2")  # no marker
+    storage.write_bytes("top/c/x/MARK", b"")  # a marker, but not directly in c
+    storage.write_bytes("top/file", b"3")  # an object, not a folder
+    storage.write_bytes("other/d/MARK", b"")
+    expected = {"a": True, "b": False, "c": False}
+    assert storage.list_entries("top", "MARK") == expected
+    assert storage.list_entries("top/", "MARK") == expected
+    assert entries_of(storage.list("top"), "top", "MARK") == expected
+    assert storage.list_entries("", "MARK") == {"top": False, "other": False}
+    assert storage.list_entries("missing", "MARK") == {}

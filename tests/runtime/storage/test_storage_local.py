@@ -207,7 +207,7 @@ def test_write_many_syncs_each_directory_once(tmp_path: Path, monkeypatch) -> No
     storage.write_bytes("s/x/b", b"0")
     synced: list[Path] = []
     real = local._fsync_dir
-    monkeypatch.setattr(local, "_fsync_dir", lambda path: (synced.append(path), real(path)))
+    monkeypatch.setattr(local, "_fsync_dir", lambda path: (synced.append(Path(path)), real(path)))
     storage.write_many({"s/a": b"1", "s/c": b"2", "s/x/b": b"3", "s/x/d": b"4"})
     assert sorted(synced) == [tmp_path / "s", tmp_path / "s" / "x"]
     assert storage.read_bytes("s/x/d") == b"4"
@@ -221,7 +221,7 @@ def test_write_many_into_new_folders_syncs_each_directory_once(tmp_path: Path, m
     storage = LocalStorage(tmp_path)
     synced: list[Path] = []
     real = local._fsync_dir
-    monkeypatch.setattr(local, "_fsync_dir", lambda path: (synced.append(path), real(path)))
+    monkeypatch.setattr(local, "_fsync_dir", lambda path: (synced.append(Path(path)), real(path)))
     storage.write_many({"e/a": b"1", "e/x/b": b"2", "e/y/c": b"3", "e/y/d": b"4"})
     entry = tmp_path / "e"
     assert sorted(synced) == [tmp_path, entry, entry / "x", entry / "y"]
@@ -243,3 +243,33 @@ def test_hints_and_garbage_deletes_skip_the_fsyncs(tmp_path: Path, monkeypatch) 
     assert storage.read_bytes("LATEST") == b"hint" and storage.list("p") == []
     storage.write_bytes("LATEST", b"durable")
     assert len(synced) == 2  # the file and its folder
+
+
+def test_a_forked_child_names_its_temporary_files_apart_from_its_parent(tmp_path: Path) -> None:
+    """Temporary names are a per-process token and a counter (no syscall per write): a
+    child forked mid-run draws its own token, so it never collides with its parent's."""
+    from rolloutrun_runtime.storage import local
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its token and leave at once
+        os.write(write, local._tmp_token.encode())
+        os._exit(0)
+    os.close(write)
+    child_token = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child_token and child_token != local._tmp_token
+
+
+def test_list_entries_passes_over_folders_with_no_object(tmp_path: Path) -> None:
+    """An empty folder, or one holding only a killed writer's temporary file, holds no key:
+    ``list`` does not show it, so neither does ``list_entries``."""
+    from rolloutrun_runtime.storage.keys import TMP_PREFIX
+
+    storage = LocalStorage(tmp_path)
+    storage.write_bytes("top/kept/MARK", b"")
+    (tmp_path / "top" / "empty" / "inner").mkdir(parents=True)
+    (tmp_path / "top" / "tmp-only").mkdir()
+    (tmp_path / "top" / "tmp-only" / f"{TMP_PREFIX}x.1").write_bytes(b"half")
+    assert storage.list_entries("top", "MARK") == {"kept": True}

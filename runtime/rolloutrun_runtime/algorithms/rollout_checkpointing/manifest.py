@@ -190,17 +190,17 @@ class ManifestStore:
         return self._listed_ids()[1]
 
     def _listed_ids(self) -> tuple[list[int], list[int]]:
-        """Every snapshot id with any file, and those with a manifest: one listing (not an
-        existence check per id)."""
-        ids, committed = set(), set()
-        for key in self.storage.list(SNAPSHOTS_PREFIX):
-            parts = key.split("/")
-            if len(parts) >= 3:
-                parsed = parse_snapshot_id(parts[1])
-                if parsed is not None:
-                    ids.add(parsed)
-                    if len(parts) == 3 and parts[2] == MANIFEST_NAME:
-                        committed.add(parsed)
+        """Every snapshot id with any file, and those with a manifest: one listing of the
+        snapshots' folders (``list_entries``: on file:// not every file of every snapshot and
+        data segment, which publication asked for each time)."""
+        entries = self.storage.list_entries(SNAPSHOTS_PREFIX, MANIFEST_NAME)
+        ids, committed = [], []
+        for folder, has_manifest in entries.items():
+            parsed = parse_snapshot_id(folder)
+            if parsed is not None:
+                ids.append(parsed)
+                if has_manifest:
+                    committed.append(parsed)
         return sorted(ids), sorted(committed)
 
     def next_snapshot_id(self) -> int:
