@@ -8,8 +8,9 @@ process, each trained for the same window of wall clock, repeated over ``--seeds
 - ``elastic``: a Gym pod deleted every ``--every`` seconds; the operator replaces it while
   the trainer goes on (``recovery.elasticMembers: true``, the default).
 - ``elastic_before`` (with ``--before REF``): the same, its pods running the runtime of git
-  ``REF`` (a copy of its ``runtime/`` on their ``PYTHONPATH``; the operator is this tree's):
-  the before/after of the replacement path, side by side in one run.
+  ``REF`` or of the checkout directory ``REF`` (a copy of its ``runtime/`` on their
+  ``PYTHONPATH``; the operator is this tree's): the before/after of the replacement path,
+  side by side in one run (with ``--paired``, at the same time as the other two).
 - ``ending`` (first seed, not with ``--quick``): the same deletions with
   ``recovery.elasticMembers: false``: each lost Gym ends the incarnation (the behaviour
   before elastic members).
@@ -20,9 +21,12 @@ time: elastic, from the deletion until the replacement's first ``/run`` (its Gym
 with the stages of that path (:data:`STAGES`: API polls every 50 ms on this process's clock,
 then the pods' log lines), and until the operator saw it Ready
 (``status.memberReplacements``); ending, from the deletion until the next incarnation
-trained its first step. Over the seeds: mean, spread and the worst seed, and the goals
-(issue 14) checked against the worst seed: elastic >= 90 % of the undisturbed rate; loss
--> replacement doing work <= 5 s.
+trained its first step. Every deletion is reported (``per_deletion``,
+:func:`.elastic_report.deletion_report`: the stage it reached and its outcome), none dropped
+for being incomplete; one whose replacement did no work within 5 s fails the time goal.
+``--level turn``: a multi-turn task with turn-level snapshots. Over the seeds: mean, spread
+and the worst seed, and the goals (issue 14) checked against the worst seed: elastic >= 90 %
+of the undisturbed rate; loss -> replacement doing work <= 5 s.
 
 ``--interleaved`` (the rate's measurement): per seed ONE elastic run whose window alternates
 segments of ``2 * --every`` seconds, undisturbed and disturbed (a Gym deleted at the start

@@ -81,10 +81,12 @@ def _log_stamps(paths: list[Path], marker: str) -> list[float]:
 
 #: Trainer log lines that show it noticed a lost Gym: an unreachable call, or the readdress.
 TRAINER_NOTICED = ("is unreachable", READDRESSED)
-#: The old Gym's log line on SIGTERM (its pod deleted).
+#: The old Gym's log lines on SIGTERM (its pod deleted), and once its server is closed
+#: (episodes in flight ended).
 GYM_STOPPING = " stopping"
+GYM_STOPPED = " stopped"
 #: Moments reported from the deletion (not a stage: each runs beside the stages).
-AFTER_DELETION = ("old_gym_stopping", "trainer_noticed", "trainer_readdressed")
+AFTER_DELETION = ("old_gym_stopping", "old_gym_stopped", "trainer_noticed", "trainer_readdressed")
 #: What became of a deletion (:func:`deletion_report`).
 OUTCOMES = ("doing work", "no work within the goal", "window ended first")
 #: A replacement's first work within this many seconds of its deletion (issue 14's goal).
@@ -102,6 +104,7 @@ def _marker_times(run: EmbeddedRun, watch: ReplacementWatch) -> dict[str, float]
     times: dict[str, float] = {}
     for key, paths, markers in (
         ("old_gym_stopping", old_logs, (GYM_STOPPING,)),
+        ("old_gym_stopped", old_logs, (GYM_STOPPED,)),
         ("trainer_noticed", trainer_logs, TRAINER_NOTICED),
         ("gym_listening", new_logs, (GYM_LISTENING,)),
         ("trainer_readdressed", trainer_logs, (READDRESSED,)),
