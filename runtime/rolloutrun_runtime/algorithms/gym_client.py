@@ -285,6 +285,15 @@ class GymClient:
         self.on_replaced: Callable[[GymReplica], None] | None = None
         #: Why each replica's last ``/healthz`` did not admit it (by replica URL).
         self._unanswered: dict[str, str] = {}
+        #: Told of each replica found unreachable, once per outage (its error's text): a
+        #: turn-level environment checkpoint stops calling it at once (on the event loop).
+        self.on_down: Callable[[GymReplica, str], None] | None = None
+        self.outages.on_down = self._went_down
+
+    def _went_down(self, url: str, error: BaseException) -> None:
+        for replica in self.replicas:
+            if replica.url == url and replica.identified and self.on_down is not None:
+                self.on_down(replica, str(error))
 
     def backoff(self, tries: int) -> float:
         """The delay before the next try of an attempt that found its endpoint unreachable."""

@@ -100,11 +100,16 @@ class OutageBudget:
         self.budget_s = budget_s
         self._clock = clock
         self._since: dict[str, float] = {}
+        #: Told once per outage, when it begins (the endpoint, the error that began it).
+        self.on_down: Callable[[str, BaseException], None] | None = None
 
     def unreachable(self, endpoint: str, error: BaseException) -> float:
         """Record a failed reach; the seconds the outage has lasted (raises when spent)."""
         now = self._clock()
+        began = endpoint not in self._since
         spent = now - self._since.setdefault(endpoint, now)
+        if began and self.on_down is not None:
+            self.on_down(endpoint, error)
         if spent >= self.budget_s:
             raise GymOutageError(
                 f"Gym replica {endpoint} has been unreachable for {spent:.1f}s "
