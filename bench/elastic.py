@@ -8,8 +8,9 @@ process, each trained for the same window of wall clock, repeated over ``--seeds
 - ``elastic``: a Gym pod deleted every ``--every`` seconds; the operator replaces it while
   the trainer goes on (``recovery.elasticMembers: true``, the default).
 - ``elastic_before`` (with ``--before REF``): the same, its pods running the runtime of git
-  ``REF`` (a copy of its ``runtime/`` on their ``PYTHONPATH``; the operator is this tree's):
-  the before/after of the replacement path, side by side in one run.
+  ``REF`` or of the checkout directory ``REF`` (a copy of its ``runtime/`` on their
+  ``PYTHONPATH``; the operator is this tree's): the before/after of the replacement path,
+  side by side in one run (with ``--paired``, at the same time as the other two).
 - ``ending`` (first seed, not with ``--quick``): the same deletions with
   ``recovery.elasticMembers: false``: each lost Gym ends the incarnation (the behaviour
   before elastic members).
@@ -20,9 +21,12 @@ time: elastic, from the deletion until the replacement's first ``/run`` (its Gym
 with the stages of that path (:data:`STAGES`: API polls every 50 ms on this process's clock,
 then the pods' log lines), and until the operator saw it Ready
 (``status.memberReplacements``); ending, from the deletion until the next incarnation
-trained its first step. Over the seeds: mean, spread and the worst seed, and the goals
-(issue 14) checked against the worst seed: elastic >= 90 % of the undisturbed rate; loss
--> replacement doing work <= 5 s.
+trained its first step. Every deletion is reported (``per_deletion``,
+:func:`.elastic_report.deletion_report`: the stage it reached and its outcome), none dropped
+for being incomplete; one whose replacement did no work within 5 s fails the time goal.
+``--level turn``: a multi-turn task with turn-level snapshots. Over the seeds: mean, spread
+and the worst seed, and the goals (issue 14) checked against the worst seed: elastic >= 90 %
+of the undisturbed rate; loss -> replacement doing work <= 5 s.
 
 ``--interleaved`` (the rate's measurement): per seed ONE elastic run whose window alternates
 segments of ``2 * --every`` seconds, undisturbed and disturbed (a Gym deleted at the start
@@ -62,7 +66,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,30 +73,36 @@ from typing import Any
 
 from rolloutrun_localcluster.embedded import EmbeddedRun, member_replacements
 
+from .elastic_report import (
+    GOAL_DOING_WORK_S,
+    OUTCOMES,
+    STAGES,
+    ReplacementWatch,
+    _breakdown_stats,
+    _marker_times,
+    _stats,
+    deletion_report,
+)
 from .operator_recovery import LONG_RUN, wait
 
-READMITTED = "re-admitted at"
-#: Log lines of the replacement's path to its first work (trainer and Gym logs).
-READDRESSED = "replaced: generation"
-GYM_LISTENING = "listening on"
-GYM_FIRST_RUN = ": first /run"
-#: The stages of a replacement, in order, as the breakdown names them (the trainer reads the
-#: replacement's address as soon as its pod runs, usually before it listens: that moment is
-#: reported apart, as ``trainer_readdressed_after_s`` from the deletion).
-STAGES = (
-    ("old_pod_gone", "deleted -> old pod gone (its SIGTERM exit)"),
-    ("new_pod_created", "old pod gone -> operator created the replacement"),
-    ("pod_running", "created -> kubelet reports Running (process started)"),
-    ("gym_listening", "Running -> Gym listening (imports, server build)"),
-    ("trainer_readmitted", "Gym listening -> trainer's /healthz probe re-admitted it"),
-    ("first_run", "re-admitted -> first /run on the replacement"),
-)
+#: ``--level turn``: the run as a multi-turn task with turn-level snapshots (side effects per
+#: turn; a lost Gym's episodes resume from their records), as the turn-level e2e runs it.
+TURN_LEVEL: dict[str, Any] = {
+    "task": {"name": "reach_target", "datasetSize": 512, "maxOperand": 9, "maxTurns": 3,
+             "maxNewTokens": 3},
+    "maxSeqLen": 48,
+}  # fmt: skip
 
 
-def _document(elastic: bool, seed: int = 0) -> dict[str, Any]:
+def _document(elastic: bool, seed: int = 0, level: str = "sibling") -> dict[str, Any]:
     document = copy.deepcopy(LONG_RUN)
     document["spec"]["recovery"]["elasticMembers"] = elastic
-    document["spec"]["run"]["seed"] += seed
+    run = document["spec"]["run"]
+    run["seed"] += seed
+    if level == "turn":
+        run["task"] = dict(TURN_LEVEL["task"])
+        run["policy"]["maxSeqLen"] = TURN_LEVEL["maxSeqLen"]
+        run["checkpointing"]["targetLevel"] = "turn"
     return document
 
 
@@ -135,88 +144,6 @@ def _first_step_after(run: EmbeddedRun, since: float, incarnation: int) -> float
         time.sleep(0.05)
 
 
-class ReplacementWatch(threading.Thread):
-    """From a deletion on: when the old pod was gone, and when its replacement (same name,
-    a new uid) was first seen and first Running, on this process's clock (polls of the API
-    every 50 ms; the API's own timestamps have whole seconds)."""
-
-    def __init__(self, run: EmbeddedRun, victim: str, old_uid: str, at: float) -> None:
-        super().__init__(daemon=True)
-        self.embedded, self.victim, self.old_uid, self.at = run, victim, old_uid, at
-        self.times: dict[str, float] = {}
-        self.new_uid: str | None = None
-
-    def run(self) -> None:
-        while time.time() - self.at < 60 and "pod_running" not in self.times:
-            try:
-                pod = self.embedded.pods().get(self.victim)
-            except Exception:  # a busy API server: try again
-                time.sleep(0.05)
-                continue
-            now = time.time()
-            uid = str(pod.metadata.uid) if pod is not None else None
-            if uid != self.old_uid:
-                self.times.setdefault("old_pod_gone", now)
-            if pod is not None and uid != self.old_uid:
-                self.new_uid = uid
-                self.times.setdefault("new_pod_created", now)
-                if pod.status.phase == "Running" and pod.status.pod_ip:
-                    self.times["pod_running"] = now
-            time.sleep(0.05)
-
-
-def _log_stamps(paths: list[Path], marker: str) -> list[float]:
-    times = []
-    for log in paths:
-        for line in log.read_text(errors="replace").splitlines():
-            if marker in line:
-                try:
-                    stamp = dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
-                except ValueError:
-                    continue
-                times.append(stamp.timestamp())
-    return sorted(times)
-
-
-def breakdown(run: EmbeddedRun, watch: ReplacementWatch) -> dict[str, float] | None:
-    """Seconds of each stage of one replacement (:data:`STAGES`), or None if it is not
-    complete (the arm ended first)."""
-    if watch.new_uid is None:
-        return None
-    pod_dir = f"{watch.victim}-{watch.new_uid[:8]}"
-    gym_logs = sorted((run.work_dir / "cluster").glob(f"pods/*/{pod_dir}/logs/*.log"))
-    trainer_logs = sorted((run.work_dir / "cluster").glob("pods/*/*-trainer-*/logs/trainer.log"))
-    times = dict(watch.times)
-    after = watch.at
-    for key, paths, marker in (
-        ("gym_listening", gym_logs, GYM_LISTENING),
-        ("trainer_readdressed", trainer_logs, READDRESSED),
-        ("trainer_readmitted", trainer_logs, READMITTED),
-        ("first_run", gym_logs, GYM_FIRST_RUN),
-    ):
-        found = [t for t in _log_stamps(paths, marker) if t >= after - 0.5]
-        if found:
-            times[key] = found[0]
-    if any(key not in times for key, _ in STAGES[:-1]):
-        return None
-    stages: dict[str, float] = {}
-    previous = watch.at
-    for key, _ in STAGES:
-        if key in times:
-            stages[key] = round(times[key] - previous, 3)
-            previous = times[key]
-    stages["total"] = round(previous - watch.at, 3)  # first /run (a runtime that logs it)
-    if "trainer_readdressed" in times:
-        stages["trainer_readdressed_after_s"] = round(times["trainer_readdressed"] - watch.at, 3)
-    return stages
-
-
-def _breakdown_stats(samples: list[dict[str, float]]) -> dict[str, Any]:
-    """Per stage: p50 and max over the replacements (and the total)."""
-    keys = [key for key, _ in STAGES] + ["total", "trainer_readdressed_after_s"]
-    return {key: _stats([sample[key] for sample in samples if key in sample]) for key in keys}
-
-
 @dataclasses.dataclass
 class Arm:
     """What one arm runs: its name, elastic or not, whether Gyms are deleted, the seed
@@ -238,12 +165,14 @@ def _pods_pythonpath(runtime: Path | None) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(runtime), *([inherited] if inherited else [])])}
 
 
-def arm(spec: Arm, work: Path, *, window: float, every: float) -> dict[str, Any]:
+def arm(
+    spec: Arm, work: Path, *, window: float, every: float, level: str = "sibling"
+) -> dict[str, Any]:
     """One arm: start, wait for training, run ``window`` seconds deleting Gym pods."""
     saved = os.environ.get("PYTHONPATH")
     os.environ.update(_pods_pythonpath(spec.runtime))
     try:
-        with EmbeddedRun(_document(spec.elastic, spec.seed), work / spec.name) as run:
+        with EmbeddedRun(_document(spec.elastic, spec.seed, level), work / spec.name) as run:
             wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
             return _window(run, spec, window, every)
     finally:
@@ -272,6 +201,7 @@ def _window(
 
     start, first = time.time(), _highest_step(run)
     deletions: list[tuple[float, str]] = []
+    skipped: list[str] = []  # due but not serving (still being replaced): reported, not lost
     recoveries: list[float] = []
     watches: list[ReplacementWatch] = []
     next_delete = start + every
@@ -293,6 +223,8 @@ def _window(
                     resumed = _first_step_after(run, at, n + 1)
                     if resumed is not None:
                         recoveries.append(resumed - at)
+            else:
+                skipped.append(victim)
             next_delete = max(next_delete + every, time.time() + 1)
         time.sleep(0.05)
     steps = _highest_step(run) - first
@@ -304,6 +236,7 @@ def _window(
         "steps": steps,
         "steps_per_min": round(steps / elapsed * 60, 2),
         "deletions": len(deletions),
+        "deletions_skipped (not serving when due)": skipped,
         "incarnations": int(status.get("incarnation") or 0),
     }
     if spec.delete and spec.elastic:
@@ -319,38 +252,37 @@ def _replacements(
     deletions: list[tuple[float, str]],
     watches: list[ReplacementWatch],
 ) -> dict[str, Any]:
-    readmitted = _log_times(run, READMITTED)
-    doing_work = [
-        next(t for t in readmitted if t >= at) - at
-        for at, _ in deletions
-        if any(t >= at for t in readmitted)
-    ]
-    replaced = member_replacements(status).get("gym", {})
+    """Every deletion's report (:func:`deletion_report`: none dropped), and over them the
+    stats of loss -> re-admitted / first ``/run`` and of each stage."""
+    window_end = time.time()
     for watch in watches:
         watch.join(timeout=5)
-    stages = [b for b in (breakdown(run, w) for w in watches) if b is not None]
-    with_first_run = [b["total"] for b in stages if "first_run" in b]
+    reports = [
+        deletion_report(w.at, w.victim, {**w.times, **_marker_times(run, w)}, window_end)
+        for w in watches
+    ]
+    replaced = member_replacements(status).get("gym", {})
+    readmitted = [
+        r["trainer_readmitted"] + sum(r[k] for k, _ in STAGES[:4])
+        for r in reports
+        if "trainer_readmitted" in r
+    ]
     return {
-        "loss_to_readmitted_s": _stats(doing_work),
-        "loss_to_first_run_s": _stats(with_first_run),
+        "loss_to_readmitted_s": _stats(readmitted),
+        "loss_to_first_run_s": _stats([r["total"] for r in reports if "total" in r]),
         "loss_to_ready_s (operator)": _stats(replaced.get("recent_s") or []),
         "replacements": replaced.get("count", 0),
-        "breakdown_s": _breakdown_stats(stages),
-    }
-
-
-def _stats(samples: list[float]) -> dict[str, Any]:
-    if not samples:
-        return {"n": 0}
-    return {
-        "n": len(samples),
-        "p50": round(statistics.median(samples), 2),
-        "max": round(max(samples), 2),
+        "outcomes": {o: sum(r["outcome"] == o for r in reports) for o in OUTCOMES},
+        "breakdown_s": _breakdown_stats(reports),
+        "per_deletion": reports,
     }
 
 
 def runtime_at(ref: str, into: Path) -> Path:
-    """A copy of ``runtime/`` at git ``ref`` (byte-compiled, as the installed tree is)."""
+    """A copy of ``runtime/`` at git ``ref``, or of the checkout at directory ``ref`` (its
+    working tree: ``/tmp/base25``), byte-compiled, as the installed tree is."""
+    if Path(ref).is_dir():
+        return runtime_here(into, Path(ref))
     archive = subprocess.run(
         ["git", "archive", ref, "runtime"], check=True, capture_output=True
     ).stdout
@@ -360,34 +292,41 @@ def runtime_at(ref: str, into: Path) -> Path:
     return into / "runtime"
 
 
-def runtime_here(into: Path) -> Path:
-    """A copy of this checkout's ``runtime/`` (its working tree), byte-compiled as
-    :func:`runtime_at`'s is, so both sides of a comparison start alike."""
+def runtime_here(into: Path, tree: Path | None = None) -> Path:
+    """A copy of this checkout's (or ``tree``'s) ``runtime/`` (its working tree),
+    byte-compiled as :func:`runtime_at`'s is, so both sides of a comparison start alike."""
+    root = tree if tree is not None else Path(__file__).resolve().parents[1]
+    if not (root / "runtime" / "rolloutrun_runtime").is_dir():
+        raise SystemExit(f"{root} is not a rolloutrun checkout (no runtime/rolloutrun_runtime)")
     shutil.copytree(
-        Path(__file__).resolve().parents[1] / "runtime",
-        into / "runtime",
-        ignore=shutil.ignore_patterns("__pycache__"),
+        root / "runtime", into / "runtime", ignore=shutil.ignore_patterns("__pycache__")
     )
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(into / "runtime")], check=True)
     return into / "runtime"
 
 
-def over_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean, spread and worst seed of the elastic/undisturbed ratio and of the replacement
-    time (loss -> first /run, each seed's max), with the goals checked on the worst seed."""
-    ratios = [s["elastic_vs_undisturbed"] for s in per_seed]
-    recovery = [s["elastic"]["loss_to_first_run_s"].get("max") for s in per_seed]
+def over_seeds(per_seed: list[dict[str, Any]], arm: str = "elastic") -> dict[str, Any]:
+    """Mean, spread and worst seed of the ``arm``/undisturbed ratio and of the replacement
+    time (loss -> first /run, each seed's max), with the goals checked on the worst seed:
+    a deletion whose replacement did no work within the goal (:func:`deletion_report`)
+    fails the time goal, as a slow one does."""
+    ratios = [s[f"{arm}_vs_undisturbed"] for s in per_seed]
+    recovery = [s[arm]["loss_to_first_run_s"].get("max") for s in per_seed]
+    missed = [int((s[arm].get("outcomes") or {}).get(OUTCOMES[1], 0)) for s in per_seed]
     worst_rate = min(range(len(per_seed)), key=lambda i: ratios[i])
     times = [t for t in recovery if t is not None]
-    worst_time = max(range(len(per_seed)), key=lambda i: recovery[i] or 0.0)
+    worst_time = max(range(len(per_seed)), key=lambda i: (missed[i], recovery[i] or 0.0))
     return {
         "elastic_vs_undisturbed": _spread(ratios),
         "loss_to_first_run_max_s": _spread(times),
+        "deletions_without_work_within_goal": sum(missed),
         "worst_seed_rate": per_seed[worst_rate]["seed"],
         "worst_seed_replacement": per_seed[worst_time]["seed"],
         "goals_on_worst_seed": {
             "rate >= 0.90 of undisturbed": ratios[worst_rate] >= 0.9,
-            "loss -> first work <= 5 s (max)": bool(times) and max(times) <= 5.0,
+            "loss -> first work <= 5 s (max)": bool(times)
+            and max(times) <= GOAL_DOING_WORK_S
+            and not any(missed),
         },
     }
 
@@ -405,20 +344,21 @@ def _spread(values: list[float]) -> dict[str, Any]:
 
 
 def _seed(seed: int, work: Path, args: argparse.Namespace, before: Path | None) -> dict[str, Any]:
-    window, every = args.window, args.every
+    window, every, level = args.window, args.every, args.level
     arms = {
         "undisturbed": arm(Arm(f"undisturbed-{seed}", True, False, seed), work, window=window,
-                           every=every),
+                           every=every, level=level),
         "elastic": arm(Arm(f"elastic-{seed}", True, True, seed), work, window=window,
-                       every=every),
+                       every=every, level=level),
     }  # fmt: skip
     if before is not None:
         spec = Arm(f"elastic-before-{seed}", True, True, seed, before)
-        arms["elastic_before"] = arm(spec, work, window=window, every=every)
+        arms["elastic_before"] = arm(spec, work, window=window, every=every, level=level)
     if seed == 0 and not args.quick:
         arms["ending"] = arm(
-            Arm(f"ending-{seed}", False, True, seed), work, window=window, every=every
-        )
+            Arm(f"ending-{seed}", False, True, seed), work, window=window, every=every,
+            level=level,
+        )  # fmt: skip
     base = arms["undisturbed"]["steps_per_min"] or 1.0
     result: dict[str, Any] = {"seed": seed, **arms}
     for name in arms:
@@ -427,13 +367,15 @@ def _seed(seed: int, work: Path, args: argparse.Namespace, before: Path | None) 
     return result
 
 
-def interleaved(seed: int, work: Path, *, every: float, pairs: int) -> dict[str, Any]:
+def interleaved(
+    seed: int, work: Path, *, every: float, pairs: int, level: str = "sibling"
+) -> dict[str, Any]:
     """One elastic run, its window alternating undisturbed (U) and disturbed (D) segments
     of ``2 * every`` seconds in ABBA order: the seed's rates of both and their ratio, the
     per-pair ratios, and the disturbed segments' replacements (as the ``elastic`` arm's)."""
     segment = 2 * every
     order = [("U", "D") if i % 2 == 0 else ("D", "U") for i in range(pairs)]
-    with EmbeddedRun(_document(True, seed), work / f"interleaved-{seed}") as run:
+    with EmbeddedRun(_document(True, seed, level), work / f"interleaved-{seed}") as run:
         wait(lambda: _highest_step(run) >= 2, f"interleaved-{seed}: training", bound=600)
         deletions: list[tuple[float, str]] = []
         watches: list[ReplacementWatch] = []
@@ -507,21 +449,32 @@ def interleaved_rates(segments: list[tuple[str, int, float]]) -> dict[str, Any]:
     }
 
 
-def paired(seed: int, work: Path, *, window: float, every: float) -> dict[str, Any]:
-    """The undisturbed and the elastic arm of ``seed`` at the same time, each in its own
-    process (its own local cluster): both train until ready, then their windows start
-    together, so they see the same machine load at the same run age."""
+def paired(
+    seed: int,
+    work: Path,
+    *,
+    window: float,
+    every: float,
+    before: Path | None = None,
+    level: str = "sibling",
+) -> dict[str, Any]:
+    """The undisturbed and the elastic arm of ``seed`` (and, with ``before``, the elastic
+    arm on that runtime) at the same time, each in its own process (its own local cluster):
+    all train until ready, then their windows start together, so they see the same machine
+    load at the same run age; each elastic arm's ratio is over the one undisturbed arm."""
     sync = work / f"sync-{seed}"
     sync.mkdir()
+    names = ["undisturbed", "elastic", *(["elastic_before"] if before is not None else [])]
     children = {
         name: subprocess.Popen(
             [sys.executable, "-m", "bench.elastic", "--arm", name, "--arm-seed", str(seed),
              "--window", str(window), "--every", str(every), "--work", str(work),
-             "--sync", str(sync)],
+             "--sync", str(sync), "--level", level,
+             *(["--arm-runtime", str(before)] if name == "elastic_before" else [])],
             stdout=subprocess.PIPE,
             text=True,
         )
-        for name in ("undisturbed", "elastic")
+        for name in names
     }  # fmt: skip
     try:
         wait(
@@ -529,7 +482,7 @@ def paired(seed: int, work: Path, *, window: float, every: float) -> dict[str, A
                 all((sync / f"{name}.ready").exists() for name in children)
                 or any(child.poll() is not None for child in children.values())
             ),
-            f"seed {seed}: both arms training",
+            f"seed {seed}: all arms training",
             bound=900,
         )
         (sync / "go").touch()
@@ -539,8 +492,9 @@ def paired(seed: int, work: Path, *, window: float, every: float) -> dict[str, A
             if child.poll() is None:
                 child.kill()
     base = arms["undisturbed"]["steps_per_min"] or 1.0
-    ratio = round(arms["elastic"]["steps_per_min"] / base, 3)
-    return {"seed": seed, **arms, "elastic_vs_undisturbed": ratio}
+    ratios = {f"{name}_vs_undisturbed": round(arms[name]["steps_per_min"] / base, 3)
+              for name in names[1:]}  # fmt: skip
+    return {"seed": seed, **arms, **ratios}
 
 
 def _arm_answer(name: str, child: subprocess.Popen[str]) -> dict[str, Any]:
@@ -553,10 +507,13 @@ def _arm_answer(name: str, child: subprocess.Popen[str]) -> dict[str, Any]:
 def paired_arm(args: argparse.Namespace) -> None:
     """One arm of :func:`paired` (this process): train, say ready, wait for the go, run
     the window, print its result as the last line."""
-    delete = args.arm == "elastic"
-    spec = Arm(f"{args.arm}-{args.arm_seed}", True, delete, args.arm_seed)
+    delete = args.arm != "undisturbed"
+    runtime = Path(args.arm_runtime) if args.arm_runtime else None
+    spec = Arm(f"{args.arm}-{args.arm_seed}", True, delete, args.arm_seed, runtime)
     sync = Path(args.sync)
-    with EmbeddedRun(_document(True, spec.seed), Path(args.work) / spec.name) as run:
+    os.environ.update(_pods_pythonpath(spec.runtime))  # this process's pods only
+    document = _document(True, spec.seed, args.level)
+    with EmbeddedRun(document, Path(args.work) / spec.name) as run:
         wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
         (sync / f"{args.arm}.ready").touch()
         wait(lambda: (sync / "go").exists(), f"{spec.name}: the go", bound=900)
@@ -570,7 +527,11 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=15.0, help="seconds between deletions")
     parser.add_argument("--seeds", type=int, default=3, help="seeds (runs of every arm)")
     parser.add_argument("--quick", action="store_true", help="a 40 s window, no ending arm")
-    parser.add_argument("--before", default=None, help="git ref: an elastic arm on its runtime")
+    parser.add_argument(
+        "--before",
+        default=None,
+        help="git ref or checkout directory (/tmp/base25): an elastic arm on its runtime",
+    )
     parser.add_argument(
         "--interleaved",
         action="store_true",
@@ -582,10 +543,18 @@ def main() -> None:
         action="store_true",
         help="per seed the undisturbed and elastic arms at the same time (separate processes)",
     )
-    for internal in ("--arm", "--arm-seed", "--work", "--sync"):  # a --paired arm's process
+    # a --paired arm's process:
+    for internal in ("--arm", "--arm-seed", "--work", "--sync", "--arm-runtime"):
         parser.add_argument(internal, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--role", choices=("gym", "worker"), default="gym", help="whose pods are deleted"
+    )
+    parser.add_argument(
+        "--level",
+        choices=("sibling", "turn"),
+        default="sibling",
+        help="--role gym: the asynchronous run (sibling snapshots) or a multi-turn task "
+        "with turn-level snapshots",
     )
     parser.add_argument(
         "--standby", type=int, default=1, help="--role worker: a standby arm with N standby pods"
@@ -611,12 +580,19 @@ def main() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(here), *([inherited] if inherited else [])])
         if args.paired:
             per_seed = [
-                paired(seed, work, window=args.window, every=args.every)
+                paired(
+                    seed,
+                    work,
+                    window=args.window,
+                    every=args.every,
+                    before=before,
+                    level=args.level,
+                )
                 for seed in range(args.seeds)
             ]
         elif args.interleaved:
             per_seed = [
-                interleaved(seed, work, every=args.every, pairs=args.pairs)
+                interleaved(seed, work, every=args.every, pairs=args.pairs, level=args.level)
                 for seed in range(args.seeds)
             ]
         else:
@@ -627,9 +603,15 @@ def main() -> None:
                 "every_s": args.every,
                 "window_s": args.window,
                 "before": args.before,
+                "level": args.level,
                 "stages": dict(STAGES),
                 "seeds": per_seed,
                 "over_seeds": over_seeds(per_seed),
+                **(
+                    {"over_seeds_before": over_seeds(per_seed, "elastic_before")}
+                    if before is not None and (args.paired or not args.interleaved)
+                    else {}
+                ),
                 "note": "arms run back to back in one process on a possibly shared machine",
                 "loadavg": Path("/proc/loadavg").read_text().split()[:3],
             },

@@ -183,6 +183,7 @@ async def _serve(
     finally:
         logger.info("gym %s stopping", server.instance_id)
         await runner.cleanup()
+        logger.info("gym %s stopped", server.instance_id)  # its episodes in flight ended
     return 0
 
 

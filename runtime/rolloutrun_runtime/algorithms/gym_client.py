@@ -61,6 +61,9 @@ from rolloutrun_runtime.algorithms.gym_outages import GymUnavailableError as Gym
 from rolloutrun_runtime.algorithms.gym_outages import GymUnreachableError as GymUnreachableError
 from rolloutrun_runtime.algorithms.gym_outages import OutageBudget as OutageBudget
 from rolloutrun_runtime.algorithms.gym_outages import backoff_delay as backoff_delay
+from rolloutrun_runtime.algorithms.gym_outages import error_type, unless_replaced
+from rolloutrun_runtime.algorithms.gym_outages import is_not_announced as is_not_announced
+from rolloutrun_runtime.algorithms.gym_outages import is_resume_refused as is_resume_refused
 from rolloutrun_runtime.algorithms.gym_outages import (
     is_unreachable_status as is_unreachable_status,
 )
@@ -70,9 +73,7 @@ from rolloutrun_runtime.contract.wire import (
     GYM_RUN_ROUTE,
     HEALTHZ_ROUTE,
     MEMBER_RESUME_CAPABILITY,
-    POLICY_NOT_ANNOUNCED,
     POLICY_UNREACHABLE,
-    RESUME_REFUSED,
     PolicyAnnouncement,
     RunRequest,
 )
@@ -89,29 +90,16 @@ CONNECT_TIMEOUT_S = 10.0
 #: How often a lost replica's ``/healthz`` is tried (re-admission), and its timeout.
 READMIT_PERIOD_S = 0.1
 PROBE_TIMEOUT_S = 2.0
-
-
-def is_not_announced(status: int, body: bytes) -> bool:
-    """Whether a ``/run`` was refused because its ``policy_url`` was not announced."""
-    return status == 403 and _error_type(body) == POLICY_NOT_ANNOUNCED
-
-
-def is_resume_refused(status: int, body: bytes) -> bool:
-    """Whether a ``/run`` was refused because its ``resume`` record is stale."""
-    return status == 409 and _error_type(body) == RESUME_REFUSED
+#: Re-admission rounds in flight at once: a round starts every period without waiting for
+#: the last (a probe sent before a new pod's address was reachable hangs until its timeout,
+#: while a later one finds the Gym listening).
+READMIT_ROUNDS = 8
 
 
 def _capabilities(health: Any) -> frozenset[str]:
     """The capabilities a ``/healthz`` answer names (none when it names none)."""
     named = health.get("capabilities") if isinstance(health, dict) else None
     return frozenset(str(c) for c in named) if isinstance(named, list) else frozenset()
-
-
-def _error_type(body: bytes) -> str | None:
-    try:
-        return str(json.loads(body)["error"]["type"])
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 @dataclasses.dataclass
@@ -285,6 +273,15 @@ class GymClient:
         self.on_replaced: Callable[[GymReplica], None] | None = None
         #: Why each replica's last ``/healthz`` did not admit it (by replica URL).
         self._unanswered: dict[str, str] = {}
+        #: Told of each replica found unreachable, once per outage (its error's text): a
+        #: turn-level environment checkpoint stops calling it at once (on the event loop).
+        self.on_down: Callable[[GymReplica, str], None] | None = None
+        self.outages.on_down = self._went_down
+
+    def _went_down(self, url: str, error: BaseException) -> None:
+        for replica in self.replicas:
+            if replica.url == url and replica.identified and self.on_down is not None:
+                self.on_down(replica, str(error))
 
     def backoff(self, tries: int) -> float:
         """The delay before the next try of an attempt that found its endpoint unreachable."""
@@ -406,16 +403,22 @@ class GymClient:
     async def readmit(self) -> list[GymReplica]:
         """Try ``/healthz`` of each replica that is down; those answering as the same
         instance are re-admitted (picked again). Returns them."""
-        back = []
-        for replica in self.replicas:
-            if self.outages.down(replica.url) and await self._healthy(replica):
-                self.outages.answered(replica.url)
-                self._announced.pop(replica.url, None)  # a new process knows no address
-                logger.info("Gym replica %s re-admitted at %s", replica.instance_id, replica.url)
-                if self.on_replaced is not None:  # its instance id is known now
-                    self.on_replaced(replica)
-                back.append(replica)
-        return back
+        down = [replica for replica in self.replicas if self.outages.down(replica.url)]
+        answers = await asyncio.gather(*(self._readmit_one(replica) for replica in down))
+        return [replica for replica in answers if replica is not None]
+
+    async def _readmit_one(self, replica: GymReplica) -> GymReplica | None:
+        url = replica.url
+        if not await self._healthy(replica):
+            return None
+        if replica.url != url or not self.outages.down(url):
+            return None  # readdressed meanwhile, or another round took it in first
+        self.outages.answered(url)
+        self._announced.pop(url, None)  # a new process knows no address
+        logger.info("Gym replica %s re-admitted at %s", replica.instance_id, url)
+        if self.on_replaced is not None:  # its instance id is known now
+            self.on_replaced(replica)
+        return replica
 
     async def _healthy(self, replica: GymReplica) -> bool:
         """Whether ``replica`` answers ``/healthz`` as itself (learning its instance id
@@ -453,14 +456,26 @@ class GymClient:
     ) -> None:
         """Forever: take the member addresses ``endpoints`` gives (asked to read afresh while
         one is down) and, side by side so a slow read never holds back a probe, re-admit the
-        replicas that answer again."""
+        replicas that answer again: a round of probes each period, without waiting for the
+        last (at most :data:`READMIT_ROUNDS` in flight), so one hanging probe never holds
+        back a replica that answers."""
         async with asyncio.TaskGroup() as both:
             if endpoints is not None:
                 both.create_task(self._follow(endpoints, period_s))
-            while True:
-                if any(self.outages.down(replica.url) for replica in self.replicas):
-                    await self.readmit()
-                await asyncio.sleep(period_s)
+            rounds: set[asyncio.Future[list[GymReplica]]] = set()
+            try:
+                while True:
+                    for done in [r for r in rounds if r.done()]:
+                        rounds.discard(done)
+                        done.result()  # a round's error ends the watch, as before
+                    down = any(self.outages.down(replica.url) for replica in self.replicas)
+                    if down and len(rounds) < READMIT_ROUNDS:
+                        rounds.add(asyncio.ensure_future(self.readmit()))
+                    await asyncio.sleep(period_s)
+            finally:
+                for pending in rounds:
+                    pending.cancel()
+                await asyncio.gather(*rounds, return_exceptions=True)
 
     async def _follow(self, endpoints: Callable[..., Mapping[int, Any]], period_s: float) -> None:
         while True:
@@ -507,7 +522,7 @@ class GymClient:
             if is_unreachable_status(status, raw):
                 raise GymUnreachableError(replica.url, f"answered {status}: {raw[:300]!r}")
             self.outages.answered(replica.url)
-            if status >= 400 and _error_type(raw) == POLICY_UNREACHABLE:
+            if status >= 400 and error_type(raw) == POLICY_UNREACHABLE:
                 raise GymPolicyUnreachableError(policy_url, f"{replica.url}: {raw[:300]!r}")
             if resume is not None and is_resume_refused(status, raw):
                 raise GymResumeRefusedError(f"{replica.url}/run: {raw[:300]!r}")
@@ -548,7 +563,7 @@ class GymClient:
             replica.replaced = asyncio.Event()
         replaced, generation = replica.replaced, replica.generation
         try:
-            return await _unless_replaced(
+            return await unless_replaced(
                 self._send(f"{replica.url}{route}", body), replaced, replica.url, generation
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
@@ -565,22 +580,3 @@ class GymClient:
         assert self._session is not None
         async with self._session.post(url, json=body) as response:
             return response.status, await response.read()
-
-
-async def _unless_replaced(
-    call: Any, replaced: asyncio.Event, url: str, generation: int
-) -> tuple[int, bytes]:
-    """Await ``call`` unless the replica's generation is replaced first: then the call is
-    cancelled and ends as :class:`GymUnreachableError` (its attempt is redispatched)."""
-    task = asyncio.ensure_future(call)
-    gone = asyncio.ensure_future(replaced.wait())
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-    if not task.done() or task.cancelled():
-        raise GymUnreachableError(url, f"member generation {generation} was replaced")
-    result: tuple[int, bytes] = task.result()
-    return result

@@ -4,14 +4,19 @@ the backoff against an unreachable endpoint and the per-endpoint outage budget.
 Why a module of its own: these are pure decisions (no session, no sockets) that the client,
 the rollout pump and the member following all share and that are tested alone, while
 :mod:`.gym_client` keeps the I/O (the session, ``/run``, ``/healthz``, the members' addresses).
-Moved out of ``gym_client`` unchanged; ``gym_client`` still exports every name.
+Moved out of ``gym_client`` unchanged (with the refusals a ``/run`` answer names and the
+race of a call against its replica's replacement); ``gym_client`` still exports every name.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
+from typing import Any
+
+from rolloutrun_runtime.contract.wire import POLICY_NOT_ANNOUNCED, RESUME_REFUSED
 
 
 class GymError(RuntimeError):
@@ -100,11 +105,16 @@ class OutageBudget:
         self.budget_s = budget_s
         self._clock = clock
         self._since: dict[str, float] = {}
+        #: Told once per outage, when it begins (the endpoint, the error that began it).
+        self.on_down: Callable[[str, BaseException], None] | None = None
 
     def unreachable(self, endpoint: str, error: BaseException) -> float:
         """Record a failed reach; the seconds the outage has lasted (raises when spent)."""
         now = self._clock()
+        began = endpoint not in self._since
         spent = now - self._since.setdefault(endpoint, now)
+        if began and self.on_down is not None:
+            self.on_down(endpoint, error)
         if spent >= self.budget_s:
             raise GymOutageError(
                 f"Gym replica {endpoint} has been unreachable for {spent:.1f}s "
@@ -129,3 +139,39 @@ class OutageBudget:
     def outages(self) -> dict[str, float]:
         """The endpoints unreachable now, and since when (the clock's time)."""
         return dict(self._since)
+
+
+def is_not_announced(status: int, body: bytes) -> bool:
+    """Whether a ``/run`` was refused because its ``policy_url`` was not announced."""
+    return status == 403 and error_type(body) == POLICY_NOT_ANNOUNCED
+
+
+def is_resume_refused(status: int, body: bytes) -> bool:
+    """Whether a ``/run`` was refused because its ``resume`` record is stale."""
+    return status == 409 and error_type(body) == RESUME_REFUSED
+
+
+def error_type(body: bytes) -> str | None:
+    try:
+        return str(json.loads(body)["error"]["type"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+async def unless_replaced(
+    call: Any, replaced: asyncio.Event, url: str, generation: int
+) -> tuple[int, bytes]:
+    """Await ``call`` unless the replica's generation is replaced first: then the call is
+    cancelled and ends as :class:`GymUnreachableError` (its attempt is redispatched)."""
+    task = asyncio.ensure_future(call)
+    gone = asyncio.ensure_future(replaced.wait())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise GymUnreachableError(url, f"member generation {generation} was replaced")
+    result: tuple[int, bytes] = task.result()
+    return result

@@ -117,6 +117,7 @@ class SingleController:
         )
         if environment is not None:  # a restored or snapshotted episode's owner moves too
             self.gym.on_replaced = lambda r: environment.readdress(r.instance_id, r.url)
+            self.gym.on_down = lambda r, why: environment.lost(r.instance_id, why)
         self.state = RunState(cfg, model, optimizer)
         self.rollout_snapshots = RolloutSnapshotter(
             self.state.parts,

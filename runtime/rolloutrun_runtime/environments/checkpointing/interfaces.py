@@ -188,6 +188,11 @@ class EnvironmentCheckpoint(Protocol):
         members: same instance id, new pod address)."""
         ...
 
+    def lost(self, instance_id: str, why: str) -> None:
+        """The replica ``instance_id`` is unreachable (lost): calls to it end now, none is
+        sent until it is readdressed."""
+        ...
+
     async def close(self) -> None:
         """Release connections."""
         ...
@@ -264,6 +269,9 @@ class NoEnvironmentCheckpoint:
         return None
 
     def readdress(self, instance_id: str, url: str) -> None:
+        return None
+
+    def lost(self, instance_id: str, why: str) -> None:
         return None
 
     async def close(self) -> None:

@@ -209,6 +209,10 @@ class GymEnvironmentCheckpoint:
         )
         #: Replicas left out of an open restore (down at start), by its checkpoint id.
         self._left_out: dict[str, set[str]] = {}
+        #: Replicas lost (:meth:`lost`) and not readdressed since: why, by instance id.
+        self._down: dict[str, str] = {}
+        #: Per replica, set when it is lost or readdressed: its calls in flight end then.
+        self._gone: dict[str, asyncio.Event] = {}
         #: Sent with every call (the control plane's ``trainer``): who is driving the Gym.
         self.trainer = {
             "id": uuid.uuid4().hex[:16],
@@ -221,6 +225,27 @@ class GymEnvironmentCheckpoint:
         wire contract's models (``CONTROL_CALLS``, ``CONTROL_ANSWERS``)."""
         if instance not in self.endpoints:
             raise EnvironmentCheckpointError(f"no Gym endpoint for instance {instance!r}")
+        if instance in self._down:  # a lost replica: not sent (an address gone may never answer)
+            raise EnvironmentCheckpointError(
+                f"Gym {instance} {route}: not sent, the replica is lost ({self._down[instance]})"
+            )
+        gone = self._gone.setdefault(instance, asyncio.Event())
+        call = asyncio.ensure_future(self._send(instance, route, body))
+        ended = asyncio.ensure_future(gone.wait())
+        try:
+            await asyncio.wait({call, ended}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended.cancel()
+            if not call.done():
+                call.cancel()
+        if not call.done() or call.cancelled():
+            why = self._down.get(instance, "replaced")
+            raise EnvironmentCheckpointError(
+                f"Gym {instance} {route} failed: the replica was lost mid-call ({why})"
+            )
+        return call.result()
+
+    async def _send(self, instance: str, route: str, body: Mapping[str, Any]) -> ControlState:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         url = f"{self.endpoints[instance].rstrip('/')}{control_route(route)}"
@@ -519,8 +544,26 @@ class GymEnvironmentCheckpoint:
         )
 
     def readdress(self, instance_id: str, url: str) -> None:
+        """Calls go to ``url`` from now on; those in flight to another address end at once."""
         if instance_id in self.endpoints:
+            if self.endpoints[instance_id] != url:
+                self._end_calls(instance_id)
             self.endpoints[instance_id] = url
+            self._down.pop(instance_id, None)
+
+    def lost(self, instance_id: str, why: str) -> None:
+        """The replica ``instance_id`` stopped answering (the Gym client found it unreachable):
+        its calls in flight end now and none is sent until it is readdressed, each as that
+        replica being unavailable to the phase, instead of waiting out the phase's deadline
+        on an address that may never answer (a deleted pod's)."""
+        if instance_id in self.endpoints:
+            self._down[instance_id] = why
+            self._end_calls(instance_id)
+
+    def _end_calls(self, instance_id: str) -> None:
+        gone = self._gone.pop(instance_id, None)
+        if gone is not None:
+            gone.set()
 
     async def close(self) -> None:
         if self._session is not None and self._owns_session:

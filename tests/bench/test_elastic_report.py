@@ -1,0 +1,92 @@
+"""bench/elastic.py's Gym arms: what each deletion's report says, and the verdict over seeds
+(pure; never a timing). Before, a deletion whose replacement had not reached every stage was
+left out of the report and of the time goal, so a replacement that never worked could not
+fail it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.elastic import over_seeds, runtime_at
+from bench.elastic_report import STAGES, deletion_report
+
+AT = 1000.0
+#: Moments of one replacement, from the deletion at ``AT``, as the API polls and logs give.
+FULL = {
+    "old_gym_stopping": AT + 0.05,
+    "old_pod_gone": AT + 0.4,
+    "trainer_noticed": AT + 0.1,
+    "new_pod_created": AT + 0.5,
+    "trainer_readdressed": AT + 0.7,
+    "pod_running": AT + 0.6,
+    "gym_listening": AT + 2.0,
+    "trainer_readmitted": AT + 2.2,
+    "first_run": AT + 2.3,
+}
+
+
+def test_a_replacement_doing_work_has_every_stage_from_the_one_before_and_its_total() -> None:
+    report = deletion_report(AT, "bench-i1-gym-0", FULL, window_end=AT + 20)
+    assert report["outcome"] == "doing work"
+    assert report["reached"] == "first_run"
+    assert [key for key, _ in STAGES if key in report] == [key for key, _ in STAGES]
+    assert report["gym_listening"] == pytest.approx(1.4)
+    assert report["total"] == pytest.approx(2.3)
+    assert report["trainer_noticed_after_s"] == pytest.approx(0.1)
+    assert report["old_gym_stopping_after_s"] == pytest.approx(0.05)
+
+
+def test_a_replacement_that_never_worked_is_reported_where_it_stopped() -> None:
+    times = {k: v for k, v in FULL.items() if k not in ("trainer_readmitted", "first_run")}
+    report = deletion_report(AT, "bench-i1-gym-1", times, window_end=AT + 20)
+    assert report["outcome"] == "no work within the goal"
+    assert report["reached"] == "gym_listening"
+    assert "total" not in report
+
+
+def test_a_deletion_the_window_ended_on_is_neither_a_hit_nor_a_miss() -> None:
+    times = {"old_pod_gone": AT + 0.4}
+    report = deletion_report(AT, "bench-i1-gym-0", times, window_end=AT + 3)
+    assert (report["outcome"], report["reached"]) == ("window ended first", "old_pod_gone")
+    nothing = deletion_report(AT, "bench-i1-gym-0", {}, window_end=AT + 1)
+    assert nothing["reached"] == "deleted"
+
+
+def _seed(seed: int, ratio: float, first_run_max: float, missed: int) -> dict[str, Any]:
+    outcomes = {"doing work": 2, "no work within the goal": missed, "window ended first": 0}
+    return {
+        "seed": seed,
+        "elastic_vs_undisturbed": ratio,
+        "elastic": {"loss_to_first_run_s": {"n": 2, "max": first_run_max}, "outcomes": outcomes},
+    }
+
+
+def test_a_replacement_that_never_worked_fails_the_time_goal() -> None:
+    verdict = over_seeds([_seed(0, 0.97, 2.5, 0), _seed(1, 0.95, 3.0, 1)])
+    assert verdict["deletions_without_work_within_goal"] == 1
+    assert verdict["worst_seed_replacement"] == 1
+    assert verdict["goals_on_worst_seed"] == {
+        "rate >= 0.90 of undisturbed": True,
+        "loss -> first work <= 5 s (max)": False,
+    }
+
+
+def test_the_before_arm_has_its_own_verdict() -> None:
+    seeds = [
+        {**_seed(0, 0.97, 2.5, 0), "elastic_before_vs_undisturbed": 0.85,
+         "elastic_before": _seed(0, 0, 6.0, 0)["elastic"]},
+    ]  # fmt: skip
+    before = over_seeds(seeds, "elastic_before")
+    assert before["goals_on_worst_seed"] == {
+        "rate >= 0.90 of undisturbed": False,
+        "loss -> first work <= 5 s (max)": False,
+    }
+    assert all(over_seeds(seeds)["goals_on_worst_seed"].values())
+
+
+def test_a_baseline_directory_that_is_not_a_checkout_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="not a rolloutrun checkout"):
+        runtime_at(str(tmp_path), tmp_path / "copy")
