@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -82,7 +83,7 @@ async def _lose_actor(tmp: Path) -> dict[str, Any]:
         start_new_session=True,
     )
     try:
-        ray.init(address=f"{HEAD_IP}:{RAY_GCS_PORT}", logging_level="ERROR")
+        ray.init(address=f"{HEAD_IP}:{RAY_GCS_PORT}", logging_level=logging.ERROR)
 
         @ray.remote(num_cpus=0)
         class Member:
