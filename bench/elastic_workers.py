@@ -18,7 +18,8 @@ deletion is reported (``per_deletion``): the pod, what it was (``active`` with i
 ``standby``, or ``starting``: a refill pod whose actor has not started), and from the
 trainer's log the seconds to the loss reported (``detected_after_s``) and to the
 replacement doing work (``doing_work_after_s``: its re-admission, after which the next
-dispatch may name it; ``via`` a standby or a new pod), or ``not_readmitted`` saying why;
+dispatch may name it; ``via`` a standby ready at the loss, a ``refill standby`` that started
+later, or a new pod), or ``not_readmitted`` saying why;
 a standby or starting pod's deletion is counted by its refill standby started
 (``refill_ready_after_s``). Outcomes are waited for up to :data:`SETTLE_S` after a deletion,
 past the window's end (whose rate is measured already). Also per deletion the pod stages
@@ -78,6 +79,8 @@ SETTLE_S = 60.0
 #: A runtime that does not log its standbys (``--before``'s): the window starts once every
 #: worker pod has been Running this long.
 POOL_SETTLE_S = 20.0
+#: A standby admitted this long after the loss was not ready at it (the refill's start).
+REFILL_WAIT_S = 1.0
 #: Per worker deletion, the pods' moments reported (seconds after the deletion).
 WORKER_STAGES = (
     ("old_pod_gone", "the old pod is gone (its processes ended)"),
@@ -275,8 +278,16 @@ def _outcome(
             f"actor started within {waited:.0f} s"
         )
     else:
-        out["via"] = "standby" if promoted is not None and promoted <= readmitted else "new pod"
+        out["via"] = _via(lost, promoted, readmitted)
     return out
+
+
+def _via(lost: float, promoted: float | None, readmitted: float) -> str:
+    """Who took a lost index: a ``standby`` started at the loss, a ``refill standby`` that
+    started later (none was ready at the loss: the pool refilling), or a ``new pod``."""
+    if promoted is None or promoted > readmitted:
+        return "new pod"
+    return "standby" if promoted - lost <= REFILL_WAIT_S else "refill standby"
 
 
 def _worker_replacements(

@@ -115,3 +115,14 @@ def test_a_standby_pods_deletion_is_counted_by_its_refill_ready() -> None:
         "refill_ready_after_s": 111.0,
     }
     assert "not_refilled" in _outcome(log[:1], 100.0, standby, 60)
+
+
+def test_a_loss_taken_by_a_standby_that_started_later_says_it_waited_for_the_refill() -> None:
+    log = [
+        (100.1, "generation worker 0 lost (The actor died): replacing it (1)"),
+        (121.0, "standby generation worker started at http://f:1 (1 in the pool)"),
+        (121.0, "generation worker 0: standby at http://f:1 admitted"),
+        (121.1, "generation worker 0 re-admitted at version 9 at http://f:1"),
+    ]
+    active = {"pod": "bench-i1-worker-0", "kind": "active", "index": 0}
+    assert _outcome(log, 100.0, active, 60)["via"] == "refill standby"
