@@ -95,6 +95,7 @@ async def _lose_actor(tmp: Path) -> dict[str, Any]:
 
         actor = Member.options(resources={RAY_GENERATION_RESOURCE: 1}).remote()  # type: ignore[attr-defined]
         where = await actor.where.remote()
+        running = _session_commands(node.pid)
         watch = asyncio.ensure_future(_awaited(actor.watch.remote()))
         await asyncio.sleep(0.5)
         deleted = time.monotonic()
@@ -107,6 +108,7 @@ async def _lose_actor(tmp: Path) -> dict[str, Any]:
         return {
             "actor_node_ip": where,
             "pod_exit_code": node.returncode,
+            "node_processes": running,
             "error": error,
             "seconds": round(time.monotonic() - deleted, 3),  # reported, never asserted
         }
@@ -118,6 +120,20 @@ async def _lose_actor(tmp: Path) -> dict[str, Any]:
             except ProcessLookupError:
                 pass
             process.wait()
+
+
+def _session_commands(session: int) -> list[str]:
+    """The command lines of the processes of the worker pod's session."""
+    import psutil
+
+    commands = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if os.getsid(process.info["pid"]) == session:
+                commands.append(" ".join(process.info["cmdline"] or []))
+        except (ProcessLookupError, PermissionError):
+            continue
+    return commands
 
 
 async def _awaited(ref: Any) -> Any:

@@ -52,6 +52,9 @@ def test_a_deleted_worker_pods_actor_is_reported_dead_by_its_nodes_sigterm(
 ) -> None:
     result = run(tmp_path, timeout_s=540)
     assert result["actor_node_ip"] == WORKER_IP  # the actor was on the worker pod's node
+    commands = result["node_processes"]
+    assert any("raylet" in command for command in commands)
+    assert not any("log_monitor" in command for command in commands)  # nobody reads it
     # before: "The actor died unexpectedly before finishing this task." and nothing on the
     # node: the GCS's health checks found the SIGKILLed raylet silent
     assert "the actor's node was terminated expectedly: received SIGTERM" in result["error"]
