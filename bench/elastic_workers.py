@@ -1,35 +1,44 @@
 """The worker arms of ``bench/elastic.py`` (``python -m bench.elastic --role worker``).
 
 The run of the Gym arms with its generation on :data:`WORKER_PODS` worker pods (Ray actors,
-the trainer the Ray head): a worker pod deleted every ``--every`` seconds, elastic versus
-undisturbed (and, first seed without ``--quick``, ending the incarnation: the operator's
-``elasticMembers: false``), per arm and over ``--seeds`` seeds, side by side in one process.
-Per deletion, the seconds from it to each of :data:`WORKER_STAGES`: the old pod gone, the
-trainer finding the actor dead (a refit's ``RayActorError``) and starting its replacement,
-the replacement pod created and Running, and the replacement actor re-admitted (its
-endpoint is named by the next dispatch, round robin: the replacement doing work). With
-``--standby N`` (default 1) an arm ``standby`` runs beside them, per seed in the same
-process: the elastic arm with ``spec.workers.standby: N`` (warm standby worker pods, one
-taking a lost worker's place at once). In every elastic arm the pod deleted is one whose
-actor serves (read from the trainer's log: the first placement, then each re-admission's
-address), round robin over those: without standbys that is every worker pod, as before;
-with them a deletion never hits an idle standby (which would cost nothing). With
-``--before REF`` an arm ``elastic_before`` runs the elastic arm with its pods (trainer and
-workers) on the runtime of git ``REF`` (the operator is this tree's), the before/after in
-one run; this tree's pods run a byte-compiled copy of its ``runtime/``, as ``REF``'s do.
-Goals
-(issue 14) on the worst seed: rate >= 90 % of undisturbed; loss -> replacement doing work
-<= 5 s. Kept apart from ``bench/elastic.py`` (which holds the Gym arms and the helpers both
-use) so that module stays under 600 lines.
+the trainer the Ray head), each arm with ``--standby N`` (default 1) standby worker pods
+(``spec.workers.standby``: warm standby actors, one taking a lost worker's place at once),
+the undisturbed arm too, so that the rates compare runs of the same pods on the same cores:
+``undisturbed`` (nothing deleted) and ``standby`` (``elastic`` with ``--standby 0``): a
+worker pod deleted every ``--every`` seconds. With ``--before REF`` the disturbed arm again
+with its pods (trainer and workers) on the runtime of git ``REF`` (the operator is this
+tree's), the before/after in one run; this tree's pods run a byte-compiled copy of its
+``runtime/``, as ``REF``'s do. Without ``--quick``, first seed: ``ending`` (the operator's
+``elasticMembers: false``). Arms run back to back in one process, per seed, odd seeds in the
+reverse order; each arm's window starts once it trains and its standby pool is full.
+
+The pod deleted is one whose actor serves (:class:`Victims`: the trainer's log names the
+first placement, each re-admission's address and each loss), round robin over those. Each
+deletion is reported (``per_deletion``): the pod, what it was (``active`` with its index,
+``standby``, or ``starting``: a refill pod whose actor has not started), and from the
+trainer's log the seconds to the loss reported (``detected_after_s``) and to the
+replacement doing work (``doing_work_after_s``: its re-admission, after which the next
+dispatch may name it; ``via`` a standby ready at the loss, a ``refill standby`` that started
+later, or a new pod), or ``not_readmitted`` saying why;
+a standby or starting pod's deletion is counted by its refill standby started
+(``refill_ready_after_s``). Outcomes are waited for up to :data:`SETTLE_S` after a deletion,
+past the window's end (whose rate is measured already). Also per deletion the pod stages
+(:data:`WORKER_STAGES`). Goals (issue 14) on the worst seed: rate >= 90 % of undisturbed;
+loss -> replacement doing work <= 5 s for every deletion of an active pod. Kept apart from
+``bench/elastic.py`` (which holds the Gym arms and the helpers both use) so that module stays
+under 600 lines.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime as dt
 import json
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +49,6 @@ from .elastic import (
     ReplacementWatch,
     _document,
     _highest_step,
-    _log_times,
     _pods_pythonpath,
     _spread,
     _stats,
@@ -55,21 +63,29 @@ from .operator_recovery import wait
 WORKER_PODS = 2
 #: The worker arms' Lease duration (seconds; the operator's default).
 WORKER_LEASE_S = 15
-#: The trainer's log lines of a lost actor and of its replacement re-admitted at a refit
-#: (:mod:`rolloutrun_runtime.workers.ray_workers`); the next dispatch names the re-admitted
-#: endpoint (round robin), so re-admission is when the replacement starts doing work.
+#: The trainer's log lines (:mod:`rolloutrun_runtime.workers.ray_workers`): an active actor
+#: lost, its index re-admitted (the next dispatch may name it: the replacement doing work),
+#: the first placement (its endpoints, by index), a standby started, admitted under an
+#: index, and lost while waiting.
 WORKER_LOST = "lost ("
 WORKER_READMITTED = "re-admitted at version"
-#: The trainer's log line of the first placement (its endpoints, by index).
 WORKER_PLACED = "Ray generation workers at "
-URL = re.compile(r"http://[^'\s,\]]+")
-#: Per worker deletion, the moments reported (seconds after the deletion).
+STANDBY_STARTED = "standby generation worker started at"
+STANDBY_ADMITTED = ": standby at "
+STANDBY_LOST = "standby generation worker lost"
+URL = re.compile(r"http://[^'\s,\]()]+")
+#: Seconds after a deletion the bench waits (past the window) for what became of it.
+SETTLE_S = 60.0
+#: A runtime that does not log its standbys (``--before``'s): the window starts once every
+#: worker pod has been Running this long.
+POOL_SETTLE_S = 20.0
+#: A standby admitted this long after the loss was not ready at it (the refill's start).
+REFILL_WAIT_S = 1.0
+#: Per worker deletion, the pods' moments reported (seconds after the deletion).
 WORKER_STAGES = (
     ("old_pod_gone", "the old pod is gone (its processes ended)"),
-    ("trainer_saw_loss", "the trainer found the actor dead and started its replacement"),
     ("new_pod_created", "the operator created the replacement worker pod"),
     ("pod_running", "the kubelet reports the replacement Running (ray_node started)"),
-    ("readmitted", "the replacement actor re-admitted at a refit: it serves the next call"),
 )
 
 
@@ -86,41 +102,95 @@ def _worker_document(elastic: bool, seed: int, standby: int = 0) -> dict[str, An
     return document
 
 
+def trainer_lines(run: EmbeddedRun) -> list[tuple[float, str]]:
+    """Every incarnation's trainer log lines with their epoch times, in time order."""
+    lines: list[tuple[float, str]] = []
+    for log in sorted((run.work_dir / "cluster").glob("pods/*/*-trainer-*/logs/trainer.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                stamp = dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            lines.append((stamp, line))
+    return sorted(lines, key=lambda entry: entry[0])
+
+
+def _index(line: str, pattern: str) -> int | None:
+    found = re.search(pattern, line)
+    return int(found.group(1)) if found else None
+
+
 def serving_urls(lines: list[str]) -> dict[int, str]:
     """Index -> address of the actor serving it, from the trainer's log lines (in order):
-    the first placement, then each re-admission (a replacement, or a standby taking over)."""
+    the first placement, then each re-admission (a replacement, or a standby taking over);
+    an index whose actor was reported lost serves nowhere until its re-admission."""
     serving: dict[int, str] = {}
     for line in lines:
         if WORKER_PLACED in line:
             serving = dict(enumerate(URL.findall(line.split(" placed ", 1)[0])))
         elif WORKER_READMITTED in line and (found := URL.findall(line)):
-            index = re.search(r"generation worker (\d+) re-admitted", line)
-            if index:
-                serving[int(index.group(1))] = found[-1]
+            index = _index(line, r"generation worker (\d+) re-admitted")
+            if index is not None:
+                serving[index] = found[-1]
+        elif WORKER_LOST in line:
+            index = _index(line, r"generation worker (\d+) lost \(")
+            if index is not None:
+                serving.pop(index, None)
     return serving
 
 
-def active_victim(run: EmbeddedRun, n: int, k: int) -> str:
-    """The ``k``-th worker pod to delete: round robin over the pods whose actor serves."""
-    lines: list[str] = []
-    logs = (run.work_dir / "cluster").glob(f"pods/*/*-i{n}-trainer*/logs/trainer.log")
-    for log in sorted(logs):
-        lines += log.read_text(errors="replace").splitlines()
-    hosts = {url.split("//", 1)[1].rsplit(":", 1)[0] for url in serving_urls(lines).values()}
-    prefix = f"bench-i{n}-worker-"
-    active = sorted(
-        name
-        for name, pod in run.pods().items()
-        if name.startswith(prefix) and pod.status.pod_ip in hosts
-    )
-    return active[k % len(active)] if active else f"{prefix}{k % WORKER_PODS}"
+def standby_urls(lines: list[str]) -> set[str]:
+    """Addresses of the started standbys not yet admitted (:data:`STANDBY_STARTED` lines
+    less :data:`STANDBY_ADMITTED` ones; a runtime that does not log them: none)."""
+    pool: set[str] = set()
+    for line in lines:
+        if STANDBY_STARTED in line or STANDBY_ADMITTED in line:
+            found = URL.findall(line)
+            if found and STANDBY_STARTED in line:
+                pool.add(found[0])
+            elif found:
+                pool.discard(found[0])
+    return pool
+
+
+def _host(url: str) -> str:
+    return url.split("//", 1)[1].rsplit(":", 1)[0]
+
+
+@dataclasses.dataclass
+class Victims:
+    """``pick`` of :func:`bench.elastic._window`: the ``k``-th worker pod deleted, round robin
+    over the pods whose actor serves (by the trainer's log at that moment); per pick, the
+    pod and what it was: ``active`` (serving index ``index``), ``standby`` (a started
+    standby) or ``starting`` (its actor not started: a refill pod)."""
+
+    picks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def __call__(self, run: EmbeddedRun, n: int, k: int) -> str:
+        lines = [line for _, line in trainer_lines(run)]
+        serving = {_host(url): index for index, url in serving_urls(lines).items()}
+        standbys = {_host(url) for url in standby_urls(lines)}
+        pods = {
+            name: pod.status.pod_ip
+            for name, pod in run.pods().items()
+            if name.startswith(f"bench-i{n}-worker-")
+        }
+        active = sorted(name for name, ip in pods.items() if ip in serving)
+        victim = active[k % len(active)] if active else f"bench-i{n}-worker-{k % WORKER_PODS}"
+        ip = pods.get(victim)
+        kind = "active" if ip in serving else "standby" if ip in standbys else "starting"
+        self.picks.append(
+            {"pod": victim, "kind": kind, "index": serving.get(ip or ""), "at": time.time()}
+        )
+        return victim
 
 
 def worker_arm(
     spec: Arm, work: Path, *, window: float, every: float, standby: int = 0
 ) -> dict[str, Any]:
-    """One worker arm: start, wait for training, run ``window`` seconds deleting worker
-    pods whose actor serves every ``every`` seconds (with ``spec.delete``)."""
+    """One worker arm: start, wait for training (and the standby pool full), run ``window``
+    seconds deleting worker pods whose actor serves every ``every`` seconds (with
+    ``spec.delete``)."""
     document = _worker_document(spec.elastic, spec.seed, standby)
     saved = os.environ.get("PYTHONPATH")
     os.environ.update(_pods_pythonpath(spec.runtime))  # --before: the pods run REF's runtime
@@ -132,24 +202,92 @@ def worker_arm(
             os.environ["PYTHONPATH"] = saved
 
 
+def _pool_ready(run: EmbeddedRun, standby: int, logged: bool, since: list[float]) -> bool:
+    """Whether the ``standby`` standbys serve (their log lines; a runtime that does not log
+    them: every worker pod Running for :data:`POOL_SETTLE_S`)."""
+    if logged:
+        return len(standby_urls([line for _, line in trainer_lines(run)])) >= standby
+    pods = [p for name, p in run.pods().items() if "-worker-" in name]
+    running = len(pods) >= WORKER_PODS + standby and all(p.status.phase == "Running" for p in pods)
+    if not running:
+        since.clear()
+        return False
+    since[:] = since or [time.time()]
+    return time.time() - since[0] >= POOL_SETTLE_S
+
+
 def _worker_window(
     spec: Arm, document: dict[str, Any], work: Path, *, window: float, every: float
 ) -> dict[str, Any]:
     standby = int(document["spec"]["workers"].get("standby") or 0)
+    victims = Victims()
     with EmbeddedRun(document, work / spec.name) as run:
         wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
-        return _window(
+        if standby:  # the window starts with the pool full, in every arm alike
+            logged, since = spec.runtime is None, []  # type: ignore[var-annotated]
+            wait(lambda: _pool_ready(run, standby, logged, since), f"{spec.name}: pool", 600)
+        result = _window(
             run,
             spec,
             window,
             every,
             role="worker",
             members=WORKER_PODS,
-            replacements=_worker_replacements,
-            # with standbys, a serving pod (the log names them); without, every pod serves:
-            # round robin (a --before runtime's log does not name re-admitted addresses)
-            pick=active_victim if standby else None,
+            replacements=lambda *a: _worker_replacements(*a, picks=victims.picks),
+            pick=victims,
         )
+    return {"standby_pods": standby, **result}
+
+
+def _outcome(
+    lines: list[tuple[float, str]], at: float, pick: dict[str, Any], waited: float
+) -> dict[str, Any]:
+    """What became of one deletion, from the trainer's log lines: for an active pod the
+    loss of its index reported (``detected_after_s``) and its next re-admission
+    (``doing_work_after_s``, ``via`` a standby or a replacement pod), else why not; for a
+    standby or starting pod the loss of a standby and the refill's start (``refill_ready``)."""
+    after = [(t, line) for t, line in lines if t >= at - 0.5]
+    index = pick["index"]
+
+    def first(marker: str, since: float) -> float | None:
+        return next((t for t, line in after if t >= since and marker in line), None)
+
+    if pick["kind"] != "active":
+        lost = first(STANDBY_LOST, at - 0.5)
+        ready = first(STANDBY_STARTED, lost) if lost is not None else None
+        out: dict[str, Any] = {"detected_after_s": lost, "refill_ready_after_s": ready}
+        if ready is None:
+            out["not_refilled"] = (
+                f"no standby loss reported within {waited:.0f} s"
+                if lost is None
+                else f"the refill standby did not start within {waited:.0f} s"
+            )
+        return out
+    lost = first(f"generation worker {index} lost (", at - 0.5)
+    if lost is None:
+        return {"not_readmitted": f"the trainer reported no loss of worker {index} "
+                                  f"within {waited:.0f} s"}  # fmt: skip
+    promoted = first(f"generation worker {index}: standby at", lost)
+    readmitted = first(f"generation worker {index} re-admitted", lost)
+    out = {"detected_after_s": lost, "doing_work_after_s": readmitted}
+    if readmitted is None:
+        out["not_readmitted"] = (
+            f"a standby took the index but was not re-admitted within {waited:.0f} s"
+            if promoted is not None
+            else "no started standby at the loss (the pool refilling) and no replacement "
+            f"actor started within {waited:.0f} s"
+        )
+    else:
+        out["via"] = _via(lost, promoted, readmitted)
+    return out
+
+
+def _via(lost: float, promoted: float | None, readmitted: float) -> str:
+    """Who took a lost index: a ``standby`` started at the loss, a ``refill standby`` that
+    started later (none was ready at the loss: the pool refilling), or a ``new pod``."""
+    if promoted is None or promoted > readmitted:
+        return "new pod"
+    return "standby" if promoted - lost <= REFILL_WAIT_S else "refill standby"
 
 
 def _worker_replacements(
@@ -157,84 +295,111 @@ def _worker_replacements(
     status: dict[str, Any],
     deletions: list[tuple[float, str]],
     watches: list[ReplacementWatch],
+    *,
+    picks: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """Per deletion, seconds from it to each of :data:`WORKER_STAGES` (the trainer's log
-    lines: the first after the deletion; a deletion whose replacement was not re-admitted
-    before the next deletion or the window's end has no ``readmitted``)."""
-    for watch in watches:
+    """Per deletion (in ``deletions``), what it hit and what became of it
+    (:func:`_outcome`, the trainer's log, waited for up to :data:`SETTLE_S` after it,
+    past the window's end: the window's rate is measured already), and the pods' stages."""
+    samples: list[dict[str, Any]] = []
+    deadline = max((at for at, _ in deletions), default=0.0) + SETTLE_S
+    while True:
+        lines = trainer_lines(run)
+        samples = [
+            _deletion(at, victim, _picked(picks, victim, at), lines, min(time.time(), deadline))
+            for at, victim in deletions
+        ]
+        if time.time() > deadline or not any(_open(s) for s in samples):
+            break
+        time.sleep(0.5)
+    for watch, sample in zip(watches, samples, strict=True):
         watch.join(timeout=5)
-    lost, readmitted = _log_times(run, WORKER_LOST), _log_times(run, WORKER_READMITTED)
-    samples: list[dict[str, float]] = []
-    for (at, _), watch, until in zip(
-        deletions, watches, [d for d, _ in deletions[1:]] + [float("inf")], strict=True
-    ):
-        times = {key: t - at for key, t in watch.times.items()}
-        for key, found in (("trainer_saw_loss", lost), ("readmitted", readmitted)):
-            after = [t for t in found if at - 0.5 <= t < until]
-            if after:
-                times[key] = after[0] - at
-        samples.append({key: round(value, 3) for key, value in times.items()})
+        sample.update({key: round(t - watch.at, 3) for key, t in watch.times.items()})
+    active = [s for s in samples if s["kind"] == "active"]
+    refills = [s for s in samples if s["kind"] != "active"]
     replaced = member_replacements(status).get("worker", {})
     return {
-        "loss_to_readmitted_s": _stats([s["readmitted"] for s in samples if "readmitted" in s]),
-        "not_readmitted": sum("readmitted" not in s for s in samples),
+        "loss_to_readmitted_s": _stats([s["doing_work_after_s"] for s in active
+                                        if s.get("doing_work_after_s") is not None]),
+        "loss_to_detected_s": _stats([s["detected_after_s"] for s in samples
+                                      if s.get("detected_after_s") is not None]),
+        "not_readmitted": sum("not_readmitted" in s for s in active),
+        "standby_deletions_refill_ready_s": _stats([s["refill_ready_after_s"] for s in refills
+                                                    if s.get("refill_ready_after_s")]),
         "loss_to_ready_s (operator)": _stats(replaced.get("recent_s") or []),
         "replacements": replaced.get("count", 0),
+        "per_deletion": samples,
         "stages_after_deletion_s": {
-            key: _stats([s[key] for s in samples if key in s]) for key, _ in WORKER_STAGES
+            key: _stats([s[key] for s in samples if s.get(key) is not None])
+            for key, _ in WORKER_STAGES
         },
-    }
+    }  # fmt: skip
+
+
+def _deletion(
+    at: float, victim: str, pick: dict[str, Any] | None, lines: list[tuple[float, str]], now: float
+) -> dict[str, Any]:
+    pick = pick or {"pod": victim, "kind": "unknown", "index": None}
+    out = _outcome(lines, at, pick, now - at)
+    times = {key: round(t - at, 3) for key, t in out.items() if isinstance(t, float)}
+    return {**pick, **out, **times}
+
+
+def _picked(picks: list[dict[str, Any]], victim: str, at: float) -> dict[str, Any] | None:
+    """The pick of the deletion of ``victim`` at ``at``: its last pick before then (a
+    replacement pod keeps its name)."""
+    before = [p for p in picks if p["pod"] == victim and p["at"] <= at]
+    if not before:
+        return None
+    return {key: value for key, value in before[-1].items() if key != "at"}
+
+
+def _open(sample: dict[str, Any]) -> bool:
+    return "not_readmitted" in sample or "not_refilled" in sample
 
 
 def _worker_seed(
     seed: int, work: Path, args: argparse.Namespace, before: Path | None = None
 ) -> dict[str, Any]:
-    """The worker arms of one seed, back to back: undisturbed, elastic, and (first seed,
-    not ``--quick``) ending (each lost worker ends the incarnation)."""
-    window, every = args.window, args.every
-    arms = {
-        "undisturbed": worker_arm(
-            Arm(f"workers-undisturbed-{seed}", True, False, seed), work, window=window, every=every
-        ),
-        "elastic": worker_arm(
-            Arm(f"workers-elastic-{seed}", True, True, seed), work, window=window, every=every
-        ),
-    }
-    if before is not None:  # the same elastic arm, its pods on the runtime of --before REF
-        arms["elastic_before"] = worker_arm(
-            Arm(f"workers-elastic-before-{seed}", True, True, seed, before),
-            work,
-            window=window,
-            every=every,
-        )
-    if args.standby:
-        arms["standby"] = worker_arm(
-            Arm(f"workers-standby-{seed}", True, True, seed),
-            work,
-            window=window,
-            every=every,
-            standby=args.standby,
+    """The worker arms of one seed, back to back, each with ``--standby`` standby pods (the
+    undisturbed arm too: the same pods compete for the same cores): undisturbed, disturbed
+    (``standby``, or ``elastic`` without standbys), with ``--before`` the disturbed arm on
+    that runtime, and (first seed, not ``--quick``) ending (each lost worker ends the
+    incarnation). Odd seeds run the arms in the reverse order (the machine's drift)."""
+    window, every, standby = args.window, args.every, args.standby
+    name = "standby" if standby else "elastic"
+    runs: list[tuple[str, Arm]] = [
+        ("undisturbed", Arm(f"workers-undisturbed-{seed}", True, False, seed)),
+        (name, Arm(f"workers-{name}-{seed}", True, True, seed)),
+    ]
+    if before is not None:  # the same disturbed arm, its pods on the runtime of --before REF
+        runs.append(
+            (f"{name}_before", Arm(f"workers-{name}-before-{seed}", True, True, seed, before))
         )
     if seed == 0 and not args.quick:
-        arms["ending"] = worker_arm(
-            Arm(f"workers-ending-{seed}", False, True, seed), work, window=window, every=every
-        )
+        runs.append(("ending", Arm(f"workers-ending-{seed}", False, True, seed)))
+    order = runs if seed % 2 == 0 else runs[::-1]
+    arms = {
+        key: worker_arm(spec, work, window=window, every=every, standby=standby)
+        for key, spec in order
+    }
+    arms = {key: arms[key] for key, _ in runs}
     base = arms["undisturbed"]["steps_per_min"] or 1.0
-    result: dict[str, Any] = {"seed": seed, **arms}
-    for name in arms:
-        if name != "undisturbed":
-            result[f"{name}_vs_undisturbed"] = round(arms[name]["steps_per_min"] / base, 3)
+    result: dict[str, Any] = {"seed": seed, "arm_order": [key for key, _ in order], **arms}
+    for key in arms:
+        if key != "undisturbed":
+            result[f"{key}_vs_undisturbed"] = round(arms[key]["steps_per_min"] / base, 3)
     return result
 
 
 def worker_over_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean, spread and worst seed of the elastic/undisturbed ratio and of the loss ->
-    re-admitted time (each seed's max), the goals checked on the worst seed; a deletion
-    whose replacement never got to work within the window fails the time goal."""
+    """Mean, spread and worst seed of the disturbed/undisturbed ratio and of the loss ->
+    re-admitted time (each seed's max), the goals checked on the worst seed; a deletion of
+    an active pod whose replacement never got to work fails the time goal."""
     return {
         arm: _arm_over_seeds(per_seed, arm)
-        for arm in ("elastic", "elastic_before", "standby")
-        if all(arm in s for s in per_seed)
+        for arm in ("elastic", "elastic_before", "standby", "standby_before")
+        if per_seed and all(arm in s for s in per_seed)
     }
 
 
@@ -242,6 +407,7 @@ def _arm_over_seeds(per_seed: list[dict[str, Any]], arm: str) -> dict[str, Any]:
     ratios = [s[f"{arm}_vs_undisturbed"] for s in per_seed]
     recovery = [s[arm]["loss_to_readmitted_s"].get("max") for s in per_seed]
     missing = sum(int(s[arm].get("not_readmitted") or 0) for s in per_seed)
+    kinds = [d["kind"] for s in per_seed for d in s[arm].get("per_deletion", [])]
     times = [t for t in recovery if t is not None]
     worst_rate = min(range(len(per_seed)), key=lambda i: ratios[i])
     worst_time = max(range(len(per_seed)), key=lambda i: recovery[i] or 0.0)
@@ -249,6 +415,7 @@ def _arm_over_seeds(per_seed: list[dict[str, Any]], arm: str) -> dict[str, Any]:
         "vs_undisturbed": _spread(ratios),
         "loss_to_readmitted_max_s": _spread(times),
         "deletions_never_readmitted": missing,
+        "deletions_by_kind": {kind: kinds.count(kind) for kind in sorted(set(kinds))},
         "worst_seed_rate": per_seed[worst_rate]["seed"],
         "worst_seed_replacement": per_seed[worst_time]["seed"],
         "goals_on_worst_seed": {
@@ -264,6 +431,7 @@ def worker_main(args: argparse.Namespace) -> None:
     """``--role worker``: the worker arms over ``--seeds`` seeds, one JSON document."""
     Path(".rolloutrun").mkdir(exist_ok=True)  # pods see the work dir (not a private /tmp)
     load_before = os.getloadavg()
+    started = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-elastic-workers-", dir=".rolloutrun") as tmp:
         work = Path(tmp).resolve()
         before = runtime_at(args.before, work / "before") if args.before else None
@@ -280,6 +448,7 @@ def worker_main(args: argparse.Namespace) -> None:
                 "before": args.before,
                 "every_s": args.every,
                 "window_s": args.window,
+                "settle_s": SETTLE_S,
                 "stages": dict(WORKER_STAGES),
                 "seeds": per_seed,
                 "over_seeds": worker_over_seeds(per_seed),
@@ -287,6 +456,7 @@ def worker_main(args: argparse.Namespace) -> None:
                     "before": [round(x, 2) for x in load_before],
                     "after": [round(x, 2) for x in os.getloadavg()],
                 },
+                "minutes": round((time.time() - started) / 60, 1),
                 "note": "arms run back to back in one process on a possibly shared machine",
             },
             indent=1,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.elastic_workers import serving_urls, worker_over_seeds
+from bench.elastic_workers import _outcome, serving_urls, standby_urls, worker_over_seeds
 
 
 def _seed(seed: int, ratio: float, readmitted_max: float | None, missing: int) -> dict[str, Any]:
@@ -59,3 +59,70 @@ def test_serving_urls_follow_placements_and_readmissions() -> None:
         "x INFO generation worker 0 re-admitted at version 9",  # an older trainer's line
     ]
     assert serving_urls(lines) == {0: "http://10.0.0.3:8001", 1: "http://10.0.0.5:8001"}
+
+
+def test_a_lost_index_serves_nowhere_until_its_readmission() -> None:
+    lines = [
+        "x INFO Ray generation workers at ['http://10.0.0.3:8001', 'http://10.0.0.4:8001'] "
+        "placed [{'url': 'http://10.0.0.3:8001'}]",
+        "x WARNING generation worker 0 lost (The actor died): replacing it (1)",
+    ]
+    assert serving_urls(lines) == {1: "http://10.0.0.4:8001"}  # before: 0 still "served"
+
+
+def test_the_standby_pool_is_read_from_the_trainers_log() -> None:
+    lines = [
+        "x INFO standby generation worker started at http://10.0.0.5:8001 (1 in the pool)",
+        "x INFO standby generation worker started at http://10.0.0.6:8001 (2 in the pool)",
+        "x INFO generation worker 0: standby at http://10.0.0.5:8001 admitted",
+    ]
+    assert standby_urls(lines) == {"http://10.0.0.6:8001"}
+
+
+#: A trainer's log after an active worker 1 was deleted at t = 100 (epoch seconds).
+LOG = [
+    (99.0, "generation worker 0 re-admitted at version 3 at http://a:1"),  # an earlier one
+    (100.4, "generation worker 1 lost (The actor died): replacing it (1)"),
+    (100.4, "generation worker 1: standby at http://c:1 admitted"),
+    (101.1, "generation worker 1 re-admitted at version 4 at http://c:1"),
+    (112.0, "standby generation worker started at http://d:1 (1 in the pool)"),
+]
+ACTIVE = {"pod": "bench-i1-worker-1", "kind": "active", "index": 1}
+
+
+def test_a_deletion_of_an_active_pod_reports_its_loss_and_the_standby_doing_work() -> None:
+    out = _outcome(LOG, 100.0, ACTIVE, 60)
+    assert out == {"detected_after_s": 100.4, "doing_work_after_s": 101.1, "via": "standby"}
+
+
+def test_a_deletion_never_readmitted_says_why() -> None:
+    lost_only = LOG[:2]
+    out = _outcome(lost_only, 100.0, ACTIVE, 60)
+    assert out["doing_work_after_s"] is None
+    assert out["not_readmitted"].startswith("no started standby at the loss")
+    silent = _outcome(LOG[:1], 100.0, ACTIVE, 60)
+    assert silent == {"not_readmitted": "the trainer reported no loss of worker 1 within 60 s"}
+
+
+def test_a_standby_pods_deletion_is_counted_by_its_refill_ready() -> None:
+    log = [
+        (100.3, "standby generation worker lost (The actor died): starting another"),
+        (111.0, "standby generation worker started at http://e:1 (1 in the pool)"),
+    ]
+    standby = {"pod": "bench-i1-worker-2", "kind": "standby", "index": None}
+    assert _outcome(log, 100.0, standby, 60) == {
+        "detected_after_s": 100.3,
+        "refill_ready_after_s": 111.0,
+    }
+    assert "not_refilled" in _outcome(log[:1], 100.0, standby, 60)
+
+
+def test_a_loss_taken_by_a_standby_that_started_later_says_it_waited_for_the_refill() -> None:
+    log = [
+        (100.1, "generation worker 0 lost (The actor died): replacing it (1)"),
+        (121.0, "standby generation worker started at http://f:1 (1 in the pool)"),
+        (121.0, "generation worker 0: standby at http://f:1 admitted"),
+        (121.1, "generation worker 0 re-admitted at version 9 at http://f:1"),
+    ]
+    active = {"pod": "bench-i1-worker-0", "kind": "active", "index": 0}
+    assert _outcome(log, 100.0, active, 60)["via"] == "refill standby"

@@ -43,8 +43,9 @@ def namespace_unavailable() -> str | None:
     return None
 
 
-def run_in_namespace(tmp: Path, timeout_s: float) -> dict[str, Any]:
-    """Run :func:`main` in a fresh network namespace; its JSON result."""
+def run_in_namespace(tmp: Path, timeout_s: float, module: str = __name__) -> dict[str, Any]:
+    """Run ``module``'s ``main`` (default: this one's) in a fresh network namespace; its JSON
+    result."""
     name = f"rr-raytest-{os.getpid()}"
     temp_root = tempfile.mkdtemp(prefix="rr-ray-", dir="/tmp")
     subprocess.run(["ip", "netns", "add", name], check=True)
@@ -53,7 +54,7 @@ def run_in_namespace(tmp: Path, timeout_s: float) -> dict[str, Any]:
         # Ray's temp root of our own: its "current cluster" file must not send another
         # test's ray.init() to our head (short: Ray's socket paths are bounded).
         env = {**os.environ, **RAY_ENV, "RAY_TMPDIR": temp_root}
-        command = ["ip", "netns", "exec", name, sys.executable, "-m", __name__, str(tmp)]
+        command = ["ip", "netns", "exec", name, sys.executable, "-m", module, str(tmp)]
         done = subprocess.run(
             command, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
         )

@@ -189,6 +189,9 @@ def ray_worker_node_argv(
         f"--resources={json.dumps({RAY_GENERATION_RESOURCE: slots})}",
         "--disable-usage-stats",
         "--block",
+        # no log monitor: the trainer's driver takes no worker logs (log_to_driver=False),
+        # so it would only cost each new worker pod a Python process and its polling
+        "--include-log-monitor=false",
     ]
     if num_cpus is not None:
         argv.append(f"--num-cpus={num_cpus}")

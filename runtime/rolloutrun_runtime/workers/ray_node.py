@@ -16,6 +16,11 @@ forwarded to the node, and ends this process within :data:`STOP_GRACE_S` whether
 ended or not: ``ray start --block`` can take the pod's whole grace period (30 s) to drain,
 and the operator creates the replacement (same name) only once the pod is gone, while a
 worker node holds nothing to save (the container's end takes its remaining processes).
+The node is started without Ray's SIGTERM drain (:data:`NODE_STOP_ENV`), so the stop
+reaches its raylet at once and the raylet unregisters: the head's GCS reports the pod's
+actors dead within a fraction of a second, naming the node's SIGTERM, where before the
+drain outlived :data:`STOP_GRACE_S`, the raylet was SIGKILLed and the trainer learnt of
+the loss only when the GCS's health checks gave up on it (~3-5 s after the deletion).
 
     python -m rolloutrun_runtime.workers.ray_node --address HOST:PORT --slots N [--num-gpus G]
 """
@@ -54,6 +59,12 @@ RETRY_PAUSE_S = 2.0
 STARTED_LINE = b"Ray runtime started."
 #: Seconds a stopped node gets to end before this process ends without it.
 STOP_GRACE_S = 2
+#: A worker node's ``ray start`` on SIGTERM: no drain (Ray's default waits up to 30 s for
+#: the node to go idle, which a node whose actor serves never does), so it stops its raylet
+#: at once with SIGTERM; the raylet then unregisters from the GCS, which reports its actors
+#: dead right away ("received SIGTERM") instead of when its health checks give up on a
+#: node that went silent under this process's SIGKILL (seconds later).
+NODE_STOP_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
 
 def worker_argv(
@@ -127,7 +138,7 @@ def run_node(
         started = threading.Event()
         child = subprocess.Popen(
             command,
-            env=node_env(auth_token=auth_token),
+            env={**node_env(auth_token=auth_token), **NODE_STOP_ENV},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
@@ -140,7 +151,9 @@ def run_node(
             break
         print(f"ray_node: ray start failed ({code}), try {attempt}/{START_ATTEMPTS}", flush=True)
         time.sleep(RETRY_PAUSE_S)
-    if code != 0 and not stopping and not started.is_set():
+    if stopping:  # stopped (the pod deleted): ended as by the signal, whatever Ray's code
+        return 128 + stopping[0]
+    if code != 0 and not started.is_set():
         print(
             f"ray_node: ray start failed {START_ATTEMPTS} times (last exit code {code}); "
             "the Ray node never started",

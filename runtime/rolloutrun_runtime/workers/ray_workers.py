@@ -469,6 +469,11 @@ class RayWorkers:
         if error is None:
             self.standbys.append((actor, task.result()))
             self._watch_standby(actor)
+            logger.info(
+                "standby generation worker started at %s (%d in the pool)",
+                task.result()["url"],
+                len(self.standbys),
+            )
             # an index lost while no standby had started waits for its replacement actor:
             # this standby serves it now, and that replacement joins the pool instead
             waiting = [i for i, (_, t) in self.pending.items() if not t.done()]

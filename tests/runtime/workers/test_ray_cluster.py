@@ -55,6 +55,7 @@ def test_worker_nodes_offer_generation_slots_and_actors_ask_for_one() -> None:
     argv = ray_worker_node_argv("10.1.2.3:6379", "10.1.2.9", 2)
     resources = next(a for a in argv if a.startswith("--resources="))
     assert json.loads(resources.split("=", 1)[1]) == {RAY_GENERATION_RESOURCE: 2}
+    assert "--include-log-monitor=false" in argv  # the driver takes no worker logs
     assert generation_slots(5, 2) == 3 and generation_slots(2, 2) == 1
     with pytest.raises(ValueError):
         generation_slots(2, 0)
