@@ -472,6 +472,7 @@ def main() -> int:
         plan = [("load", "load_only")] if args.no_baseline else sequence(args.order)
         report["order"] = {"asked": args.order, "halves": [f"{c} ({o})" for c, o in plan]}
         for column, order in plan:
+            began, load_before = time.monotonic(), os.getloadavg()
             if column == "baseline":
                 found = half_in_process(
                     "baseline",
@@ -493,7 +494,9 @@ def main() -> int:
                     args.lease_seconds,
                 )
             note(f"{column} ({order}): p99 {found['pod_lost_to_replacement_s'].get('p99')} s")
-            halves[column].append({"order": order, "load_after": os.getloadavg(), **found})
+            found["seconds"] = round(time.monotonic() - began, 1)
+            found["load_before"], found["load_after"] = load_before, os.getloadavg()
+            halves[column].append({"order": order, **found})
     report["machine"]["load_at_end"] = os.getloadavg()
     for column, measured in halves.items():
         if measured:
