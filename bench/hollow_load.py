@@ -298,7 +298,10 @@ class HollowTrainers:
                 self.renewers.submit(self._renew, run, holder)
 
 
-ROLES = {"kubelet": HollowKubelet, "trainers": HollowTrainers}
+ROLES: dict[str, type[HollowKubelet] | type[HollowTrainers]] = {
+    "kubelet": HollowKubelet,
+    "trainers": HollowTrainers,
+}
 
 
 def hollow_main(kubeconfig: str, namespace: str, role: str) -> int:
