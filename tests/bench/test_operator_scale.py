@@ -157,3 +157,22 @@ def test_an_order_run_twice_keeps_both_halves():
     found = combine([_half("load_first", [0.2], 1.0, 1.0), _half("load_first", [0.4], 1.0, 1.0)])
     assert list(found["by_order"]) == ["load_first", "load_first_2"]
     assert found["combined"]["pod_lost_to_replacement_s"]["n"] == 2
+
+
+def test_the_hollow_kubelets_statuses_read_as_a_kubelets_do():
+    """Running and Ready serves; a deleted pod's terminal status (Failed, exit 143) is still
+    the operator's own deletion, a preemption, not a member failure."""
+    from bench.hollow_load import running_status, terminated_status
+    from rolloutrun_operator.losses import LossKind, pod_loss, serving
+    from rolloutrun_operator.observe import pod_view
+    from rolloutrun_runtime.contract import pod as naming
+
+    labels = {naming.LABEL_RUN: "r", naming.LABEL_ROLE: naming.Role.GYM}
+    meta = {"name": "r-i1-gym-0", "labels": labels}
+    now = "2026-01-01T00:00:00Z"
+    assert serving(pod_view({"metadata": meta, "status": running_status("10.0.0.1", now)}))
+    ending = {"metadata": {**meta, "deletionTimestamp": now}, "status": terminated_status(now)}
+    view = pod_view(ending)
+    assert (view.phase, view.exit_code, serving(view)) == ("Failed", 143, False)
+    loss = pod_loss(None, view)  # type: ignore[arg-type]  # a deletion needs no pass
+    assert loss is not None and loss.kind == LossKind.PREEMPTION
