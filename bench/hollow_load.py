@@ -1,8 +1,9 @@
 """The hollow node's kubelet and the runs' trainers of ``bench.operator_scale``.
 
-Why a module of its own: it runs in a process of its own (``python -m bench.operator_scale
---hollow NAMESPACE``), so it does not share the benchmark's interpreter lock with the API
-server, and the benchmark stays readable.
+Why a module of its own: each runs in a process of its own (``python -m bench.operator_scale
+--hollow NAMESPACE --hollow-role kubelet|trainers``), so neither shares an interpreter lock
+with the API server (in the benchmark's process) or with the other: the kubelet's pod writes
+do not queue behind a thousand trainers' renewals, as a node's kubelet's do not on a cluster.
 """
 
 from __future__ import annotations
@@ -65,104 +66,144 @@ def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-class Hollow:
-    """The hollow node's kubelet and the runs' trainers, through the API (admin).
+def _parts(name: str) -> tuple[str, str, str]:
+    """``(run, incarnation, role)`` of a member pod ``<run>-i<n>-<role>``."""
+    run, _, rest = name.rpartition("-i")
+    number, _, role = rest.partition("-")
+    return run, number, role
 
-    Run in a process of its own (:func:`start_hollow`): in the benchmark's process it shared
-    the interpreter lock with the API server, whose requests then queued behind the load
-    generator's (tens of seconds at 200 runs: the replacement times measured the generator,
-    not the operator). Responses are not decoded (``_preload_content=False``), and each
-    trainer renews on its own phase, ``duration/3`` after its last renewal, as trainers do,
-    not all runs in one burst."""
+
+def _pod_events(core: Any, namespace: str, stop: threading.Event) -> Any:
+    """The hollow node's pods' watch events, re-opened until ``stop`` (one watch a process:
+    a kubelet watches the pods bound to its node)."""
+    from kubernetes import watch
+
+    while not stop.is_set():
+        stream = watch.Watch().stream(
+            core.list_namespaced_pod,
+            namespace,
+            field_selector=f"spec.nodeName={HOLLOW}",
+            timeout_seconds=60,
+        )
+        for event in stream:
+            if stop.is_set():
+                return
+            yield event
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def running_status(ip: str, now: str) -> dict[str, Any]:
+    """What a kubelet writes once a pod's container started and its probe passed."""
+    return {
+        "phase": "Running",
+        "podIP": ip,
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "True", "lastTransitionTime": now},
+        ],
+        "containerStatuses": [
+            {
+                "name": "main",
+                "ready": True,
+                "restartCount": 0,
+                "image": "x",
+                "imageID": "",
+                "state": {"running": {"startedAt": now}},
+            }
+        ],
+    }
+
+
+def terminated_status(now: str) -> dict[str, Any]:
+    """What a kubelet writes once a deleted pod's container ended on its SIGTERM (a deleted
+    pod is moved to a terminal phase before its deletion is finished, as kubelets do since
+    Kubernetes 1.27)."""
+    ended = {"exitCode": 143, "reason": "Error", "startedAt": now, "finishedAt": now}
+    return {
+        "phase": "Failed",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "False", "lastTransitionTime": now},
+        ],
+        "containerStatuses": [
+            {
+                "name": "main",
+                "ready": False,
+                "restartCount": 0,
+                "image": "x",
+                "imageID": "",
+                "state": {"terminated": ended},
+            }
+        ],
+    }
+
+
+class HollowKubelet:
+    """The hollow node's kubelet, through the API (admin), in a process of its own
+    (``--hollow NS --hollow-role kubelet``): with the trainers' renewals in the same process
+    (~195 requests/s at 1,000 runs), its pod writes queued 2-5 s behind them; on a cluster
+    each node's kubelet ends its own pods. What it writes is what a kubelet writes: a bound
+    pod's Running and Ready status; for a deleted pod, its container terminated and the
+    pod's terminal phase, then the deletion finished (grace period 0, as the kubelet's
+    status manager does once the pod's resources are released)."""
 
     def __init__(self, api: Any, namespace: str) -> None:
         from kubernetes import client as k8s
 
         self.core: Any = k8s.CoreV1Api(api)
-        self.leases: Any = k8s.CoordinationV1Api(api)
         self.namespace = namespace
-        self.pool = ThreadPoolExecutor(4)  # the kubelet's
-        self.renewers = ThreadPoolExecutor(8)  # the trainers'
-
+        self.pool = ThreadPoolExecutor(4)
         self.stop = threading.Event()
-        self.trainers: dict[str, str] = {}  # run -> holder identity of its running trainer
-        self.due: list[tuple[float, str, str]] = []  # (monotonic, run, holder): next renewals
-        self.lock = threading.Lock()
-        self.step = 0
-        self.threads = [
-            threading.Thread(target=self._kubelet, daemon=True),
-            threading.Thread(target=self._trainers, daemon=True),
-        ]
+        self.threads = [threading.Thread(target=self._watch, daemon=True)]
         self.address = 0
+        self.ending: set[str] = set()  # pods whose end is under way (one end each)
 
     def close(self) -> None:
         self.stop.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self.renewers.shutdown(wait=False, cancel_futures=True)
 
-    # ---------------------------------------------------------------- the hollow kubelet
-    def _kubelet(self) -> None:
-        from kubernetes import watch
-
-        while not self.stop.is_set():
-            stream = watch.Watch().stream(
-                self.core.list_namespaced_pod,
-                self.namespace,
-                field_selector=f"spec.nodeName={HOLLOW}",
-                timeout_seconds=60,
-            )
-            for event in stream:
-                if self.stop.is_set():
-                    return
-                pod = event["object"]
-                if event["type"] == "DELETED":
-                    self._gone(pod)
-                elif pod.metadata.deletion_timestamp is not None:
-                    self.pool.submit(self._finish, pod.metadata.name)
-                elif pod.status.phase != "Running":
-                    self.pool.submit(self._run, pod.metadata.name)
+    def _watch(self) -> None:
+        for event in _pod_events(self.core, self.namespace, self.stop):
+            pod = event["object"]
+            name = pod.metadata.name
+            if event["type"] == "DELETED":
+                self.ending.discard(name)
+            elif pod.metadata.deletion_timestamp is not None:
+                if name not in self.ending:
+                    self.ending.add(name)
+                    self.pool.submit(self._finish, name)
+            elif pod.status.phase not in ("Running", "Failed", "Succeeded"):
+                self.pool.submit(self._run, name)
 
     def _run(self, name: str) -> None:
         self.address += 1
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        ip = f"10.{(self.address >> 16) & 255}.{(self.address >> 8) & 255}.{self.address & 255}"
-        status = {
-            "phase": "Running",
-            "podIP": ip,
-            "conditions": [
-                {"type": "PodScheduled", "status": "True"},
-                {"type": "Ready", "status": "True", "lastTransitionTime": now},
-            ],
-            "containerStatuses": [
-                {
-                    "name": "main",
-                    "ready": True,
-                    "restartCount": 0,
-                    "image": "x",
-                    "imageID": "",
-                    "state": {"running": {"startedAt": now}},
-                }
-            ],
-        }
+        a = self.address
+        ip = f"10.{(a >> 16) & 255}.{(a >> 8) & 255}.{a & 255}"
+        body = {"status": running_status(ip, _now())}
         try:
             drained(
                 self.core.patch_namespaced_pod_status(
-                    name, self.namespace, {"status": status}, _preload_content=False
+                    name, self.namespace, body, _preload_content=False
                 )
             )
         except Exception:  # deleted meanwhile
             return
-        run, _, rest = name.rpartition("-i")
-        number, _, role = rest.partition("-")
-        if role == "trainer":
-            holder = f"{name}/{number}"
-            with self.lock:
-                new = self.trainers.get(run) != holder  # one renewal chain per trainer
-                self.trainers[run] = holder
-            if new:
-                self.renewers.submit(self._renew, run, holder)
 
     def _finish(self, name: str) -> None:
+        try:
+            drained(
+                self.core.patch_namespaced_pod_status(
+                    name,
+                    self.namespace,
+                    {"status": terminated_status(_now())},
+                    _preload_content=False,
+                )
+            )
+        except Exception:  # gone meanwhile: nothing left to end
+            return
         try:
             drained(
                 self.core.delete_namespaced_pod(
@@ -172,15 +213,55 @@ class Hollow:
         except Exception:
             return
 
-    def _gone(self, pod: Any) -> None:
-        run, _, rest = pod.metadata.name.rpartition("-i")
-        number, _, role = rest.partition("-")
-        if role == "trainer":
-            with self.lock:
-                if self.trainers.get(run) == f"{pod.metadata.name}/{number}":
-                    del self.trainers[run]
 
-    # ---------------------------------------------------------------- the trainers
+class HollowTrainers:
+    """The runs' trainers, through the API (admin), in a process of their own
+    (``--hollow NS --hollow-role trainers``), apart from the hollow kubelet and from the
+    API server. A trainer starts renewing its run's Lease once its pod runs (seen on its
+    own watch, as a trainer starts once its container does) and stops when its pod is being
+    deleted. Responses are not decoded (``_preload_content=False``), and each trainer renews
+    on its own phase, ``duration/3`` after its last renewal, as trainers do, not all runs in
+    one burst."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        from kubernetes import client as k8s
+
+        self.core: Any = k8s.CoreV1Api(api)
+        self.leases: Any = k8s.CoordinationV1Api(api)
+        self.namespace = namespace
+        self.renewers = ThreadPoolExecutor(8)
+        self.stop = threading.Event()
+        self.trainers: dict[str, str] = {}  # run -> holder identity of its running trainer
+        self.due: list[tuple[float, str, str]] = []  # (monotonic, run, holder): next renewals
+        self.lock = threading.Lock()
+        self.step = 0
+        self.threads = [
+            threading.Thread(target=self._watch, daemon=True),
+            threading.Thread(target=self._trainers, daemon=True),
+        ]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.renewers.shutdown(wait=False, cancel_futures=True)
+
+    def _watch(self) -> None:
+        for event in _pod_events(self.core, self.namespace, self.stop):
+            pod = event["object"]
+            run, number, role = _parts(pod.metadata.name)
+            if role != "trainer":
+                continue
+            holder = f"{pod.metadata.name}/{number}"
+            ended = event["type"] == "DELETED" or pod.metadata.deletion_timestamp is not None
+            with self.lock:
+                if ended:
+                    if self.trainers.get(run) == holder:
+                        del self.trainers[run]
+                    continue
+                if pod.status.phase != "Running" or self.trainers.get(run) == holder:
+                    continue
+                self.trainers[run] = holder  # one renewal chain per trainer
+            self.renewers.submit(self._renew, run, holder)
+
     def _renew(self, run: str, holder: str) -> None:
         with self.lock:
             if self.trainers.get(run) != holder:
@@ -217,11 +298,18 @@ class Hollow:
                 self.renewers.submit(self._renew, run, holder)
 
 
-def hollow_main(kubeconfig: str, namespace: str) -> int:
-    """``--hollow``: the hollow kubelet and trainers until SIGTERM (:func:`start_hollow`)."""
+ROLES: dict[str, type[HollowKubelet] | type[HollowTrainers]] = {
+    "kubelet": HollowKubelet,
+    "trainers": HollowTrainers,
+}
+
+
+def hollow_main(kubeconfig: str, namespace: str, role: str) -> int:
+    """``--hollow NS --hollow-role ROLE``: the hollow kubelet or the trainers until SIGTERM
+    (``bench.operator_scale.start_hollow`` starts one process of each)."""
     from kubernetes import config
 
-    hollow = Hollow(config.new_client_from_config(config_file=kubeconfig), namespace)
+    hollow = ROLES[role](config.new_client_from_config(config_file=kubeconfig), namespace)
     signal.signal(signal.SIGTERM, lambda *_: hollow.stop.set())
     for thread in hollow.threads:
         thread.start()

@@ -3,9 +3,10 @@
 One operator process (``rolloutrun operator``, under the chart's rights) and N RolloutRuns
 on the local cluster. Their pods are bound to a *hollow* node no process kubelet runs:
 this benchmark's hollow kubelet (as Kubernetes' kubemark does) marks them Running and
-Ready through the API and finishes their deletion; a load generator (in a process of its
-own with the hollow kubelet, so it does not starve the API server) acts as each run's
-trainer: it takes the run's Lease when its trainer pod runs and renews it every
+Ready through the API and, for a deleted pod, writes its terminal status and finishes its
+deletion, in a process of its own; a load generator (in another process, so neither starves
+the API server nor queues the kubelet's writes behind a thousand renewals) acts as each
+run's trainer: it takes the run's Lease when its trainer pod runs and renews it every
 ``duration/3`` seconds through the API, recording a new train step with each renewal and
 a new anchor step every minute at the run's own phase, as trainers do. Measured, at the
 API server (which counts admitted requests per user):
@@ -15,14 +16,19 @@ API server (which counts admitted requests per user):
 - ``pod_lost_to_replacement_s``: a running trainer pod is lost (deleted at once); the time
   until the API server commits the run's next incarnation's first pod, with its phases
   (``phases_s``: the old Gym pods marked for deletion by the operator, gone, the new pod),
-  read from the cluster's store as it commits (no polling requests). Goal: p99 ≤ 2 s,
+  read from the cluster's store as it commits (no polling requests), and its parts
+  (``parts_s``: the benchmark's delete, the operator's two reactions and their sum
+  ``operator``, the hollow kubelet's end of the old Gyms, ``end_to_end``). Goal: p99 ≤ 2 s,
   over ``--losses`` (default 100: fewer make p99 the max) one at a time; p50/p90/p99/max.
 - ``operator_rss_mib``: the operator's RSS once steady, and its peak.
 
 ``baseline``: the same measurement, on fewer runs, with the operator of ``--baseline-ref``
 (default: the commit before label-selected watches and Lease-driven passes), run from a
 ``git archive`` of that commit, or of the checkout ``--baseline-tree`` (this one: an A/A
-run), each column on a local cluster of its own. Usage:
+run), each column on a local cluster of its own, in a process of its own. The columns run
+in both orders (``--order ABBA``: the column run second measured slower than the same code
+run first); each column reports ``by_order`` (``baseline_first``/``load_first``) and
+``combined`` (losses pooled, steady figures at their worst). Usage:
 ``python -m bench.operator_scale [--quick]``.
 """
 
@@ -46,11 +52,11 @@ from bench.operator_recovery import (
     cpu_seconds,
     exists,
     micro_now,
-    quantiles,
     rss_kib,
     wait,
     with_parent,
 )
+from bench.scale_columns import combine, loss_parts, loss_summary, sequence
 from rolloutrun_localcluster import LocalCluster
 from rolloutrun_localcluster.kubelet import free_pod_network
 from rolloutrun_localcluster.operator_access import ACCOUNT, NAMESPACE, operator_kubeconfig
@@ -62,10 +68,15 @@ BASELINE_REF = "f9d7b81"
 REPO = Path(__file__).resolve().parent.parent
 
 
-def start_hollow(cluster: LocalCluster, namespace: str) -> Any:
+def start_hollow(cluster: LocalCluster, namespace: str) -> list[Any]:
+    """The hollow kubelet and the trainers, each in a process of its own (the kubelet's
+    pod writes queued seconds behind the renewals when they shared one)."""
     command = [sys.executable, "-m", "bench.operator_scale", "--hollow", namespace]
     kubeconfig = ["--kubeconfig", str(cluster.kubeconfig_path)]
-    return subprocess.Popen([*command, *kubeconfig], preexec_fn=with_parent)
+    return [
+        subprocess.Popen([*command, "--hollow-role", role, *kubeconfig], preexec_fn=with_parent)
+        for role in hollow_load.ROLES
+    ]
 
 
 def renewals(cluster: LocalCluster) -> int:
@@ -211,8 +222,10 @@ def measure(
     finally:
         operator.send_signal(signal.SIGTERM)
         operator.wait(60)
-        hollow.send_signal(signal.SIGTERM)
-        hollow.wait(60)
+        for process in hollow:
+            process.send_signal(signal.SIGTERM)
+        for process in hollow:
+            process.wait(60)
     per_run_min = total / runs / (elapsed / 60)
     resync = resync_seconds(tree)
     return {
@@ -265,7 +278,8 @@ def lost_pods(
     """Lose each victim's running trainer, one at a time (``gap`` seconds after the last
     one's replacement: one loss under way at a time, the others steady), and time the
     replacement from the API server's commits (:class:`Commits`), split into its phases
-    (:func:`phases`)."""
+    (:func:`phases`) and into whose part each stretch is (``parts``: the operator's two
+    reactions, the hollow kubelet's, end to end; :func:`bench.scale_columns.loss_parts`)."""
     from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 
     skipped, missing, each = 0, [], []  # each loss, with its wall-clock time (the log's)
@@ -282,32 +296,18 @@ def lost_pods(
             wait(lambda key=replacement: key in commits.at, replacement[1], bound=120)
         except TimeoutError:
             missing.append(f"{run}-i{n}")  # reported, and the other samples kept
-        sample = {"run": run, "lost_at": round(lost_at, 3), **phases(commits.at, run, n, t0)}
+        marks = phases(commits.at, run, n, t0)
+        sample = {"run": run, "lost_at": round(lost_at, 3), **marks}
         each.append({**sample, "second_of_minute": round(lost_at % 60, 1)})
+        each[-1]["parts"] = loss_parts(marks)
         time.sleep(gap)  # the next incarnation's pods started before the next loss
-    split: dict[str, list[float]] = {}
-    for seen in each:  # those replaced (a missing one has no replacement phase)
-        for phase, at in seen.items():
-            if "replacement" in seen and phase not in ("run", "lost_at", "second_of_minute"):
-                split.setdefault(phase, []).append(at)
     return {
-        **spread(split.get("replacement", [])),
+        **loss_summary(each),
         "skipped": skipped,
         "missing_after_120s": missing,
         "goal_p99_s": 2.0,
-        "phases_s": {phase: spread(at) for phase, at in split.items()},
         "samples": each,
     }
-
-
-def spread(samples: list[float]) -> dict[str, Any]:
-    """n, p50, p90, p99 and max (with fewer than 100 samples p99 is the max: take at
-    least 100 losses for a p99 that means one)."""
-    found = quantiles(samples)
-    if samples:
-        ordered = sorted(samples)
-        found["p90"] = round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 3)
-    return found
 
 
 def phases(at: dict[tuple[str, str], float], run: str, n: int, t0: float) -> dict[str, float]:
@@ -413,6 +413,13 @@ def main() -> int:
     )
     parser.add_argument("--baseline-losses", type=int, default=20)
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument(
+        "--order",
+        default="ABBA",
+        help="the columns' halves in turn, A the baseline and B this tree, in pairs: ABBA "
+        "runs each column once first and once second (the column run second measured "
+        "slower); AB halves the time",
+    )
     parser.add_argument("--quick", action="store_true", help="50 runs, 60 s windows")
     parser.add_argument(
         "--lease-seconds",
@@ -422,6 +429,7 @@ def main() -> int:
         "machine whose API server cannot keep up with the renewals expires Leases instead",
     )
     parser.add_argument("--hollow", metavar="NAMESPACE", help=argparse.SUPPRESS)
+    parser.add_argument("--hollow-role", choices=sorted(hollow_load.ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--one-half", metavar="NAMESPACE", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", help=argparse.SUPPRESS)
     parser.set_defaults(
@@ -430,7 +438,7 @@ def main() -> int:
     args = parser.parse_args()
     set_lease_seconds(args.lease_seconds)
     if args.hollow:
-        return hollow_main(args.kubeconfig, args.hollow)
+        return hollow_main(args.kubeconfig, args.hollow, args.hollow_role)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the clusters and operator end
     if args.one_half:
         with tempfile.TemporaryDirectory(prefix="rolloutrun-scale-") as tmp:
@@ -449,17 +457,24 @@ def main() -> int:
     if args.quick:
         args.runs, args.window, args.losses, args.baseline_losses = 50, 60.0, 5, 5
         args.baseline_runs, args.baseline_window = 20, 60.0
+    if args.no_baseline:
+        args.order = "B"
     report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "load": os.getloadavg()}}
+    halves: dict[str, list[dict[str, Any]]] = {"baseline": [], "load": []}
     with tempfile.TemporaryDirectory(prefix="rolloutrun-scale-") as tmp:
         work = Path(tmp)
+        tree, ref = None, None
         if not args.no_baseline:
             if args.baseline_tree is not None:
                 tree, ref = args.baseline_tree.resolve(), str(args.baseline_tree)
             else:
                 tree, ref = archive(args.baseline_ref, work / "baseline"), args.baseline_ref
-            report["baseline"] = {
-                "ref": ref,
-                **half_in_process(
+        plan = [("load", "load_only")] if args.no_baseline else sequence(args.order)
+        report["order"] = {"asked": args.order, "halves": [f"{c} ({o})" for c, o in plan]}
+        for column, order in plan:
+            began, load_before = time.monotonic(), os.getloadavg()
+            if column == "baseline":
+                found = half_in_process(
                     "baseline",
                     args.baseline_runs,
                     args.baseline_window,
@@ -467,13 +482,29 @@ def main() -> int:
                     tree,
                     args.loss_gap,
                     args.lease_seconds,
-                ),
-            }
-        report["load"] = half_in_process(
-            "load", args.runs, args.window, args.losses, None, args.loss_gap, args.lease_seconds
-        )
-    load = report["load"]
+                )
+            else:
+                found = half_in_process(
+                    "load",
+                    args.runs,
+                    args.window,
+                    args.losses,
+                    None,
+                    args.loss_gap,
+                    args.lease_seconds,
+                )
+            note(f"{column} ({order}): p99 {found['pod_lost_to_replacement_s'].get('p99')} s")
+            found["seconds"] = round(time.monotonic() - began, 1)
+            found["load_before"], found["load_after"] = load_before, os.getloadavg()
+            halves[column].append({"order": order, **found})
+    report["machine"]["load_at_end"] = os.getloadavg()
+    for column, measured in halves.items():
+        if measured:
+            extra = {"ref": ref} if column == "baseline" else {}
+            report[column] = {**extra, **combine(measured)}
+    load = report["load"]["combined"]
     report["goals"] = {
+        "from": "load combined (every order; by_order has each)",
         "api_requests_per_run_per_minute_le_2": load["api_requests_per_run_per_minute"] <= 2,
         "pod_lost_to_replacement_p99_le_2s": load["pod_lost_to_replacement_s"].get("p99", 99) <= 2,
     }

@@ -55,7 +55,124 @@ def test_each_hollow_trainer_anchors_once_a_minute_at_its_own_phase(monkeypatch)
 
 
 def test_the_replacement_is_reported_with_p90_beside_p50_p99_and_max():
-    from bench.operator_scale import spread
+    from bench.scale_columns import spread
 
     found = spread([float(k) for k in range(1, 101)])
     assert (found["n"], found["p90"], found["p99"], found["max"]) == (100, 91.0, 100.0, 100.0)
+
+
+def test_a_replaced_loss_is_split_into_whose_part_each_stretch_is():
+    from bench.scale_columns import loss_parts
+
+    marks = {"trainer_gone": 0.1, "gyms_deleting": 0.4, "gyms_gone": 2.9, "replacement": 3.2}
+    parts = loss_parts(marks)
+    assert parts == {
+        "bench_delete": 0.1,
+        "operator_lost_to_gyms_deleting": 0.3,
+        "kubelet_gyms_deleting_to_gone": 2.5,
+        "operator_gyms_gone_to_replacement": 0.3,
+        "operator": 0.6,
+        "end_to_end": 3.2,
+    }
+    stretches = [v for k, v in parts.items() if k not in ("operator", "end_to_end")]
+    assert round(sum(stretches), 3) == parts["end_to_end"]
+    assert loss_parts({k: v for k, v in marks.items() if k != "replacement"}) == {}
+
+
+def test_the_loss_summary_spreads_each_part_over_the_replaced_losses_only():
+    from bench.scale_columns import loss_parts, loss_summary
+
+    samples = []
+    for k in range(10):
+        marks = {"trainer_gone": 0.1, "gyms_deleting": 0.2, "gyms_gone": 0.2 + k}
+        marks["replacement"] = 0.5 + k
+        samples.append({"run": f"r{k}", "lost_at": 1.0, **marks, "parts": loss_parts(marks)})
+    samples.append({"run": "gone", "lost_at": 2.0, "trainer_gone": 0.1})  # never replaced
+    found = loss_summary(samples)
+    assert (found["n"], found["max"]) == (10, 9.5)
+    assert found["parts_s"]["kubelet_gyms_deleting_to_gone"]["max"] == 9.0
+    assert found["parts_s"]["operator"]["max"] == 0.4
+    assert found["phases_s"]["trainer_gone"]["n"] == 10
+
+
+def test_abba_runs_each_column_once_first_and_once_second():
+    import pytest
+
+    from bench.scale_columns import sequence
+
+    assert sequence("ABBA") == [
+        ("baseline", "baseline_first"),
+        ("load", "baseline_first"),
+        ("load", "load_first"),
+        ("baseline", "load_first"),
+    ]
+    assert sequence("AB") == [("baseline", "baseline_first"), ("load", "baseline_first")]
+    for bad in ("AAB", "AA", "ABC", ""):
+        with pytest.raises(ValueError, match="--order"):
+            sequence(bad)
+
+
+def _half(order: str, seconds: list[float], requests: float, rss: float) -> dict:
+    from bench.scale_columns import loss_parts, loss_summary
+
+    samples = []
+    for k, s in enumerate(seconds):
+        marks = {"trainer_gone": 0.0, "gyms_deleting": 0.1, "gyms_gone": s - 0.1, "replacement": s}
+        samples.append({"run": f"r{k}", **marks, "parts": loss_parts(marks)})
+    return {
+        "order": order,
+        "api_requests_per_run_per_minute": requests,
+        "operator_rss_mib": {"steady": rss, "peak": rss + 1},
+        "pod_lost_to_replacement_s": {
+            **loss_summary(samples),
+            "skipped": 1,
+            "missing_after_120s": [],
+            "samples": samples,
+        },
+    }
+
+
+def test_a_column_is_reported_per_order_and_combined_with_its_losses_pooled():
+    from bench.scale_columns import combine
+
+    first = _half("load_first", [0.2] * 99 + [0.3], requests=0.9, rss=500.0)
+    second = _half("baseline_first", [0.5] * 99 + [5.0], requests=1.1, rss=480.0)
+    found = combine([second, first])
+    assert set(found["by_order"]) == {"load_first", "baseline_first"}
+    assert found["by_order"]["load_first"]["pod_lost_to_replacement_s"]["p99"] == 0.3
+    assert found["by_order"]["baseline_first"]["pod_lost_to_replacement_s"]["p99"] == 5.0
+    combined = found["combined"]
+    assert combined["orders"] == ["baseline_first", "load_first"]
+    losses = combined["pod_lost_to_replacement_s"]
+    assert (losses["n"], losses["max"], losses["skipped"]) == (200, 5.0, 2)
+    assert losses["p50"] == 0.4  # pooled: the middle two are 0.3 (load_first) and 0.5 s
+    assert losses["parts_s"]["operator"]["max"] == 0.2
+    assert combined["api_requests_per_run_per_minute"] == 1.1  # the worse order's
+    assert combined["operator_rss_mib"] == {"steady": 500.0, "peak": 501.0}
+
+
+def test_an_order_run_twice_keeps_both_halves():
+    from bench.scale_columns import combine
+
+    found = combine([_half("load_first", [0.2], 1.0, 1.0), _half("load_first", [0.4], 1.0, 1.0)])
+    assert list(found["by_order"]) == ["load_first", "load_first_2"]
+    assert found["combined"]["pod_lost_to_replacement_s"]["n"] == 2
+
+
+def test_the_hollow_kubelets_statuses_read_as_a_kubelets_do():
+    """Running and Ready serves; a deleted pod's terminal status (Failed, exit 143) is still
+    the operator's own deletion, a preemption, not a member failure."""
+    from bench.hollow_load import running_status, terminated_status
+    from rolloutrun_operator.losses import LossKind, pod_loss, serving
+    from rolloutrun_operator.observe import pod_view
+    from rolloutrun_runtime.contract import pod as naming
+
+    labels = {naming.LABEL_RUN: "r", naming.LABEL_ROLE: naming.Role.GYM}
+    meta = {"name": "r-i1-gym-0", "labels": labels}
+    now = "2026-01-01T00:00:00Z"
+    assert serving(pod_view({"metadata": meta, "status": running_status("10.0.0.1", now)}))
+    ending = {"metadata": {**meta, "deletionTimestamp": now}, "status": terminated_status(now)}
+    view = pod_view(ending)
+    assert (view.phase, view.exit_code, serving(view)) == ("Failed", 143, False)
+    loss = pod_loss(None, view)  # type: ignore[arg-type]  # a deletion needs no pass
+    assert loss is not None and loss.kind == LossKind.PREEMPTION
