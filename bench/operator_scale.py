@@ -353,7 +353,7 @@ def half(
     """One column of the comparison, on a local cluster of its own: the second column run
     on the first one's cluster met its thousand runs' objects still there (an A/A run gave
     0.195 s against 0.777 s p99), so each column starts from an empty cluster."""
-    with LocalCluster(where, pod_network=free_pod_network()) as cluster:
+    with LocalCluster(where, pod_network=free_pod_network(), pace_gc=True) as cluster:
         from kubernetes import client as k8s
 
         from rolloutrun_operator.api.crdgen import build_crd

@@ -57,7 +57,7 @@ async def _serve(directory: Path, port: int, token: str | None, options: dict[st
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    cluster = LocalCluster(directory, port=port, token=token, **options)
+    cluster = LocalCluster(directory, port=port, token=token, pace_gc=True, **options)
     await cluster.astart()
     print(f"API server:  {cluster.api_url}", flush=True)
     print(f"kubeconfig:  {cluster.kubeconfig_path}", flush=True)

@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from rolloutrun_operator.gc_pacing import pace_gc
+
 from . import access, images, kubeconfig, mountns, netns, partition, podspec, tls
 from .controllers import Controllers
 from .kubelet import IpPool, Kubelet
@@ -61,6 +63,7 @@ class LocalCluster:
         pod_network: str = "127.0.0.0/16",
         isolation: str | None = None,
         network: str | None = None,
+        pace_gc: bool = False,
     ) -> None:
         self.directory = Path(directory).resolve()
         self.host = host
@@ -90,6 +93,10 @@ class LocalCluster:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping: asyncio.Event | None = None
+        # A cluster that is its own process paces its collector (gc_pacing: no full pass
+        # over every stored object inside a request); one inside a library user's never.
+        self._pace_gc = pace_gc
+        self._gc_pacer: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ facts
     @property
@@ -189,6 +196,8 @@ class LocalCluster:
         for kubelet in self.kubelets.values():
             kubelet.start()
         self.scheduler.start()
+        if self._pace_gc:
+            self._gc_pacer = asyncio.create_task(pace_gc(), name="gc-pacing")
         logger.info(
             "local cluster serving at %s (kubeconfig %s), pods isolated by %s, pod network: %s",
             self.api_url,
@@ -205,6 +214,10 @@ class LocalCluster:
         assert self.server is not None and self.controllers is not None
         assert self.scheduler is not None
         self.server.watches.drop_all()
+        if self._gc_pacer is not None:
+            self._gc_pacer.cancel()
+            await asyncio.gather(self._gc_pacer, return_exceptions=True)
+            self._gc_pacer = None
         await self.scheduler.stop()
         for kubelet in self.kubelets.values():
             await kubelet.stop()

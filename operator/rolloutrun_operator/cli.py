@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 def _run_operator(args: argparse.Namespace) -> int:
     import asyncio
 
+    from rolloutrun_operator.gc_pacing import with_paced_gc
     from rolloutrun_operator.metrics import token_problem
     from rolloutrun_operator.runner import run_operator
 
@@ -26,7 +27,7 @@ def _run_operator(args: argparse.Namespace) -> int:
         problem = token_problem(args.metrics_address, args.metrics_token_file)
         if problem is not None:
             raise SystemExit(f"rolloutrun operator: {problem}")
-    asyncio.run(run_operator(config))
+    asyncio.run(with_paced_gc(run_operator(config)))  # no full GC pass inside a reaction
     return 0
 
 
