@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rolloutrun_runtime.aio import EventFirst, unless_set
 from rolloutrun_runtime.contract.wire import POLICY_NOT_ANNOUNCED, RESUME_REFUSED
 
 
@@ -163,15 +164,8 @@ async def unless_replaced(
 ) -> tuple[int, bytes]:
     """Await ``call`` unless the replica's generation is replaced first: then the call is
     cancelled and ends as :class:`GymUnreachableError` (its attempt is redispatched)."""
-    task = asyncio.ensure_future(call)
-    gone = asyncio.ensure_future(replaced.wait())
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-    if not task.done() or task.cancelled():
-        raise GymUnreachableError(url, f"member generation {generation} was replaced")
-    result: tuple[int, bytes] = task.result()
+        result: tuple[int, bytes] = await unless_set(call, replaced)
+    except EventFirst:
+        raise GymUnreachableError(url, f"member generation {generation} was replaced") from None
     return result

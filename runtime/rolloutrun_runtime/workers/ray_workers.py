@@ -62,6 +62,7 @@ from typing import Any
 import ray
 import torch
 
+from rolloutrun_runtime.aio import EventFirst, unless_set
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.policy.http import data_plane_token
 from rolloutrun_runtime.workers import WorkerError
@@ -383,16 +384,11 @@ class RayWorkers:
         """``actor``'s refit, or :data:`FOUND_LOST` as soon as its watch finds it dead: a
         call in flight on a lost node's actor can take seconds more to fail than the watch,
         and the refit holds the lock a standby's admission waits for."""
-        call = asyncio.ensure_future(_awaited_any(actor.refit.remote(weights, version)))
-        lost = asyncio.ensure_future(self._lost_signal(actor).wait())
+        call = _awaited_any(actor.refit.remote(weights, version))
         try:
-            await asyncio.wait({call, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
-        if call.done():
-            return call.result()
-        call.cancel()
-        return FOUND_LOST
+            return await unless_set(call, self._lost_signal(actor))
+        except EventFirst:
+            return FOUND_LOST
 
     def _lost_signal(self, actor: Any) -> asyncio.Event:
         return self._lost.setdefault(id(actor), asyncio.Event())

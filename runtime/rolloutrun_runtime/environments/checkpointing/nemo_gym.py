@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 import aiohttp
 from pydantic import ValidationError
 
+from rolloutrun_runtime.aio import EventFirst, unless_set
 from rolloutrun_runtime.contract.layout import GYM_SNAPSHOT_FORMAT
 from rolloutrun_runtime.contract.run_config import GymConfig
 from rolloutrun_runtime.contract.wire import (
@@ -230,20 +231,13 @@ class GymEnvironmentCheckpoint:
                 f"Gym {instance} {route}: not sent, the replica is lost ({self._down[instance]})"
             )
         gone = self._gone.setdefault(instance, asyncio.Event())
-        call = asyncio.ensure_future(self._send(instance, route, body))
-        ended = asyncio.ensure_future(gone.wait())
         try:
-            await asyncio.wait({call, ended}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ended.cancel()
-            if not call.done():
-                call.cancel()
-        if not call.done() or call.cancelled():
+            return await unless_set(self._send(instance, route, body), gone)
+        except EventFirst:
             why = self._down.get(instance, "replaced")
             raise EnvironmentCheckpointError(
                 f"Gym {instance} {route} failed: the replica was lost mid-call ({why})"
-            )
-        return call.result()
+            ) from None
 
     async def _send(self, instance: str, route: str, body: Mapping[str, Any]) -> ControlState:
         if self._session is None:
