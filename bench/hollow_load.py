@@ -95,26 +95,30 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def running_status(ip: str, now: str) -> dict[str, Any]:
-    """What a kubelet writes once a pod's container started and its probe passed."""
+def _pod_status(phase: str, ready: bool, now: str, state: dict[str, Any]) -> dict[str, Any]:
+    """A one-container pod's status as a kubelet writes it (``state``: the container's)."""
     return {
-        "phase": "Running",
-        "podIP": ip,
+        "phase": phase,
         "conditions": [
             {"type": "PodScheduled", "status": "True"},
-            {"type": "Ready", "status": "True", "lastTransitionTime": now},
+            {"type": "Ready", "status": str(ready), "lastTransitionTime": now},
         ],
         "containerStatuses": [
             {
                 "name": "main",
-                "ready": True,
+                "ready": ready,
                 "restartCount": 0,
                 "image": "x",
                 "imageID": "",
-                "state": {"running": {"startedAt": now}},
+                "state": state,
             }
         ],
     }
+
+
+def running_status(ip: str, now: str) -> dict[str, Any]:
+    """What a kubelet writes once a pod's container started and its probe passed."""
+    return {**_pod_status("Running", True, now, {"running": {"startedAt": now}}), "podIP": ip}
 
 
 def terminated_status(now: str) -> dict[str, Any]:
@@ -122,23 +126,7 @@ def terminated_status(now: str) -> dict[str, Any]:
     pod is moved to a terminal phase before its deletion is finished, as kubelets do since
     Kubernetes 1.27)."""
     ended = {"exitCode": 143, "reason": "Error", "startedAt": now, "finishedAt": now}
-    return {
-        "phase": "Failed",
-        "conditions": [
-            {"type": "PodScheduled", "status": "True"},
-            {"type": "Ready", "status": "False", "lastTransitionTime": now},
-        ],
-        "containerStatuses": [
-            {
-                "name": "main",
-                "ready": False,
-                "restartCount": 0,
-                "image": "x",
-                "imageID": "",
-                "state": {"terminated": ended},
-            }
-        ],
-    }
+    return _pod_status("Failed", False, now, {"terminated": ended})
 
 
 class HollowKubelet:
