@@ -112,7 +112,9 @@ class TrainerCheckpoints:
         """Commit ``step_<N>`` (fenced), then release the rows kept for replay up to N."""
         assert self.checkpointer is not None
         state = self.state
-        self.hooks.fence()
+        # Off the loop: a pod's fence reads the Lease from the API server (a round trip that
+        # waits behind the keeper's other calls), and the pumps and Gym calls go on meanwhile.
+        await asyncio.to_thread(self.hooks.fence)
         crash_point("during_trainer_checkpoint_finalize")
         try:
             uri = await asyncio.to_thread(self.checkpointer.publish_files, step, files)

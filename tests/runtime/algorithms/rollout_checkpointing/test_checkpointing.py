@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -243,6 +244,40 @@ async def test_a_fence_that_refuses_stops_the_publication_and_the_run(tmp_path) 
         with pytest.raises(LeaseLost):
             await controller.trainer_checkpoint(defer=False)
         assert store.committed_ids() == committed
+
+
+async def test_a_slow_fence_does_not_hold_the_event_loop(tmp_path) -> None:
+    """A pod's fence is a read of the Lease from the API server; while a trainer checkpoint
+    waits on it, the loop (pumps, Gym calls) goes on. Before, the fence ran on the loop."""
+    fencing: list[tuple[float, float]] = []
+    slow = [False]
+
+    def fence() -> None:
+        if slow[0]:
+            start = time.monotonic()
+            time.sleep(0.5)
+            fencing.append((start, time.monotonic()))
+
+    async with harness() as h:
+        cfg = await h.start_gyms(tiny_config(tmp_path, grpo={"maxSteps": 1}))
+        controller = await h.controller(cfg, fence=fence)
+        await run_to_end(controller)
+        ticks: list[float] = []
+
+        async def tick() -> None:
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.create_task(tick())
+        slow[0] = True
+        try:
+            await controller.trainer_checkpoint(defer=False)
+        finally:
+            ticker.cancel()
+        assert len(fencing) == 1
+        start, end = fencing[0]
+        assert any(start < t < end for t in ticks), "the loop stood still during the fence"
 
 
 # ---------------------------------------------------------------------------- refusals
