@@ -42,7 +42,8 @@ rollouts: a step takes ~2x longer at step 150 than at step 20).
 ``--paired`` (the rate's measurement, preferred): per seed the undisturbed and the elastic
 arm run AT THE SAME TIME, each in its own process and local cluster, their windows started
 together once both train: the same machine load at the same moments and the same run age.
-The replacements' start-up CPU is taken from both arms alike (one shared machine).
+The replacements' start-up CPU is taken from both arms alike (one shared machine). Where
+the rate goes: each elastic arm's ``steps_around_deletions`` (:mod:`.elastic_report`).
 
 This tree's pods run a byte-compiled copy of its ``runtime/`` (as an installed image is;
 the pods' root is read-only, so a tree without ``__pycache__`` compiled every module at each
@@ -82,6 +83,8 @@ from .elastic_report import (
     _marker_times,
     _stats,
     deletion_report,
+    steps_around_deletions,
+    trainer_step_times,
 )
 from .operator_recovery import LONG_RUN, wait
 
@@ -238,6 +241,7 @@ def _window(
         "deletions": len(deletions),
         "deletions_skipped (not serving when due)": skipped,
         "incarnations": int(status.get("incarnation") or 0),
+        "deleted_at": [round(at, 3) for at, _ in deletions],
     }
     if spec.delete and spec.elastic:
         result.update((replacements or _replacements)(run, status, deletions, watches))
@@ -491,6 +495,10 @@ def paired(
         for child in children.values():
             if child.poll() is None:
                 child.kill()
+    steps = {name: trainer_step_times(work / f"{name}-{seed}") for name in names}
+    for name in names[1:]:  # where each elastic arm's rate went, deletion by deletion
+        found = steps_around_deletions(arms[name]["deleted_at"], steps[name], steps[names[0]])
+        arms[name]["steps_around_deletions"] = found
     base = arms["undisturbed"]["steps_per_min"] or 1.0
     ratios = {f"{name}_vs_undisturbed": round(arms[name]["steps_per_min"] / base, 3)
               for name in names[1:]}  # fmt: skip

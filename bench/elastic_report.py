@@ -148,6 +148,52 @@ def deletion_report(
     return report
 
 
+#: The trainer's log line of each step it trained (``metrics.format_step_line``).
+TRAINER_STEP = "trainer: step="
+#: Seconds after (and before) each deletion over which the elastic arm's steps are counted
+#: against the undisturbed arm's, trained at the same moments (``--paired``).
+AROUND_DELETION_S = 6.0
+
+
+def trainer_step_times(work_dir: Path) -> list[float]:
+    """Epoch times of every step an arm's trainers logged (every incarnation)."""
+    return _log_stamps(
+        sorted((work_dir / "cluster").glob("pods/*/*-trainer-*/logs/trainer.log")), TRAINER_STEP
+    )
+
+
+def steps_around_deletions(
+    deleted_at: list[float],
+    elastic_steps: list[float],
+    undisturbed_steps: list[float],
+    window_s: float = AROUND_DELETION_S,
+) -> dict[str, Any]:
+    """Where a paired elastic arm's rate goes (pure): per deletion, the steps each arm
+    trained in the ``window_s`` after it and in the ``window_s`` before it (the arms' own
+    difference, with nothing deleted yet), and over the deletions the steps the elastic
+    arm trained fewer after them (``lost_after``) and before them (``lost_before``). The
+    arms run at the same time on one machine, so the undisturbed arm's count is the rate
+    that moment's load allowed; the whole-window ratio mixes these losses with the arms'
+    drift."""
+
+    def count(steps: list[float], start: float, end: float) -> int:
+        return sum(1 for t in steps if start <= t < end)
+
+    per = []
+    for at in deleted_at:
+        per.append({
+            side: {"elastic": count(elastic_steps, start, start + window_s),
+                   "undisturbed": count(undisturbed_steps, start, start + window_s)}
+            for side, start in (("after", at), ("before", at - window_s))
+        })  # fmt: skip
+    return {
+        "window_s": window_s,
+        "per_deletion": per,
+        "lost_after": sum(d["after"]["undisturbed"] - d["after"]["elastic"] for d in per),
+        "lost_before": sum(d["before"]["undisturbed"] - d["before"]["elastic"] for d in per),
+    }
+
+
 def _breakdown_stats(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Per stage: p50 and max over the replacements (and the total)."""
     keys = [key for key, _ in STAGES] + ["total", *(f"{k}_after_s" for k in AFTER_DELETION)]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench.elastic import over_seeds, runtime_at
-from bench.elastic_report import STAGES, deletion_report
+from bench.elastic_report import STAGES, deletion_report, steps_around_deletions
 
 AT = 1000.0
 #: Moments of one replacement, from the deletion at ``AT``, as the API polls and logs give.
@@ -90,3 +90,23 @@ def test_the_before_arm_has_its_own_verdict() -> None:
 def test_a_baseline_directory_that_is_not_a_checkout_is_named(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="not a rolloutrun checkout"):
         runtime_at(str(tmp_path), tmp_path / "copy")
+
+
+def test_steps_around_a_deletion_count_both_arms_over_the_same_moments() -> None:
+    elastic = [99.0, 101.0, 103.5, 108.0]  # fewer steps right after the deletion at 100
+    undisturbed = [96.0, 99.5, 100.5, 101.5, 102.5, 104.0, 105.9, 106.0]
+    found = steps_around_deletions([100.0], elastic, undisturbed, window_s=6.0)
+    assert found["per_deletion"] == [
+        {"after": {"elastic": 2, "undisturbed": 5}, "before": {"elastic": 1, "undisturbed": 2}}
+    ]
+    assert found["lost_after"] == 3 and found["lost_before"] == 1
+
+
+def test_steps_around_deletions_add_up_over_the_deletions() -> None:
+    steps = [float(t) for t in range(0, 40)]
+    found = steps_around_deletions([15.0, 30.0], steps[::2], steps, window_s=6.0)
+    assert [d["after"] for d in found["per_deletion"]] == [
+        {"elastic": 3, "undisturbed": 6},
+        {"elastic": 3, "undisturbed": 6},
+    ]
+    assert found["lost_after"] == 6 and found["lost_before"] == 6

@@ -94,6 +94,14 @@ PROBE_TIMEOUT_S = 2.0
 #: the last (a probe sent before a new pod's address was reachable hangs until its timeout,
 #: while a later one finds the Gym listening).
 READMIT_ROUNDS = 8
+#: How often the members' addresses are read (afresh, an API read, while a replica is down).
+#: Each read is a call on the trainer's one Lease pipe, which its fence before every trainer
+#: checkpoint and snapshot commit waits behind: read every 0.1 s while a replica was down,
+#: the reads held the pipe (each slow while the API served the replacement) and the fences
+#: queued, holding back the train steps (~2.4 s of fence waiting in the 10 s after a Gym's
+#: loss, issue 14). A replacement's address is read while its Gym still starts (it listens
+#: 1.5-2.6 s after its pod runs), so reading it up to 0.5 s later does not delay re-admission.
+MEMBERS_READ_PERIOD_S = 0.5
 
 
 def _capabilities(health: Any) -> frozenset[str]:
@@ -453,15 +461,16 @@ class GymClient:
         self,
         endpoints: Callable[[bool], Mapping[int, MemberEndpoint]] | None,
         period_s: float = READMIT_PERIOD_S,
+        read_period_s: float = MEMBERS_READ_PERIOD_S,
     ) -> None:
-        """Forever: take the member addresses ``endpoints`` gives (asked to read afresh while
-        one is down) and, side by side so a slow read never holds back a probe, re-admit the
-        replicas that answer again: a round of probes each period, without waiting for the
-        last (at most :data:`READMIT_ROUNDS` in flight), so one hanging probe never holds
-        back a replica that answers."""
+        """Forever: take the member addresses ``endpoints`` gives every ``read_period_s``
+        (asked to read afresh while one is down) and, side by side so a slow read never
+        holds back a probe, re-admit the replicas that answer again: a round of probes each
+        ``period_s``, without waiting for the last (at most :data:`READMIT_ROUNDS` in
+        flight), so one hanging probe never holds back a replica that answers."""
         async with asyncio.TaskGroup() as both:
             if endpoints is not None:
-                both.create_task(self._follow(endpoints, period_s))
+                both.create_task(self._follow(endpoints, read_period_s))
             rounds: set[asyncio.Future[list[GymReplica]]] = set()
             try:
                 while True:
