@@ -23,7 +23,9 @@ What runs where, so that every crash rule holds as before:
   unlisted segments, as a trainer killed mid-write leaves;
 * a trainer that dies takes the child with it: the kernel's parent-death signal (armed
   first thing, and tied to the thread that started the child, which for the snapshot
-  writer is the event loop's executor thread, alive until the loop ends) and end of input.
+  writer is the event loop's executor thread, alive until the loop ends) and end of input;
+  a SIGTERM or SIGINT sent to the pod's process group does not end it (the trainer's
+  preemption snapshot is written after it).
 
 The child (``python -m rolloutrun_runtime.storage.writer_process ROOT PARENT_PID``) imports
 only the storage package and runs each request on a plain :class:`~.local.LocalStorage` of
@@ -244,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
 
     root, parent = (argv if argv is not None else sys.argv[1:])[:2]
     die_with(int(parent))
+    # A pod's SIGTERM reaches its whole process group (the local kubelet's killpg, a
+    # terminal's SIGINT): the trainer's preemption snapshot is written through this child
+    # after it, so only end of input or the trainer's death ends it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     storage = LocalStorage(Path(root))
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while line := stdin.readline():

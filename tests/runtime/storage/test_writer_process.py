@@ -135,6 +135,21 @@ def test_a_child_that_exited_is_replaced_at_the_next_call(offloaded: LocalStorag
     assert writer.started == 2 and offloaded.read_bytes("y") == b"2"
 
 
+def test_a_process_group_sigterm_leaves_the_child_for_the_preemption_snapshot(
+    offloaded: LocalStorage,
+) -> None:
+    """The local kubelet SIGTERMs a pod's whole process group, and the trainer's
+    preemption snapshot is written after it: the child must still answer."""
+    offloaded.write_many({"x": b"1"})
+    writer = offloaded._writer
+    assert writer is not None and writer.pid is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        os.kill(writer.pid, sig)
+    time.sleep(0.2)
+    offloaded.write_many({"y": b"2"})
+    assert writer.started == 1 and offloaded.read_bytes("y") == b"2"
+
+
 TRAINER = textwrap.dedent(
     """
     import sys
