@@ -65,18 +65,45 @@ def _instrument() -> dict[str, list[float]]:
     return spent
 
 
+def _instrument_child() -> list[float]:
+    """The CPU (user + system, s) of each writer process the run started, read as it is
+    closed (trees whose snapshots are written in the trainer's thread start none)."""
+    cpu: list[float] = []
+    try:
+        from rolloutrun_runtime.storage import writer_process
+    except ImportError:
+        return cpu
+    close = writer_process.WriterProcess.close
+
+    def counted(self: Any) -> None:
+        pid = self.pid
+        if pid is not None:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            cpu.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+        close(self)
+
+    writer_process.WriterProcess.close = counted  # type: ignore[method-assign]
+    return cpu
+
+
 def one(config: Path, log_dir: Path) -> dict[str, Any]:
-    """One run of ``config`` in this process; the writer's CPU per snapshot (ms)."""
+    """One run of ``config`` in this process; the writer's CPU per snapshot (ms): the
+    thread's, and the writer process's where the tree has one (its whole life's CPU over
+    the snapshots, a mean: ``child_ms``)."""
     from bench.rollout_throughput import run_one
 
     spent = _instrument()
+    child = _instrument_child()
     run_one(config, log_dir)
     per = [s + p for s, p in zip(spent["serialize"], spent["publish"], strict=False)]
+    snapshots = len(spent["publish"])
     return {
-        "snapshots": len(spent["publish"]),
+        "snapshots": snapshots,
         "serialize_ms": round(statistics.median(spent["serialize"]) * 1000, 3),
         "publish_ms": round(statistics.median(spent["publish"]) * 1000, 3),
         "writer_ms": round(statistics.median(per) * 1000, 3),
+        "child_ms": round(sum(child) * 1000 / max(snapshots, 1), 3),
     }
 
 
@@ -211,7 +238,7 @@ def compare(baseline: str | None, repetitions: int, root: Path) -> dict[str, Any
             "per_run": got,
             **{
                 key: spread([r[key] for r in got])
-                for key in ("writer_ms", "serialize_ms", "publish_ms")
+                for key in ("writer_ms", "serialize_ms", "publish_ms", "child_ms")
             },
         }
     return out

@@ -43,6 +43,12 @@ CRASH_SITES: tuple[str, ...] = (
     # Collecting data-plane segments no committed manifest lists (after the first one it
     # deletes, or spares while younger than the orphan grace).
     "during_segment_gc",
+    # The snapshot writer's child process (storage/writer_process.py) killed after one file of
+    # a write is renamed, before the rest and the folders' fsyncs: the trainer lives on.
+    "helper_mid_write",
+    # The trainer killed while its writer process writes a snapshot's files (the child
+    # dies with it).
+    "trainer_while_helper_writes",
 )
 
 

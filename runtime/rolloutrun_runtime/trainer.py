@@ -198,7 +198,6 @@ async def run_trainer(
     import torch
 
     STARTUP.mark("torch_imported")
-    from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
     from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
     from rolloutrun_runtime.algorithms.single_controller import SingleController
     from rolloutrun_runtime.metrics import MetricsWriter
@@ -231,6 +230,7 @@ async def run_trainer(
     environment = await _environment_checkpoint(cfg, gym_token, gym_members)
     STARTUP.mark("gyms_answered")
     resumed_from = None
+    manifests = _snapshot_manifests(cfg, checkpointer.storage)
     try:
         await observation.start()
         controller = SingleController(
@@ -242,9 +242,7 @@ async def run_trainer(
             checkpointer=checkpointer,
             pad_id=policy_tokenizer(cfg.policy).pad_id,
             trace=trace,
-            manifests=ManifestStore(
-                checkpointer.storage, cfg.name, lease_duration_s=lease_duration_from(os.environ)
-            ),
+            manifests=manifests,
             environment=environment,
             hooks=hooks,
             gym_token=gym_token,
@@ -257,7 +255,19 @@ async def run_trainer(
         await environment.close()
         trace.close()
         await observation.stop()  # after the trace closed: its last lines reach the storage
+        manifests.close()
     return _finished(controller, log_dir, resumed_from)
+
+
+def _snapshot_manifests(cfg: RunConfig, storage: Any) -> Any:
+    """The snapshots' ManifestStore, their files written by a child process on file://
+    (``storage/writer_process.py``: the writer thread no longer hands the interpreter lock
+    back and forth with the event loop at every system call); closed by the caller."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
+    from rolloutrun_runtime.storage import with_writer_process
+
+    lease_s = lease_duration_from(os.environ)
+    return ManifestStore(with_writer_process(storage), cfg.name, lease_duration_s=lease_s)
 
 
 def _model_and_optimizer(cfg: RunConfig) -> tuple[Any, Any]:

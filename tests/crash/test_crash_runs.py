@@ -46,6 +46,8 @@ OTHER_SITES = (
     "during_trainer_checkpoint_finalize:2",
     "during_restore:1",
     "during_segment_gc:1",
+    # a call of the snapshot writer's child process in flight (the second snapshot's)
+    "trainer_while_helper_writes:5",
 )
 #: A snapshot's new data-plane segments durable, its manifest not written (default suite).
 SEGMENT_SITE = "after_segment_write:2"
@@ -53,6 +55,9 @@ GYM_SITES = ("during_gym_prepare:2", "during_gym_commit:2", "during_gym_resume:1
 #: Reached only when a snapshot publishes before step 1 commits (slow first rollouts).
 FIRST_CHECKPOINT_SITES = ("before_first_checkpoint:1",)
 RESTORE_SITES = ("during_restore", "during_gym_resume")
+#: The writer process's own site: it kills the child, not the trainer, so no campaign arms
+#: it; tests/runtime/storage/test_writer_process.py does.
+WRITER_CHILD_SITES = ("helper_mid_write",)
 
 
 def test_the_campaigns_cover_every_site() -> None:
@@ -63,6 +68,7 @@ def test_the_campaigns_cover_every_site() -> None:
         + GYM_SITES
         + FIRST_CHECKPOINT_SITES
         + (SEGMENT_SITE,)
+        + WRITER_CHILD_SITES
     }
     assert covered == set(CRASH_SITES)
 

@@ -9,7 +9,13 @@ The gs:// backend imports ``google.cloud.storage`` only when opened, so file:// 
 operator image never need the Google libraries. See ``docs/storage.md``.
 """
 
-from .base import CheckpointStorage, open_storage, parse_gs_uri
+from .base import (
+    CheckpointStorage,
+    close_storage,
+    open_storage,
+    parse_gs_uri,
+    with_writer_process,
+)
 from .errors import (
     BucketNotFoundError,
     InvalidKeyError,
@@ -42,6 +48,7 @@ __all__ = [
     "StoragePermissionError",
     "TransientStorageError",
     "UnsupportedStorageError",
+    "close_storage",
     "delete_entry",
     "is_committed",
     "join_key",
@@ -51,5 +58,6 @@ __all__ = [
     "publish_entry",
     "read_json",
     "validate_key",
+    "with_writer_process",
     "write_json",
 ]

@@ -178,3 +178,20 @@ def bucket_name_problem(bucket: str) -> str | None:
     if not (bucket[0].isalnum() and bucket[-1].isalnum()):
         return f"bucket name {bucket!r} must start and end with a letter or digit"
     return None
+
+
+def with_writer_process(storage: CheckpointStorage) -> CheckpointStorage:
+    """``storage`` with its bulk writes and deletes done by a child process where that
+    helps (file://: :mod:`.writer_process`); gs:// (HTTP uploads in threads) as it is.
+    Close it with :func:`close_storage`."""
+    from .local import LocalStorage
+
+    return storage.with_writer_process() if isinstance(storage, LocalStorage) else storage
+
+
+def close_storage(storage: CheckpointStorage) -> None:
+    """End what ``storage`` started (a writer process); nothing for the others."""
+    from .local import LocalStorage
+
+    if isinstance(storage, LocalStorage):
+        storage.close()

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from .errors import (
     ObjectExistsError,
@@ -29,6 +29,9 @@ from .errors import (
     StoragePermissionError,
 )
 from .keys import TMP_PREFIX, check_create_only_size, normalize_prefix, validate_key
+
+if TYPE_CHECKING:
+    from .writer_process import WriterProcess
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +55,27 @@ os.register_at_fork(after_in_child=_renew_tmp_token)
 class LocalStorage:
     """:class:`~.base.CheckpointStorage` over a local (or mounted) directory."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, writer: WriterProcess | None = None) -> None:
+        """``writer``: a child process that runs the writes, deletes and ``modified_times``
+        (see :mod:`.writer_process`); the create-only writes and the reads run here."""
         if not root.is_absolute():
             raise StorageError(str(root), "file:// storage needs an absolute path")
         self.root = Path(os.path.normpath(root))
         self._root_str = str(self.root).rstrip("/")
         self.base_uri = "file://" + self.root.as_posix().rstrip("/")
+        self._writer = writer
+
+    def with_writer_process(self) -> LocalStorage:
+        """The same directory, its writes (but the create-only ones) and deletes done by a
+        child process started on first use (:meth:`close` ends it)."""
+        from .writer_process import WriterProcess
+
+        return LocalStorage(self.root, writer=WriterProcess(self.root))
+
+    def close(self) -> None:
+        """End the writer process, if any (a later bulk write starts a new one)."""
+        if self._writer is not None:
+            self._writer.close()
 
     def __repr__(self) -> str:
         return f"LocalStorage({self.base_uri!r})"
@@ -78,16 +96,29 @@ class LocalStorage:
     # -- writes -----------------------------------------------------------------------------
 
     def write_bytes(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        if self._writer is not None:
+            key = validate_key(key, base_uri=self.base_uri)
+            self._writer.write_bytes(key, data, durable=durable)
+            return
         self._write_atomic(key, data, exclusive=False, sync=durable)
 
-    def write_many(self, items: Mapping[str, bytes]) -> None:
+    def write_many(
+        self, items: Mapping[str, bytes], *, after_file: Callable[[], None] | None = None
+    ) -> None:
         """Each file whole (temporary file, fsync, rename), then each directory fsynced once:
         those written into and the parents of those created (a new snapshot's folder and
         its subfolders cost one fsync each, not one per folder created plus one per write).
+        ``after_file`` runs after each file's rename (the writer process's crash site).
 
         Paths are strings and each folder is checked once per call: a snapshot's publication
         runs on the trainer's writer thread, and every ``Path`` and ``stat`` there is time
-        the trainer's event loop waits for the interpreter lock."""
+        the trainer's event loop waits for the interpreter lock (with a writer process, the
+        keys are checked here and the files written there)."""
+        if self._writer is not None:
+            for key in items:
+                validate_key(key, base_uri=self.base_uri)
+            self._writer.write_many(items)
+            return
         directories: set[str] = set()
         for key, data in items.items():
             path = self._path_str(key)
@@ -97,6 +128,8 @@ class LocalStorage:
                     directories.add(parent)
                     directories.update(os.path.dirname(d) for d in _makedirs(parent))
                 _write_file(path, data, f"{self.base_uri}/{key}", exclusive=False)
+            if after_file is not None:
+                after_file()
         root = str(self.root)
         for directory in sorted(directories, reverse=True):  # the deepest first
             inside = directory.startswith(root + "/")
@@ -210,6 +243,8 @@ class LocalStorage:
         return entries
 
     def modified_times(self, prefix: str = "") -> dict[str, float]:
+        if self._writer is not None:
+            return self._writer.modified_times(normalize_prefix(prefix, base_uri=self.base_uri))
         times = {}
         for key, path in self._listed(prefix):
             try:
@@ -240,6 +275,9 @@ class LocalStorage:
     # -- deletes ----------------------------------------------------------------------------
 
     def delete(self, key: str) -> None:
+        if self._writer is not None:
+            self._writer.delete(validate_key(key, base_uri=self.base_uri))
+            return
         path = self._path_str(key)
         with _translated(f"{self.base_uri}/{key}"):
             try:
@@ -250,6 +288,8 @@ class LocalStorage:
 
     def delete_prefix(self, prefix: str, *, durable: bool = True) -> int:
         prefix = normalize_prefix(prefix, base_uri=self.base_uri)
+        if self._writer is not None:
+            return self._writer.delete_prefix(prefix, durable=durable)
         top = self._path_str(prefix) if prefix else self._root_str
         with _translated(f"{self.base_uri}/{prefix}" if prefix else self.base_uri):
             scanned = list(_scan(top))

@@ -75,6 +75,7 @@ from rolloutrun_runtime.storage import (
     ObjectExistsError,
     ObjectNotFoundError,
     StorageError,
+    close_storage,
     delete_entry,
     join_key,
     publish_entry,
@@ -145,6 +146,10 @@ class ManifestStore:
         self._retained = 0
         #: Per uncommitted folder retention found, its newest file's date when last listed.
         self._leftover_dates: dict[int, float] = {}
+
+    def close(self) -> None:
+        """End what the storage started (the snapshot writer's child process, file://)."""
+        close_storage(self.storage)
 
     # ---------------------------------------------------------------- bootstrap anchor
     def ensure_bootstrap_anchor(self, config: RunConfig) -> None:

@@ -1,0 +1,199 @@
+"""file:// writes done by the writer process: same files, same errors, and the crash rules
+(a child killed mid-write commits nothing and the next call starts a new child; a trainer
+killed while the child writes takes the child with it and commits nothing)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rolloutrun_runtime.crash import ENV_VAR
+from rolloutrun_runtime.storage import (
+    ObjectExistsError,
+    StorageError,
+    close_storage,
+    list_committed,
+    open_storage,
+    publish_entry,
+    with_writer_process,
+)
+from rolloutrun_runtime.storage.local import LocalStorage
+from rolloutrun_runtime.storage.writer_process import (
+    WriterProcess,
+    WriterProcessError,
+    encode_request,
+    error_reply,
+    value_of,
+)
+
+FILES = {"a.json": b'{"a": 1}', "data_plane/rows.bin": bytes(range(256)) * 400, "empty": b""}
+
+
+@pytest.fixture
+def offloaded(tmp_path: Path):
+    storage = with_writer_process(open_storage(str(tmp_path / "store")))
+    assert isinstance(storage, LocalStorage)
+    yield storage
+    close_storage(storage)
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie (dead, not yet reaped by its new parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_the_wire_carries_blobs_and_errors_without_pickle() -> None:
+    request = encode_request("write_many", {"keys": ["x", "y"]}, [b"1\n2", b""])
+    header, rest = request.split(b"\n", 1)
+    assert rest == b"1\n2"
+    assert b'"sizes": [3, 0]' in header
+    with pytest.raises(ObjectExistsError, match="file:///r/k: taken"):
+        value_of(error_reply(ObjectExistsError("file:///r/k", "taken")))
+    with pytest.raises(StorageError, match="ValueError: odd"):
+        value_of(error_reply(ValueError("odd")))
+    assert value_of({"value": 3}) == 3
+
+
+def test_a_publication_through_the_child_is_whole_and_committed(offloaded: LocalStorage) -> None:
+    publish_entry(offloaded, "snaps/1", FILES, marker_name="M", marker_payload=b"m")
+    assert offloaded._writer is not None and offloaded._writer.started == 1
+    assert offloaded._writer.pid != os.getpid()
+    assert list_committed(offloaded, "snaps", "M") == ["snaps/1"]
+    for name, data in FILES.items():
+        assert offloaded.read_bytes(f"snaps/1/{name}") == data
+    assert not [p for p in offloaded.root.rglob("*") if p.name.startswith(".rr-tmp-")]
+    assert offloaded.delete_prefix("snaps/1", durable=False) == len(FILES) + 1
+    assert offloaded.list("snaps") == []
+
+
+def test_writes_deletes_and_dates_run_in_the_child_as_in_process(offloaded: LocalStorage) -> None:
+    plain = LocalStorage(offloaded.root)  # no child: the reference
+    offloaded.write_bytes("LATEST", b"1", durable=False)
+    offloaded.write_bytes("LATEST", b"2")
+    offloaded.write_many({"seg/a": b"a", "seg/b": b"b"})
+    assert plain.read_bytes("LATEST") == b"2"
+    assert offloaded.modified_times("seg") == plain.modified_times("seg")
+    assert set(offloaded.modified_times("seg")) == {"seg/a", "seg/b"}
+    offloaded.delete("seg/a")
+    offloaded.delete("seg/missing")  # missing is fine, as in process
+    assert plain.list("seg") == ["seg/b"]
+    assert offloaded._writer is not None and offloaded._writer.started == 1
+
+
+def test_the_childs_errors_are_raised_as_their_class(offloaded: LocalStorage) -> None:
+    offloaded.write_bytes("blocker", b"a file")
+    with pytest.raises(StorageError) as raised:
+        offloaded.write_many({"blocker/under": b"x"})
+    assert type(raised.value) is StorageError
+    assert raised.value.uri == f"{offloaded.base_uri}/blocker/under"
+    # keys are checked in the trainer, before anything is sent
+    with pytest.raises(ValueError, match="path part"):
+        offloaded.write_many({"../out": b"x"})
+    offloaded.write_many({"fine": b"ok"})  # the child still serves
+    assert offloaded._writer is not None and offloaded._writer.started == 1
+
+
+def test_a_child_killed_mid_write_commits_nothing_and_the_next_publication_does(
+    offloaded: LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL of the child at its named site after one file of a snapshot's write: the
+    publication raises and commits nothing, what was published before stays, and the next
+    publication starts a new child and commits."""
+    publish_entry(offloaded, "snaps/1", FILES, marker_name="M")
+    offloaded.close()
+    monkeypatch.setenv(ENV_VAR, "helper_mid_write:1")  # read by the next child only
+    with pytest.raises(WriterProcessError, match="died"):
+        publish_entry(offloaded, "snaps/2", FILES, marker_name="M")
+    monkeypatch.delenv(ENV_VAR)
+    assert offloaded._writer is not None and offloaded._writer.pid is None
+    assert list_committed(offloaded, "snaps", "M") == ["snaps/1"]
+    assert offloaded.list("snaps/2") == ["snaps/2/a.json"]  # the one file before the kill
+    publish_entry(offloaded, "snaps/3", FILES, marker_name="M")
+    assert offloaded._writer.started == 3
+    assert list_committed(offloaded, "snaps", "M") == ["snaps/1", "snaps/3"]
+    assert offloaded.read_bytes("snaps/1/data_plane/rows.bin") == FILES["data_plane/rows.bin"]
+
+
+def test_a_child_that_exited_is_replaced_at_the_next_call(offloaded: LocalStorage) -> None:
+    offloaded.write_many({"x": b"1"})
+    writer = offloaded._writer
+    assert writer is not None and writer.pid is not None
+    os.kill(writer.pid, signal.SIGKILL)
+    time.sleep(0.05)
+    offloaded.write_many({"y": b"2"})  # a dead child found before the call: a new one
+    assert writer.started == 2 and offloaded.read_bytes("y") == b"2"
+
+
+def test_a_process_group_sigterm_leaves_the_child_for_the_preemption_snapshot(
+    offloaded: LocalStorage,
+) -> None:
+    """The local kubelet SIGTERMs a pod's whole process group, and the trainer's
+    preemption snapshot is written after it: the child must still answer."""
+    offloaded.write_many({"x": b"1"})
+    writer = offloaded._writer
+    assert writer is not None and writer.pid is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        os.kill(writer.pid, sig)
+    time.sleep(0.2)
+    offloaded.write_many({"y": b"2"})
+    assert writer.started == 1 and offloaded.read_bytes("y") == b"2"
+
+
+TRAINER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from rolloutrun_runtime.storage import publish_entry
+    from rolloutrun_runtime.storage.local import LocalStorage
+    storage = LocalStorage(Path(sys.argv[1])).with_writer_process()
+    publish_entry(storage, "snaps/1", {"a": b"1", "b": b"2"}, marker_name="M")
+    print(storage._writer.pid, flush=True)
+    publish_entry(storage, "snaps/2", {"a": b"1", "b": b"2"}, marker_name="M")
+    print("not killed", flush=True)
+    """
+)
+
+
+def test_a_trainer_killed_while_the_child_writes_takes_it_along(tmp_path: Path) -> None:
+    """SIGKILL of the trainer at its named site, its request sent: the child dies with it
+    (parent-death signal), nothing of the second publication is committed."""
+    root = tmp_path / "store"
+    env = {**os.environ, ENV_VAR: "trainer_while_helper_writes:2"}
+    done = subprocess.run(
+        [sys.executable, "-c", TRAINER, str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    child = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _gone(child)
+    storage = LocalStorage(root)
+    assert list_committed(storage, "snaps", "M") == ["snaps/1"]
+
+
+def test_a_writer_process_is_only_for_file_storage(tmp_path: Path) -> None:
+    class Other:
+        base_uri = "gs://b"
+
+    other = Other()
+    assert with_writer_process(other) is other  # type: ignore[arg-type]
+    close_storage(other)  # type: ignore[arg-type]
+    writer = WriterProcess(tmp_path)
+    writer.close()  # never started: nothing to end
+    assert writer.pid is None
