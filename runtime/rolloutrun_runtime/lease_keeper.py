@@ -51,6 +51,7 @@ from rolloutrun_runtime.coordination import (
     lease_from_environment,
     parse_time,
 )
+from rolloutrun_runtime.parent_death import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -196,18 +197,6 @@ class KeptLease:
 
 
 # ---------------------------------------------------------------------- the keeper
-def _die_with(parent: int) -> None:
-    """SIGKILL this process when its parent dies (Linux), so a dead trainer's Lease expires
-    even while a process it forked still holds this keeper's input open."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before the signal was armed
-        os._exit(0)
-
-
 def _apply(lease: Any, op: str, args: dict[str, Any]) -> Any:
     """One call of the trainer on the real lease; the value to answer with."""
     if op == "record_progress":
@@ -264,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     # keeper ends only with its trainer (end of input, or the parent-death signal).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with(args.parent)
+    die_with_parent(args.parent)
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print cannot break the pipe
     logging.basicConfig(level=logging.INFO, format="%(asctime)s lease-keeper %(message)s")

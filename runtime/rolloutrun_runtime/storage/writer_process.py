@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rolloutrun_runtime.crash import crash_point
+from rolloutrun_runtime.parent_death import die_with_parent
 
 from .errors import (
     InvalidKeyError,
@@ -193,18 +194,6 @@ def _end(process: subprocess.Popen[bytes]) -> None:
 
 
 # ---------------------------------------------------------------------- the child
-def die_with(parent: int) -> None:
-    """SIGKILL this process when its parent dies (Linux), so no write outlives the trainer
-    that asked for it; exit at once if the parent died before the signal was armed."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(0)
-
-
 def _read_exact(stream: IO[bytes], size: int) -> bytes:
     data = stream.read(size)
     if len(data) != size:
@@ -245,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     from .local import LocalStorage
 
     root, parent = (argv if argv is not None else sys.argv[1:])[:2]
-    die_with(int(parent))
+    die_with_parent(int(parent))
     # A pod's SIGTERM reaches its whole process group (the local kubelet's killpg, a
     # terminal's SIGINT): the trainer's preemption snapshot is written through this child
     # after it, so only end of input or the trainer's death ends it.
