@@ -8,6 +8,7 @@ do not queue behind a thousand trainers' renewals, as a node's kubelet's do not 
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import heapq
 import os
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.operator_recovery import drained, micro_now
+from rolloutrun_operator.gc_pacing import with_paced_gc
 
 HOLLOW = "hollow"
 #: The runs' ``leaseDurationSeconds`` (``--lease-seconds``): trainers renew every third of it.
@@ -327,6 +329,9 @@ def hollow_main(kubeconfig: str, namespace: str, role: str) -> int:
     signal.signal(signal.SIGTERM, lambda *_: hollow.stop.set())
     for thread in hollow.threads:
         thread.start()
-    hollow.stop.wait()
+    # Paced as the operator and the API server are: CPython's automatic full passes over
+    # the client's heap stopped the kubelet's process 0.5-1.8 s under load (a Go kubelet
+    # has no such pauses): everything alive is frozen every 30 s instead.
+    asyncio.run(with_paced_gc(asyncio.to_thread(hollow.stop.wait)))
     hollow.close()
     return 0
