@@ -102,13 +102,16 @@ class PodWorker:
             logger.exception("pod %s/%s worker failed", self.namespace, self.name)
         finally:
             self.kill_processes_only()
-            with contextlib.suppress(Exception):
-                await self.kubelet.cpu_release(self.uid)
             mountns.remove_tmp(self.dir)  # the pod's private /tmp dies with it
             with contextlib.suppress(Exception):
                 await self.kubelet.network.detach(self)  # its address and links end here
-            self.finished.set()
-            self.report()
+            try:  # its CPU cgroup, once the processes killed above have exited
+                await self.kubelet.cpu_release(self.uid)
+            except Exception:
+                logger.exception("pod %s/%s: removing its CPU cgroup", self.namespace, self.name)
+            finally:
+                self.finished.set()
+                self.report()
 
     def _prepare(self) -> None:
         """The pod's directory, its owner's only (0700): it holds the token, the kubeconfig
@@ -259,7 +262,8 @@ class PodWorker:
             command, cwd = [executable, *argv[1:]], self._workdir(spec)
             if self.kubelet.isolation == mountns.NAMESPACES:
                 command, cwd = self.kubelet.volumes.namespaced(self, spec, env, command)
-            # The network prefix outermost: it names /run/netns/... as the machine sees it.
+            # The network prefix outside the mount namespace's: it names /run/netns/... as the
+            # machine sees it.
             command = [*self.kubelet.network.argv_prefix(self.uid), *command]
             # The cgroup outermost: the container's process joins it before anything runs.
             command = [*self.kubelet.cpu_prefix(self.uid), *command]
