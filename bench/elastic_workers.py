@@ -32,6 +32,7 @@ under 600 lines.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import datetime as dt
 import json
@@ -81,6 +82,17 @@ SETTLE_S = 60.0
 POOL_SETTLE_S = 20.0
 #: A standby admitted this long after the loss was not ready at it (the refill's start).
 REFILL_WAIT_S = 1.0
+#: What each pod of the worker arms asks for (``resources``), every arm alike: on one node of
+#: the machine's CPUs (2 here) the trainer is promised a core, the Gyms and generation
+#: workers a fifth each (their requests fill the node), and a worker pod may burst to one
+#: core. The local cluster enforces them as a kubelet does (per-pod CPU cgroups,
+#: :mod:`rolloutrun_localcluster.cpucontrol`), so a refill pod's start (a Ray node and
+#: its actor's imports) takes its share, not the trainer's.
+WORKER_ARM_RESOURCES: dict[str, dict[str, Any]] = {
+    "trainer": {"requests": {"cpu": "1"}},
+    "gym": {"requests": {"cpu": "200m"}},
+    "workers": {"requests": {"cpu": "200m"}, "limits": {"cpu": "1"}},
+}
 #: Per worker deletion, the pods' moments reported (seconds after the deletion).
 WORKER_STAGES = (
     ("old_pod_gone", "the old pod is gone (its processes ended)"),
@@ -99,6 +111,8 @@ def _worker_document(elastic: bool, seed: int, standby: int = 0) -> dict[str, An
     spec["recovery"]["leaseDurationSeconds"] = WORKER_LEASE_S
     spec["workers"] = {"replicas": WORKER_PODS, "standby": standby}
     spec["run"]["workers"] = {"backend": "ray", "generationWorkers": WORKER_PODS}
+    for member, resources in WORKER_ARM_RESOURCES.items():
+        spec.setdefault(member, {})["resources"] = copy.deepcopy(resources)
     return document
 
 

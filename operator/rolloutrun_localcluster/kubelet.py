@@ -26,7 +26,7 @@ from typing import Any
 
 from rolloutrun_runtime.contract.pod import ENV_LOCALCLUSTER_ROOT, ENV_POD_IP
 
-from . import errors, images, mountns, podspec
+from . import cpucontrol, errors, images, mountns, podspec
 from .netns import LoopbackNetwork, PodNetwork
 from .podworker import PodWorker
 from .processes import CLUSTER_TAG, POD_TAG
@@ -140,6 +140,9 @@ class Kubelet:
         self.lost: str | None = None
         self._ips = ips or IpPool()
         self.network: PodNetwork = network or LoopbackNetwork("127.0.0.0/16")
+        # Per-pod CPU cgroups (:mod:`.cpucontrol`), or why there are none: set at start.
+        self.cpu: cpucontrol.CpuControl | None = None
+        self.cpu_note = "off: not started"
         self._node_up = asyncio.Event()
         self._node_up.set()
         self._dirty: set[str] = set()
@@ -205,6 +208,13 @@ class Kubelet:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        control = cpucontrol.open_control(
+            str(self.root), self.node_name, 1000 * (os.cpu_count() or 1)
+        )
+        if isinstance(control, str):
+            self.cpu_note = control
+        else:
+            self.cpu, self.cpu_note = control, control.describe()
         self._write_node()
         self._dirty.update(p["metadata"]["uid"] for p in self.store.objects("pods"))
         self._wake.set()
@@ -224,6 +234,37 @@ class Kubelet:
             await self.tasks.cancel_all()
         for worker in self.workers.values():
             worker.kill()
+        if self.cpu is not None:
+            self.cpu.close()
+
+    # ------------------------------------------------------------------ CPU cgroups
+    def cpu_admit(self, worker: PodWorker, spec: Obj) -> None:
+        """The pod's CPU cgroup; a pod whose cgroup cannot be made runs without one."""
+        if self.cpu is None:
+            return
+        try:
+            self.cpu.add_pod(worker.uid, spec)
+        except OSError as error:
+            logger.warning(
+                "pod %s/%s runs without its CPU cgroup: %s", worker.namespace, worker.name, error
+            )
+
+    def cpu_prefix(self, uid: str) -> list[str]:
+        return [] if self.cpu is None else self.cpu.launcher_prefix(uid)
+
+    def cpu_pids(self, uid: str) -> set[int]:
+        return set() if self.cpu is None else self.cpu.pids(uid)
+
+    async def cpu_release(self, uid: str, bound: float = 5.0) -> None:
+        """Remove the pod's cgroup once its (killed) processes have exited."""
+        if self.cpu is None:
+            return
+        deadline = asyncio.get_running_loop().time() + bound
+        while not self.cpu.remove_pod(uid):
+            if asyncio.get_running_loop().time() > deadline:
+                logger.warning("the CPU cgroup of pod %s still holds processes", uid)
+                return
+            await asyncio.sleep(0.02)
 
     def _on_event(self, event: Event) -> None:
         if event.storage_key == "pods":
@@ -342,7 +383,10 @@ class Kubelet:
             "metadata": {
                 "name": self.node_name,
                 "labels": {"kubernetes.io/hostname": self.node_name, "kubernetes.io/os": "linux"},
-                "annotations": {mountns.ISOLATION_ANNOTATION: self.isolation},
+                "annotations": {
+                    mountns.ISOLATION_ANNOTATION: self.isolation,
+                    cpucontrol.CPU_CONTROL_ANNOTATION: self.cpu_note,
+                },
             },
             "spec": {"taints": taints} if taints else {},
             "status": {

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import images, mountns, podspec, probes, processes
+from . import cpucontrol, images, mountns, podspec, probes, processes
 from .kubeconfig import private_dir, write_private
 from .podspec import ConfigError, ContainerRecord
 from .store import now_iso
@@ -54,6 +54,7 @@ class PodWorker:
         self.dir = kubelet.root / "pods" / self.namespace / f"{self.name}-{self.uid[:8]}"
         spec = pod.get("spec") or {}
         self.policy: str = spec.get("restartPolicy", "Always")
+        self.spec: Obj = spec
         self.init_specs: list[Obj] = list(spec.get("initContainers") or [])
         self.main_specs: list[Obj] = list(spec.get("containers") or [])
         self.init = [ContainerRecord(c["name"], c.get("image", "")) for c in self.init_specs]
@@ -81,6 +82,7 @@ class PodWorker:
     async def _run(self) -> None:
         try:
             self._prepare()
+            self.kubelet.cpu_admit(self, self.spec)
             await self.kubelet.network.attach(self)
             self.report()
             for spec, record in zip(self.init_specs, self.init, strict=True):
@@ -99,12 +101,17 @@ class PodWorker:
         except Exception:
             logger.exception("pod %s/%s worker failed", self.namespace, self.name)
         finally:
-            processes.kill_tagged(self.tag, self.sessions)
+            self.kill_processes_only()
             mountns.remove_tmp(self.dir)  # the pod's private /tmp dies with it
             with contextlib.suppress(Exception):
                 await self.kubelet.network.detach(self)  # its address and links end here
-            self.finished.set()
-            self.report()
+            try:  # its CPU cgroup, once the processes killed above have exited
+                await self.kubelet.cpu_release(self.uid)
+            except Exception:
+                logger.exception("pod %s/%s: removing its CPU cgroup", self.namespace, self.name)
+            finally:
+                self.finished.set()
+                self.report()
 
     def _prepare(self) -> None:
         """The pod's directory, its owner's only (0700): it holds the token, the kubeconfig
@@ -255,8 +262,11 @@ class PodWorker:
             command, cwd = [executable, *argv[1:]], self._workdir(spec)
             if self.kubelet.isolation == mountns.NAMESPACES:
                 command, cwd = self.kubelet.volumes.namespaced(self, spec, env, command)
-            # The network prefix outermost: it names /run/netns/... as the machine sees it.
+            # The network prefix outside the mount namespace's: it names /run/netns/... as the
+            # machine sees it.
             command = [*self.kubelet.network.argv_prefix(self.uid), *command]
+            # The cgroup outermost: the container's process joins it before anything runs.
+            command = [*self.kubelet.cpu_prefix(self.uid), *command]
             process = await processes.spawn(command, cwd, env, self.log_path(record.name))
         except (OSError, ConfigError) as error:
             return self._terminated(record, 128, "StartError", str(error))
@@ -356,11 +366,13 @@ class PodWorker:
     def kill(self) -> None:
         """SIGKILL everything the pod started, now."""
         self.terminating.set()
-        processes.kill_tagged(self.tag, self.sessions)
+        self.kill_processes_only()
 
     def kill_processes_only(self) -> None:
-        """SIGKILL the pod's processes without ending the pod (a node that crashed)."""
+        """SIGKILL the pod's processes without ending the pod (a node that crashed): those
+        tagged or in its sessions, and those in its CPU cgroup."""
         processes.kill_tagged(self.tag, self.sessions)
+        processes.signal_pids(self.kubelet.cpu_pids(self.uid), signal.SIGKILL)
 
     def freeze(self, frozen: bool) -> None:
         processes.freeze_tagged(self.tag, self.sessions, frozen)
@@ -385,7 +397,7 @@ class PodWorker:
             "podIP": self.ip,
             "podIPs": [{"ip": self.ip}],
             "startTime": self.started_at,
-            "qosClass": old.get("qosClass", "BestEffort"),
+            "qosClass": cpucontrol.qos_class(self.spec),
             "containerStatuses": [r.status() for r in self.main],
         }
         if self.init:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.elastic_workers import _outcome, serving_urls, standby_urls, worker_over_seeds
+from bench.elastic_workers import (
+    WORKER_ARM_RESOURCES,
+    _outcome,
+    _worker_document,
+    serving_urls,
+    standby_urls,
+    worker_over_seeds,
+)
 
 
 def _seed(seed: int, ratio: float, readmitted_max: float | None, missing: int) -> dict[str, Any]:
@@ -126,3 +133,15 @@ def test_a_loss_taken_by_a_standby_that_started_later_says_it_waited_for_the_ref
     ]
     active = {"pod": "bench-i1-worker-0", "kind": "active", "index": 0}
     assert _outcome(log, 100.0, active, 60)["via"] == "refill standby"
+
+
+def test_every_worker_arm_asks_for_the_same_resources_per_pod() -> None:
+    """The undisturbed and disturbed arms run the same pods (fair rates), and each member
+    asks for CPU the local cluster enforces (a refill worker pod cannot take the trainer's
+    share), the trainer's request the largest."""
+    undisturbed, disturbed = _worker_document(True, 0, 1), _worker_document(True, 0, 1)
+    for member in ("trainer", "gym", "workers"):
+        assert undisturbed["spec"][member]["resources"] == WORKER_ARM_RESOURCES[member]
+        assert disturbed["spec"][member]["resources"] == WORKER_ARM_RESOURCES[member]
+    requests = {m: r["requests"]["cpu"] for m, r in WORKER_ARM_RESOURCES.items()}
+    assert requests["trainer"] == "1" and "limits" in WORKER_ARM_RESOURCES["workers"]

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from rolloutrun_runtime.contract.run_config import RunConfig, WorkerBackend
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the config models only when workers are built: a worker pod's entry
+    # point (:mod:`.ray_node`) is in this package and needs none of them
     import torch
+
+    from rolloutrun_runtime.contract.run_config import RunConfig
 
 
 @runtime_checkable
@@ -57,6 +58,8 @@ def build_workers(
     generation port, for the first server; the others take free ports). Ray workers that
     join a cluster (``workers.rayAddress``) listen on every interface instead. ``token``:
     the run's data-plane token the servers require (None: ``ENV_GYM_TOKEN``)."""
+    from rolloutrun_runtime.contract.run_config import WorkerBackend
+
     if cfg.workers.backend is WorkerBackend.INPROCESS:
         from rolloutrun_runtime.workers.inprocess import InProcessWorkers
 

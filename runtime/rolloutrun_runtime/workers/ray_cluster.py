@@ -30,10 +30,12 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rolloutrun_runtime.contract.pod import RAY_GCS_PORT, RAY_GENERATION_RESOURCE, ray_auth_token
-from rolloutrun_runtime.contract.run_config import RunConfig
+
+if TYPE_CHECKING:  # annotations only: a worker pod's entry point imports this module
+    from rolloutrun_runtime.contract.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
 
