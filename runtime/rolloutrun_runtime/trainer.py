@@ -295,6 +295,10 @@ async def _resume_and_run(
     STARTUP.mark("run_started")
     _freeze_startup_objects()
     STARTUP.mark("gc_frozen")
+    if controller.manifests is not None:
+        # After the restore (its CPU not taken from the start-up), before any snapshot: a
+        # preemption's snapshot in its grace period never waits for the child to start.
+        controller.manifests.start_writer()
     with _preemption_snapshots(controller, preemption):
         if controller.trainer_version < cfg.grpo.max_steps:
             await controller.run()

@@ -14,6 +14,7 @@ from .base import (
     close_storage,
     open_storage,
     parse_gs_uri,
+    start_writer_process,
     with_writer_process,
 )
 from .errors import (
@@ -57,6 +58,7 @@ __all__ = [
     "parse_gs_uri",
     "publish_entry",
     "read_json",
+    "start_writer_process",
     "validate_key",
     "with_writer_process",
     "write_json",

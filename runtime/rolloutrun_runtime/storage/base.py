@@ -189,6 +189,15 @@ def with_writer_process(storage: CheckpointStorage) -> CheckpointStorage:
     return storage.with_writer_process() if isinstance(storage, LocalStorage) else storage
 
 
+def start_writer_process(storage: CheckpointStorage) -> None:
+    """Start ``storage``'s writer process now rather than at its first bulk write (file://);
+    nothing for the others."""
+    from .local import LocalStorage
+
+    if isinstance(storage, LocalStorage):
+        storage.start_writer()
+
+
 def close_storage(storage: CheckpointStorage) -> None:
     """End what ``storage`` started (a writer process); nothing for the others."""
     from .local import LocalStorage

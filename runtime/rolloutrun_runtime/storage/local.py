@@ -72,6 +72,11 @@ class LocalStorage:
 
         return LocalStorage(self.root, writer=WriterProcess(self.root))
 
+    def start_writer(self) -> None:
+        """Start the writer process now, if this storage has one (see :meth:`close`)."""
+        if self._writer is not None:
+            self._writer.start()
+
     def close(self) -> None:
         """End the writer process, if any (a later bulk write starts a new one)."""
         if self._writer is not None:

@@ -134,6 +134,12 @@ class WriterProcess:
     def modified_times(self, prefix: str) -> dict[str, float]:
         return dict(self._call("modified_times", {"prefix": prefix}, []))
 
+    def start(self) -> None:
+        """Start the child now, if it is not running: the next call, a preemption's snapshot
+        in its grace period included, then does not wait for an interpreter to start."""
+        with self._lock:
+            self._running()
+
     def close(self) -> None:
         with self._lock:
             process, self._process = self._process, None

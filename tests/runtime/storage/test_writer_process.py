@@ -22,6 +22,7 @@ from rolloutrun_runtime.storage import (
     list_committed,
     open_storage,
     publish_entry,
+    start_writer_process,
     with_writer_process,
 )
 from rolloutrun_runtime.storage.local import LocalStorage
@@ -133,6 +134,20 @@ def test_a_child_that_exited_is_replaced_at_the_next_call(offloaded: LocalStorag
     time.sleep(0.05)
     offloaded.write_many({"y": b"2"})  # a dead child found before the call: a new one
     assert writer.started == 2 and offloaded.read_bytes("y") == b"2"
+
+
+def test_a_started_writer_is_the_one_the_first_publication_uses(offloaded: LocalStorage) -> None:
+    """The trainer starts the child once its run starts, so a preemption's first snapshot
+    does not wait for an interpreter to start; a call then uses that same child."""
+    writer = offloaded._writer
+    assert writer is not None and writer.pid is None
+    start_writer_process(offloaded)
+    pid = writer.pid
+    assert pid is not None and not _gone(pid)
+    start_writer_process(offloaded)  # already running: the same child
+    publish_entry(offloaded, "snaps/1", FILES)
+    assert writer.pid == pid and writer.started == 1
+    start_writer_process(open_storage(str(offloaded.root)))  # no writer: nothing to start
 
 
 def test_a_process_group_sigterm_leaves_the_child_for_the_preemption_snapshot(

@@ -79,6 +79,7 @@ from rolloutrun_runtime.storage import (
     delete_entry,
     join_key,
     publish_entry,
+    start_writer_process,
 )
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,10 @@ class ManifestStore:
         self._retained = 0
         #: Per uncommitted folder retention found, its newest file's date when last listed.
         self._leftover_dates: dict[int, float] = {}
+
+    def start_writer(self) -> None:
+        """Start the snapshot writer's child process now (file://), off any snapshot's path."""
+        start_writer_process(self.storage)
 
     def close(self) -> None:
         """End what the storage started (the snapshot writer's child process, file://)."""
