@@ -20,13 +20,18 @@ def _processes_mentioning(text: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
+        cmdline = _cmdline(int(entry.name))
         if text in cmdline and "train" not in cmdline.split():
             found.append(int(entry.name))
     return found
+
+
+def _cmdline(pid: int) -> str:
+    """A process's argv joined by spaces ("" once it is gone)."""
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def _sigint_default() -> None:
@@ -60,7 +65,9 @@ def test_ctrl_c_stops_the_gym_replicas(tmp_path: Path) -> None:
             if line.startswith("step "):
                 break
         assert any(line.startswith("step ") for line in lines), lines
-        assert len(_processes_mentioning(str(log_dir))) == 2  # the two Gym replicas
+        running = [_cmdline(pid).split() for pid in _processes_mentioning(str(log_dir))]
+        assert sum("gym" in argv for argv in running) == 2  # the two Gym replicas
+        # (and the trainer's snapshot writer, its argv naming the run's storage under log_dir)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 130
     deadline = time.monotonic() + 10
