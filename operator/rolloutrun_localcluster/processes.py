@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -158,4 +159,29 @@ def freeze_tagged(tag: str, sessions: Iterable[int], frozen: bool) -> int:
         signal_group(pgid, sig)
     pids = tagged_pids(tag, sessions)
     signal_pids(pids, sig)
+    if frozen:
+        # A process in a system call that cannot be interrupted (a container's shell joining
+        # its pod's CPU cgroup, a disk write) stops only once the call returns: the freeze is
+        # done when every process is stopped, not when the signals were sent.
+        _until_stopped(pids, FREEZE_WAIT_S)
     return len(pids)
+
+
+#: How long a freeze waits for its processes to stop before it returns anyway.
+FREEZE_WAIT_S = 2.0
+
+
+def _until_stopped(pids: Iterable[int], timeout: float) -> None:
+    """Wait until each of ``pids`` is stopped (``T``/``t``), gone or a zombie, or ``timeout``."""
+    waiting = set(pids)
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        waiting = {pid for pid in waiting if _state(pid) not in (b"", b"T", b"t", b"Z", b"X")}
+        if waiting:
+            time.sleep(0.005)
+
+
+def _state(pid: int) -> bytes:
+    """A process's state letter from ``/proc/PID/stat`` (empty once it is gone)."""
+    fields = _read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()
+    return fields[0] if fields else b""
