@@ -97,14 +97,12 @@ def qos_class(spec: Obj) -> str:
     """The pod's QoS class: Guaranteed when every container's CPU and memory limits are set
     and equal to its requests, BestEffort when no container asks for either, else Burstable."""
     containers = _containers(spec)
-    amounts = [_amounts(c, r) for c in containers for r in ("cpu", "memory")]
-    if not any(request or limit for request, limit in amounts):
+    amounts = [(r, *_amounts(c, r)) for c in containers for r in ("cpu", "memory")]
+    if not any(request or limit for _, request, limit in amounts):
         return BEST_EFFORT
     guaranteed = all(
         limit is not None and request is not None and _same(request, limit, resource)
-        for container in containers
-        for resource in ("cpu", "memory")
-        for request, limit in [_amounts(container, resource)]
+        for resource, request, limit in amounts
     )
     return GUARANTEED if containers and guaranteed else BURSTABLE
 
@@ -133,19 +131,17 @@ def pod_cpu(spec: Obj) -> PodCpu:
     main = list(spec.get("containers") or [])
     init = list(spec.get("initContainers") or [])
 
-    def request(c: Obj) -> int:
-        return cpu_millis(_amounts(c, "cpu")[0] or 0)
+    def millis(c: Obj) -> tuple[int, int | None]:
+        request, limit = _amounts(c, "cpu")
+        return cpu_millis(request or 0), None if limit is None else cpu_millis(limit)
 
-    def limit(c: Obj) -> int | None:
-        value = _amounts(c, "cpu")[1]
-        return None if value is None else cpu_millis(value)
-
-    requested = max([sum(request(c) for c in main), *(request(c) for c in init)])
-    limits = [limit(c) for c in [*main, *init]]
+    main_cpu, init_cpu = [millis(c) for c in main], [millis(c) for c in init]
+    requested = max([sum(r for r, _ in main_cpu), *(r for r, _ in init_cpu)])
+    limits = [limit for _, limit in [*main_cpu, *init_cpu]]
     quota = None
-    if limits and all(value is not None for value in limits):
-        total = max([sum(limit(c) or 0 for c in main), *(limit(c) or 0 for c in init)])
-        quota = quota_of(total)
+    if limits and all(limit is not None for limit in limits):
+        main_total = sum(limit or 0 for _, limit in main_cpu)
+        quota = quota_of(max([main_total, *(limit or 0 for _, limit in init_cpu)]))
     qos = qos_class(spec)
     shares = MIN_SHARES if qos == BEST_EFFORT else shares_of(requested)
     return PodCpu(qos, requested, shares, quota)
