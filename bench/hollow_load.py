@@ -27,6 +27,15 @@ HOLLOW = "hollow"
 #: The runs' ``leaseDurationSeconds`` (``--lease-seconds``): trainers renew every third of it.
 LEASE_DURATION_S = 15
 ANCHOR_EVERY_S = 60.0
+#: Renewals in flight at once. A thousand trainers renew each on its own connection, so one
+#: slow answer never delays another trainer's renewal; a small pool made the stand-in itself
+#: fall behind whenever the server answered slowly for a moment (at 1,000 runs a renewal is
+#: due every 5 ms: 8 threads gave 40 ms a request before renewals queued).
+RENEWALS_IN_FLIGHT = 32
+#: A renewal's own deadline, as a trainer's Lease client has one (``lease_rest``): a request
+#: the server never answers fails instead of holding its thread; the next renewal, already
+#: scheduled, tries again.
+RENEWAL_TIMEOUT_S = 10.0
 
 
 def hollow_run(name: str) -> dict[str, Any]:
@@ -245,7 +254,7 @@ class HollowTrainers:
         self.core: Any = k8s.CoreV1Api(api)
         self.leases: Any = k8s.CoordinationV1Api(api)
         self.namespace = namespace
-        self.renewers = ThreadPoolExecutor(8)
+        self.renewers = ThreadPoolExecutor(RENEWALS_IN_FLIGHT)
         self.stop = threading.Event()
         self.trainers: dict[str, str] = {}  # run -> holder identity of its running trainer
         self.due: list[tuple[float, str, str]] = []  # (monotonic, run, holder): next renewals
@@ -297,7 +306,11 @@ class HollowTrainers:
         try:
             drained(
                 self.leases.patch_namespaced_lease(
-                    f"{run}-trainer", self.namespace, body, _preload_content=False
+                    f"{run}-trainer",
+                    self.namespace,
+                    body,
+                    _preload_content=False,
+                    _request_timeout=RENEWAL_TIMEOUT_S,
                 )
             )
         except Exception:
@@ -323,9 +336,14 @@ ROLES: dict[str, type[HollowKubelet] | type[HollowTrainers]] = {
 def hollow_main(kubeconfig: str, namespace: str, role: str) -> int:
     """``--hollow NS --hollow-role ROLE``: the hollow kubelet or the trainers until SIGTERM
     (``bench.operator_scale.start_hollow`` starts one process of each)."""
-    from kubernetes import config
+    from kubernetes import client, config
 
-    hollow = ROLES[role](config.new_client_from_config(config_file=kubeconfig), namespace)
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    # A kept connection per request in flight (and the watch): urllib3 discards what its
+    # pool cannot keep, and each renewal would then pay a TLS handshake.
+    configuration.connection_pool_maxsize = RENEWALS_IN_FLIGHT + 2
+    hollow = ROLES[role](client.ApiClient(configuration), namespace)
     signal.signal(signal.SIGTERM, lambda *_: hollow.stop.set())
     for thread in hollow.threads:
         thread.start()

@@ -266,3 +266,44 @@ def test_the_hollow_kubelet_resumes_its_watch_and_lists_again_only_after_410(tmp
         assert not thread.is_alive()
         assert sorted(seen) == sorted(listed * 2)  # listed again once, not at every re-open
         api.close()
+
+
+def test_a_hollow_renewal_the_server_never_answers_ends_at_its_deadline(monkeypatch):
+    """A trainer's Lease client gives up on a request its server does not answer, and the
+    next renewal tries again. The stand-in did not: a hung renewal held one of its few
+    threads for good, and every other run's renewal queued behind what was left."""
+    import http.server
+    import threading
+    import time
+
+    from kubernetes import client as k8s
+
+    from bench import hollow_load
+
+    answer = threading.Event()
+
+    class NeverAnswers(http.server.BaseHTTPRequestHandler):
+        def do_PATCH(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            answer.wait(20)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NeverAnswers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(hollow_load, "RENEWAL_TIMEOUT_S", 0.3)
+    api = k8s.ApiClient(k8s.Configuration(host=f"http://127.0.0.1:{server.server_port}"))
+    trainers = hollow_load.HollowTrainers(api, "ns")
+    trainers.trainers["r0001"] = "r0001-i1-trainer/1"
+    try:
+        started = time.monotonic()
+        trainers._renew("r0001", "r0001-i1-trainer/1")
+        took = time.monotonic() - started
+    finally:
+        answer.set()
+        trainers.close()
+        server.shutdown()
+        api.close()
+    assert took < 5
+    assert [run for _, run, _ in trainers.due] == ["r0001"]  # the next renewal is scheduled
