@@ -42,6 +42,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,43 @@ def operator_requests(cluster: LocalCluster) -> dict[str, int]:
     return counts
 
 
+class ServerStalls:
+    """The API server's event loop (in this process) answering late: a thread asks it to run
+    nothing every ``period`` and keeps each wait over ``threshold`` with its wall time, so a
+    Lease-expiry storm can be told apart from a stall of the server itself (the operator's
+    log, ``BENCH_OPERATOR_LOG``, times its own reads)."""
+
+    def __init__(self, cluster: LocalCluster, period: float = 0.25, threshold: float = 0.2):
+        self.cluster, self.period, self.threshold = cluster, period, threshold
+        self.seen: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._probe, name="server-stalls", daemon=True)
+        self.thread.start()
+
+    def _probe(self) -> None:
+        while not self.stop.wait(self.period):
+            asked, wall = time.monotonic(), time.time()
+            try:
+                self.cluster.call(lambda: None)
+            except RuntimeError:  # the cluster stopped
+                return
+            waited = time.monotonic() - asked
+            if waited > self.threshold:
+                self.seen.append((wall, waited))
+
+    def report(self) -> dict[str, Any]:
+        self.stop.set()
+        worst = sorted(self.seen, key=lambda seen: -seen[1])[:10]
+        return {
+            "over_s": self.threshold,
+            "count": len(self.seen),
+            "worst": [
+                {"at_utc": time.strftime("%H:%M:%S", time.gmtime(at)), "s": round(waited, 3)}
+                for at, waited in worst
+            ],
+        }
+
+
 def measure(
     cluster: LocalCluster,
     api: Any,
@@ -168,6 +206,7 @@ def measure(
     objects: Any = k8s.CustomObjectsApi(api)
     core.create_namespace({"metadata": {"name": namespace}})
     commits = Commits(cluster, namespace)
+    stalls = ServerStalls(cluster)
     hollow = start_hollow(cluster, namespace)
     operator = start_operator(cluster, namespace, tree)
     try:
@@ -221,6 +260,7 @@ def measure(
         victims = [names[index % runs] for index in range(losses)]
         reaction = lost_pods(core, objects, commits, namespace, victims, gap)
     finally:
+        server_stalls = stalls.report()
         operator.send_signal(signal.SIGTERM)
         operator.wait(60)
         for process in hollow:
@@ -246,6 +286,7 @@ def measure(
             per_run_min + (pass_cost * 60 / resync if resync and window < resync else 0), 3
         ),
         "pod_lost_to_replacement_s": reaction,
+        "api_server_stalls": server_stalls,
         "operator_rss_mib": {
             "steady": round(rss["VmRSS"] / 1024, 1),
             "peak": round(rss["VmHWM"] / 1024, 1),
