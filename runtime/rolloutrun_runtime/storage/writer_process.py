@@ -73,6 +73,8 @@ ERRORS: dict[str, type[StorageError]] = {
 PIPE_BYTES = 1 << 20
 #: How long ``close`` waits for the child to exit once its input is closed.
 EXIT_WAIT_S = 5.0
+#: The most buffers one ``writev`` takes.
+IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
 
 
 class WriterProcessError(StorageError):
@@ -81,10 +83,17 @@ class WriterProcessError(StorageError):
 
 
 # ---------------------------------------------------------------------- the wire (pure)
-def encode_request(op: str, args: Mapping[str, Any], blobs: list[bytes]) -> bytes:
-    """One request: a JSON line (``op``, ``args``, each blob's size), then the blobs."""
+def request_parts(op: str, args: Mapping[str, Any], blobs: list[bytes]) -> list[bytes]:
+    """One request as the buffers sent in order: a JSON line (``op``, ``args``, each blob's
+    size), then the blobs themselves (not joined: the trainer sends them with one
+    ``writev``, so a snapshot's bytes are not copied into a request first)."""
     header = {"op": op, "args": dict(args), "sizes": [len(b) for b in blobs]}
-    return b"".join([json.dumps(header).encode(), b"\n", *blobs])
+    return [json.dumps(header).encode() + b"\n", *blobs]
+
+
+def encode_request(op: str, args: Mapping[str, Any], blobs: list[bytes]) -> bytes:
+    """One request's bytes, as the child reads them (:func:`request_parts` joined)."""
+    return b"".join(request_parts(op, args, blobs))
 
 
 def error_reply(error: BaseException) -> dict[str, Any]:
@@ -147,12 +156,12 @@ class WriterProcess:
             _end(process)
 
     def _call(self, op: str, args: Mapping[str, Any], blobs: list[bytes]) -> Any:
-        request = encode_request(op, args, blobs)
+        request = request_parts(op, args, blobs)
         with self._lock:
             process = self._running()
             assert process.stdin is not None and process.stdout is not None
             try:
-                _write_all(process.stdin.fileno(), request)
+                write_all(process.stdin.fileno(), request)
                 crash_point("trainer_while_helper_writes")
                 line = process.stdout.readline()
                 reply = json.loads(line) if line else None
@@ -180,10 +189,20 @@ class WriterProcess:
         return self._process
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def write_all(fd: int, parts: list[bytes]) -> None:
+    """Write ``parts`` in order with ``writev`` (at most ``IOV_MAX`` buffers a call), going
+    on after a partial write (a pipe takes at most its capacity per call)."""
+    views = [memoryview(part) for part in parts if len(part)]
+    first = 0
+    while first < len(views):
+        written = os.writev(fd, views[first : first + IOV_MAX])
+        while written and first < len(views):
+            if written >= len(views[first]):
+                written -= len(views[first])
+                first += 1
+            else:
+                views[first] = views[first][written:]
+                written = 0
 
 
 def _end(process: subprocess.Popen[bytes]) -> None:

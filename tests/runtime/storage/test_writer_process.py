@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -27,11 +29,13 @@ from rolloutrun_runtime.storage import (
 )
 from rolloutrun_runtime.storage.local import LocalStorage
 from rolloutrun_runtime.storage.writer_process import (
+    IOV_MAX,
     WriterProcess,
     WriterProcessError,
     encode_request,
     error_reply,
     value_of,
+    write_all,
 )
 
 FILES = {"a.json": b'{"a": 1}', "data_plane/rows.bin": bytes(range(256)) * 400, "empty": b""}
@@ -103,6 +107,46 @@ def test_the_childs_errors_are_raised_as_their_class(offloaded: LocalStorage) ->
         offloaded.write_many({"../out": b"x"})
     offloaded.write_many({"fine": b"ok"})  # the child still serves
     assert offloaded._writer is not None and offloaded._writer.started == 1
+
+
+def test_a_requests_blobs_are_sent_as_they_are_not_joined_into_one_buffer(
+    offloaded: LocalStorage,
+) -> None:
+    """The trainer sends a write's bytes with ``writev``, past the pipe's capacity and over
+    more buffers than one call takes: no copy of them is made first (a snapshot's bytes
+    are on the trainer's CPU once, in the kernel's copy into the pipe)."""
+    big = os.urandom(1 << 21)
+    small = {f"seg/{i:04d}": bytes([i % 256]) * (i % 7) for i in range(IOV_MAX + 40)}
+    offloaded.write_many(small)  # the child is started, its buffers warm
+    tracemalloc.start()
+    try:
+        offloaded.write_many({"big": big, **small})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(big) // 2, f"{peak} bytes allocated sending {len(big)}"
+    assert offloaded.read_bytes("big") == big
+    assert all(offloaded.read_bytes(key) == data for key, data in small.items())
+
+
+def test_write_all_goes_on_after_partial_writes() -> None:
+    read_end, write_end = os.pipe()
+    parts = [b"head\n", b"", os.urandom(300_000), b"x" * 5, os.urandom(70_000)]
+    got = bytearray()
+
+    def drain() -> None:
+        while chunk := os.read(read_end, 8192):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        write_all(write_end, parts)  # the pipe holds 64 KiB: several partial writes
+    finally:
+        os.close(write_end)
+        reader.join(10)
+        os.close(read_end)
+    assert bytes(got) == b"".join(parts)
 
 
 def test_a_child_killed_mid_write_commits_nothing_and_the_next_publication_does(
