@@ -13,10 +13,13 @@ What runs where, so that every crash rule holds as before:
 * the trainer checks the keys, sends the bytes (never pickled: a JSON header line, then
   the files' raw bytes, over the child's stdin) and waits for the answer; ``write_many``
   returns only once the child answered that every file and folder is fsynced;
-* the child runs ``write_many`` (a snapshot's files and segments), ``write_bytes`` (LATEST),
-  ``delete``/``delete_prefix`` (retention, segment collection) and ``modified_times`` (a
-  ``stat`` per segment when collecting); the trainer alone writes the commit point
-  (``write_bytes_if_absent``: the manifest, after the fence) and reads everything else;
+* the child runs ``write_many`` (a snapshot's files and segments, and its manifest's bytes
+  under a hidden name, all fsynced), ``write_bytes`` (LATEST), ``delete``/``delete_prefix``
+  (retention, segment collection) and ``modified_times`` (a ``stat`` per segment when
+  collecting); the trainer alone makes the commit point, after the fence: the create-only
+  ``link`` of the manifest's hidden file to its name (``LocalStorage.commit_staged``), which
+  the child then makes durable (``settle``: the hidden name removed, the folder fsynced)
+  before the call returns; the trainer reads everything else;
 * a child that dies (killed, crashed) answers nothing: the call raises
   :class:`WriterProcessError` (a ``StorageError``), so the snapshot being written is not
   published; the next call starts a new child. What it left is an uncommitted folder or
@@ -56,6 +59,7 @@ from .errors import (
     StorageError,
     StoragePermissionError,
 )
+from .local import StagedCreate
 
 #: The errors the child answers with, raised as themselves in the trainer.
 ERRORS: dict[str, type[StorageError]] = {
@@ -127,9 +131,17 @@ class WriterProcess:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    def write_many(self, items: Mapping[str, bytes]) -> None:
+    def write_many(self, items: Mapping[str, bytes], stage: StagedCreate | None = None) -> None:
         keys = list(items)
-        self._call("write_many", {"keys": keys}, [bytes(items[k]) for k in keys])
+        blobs = [bytes(items[k]) for k in keys]
+        staged = None
+        if stage is not None:
+            staged = {"key": stage.key, "tmp": stage.tmp}
+            blobs.append(bytes(stage.data))
+        self._call("write_many", {"keys": keys, "stage": staged}, blobs)
+
+    def settle(self, key: str, tmp: str) -> None:
+        self._call("settle", {"key": key, "tmp": tmp}, [])
 
     def write_bytes(self, key: str, data: bytes, *, durable: bool) -> None:
         self._call("write_bytes", {"key": key, "durable": durable}, [bytes(data)])
@@ -241,9 +253,17 @@ def serve_one(storage: Any, stream: IO[bytes], line: bytes) -> dict[str, Any]:
 def _apply(storage: Any, op: str, args: Mapping[str, Any], blobs: list[bytes]) -> Any:
     """One call on the child's own LocalStorage: the in-process code, spelled once."""
     if op == "write_many":
-        items = dict(zip(args["keys"], blobs, strict=True))
-        storage.write_many(items, after_file=lambda: crash_point("helper_mid_write"))
+        keys, staged = args["keys"], args.get("stage")
+        stage = None
+        if staged is not None:
+            stage = StagedCreate(str(staged["key"]), str(staged["tmp"]), blobs.pop())
+        items = dict(zip(keys, blobs, strict=True))
+        after_file = lambda: crash_point("helper_mid_write")  # noqa: E731
+        storage.write_many(items, after_file=after_file, stage=stage)
         return None
+    if op == "settle":
+        crash_point("helper_before_settle")
+        return storage.settle(args["key"], args["tmp"])
     if op == "write_bytes":
         return storage.write_bytes(args["key"], blobs[0], durable=args["durable"])
     if op == "delete":
