@@ -368,6 +368,16 @@ class LocalStorage:
                 return
             _fsync_dir(os.path.dirname(path))
 
+    def delete_entry(self, marker: str) -> int:
+        """``publish.delete_entry`` in one call of the writer process where there is one:
+        the marker deleted (durably) first, then its folder's files (not durably); returns
+        the files deleted besides the marker."""
+        entry = marker.rsplit("/", 1)[0]
+        if self._writer is not None:
+            return self._writer.delete_entry(validate_key(marker, base_uri=self.base_uri))
+        self.delete(marker)
+        return self.delete_prefix(entry, durable=False)
+
     def delete_prefix(self, prefix: str, *, durable: bool = True) -> int:
         prefix = normalize_prefix(prefix, base_uri=self.base_uri)
         if self._writer is not None:

@@ -146,8 +146,11 @@ def delete_entry(
     """Uncommit ``entry_prefix`` (marker first, durably), then delete its files (not
     durably: they are garbage once the marker is gone); return files deleted."""
     marker = _marker_key(storage, entry_prefix, marker_name)
-    storage.delete(marker)
-    deleted = storage.delete_prefix(marker.rsplit("/", 1)[0], durable=False)
+    if isinstance(storage, LocalStorage):
+        deleted = storage.delete_entry(marker)  # one call of its writer process, if any
+    else:
+        storage.delete(marker)
+        deleted = storage.delete_prefix(marker.rsplit("/", 1)[0], durable=False)
     log.info("deleted entry %s (%d files)", storage.uri_for(marker.rsplit("/", 1)[0]), deleted)
     return deleted
 

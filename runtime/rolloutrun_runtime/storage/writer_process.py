@@ -14,12 +14,13 @@ What runs where, so that every crash rule holds as before:
   the files' raw bytes, over the child's stdin) and waits for the answer; ``write_many``
   returns only once the child answered that every file and folder is fsynced;
 * the child runs ``write_many`` (a snapshot's files and segments, and its manifest's bytes
-  under a hidden name, all fsynced), ``write_bytes`` (LATEST), ``delete``/``delete_prefix``
-  (retention, segment collection) and ``modified_times`` (a ``stat`` per segment when
-  collecting); the trainer alone makes the commit point, after the fence: the create-only
-  ``link`` of the manifest's hidden file to its name (``LocalStorage.commit_staged``), which
-  the child then makes durable (``settle``: the hidden name removed, the folder fsynced)
-  before the call returns; the trainer reads everything else;
+  under a hidden name, all fsynced), ``write_bytes`` (LATEST), ``delete_entry`` (retention:
+  the manifest, then the folder), ``delete``/``delete_prefix`` (segment collection) and
+  ``modified_times`` (a ``stat`` per segment when collecting); the trainer alone makes the
+  commit point, after the fence: the create-only ``link`` of the manifest's hidden file to
+  its name (``LocalStorage.commit_staged``), which the child then makes durable (``settle``:
+  the hidden name removed, the folder fsynced) before the call returns; the trainer reads
+  everything else;
 * a child that dies (killed, crashed) answers nothing: the call raises
   :class:`WriterProcessError` (a ``StorageError``), so the snapshot being written is not
   published; the next call starts a new child. What it left is an uncommitted folder or
@@ -149,6 +150,9 @@ class WriterProcess:
     def delete(self, key: str) -> None:
         self._call("delete", {"key": key}, [])
 
+    def delete_entry(self, marker: str) -> int:
+        return int(self._call("delete_entry", {"marker": marker}, []))
+
     def delete_prefix(self, prefix: str, *, durable: bool) -> int:
         return int(self._call("delete_prefix", {"prefix": prefix, "durable": durable}, []))
 
@@ -268,6 +272,8 @@ def _apply(storage: Any, op: str, args: Mapping[str, Any], blobs: list[bytes]) -
         return storage.write_bytes(args["key"], blobs[0], durable=args["durable"])
     if op == "delete":
         return storage.delete(args["key"])
+    if op == "delete_entry":
+        return storage.delete_entry(args["marker"])
     if op == "delete_prefix":
         return storage.delete_prefix(args["prefix"], durable=args["durable"])
     if op == "modified_times":

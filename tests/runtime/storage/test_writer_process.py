@@ -22,6 +22,7 @@ from rolloutrun_runtime.storage import (
     ObjectExistsError,
     StorageError,
     close_storage,
+    delete_entry,
     list_committed,
     open_storage,
     publish_entry,
@@ -153,6 +154,25 @@ def test_an_entry_and_the_shared_files_it_references_are_one_request(
     with pytest.raises(InvalidKeyError, match="shared file"):
         publish_entry(offloaded, "snaps/2", FILES, marker_name="M", shared={"snaps/2/x": b""})
     assert offloaded.list("snaps/2") == []
+
+
+def test_deleting_an_entry_is_one_request(
+    offloaded: LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention's delete of a snapshot (its marker durably first, then its files) is one
+    call of the child, not two."""
+    publish_entry(offloaded, "snaps/1", FILES, marker_name="M")
+    calls: list[str] = []
+    call = WriterProcess._call
+
+    def counted(self: WriterProcess, op: str, *args: object) -> object:
+        calls.append(op)
+        return call(self, op, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(WriterProcess, "_call", counted)
+    assert delete_entry(offloaded, "snaps/1", marker_name="M") == len(FILES)
+    assert calls == ["delete_entry"]
+    assert list_committed(offloaded, "snaps", "M") == [] and offloaded.list("snaps") == []
 
 
 def test_the_trainers_commit_is_a_link_the_child_writes_and_fsyncs_the_marker(
