@@ -318,9 +318,7 @@ class LocalStorage:
                 folder = f"{top}/{name}"
                 if os.path.isfile(f"{folder}/{marker_name}"):
                     entries[name] = True
-                elif any(
-                    not file.startswith(TMP_PREFIX) for _, files in _scan(folder) for file in files
-                ):
+                elif _holds_file(folder):
                     entries[name] = False
         return entries
 
@@ -546,6 +544,26 @@ def _scan(top: str) -> Iterator[tuple[str, list[str]]]:
             continue
         yield folder, files
         pending.extend(f"{folder}/{name}" for name in sorted(subfolders, reverse=True))
+
+
+def _holds_file(top: str) -> bool:
+    """Whether a file (not a temporary one) lies under ``top``, found as :func:`_scan` finds
+    files but stopping at the first: the snapshots' folder holds the data segments' folder,
+    with every segment and chain chunk of the orphan grace (thousands at a snapshot a
+    second), and each publication lists it."""
+    pending = [top]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    if not entry.is_dir():
+                        if not entry.name.startswith(TMP_PREFIX):
+                            return True
+                    elif not entry.is_symlink():
+                        pending.append(entry.path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return False
 
 
 def _translate_os_error(exc: OSError, uri: str) -> StorageError:
