@@ -87,6 +87,27 @@ def _instrument_child() -> list[float]:
     return cpu
 
 
+def _instrument_requests() -> list[float]:
+    """The thread CPU of each call to the writer process (building and sending a request,
+    waiting for and reading its answer: inside ``publish``), where the tree has one."""
+    spent: list[float] = []
+    try:
+        from rolloutrun_runtime.storage import writer_process
+    except ImportError:
+        return spent
+    call = writer_process.WriterProcess._call
+
+    def timed(self: Any, *args: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return call(self, *args)
+        finally:
+            spent.append(time.thread_time() - started)
+
+    writer_process.WriterProcess._call = timed  # type: ignore[method-assign]
+    return spent
+
+
 def one(config: Path, log_dir: Path) -> dict[str, Any]:
     """One run of ``config`` in this process; the writer's CPU per snapshot (ms): the
     thread's, and the writer process's where the tree has one (its whole life's CPU over
@@ -95,6 +116,7 @@ def one(config: Path, log_dir: Path) -> dict[str, Any]:
 
     spent = _instrument()
     child = _instrument_child()
+    requests = _instrument_requests()
     run_one(config, log_dir)
     per = [s + p for s, p in zip(spent["serialize"], spent["publish"], strict=False)]
     snapshots = len(spent["publish"])
@@ -104,6 +126,9 @@ def one(config: Path, log_dir: Path) -> dict[str, Any]:
         "publish_ms": round(statistics.median(spent["publish"]) * 1000, 3),
         "writer_ms": round(statistics.median(per) * 1000, 3),
         "child_ms": round(sum(child) * 1000 / max(snapshots, 1), 3),
+        # the writer process's calls (part of publish_ms): a mean per snapshot, and how many
+        "requests_ms": round(sum(requests) * 1000 / max(snapshots, 1), 3),
+        "requests_per_snapshot": round(len(requests) / max(snapshots, 1), 2),
     }
 
 
@@ -238,7 +263,14 @@ def compare(baseline: str | None, repetitions: int, root: Path) -> dict[str, Any
             "per_run": got,
             **{
                 key: spread([r[key] for r in got])
-                for key in ("writer_ms", "serialize_ms", "publish_ms", "child_ms")
+                for key in (
+                    "writer_ms",
+                    "serialize_ms",
+                    "publish_ms",
+                    "child_ms",
+                    "requests_ms",
+                    "requests_per_snapshot",
+                )
             },
         }
     return out

@@ -46,6 +46,9 @@ CRASH_SITES: tuple[str, ...] = (
     # The snapshot writer's child process (storage/writer_process.py) killed after one file of
     # a write is renamed, before the rest and the folders' fsyncs: the trainer lives on.
     "helper_mid_write",
+    # The writer child killed after the trainer linked a snapshot's manifest (committed),
+    # before it made the link durable: the trainer's publication fails, the snapshot stands.
+    "helper_before_settle",
     # The trainer killed while its writer process writes a snapshot's files (the child
     # dies with it).
     "trainer_while_helper_writes",

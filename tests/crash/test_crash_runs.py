@@ -55,9 +55,9 @@ GYM_SITES = ("during_gym_prepare:2", "during_gym_commit:2", "during_gym_resume:1
 #: Reached only when a snapshot publishes before step 1 commits (slow first rollouts).
 FIRST_CHECKPOINT_SITES = ("before_first_checkpoint:1",)
 RESTORE_SITES = ("during_restore", "during_gym_resume")
-#: The writer process's own site: it kills the child, not the trainer, so no campaign arms
-#: it; tests/runtime/storage/test_writer_process.py does.
-WRITER_CHILD_SITES = ("helper_mid_write",)
+#: The writer process's own sites: they kill the child, not the trainer, so no campaign arms
+#: them; tests/runtime/storage/test_writer_process.py does.
+WRITER_CHILD_SITES = ("helper_mid_write", "helper_before_settle")
 
 
 def test_the_campaigns_cover_every_site() -> None:

@@ -48,6 +48,7 @@ from rolloutrun_runtime.contract.layout import (
     SEGMENTED_DATA_PLANE_FORMAT,
 )
 from rolloutrun_runtime.cow import CowMap, CowView
+from rolloutrun_runtime.data_plane.npz import npz_bytes
 from rolloutrun_runtime.json_chain import ChainError, read_chain
 
 logger = logging.getLogger(__name__)
@@ -168,9 +169,7 @@ class DataPlane:
         index: dict[str, Any] = {}
         for partition, rows in self._rows.items():
             index[partition] = _pack_partition(partition, rows, arrays)
-        buffer = io.BytesIO()
-        np.savez(buffer, allow_pickle=False, **arrays)
-        rows_bytes = buffer.getvalue()
+        rows_bytes = npz_bytes(arrays)
         full_metadata = {
             "user": dict(metadata),
             "format": DATA_PLANE_FORMAT,
@@ -373,9 +372,7 @@ def pack_segment(rows: Mapping[str, Mapping[str, Mapping[str, RowValue]]]) -> by
     index = {p: _pack_partition(p, r, arrays) for p, r in rows.items() if r}
     header = json.dumps({"format": DATA_SEGMENT_FORMAT, "index": index}, sort_keys=True)
     arrays[SEGMENT_INDEX_MEMBER] = np.frombuffer(header.encode(), dtype=np.uint8)
-    buffer = io.BytesIO()
-    np.savez(buffer, allow_pickle=False, **arrays)
-    return buffer.getvalue()
+    return npz_bytes(arrays)  # np.savez's archive, without zipfile's per-member cost
 
 
 def unpack_segment(data: bytes) -> dict[str, dict[str, dict[str, RowValue]]]:

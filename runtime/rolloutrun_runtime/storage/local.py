@@ -11,6 +11,7 @@ fsynced into their parents. Temporary files never show up in listings.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import itertools
 import logging
@@ -50,6 +51,23 @@ def _renew_tmp_token() -> None:
 
 
 os.register_at_fork(after_in_child=_renew_tmp_token)
+
+
+def _tmp_path(path: str) -> str:
+    """A fresh hidden temporary name beside ``path`` (this process's token and counter)."""
+    head, name = os.path.split(path)
+    return f"{head}/{TMP_PREFIX}{name}.{_tmp_token}{next(_tmp_counter):x}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedCreate:
+    """A create-only object written ahead under a hidden name (:meth:`LocalStorage.stage`):
+    ``tmp`` is the temporary file's name in ``key``'s folder; linking it to ``key``
+    (:meth:`LocalStorage.commit_staged`) is the create-only write."""
+
+    key: str
+    tmp: str
+    data: bytes
 
 
 class LocalStorage:
@@ -108,12 +126,18 @@ class LocalStorage:
         self._write_atomic(key, data, exclusive=False, sync=durable)
 
     def write_many(
-        self, items: Mapping[str, bytes], *, after_file: Callable[[], None] | None = None
+        self,
+        items: Mapping[str, bytes],
+        *,
+        after_file: Callable[[], None] | None = None,
+        stage: StagedCreate | None = None,
     ) -> None:
         """Each file whole (temporary file, fsync, rename), then each directory fsynced once:
         those written into and the parents of those created (a new snapshot's folder and
         its subfolders cost one fsync each, not one per folder created plus one per write).
         ``after_file`` runs after each file's rename (the writer process's crash site).
+        ``stage``: a create-only object's bytes, written and fsynced under its hidden name
+        in the same pass (:meth:`stage`; nothing of it is visible until it is linked).
 
         Paths are strings and each folder is checked once per call: a snapshot's publication
         runs on the trainer's writer thread, and every ``Path`` and ``stat`` there is time
@@ -122,19 +146,28 @@ class LocalStorage:
         if self._writer is not None:
             for key in items:
                 validate_key(key, base_uri=self.base_uri)
-            self._writer.write_many(items)
+            self._writer.write_many(items, stage)
             return
         directories: set[str] = set()
+
+        def folder_of(path: str) -> None:
+            parent = os.path.dirname(path)
+            if parent not in directories:
+                directories.add(parent)
+                directories.update(os.path.dirname(d) for d in _makedirs(parent))
+
         for key, data in items.items():
             path = self._path_str(key)
-            parent = os.path.dirname(path)
             with _translated(f"{self.base_uri}/{key}"):
-                if parent not in directories:
-                    directories.add(parent)
-                    directories.update(os.path.dirname(d) for d in _makedirs(parent))
+                folder_of(path)
                 _write_file(path, data, f"{self.base_uri}/{key}", exclusive=False)
             if after_file is not None:
                 after_file()
+        if stage is not None:
+            path = self._path_str(stage.key)
+            with _translated(f"{self.base_uri}/{stage.key}"):
+                folder_of(path)
+                _write_file(self._staged_path(stage), stage.data, "", exclusive=False, keep=True)
         root = str(self.root)
         for directory in sorted(directories, reverse=True):  # the deepest first
             inside = directory.startswith(root + "/")
@@ -145,6 +178,50 @@ class LocalStorage:
     def write_bytes_if_absent(self, key: str, data: bytes) -> None:
         check_create_only_size(self.uri_for(key), len(data))
         self._write_atomic(key, data, exclusive=True)
+
+    # -- a create-only write in two halves: the bytes ahead, the link at the commit point --
+
+    def stage(self, key: str, data: bytes) -> StagedCreate:
+        """A create-only write of ``key`` prepared (nothing written yet): pass it to
+        :meth:`write_many` (the bytes go with the files, fsynced under a hidden name), then
+        :meth:`commit_staged` (the link: the create-only write itself) or
+        :meth:`drop_staged`. With a writer process the bytes and the fsyncs are the child's
+        and the link stays here: a publication's commit point costs the trainer one
+        ``link`` instead of a file's write and two fsyncs (~0.5 ms of its CPU)."""
+        check_create_only_size(self.uri_for(key), len(data))
+        return StagedCreate(key, os.path.basename(_tmp_path(self._path_str(key))), data)
+
+    def commit_staged(self, staged: StagedCreate) -> None:
+        """Link the staged bytes to their key (``ObjectExistsError`` if it exists), then make
+        the new name durable (the temporary name removed, the folder fsynced) before
+        returning: by the writer process where there is one."""
+        path, uri = self._path_str(staged.key), f"{self.base_uri}/{staged.key}"
+        with _translated(uri):
+            _link_exclusive(self._staged_path(staged), path, uri)
+        if self._writer is not None:
+            self._writer.settle(staged.key, staged.tmp)
+            return
+        self.settle(staged.key, staged.tmp)
+
+    def settle(self, key: str, tmp: str) -> None:
+        """After :meth:`commit_staged`'s link: the temporary name removed, the folder
+        fsynced (the link durable)."""
+        path = self._path_str(key)
+        with _translated(f"{self.base_uri}/{key}"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._staged_path(StagedCreate(key, tmp, b"")))
+            _fsync_dir(os.path.dirname(path))
+
+    def drop_staged(self, staged: StagedCreate) -> None:
+        """Remove staged bytes that will not be linked (best effort: a leftover is a hidden
+        temporary file, as a killed writer's)."""
+        with contextlib.suppress(OSError):
+            os.unlink(self._staged_path(staged))
+
+    def _staged_path(self, staged: StagedCreate) -> str:
+        if "/" in staged.tmp or not staged.tmp.startswith(TMP_PREFIX):
+            raise StorageError(self.uri_for(staged.key), f"not a temporary name: {staged.tmp!r}")
+        return f"{os.path.dirname(self._path_str(staged.key))}/{staged.tmp}"
 
     def upload_file(self, key: str, local_path: Path) -> None:
         def copy(dst: BinaryIO) -> None:
@@ -241,9 +318,7 @@ class LocalStorage:
                 folder = f"{top}/{name}"
                 if os.path.isfile(f"{folder}/{marker_name}"):
                     entries[name] = True
-                elif any(
-                    not file.startswith(TMP_PREFIX) for _, files in _scan(folder) for file in files
-                ):
+                elif _holds_file(folder):
                     entries[name] = False
         return entries
 
@@ -290,6 +365,16 @@ class LocalStorage:
             except FileNotFoundError:
                 return
             _fsync_dir(os.path.dirname(path))
+
+    def delete_entry(self, marker: str) -> int:
+        """``publish.delete_entry`` in one call of the writer process where there is one:
+        the marker deleted (durably) first, then its folder's files (not durably); returns
+        the files deleted besides the marker."""
+        entry = marker.rsplit("/", 1)[0]
+        if self._writer is not None:
+            return self._writer.delete_entry(validate_key(marker, base_uri=self.base_uri))
+        self.delete(marker)
+        return self.delete_prefix(entry, durable=False)
 
     def delete_prefix(self, prefix: str, *, durable: bool = True) -> int:
         prefix = normalize_prefix(prefix, base_uri=self.base_uri)
@@ -364,13 +449,14 @@ def _write_file(
     *,
     exclusive: bool,
     sync: bool = True,
+    keep: bool = False,
 ) -> None:
     """``path`` whole: a hidden temporary file beside it, written (``content``'s bytes, or
     what ``content`` writes), fsynced unless ``sync`` is False, then renamed over ``path``,
-    or linked to it when ``exclusive`` (``ObjectExistsError`` if it exists). The caller
-    fsyncs the directory."""
-    head, name = os.path.split(path)
-    tmp = f"{head}/{TMP_PREFIX}{name}.{_tmp_token}{next(_tmp_counter):x}"
+    or linked to it when ``exclusive`` (``ObjectExistsError`` if it exists). ``keep``:
+    ``path`` is itself the temporary name, written and fsynced, nothing renamed (a staged
+    create-only write). The caller fsyncs the directory."""
+    tmp = path if keep else _tmp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
         try:
@@ -385,19 +471,10 @@ def _write_file(
                 os.fsync(fd)
         finally:
             os.close(fd)
+        if keep:
+            return
         if exclusive:
-            try:
-                os.link(tmp, path)
-            except FileExistsError as exc:
-                raise ObjectExistsError(uri, "object already exists") from exc
-            except OSError as exc:
-                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise
-                raise StorageError(
-                    uri,
-                    "the filesystem does not support hard links, which create-only "
-                    f"commits need ({exc.strerror})",
-                ) from exc
+            _link_exclusive(tmp, path, uri)
             os.unlink(tmp)
         else:
             os.replace(tmp, path)
@@ -405,6 +482,22 @@ def _write_file(
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _link_exclusive(tmp: str, path: str, uri: str) -> None:
+    """The create-only write: ``link(2)`` fails if ``path`` exists."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError as exc:
+        raise ObjectExistsError(uri, "object already exists") from exc
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        raise StorageError(
+            uri,
+            "the filesystem does not support hard links, which create-only "
+            f"commits need ({exc.strerror})",
+        ) from exc
 
 
 def _makedirs(path: str) -> list[str]:
@@ -451,6 +544,26 @@ def _scan(top: str) -> Iterator[tuple[str, list[str]]]:
             continue
         yield folder, files
         pending.extend(f"{folder}/{name}" for name in sorted(subfolders, reverse=True))
+
+
+def _holds_file(top: str) -> bool:
+    """Whether a file (not a temporary one) lies under ``top``, found as :func:`_scan` finds
+    files but stopping at the first: the snapshots' folder holds the data segments' folder,
+    with every segment and chain chunk of the orphan grace (thousands at a snapshot a
+    second), and each publication lists it."""
+    pending = [top]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    if not entry.is_dir():
+                        if not entry.name.startswith(TMP_PREFIX):
+                            return True
+                    elif not entry.is_symlink():
+                        pending.append(entry.path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return False
 
 
 def _translate_os_error(exc: OSError, uri: str) -> StorageError:

@@ -36,6 +36,7 @@ from rolloutrun_runtime.contract.layout import COMMIT_MARKER
 from .base import CheckpointStorage
 from .errors import InvalidKeyError, ObjectExistsError, StorageError
 from .keys import join_key, key_problem, normalize_prefix, validate_key
+from .local import LocalStorage
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +60,14 @@ def publish_entry(
     marker_name: str = COMMIT_MARKER,
     marker_payload: bytes = b"",
     before_commit: Callable[[], None] | None = None,
+    shared: Mapping[str, bytes] | None = None,
 ) -> str:
     """Write ``files`` under ``entry_prefix/``, then commit with the marker; return its URI.
 
     ``files`` maps relative names (keys, may contain '/') to bytes or a local file to upload.
+    ``shared`` maps full keys outside the entry (content-addressed data it references and
+    other entries may share) to bytes: written, durable, in the same call as the entry's
+    files (one request, not two, where the storage batches its writes).
     Raises :class:`ObjectExistsError` if the entry is already committed (nothing is written)
     or if a concurrent publisher committed it first. ``before_commit`` runs once every file
     is durable, immediately before the marker: whatever it raises propagates and nothing is
@@ -83,12 +88,31 @@ def publish_entry(
         keys[join_key(entry, name)] = content
     if storage.exists(marker):
         raise ObjectExistsError(storage.uri_for(marker), "entry is already committed")
+    for key in shared or {}:
+        if key == entry or key.startswith(entry + "/"):
+            raise InvalidKeyError(storage.uri_for(key), "a shared file may not be in the entry")
     # all durable before the marker; gs:// uploads each group in parallel
-    storage.write_many({k: bytes(v) for k, v in sorted(keys.items()) if not isinstance(v, Path)})
-    storage.upload_files({k: v for k, v in sorted(keys.items()) if isinstance(v, Path)})
-    if before_commit is not None:
-        before_commit()
-    storage.write_bytes_if_absent(marker, marker_payload)
+    written = {**(shared or {})}
+    written.update((k, bytes(v)) for k, v in sorted(keys.items()) if not isinstance(v, Path))
+    if isinstance(storage, LocalStorage):
+        # file://: the marker's bytes go with the files (fsynced under a hidden name, by
+        # the writer process where there is one); the commit point is the link, here
+        staged = storage.stage(marker, marker_payload)
+        storage.write_many(written, stage=staged)
+        try:
+            storage.upload_files({k: v for k, v in sorted(keys.items()) if isinstance(v, Path)})
+            if before_commit is not None:
+                before_commit()
+        except BaseException:
+            storage.drop_staged(staged)
+            raise
+        storage.commit_staged(staged)
+    else:
+        storage.write_many(written)
+        storage.upload_files({k: v for k, v in sorted(keys.items()) if isinstance(v, Path)})
+        if before_commit is not None:
+            before_commit()
+        storage.write_bytes_if_absent(marker, marker_payload)
     uri = storage.uri_for(marker)
     log.info("published %d files and committed %s", len(keys), uri)
     return uri
@@ -122,8 +146,11 @@ def delete_entry(
     """Uncommit ``entry_prefix`` (marker first, durably), then delete its files (not
     durably: they are garbage once the marker is gone); return files deleted."""
     marker = _marker_key(storage, entry_prefix, marker_name)
-    storage.delete(marker)
-    deleted = storage.delete_prefix(marker.rsplit("/", 1)[0], durable=False)
+    if isinstance(storage, LocalStorage):
+        deleted = storage.delete_entry(marker)  # one call of its writer process, if any
+    else:
+        storage.delete(marker)
+        deleted = storage.delete_prefix(marker.rsplit("/", 1)[0], durable=False)
     log.info("deleted entry %s (%d files)", storage.uri_for(marker.rsplit("/", 1)[0]), deleted)
     return deleted
 

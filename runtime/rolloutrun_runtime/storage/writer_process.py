@@ -13,10 +13,14 @@ What runs where, so that every crash rule holds as before:
 * the trainer checks the keys, sends the bytes (never pickled: a JSON header line, then
   the files' raw bytes, over the child's stdin) and waits for the answer; ``write_many``
   returns only once the child answered that every file and folder is fsynced;
-* the child runs ``write_many`` (a snapshot's files and segments), ``write_bytes`` (LATEST),
-  ``delete``/``delete_prefix`` (retention, segment collection) and ``modified_times`` (a
-  ``stat`` per segment when collecting); the trainer alone writes the commit point
-  (``write_bytes_if_absent``: the manifest, after the fence) and reads everything else;
+* the child runs ``write_many`` (a snapshot's files and segments, and its manifest's bytes
+  under a hidden name, all fsynced), ``write_bytes`` (LATEST), ``delete_entry`` (retention:
+  the manifest, then the folder), ``delete``/``delete_prefix`` (segment collection) and
+  ``modified_times`` (a ``stat`` per segment when collecting); the trainer alone makes the
+  commit point, after the fence: the create-only ``link`` of the manifest's hidden file to
+  its name (``LocalStorage.commit_staged``), which the child then makes durable (``settle``:
+  the hidden name removed, the folder fsynced) before the call returns; the trainer reads
+  everything else;
 * a child that dies (killed, crashed) answers nothing: the call raises
   :class:`WriterProcessError` (a ``StorageError``), so the snapshot being written is not
   published; the next call starts a new child. What it left is an uncommitted folder or
@@ -56,6 +60,7 @@ from .errors import (
     StorageError,
     StoragePermissionError,
 )
+from .local import StagedCreate
 
 #: The errors the child answers with, raised as themselves in the trainer.
 ERRORS: dict[str, type[StorageError]] = {
@@ -73,6 +78,8 @@ ERRORS: dict[str, type[StorageError]] = {
 PIPE_BYTES = 1 << 20
 #: How long ``close`` waits for the child to exit once its input is closed.
 EXIT_WAIT_S = 5.0
+#: The most buffers one ``writev`` takes.
+IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
 
 
 class WriterProcessError(StorageError):
@@ -81,10 +88,17 @@ class WriterProcessError(StorageError):
 
 
 # ---------------------------------------------------------------------- the wire (pure)
-def encode_request(op: str, args: Mapping[str, Any], blobs: list[bytes]) -> bytes:
-    """One request: a JSON line (``op``, ``args``, each blob's size), then the blobs."""
+def request_parts(op: str, args: Mapping[str, Any], blobs: list[bytes]) -> list[bytes]:
+    """One request as the buffers sent in order: a JSON line (``op``, ``args``, each blob's
+    size), then the blobs themselves (not joined: the trainer sends them with one
+    ``writev``, so a snapshot's bytes are not copied into a request first)."""
     header = {"op": op, "args": dict(args), "sizes": [len(b) for b in blobs]}
-    return b"".join([json.dumps(header).encode(), b"\n", *blobs])
+    return [json.dumps(header).encode() + b"\n", *blobs]
+
+
+def encode_request(op: str, args: Mapping[str, Any], blobs: list[bytes]) -> bytes:
+    """One request's bytes, as the child reads them (:func:`request_parts` joined)."""
+    return b"".join(request_parts(op, args, blobs))
 
 
 def error_reply(error: BaseException) -> dict[str, Any]:
@@ -118,15 +132,26 @@ class WriterProcess:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    def write_many(self, items: Mapping[str, bytes]) -> None:
+    def write_many(self, items: Mapping[str, bytes], stage: StagedCreate | None = None) -> None:
         keys = list(items)
-        self._call("write_many", {"keys": keys}, [bytes(items[k]) for k in keys])
+        blobs = [bytes(items[k]) for k in keys]
+        staged = None
+        if stage is not None:
+            staged = {"key": stage.key, "tmp": stage.tmp}
+            blobs.append(bytes(stage.data))
+        self._call("write_many", {"keys": keys, "stage": staged}, blobs)
+
+    def settle(self, key: str, tmp: str) -> None:
+        self._call("settle", {"key": key, "tmp": tmp}, [])
 
     def write_bytes(self, key: str, data: bytes, *, durable: bool) -> None:
         self._call("write_bytes", {"key": key, "durable": durable}, [bytes(data)])
 
     def delete(self, key: str) -> None:
         self._call("delete", {"key": key}, [])
+
+    def delete_entry(self, marker: str) -> int:
+        return int(self._call("delete_entry", {"marker": marker}, []))
 
     def delete_prefix(self, prefix: str, *, durable: bool) -> int:
         return int(self._call("delete_prefix", {"prefix": prefix, "durable": durable}, []))
@@ -147,12 +172,12 @@ class WriterProcess:
             _end(process)
 
     def _call(self, op: str, args: Mapping[str, Any], blobs: list[bytes]) -> Any:
-        request = encode_request(op, args, blobs)
+        request = request_parts(op, args, blobs)
         with self._lock:
             process = self._running()
             assert process.stdin is not None and process.stdout is not None
             try:
-                _write_all(process.stdin.fileno(), request)
+                write_all(process.stdin.fileno(), request)
                 crash_point("trainer_while_helper_writes")
                 line = process.stdout.readline()
                 reply = json.loads(line) if line else None
@@ -180,10 +205,20 @@ class WriterProcess:
         return self._process
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def write_all(fd: int, parts: list[bytes]) -> None:
+    """Write ``parts`` in order with ``writev`` (at most ``IOV_MAX`` buffers a call), going
+    on after a partial write (a pipe takes at most its capacity per call)."""
+    views = [memoryview(part) for part in parts if len(part)]
+    first = 0
+    while first < len(views):
+        written = os.writev(fd, views[first : first + IOV_MAX])
+        while written and first < len(views):
+            if written >= len(views[first]):
+                written -= len(views[first])
+                first += 1
+            else:
+                views[first] = views[first][written:]
+                written = 0
 
 
 def _end(process: subprocess.Popen[bytes]) -> None:
@@ -222,13 +257,23 @@ def serve_one(storage: Any, stream: IO[bytes], line: bytes) -> dict[str, Any]:
 def _apply(storage: Any, op: str, args: Mapping[str, Any], blobs: list[bytes]) -> Any:
     """One call on the child's own LocalStorage: the in-process code, spelled once."""
     if op == "write_many":
-        items = dict(zip(args["keys"], blobs, strict=True))
-        storage.write_many(items, after_file=lambda: crash_point("helper_mid_write"))
+        keys, staged = args["keys"], args.get("stage")
+        stage = None
+        if staged is not None:
+            stage = StagedCreate(str(staged["key"]), str(staged["tmp"]), blobs.pop())
+        items = dict(zip(keys, blobs, strict=True))
+        after_file = lambda: crash_point("helper_mid_write")  # noqa: E731
+        storage.write_many(items, after_file=after_file, stage=stage)
         return None
+    if op == "settle":
+        crash_point("helper_before_settle")
+        return storage.settle(args["key"], args["tmp"])
     if op == "write_bytes":
         return storage.write_bytes(args["key"], blobs[0], durable=args["durable"])
     if op == "delete":
         return storage.delete(args["key"])
+    if op == "delete_entry":
+        return storage.delete_entry(args["marker"])
     if op == "delete_prefix":
         return storage.delete_prefix(args["prefix"], durable=args["durable"])
     if op == "modified_times":

@@ -273,3 +273,37 @@ def test_list_entries_passes_over_folders_with_no_object(tmp_path: Path) -> None
     (tmp_path / "top" / "tmp-only").mkdir()
     (tmp_path / "top" / "tmp-only" / f"{TMP_PREFIX}x.1").write_bytes(b"half")
     assert storage.list_entries("top", "MARK") == {"kept": True}
+
+
+def test_list_entries_stops_at_the_first_file_of_an_unmarked_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshots' folder holds the data segments' folder (thousands of files within the
+    orphan grace): a publication's listing learns it holds a file from the first one, not
+    from reading every entry."""
+    storage = LocalStorage(tmp_path)
+    storage.write_many({f"snaps/segments/{i:04d}.npz": b"x" for i in range(600)})
+    storage.write_many({"snaps/s1/a": b"1", "snaps/s1/M": b"m", "snaps/s3/deep/er/f": b"1"})
+    (tmp_path / "snaps/s2").mkdir()
+    (tmp_path / "snaps/s2/.rr-tmp-x").write_bytes(b"")  # a killed writer's temporary file
+    read: list[str] = []
+    scandir = os.scandir
+
+    class Counted:
+        def __init__(self, path: str) -> None:
+            self._entries = scandir(path)
+
+        def __enter__(self) -> Counted:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._entries.close()
+
+        def __iter__(self):
+            for entry in self._entries:
+                read.append(entry.name)
+                yield entry
+
+    monkeypatch.setattr(os, "scandir", Counted)
+    assert storage.list_entries("snaps", "M") == {"s1": True, "s3": False, "segments": False}
+    assert len(read) < 20, f"{len(read)} entries read"

@@ -9,16 +9,20 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from rolloutrun_runtime.crash import ENV_VAR
 from rolloutrun_runtime.storage import (
+    InvalidKeyError,
     ObjectExistsError,
     StorageError,
     close_storage,
+    delete_entry,
     list_committed,
     open_storage,
     publish_entry,
@@ -27,11 +31,13 @@ from rolloutrun_runtime.storage import (
 )
 from rolloutrun_runtime.storage.local import LocalStorage
 from rolloutrun_runtime.storage.writer_process import (
+    IOV_MAX,
     WriterProcess,
     WriterProcessError,
     encode_request,
     error_reply,
     value_of,
+    write_all,
 )
 
 FILES = {"a.json": b'{"a": 1}', "data_plane/rows.bin": bytes(range(256)) * 400, "empty": b""}
@@ -103,6 +109,143 @@ def test_the_childs_errors_are_raised_as_their_class(offloaded: LocalStorage) ->
         offloaded.write_many({"../out": b"x"})
     offloaded.write_many({"fine": b"ok"})  # the child still serves
     assert offloaded._writer is not None and offloaded._writer.started == 1
+
+
+def test_a_requests_blobs_are_sent_as_they_are_not_joined_into_one_buffer(
+    offloaded: LocalStorage,
+) -> None:
+    """The trainer sends a write's bytes with ``writev``, past the pipe's capacity and over
+    more buffers than one call takes: no copy of them is made first (a snapshot's bytes
+    are on the trainer's CPU once, in the kernel's copy into the pipe)."""
+    big = os.urandom(1 << 21)
+    small = {f"seg/{i:04d}": bytes([i % 256]) * (i % 7) for i in range(IOV_MAX + 40)}
+    offloaded.write_many(small)  # the child is started, its buffers warm
+    tracemalloc.start()
+    try:
+        offloaded.write_many({"big": big, **small})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(big) // 2, f"{peak} bytes allocated sending {len(big)}"
+    assert offloaded.read_bytes("big") == big
+    assert all(offloaded.read_bytes(key) == data for key, data in small.items())
+
+
+def test_an_entry_and_the_shared_files_it_references_are_one_request(
+    offloaded: LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot's new data segments (outside its folder) go with its files: one call of
+    the child, durable before the marker; a shared key inside the entry is refused."""
+    writer = offloaded._writer
+    assert writer is not None
+    calls: list[str] = []
+    call = WriterProcess._call
+
+    def counted(self: WriterProcess, op: str, *args: object) -> object:
+        calls.append(op)
+        return call(self, op, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(WriterProcess, "_call", counted)
+    shared = {"segs/abc.npz": b"rows", "segs/def.json": b"{}"}
+    publish_entry(offloaded, "snaps/1", FILES, marker_name="M", shared=shared)
+    assert calls == ["write_many", "settle"]  # the marker: staged with the files, linked
+    assert list_committed(offloaded, "snaps", "M") == ["snaps/1"]
+    assert {key: offloaded.read_bytes(key) for key in shared} == shared
+    with pytest.raises(InvalidKeyError, match="shared file"):
+        publish_entry(offloaded, "snaps/2", FILES, marker_name="M", shared={"snaps/2/x": b""})
+    assert offloaded.list("snaps/2") == []
+
+
+def test_deleting_an_entry_is_one_request(
+    offloaded: LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention's delete of a snapshot (its marker durably first, then its files) is one
+    call of the child, not two."""
+    publish_entry(offloaded, "snaps/1", FILES, marker_name="M")
+    calls: list[str] = []
+    call = WriterProcess._call
+
+    def counted(self: WriterProcess, op: str, *args: object) -> object:
+        calls.append(op)
+        return call(self, op, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(WriterProcess, "_call", counted)
+    assert delete_entry(offloaded, "snaps/1", marker_name="M") == len(FILES)
+    assert calls == ["delete_entry"]
+    assert list_committed(offloaded, "snaps", "M") == [] and offloaded.list("snaps") == []
+
+
+def test_the_trainers_commit_is_a_link_the_child_writes_and_fsyncs_the_marker(
+    offloaded: LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marker's bytes are written and fsynced by the child with the files; the
+    trainer's part of the commit is the create-only link (no write, no fsync of its own),
+    and the link is durable (folder fsynced by the child) before ``publish_entry`` returns."""
+    offloaded.write_many({"warm": b"1"})
+    fsyncs: list[int] = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), fsync(fd))[1])
+    publish_entry(offloaded, "snaps/1", FILES, marker_name="M", marker_payload=b"manifest")
+    monkeypatch.undo()
+    assert fsyncs == []
+    assert offloaded.read_bytes("snaps/1/M") == b"manifest"
+    assert not [p for p in offloaded.root.rglob("*") if p.name.startswith(".rr-tmp-")]
+    with pytest.raises(ObjectExistsError):  # create-only still: committed once
+        publish_entry(offloaded, "snaps/1", FILES, marker_name="M")
+
+
+def test_a_failed_fence_commits_nothing_and_leaves_no_staged_marker(
+    offloaded: LocalStorage,
+) -> None:
+    def fenced() -> None:
+        raise RuntimeError("lease lost")
+
+    with pytest.raises(RuntimeError, match="lease lost"):
+        publish_entry(offloaded, "snaps/1", FILES, marker_name="M", before_commit=fenced)
+    assert list_committed(offloaded, "snaps", "M") == []
+    assert not [p for p in offloaded.root.rglob("*") if p.name.startswith(".rr-tmp-")]
+    publish_entry(offloaded, "snaps/1", FILES, marker_name="M")  # the id is still free
+    assert list_committed(offloaded, "snaps", "M") == ["snaps/1"]
+
+
+def test_a_child_killed_before_it_settles_a_linked_marker(
+    offloaded: LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL of the child at its named site after the trainer linked the marker, before
+    the child made the link durable: the publication raises (its caller does not count
+    it), but the entry is committed and whole, and the next publication goes on with a
+    new child."""
+    monkeypatch.setenv(ENV_VAR, "helper_before_settle:1")  # read by the next child only
+    with pytest.raises(WriterProcessError, match="died"):
+        publish_entry(offloaded, "snaps/1", FILES, marker_name="M", marker_payload=b"m")
+    monkeypatch.delenv(ENV_VAR)
+    assert list_committed(offloaded, "snaps", "M") == ["snaps/1"]
+    assert offloaded.read_bytes("snaps/1/M") == b"m"
+    for name, data in FILES.items():
+        assert offloaded.read_bytes(f"snaps/1/{name}") == data
+    publish_entry(offloaded, "snaps/2", FILES, marker_name="M")
+    assert offloaded._writer is not None and offloaded._writer.started == 2
+    assert list_committed(offloaded, "snaps", "M") == ["snaps/1", "snaps/2"]
+
+
+def test_write_all_goes_on_after_partial_writes() -> None:
+    read_end, write_end = os.pipe()
+    parts = [b"head\n", b"", os.urandom(300_000), b"x" * 5, os.urandom(70_000)]
+    got = bytearray()
+
+    def drain() -> None:
+        while chunk := os.read(read_end, 8192):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        write_all(write_end, parts)  # the pipe holds 64 KiB: several partial writes
+    finally:
+        os.close(write_end)
+        reader.join(10)
+        os.close(read_end)
+    assert bytes(got) == b"".join(parts)
 
 
 def test_a_child_killed_mid_write_commits_nothing_and_the_next_publication_does(
@@ -184,7 +327,8 @@ def test_a_trainer_killed_while_the_child_writes_takes_it_along(tmp_path: Path) 
     """SIGKILL of the trainer at its named site, its request sent: the child dies with it
     (parent-death signal), nothing of the second publication is committed."""
     root = tmp_path / "store"
-    env = {**os.environ, ENV_VAR: "trainer_while_helper_writes:2"}
+    # the first publication is two calls (its files, then the link made durable)
+    env = {**os.environ, ENV_VAR: "trainer_while_helper_writes:3"}
     done = subprocess.run(
         [sys.executable, "-c", TRAINER, str(root)],
         env=env,

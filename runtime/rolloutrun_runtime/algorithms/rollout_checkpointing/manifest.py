@@ -51,7 +51,9 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest_format import 
     PublicationFencedError,
     SelectionReport,
     SnapshotManifest,
+    check_file_record,
     differing_keys,
+    file_record,
     parse_json_object,
     parse_snapshot_id,
     resume_config_differences,
@@ -92,20 +94,11 @@ READ_THREADS = 8
 COLLECT_EVERY = 4
 
 
-def _checksum(content: bytes | Path) -> dict[str, Any]:
-    """A manifest's record of one file: its sha256 and size."""
-    digest, size = sha256_of(content)
-    return {"sha256": digest, "bytes": size}
-
-
-def _check_checksum(uri: str, data: bytes, expected: Mapping[str, Any]) -> None:
-    """Refuse ``data`` read from ``uri`` unless it matches the manifest's record of it."""
-    digest, size = sha256_of(data)
-    if digest != expected["sha256"] or size != expected["bytes"]:
-        raise ManifestError(
-            f"{uri}: checksum mismatch (expected sha256 {expected['sha256'][:12]}… of "
-            f"{expected['bytes']} bytes, found {digest[:12]}… of {size} bytes)"
-        )
+def _orphan_grace_of(config: RunConfig, lease_duration_s: float) -> float:
+    settings = config.checkpointing
+    return orphan_grace_s(
+        settings.snapshot_interval_seconds, settings.preemption_grace_seconds, lease_duration_s
+    )
 
 
 def retention_plan(
@@ -237,23 +230,19 @@ class ManifestStore:
 
         ``segments`` are the data-plane segments the snapshot references (key -> sha256 and
         bytes), ``segment_files`` those of them not yet in storage: written (durable, in
-        parallel where the storage can) before anything else.
+        parallel where the storage can) with the snapshot's files, in one write, once no
+        manifest of this id is found.
 
         ``fence`` (the trainer's lease check) runs at the commit point: after every file is
         written, immediately before the create-only manifest, so a trainer whose lease was
         taken over while it uploaded commits nothing; if it raises, its error propagates
         unchanged. A lost create-only race raises :class:`PublicationFencedError`.
         """
-        settings = config.checkpointing
-        self.orphan_grace_s = orphan_grace_s(
-            settings.snapshot_interval_seconds,
-            settings.preemption_grace_seconds,
-            self.lease_duration_s,
-        )
+        self.orphan_grace_s = _orphan_grace_of(config, self.lease_duration_s)
         known_ids, known_committed = self._listed_ids()  # once: the next id and retention
         snapshot_id = (known_ids[-1] + 1) if known_ids else 1
         entry = snapshot_dir(snapshot_id)
-        checksums = {name: _checksum(content) for name, content in files.items()}
+        checksums = {name: file_record(content) for name, content in files.items()}
         view, fingerprint = self._config_view(config)
         manifest = SnapshotManifest(
             run_name=self.run_name,
@@ -270,17 +259,22 @@ class ManifestStore:
             extra=dict(extra or {}),
             segments={key: dict(record) for key, record in sorted((segments or {}).items())},
         )
-        if segment_files:
-            self.storage.write_many(dict(segment_files))
-            crash_point("after_segment_write")
+
+        def before_commit() -> None:
+            if segment_files:
+                crash_point("after_segment_write")
+            if fence is not None:
+                fence()
+
         try:
-            publish_entry(
+            publish_entry(  # the new segments with the files: one write, durable
                 self.storage,
                 entry,
                 files,
                 marker_name=MANIFEST_NAME,
                 marker_payload=manifest.to_bytes(),
-                before_commit=fence,
+                before_commit=before_commit,
+                shared=segment_files,
             )
         except ObjectExistsError as error:
             raise PublicationFencedError(
@@ -346,7 +340,7 @@ class ManifestStore:
         if expected is None:
             raise ManifestError(f"{self.storage.uri_for(key)}: not listed in the manifest")
         data = self.storage.read_bytes(key)
-        _check_checksum(self.storage.uri_for(key), data, expected)
+        check_file_record(self.storage.uri_for(key), data, expected)
         return data
 
     def read_segment(self, candidate: Candidate, key: str) -> bytes:
@@ -362,7 +356,7 @@ class ManifestStore:
             data = self.storage.read_bytes(key)
         except ObjectNotFoundError as error:
             raise ManifestError(f"{candidate.manifest_uri}: segment {key} is missing") from error
-        _check_checksum(self.storage.uri_for(key), data, expected)
+        check_file_record(self.storage.uri_for(key), data, expected)
         return data
 
     def verify(

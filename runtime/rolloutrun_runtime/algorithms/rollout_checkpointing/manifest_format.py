@@ -312,6 +312,22 @@ def sha256_of(content: bytes | Path) -> tuple[str, int]:
     return digest.hexdigest(), len(content)
 
 
+def file_record(content: bytes | Path) -> dict[str, Any]:
+    """A manifest's record of one file: its sha256 and size."""
+    digest, size = sha256_of(content)
+    return {"sha256": digest, "bytes": size}
+
+
+def check_file_record(uri: str, data: bytes, expected: Mapping[str, Any]) -> None:
+    """Refuse ``data`` read from ``uri`` unless it matches the manifest's record of it."""
+    digest, size = sha256_of(data)
+    if digest != expected["sha256"] or size != expected["bytes"]:
+        raise ManifestError(
+            f"{uri}: checksum mismatch (expected sha256 {expected['sha256'][:12]}… of "
+            f"{expected['bytes']} bytes, found {digest[:12]}… of {size} bytes)"
+        )
+
+
 def parse_snapshot_id(entry: str) -> int | None:
     match = SNAPSHOT_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
     return int(match.group(1)) if match else None

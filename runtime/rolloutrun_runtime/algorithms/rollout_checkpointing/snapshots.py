@@ -56,6 +56,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.inventory import (
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
     Anchor,
+    Candidate,
     ManifestError,
     ManifestStore,
     PublicationFencedError,
@@ -469,23 +470,16 @@ class RolloutSnapshotter:
         detail: dict[str, Any],
     ) -> tuple[SnapshotOutcome, dict[str, Any]]:
         """Step 6: write the files off the loop, publish the manifest last, report it."""
-        write_started = time.monotonic()
-        segments = self._segments
-        files = await asyncio.to_thread(
-            self.write_controller_sidecars, captured, segments.pack, self._fragments
+        candidate, segmented = await asyncio.to_thread(
+            self._serialize_and_publish, anchor, captured, timings
         )
-        segmented = segments.take_pending()
-        timings.write_s = time.monotonic() - write_started
-        if captured.restart_from_turn_zero:
-            detail["env_restart_from_turn_0"] = captured.restarted_from_turn_zero
-        detail["data_plane_rows_written"] = segmented.new_rows + segmented.compacted_rows
-        publish_started = time.monotonic()
-        candidate = await asyncio.to_thread(self._publish, anchor, captured, files, segmented)
-        segments.commit(segmented)
+        self._segments.commit(segmented)
         crash_point("after_manifest_write")
         if captured.train_step == 0:
             crash_point("before_first_checkpoint")
-        timings.publish_s = time.monotonic() - publish_started
+        if captured.restart_from_turn_zero:
+            detail["env_restart_from_turn_0"] = captured.restarted_from_turn_zero
+        detail["data_plane_rows_written"] = segmented.new_rows + segmented.compacted_rows
         self._last_mutation_version = captured.mutation_version
         self._last_train_step = captured.train_step
         published = {
@@ -521,13 +515,16 @@ class RolloutSnapshotter:
             "manifest_uri": candidate.manifest_uri,
         }
 
-    def _publish(
-        self,
-        anchor: Anchor,
-        captured: CapturedRolloutState,
-        files: Mapping[str, bytes],
-        segmented: SegmentedWrite,
-    ):
+    def _serialize_and_publish(
+        self, anchor: Anchor, captured: CapturedRolloutState, timings: SnapshotTimings
+    ) -> tuple[Candidate, SegmentedWrite]:
+        """Off the loop, in one thread hop (each hop is a hand-over of the interpreter lock
+        and a wake-up of the loop): serialize the capture, then publish it."""
+        write_started = time.monotonic()
+        files = self.write_controller_sidecars(captured, self._segments.pack, self._fragments)
+        segmented = self._segments.take_pending()
+        publish_started = time.monotonic()
+        timings.write_s = publish_started - write_started
         assert self._manifests is not None
 
         def fence() -> None:
@@ -539,7 +536,7 @@ class RolloutSnapshotter:
                     self._fenced = error
                     raise
 
-        return self._manifests.publish(
+        candidate = self._manifests.publish(
             config=self._parts.config,
             anchor=anchor,
             files=files,
@@ -553,6 +550,8 @@ class RolloutSnapshotter:
             segments=segmented.manifest_segments(),
             segment_files=segmented.files_to_write(),
         )
+        timings.publish_s = time.monotonic() - publish_started
+        return candidate, segmented
 
     async def _durable(self, step: int) -> bool:
         if self._anchor_is_durable is None:

@@ -372,9 +372,11 @@ class RolloutRuntimeState:
             for group in entry.row_groups
             for key in group.row_keys
         ]
+        # an entry already without rows stays the same object (a snapshot's writer keeps
+        # each entry's JSON by identity: see ``sidecars.SidecarFragments``)
         self.journal = [
             entry
-            if entry.step > durable_step
+            if entry.step > durable_step or not entry.row_groups
             else TrainedStep(entry.step, entry.groups, (), entry.dropped)
             for entry in self.journal
         ]
@@ -465,12 +467,15 @@ class RolloutRuntimeState:
         )
 
 
+def journal_entry_json(entry: TrainedStep) -> dict[str, Any]:
+    """One entry of the runtime state's ``journal``: the step's journal entry and its kept
+    row groups."""
+    return {**entry.journal_json(), "row_groups": [g.to_json() for g in entry.row_groups]}
+
+
 def journal_entries_json(journal: Sequence[TrainedStep]) -> list[dict[str, Any]]:
-    """The runtime state's ``journal``: each step's journal entry and its kept row groups."""
-    return [
-        {**entry.journal_json(), "row_groups": [g.to_json() for g in entry.row_groups]}
-        for entry in journal
-    ]
+    """The runtime state's ``journal``: each step's :func:`journal_entry_json`."""
+    return [journal_entry_json(entry) for entry in journal]
 
 
 def training_journal_json(

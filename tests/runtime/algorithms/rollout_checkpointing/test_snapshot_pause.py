@@ -4,6 +4,7 @@ capture's checks and JSON run after the cut, on its copies."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 
 from rolloutrun_runtime.algorithms.replay_buffer import ReplayGroup
@@ -45,3 +46,28 @@ async def test_an_incomplete_capture_still_fails_the_attempt(tmp_path) -> None:
         controller.buffer.take(["ghost"])
         assert await snapshots.attempt(force=True) is SnapshotOutcome.PUBLISHED
         assert gc.isenabled()
+
+
+async def test_serializing_and_publishing_a_snapshot_is_one_thread_hop(
+    tmp_path, monkeypatch
+) -> None:
+    """Each hop off the loop is a hand-over of the interpreter lock and a wake-up of the
+    loop: the files are serialized and published in one (the anchor's check aside)."""
+    async with harness() as h:
+        cfg = await h.start_gyms(tiny_config(tmp_path, grpo={"maxSteps": 1}))
+        controller = await h.controller(cfg)
+        await run_to_end(controller)
+        snapshots = controller.rollout_snapshots
+        hops: list[str] = []
+        to_thread = asyncio.to_thread
+
+        def counted(func, /, *args, **kwargs):
+            hops.append(getattr(func, "__name__", repr(func)))
+            return to_thread(func, *args, **kwargs)
+
+        monkeypatch.setattr(asyncio, "to_thread", counted)
+        outcome = await snapshots.attempt(force=True)
+        monkeypatch.undo()
+        assert outcome is SnapshotOutcome.PUBLISHED
+        durable_check = getattr(snapshots._anchor_is_durable, "__name__", None)
+        assert [hop for hop in hops if hop != durable_check] == ["_serialize_and_publish"]
