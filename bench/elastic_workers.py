@@ -57,7 +57,9 @@ from .elastic import (
     runtime_at,
     runtime_here,
 )
+from .elastic_report import TRAINER_STEP
 from .operator_recovery import wait
+from .pod_cpu import PodCpuSampler, cpu_after_deletions
 
 #: Generation workers of the worker arms: Ray actors, one per worker pod (the trainer is the
 #: Ray head; ``spec.workers.replicas``).
@@ -240,16 +242,25 @@ def _worker_window(
         if standby:  # the window starts with the pool full, in every arm alike
             logged, since = spec.runtime is None, []  # type: ignore[var-annotated]
             wait(lambda: _pool_ready(run, standby, logged, since), f"{spec.name}: pool", 600)
-        result = _window(
-            run,
-            spec,
-            window,
-            every,
-            role="worker",
-            members=WORKER_PODS,
-            replacements=lambda *a: _worker_replacements(*a, picks=victims.picks),
-            pick=victims,
-        )
+        sampler = PodCpuSampler(lambda: {str(p.metadata.uid): n for n, p in run.pods().items()})
+        sampler.start()
+        try:
+            result = _window(
+                run,
+                spec,
+                window,
+                every,
+                role="worker",
+                members=WORKER_PODS,
+                replacements=lambda *a: _worker_replacements(
+                    *a, picks=victims.picks, sampler=sampler, span=every
+                ),
+                pick=victims,
+            )
+            if "cpu_after_deletion_s" not in result:  # nothing deleted: the window's CPU
+                result["cpu_in_window_s"] = _cpu_report(run, sampler, [], [], every)
+        finally:
+            sampler.stop()
     return {"standby_pods": standby, **result}
 
 
@@ -311,10 +322,14 @@ def _worker_replacements(
     watches: list[ReplacementWatch],
     *,
     picks: list[dict[str, Any]],
+    sampler: PodCpuSampler | None = None,
+    span: float = 15.0,
 ) -> dict[str, Any]:
     """Per deletion (in ``deletions``), what it hit and what became of it
     (:func:`_outcome`, the trainer's log, waited for up to :data:`SETTLE_S` after it,
-    past the window's end: the window's rate is measured already), and the pods' stages."""
+    past the window's end: the window's rate is measured already), the pods' stages, and
+    with a ``sampler`` the CPU each kind of pod spent in the ``span`` s after each deletion
+    (:func:`bench.pod_cpu.cpu_after_deletions`) and the steps the trainer logged then."""
     samples: list[dict[str, Any]] = []
     deadline = max((at for at, _ in deletions), default=0.0) + SETTLE_S
     while True:
@@ -332,6 +347,7 @@ def _worker_replacements(
     active = [s for s in samples if s["kind"] == "active"]
     refills = [s for s in samples if s["kind"] != "active"]
     replaced = member_replacements(status).get("worker", {})
+    cpu = {} if sampler is None else _cpu_report(run, sampler, deletions, watches, span)
     return {
         "loss_to_readmitted_s": _stats([s["doing_work_after_s"] for s in active
                                         if s.get("doing_work_after_s") is not None]),
@@ -343,11 +359,45 @@ def _worker_replacements(
         "loss_to_ready_s (operator)": _stats(replaced.get("recent_s") or []),
         "replacements": replaced.get("count", 0),
         "per_deletion": samples,
+        "cpu_after_deletion_s": cpu,
         "stages_after_deletion_s": {
             key: _stats([s[key] for s in samples if s.get(key) is not None])
             for key, _ in WORKER_STAGES
         },
     }  # fmt: skip
+
+
+def _cpu_report(
+    run: EmbeddedRun,
+    sampler: PodCpuSampler,
+    deletions: list[tuple[float, str]],
+    watches: list[ReplacementWatch],
+    span: float,
+) -> dict[str, Any]:
+    """:func:`bench.pod_cpu.cpu_after_deletions` (each deletion's refill: the pod its watch
+    saw replace it) once the last deletion's interval is over, with the steps the trainer
+    logged in each interval and per ``span`` before the first deletion (the whole window
+    without one)."""
+    while deletions and time.time() < max(at for at, _ in deletions) + span:
+        time.sleep(0.25)  # the last deletion's whole interval (the window's rate is read)
+    if not sampler.rows:
+        return {}
+    start = sampler.rows[0][0]
+    refills = [w.new_uid for w in watches] if watches else [None] * len(deletions)
+    cpu = cpu_after_deletions(
+        sampler.rows,
+        sampler.names,
+        [(at, victim, uid) for (at, victim), uid in zip(deletions, refills, strict=True)],
+        span,
+        start,
+    )
+    steps = [t for t, line in trainer_lines(run) if TRAINER_STEP in line]
+    first = min((at for at, _ in deletions), default=sampler.rows[-1][0])
+    cpu["steps_after_each"] = [sum(at <= t < at + span for t in steps) for at, _ in deletions]
+    lead = first - start
+    before = sum(start <= t < first for t in steps)
+    cpu["steps_per_span_before"] = round(before * span / lead, 2) if lead >= 1.0 else None
+    return cpu
 
 
 def _deletion(
