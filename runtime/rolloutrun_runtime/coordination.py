@@ -15,9 +15,11 @@ Two backends with one semantics (:class:`LeaseHolder`): :class:`KubernetesLease`
 ``coordination.k8s.io/v1`` with the pod's ServiceAccount (which may only get/update its own
 run's Lease; the operator creates it) using optimistic concurrency on ``resourceVersion``;
 :class:`FileLease` keeps the same record in a JSON file for local runs outside any cluster
-(atomic replace, ``fcntl`` lock). This is the only runtime module that imports
-``kubernetes``. The Lease's name, holder identity, annotations and the pod environment it
-is read from are the pod contract's (:mod:`rolloutrun_runtime.contract.pod`).
+(atomic replace, ``fcntl`` lock). Either may be called from several threads at once; a read
+(a fence) never waits for a write's round trip, and reads at once share one
+(:class:`SharedReads`). This is the only runtime module that imports ``kubernetes``. The
+Lease's name, holder identity, annotations and the pod environment it is read from are the
+pod contract's (:mod:`rolloutrun_runtime.contract.pod`).
 """
 
 from __future__ import annotations
@@ -152,8 +154,61 @@ class LeaseHolder(Protocol):
         """The Lease's annotations as last read (by a renewal), or read now (``fresh``)."""
 
 
+class _Read:
+    """One read of the Lease that the callers who asked before it started share."""
+
+    def __init__(self) -> None:
+        self.started = self.done = False
+        self.record: LeaseRecord | None = None
+        self.error: BaseException | None = None
+
+
+class SharedReads:
+    """Fresh reads, single-flight: a caller joins the next read not yet started (it starts
+    once the one in flight ends): its answer is from a read begun after it asked (never a
+    cached one), and N callers at once cost at most two reads. Why: a fence waited up to
+    2.4 s behind the members' address reads of a trainer whose Gym was down."""
+
+    def __init__(self, read: Callable[[], LeaseRecord]) -> None:
+        self._read = read
+        self._state = threading.Condition()
+        self._reading = False  # a read is in flight
+        self._next: _Read | None = None  # the read the callers asking now will share
+
+    def __call__(self) -> LeaseRecord:
+        with self._state:
+            if self._next is None:
+                self._next = _Read()
+            shared = self._next
+            while self._reading and not shared.started:
+                self._state.wait()
+            lead = not shared.started
+            if lead:  # nothing in flight: this caller reads for everyone who asked so far
+                shared.started, self._reading, self._next = True, True, None
+        if lead:
+            try:
+                shared.record = self._read()
+            except BaseException as error:
+                shared.error = error
+        with self._state:
+            if lead:
+                shared.done, self._reading = True, False
+                self._state.notify_all()
+            while not shared.done:
+                self._state.wait()
+        if shared.error is not None:
+            raise shared.error
+        assert shared.record is not None
+        return shared.record
+
+
 class _Lease:
-    """The semantics of :class:`LeaseHolder` over a versioned read/compare-and-write store."""
+    """The semantics of :class:`LeaseHolder` over a versioned read/compare-and-write store.
+
+    Writes (acquire, renew, progress, release) are read-modify-writes under one mutex; reads
+    (a fence, fresh annotations) take none and share a read (:class:`SharedReads`), so a
+    backend's ``_read``/``_write`` run on several threads at once (a write sends back the
+    body its own thread read)."""
 
     def __init__(
         self,
@@ -171,8 +226,9 @@ class _Lease:
         self.lost: FencedError | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._mutex = threading.Lock()  # the renewal thread and the trainer share one lease
+        self._mutex = threading.Lock()  # read-modify-writes, one at a time
         self._annotations: Mapping[str, str] = {}
+        self._fresh = SharedReads(self._read_record)
 
     # backends implement these two
     def _read(self) -> tuple[LeaseRecord, str]:
@@ -181,6 +237,11 @@ class _Lease:
     def _write(self, record: LeaseRecord, version: str) -> bool:
         """Write if the stored version is still ``version``; False on a conflict."""
         raise NotImplementedError
+
+    def _read_record(self) -> LeaseRecord:
+        record, _ = self._read()
+        self._annotations = dict(record.annotations)
+        return record
 
     # ------------------------------------------------------------------ operations
     def _update(self, change: Callable[[LeaseRecord], LeaseRecord | None]) -> LeaseRecord | None:
@@ -238,9 +299,7 @@ class _Lease:
     def ensure_held(self) -> None:
         if self.lost is not None:
             raise self.lost
-        with self._mutex:
-            record, _ = self._read()
-        self._check(record)
+        self._check(self._fresh())  # a read that started after this call (never a cached one)
 
     def record_progress(
         self,
@@ -273,11 +332,10 @@ class _Lease:
 
     def annotations(self, fresh: bool = False) -> Mapping[str, str]:
         """What the operator wrote there too (the replaced members' addresses): as the last
-        renewal read them, or read now (one GET) with ``fresh``."""
+        renewal read them, or read now (a GET shared with the reads asked meanwhile) with
+        ``fresh``."""
         if fresh:
-            with self._mutex:
-                record, _ = self._read()
-                self._annotations = dict(record.annotations)
+            return dict(self._fresh().annotations)
         return self._annotations
 
     def release(self) -> None:
@@ -419,7 +477,7 @@ class KubernetesLease(_Lease):
             api_client = client.ApiClient()
         self.api = api_client
         self.leases = client.CoordinationV1Api(api_client)
-        self._last: Any = None
+        self._local = threading.local()  # .last: the Lease this thread read, for its write
 
     def _call(self, verb: str, operation: Callable[[], Any]) -> tuple[int, Any]:
         """``(200, result)``, or ``(status, reason)`` for an HTTP error; LeaseError when the
@@ -449,7 +507,7 @@ class KubernetesLease(_Lease):
             raise LeaseError(f"lease {where} not found (the operator creates it)")
         if status >= 400:
             raise LeaseError(f"reading lease {self.namespace}/{self.name}: {status} {lease}")
-        self._last = lease
+        self._local.last = lease
         spec = lease.spec
         record = LeaseRecord(
             holder=(spec and spec.holder_identity) or None,
@@ -463,7 +521,7 @@ class KubernetesLease(_Lease):
     def _write(self, record: LeaseRecord, version: str) -> bool:
         from kubernetes import client
 
-        lease = self._last
+        lease = self._local.last
         lease.metadata.resource_version = version
         lease.metadata.annotations = dict(record.annotations)
         if lease.spec is None:

@@ -60,6 +60,9 @@ USER_KEYS = frozenset(
 )
 #: What a kept-alive connection the server closed meanwhile raises (then dialled again once).
 STALE_CONNECTION = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+#: Kept-alive connections kept idle between requests (one per request at once, up to this:
+#: a fence's GET is not queued behind a renewal's PUT on one socket).
+IDLE_CONNECTIONS = 4
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
 
 
@@ -182,8 +185,9 @@ def access_from_environment(environ: Mapping[str, str]) -> ApiAccess | None:
 
 class RestLease(_Lease):
     """A ``coordination.k8s.io/v1`` Lease read (GET) and replaced (PUT, ``resourceVersion``
-    checked) over one kept-alive HTTPS connection. The body read is the body written back,
-    with only the holder fields, the annotations and the version changed."""
+    checked) over kept-alive HTTPS connections, one per request in flight (a read is never
+    queued behind a write on one socket). The body read is the body written back, with only
+    the holder fields, the annotations and the version changed."""
 
     def __init__(
         self,
@@ -201,9 +205,9 @@ class RestLease(_Lease):
         self.access = access
         self.request_timeout = request_timeout
         self.path = LEASES_PATH.format(namespace=namespace, name=name)
-        self._connection: http.client.HTTPConnection | None = None
-        self._connecting = threading.Lock()
-        self._last: dict[str, Any] = {}
+        self._idle: list[http.client.HTTPConnection] = []  # kept alive, none in use
+        self._pool = threading.Lock()
+        self._local = threading.local()  # .last: the Lease this thread read, for its write
 
     def _connect(self) -> http.client.HTTPConnection:
         parts = urlsplit(self.access.server)
@@ -216,7 +220,7 @@ class RestLease(_Lease):
 
     def _request(self, verb: str, method: str, body: dict[str, Any] | None) -> tuple[int, Any]:
         """``(status, parsed JSON or text)``; LeaseError when the server cannot be reached.
-        A kept-alive connection the server closed meanwhile is dialled again once."""
+        A kept-alive connection the server closed meanwhile is replaced by a new one, once."""
         headers = {"Accept": "application/json"}
         token = self.access.token()
         if token:
@@ -225,32 +229,34 @@ class RestLease(_Lease):
         if data is not None:
             headers["Content-Type"] = "application/json"
         unreachable = f"{verb} lease {self.namespace}/{self.name}: API server unreachable"
-        with self._connecting:
-            for attempt in (0, 1):
-                reused = self._connection is not None
-                if self._connection is None:
-                    self._connection = self._connect()
-                try:
-                    self._connection.request(method, self.path, body=data, headers=headers)
-                    response = self._connection.getresponse()
-                    raw = response.read()
-                    break
-                except (http.client.HTTPException, OSError) as error:
-                    self._close()
-                    stale = isinstance(error, STALE_CONNECTION)
-                    if not (reused and attempt == 0 and stale):
-                        raise LeaseError(f"{unreachable}: {error}") from error
+        for attempt in (0, 1):  # the second on a new connection
+            with self._pool:
+                reused = attempt == 0 and bool(self._idle)
+                connection = self._idle.pop() if reused else self._connect()
+            try:
+                connection.request(method, self.path, body=data, headers=headers)
+                response = connection.getresponse()
+                raw = response.read()
+                break
+            except (http.client.HTTPException, OSError) as error:
+                with contextlib.suppress(OSError):
+                    connection.close()
+                stale = isinstance(error, STALE_CONNECTION)
+                if not (reused and stale):
+                    raise LeaseError(f"{unreachable}: {error}") from error
+        self._keep(connection)
         text = raw.decode(errors="replace")
         try:
             return response.status, json.loads(text)
         except ValueError:
             return response.status, text
 
-    def _close(self) -> None:
-        if self._connection is not None:
-            with contextlib.suppress(OSError):
-                self._connection.close()
-            self._connection = None
+    def _keep(self, connection: http.client.HTTPConnection) -> None:
+        with self._pool:
+            if len(self._idle) < IDLE_CONNECTIONS:
+                self._idle.append(connection)
+                return
+        connection.close()
 
     def _read(self) -> tuple[LeaseRecord, str]:
         status, lease = self._request("reading", "GET", None)
@@ -259,7 +265,7 @@ class RestLease(_Lease):
             raise LeaseError(f"lease {where} not found (the operator creates it)")
         if status >= 400 or not isinstance(lease, dict):
             raise LeaseError(f"reading lease {where}: {status} {_reason(lease)}")
-        self._last = lease
+        self._local.last = lease
         spec = lease.get("spec") or {}
         metadata = lease.get("metadata") or {}
         record = LeaseRecord(
@@ -272,7 +278,7 @@ class RestLease(_Lease):
         return record, str(metadata.get("resourceVersion"))
 
     def _write(self, record: LeaseRecord, version: str) -> bool:
-        lease = json.loads(json.dumps(self._last))  # the body as read, changed below
+        lease = json.loads(json.dumps(self._local.last))  # the body as read, changed below
         metadata = lease.setdefault("metadata", {})
         metadata["resourceVersion"] = version
         metadata["annotations"] = dict(record.annotations)

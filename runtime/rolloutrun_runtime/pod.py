@@ -13,6 +13,7 @@ import asyncio
 import datetime as dt
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -85,8 +86,10 @@ def generation_address(environ: Mapping[str, str] | None = None) -> tuple[str, i
 class PodLease:
     """The trainer's lease wired into the run: fencing, progress annotations, loss.
 
-    Progress is written from one worker thread (in order, off the event loop); a lost lease
-    (taken by a newer incarnation, or expired) cancels the run: a fenced trainer stops.
+    Progress is written from one worker thread (in order, off the event loop), coalesced:
+    values recorded while a write is queued join it (only the newest of each matters), so a
+    slow API server gets one write per round trip, not one per step. A lost lease (taken by
+    a newer incarnation, or expired) cancels the run: a fenced trainer stops.
     """
 
     def __init__(self, lease: LeaseHolder | None = None) -> None:
@@ -95,6 +98,8 @@ class PodLease:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Future[Any] | None = None
         self._writer: ThreadPoolExecutor | None = None
+        self._pending: dict[str, Any] = {}  # progress not yet taken by a write
+        self._pending_lock = threading.Lock()
         self._anchor = -1  # the newest durable step_<N> recorded (anchors only move forward)
 
     def attach(self, loop: asyncio.AbstractEventLoop, task: asyncio.Future[Any]) -> None:
@@ -116,10 +121,17 @@ class PodLease:
             return
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="lease-progress")
-        self._writer.submit(self._write, progress)
+        with self._pending_lock:
+            queued = bool(self._pending)  # a write not yet started will take these too
+            self._pending = coalesce(self._pending, progress)
+            start = not queued and bool(self._pending)
+        if start:
+            self._writer.submit(self._write)
 
-    def _write(self, progress: dict[str, Any]) -> None:
+    def _write(self) -> None:
         assert self.lease is not None
+        with self._pending_lock:
+            progress, self._pending = self._pending, {}
         try:
             self.lease.record_progress(**progress)
         except Exception as error:  # a missed annotation is retried by the next one
@@ -165,6 +177,17 @@ class PodLease:
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             self._writer = None
+
+
+def coalesce(queued: Mapping[str, Any], newer: Mapping[str, Any]) -> dict[str, Any]:
+    """Progress not yet written, with ``newer`` values recorded over it (None: unchanged).
+    A newer manifest replaces the queued manifest's time as well, even with none of its own
+    (the write then stamps it), so a manifest is never written with another's time."""
+    merged = dict(queued)
+    if newer.get("latest_manifest") is not None:
+        merged.pop("latest_manifest_time", None)
+    merged.update({key: value for key, value in newer.items() if value is not None})
+    return merged
 
 
 def fenced_checkpointer(

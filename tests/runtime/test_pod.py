@@ -125,3 +125,42 @@ async def test_a_lost_lease_cancels_the_run():
     with pytest.raises(asyncio.CancelledError):
         await task
     assert pod.lost_error is error
+
+
+def test_progress_recorded_while_a_write_is_slow_joins_one_write(tmp_path):
+    """Only the newest values matter: while the API server is slow, each step's progress
+    is not a write of its own (they queued on the Lease keeper, ahead of the fences)."""
+    import fcntl
+
+    path = tmp_path / "lease.json"
+    lease = lease_files(path, 1)
+    lease.acquire(timeout=5)
+    pod = PodLease(lease)
+    with open(path.with_name("lease.json.lock"), "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the first write waits on the store, for real
+        pod.on_step({"step": 1})
+        for step in range(2, 51):
+            pod.on_step({"step": step, "reward_mean": step / 100})
+        pod.on_published({"manifest_uri": "file:///s/m1.json", "published_at": 1.0e9})
+        pod.on_published({"manifest_uri": "file:///s/m2.json", "published_at": None})
+        fcntl.flock(held, fcntl.LOCK_UN)
+    pod.close()
+    stored = json.loads(path.read_text())
+    assert int(stored["version"]) <= 3  # the acquire, the slow write and one more
+    notes = stored["annotations"]
+    assert (notes[ANNOTATION_TRAIN_STEP], notes[ANNOTATION_REWARD]) == ("50", "0.5")
+    assert notes[ANNOTATION_LATEST_MANIFEST] == "file:///s/m2.json"
+    # m2 came without a time: stamped at its write, never m1's (2001-09-09)
+    assert not notes[ANNOTATION_LATEST_MANIFEST_TIME].startswith("2001")
+
+
+def test_coalescing_keeps_the_newest_value_and_a_manifest_with_its_own_time():
+    from rolloutrun_runtime.pod import coalesce
+
+    then = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    queued = {"train_step": 3, "latest_manifest": "a", "latest_manifest_time": then}
+    assert coalesce(queued, {"train_step": 4, "reward": None}) == {**queued, "train_step": 4}
+    assert coalesce(queued, {"latest_manifest": "b", "latest_manifest_time": None}) == {
+        "train_step": 3,
+        "latest_manifest": "b",
+    }

@@ -137,8 +137,8 @@ def test_a_kept_alive_connection_that_broke_is_dialled_again_once(access, lease_
 
     lease = trainer(access, lease_name, 1)
     lease.acquire(timeout=10)
-    assert lease._connection is not None and lease._connection.sock is not None
-    lease._connection.sock.shutdown(socket.SHUT_RDWR)  # as a server closing it would
+    assert len(lease._idle) == 1 and lease._idle[0].sock is not None  # one at a time: one
+    lease._idle[0].sock.shutdown(socket.SHUT_RDWR)  # as a server closing it would
     lease.ensure_held()  # answered on a fresh connection
     lease.renew()
     lease.stop(release=True)
