@@ -15,15 +15,13 @@ import signal
 import subprocess
 import sys
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rolloutrun_localcluster.cluster import LocalCluster
-from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
+from rolloutrun_localcluster.testing import eventually
 from rolloutrun_runtime.contract.pod import (
     ENV_INCARNATION,
     ENV_LEASE_NAME,
@@ -38,29 +36,6 @@ from .slow_api import ANSWER_WITHIN_S, SlowApi, in_thread
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    yield from local_cluster(tmp_path_factory.mktemp("cluster"))
-
-
-@pytest.fixture(scope="module")
-def api(cluster: LocalCluster) -> Iterator[Any]:
-    client = api_client(cluster)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def lease_name(api: Any) -> str:
-    from kubernetes import client as k8s
-
-    name = f"run-{uuid.uuid4().hex[:6]}-trainer"
-    body = {"metadata": {"name": name}, "spec": {"leaseDurationSeconds": 15}}
-    leases: Any = k8s.CoordinationV1Api(api)
-    leases.create_namespaced_lease("default", body)
-    return name
-
-
 def pod_env(cluster: LocalCluster, name: str, incarnation: int) -> dict[str, str]:
     return {
         **os.environ,
@@ -71,13 +46,6 @@ def pod_env(cluster: LocalCluster, name: str, incarnation: int) -> dict[str, str
         ENV_POD_NAME: f"run-i{incarnation}-trainer",
         ENV_INCARNATION: str(incarnation),
     }
-
-
-@pytest.fixture
-def slow(cluster: LocalCluster) -> Iterator[SlowApi]:
-    front = SlowApi(cluster)
-    yield front
-    front.close()
 
 
 def slow_env(cluster: LocalCluster, slow: SlowApi, name: str, tmp_path: Path) -> dict[str, str]:

@@ -3,14 +3,10 @@ conflicts, take-over by a newer incarnation, fencing, progress annotations."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from rolloutrun_localcluster.cluster import LocalCluster
-from rolloutrun_localcluster.testing import api_client, local_cluster
 from rolloutrun_runtime.coordination import (
     FencedError,
     KubernetesLease,
@@ -21,27 +17,6 @@ from rolloutrun_runtime.coordination import (
 from tests.support.races import at_once
 
 from .surface import Recording, violations
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    cluster: LocalCluster
-    for cluster in local_cluster(tmp_path_factory.mktemp("cluster")):
-        client = api_client(cluster)
-        yield client
-        client.close()
-
-
-@pytest.fixture
-def lease_name(api: Any) -> str:
-    """An unheld Lease, as the operator creates it."""
-    from kubernetes import client as k8s
-
-    name = f"run-{uuid.uuid4().hex[:6]}-trainer"
-    body = {"metadata": {"name": name}, "spec": {"leaseDurationSeconds": 15}}
-    leases: Any = k8s.CoordinationV1Api(api)
-    leases.create_namespaced_lease("default", body)
-    return name
 
 
 def trainer(api: Any, name: str, incarnation: int, pod: str | None = None) -> KubernetesLease:

@@ -7,15 +7,12 @@ after it asked; reads at once share one GET."""
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rolloutrun_localcluster.cluster import LocalCluster
-from rolloutrun_localcluster.testing import api_client, local_cluster
 from rolloutrun_runtime.coordination import (
     FencedError,
     KubernetesLease,
@@ -26,36 +23,6 @@ from rolloutrun_runtime.lease_rest import ApiAccess, RestLease
 from .slow_api import ANSWER_WITHIN_S, SlowApi, in_thread
 
 ENDPOINTS = "rolloutrun.dev/endpoints-gym"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    yield from local_cluster(tmp_path_factory.mktemp("cluster"))
-
-
-@pytest.fixture(scope="module")
-def api(cluster: LocalCluster) -> Iterator[Any]:
-    client = api_client(cluster)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def slow(cluster: LocalCluster) -> Iterator[SlowApi]:
-    front = SlowApi(cluster)
-    yield front
-    front.close()
-
-
-@pytest.fixture
-def lease_name(api: Any) -> str:
-    from kubernetes import client as k8s
-
-    name = f"run-{uuid.uuid4().hex[:6]}-trainer"
-    body = {"metadata": {"name": name}, "spec": {"leaseDurationSeconds": 15}}
-    leases: Any = k8s.CoordinationV1Api(api)
-    leases.create_namespaced_lease("default", body)
-    return name
 
 
 def through(backend: str, slow: SlowApi, cluster: LocalCluster, name: str, tmp: Path) -> Any:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import base64
 import ssl
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,6 @@ import pytest
 import yaml
 
 from rolloutrun_localcluster.cluster import LocalCluster
-from rolloutrun_localcluster.testing import api_client, local_cluster
 from rolloutrun_runtime.contract.pod import (
     ENV_INCARNATION,
     ENV_LEASE_NAME,
@@ -37,33 +34,10 @@ from tests.support.races import at_once
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    yield from local_cluster(tmp_path_factory.mktemp("cluster"))
-
-
-@pytest.fixture(scope="module")
-def api(cluster: LocalCluster) -> Iterator[Any]:
-    client = api_client(cluster)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
 def access(cluster: LocalCluster) -> ApiAccess:
     found = access_from_environment({"KUBECONFIG": str(cluster.kubeconfig_path)})
     assert found is not None
     return found
-
-
-@pytest.fixture
-def lease_name(api: Any) -> str:
-    from kubernetes import client as k8s
-
-    name = f"run-{uuid.uuid4().hex[:6]}-trainer"
-    body = {"metadata": {"name": name}, "spec": {"leaseDurationSeconds": 15}}
-    leases: Any = k8s.CoordinationV1Api(api)
-    leases.create_namespaced_lease("default", body)
-    return name
 
 
 def trainer(access: ApiAccess, name: str, incarnation: int, pod: str | None = None) -> RestLease:
