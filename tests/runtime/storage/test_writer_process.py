@@ -131,13 +131,8 @@ def test_a_requests_blobs_are_sent_as_they_are_not_joined_into_one_buffer(
     assert all(offloaded.read_bytes(key) == data for key, data in small.items())
 
 
-def test_an_entry_and_the_shared_files_it_references_are_one_request(
-    offloaded: LocalStorage, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A snapshot's new data segments (outside its folder) go with its files: one call of
-    the child, durable before the marker; a shared key inside the entry is refused."""
-    writer = offloaded._writer
-    assert writer is not None
+def counted_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The writer child's calls from now on, by operation, in order."""
     calls: list[str] = []
     call = WriterProcess._call
 
@@ -146,6 +141,17 @@ def test_an_entry_and_the_shared_files_it_references_are_one_request(
         return call(self, op, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(WriterProcess, "_call", counted)
+    return calls
+
+
+def test_an_entry_and_the_shared_files_it_references_are_one_request(
+    offloaded: LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot's new data segments (outside its folder) go with its files: one call of
+    the child, durable before the marker; a shared key inside the entry is refused."""
+    writer = offloaded._writer
+    assert writer is not None
+    calls = counted_calls(monkeypatch)
     shared = {"segs/abc.npz": b"rows", "segs/def.json": b"{}"}
     publish_entry(offloaded, "snaps/1", FILES, marker_name="M", shared=shared)
     assert calls == ["write_many", "settle"]  # the marker: staged with the files, linked
@@ -162,14 +168,7 @@ def test_deleting_an_entry_is_one_request(
     """Retention's delete of a snapshot (its marker durably first, then its files) is one
     call of the child, not two."""
     publish_entry(offloaded, "snaps/1", FILES, marker_name="M")
-    calls: list[str] = []
-    call = WriterProcess._call
-
-    def counted(self: WriterProcess, op: str, *args: object) -> object:
-        calls.append(op)
-        return call(self, op, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(WriterProcess, "_call", counted)
+    calls = counted_calls(monkeypatch)
     assert delete_entry(offloaded, "snaps/1", marker_name="M") == len(FILES)
     assert calls == ["delete_entry"]
     assert list_committed(offloaded, "snaps", "M") == [] and offloaded.list("snaps") == []
