@@ -307,3 +307,14 @@ def test_a_hollow_renewal_the_server_never_answers_ends_at_its_deadline(monkeypa
         api.close()
     assert took < 5
     assert [run for _, run, _ in trainers.due] == ["r0001"]  # the next renewal is scheduled
+
+
+def test_a_pass_costs_what_the_poke_added_over_the_steady_rate():
+    """At 1,000 runs the five seconds after the poke hold ~80 of the other runs' requests:
+    the bench reported 88-90 requests a pass, and 5.4 requests a run a minute with the
+    resync, where a pass costs about 5."""
+    from bench.operator_scale import pass_requests
+
+    assert pass_requests(88, 16.5, 5.0) == 6
+    assert pass_requests(5, 0.0, 5.0) == 5
+    assert pass_requests(70, 16.5, 5.0) == 0  # a quieter moment than the window's mean
