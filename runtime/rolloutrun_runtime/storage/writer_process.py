@@ -96,11 +96,6 @@ def request_parts(op: str, args: Mapping[str, Any], blobs: list[bytes]) -> list[
     return [json.dumps(header).encode() + b"\n", *blobs]
 
 
-def encode_request(op: str, args: Mapping[str, Any], blobs: list[bytes]) -> bytes:
-    """One request's bytes, as the child reads them (:func:`request_parts` joined)."""
-    return b"".join(request_parts(op, args, blobs))
-
-
 def error_reply(error: BaseException) -> dict[str, Any]:
     """The answer for a call that raised: a storage error by its class, URI and reason."""
     if isinstance(error, StorageError):

@@ -34,8 +34,8 @@ from rolloutrun_runtime.storage.writer_process import (
     IOV_MAX,
     WriterProcess,
     WriterProcessError,
-    encode_request,
     error_reply,
+    request_parts,
     value_of,
     write_all,
 )
@@ -61,7 +61,7 @@ def _gone(pid: int) -> bool:
 
 
 def test_the_wire_carries_blobs_and_errors_without_pickle() -> None:
-    request = encode_request("write_many", {"keys": ["x", "y"]}, [b"1\n2", b""])
+    request = b"".join(request_parts("write_many", {"keys": ["x", "y"]}, [b"1\n2", b""]))
     header, rest = request.split(b"\n", 1)
     assert rest == b"1\n2"
     assert b'"sizes": [3, 0]' in header
