@@ -5,7 +5,9 @@ stop an episode *between* turns, export it, and continue it elsewhere. Each call
 ``AgentLoop.step`` makes one transition (``AWAIT_MODEL`` → call the policy → ``AWAIT_TOOL``
 → apply the tool call → ``AWAIT_MODEL`` or ``FINISHED``), and boundary hooks run before each
 model call and after each tool round, the two points where an episode holds no half-done
-work. The checkpoint control plane parks episodes in those hooks.
+work. The checkpoint control plane copies episodes in those hooks. A ``/run`` cancelled
+while a side effect's record is written finishes that tool round first, so a stopped
+episode always rests at a boundary.
 
 Side effects go through the ``SideEffectLog`` (effects.py): each applied effect bumps the
 episode's ``revision`` and is keyed ``(rollout_id, revision)``; the log refuses a key it has
@@ -20,7 +22,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 from pydantic import ValidationError
@@ -326,18 +328,48 @@ class AgentLoop:
         )
         if self.task.turn_delay_ms:
             await asyncio.sleep(self.task.turn_delay_ms / 1000)
+        cancelled = False
         if effect is not None:
             try:
-                # Write-ahead: the record is durable before the state changes. A cancel
-                # while it is written leaves the revision claimed but not applied, which a
-                # restore refuses to continue (see effects.py).
-                entry = await self.effects.record(episode, effect)
+                # Write-ahead: the record is durable before the state changes.
+                entry, cancelled = await self._record_through_cancel(episode, effect)
             except (SideEffectReplayError, SideEffectStorageError) as error:
                 episode.phase, episode.error = Phase.FAILED, str(error)
                 raise
             # No await between the record's return and changing the state.
             episode.revision = entry["revision"]
             episode.audit.append(entry)
+        goes_on = self._apply(episode, effect)
+        if cancelled:
+            # The /run was cancelled while the record was written: it stops now, at the
+            # boundary after this tool round, consistent with its log.
+            raise asyncio.CancelledError
+        return goes_on
+
+    async def _record_through_cancel(
+        self, episode: Episode, effect: dict[str, Any]
+    ) -> tuple[dict[str, Any], bool]:
+        """Write ``effect``'s record to the end even if the ``/run`` is cancelled meanwhile;
+        return the record and whether a cancel arrived.
+
+        Why: once the write is under way, the log counts the revision as applied whatever
+        happens. Stopping the episode there would leave it behind a revision its log claims,
+        which no restore may continue (its rollout would restart from turn 0, losing every
+        turn it had). Finishing the write and then the state change keeps the episode
+        consistent, so its trainer's successor continues it from the replica's own copy.
+        """
+        writing = asyncio.ensure_future(self.effects.record(episode, effect))
+        cancelled = False
+        while True:
+            try:
+                return await asyncio.shield(writing), cancelled
+            except asyncio.CancelledError:
+                if writing.cancelled():  # the loop itself is closing: nothing to finish
+                    raise
+                cancelled = True
+
+    def _apply(self, episode: Episode, effect: dict[str, Any] | None) -> bool:
+        """The state change of a tool round (no await); return whether the episode goes on."""
         outcome = self.env.apply(episode.state, effect)
         episode.turn += 1
         episode.pending = None

@@ -44,10 +44,12 @@ rollout relaunched from turn 0) is refused with ``SideEffectReplayError`` (``/ru
 and retries the sibling under a new rollout id, so nothing is lost and nothing applied twice.
 
 A revision is claimed in memory before its record is written and stays claimed if the write
-fails or the ``/run`` is cancelled while it is in flight: its fate is unknown, so it counts
-as applied. The effect itself is applied only after the write returned, which makes this
-at-most-once: a claimed but unapplied revision is never applied later (the checkpoint
-control plane refuses to continue an episode whose rollout applied past it).
+fails: its fate is unknown, so it counts as applied. The effect itself is applied only after
+the write returned, which makes this at-most-once: a claimed but unapplied revision is never
+applied later (the checkpoint control plane refuses to continue an episode whose rollout
+applied past it). A ``/run`` cancelled while the write is in flight (its trainer went away)
+waits for the write and applies the effect before it stops (``AgentLoop._tool_round``), so
+the episode it leaves matches its log and a restore can continue it.
 """
 
 from __future__ import annotations
@@ -559,7 +561,8 @@ class SideEffectLog:
 
         The caller applies the effect only after this returns. A store that may block is
         written from a worker thread so other episodes keep running; if this coroutine is
-        cancelled meanwhile, the revision stays claimed (see the module doc).
+        cancelled meanwhile, the revision stays claimed (the agent loop shields it, so its
+        ``/run`` being cancelled does not cancel it).
         """
         entry = self.claim(episode, effect)
         if self.store is not None and self.store.blocking:

@@ -53,10 +53,12 @@ def resumable_phase(episode: Episode) -> Phase | None:
 
     An episode whose ``/run`` was cancelled (its trainer vanished), or whose model call failed
     (``POLICY_FAILED_PREFIX``: the trainer serving the policy vanished first), is still
-    consistent: a cancel lands only at an await, and there is none between a side effect's
-    record returning and the state change. A cancel while the record is being written leaves
-    the episode behind its claimed revision, which :func:`choose_restore_source` refuses
-    (the revisions differ). Its pending tool call tells which boundary it was at.
+    consistent: a cancel lands only at an await, there is none between a side effect's
+    record returning and the state change, and a cancel while the record is written waits
+    for the tool round to finish (``AgentLoop._tool_round``). An episode still behind the
+    revision its log claims (the write failed, or another replica ran the rollout on) is
+    refused by :func:`choose_restore_source` (the revisions differ). Its pending tool call
+    tells which boundary it was at.
     """
     if episode.phase in LIVE_PHASES:
         return episode.phase

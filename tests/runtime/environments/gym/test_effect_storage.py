@@ -323,9 +323,12 @@ class HeldAfterWrite:
         self.inner.close()
 
 
-async def test_a_run_cancelled_after_the_durable_write_is_never_continued(
+async def test_a_run_cancelled_while_its_record_is_written_finishes_the_round_and_stops(
     storage: CheckpointStorage, reopen: Any, engine: GenerationEngine
 ) -> None:
+    """The trainer goes away while a side effect's record is being written: the write
+    finishes, the effect is applied once, and the episode stops at the boundary after it, so
+    a restore continues it from the replica's copy; a replaced replica (no copy) refuses."""
     held = HeldAfterWrite(StorageEffectStore(storage, INSTANCE))
     server = GymServer(
         INSTANCE,
@@ -338,35 +341,48 @@ async def test_a_run_cancelled_after_the_durable_write_is_never_continued(
         async with aiohttp.ClientSession() as session:
             call = asyncio.create_task(post_run(session, url, "cut"))
             assert await asyncio.to_thread(held.written.wait, 10)
+            episode = server.episodes[EpisodeId("cut")]
+            before = episode.to_record()  # what a copy taken before the effect holds
             call.cancel()  # the trainer goes away: the server cancels the /run
             with pytest.raises(asyncio.CancelledError):
                 await call
-        episode = server.episodes[EpisodeId("cut")]
-        for _ in range(200):
-            if episode.phase is Phase.ABANDONED:
-                break
-            await asyncio.sleep(0.01)
+            await until(
+                lambda: handler_cancelled() or episode.phase is Phase.ABANDONED,
+                "the server never cancelled the /run",
+            )
+        assert episode.phase is Phase.AWAIT_TOOL and episode.revision == 0, "stopped mid-write"
         held.release.set()
-        # Durable, claimed, but not applied: the episode still holds the tool call.
+        await until(lambda: episode.phase is Phase.ABANDONED, "the /run never stopped")
         assert [r["revision"] for r in stored(storage, "cut")] == [1]
         assert (episode.phase, episode.error) == (Phase.ABANDONED, CANCELLED_REASON)
-        assert episode.revision == 0 and episode.pending is not None
-        assert episode.state["counter"] == 0
+        assert episode.revision == 1 and episode.pending is None
+        assert episode.state["counter"] == 1 and episode.turn == 1
         assert server.effects.applied_revision("cut") == 1
-        # A restore may neither continue the in-memory copy nor the snapshot before it.
-        snapshot = Episode.from_record({**episode.to_record(), "phase": "await_tool"})
-        for applied in (
-            server.effects.applied_revision("cut"),
-            new_log(reopen()).applied_revision("cut"),
-        ):
-            source, reason = choose_restore_source(
-                snapshot, episode, applied, successor_exists=False
-            )
-            assert source is None, "continuing would apply revision 1 a second time"
-            assert "up to revision 1, past the snapshot's 0" in reason
+        snapshot = Episode.from_record(before)
+        source, reason = choose_restore_source(snapshot, episode, 1, successor_exists=False)
+        assert source is not None, reason
+        assert (source["revision"], source["phase"]) == (1, Phase.AWAIT_MODEL.value)
+        # On a replacement replica only the copy before the effect is left: refused.
+        applied = new_log(reopen()).applied_revision("cut")
+        source, reason = choose_restore_source(snapshot, None, applied, successor_exists=False)
+        assert source is None, "continuing would apply revision 1 a second time"
+        assert "up to revision 1, past the snapshot's 0" in reason
     finally:
         held.release.set()
         await runner.cleanup()
+
+
+def handler_cancelled() -> bool:
+    """Whether a request handler still running was asked to cancel (and has not yet)."""
+    return any(task.cancelling() and not task.done() for task in asyncio.all_tasks())
+
+
+async def until(condition: Any, failure: str) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(failure)
 
 
 # --------------------------------------------------------------------------- entry point
