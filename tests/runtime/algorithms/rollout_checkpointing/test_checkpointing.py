@@ -12,6 +12,7 @@ import re
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -141,13 +142,36 @@ async def test_snapshot_every_steps_without_a_timer(tmp_path) -> None:
                 checkpointing={"snapshotIntervalSeconds": 0, "snapshotEverySteps": 2},
             )
         )
-        await run_to_end(await h.controller(cfg))
+        controller = await h.controller(cfg)
+        hold_step_until(controller, 4, lambda: any(is_published(r) for r in h.records))
+        await run_to_end(controller)
     published = [r for r in h.records if r["rollout/checkpoint_outcome"] == "published"]
     assert published, h.records
     assert {r["reason"] for r in h.records} == {"train_step"}
     assert all(p["train_step"] >= 2 for p in h.published)
     # Woken twice before the run's end (after steps 2 and 4); one attempt at most per wake.
     assert len(h.records) <= 3
+
+
+def is_published(record: dict[str, Any]) -> bool:
+    return record["rollout/checkpoint_outcome"] == "published"
+
+
+def hold_step_until(controller: Any, step: int, condition: Any) -> None:
+    """After ``step`` commits, hold the train pump (≤ 30 s) until ``condition()``: the pump's
+    own attempts land before the run ends (under CI load a 6-step run ended first, and its
+    last attempt was cancelled with it)."""
+    original = controller.train_pump.commit_step
+
+    async def commit_then_wait(selected: Any) -> None:
+        await original(selected)
+        if selected.step == step:
+            for _ in range(3000):
+                if condition():
+                    return
+                await asyncio.sleep(0.01)
+
+    controller.train_pump.commit_step = commit_then_wait
 
 
 @pytest.mark.parametrize(
