@@ -193,7 +193,9 @@ async def test_snapshot_every_rollouts_without_a_timer_or_steps(tmp_path) -> Non
                 checkpointing={"snapshotIntervalSeconds": 0, "snapshotEveryRollouts": 4},
             )
         )
-        await run_to_end(await h.controller(cfg))
+        controller = await h.controller(cfg)
+        hold_step_until(controller, 2, lambda: any(is_published(r) for r in h.records))
+        await run_to_end(controller)
     published = [r for r in h.records if r["rollout/checkpoint_outcome"] == "published"]
     assert published, h.records
     assert {r["reason"] for r in h.records} == {"rollout_progress"}
