@@ -18,15 +18,17 @@ process, each trained for the same window of wall clock, repeated over ``--seeds
 Per arm: train steps per minute over the window (highest step reached, so steps trained
 again after a restart are not counted twice), incarnations, and per deletion the recovery
 time: elastic, from the deletion until the replacement's first ``/run`` (its Gym's log),
-with the stages of that path (:data:`STAGES`: API polls every 50 ms on this process's clock,
-then the pods' log lines), and until the operator saw it Ready
+with the stages of that path (:data:`STAGES`: the API's watch events on this process's
+clock, then the pods' log lines; the replacement Gym's start-up CPU and its seconds since
+its process started, from its own log), and until the operator saw it Ready
 (``status.memberReplacements``); ending, from the deletion until the next incarnation
 trained its first step. Every deletion is reported (``per_deletion``,
 :func:`.elastic_report.deletion_report`: the stage it reached and its outcome), none dropped
 for being incomplete; one whose replacement did no work within 5 s fails the time goal.
 ``--level turn``: a multi-turn task with turn-level snapshots. Over the seeds: mean, spread
-and the worst seed, and the goals (issue 14) checked against the worst seed: elastic >= 90 %
-of the undisturbed rate; loss -> replacement doing work <= 5 s.
+and the worst seed, each stage's p50 and max over every deletion of every seed, and the
+goals (issue 14) checked against the worst seed: elastic >= 90 % of the undisturbed rate;
+loss -> replacement doing work <= 5 s.
 
 ``--interleaved`` (the rate's measurement): per seed ONE elastic run whose window alternates
 segments of ``2 * --every`` seconds, undisturbed and disturbed (a Gym deleted at the start
@@ -63,7 +65,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,17 +76,19 @@ from typing import Any
 from rolloutrun_localcluster.embedded import EmbeddedRun, member_replacements
 
 from .elastic_report import (
-    GOAL_DOING_WORK_S,
     OUTCOMES,
     STAGES,
     ReplacementWatch,
     _breakdown_stats,
+    _gym_start,
     _marker_times,
     _stats,
     deletion_report,
+    over_seeds,
     steps_around_deletions,
     trainer_step_times,
 )
+from .elastic_report import _spread as _spread  # bench.elastic_workers takes it from here
 from .operator_recovery import LONG_RUN, wait
 
 #: ``--level turn``: the run as a multi-turn task with turn-level snapshots (side effects per
@@ -263,6 +266,7 @@ def _replacements(
         watch.join(timeout=5)
     reports = [
         deletion_report(w.at, w.victim, {**w.times, **_marker_times(run, w)}, window_end)
+        | _gym_start(run, w)
         for w in watches
     ]
     replaced = member_replacements(status).get("gym", {})
@@ -307,44 +311,6 @@ def runtime_here(into: Path, tree: Path | None = None) -> Path:
     )
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(into / "runtime")], check=True)
     return into / "runtime"
-
-
-def over_seeds(per_seed: list[dict[str, Any]], arm: str = "elastic") -> dict[str, Any]:
-    """Mean, spread and worst seed of the ``arm``/undisturbed ratio and of the replacement
-    time (loss -> first /run, each seed's max), with the goals checked on the worst seed:
-    a deletion whose replacement did no work within the goal (:func:`deletion_report`)
-    fails the time goal, as a slow one does."""
-    ratios = [s[f"{arm}_vs_undisturbed"] for s in per_seed]
-    recovery = [s[arm]["loss_to_first_run_s"].get("max") for s in per_seed]
-    missed = [int((s[arm].get("outcomes") or {}).get(OUTCOMES[1], 0)) for s in per_seed]
-    worst_rate = min(range(len(per_seed)), key=lambda i: ratios[i])
-    times = [t for t in recovery if t is not None]
-    worst_time = max(range(len(per_seed)), key=lambda i: (missed[i], recovery[i] or 0.0))
-    return {
-        "elastic_vs_undisturbed": _spread(ratios),
-        "loss_to_first_run_max_s": _spread(times),
-        "deletions_without_work_within_goal": sum(missed),
-        "worst_seed_rate": per_seed[worst_rate]["seed"],
-        "worst_seed_replacement": per_seed[worst_time]["seed"],
-        "goals_on_worst_seed": {
-            "rate >= 0.90 of undisturbed": ratios[worst_rate] >= 0.9,
-            "loss -> first work <= 5 s (max)": bool(times)
-            and max(times) <= GOAL_DOING_WORK_S
-            and not any(missed),
-        },
-    }
-
-
-def _spread(values: list[float]) -> dict[str, Any]:
-    if not values:
-        return {"n": 0}
-    return {
-        "n": len(values),
-        "mean": round(statistics.fmean(values), 3),
-        "stdev": round(statistics.stdev(values), 3) if len(values) > 1 else 0.0,
-        "min": round(min(values), 3),
-        "max": round(max(values), 3),
-    }
 
 
 def _seed(seed: int, work: Path, args: argparse.Namespace, before: Path | None) -> dict[str, Any]:

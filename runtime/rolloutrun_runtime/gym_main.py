@@ -16,6 +16,8 @@ import argparse
 import os
 import socket
 import sys
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rolloutrun_runtime.contract.pod import ENV_POD_NAME
@@ -81,7 +83,6 @@ def run(args: argparse.Namespace) -> int:
 def _start(args: argparse.Namespace) -> int:
     import asyncio
     import logging
-    from pathlib import Path
 
     from rolloutrun_runtime.contract.run_config import (
         UNRESTORABLE_EXIT_CODE,
@@ -177,7 +178,14 @@ async def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     print(f"READY {url}", flush=True)
-    logger.info("gym %s listening on %s", server.instance_id, url)
+    cpu, since = startup_cost()
+    logger.info(
+        "gym %s listening on %s (start-up: %.3f s CPU, %s s since its process started)",
+        server.instance_id,
+        url,
+        cpu,
+        "?" if since is None else f"{since:.3f}",
+    )
     try:
         await stop.wait()
     finally:
@@ -185,6 +193,22 @@ async def _serve(
         await runner.cleanup()
         logger.info("gym %s stopped", server.instance_id)  # its episodes in flight ended
     return 0
+
+
+def startup_cost(stat: str | None = None, now_s: float | None = None) -> tuple[float, float | None]:
+    """This process's CPU seconds so far (user + system, what it ran before its ``exec``
+    too: the pod's launcher) and the seconds since it was forked (None where ``/proc`` does
+    not say). Logged with "listening on": a replacement's start-up on a busy node is CPU it
+    needs or CPU it waited for, and only these two tell which (``bench/elastic.py``)."""
+    times = os.times()
+    cpu = times.user + times.system
+    try:
+        stat = Path("/proc/self/stat").read_text() if stat is None else stat
+        started_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        now_s = time.clock_gettime(time.CLOCK_BOOTTIME) if now_s is None else now_s
+    except (OSError, IndexError, ValueError, AttributeError):
+        return cpu, None
+    return cpu, max(now_s - started_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
 
 
 def _freeze_startup_objects() -> None:

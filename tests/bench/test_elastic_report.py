@@ -5,13 +5,26 @@ fail it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from bench.elastic import over_seeds, runtime_at
-from bench.elastic_report import STAGES, deletion_report, steps_around_deletions
+from bench.elastic_report import (
+    STAGES,
+    ReplacementWatch,
+    _breakdown_stats,
+    deletion_report,
+    gym_start_figures,
+    steps_around_deletions,
+)
+from bench.gym_startup import CONFIG
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
 
 AT = 1000.0
 #: Moments of one replacement, from the deletion at ``AT``, as the API polls and logs give.
@@ -85,6 +98,64 @@ def test_the_before_arm_has_its_own_verdict() -> None:
         "loss -> first work <= 5 s (max)": False,
     }
     assert all(over_seeds(seeds)["goals_on_worst_seed"].values())
+
+
+def test_over_seeds_break_every_deletion_of_every_seed_down_by_stage() -> None:
+    seeds = [_seed(0, 0.97, 2.3, 0), _seed(1, 0.95, 4.3, 0)]
+    slow = {**FULL, **{k: v + 2.0 for k, v in FULL.items() if k != "old_pod_gone"}}
+    for seed, times in zip(seeds, (FULL, slow), strict=True):
+        seed["elastic"]["per_deletion"] = [deletion_report(AT, "bench-i1-gym-0", times, AT + 20)]
+    breakdown = over_seeds(seeds)["breakdown_s (every deletion of every seed)"]
+    assert breakdown["new_pod_created"] == {"n": 2, "p50": 1.1, "max": 2.1}  # 0.1 and 2.1 s
+    assert breakdown["gym_listening"]["max"] == pytest.approx(1.4)
+    assert breakdown["total"]["max"] == pytest.approx(4.3)
+
+
+def test_a_gyms_listening_line_gives_its_start_up_figures(tmp_path: Path) -> None:
+    """The real Gym's line, read as the bench reads it (an older Gym's line has none)."""
+    config = tmp_path / "run.yaml"
+    config.write_text(CONFIG)
+    gym = subprocess.Popen(
+        [sys.executable, "-m", "rolloutrun_runtime.cli", "gym", "--config", str(config),
+         "--port", "0", "--instance-id", "g"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, ENV_GYM_TOKEN: "token"},
+    )  # fmt: skip
+    try:
+        assert gym.stderr is not None
+        line = next((text for text in gym.stderr if "listening on" in text), "")
+    finally:
+        gym.terminate()
+        gym.wait(timeout=60)
+    figures = gym_start_figures(line)
+    assert set(figures) == {"gym_start_cpu_s", "gym_start_wall_s"}, line
+    assert figures["gym_start_cpu_s"] > 0 and figures["gym_start_wall_s"] > 0
+    older = "2026-01-01 00:00:00,000 INFO x: gym g listening on http://127.0.0.1:1"
+    assert gym_start_figures(older) == {}
+    assert "gym_start_cpu_s" in _breakdown_stats([figures])
+
+
+def _pod(uid: str, phase: str = "Pending", ip: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(
+        metadata=SimpleNamespace(uid=uid), status=SimpleNamespace(phase=phase, pod_ip=ip)
+    )
+
+
+def test_a_replacement_watch_takes_each_moment_from_the_first_event_that_shows_it() -> None:
+    watch = ReplacementWatch(None, "bench-i1-gym-0", "old", AT)  # type: ignore[arg-type]
+    watch.seen(_pod("old"), AT + 0.1)  # terminating: still the old pod
+    assert watch.times == {}
+    watch.seen(_pod("old"), AT + 0.4, deleted=True)
+    watch.seen(_pod("new"), AT + 0.5)
+    watch.seen(_pod("new", "Running"), AT + 0.6)  # no address yet
+    watch.seen(_pod("new", "Running", "10.0.0.9"), AT + 0.8)
+    watch.seen(_pod("new", "Running", "10.0.0.9"), AT + 0.9)
+    assert watch.times == {
+        "old_pod_gone": AT + 0.4, "new_pod_created": AT + 0.5, "pod_running": AT + 0.8,
+    }  # fmt: skip
+    assert watch.new_uid == "new"
+    direct = ReplacementWatch(None, "bench-i1-gym-0", "old", AT)  # type: ignore[arg-type]
+    direct.seen(_pod("new", "Running", "10.0.0.9"), AT + 1.0)  # the deletion's events missed
+    assert set(direct.times) == {"old_pod_gone", "new_pod_created", "pod_running"}
 
 
 def test_a_baseline_directory_that_is_not_a_checkout_is_named(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
-"""``rolloutrun gym`` refuses a run whose environment is the user's own server."""
+"""``rolloutrun gym`` refuses a run whose environment is the user's own server, and says what
+its start-up cost when it listens."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from rolloutrun_runtime import gym_main
 from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
 from rolloutrun_runtime.contract.run_config import UNRESTORABLE_EXIT_CODE
+from rolloutrun_runtime.gym_main import startup_cost
 
 
 def test_the_built_in_gym_refuses_the_external_task(
@@ -63,3 +66,12 @@ def test_a_gym_without_its_model_stops_with_one_named_line(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith("rolloutrun gym: ") and str(model) in err and named in err
+
+
+def test_the_start_up_cost_is_the_cpu_so_far_and_the_seconds_since_the_fork() -> None:
+    ticks = os.sysconf("SC_CLK_TCK")
+    stat = f"4242 (rolloutrun gym) S {' '.join(['0'] * 18)} {100 * ticks} 0 0"  # starttime 100 s
+    cpu, since = startup_cost(stat, now_s=102.5)
+    assert since == pytest.approx(2.5)
+    assert cpu == pytest.approx(sum(os.times()[:2]), abs=0.5)
+    assert startup_cost("not a stat line", now_s=1.0)[1] is None
