@@ -84,5 +84,5 @@ def test_thread_cpu_is_counted_per_kind_of_thread() -> None:
         release.set()
         for w in workers:
             w.join(timeout=5)
-    assert "burner" not in before and after["burner"] >= 0.09  # both threads, one kind
+    assert "burner" not in before and after["burner"] >= 0.07  # both (one is <= 0.06 in ticks)
     assert "MainThread" in after
