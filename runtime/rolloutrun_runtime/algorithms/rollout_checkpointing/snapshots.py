@@ -390,8 +390,7 @@ class RolloutSnapshotter:
             # Everything out now; one dispatched later has no copy and restarts from turn 0.
             phase.requested = dispatched_episodes(ledger)
             crash_point("during_gym_commit")
-            # The commit also ends the checkpoint on each replica (the cut needs nothing more
-            # of them): the resume after the cut then sends nothing.
+            # It also ends the checkpoint (the cut needs no more): the resume then sends none.
             phase.snapshot = await environment.commit(
                 checkpoint_id, deadline, phase.requested, failed, end=True
             )

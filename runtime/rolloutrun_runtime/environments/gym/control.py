@@ -88,6 +88,7 @@ from rolloutrun_runtime.environments.gym.episode import (
     EpisodeId,
     EpisodeRecordError,
     Phase,
+    RestingEpisodes,
 )
 from rolloutrun_runtime.environments.gym.restore import (
     Installed,
@@ -165,11 +166,8 @@ class GymCheckpointControl:
         self.copies: dict[EpisodeId, dict[str, Any]] = {}
         #: Each running ``/run`` and the episode it drives (known from its first boundary).
         self._runs: dict[asyncio.Task[Any], EpisodeId | None] = {}
-        #: The episodes that can rest live with no ``/run`` driving them: those a ``/run``
-        #: drove to a boundary or claimed from a restore, until they leave the live phases
-        #: (:meth:`_resting_candidates`). The idle copy looks only at these (and the restored
-        #: unclaimed ones), not at every episode the server keeps (up to 50,000 finished).
-        self._may_rest: dict[EpisodeId, None] = {}
+        #: What the idle copy looks at (with the restored unclaimed), not every kept episode.
+        self.resting = RestingEpisodes(server.episodes)
         #: The ``/run``s that were running when prepare began and have not left a copy.
         self._awaiting: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
@@ -212,7 +210,7 @@ class GymCheckpointControl:
         task = asyncio.current_task()
         if task is not None and task in self._runs:
             self._runs[task] = episode.episode_id
-            self._may_rest[episode.episode_id] = None
+            self.resting.driven(episode.episode_id)
         if self.copying:
             self.copies[episode.episode_id] = episode.to_record()
             if task is not None and task in self._awaiting:
@@ -243,9 +241,7 @@ class GymCheckpointControl:
         except EpisodeRetiredError as error:
             return fail(409, str(error))
         finally:
-            driven = self._runs.pop(task)
-            if driven is not None and not self._is_live(driven):
-                self._may_rest.pop(driven, None)  # ended: it cannot rest live any more
+            self.resting.run_ended(self._runs.pop(task))
             if task in self._awaiting:
                 self._awaiting.discard(task)
                 self._changed.set()
@@ -253,30 +249,9 @@ class GymCheckpointControl:
     def _copy_idle_episodes(self) -> None:
         """Copy the live episodes no ``/run`` drives: they rest at a boundary already."""
         driven = {episode_id for episode_id in self._runs.values() if episode_id is not None}
-        for episode in self._resting_candidates():
+        for episode in self.resting.live(also=self.restored_unclaimed):
             if episode.episode_id not in driven and not self._is_retired(episode.episode_id):
                 self.copies[episode.episode_id] = episode.to_record()
-
-    def _resting_candidates(self) -> list[Episode]:
-        """The live episodes that may rest with no ``/run``: the restored unclaimed ones and
-        those a ``/run`` reached a boundary of (the first thing a ``/run`` does is reach one,
-        so an episode that never did holds no turn: a restart from turn 0 is the same).
-        Forgets the ones that are no longer live; costs what is live, not what was kept."""
-        out = []
-        for episode_id in [
-            *self._may_rest,
-            *sorted(self.restored_unclaimed - self._may_rest.keys()),
-        ]:
-            episode = self.server.episodes.get(episode_id)
-            if episode is not None and episode.phase in LIVE_PHASES:
-                out.append(episode)
-            else:
-                self._may_rest.pop(episode_id, None)
-        return out
-
-    def _is_live(self, episode_id: EpisodeId) -> bool:
-        episode = self.server.episodes.get(episode_id)
-        return episode is not None and episode.phase in LIVE_PHASES
 
     def _is_retired(self, episode_id: EpisodeId) -> bool:
         refused = self.retired.get(episode_id.rollout_id)
@@ -421,7 +396,7 @@ class GymCheckpointControl:
             ],
         )
         answer = self._commit_result
-        if call.end:
+        if call.end:  # the trainer sends no resume: end the checkpoint now
             self._reopen(call.checkpoint_id, why="ended with its commit")
         return answer
 
@@ -543,7 +518,7 @@ class GymCheckpointControl:
         if episode_id not in self.restored_unclaimed:
             return None
         self.restored_unclaimed.discard(episode_id)
-        self._may_rest[episode_id] = None  # claimed: it may rest again if its /run ends early
+        self.resting.driven(episode_id)  # claimed: it may rest again if its /run ends early
         episode: Episode = self.server.episodes[episode_id]
         return episode
 

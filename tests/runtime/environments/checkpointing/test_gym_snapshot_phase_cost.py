@@ -87,8 +87,8 @@ async def test_episodes_that_ended_are_forgotten(rig: Rig) -> None:
     runs = [rig.run("gym-0", f"r{i}", prompt_id=LONG[i]) for i in range(3)]
     for status, _ in await asyncio.gather(*runs):
         assert status == 200
-    assert control._resting_candidates() == []
-    assert not control._may_rest
+    assert control.resting.live() == []
+    assert len(control.resting) == 0
 
 
 async def test_a_commit_with_end_ends_the_checkpoint_and_the_resume_sends_nothing(
