@@ -240,7 +240,6 @@ async def control_one(cycles: int) -> dict[str, Any]:
     environment phases with no episode out (prepare, commit, resume, as the snapshotter
     calls them), after 20 unmeasured ones; per phase the client's thread CPU (this event
     loop) and the replica's process CPU."""
-    import inspect
     import secrets
 
     import yaml
@@ -256,14 +255,11 @@ async def control_one(cycles: int) -> dict[str, Any]:
     token = secrets.token_hex(16)
     gym = start_gym(config, root, 0, token)
     client = GymEnvironmentCheckpoint({"gym-0": gym.url}, token)
-    # The tree's snapshotter ends the checkpoint with its commit where the client can.
-    ends = "end" in inspect.signature(client.commit).parameters
 
     async def phase(n: int) -> None:
         checkpoint_id, deadline = f"bench-{n}", time.time() + 30.0
         failed = await client.prepare(checkpoint_id, deadline)
-        options = {"end": True} if ends else {}
-        await client.commit(checkpoint_id, deadline, [], failed, **options)
+        await client.commit(checkpoint_id, deadline, [], failed)
         await client.resume(checkpoint_id)
 
     try:
@@ -279,7 +275,6 @@ async def control_one(cycles: int) -> dict[str, Any]:
         gym.log.close()
     return {
         "cycles": cycles,
-        "commit_ends": ends,
         "trainer_loop_ms": round(cpu * 1000 / cycles, 3),
         "gym_ms": round(gym_cpu * 1000 / cycles, 3),
         "total_ms": round((cpu + gym_cpu) * 1000 / cycles, 3),

@@ -281,10 +281,6 @@ class CheckpointCall(BaseModel):
 class CommitCall(CheckpointCall):
     #: Row keys of the episodes to export; None exports every copy.
     episodes: list[str] | None = Field(None, max_length=1_000_000)
-    #: End the checkpoint with this answer (as a ``resume`` would): a snapshot needs nothing
-    #: more of the Gym after its commit, so it saves that round trip. Such a commit is not
-    #: repeatable (the id is resumed); a plain one answers a repeat with the same bytes.
-    end: bool = False
 
 
 class RestoreCall(CheckpointCall):

@@ -390,9 +390,8 @@ class RolloutSnapshotter:
             # Everything out now; one dispatched later has no copy and restarts from turn 0.
             phase.requested = dispatched_episodes(ledger)
             crash_point("during_gym_commit")
-            # It also ends the checkpoint (the cut needs no more): the resume then sends none.
             phase.snapshot = await environment.commit(
-                checkpoint_id, deadline, phase.requested, failed, end=True
+                checkpoint_id, deadline, phase.requested, failed
             )
         except EnvironmentCheckpointError as error:
             phase.discarded = str(error)

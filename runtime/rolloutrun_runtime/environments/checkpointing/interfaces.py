@@ -153,16 +153,10 @@ class EnvironmentCheckpoint(Protocol):
         deadline_ts: float,
         episodes: Iterable[EnvironmentEpisode],
         unavailable: Mapping[str, str] | None = None,
-        *,
-        end: bool = False,
     ) -> EnvironmentSnapshot:
         """Export the copies of ``episodes`` from every instance not in ``unavailable`` (the
         failures ``prepare`` returned); one without a copy is left out (turn 0), and an
-        instance whose commit fails joins the snapshot's ``unavailable``.
-
-        ``end``: each instance that answers also ends the checkpoint with its answer (the
-        snapshot needs nothing more of it), so the ``resume`` that follows sends it nothing.
-        """
+        instance whose commit fails joins the snapshot's ``unavailable``."""
         ...
 
     async def resume(self, checkpoint_id: str) -> None:
@@ -249,8 +243,6 @@ class NoEnvironmentCheckpoint:
         deadline_ts: float,
         episodes: Iterable[EnvironmentEpisode],
         unavailable: Mapping[str, str] | None = None,
-        *,
-        end: bool = False,
     ) -> EnvironmentSnapshot:
         pending = list(episodes)
         if pending:

@@ -214,8 +214,6 @@ class GymEnvironmentCheckpoint:
         self._down: dict[str, str] = {}
         #: Per replica, set when it is lost or readdressed: its calls in flight end then.
         self._gone: dict[str, asyncio.Event] = {}
-        #: The replicas a commit with ``end`` ended, by checkpoint id (until its resume).
-        self._ended: dict[str, set[str]] = {}
         #: Sent with every call (the control plane's ``trainer``): who is driving the Gym.
         self.trainer = {
             "id": uuid.uuid4().hex[:16],
@@ -336,8 +334,6 @@ class GymEnvironmentCheckpoint:
         deadline_ts: float,
         episodes: Iterable[EnvironmentEpisode],
         unavailable: Mapping[str, str] | None = None,
-        *,
-        end: bool = False,
     ) -> EnvironmentSnapshot:
         wanted = group_by_instance(episodes)
         failed = dict(unavailable or {})
@@ -349,14 +345,11 @@ class GymEnvironmentCheckpoint:
                 "checkpoint_id": checkpoint_id,
                 "deadline_ts": deadline_ts,
                 "episodes": [e.row_key for e in wanted.get(instance, [])],
-                **({"end": True} if end else {}),
             }
             for instance in self.endpoints
             if instance not in failed
         }
         answered, not_committed = await self._fan_out_each("commit", bodies)
-        if end:
-            self._ended[checkpoint_id] = set(answered)
         failed.update(not_committed)
         answers = {instance: _as(CommitAnswer, answer) for instance, answer in answered.items()}
         return GymSnapshot(
@@ -371,12 +364,8 @@ class GymEnvironmentCheckpoint:
         )
 
     async def resume(self, checkpoint_id: str) -> None:
-        """End the checkpoint on every replica whose commit did not end it already."""
-        ended = self._ended.pop(checkpoint_id, set())
         body = {"checkpoint_id": checkpoint_id, "deadline_ts": time.time() + RESUME_TIMEOUT_S}
-        await self._fan_out(
-            "resume", {instance: body for instance in self.endpoints if instance not in ended}
-        )
+        await self._fan_out("resume", {instance: body for instance in self.endpoints})
 
     async def restore(
         self, checkpoint_id: str, deadline_ts: float, snapshot_bytes: bytes

@@ -27,8 +27,8 @@ any phase to ``idle``; ``drop`` returns ``restored`` to ``idle`` undoing the res
   trainer restarts it from turn 0 if it is still out at the cut, and drops records of
   episodes that are no longer out. The answer is kept, so a repeated commit returns the
   same bytes.
-* **resume** ends the checkpoint (a commit with ``end`` ends it too, saving the call).
-  The last 64 resumed ids are remembered, so a stale trainer cannot re-prepare one.
+* **resume** ends the checkpoint. The last 64 resumed ids are remembered, so a stale trainer
+  cannot re-prepare one.
 * **restore** installs records under ``attempt + 1``; a ``/run`` for that id continues the
   episode instead of starting it, from the record or from the replica's own newer state;
   a record whose continuation would repeat a side effect is refused (the rules, and why:
@@ -395,10 +395,7 @@ class GymCheckpointControl:
                 for e in sorted(wanted - copies.keys())
             ],
         )
-        answer = self._commit_result
-        if call.end:  # the trainer sends no resume: end the checkpoint now
-            self._reopen(call.checkpoint_id, why="ended with its commit")
-        return answer
+        return self._commit_result
 
     def _not_copied_state(self, episode_id: EpisodeId) -> str:
         """Why a requested episode has no record: the trainer restarts it from turn 0."""

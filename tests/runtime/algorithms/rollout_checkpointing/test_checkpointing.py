@@ -673,8 +673,8 @@ async def test_an_export_that_disagrees_with_the_cut_is_discarded(tmp_path, tamp
         environment = controller.environment
         original = environment.commit
 
-        async def commit(checkpoint_id, deadline_ts, episodes, *unavailable, **options):
-            snapshot = await original(checkpoint_id, deadline_ts, episodes, *unavailable, **options)
+        async def commit(checkpoint_id, deadline_ts, episodes, *unavailable):
+            snapshot = await original(checkpoint_id, deadline_ts, episodes, *unavailable)
             if tamper == "unknown_record":
                 stranger = {"episode_id": {"rollout_id": "stranger", "attempt": 0}}
                 records = {**snapshot.records, "gym-0": [*snapshot.records["gym-0"], stranger]}

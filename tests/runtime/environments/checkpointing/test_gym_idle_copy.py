@@ -1,6 +1,4 @@
-"""Two costs of a snapshot's Gym phase that did not need to be paid.
-
-**The idle copy** at prepare looks only at the episodes that can rest live with no ``/run``.
+"""The idle copy at prepare looks only at the episodes that can rest live with no ``/run``.
 
 Why: prepare copies at once the live episodes no ``/run`` drives. It found them by scanning
 every episode the replica keeps (up to ``MAX_FINISHED_EPISODES``, 50,000 finished ones), at
@@ -8,22 +6,16 @@ every snapshot, so a snapshot's Gym cost grew with the run. The episodes that ca
 are the restored unclaimed ones and those a ``/run`` drove to a boundary (or claimed from a
 restore) until it ends them; the control plane now keeps that set, and forgets an episode
 once it ends.
-
-**The resume round trip**: a snapshot's commit ends the checkpoint with its answer (``end``),
-since the cut needs nothing more of the Gym; the resume after the cut then sends nothing to
-the replicas that answered (three control calls per replica and snapshot become two).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from rolloutrun_runtime.environments.checkpointing.interfaces import EnvironmentEpisode
 from rolloutrun_runtime.environments.checkpointing.nemo_gym import GymSnapshot
 from rolloutrun_runtime.environments.gym.control import ControlPhase
 from rolloutrun_runtime.environments.gym.episode import Episode, EpisodeId, Phase, Sampling
@@ -89,46 +81,3 @@ async def test_episodes_that_ended_are_forgotten(rig: Rig) -> None:
         assert status == 200
     assert control.resting.live() == []
     assert len(control.resting) == 0
-
-
-async def test_a_commit_with_end_ends_the_checkpoint_and_the_resume_sends_nothing(
-    rig: Rig,
-) -> None:
-    """A snapshot's commit also ends the checkpoint on the replicas that answer it, so the
-    resume after the cut costs no round trip; the Gym can prepare the next one at once, and
-    a replica whose commit did not end it still gets its resume."""
-    await rig.start_gym("gym-0")
-    await rig.start_gym("gym-1")
-    controls = {name: rig.gyms[name][1] for name in ("gym-0", "gym-1")}
-    client = rig.client()
-    sent: list[tuple[str, str]] = []
-    post = client._post
-
-    async def counted(instance: str, route: str, body: dict) -> object:
-        sent.append((instance, route))
-        return await post(instance, route, body)
-
-    client._post = counted  # type: ignore[method-assign]
-    run = rig.run("gym-0", "r0", prompt_id=LONG[0])
-    await rig.wait_live("gym-0", 1)
-    failed = await client.prepare("ck1", deadline())
-    assert failed == {}
-    wanted = [EnvironmentEpisode("r0", 0, "gym-0")]
-    # gym-1 is left out of the commit (as if its prepare had failed): it stays prepared
-    snapshot = await client.commit("ck1", deadline(), wanted, {"gym-1": "down"}, end=True)
-    assert [e.row_key for e in snapshot.episodes()] == ["r0"]
-    assert controls["gym-0"].phase is ControlPhase.IDLE and "ck1" in controls["gym-0"].resumed
-    assert controls["gym-1"].phase is ControlPhase.PREPARED
-    sent.clear()
-    await client.resume("ck1")
-    assert sent == [("gym-1", "resume")]
-    assert controls["gym-1"].phase is ControlPhase.IDLE
-    await client.prepare("ck2", deadline())  # no resume needed before the next one
-    await client.commit("ck2", deadline(), wanted, end=True)
-    sent.clear()
-    await client.resume("ck2")
-    assert sent == []
-    assert all(c.phase is ControlPhase.IDLE for c in controls.values())
-    run.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await run
