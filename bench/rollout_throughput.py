@@ -64,9 +64,42 @@ def _process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def thread_cpu_s() -> dict[str, float]:
+    """This process's CPU seconds per kind of thread (the Python name less its number:
+    ``MainThread``, ``asyncio``, ``generation``; unnamed native threads by ``comm``)."""
+    import re
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        task = Path(f"/proc/self/task/{tid}")
+        try:
+            name = names.get(int(tid)) or (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        kind = re.sub(r"[-_ ]*\d+(_\d+)*$", "", name) or name
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
+    return out
+
+
+def children_cpu_s(skip: set[int]) -> float:
+    """CPU seconds of this process's live children but ``skip`` (the snapshot writer)."""
+    total = 0.0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            pids = Path(f"/proc/self/task/{tid}/children").read_text().split()
+        except OSError:
+            continue
+        total += sum(_process_cpu_s(int(pid)) for pid in pids if int(pid) not in skip)
+    return total
+
+
 def run_one(config_file: Path, log_dir: Path) -> dict[str, Any]:
     """One local run (its Gym replicas, the trainer in this process) with a per-step sample
-    of wall clock, this process's CPU time and its Gym replicas' CPU time."""
+    of wall clock, this process's CPU time (also per kind of thread), its Gym replicas' CPU
+    time and its other children's (the snapshot writer process)."""
     import asyncio
     import secrets
 
@@ -92,6 +125,8 @@ def run_one(config_file: Path, log_dir: Path) -> dict[str, Any]:
                 "cpu_sys": times.system,
                 "gym_cpu": sum(_process_cpu_s(g.process.pid) for g in gyms),
                 "tokens": record["generated_tokens"],
+                "threads": thread_cpu_s(),
+                "child_cpu": children_cpu_s({g.process.pid for g in gyms}),
             }
         )
 

@@ -16,6 +16,11 @@ trees' runs interleaved (``--baseline DIR``), each a fresh process.
 trained and as many finalized: per snapshot the writer's CPU and the bytes written for the
 data plane's ``metadata.json`` and the ledger sidecar (with their chain chunks, where the
 tree writes them), per tree in a fresh process, trees alternating.
+
+``--control-cycles N`` measures instead the environment phase's fixed cost: a real Gym
+replica and the trainer's client, N phases (prepare, commit, resume) with no episode out,
+per phase the client's thread CPU and the replica's process CPU, per tree in a fresh
+process, trees alternating (this is the cost the control round trips add to every snapshot).
 """
 
 from __future__ import annotations
@@ -230,6 +235,75 @@ def compare_groups(baseline: str | None, sizes: list[int], repetitions: int) -> 
     return out
 
 
+async def control_one(cycles: int) -> dict[str, Any]:
+    """A real Gym replica (the tiny config) and the trainer's client: ``cycles`` snapshot
+    environment phases with no episode out (prepare, commit, resume, as the snapshotter
+    calls them), after 20 unmeasured ones; per phase the client's thread CPU (this event
+    loop) and the replica's process CPU."""
+    import secrets
+
+    import yaml
+
+    from bench.rollout_checkpoint import TINY
+    from bench.rollout_throughput import _process_cpu_s
+    from rolloutrun_runtime.environments.checkpointing.nemo_gym import GymEnvironmentCheckpoint
+    from rolloutrun_runtime.launcher import start_gym, stop_process
+
+    root = Path(tempfile.mkdtemp(prefix="rr-bench-control-"))
+    config = root / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    token = secrets.token_hex(16)
+    gym = start_gym(config, root, 0, token)
+    client = GymEnvironmentCheckpoint({"gym-0": gym.url}, token)
+
+    async def phase(n: int) -> None:
+        checkpoint_id, deadline = f"bench-{n}", time.time() + 30.0
+        failed = await client.prepare(checkpoint_id, deadline)
+        await client.commit(checkpoint_id, deadline, [], failed)
+        await client.resume(checkpoint_id)
+
+    try:
+        for n in range(20):
+            await phase(n)
+        cpu, gym_cpu = time.thread_time(), _process_cpu_s(gym.process.pid)
+        for n in range(20, 20 + cycles):
+            await phase(n)
+        cpu, gym_cpu = time.thread_time() - cpu, _process_cpu_s(gym.process.pid) - gym_cpu
+    finally:
+        await client.close()
+        stop_process(gym.process)
+        gym.log.close()
+    return {
+        "cycles": cycles,
+        "trainer_loop_ms": round(cpu * 1000 / cycles, 3),
+        "gym_ms": round(gym_cpu * 1000 / cycles, 3),
+        "total_ms": round((cpu + gym_cpu) * 1000 / cycles, 3),
+    }
+
+
+def compare_control(baseline: str | None, cycles: int, repetitions: int) -> dict[str, Any]:
+    """``repetitions`` rounds of a fresh process per tree, the order alternating."""
+    trees = {"this_tree": Path(__file__).resolve().parent.parent}
+    if baseline:
+        trees = {"baseline": Path(baseline).resolve(), **trees}
+    runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+    load = [round(os.getloadavg()[0], 2)]
+    for rep in range(repetitions):
+        for tree in list(trees) if rep % 2 == 0 else list(reversed(trees)):
+            runs[tree].append(_tree_json(trees[tree], ["--control-one", str(cycles)]))
+            load.append(round(os.getloadavg()[0], 2))
+    out: dict[str, Any] = {"cpus": os.cpu_count(), "load_1m": load}
+    for tree, got in runs.items():
+        out[tree] = {
+            "tree": str(trees[tree]),
+            "per_run": got,
+            **{
+                key: statistics.median(r[key] for r in got) for key in got[0] if key.endswith("_ms")
+            },
+        }
+    return out
+
+
 def _tree_json(tree: Path, args: list[str]) -> dict[str, Any]:
     return dict(run_in_tree(tree, "bench.snapshot_writer_cpu", args, 1800))
 
@@ -288,6 +362,13 @@ def main(argv: list[str] | None = None) -> int:
         "--groups", type=int, nargs="+", help="filled controllers of these sizes instead"
     )
     parser.add_argument("--groups-one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--control-cycles",
+        type=int,
+        help="measure instead the CPU of a snapshot's environment phase with no episode out "
+        "(trainer's loop + Gym replica, per phase), over this many phases per run",
+    )
+    parser.add_argument("--control-one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(one(Path(args.one[0]), Path(args.one[1]))))
@@ -296,6 +377,18 @@ def main(argv: list[str] | None = None) -> int:
         import asyncio
 
         print(json.dumps(asyncio.run(groups_one(args.groups_one))))
+        return 0
+    if args.control_one:
+        import asyncio
+
+        print(json.dumps(asyncio.run(control_one(args.control_one))))
+        return 0
+    if args.control_cycles:
+        result = compare_control(args.baseline, args.control_cycles, args.repetitions)
+        text = json.dumps(result, indent=2)
+        if args.out:
+            args.out.write_text(text)
+        print(text)
         return 0
     if args.groups:
         result = compare_groups(args.baseline, args.groups, args.repetitions)

@@ -129,8 +129,26 @@ def blocks(
                 * 1000
                 / steps,
                 "gym_cpu_ms": (end["gym_cpu"] - start["gym_cpu"]) * 1000 / steps,
+                **_share_ms(start, end, steps),
             }
         )
+    return out
+
+
+def _share_ms(start: dict[str, Any], end: dict[str, Any], steps: int) -> dict[str, float]:
+    """CPU ms per step by where it ran: ``cpu_ms:<thread kind>`` of the trainer process,
+    ``cpu_ms:gym``, ``cpu_ms:writer child`` (samples without the split give nothing)."""
+    if "threads" not in end:
+        return {}
+    kinds = set(start["threads"]) | set(end["threads"])
+    out = {
+        f"cpu_ms:{kind}": (end["threads"].get(kind, 0.0) - start["threads"].get(kind, 0.0))
+        * 1000
+        / steps
+        for kind in kinds
+    }
+    out["cpu_ms:gym"] = (end["gym_cpu"] - start["gym_cpu"]) * 1000 / steps
+    out["cpu_ms:writer child"] = (end["child_cpu"] - start["child_cpu"]) * 1000 / steps
     return out
 
 
@@ -149,6 +167,11 @@ def pairs(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
                 "gym_snapshot_cpu_ms": on["gym_cpu_ms"] - off["gym_cpu_ms"],
                 "on_step_s": on["step_s"],
                 "off_step_s": off["step_s"],
+                **{
+                    key: on.get(key, 0.0) - off.get(key, 0.0)
+                    for key in sorted(set(on) | set(off))
+                    if key.startswith("cpu_ms:")
+                },
             }
         )
     return out
@@ -163,7 +186,7 @@ def complementary(
         raise ValueError(f"complementary runs differ in block pairs: {len(first)} != {len(second)}")
     out = []
     for a, b in zip(first, second, strict=True):
-        row = {key: (a[key] + b[key]) / 2 for key in a}
+        row = {key: (a.get(key, 0.0) + b.get(key, 0.0)) / 2 for key in a.keys() | b.keys()}
         row["ratio"] = math.sqrt(a["ratio"] * b["ratio"])
         row["cpu_ratio"] = math.sqrt(a["cpu_ratio"] * b["cpu_ratio"])
         out.append(row)
@@ -180,6 +203,14 @@ def summarize(all_pairs: list[dict[str, float]]) -> dict[str, Any]:
         "gym_snapshot_cpu_ms_per_step": round(
             statistics.fmean(p["gym_snapshot_cpu_ms"] for p in all_pairs), 2
         ),
+        # Where the snapshot's CPU ran (on minus off, ms per step): the trainer's threads,
+        # its Gym replicas, its writer child (which the CPU ratio above does not count).
+        "snapshot_cpu_ms_by_place": {
+            key.removeprefix("cpu_ms:"): round(
+                statistics.fmean(p.get(key, 0.0) for p in all_pairs), 2
+            )
+            for key in sorted({k for p in all_pairs for k in p if k.startswith("cpu_ms:")})
+        },
         "on_step_s_median": round(statistics.median(p["on_step_s"] for p in all_pairs), 4),
         "off_step_s_median": round(statistics.median(p["off_step_s"] for p in all_pairs), 4),
         "goal": f"ratio >= {GOAL_RATIO}: met if the 95 % interval's low end reaches it, missed "

@@ -54,3 +54,35 @@ def test_a_spread_that_straddles_the_goal_decides_nothing() -> None:
     assert verdict({"q1": 0.996, "median": 0.999, "q3": 1.002}) is True
     assert verdict({"q1": 0.98, "median": 1.05, "q3": 1.12}) is None
     assert verdict({"q1": 0.97, "median": 0.98, "q3": 0.99}) is False
+
+
+def test_thread_cpu_is_counted_per_kind_of_thread() -> None:
+    """The per-thread split reads this process's threads by their Python names, numbers
+    left out, so a pool's threads add up under one kind."""
+    import threading
+    import time
+
+    from bench.rollout_throughput import thread_cpu_s
+
+    done, release = threading.Barrier(3), threading.Event()
+
+    def burn() -> None:
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+        done.wait(timeout=5)
+        release.wait(timeout=5)
+
+    before = thread_cpu_s()
+    workers = [threading.Thread(target=burn, name=f"burner_{i}") for i in range(2)]
+    for w in workers:
+        w.start()
+    done.wait(timeout=5)
+    try:
+        after = thread_cpu_s()
+    finally:
+        release.set()
+        for w in workers:
+            w.join(timeout=5)
+    assert "burner" not in before and after["burner"] >= 0.07  # both (one is <= 0.06 in ticks)
+    assert "MainThread" in after

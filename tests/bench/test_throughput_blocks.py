@@ -111,3 +111,23 @@ def test_the_complementary_run_swaps_every_block_and_cancels_a_steps_own_cost() 
     assert tb.summarize(both)["ratio"]["mean"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="differ in block pairs"):
         tb.complementary(first, second[:-1])
+
+
+def test_the_snapshot_cpu_is_split_by_where_it_ran() -> None:
+    """Each sample's per-thread and writer-child CPU give each pair's on-minus-off share per
+    place, and the summary their mean (the writer child, which the CPU ratio leaves out)."""
+    samples = _samples({"on": 0.52, "off": 0.5}, {"on": 240, "off": 200}, 3, 4, 3 + 16)
+    loop = child = 0.0
+    for step, sample in enumerate(samples, start=1):
+        on = tb.side_of(step, 3, 4)[0] == "on"
+        loop += 0.030 if on else 0.024
+        child += 0.012 if on else 0.0
+        sample["threads"] = {"MainThread": loop, "asyncio": 0.001 * step}
+        sample["child_cpu"] = child
+    got = tb.pairs(tb.blocks(samples, 3, 4))
+    assert got[0]["cpu_ms:MainThread"] == pytest.approx(6.0)
+    assert got[0]["cpu_ms:asyncio"] == pytest.approx(0.0)
+    assert got[0]["cpu_ms:writer child"] == pytest.approx(12.0)
+    assert got[0]["cpu_ms:gym"] == pytest.approx(10.0)  # a quarter of the 40 ms trainer's
+    by_place = tb.summarize(got)["snapshot_cpu_ms_by_place"]
+    assert by_place == {"MainThread": 6.0, "asyncio": 0.0, "gym": 10.0, "writer child": 12.0}

@@ -88,6 +88,7 @@ from rolloutrun_runtime.environments.gym.episode import (
     EpisodeId,
     EpisodeRecordError,
     Phase,
+    RestingEpisodes,
 )
 from rolloutrun_runtime.environments.gym.restore import (
     Installed,
@@ -165,6 +166,8 @@ class GymCheckpointControl:
         self.copies: dict[EpisodeId, dict[str, Any]] = {}
         #: Each running ``/run`` and the episode it drives (known from its first boundary).
         self._runs: dict[asyncio.Task[Any], EpisodeId | None] = {}
+        #: What the idle copy looks at (with the restored unclaimed), not every kept episode.
+        self.resting = RestingEpisodes(server.episodes)
         #: The ``/run``s that were running when prepare began and have not left a copy.
         self._awaiting: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
@@ -207,6 +210,7 @@ class GymCheckpointControl:
         task = asyncio.current_task()
         if task is not None and task in self._runs:
             self._runs[task] = episode.episode_id
+            self.resting.driven(episode.episode_id)
         if self.copying:
             self.copies[episode.episode_id] = episode.to_record()
             if task is not None and task in self._awaiting:
@@ -237,7 +241,7 @@ class GymCheckpointControl:
         except EpisodeRetiredError as error:
             return fail(409, str(error))
         finally:
-            del self._runs[task]
+            self.resting.run_ended(self._runs.pop(task))
             if task in self._awaiting:
                 self._awaiting.discard(task)
                 self._changed.set()
@@ -245,7 +249,7 @@ class GymCheckpointControl:
     def _copy_idle_episodes(self) -> None:
         """Copy the live episodes no ``/run`` drives: they rest at a boundary already."""
         driven = {episode_id for episode_id in self._runs.values() if episode_id is not None}
-        for episode in self.server.live_episodes():
+        for episode in self.resting.live(also=self.restored_unclaimed):
             if episode.episode_id not in driven and not self._is_retired(episode.episode_id):
                 self.copies[episode.episode_id] = episode.to_record()
 
@@ -511,6 +515,7 @@ class GymCheckpointControl:
         if episode_id not in self.restored_unclaimed:
             return None
         self.restored_unclaimed.discard(episode_id)
+        self.resting.driven(episode_id)  # claimed: it may rest again if its /run ends early
         episode: Episode = self.server.episodes[episode_id]
         return episode
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import enum
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,3 +251,43 @@ class Episode:
             raise EpisodeRecordError(
                 f"episode record is incomplete or malformed: {error}"
             ) from error
+
+
+class RestingEpisodes:
+    """The episodes that can rest live with no ``/run`` driving them, so the idle copy at
+    prepare costs what is live, not every episode a replica keeps (up to 50,000 finished).
+
+    Those a ``/run`` drove to a boundary or claimed from a restore, until they leave the
+    live phases. The first thing a ``/run`` does is reach a boundary, so an episode that
+    never did holds no turn: restarting it from turn 0 is the same as a copy.
+    """
+
+    def __init__(self, episodes: Mapping[EpisodeId, Episode]) -> None:
+        self._episodes = episodes
+        self._ids: dict[EpisodeId, None] = {}
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def driven(self, episode_id: EpisodeId) -> None:
+        self._ids[episode_id] = None
+
+    def run_ended(self, episode_id: EpisodeId | None) -> None:
+        """Its ``/run`` ended: forget the episode unless it is still live (cancelled)."""
+        if episode_id is not None and self._live(episode_id) is None:
+            self._ids.pop(episode_id, None)
+
+    def live(self, also: Iterable[EpisodeId] = ()) -> list[Episode]:
+        """The live ones of these and of ``also`` (the restored unclaimed); forgets the rest."""
+        out = []
+        for episode_id in [*self._ids, *sorted(set(also) - self._ids.keys())]:
+            episode = self._live(episode_id)
+            if episode is None:
+                self._ids.pop(episode_id, None)
+            else:
+                out.append(episode)
+        return out
+
+    def _live(self, episode_id: EpisodeId) -> Episode | None:
+        episode = self._episodes.get(episode_id)
+        return episode if episode is not None and episode.phase in LIVE_PHASES else None
