@@ -51,10 +51,10 @@ def test_without_a_deletion_the_whole_sample_is_the_lead() -> None:
 def test_the_sampler_reads_this_process_and_the_machine() -> None:
     sampler = PodCpuSampler(dict)
     sampler.start()
-    # Spend 0.5 s of CPU here to be seen (by CPU time, not wall time: on a loaded machine
-    # 0.8 s of wall time gave this process 0.15 s).
+    # Spend 1 s of CPU here to be seen (by CPU time, not wall time: on a loaded machine 0.8 s
+    # of wall time gave this process 0.15 s); the samples every 0.25 s miss the edges.
     started, deadline = time.process_time(), time.monotonic() + 60
-    while time.process_time() - started < 0.5 and time.monotonic() < deadline:
+    while time.process_time() - started < 1.0 and time.monotonic() < deadline:
         sum(range(10_000))
     sampler.stop()
     mine = sum(spent for _, key, spent in sampler.rows if key == THIS_PROCESS)
