@@ -180,7 +180,10 @@ async def test_prepare_copies_at_boundaries_without_holding_episodes(rig: Rig) -
     assert control.phase is ControlPhase.PREPARED
     assert sorted(e.rollout_id for e in control.copies) == ["r0", "r1", "r2"]
     turns_at_copy = {e: record["turn"] for e, record in control.copies.items()}
-    await asyncio.sleep(0.25)  # nothing is held: the episodes go on taking turns
+    for _ in range(400):  # nothing is held: the episodes go on taking turns
+        if all(server.episodes[e].turn > turn for e, turn in turns_at_copy.items()):
+            break
+        await asyncio.sleep(0.01)
     assert all(server.episodes[e].turn > turn for e, turn in turns_at_copy.items())
     wanted = [EnvironmentEpisode(f"r{i}", 0, "gym-0") for i in range(3)]
     snapshot = await client.commit("ck1", deadline(), wanted)
