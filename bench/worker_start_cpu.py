@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -318,6 +319,7 @@ def cli() -> None:
     (work / "spec.json").write_text(json.dumps({"trees": trees, "rounds": args.rounds}))
     load_before = os.getloadavg()
     result = run_in_namespace(work, timeout_s=1800, module="bench.worker_start_cpu")
+    shutil.rmtree(work, ignore_errors=True)  # the logs: kept only when the run failed
     result["load"] = {"before": load_before, "after": os.getloadavg()}
     text = json.dumps(result, indent=1)
     if args.json:
@@ -326,7 +328,7 @@ def cli() -> None:
         name: {k: result[name][k] for k in ("mean_to_ready", "mean_to_ready_total")}
         for name in trees
     }
-    print(json.dumps({**summary, "load": result["load"], "work": str(work)}, indent=1))
+    print(json.dumps({**summary, "load": result["load"]}, indent=1))
 
 
 if __name__ == "__main__":
