@@ -13,6 +13,7 @@ from rolloutrun_runtime.environments.gym import (
     Episode,
     EpisodeId,
     LocalPolicyClient,
+    Phase,
     Sampling,
     SideEffectLog,
 )
@@ -56,3 +57,16 @@ def agent(engine: GenerationEngine, effects: SideEffectLog) -> AgentLoop:
 def fresh_episode(loop: AgentLoop, rollout_id: str, attempt: int = 0) -> Episode:
     sampling = Sampling(temperature=1.0, max_new_tokens=8, seed=7)
     return loop.new_episode(EpisodeId(rollout_id, attempt), THREE, NOWHERE, sampling)
+
+
+def bare_episode(name: str, phase: Phase) -> Episode:
+    """An episode of no turns in ``phase``, for tests of what a replica keeps."""
+    return Episode(
+        episode_id=EpisodeId(name),
+        prompt_id=0,
+        policy_url="http://127.0.0.1:1",
+        sampling=Sampling(temperature=1.0, max_new_tokens=4),
+        state={},
+        segments=[],
+        phase=phase,
+    )

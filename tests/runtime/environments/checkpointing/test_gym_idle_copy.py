@@ -18,12 +18,13 @@ import pytest
 
 from rolloutrun_runtime.environments.checkpointing.nemo_gym import GymSnapshot
 from rolloutrun_runtime.environments.gym.control import ControlPhase
-from rolloutrun_runtime.environments.gym.episode import Episode, EpisodeId, Phase, Sampling
+from rolloutrun_runtime.environments.gym.episode import Episode, EpisodeId, Phase
 from tests.runtime.environments.checkpointing.test_gym_environment_checkpoint import (
     LONG,
     Rig,
     deadline,
 )
+from tests.support.scripted_gym import bare_episode
 
 
 @pytest.fixture
@@ -34,19 +35,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     await rig.close()
 
 
-def _episode(name: str, phase: Phase) -> Episode:
-    return Episode(
-        episode_id=EpisodeId(name),
-        prompt_id=0,
-        policy_url="http://127.0.0.1:1",
-        sampling=Sampling(temperature=1.0, max_new_tokens=4),
-        state={},
-        segments=[],
-        phase=phase,
-    )
-
-
-async def test_a_restored_unclaimed_episode_is_copied_without_a_scan_of_every_episode(
+async def test_a_restored_unclaimed_episode_is_copied_without_a_scan_of_everybare_episode(
     rig: Rig,
 ) -> None:
     """A restored episode no ``/run`` has claimed rests live at its boundary: the next
@@ -54,8 +43,8 @@ async def test_a_restored_unclaimed_episode_is_copied_without_a_scan_of_every_ep
     await rig.start_gym()
     server, control, _ = rig.gyms["gym-0"]
     for n in range(3000):
-        server.install(_episode(f"done-{n}", Phase.FINISHED))
-    record = _episode("resting", Phase.AWAIT_MODEL).to_record()
+        server.install(bare_episode(f"done-{n}", Phase.FINISHED))
+    record = bare_episode("resting", Phase.AWAIT_MODEL).to_record()
     client = rig.client()
     await client.restore("ck0", deadline(), GymSnapshot("ck0", {"gym-0": [record]}).to_bytes())
     await client.end_restore("ck0", keep=True)

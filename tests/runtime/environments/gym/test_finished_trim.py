@@ -7,31 +7,20 @@ import pytest
 
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.environments.gym import GymServer, server
-from rolloutrun_runtime.environments.gym.episode import Episode, EpisodeId, Phase, Sampling
+from rolloutrun_runtime.environments.gym.episode import Phase
+from tests.support.scripted_gym import bare_episode
 
 CFG = RunConfig.model_validate({"policy": {"device": "cpu"}, "seed": 3})
-
-
-def _episode(name: str, phase: Phase) -> Episode:
-    return Episode(
-        episode_id=EpisodeId(name),
-        prompt_id=0,
-        policy_url="http://127.0.0.1:1",
-        sampling=Sampling(temperature=1.0, max_new_tokens=4),
-        state={},
-        segments=[],
-        phase=phase,
-    )
 
 
 def test_the_oldest_finished_episodes_go_first_and_live_ones_stay(monkeypatch):
     monkeypatch.setattr(server, "MAX_FINISHED_EPISODES", 3)
     gym = GymServer("gym-0", CFG, None)
-    gym.install(_episode("live-old", Phase.AWAIT_TOOL))
+    gym.install(bare_episode("live-old", Phase.AWAIT_TOOL))
     for n in range(4):
-        gym.install(_episode(f"done-{n}", Phase.FINISHED))
-    gym.install(_episode("live-new", Phase.AWAIT_MODEL))
-    gym.install(_episode("failed", Phase.FAILED))
+        gym.install(bare_episode(f"done-{n}", Phase.FINISHED))
+    gym.install(bare_episode("live-new", Phase.AWAIT_MODEL))
+    gym.install(bare_episode("failed", Phase.FAILED))
     assert [key.rollout_id for key in gym.episodes] == ["live-old", "live-new", "failed"]
 
 
@@ -40,5 +29,5 @@ def test_nothing_goes_below_the_bound(monkeypatch, held):
     monkeypatch.setattr(server, "MAX_FINISHED_EPISODES", 3)
     gym = GymServer("gym-0", CFG, None)
     for n in range(held):
-        gym.install(_episode(f"done-{n}", Phase.FINISHED))
+        gym.install(bare_episode(f"done-{n}", Phase.FINISHED))
     assert len(gym.episodes) == held
