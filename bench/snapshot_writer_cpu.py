@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -273,6 +274,7 @@ async def control_one(cycles: int) -> dict[str, Any]:
         await client.close()
         stop_process(gym.process)
         gym.log.close()
+        shutil.rmtree(root, ignore_errors=True)
     return {
         "cycles": cycles,
         "trainer_loop_ms": round(cpu * 1000 / cycles, 3),
@@ -385,20 +387,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.control_cycles:
         result = compare_control(args.baseline, args.control_cycles, args.repetitions)
-        text = json.dumps(result, indent=2)
-        if args.out:
-            args.out.write_text(text)
-        print(text)
-        return 0
-    if args.groups:
+    elif args.groups:
         result = compare_groups(args.baseline, args.groups, args.repetitions)
-        text = json.dumps(result, indent=1)
-        if args.out:
-            args.out.write_text(text)
-        print(text)
-        return 0
-    with tempfile.TemporaryDirectory(prefix="writer-cpu-") as root:
-        result = compare(args.baseline, args.repetitions, Path(root))
+    else:
+        with tempfile.TemporaryDirectory(prefix="writer-cpu-") as root:
+            result = compare(args.baseline, args.repetitions, Path(root))
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text)
