@@ -19,13 +19,16 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 MAKE_TINY_HF = "python -m rolloutrun_runtime.policy.make_tiny_hf"
 
 
-def model_dir_problem(directory: Path, *, tokenizer_only: bool = False) -> str | None:
-    """What a model directory lacks, or None when it holds a model."""
+def model_dir_problem(
+    directory: Path, *, tokenizer_only: bool = False, weights: bool = True
+) -> str | None:
+    """What a model directory lacks, or None when it holds a model (``weights`` False: a
+    model whose weights come from elsewhere, so its ``*.safetensors`` are not needed)."""
     if not directory.is_dir():
         return f"{directory} is not a directory"
     needed = [TOKENIZER_FILE] if tokenizer_only else [CONFIG_FILE, TOKENIZER_FILE]
     missing = [name for name in needed if not (directory / name).is_file()]
-    if not tokenizer_only and not any(directory.glob("*.safetensors")):
+    if not tokenizer_only and weights and not any(directory.glob("*.safetensors")):
         missing.append("*.safetensors")
     return f"{directory} lacks {', '.join(missing)}" if missing else None
 

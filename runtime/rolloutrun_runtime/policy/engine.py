@@ -223,7 +223,11 @@ class GenerationEngine:
         self.threaded = threaded
         self.capture = TokenCapture()
         self._rng = random.Random(seed)
-        template = build_policy_model(cfg, seed=0, vocab_size=vocab_size)
+        # Built around the weights it is handed: a Hugging Face template reads no weights.
+        try:
+            template = build_policy_model(cfg, seed=0, vocab_size=vocab_size, weights=state_dict)
+        except (RuntimeError, KeyError) as error:
+            raise RefitError(f"weights do not fit the policy model: {error}") from error
         self._template = template.eval().requires_grad_(False)
         self._spare: list[torch.nn.Module] = []  # evicted models, reused by the next refit
         self._models: OrderedDict[int, torch.nn.Module] = OrderedDict()

@@ -12,6 +12,7 @@ never pays for ``transformers``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 import torch
@@ -65,19 +66,28 @@ def resolve_dtype(cfg: PolicyConfig, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def build_policy_model(cfg: PolicyConfig, seed: int, vocab_size: int | None = None) -> nn.Module:
+def build_policy_model(
+    cfg: PolicyConfig,
+    seed: int,
+    vocab_size: int | None = None,
+    weights: Mapping[str, torch.Tensor] | None = None,
+) -> nn.Module:
     """A fresh policy on its device and dtype. The built-in model is initialised from
     ``seed`` (over ``vocab_size``, the built-in tokenizer's by default); a Hugging Face model
     loads its weights from ``policy.model``. Either way the same config gives the same
-    weights, and torch's global RNG is left as it was."""
+    weights, and torch's global RNG is left as it was. With ``weights`` (a state dict of
+    this policy) the model holds copies of them instead, and a Hugging Face model reads
+    none of its own."""
     device = resolve_device(cfg)
     dtype = resolve_dtype(cfg, device)
     if cfg.model is None:
         model = build_model(cfg, vocab_size or TOKENIZER.vocab_size, seed)
+        if weights is not None:
+            model.load_state_dict(dict(weights))
         return model if dtype == torch.float32 else model.to(dtype=dtype)
     from rolloutrun_runtime.policy.hf import build_hf_model
 
-    return build_hf_model(cfg.model, cfg.max_seq_len, device, dtype)
+    return build_hf_model(cfg.model, cfg.max_seq_len, device, dtype, weights)
 
 
 def is_hf(model: nn.Module) -> bool:

@@ -20,6 +20,7 @@ only here and only when ``policy.model`` is set.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -123,11 +124,22 @@ class HFCausalLM(nn.Module):
 
 
 def build_hf_model(
-    uri: str, max_seq_len: int, device: torch.device, dtype: torch.dtype
+    uri: str,
+    max_seq_len: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    weights: Mapping[str, torch.Tensor] | None = None,
 ) -> HFCausalLM:
-    """The model of ``policy.model`` on ``device`` in ``dtype`` (torch's RNG untouched)."""
+    """The model of ``policy.model`` on ``device`` in ``dtype`` (torch's RNG untouched).
+
+    ``weights`` (an ``HFCausalLM`` state dict, as the trainer's model gives it): the model
+    holds copies of them and reads only the directory's ``config.json``, never its
+    ``*.safetensors``. Why: a generation engine always installs the weights it is handed
+    (the trainer's, or a refit's), so reading the model's own was a whole second read of
+    the weights at every engine start, and on a ``gs://`` model a download per worker pod.
+    """
     transformers = offline_transformers()
-    directory = local_model_dir(uri)
+    directory = local_model_dir(uri, weights=weights is None)
     config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and max_seq_len > int(limit):
@@ -136,12 +148,36 @@ def build_hf_model(
         )
     with torch.random.fork_rng(devices=[]):
         try:
-            lm = transformers.AutoModelForCausalLM.from_pretrained(
-                directory, dtype=dtype, attn_implementation="sdpa", local_files_only=True
-            )
+            if weights is None:
+                lm = transformers.AutoModelForCausalLM.from_pretrained(
+                    directory, dtype=dtype, attn_implementation="sdpa", local_files_only=True
+                )
+            else:
+                lm = _around_weights(transformers, config, weights, dtype)
         except ValueError as error:
             raise HFModelError(f"policy.model {uri}: {error}") from error
     return HFCausalLM(lm, max_seq_len).to(device)
+
+
+def _around_weights(
+    transformers: Any, config: Any, weights: Mapping[str, torch.Tensor], dtype: torch.dtype
+) -> Any:
+    """``config``'s causal LM holding copies of ``weights`` (no initialisation drawn, no
+    weight file read). Copies: ``from_pretrained`` would otherwise keep the very tensors it
+    is handed, and the engine's template would share (and freeze) the trainer's parameters."""
+    try:
+        model_class = transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        raise ValueError(f"no causal LM class for a {type(config).__name__}") from None
+    own = {_hf_name(name): tensor.detach().clone() for name, tensor in weights.items()}
+    return model_class.from_pretrained(
+        None, config=config, state_dict=own, dtype=dtype, attn_implementation="sdpa"
+    )
+
+
+def _hf_name(name: str) -> str:
+    """A wrapper state-dict name under the Hugging Face model's own (``lm.`` dropped)."""
+    return name[len("lm.") :] if name.startswith("lm.") else name
 
 
 def export_hf(model: HFCausalLM, source_uri: str, out: Path) -> list[Path]:

@@ -91,17 +91,22 @@ def _ensure(directory: Path) -> Path:
     return directory
 
 
-def local_model_dir(uri: str, *, tokenizer_only: bool = False) -> Path:
-    """The local directory of ``policy.model`` (a path, ``file://`` or ``gs://``)."""
+def local_model_dir(uri: str, *, tokenizer_only: bool = False, weights: bool = True) -> Path:
+    """The local directory of ``policy.model`` (a path, ``file://`` or ``gs://``).
+
+    ``tokenizer_only`` (the Gym) and ``weights`` False (a model built around weights it is
+    given: the generation engine) need only the tokenizer and the configs, so a ``gs://``
+    model copies only those, never the weights."""
     if uri.startswith("gs://"):
-        directory = _copy_from_storage(uri, list(PROMPT_FILES) if tokenizer_only else None)
+        small = tokenizer_only or not weights
+        directory = _copy_from_storage(uri, list(PROMPT_FILES) if small else None)
     elif uri.startswith("file://"):
         directory = Path(uri[len("file://") :])
     elif "://" in uri:
         raise HFModelError(f"policy.model {uri!r}: only a directory, file:// or gs:// is read")
     else:
         directory = Path(uri)
-    problem = model_dir_problem(directory, tokenizer_only=tokenizer_only)
+    problem = model_dir_problem(directory, tokenizer_only=tokenizer_only, weights=weights)
     if problem:
         raise HFModelError(f"policy.model {uri}: {problem}")
     return directory

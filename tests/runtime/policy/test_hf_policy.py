@@ -95,6 +95,55 @@ async def test_the_engine_serves_logprobs_versions_pins_and_refits(model_dir: Pa
         await engine.stop()
 
 
+async def test_the_engine_reads_no_weights_of_its_own_and_shares_none_it_is_given(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """An engine installs the weights it is handed; reading the model's own was a second
+    read of every weight at each engine start (a download per worker pod on gs://)."""
+    cfg = _cfg(model_dir, device="cpu")
+    tokenizer = policy_tokenizer(cfg)
+    trained = build_policy_model(cfg, seed=0)
+    with torch.no_grad():
+        for value in trained.parameters():
+            value.add_(0.05)  # not the files' weights: the engine must serve these
+    prompt = [tokenizer.bos_id, *tokenizer.encode("3+4=")]
+    call = GenerationRequest(prompt_token_ids=prompt, max_tokens=6, seed=5)
+    # The same model without its weight files: only config.json and the tokenizer left.
+    bare = tmp_path / "no-weights"
+    bare.mkdir()
+    for path in model_dir.iterdir():
+        if not path.name.endswith(".safetensors"):
+            (bare / path.name).write_bytes(path.read_bytes())
+    served = []
+    for directory in (model_dir, bare):
+        engine = GenerationEngine(
+            _cfg(directory, device="cpu"),
+            tokenizer.vocab_size,
+            tokenizer.eos_id,
+            trained.state_dict(),
+            0,
+            seed=0,
+        )
+        try:
+            served.append(await engine.generate(call))
+        finally:
+            await engine.stop()
+    ids = torch.tensor([prompt + list(served[0].token_ids)])
+    with torch.inference_mode():
+        expected = token_logprobs(trained, ids)[0, len(prompt) - 1 :]
+    assert list(served[0].logprobs) == pytest.approx(expected.tolist(), abs=1e-4)
+    assert served[1] == served[0]
+    # Built around given weights, a model holds copies: never the trainer's own tensors.
+    given = trained.state_dict()
+    around = build_policy_model(_cfg(bare, device="cpu"), seed=0, weights=given)
+    assert {v.data_ptr() for v in around.state_dict().values()}.isdisjoint(
+        v.data_ptr() for v in given.values()
+    )
+    assert all(torch.equal(around.state_dict()[k], v) for k, v in given.items())
+    with pytest.raises(HFModelError, match=r"lacks \*.safetensors"):
+        build_policy_model(_cfg(bare, device="cpu"), seed=0)
+
+
 async def test_batch_invariant_hf_engine_is_bit_identical_alone_and_in_a_crowd(
     model_dir: Path,
 ) -> None:
@@ -178,6 +227,9 @@ def test_a_model_in_gs_storage_is_copied_and_loaded(
     assert (directory / "model.safetensors").read_bytes() == gs_storage.read_bytes(
         "models/tiny/model.safetensors"
     )
+    # An engine (handed its weights) copies the configs and the tokenizer, not the weights.
+    light = local_model_dir(uri, weights=False)
+    assert (light / "config.json").is_file() and not any(light.glob("*.safetensors"))
 
 
 def test_the_gym_tokenizes_an_hf_model_without_torch_and_the_builtin_path_without_transformers(
