@@ -19,12 +19,15 @@ from bench.elastic_report import (
     STAGES,
     ReplacementWatch,
     _breakdown_stats,
+    cpu_around_deletions,
     deletion_report,
     gym_start_figures,
+    pod_cpu_rows,
     steps_around_deletions,
 )
 from bench.gym_startup import CONFIG
-from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
+from bench.pod_cpu import MACHINE, THIS_PROCESS
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN, gym_pod_name, trainer_pod_name
 
 AT = 1000.0
 #: Moments of one replacement, from the deletion at ``AT``, as the API polls and logs give.
@@ -181,3 +184,48 @@ def test_steps_around_deletions_add_up_over_the_deletions() -> None:
         {"elastic": 3, "undisturbed": 6},
     ]
     assert found["lost_after"] == 6 and found["lost_before"] == 6
+
+
+def test_cpu_around_a_deletion_sums_each_role_of_both_arms_over_the_same_moments() -> None:
+    # the elastic arm: its trainer starved after the deletion at 100 while a Gym started
+    elastic = [[97.0, "trainer", 0.3], [99.0, "gym", 0.1], [101.0, "trainer", 0.1],
+               [102.0, "gym", 0.45], [103.0, "gym", 0.05], [106.5, "trainer", 0.5]]  # fmt: skip
+    undisturbed = [[97.5, "trainer", 0.3], [101.0, "trainer", 0.25], [104.0, "trainer", 0.25],
+                   [102.0, "gym", 0.1]]  # fmt: skip
+    found = cpu_around_deletions([100.0], elastic, undisturbed, window_s=6.0)
+    assert found["per_deletion"] == [
+        {
+            "after": {
+                "trainer": {"elastic": 0.1, "undisturbed": 0.5},
+                "gym": {"elastic": 0.5, "undisturbed": 0.1},
+            },
+            "before": {
+                "trainer": {"elastic": 0.3, "undisturbed": 0.3},
+                "gym": {"elastic": 0.1, "undisturbed": 0.0},
+            },
+        }
+    ]
+    assert found["trainer_cpu_lost_after_s"] == 0.4
+    assert found["gym_cpu_extra_after_s"] == 0.4
+    assert found["trainer_cpu_lost_before_s"] == 0.0
+    assert found["gym_cpu_extra_before_s"] == 0.1
+
+
+def test_pod_cpu_rows_keep_the_trainer_and_gym_pods_by_their_names() -> None:
+    names = {
+        "u-trainer": trainer_pod_name("bench", 1),
+        "u-gym": gym_pod_name("bench", 1, 0),
+        "u-replacement": gym_pod_name("bench", 1, 0),  # a replacement keeps the old name
+    }
+    rows = [
+        (10.0, "u-trainer", 0.12345),
+        (10.0, "u-gym", 0.05),
+        (10.25, "u-replacement", 0.2),
+        (10.25, THIS_PROCESS, 0.3),  # the bench's own process and the machine: not pods
+        (10.25, MACHINE, 0.9),
+    ]
+    assert pod_cpu_rows(rows, names) == [
+        [10.0, "trainer", 0.1235],
+        [10.0, "gym", 0.05],
+        [10.25, "gym", 0.2],
+    ]
