@@ -45,8 +45,9 @@ rollouts: a step takes ~2x longer at step 150 than at step 20).
 arm run AT THE SAME TIME, each in its own process and local cluster, their windows started
 together once both train: the same machine load at the same moments and the same run age.
 The replacements' start-up CPU is taken from both arms alike (one shared machine). Where
-the rate goes: each elastic arm's ``steps_around_deletions`` and ``cpu_around_deletions``
-(its trainer's and Gyms' CPU against the undisturbed arm's; :mod:`.elastic_report`).
+the rate goes: each elastic arm's ``steps_around_deletions``, ``rollouts_around_deletions``
+(rollouts finished, groups dropped) and ``cpu_around_deletions`` (its trainer's and Gyms'
+CPU), each against the undisturbed arm's at the same moments (:mod:`.elastic_report`).
 
 This tree's pods run a byte-compiled copy of its ``runtime/`` (as an installed image is;
 the pods' root is read-only, so a tree without ``__pycache__`` compiled every module at each
@@ -89,7 +90,9 @@ from .elastic_report import (
     interleaved_rates,
     over_seeds,
     pod_cpu_rows,
+    rollouts_around_deletions,
     steps_around_deletions,
+    trace_times,
     trainer_step_times,
 )
 from .elastic_report import _spread as _spread  # bench.elastic_workers takes it from here
@@ -453,6 +456,9 @@ def paired(
             at, steps[name], steps[names[0]]
         )
         arms[name]["cpu_around_deletions"] = cpu_around_deletions(at, cpu[name], cpu[names[0]])
+        arms[name]["rollouts_around_deletions"] = rollouts_around_deletions(
+            at, *(trace_times(work / f"{arm}-{seed}") for arm in (name, names[0]))
+        )
     base = arms["undisturbed"]["steps_per_min"] or 1.0
     ratios = {f"{name}_vs_undisturbed": round(arms[name]["steps_per_min"] / base, 3)
               for name in names[1:]}  # fmt: skip

@@ -12,6 +12,7 @@ incomplete.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import statistics
 import threading
 import time
@@ -19,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rolloutrun_localcluster.embedded import EmbeddedRun
+from rolloutrun_localcluster.embedded import LOGS_DIR, EmbeddedRun
+from rolloutrun_runtime.contract.layout import TRACE_FILE
 
 from .pod_cpu import pod_kind
 
@@ -248,6 +250,60 @@ def steps_around_deletions(
         "per_deletion": per,
         "lost_after": sum(d["after"]["undisturbed"] - d["after"]["elastic"] for d in per),
         "lost_before": sum(d["before"]["undisturbed"] - d["before"]["elastic"] for d in per),
+    }
+
+
+#: Trace events counted around each deletion (:func:`rollouts_around_deletions`): the
+#: rollouts an arm finished, and its groups dropped for zero reward variance (their
+#: rollouts trained nothing: a step then needs more of them, as the policy learns).
+ROLLOUT_EVENTS = ("attempt_sealed", "group_dropped")
+
+
+def trace_times(work_dir: Path) -> dict[str, list[float]]:
+    """Epoch times of each :data:`ROLLOUT_EVENTS` event in an arm's rollout trace."""
+    times: dict[str, list[float]] = {event: [] for event in ROLLOUT_EVENTS}
+    path = work_dir / LOGS_DIR / TRACE_FILE
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+                times[event["event"]].append(float(event["t"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # another event, or a torn last line
+    return times
+
+
+def rollouts_around_deletions(
+    deleted_at: list[float],
+    elastic: dict[str, list[float]],
+    undisturbed: dict[str, list[float]],
+    window_s: float = AROUND_DELETION_S,
+) -> dict[str, Any]:
+    """As :func:`steps_around_deletions`, the rollouts each arm finished and the groups it
+    dropped (:func:`trace_times`) after and before each deletion (pure). Steps mix the
+    member loss (fewer rollouts done: ``rollouts_lost_after``) with the arms' diverging
+    policies (more groups dropped: ``groups_dropped_extra_after``), which no member path
+    causes; these two tell them apart."""
+
+    def count(times: list[float], lo: float, hi: float) -> int:
+        return sum(1 for t in times if lo <= t < hi)
+
+    per = _around(deleted_at, window_s, lambda lo, hi: {
+        event: {"elastic": count(elastic.get(event, []), lo, hi),
+                "undisturbed": count(undisturbed.get(event, []), lo, hi)}
+        for event in ROLLOUT_EVENTS
+    })  # fmt: skip
+
+    def gap(side: str, event: str) -> int:
+        return sum(d[side][event]["undisturbed"] - d[side][event]["elastic"] for d in per)
+
+    return {
+        "window_s": window_s,
+        "per_deletion": per,
+        "rollouts_lost_after": gap("after", "attempt_sealed"),
+        "rollouts_lost_before": gap("before", "attempt_sealed"),
+        "groups_dropped_extra_after": -gap("after", "group_dropped"),
+        "groups_dropped_extra_before": -gap("before", "group_dropped"),
     }
 
 
