@@ -45,7 +45,9 @@ rollouts: a step takes ~2x longer at step 150 than at step 20).
 arm run AT THE SAME TIME, each in its own process and local cluster, their windows started
 together once both train: the same machine load at the same moments and the same run age.
 The replacements' start-up CPU is taken from both arms alike (one shared machine). Where
-the rate goes: each elastic arm's ``steps_around_deletions`` (:mod:`.elastic_report`).
+the rate goes: each elastic arm's ``steps_around_deletions``, ``rollouts_around_deletions``
+(rollouts finished, groups dropped) and ``cpu_around_deletions`` (its trainer's and Gyms'
+CPU), each against the undisturbed arm's at the same moments (:mod:`.elastic_report`).
 
 This tree's pods run a byte-compiled copy of its ``runtime/`` (as an installed image is;
 the pods' root is read-only, so a tree without ``__pycache__`` compiled every module at each
@@ -83,13 +85,19 @@ from .elastic_report import (
     _gym_start,
     _marker_times,
     _stats,
+    cpu_around_deletions,
     deletion_report,
+    interleaved_rates,
     over_seeds,
+    pod_cpu_rows,
+    rollouts_around_deletions,
     steps_around_deletions,
+    trace_times,
     trainer_step_times,
 )
 from .elastic_report import _spread as _spread  # bench.elastic_workers takes it from here
 from .operator_recovery import LONG_RUN, wait
+from .pod_cpu import PodCpuSampler
 
 #: ``--level turn``: the run as a multi-turn task with turn-level snapshots (side effects per
 #: turn; a lost Gym's episodes resume from their records), as the turn-level e2e runs it.
@@ -398,27 +406,6 @@ def _segment(
     return _highest_step(run) - first, time.time() - start
 
 
-def interleaved_rates(segments: list[tuple[str, int, float]]) -> dict[str, Any]:
-    """Steps per minute of the U and D segments, their ratio (D over U, all segments
-    pooled), and the ratio of each U/D pair (segments 2i and 2i+1)."""
-
-    def rate(kind: str, chosen: list[tuple[str, int, float]]) -> float:
-        steps = sum(n for k, n, _ in chosen if k == kind)
-        seconds = sum(t for k, _, t in chosen if k == kind)
-        return steps / seconds * 60 if seconds else 0.0
-
-    undisturbed, disturbed = rate("U", segments), rate("D", segments)
-    pairs = [segments[i : i + 2] for i in range(0, len(segments) - 1, 2)]
-    per_pair = [rate("D", p) / rate("U", p) for p in pairs if rate("U", p)]
-    return {
-        "undisturbed": {"steps_per_min": round(undisturbed, 2)},
-        "disturbed_steps_per_min": round(disturbed, 2),
-        "elastic_vs_undisturbed": round(disturbed / undisturbed, 3) if undisturbed else 0.0,
-        "per_pair_ratio": [round(r, 3) for r in per_pair],
-        "segments": [{"kind": k, "steps": n, "s": round(t, 1)} for k, n, t in segments],
-    }
-
-
 def paired(
     seed: int,
     work: Path,
@@ -462,9 +449,16 @@ def paired(
             if child.poll() is None:
                 child.kill()
     steps = {name: trainer_step_times(work / f"{name}-{seed}") for name in names}
-    for name in names[1:]:  # where each elastic arm's rate went, deletion by deletion
-        found = steps_around_deletions(arms[name]["deleted_at"], steps[name], steps[names[0]])
-        arms[name]["steps_around_deletions"] = found
+    cpu = {name: arms[name].pop("pod_cpu", []) for name in names}
+    for name in names[1:]:  # where each elastic arm's rate (and CPU) went, deletion by deletion
+        at = arms[name]["deleted_at"]
+        arms[name]["steps_around_deletions"] = steps_around_deletions(
+            at, steps[name], steps[names[0]]
+        )
+        arms[name]["cpu_around_deletions"] = cpu_around_deletions(at, cpu[name], cpu[names[0]])
+        arms[name]["rollouts_around_deletions"] = rollouts_around_deletions(
+            at, *(trace_times(work / f"{arm}-{seed}") for arm in (name, names[0]))
+        )
     base = arms["undisturbed"]["steps_per_min"] or 1.0
     ratios = {f"{name}_vs_undisturbed": round(arms[name]["steps_per_min"] / base, 3)
               for name in names[1:]}  # fmt: skip
@@ -489,10 +483,13 @@ def paired_arm(args: argparse.Namespace) -> None:
     document = _document(True, spec.seed, args.level)
     with EmbeddedRun(document, Path(args.work) / spec.name) as run:
         wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
+        sampler = PodCpuSampler(lambda: {str(p.metadata.uid): n for n, p in run.pods().items()})
+        sampler.start()  # every arm alike: its pods' CPU (cpu_around_deletions)
         (sync / f"{args.arm}.ready").touch()
         wait(lambda: (sync / "go").exists(), f"{spec.name}: the go", bound=900)
         result = _window(run, spec, args.window, args.every)
-    print(json.dumps(result))
+        sampler.stop()
+    print(json.dumps({**result, "pod_cpu": pod_cpu_rows(sampler.rows, sampler.names)}))
 
 
 def main() -> None:

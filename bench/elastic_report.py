@@ -1,5 +1,7 @@
 """Per deletion of ``bench/elastic.py``'s Gym arms: the stages from the deletion to the
-replacement's first work, what became of each deletion, and the stats over them.
+replacement's first work, what became of each deletion, and the stats over them; with
+``--paired``, the steps and the pods' CPU of each elastic arm around its deletions against
+the undisturbed arm's at the same moments (where the rate goes).
 
 Why a module of its own: the report is pure (:func:`deletion_report` takes the moments the
 API polls and the pods' log lines gave) and tested alone, while ``bench/elastic.py`` runs
@@ -10,13 +12,18 @@ incomplete.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rolloutrun_localcluster.embedded import EmbeddedRun
+from rolloutrun_localcluster.embedded import LOGS_DIR, EmbeddedRun
+from rolloutrun_runtime.contract.layout import TRACE_FILE
+
+from .pod_cpu import pod_kind
 
 READMITTED = "re-admitted at"
 #: Log lines of the replacement's path to its first work (trainer and Gym logs).
@@ -235,19 +242,136 @@ def steps_around_deletions(
     def count(steps: list[float], start: float, end: float) -> int:
         return sum(1 for t in steps if start <= t < end)
 
-    per = []
-    for at in deleted_at:
-        per.append({
-            side: {"elastic": count(elastic_steps, start, start + window_s),
-                   "undisturbed": count(undisturbed_steps, start, start + window_s)}
-            for side, start in (("after", at), ("before", at - window_s))
-        })  # fmt: skip
+    per = _around(deleted_at, window_s, lambda lo, hi: {
+        "elastic": count(elastic_steps, lo, hi), "undisturbed": count(undisturbed_steps, lo, hi)
+    })  # fmt: skip
     return {
         "window_s": window_s,
         "per_deletion": per,
         "lost_after": sum(d["after"]["undisturbed"] - d["after"]["elastic"] for d in per),
         "lost_before": sum(d["before"]["undisturbed"] - d["before"]["elastic"] for d in per),
     }
+
+
+#: Trace events counted around each deletion (:func:`rollouts_around_deletions`): the
+#: rollouts an arm finished, and its groups dropped for zero reward variance (their
+#: rollouts trained nothing: a step then needs more of them, as the policy learns).
+ROLLOUT_EVENTS = ("attempt_sealed", "group_dropped")
+
+
+def trace_times(work_dir: Path) -> dict[str, list[float]]:
+    """Epoch times of each :data:`ROLLOUT_EVENTS` event in an arm's rollout trace."""
+    times: dict[str, list[float]] = {event: [] for event in ROLLOUT_EVENTS}
+    path = work_dir / LOGS_DIR / TRACE_FILE
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+                times[event["event"]].append(float(event["t"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # another event, or a torn last line
+    return times
+
+
+def rollouts_around_deletions(
+    deleted_at: list[float],
+    elastic: dict[str, list[float]],
+    undisturbed: dict[str, list[float]],
+    window_s: float = AROUND_DELETION_S,
+) -> dict[str, Any]:
+    """As :func:`steps_around_deletions`, the rollouts each arm finished and the groups it
+    dropped (:func:`trace_times`) after and before each deletion (pure). Steps mix the
+    member loss (fewer rollouts done: ``rollouts_lost_after``) with the arms' diverging
+    policies (more groups dropped: ``groups_dropped_extra_after``), which no member path
+    causes; these two tell them apart."""
+
+    def count(times: list[float], lo: float, hi: float) -> int:
+        return sum(1 for t in times if lo <= t < hi)
+
+    per = _around(deleted_at, window_s, lambda lo, hi: {
+        event: {"elastic": count(elastic.get(event, []), lo, hi),
+                "undisturbed": count(undisturbed.get(event, []), lo, hi)}
+        for event in ROLLOUT_EVENTS
+    })  # fmt: skip
+
+    def gap(side: str, event: str) -> int:
+        return sum(d[side][event]["undisturbed"] - d[side][event]["elastic"] for d in per)
+
+    return {
+        "window_s": window_s,
+        "per_deletion": per,
+        "rollouts_lost_after": gap("after", "attempt_sealed"),
+        "rollouts_lost_before": gap("before", "attempt_sealed"),
+        "groups_dropped_extra_after": -gap("after", "group_dropped"),
+        "groups_dropped_extra_before": -gap("before", "group_dropped"),
+    }
+
+
+def _around(
+    deleted_at: list[float], window_s: float, tally: Callable[[float, float], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per deletion, ``tally`` over the ``window_s`` after it and the ``window_s`` before."""
+    return [
+        {
+            side: tally(start, start + window_s)
+            for side, start in (("after", at), ("before", at - window_s))
+        }
+        for at in deleted_at
+    ]
+
+
+#: The pods whose CPU :func:`cpu_around_deletions` compares between the paired arms.
+CPU_ROLES = ("trainer", "gym")
+
+
+def cpu_around_deletions(
+    deleted_at: list[float],
+    elastic_cpu: list[list[Any]],
+    undisturbed_cpu: list[list[Any]],
+    window_s: float = AROUND_DELETION_S,
+) -> dict[str, Any]:
+    """Where a paired elastic arm's CPU goes around each deletion (pure), as
+    :func:`steps_around_deletions` counts its steps: per deletion and per role
+    (:data:`CPU_ROLES`; the old, the surviving and the replacement Gym pods are all
+    ``gym``) the CPU-seconds each arm's pods spent in the ``window_s`` after it and before
+    it, from rows ``(time, role, cpu_s)`` (:func:`pod_cpu_rows`). On one node every pod draws
+    on the node's CPU share, so the trainer's CPU the elastic arm lacks after a deletion
+    (``trainer_cpu_lost_after_s``) beside the Gyms' extra (``gym_cpu_extra_after_s``: the
+    replacement's start, the survivor's extra episodes) says whether its steps were lost to
+    CPU taken by the replacement rather than to a wait."""
+
+    def spent(rows: list[list[Any]], role: str, lo: float, hi: float) -> float:
+        return sum((float(cpu) for t, kind, cpu in rows if kind == role and lo <= t < hi), 0.0)
+
+    per = _around(deleted_at, window_s, lambda lo, hi: {
+        role: {"elastic": round(spent(elastic_cpu, role, lo, hi), 2),
+               "undisturbed": round(spent(undisturbed_cpu, role, lo, hi), 2)}
+        for role in CPU_ROLES
+    })  # fmt: skip
+
+    def gap(side: str, role: str) -> float:
+        return round(sum(d[side][role]["undisturbed"] - d[side][role]["elastic"] for d in per), 2)
+
+    return {
+        "window_s": window_s,
+        "per_deletion": per,
+        "trainer_cpu_lost_after_s": gap("after", "trainer"),
+        "trainer_cpu_lost_before_s": gap("before", "trainer"),
+        "gym_cpu_extra_after_s": 0.0 - gap("after", "gym"),
+        "gym_cpu_extra_before_s": 0.0 - gap("before", "gym"),
+    }
+
+
+def pod_cpu_rows(rows: list[tuple[float, str, float]], names: dict[str, str]) -> list[list[Any]]:
+    """A :class:`bench.pod_cpu.PodCpuSampler`'s rows as ``[time, role, cpu_s]`` of the pods
+    of :data:`CPU_ROLES` (:func:`bench.pod_cpu.pod_kind`, by name: a replacement has its
+    old pod's name), compact for a paired arm's answer."""
+    out = []
+    for t, uid, cpu in rows:
+        role = pod_kind(names.get(uid, uid), uid, victim="", refill=None)
+        if role in CPU_ROLES:
+            out.append([round(t, 3), role, round(cpu, 4)])
+    return out
 
 
 def _breakdown_stats(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -306,4 +430,25 @@ def _spread(values: list[float]) -> dict[str, Any]:
         "stdev": round(statistics.stdev(values), 3) if len(values) > 1 else 0.0,
         "min": round(min(values), 3),
         "max": round(max(values), 3),
+    }
+
+
+def interleaved_rates(segments: list[tuple[str, int, float]]) -> dict[str, Any]:
+    """Steps per minute of the U and D segments, their ratio (D over U, all segments
+    pooled), and the ratio of each U/D pair (segments 2i and 2i+1)."""
+
+    def rate(kind: str, chosen: list[tuple[str, int, float]]) -> float:
+        steps = sum(n for k, n, _ in chosen if k == kind)
+        seconds = sum(t for k, _, t in chosen if k == kind)
+        return steps / seconds * 60 if seconds else 0.0
+
+    undisturbed, disturbed = rate("U", segments), rate("D", segments)
+    pairs = [segments[i : i + 2] for i in range(0, len(segments) - 1, 2)]
+    per_pair = [rate("D", p) / rate("U", p) for p in pairs if rate("U", p)]
+    return {
+        "undisturbed": {"steps_per_min": round(undisturbed, 2)},
+        "disturbed_steps_per_min": round(disturbed, 2),
+        "elastic_vs_undisturbed": round(disturbed / undisturbed, 3) if undisturbed else 0.0,
+        "per_pair_ratio": [round(r, 3) for r in per_pair],
+        "segments": [{"kind": k, "steps": n, "s": round(t, 1)} for k, n, t in segments],
     }

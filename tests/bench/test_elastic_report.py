@@ -19,12 +19,20 @@ from bench.elastic_report import (
     STAGES,
     ReplacementWatch,
     _breakdown_stats,
+    cpu_around_deletions,
     deletion_report,
     gym_start_figures,
+    pod_cpu_rows,
+    rollouts_around_deletions,
     steps_around_deletions,
+    trace_times,
 )
 from bench.gym_startup import CONFIG
-from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
+from bench.pod_cpu import MACHINE, THIS_PROCESS
+from rolloutrun_localcluster.embedded import LOGS_DIR
+from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter, read_events
+from rolloutrun_runtime.contract.layout import TRACE_FILE
+from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN, gym_pod_name, trainer_pod_name
 
 AT = 1000.0
 #: Moments of one replacement, from the deletion at ``AT``, as the API polls and logs give.
@@ -181,3 +189,88 @@ def test_steps_around_deletions_add_up_over_the_deletions() -> None:
         {"elastic": 3, "undisturbed": 6},
     ]
     assert found["lost_after"] == 6 and found["lost_before"] == 6
+
+
+def test_cpu_around_a_deletion_sums_each_role_of_both_arms_over_the_same_moments() -> None:
+    # the elastic arm: its trainer starved after the deletion at 100 while a Gym started
+    elastic = [[97.0, "trainer", 0.3], [99.0, "gym", 0.1], [101.0, "trainer", 0.1],
+               [102.0, "gym", 0.45], [103.0, "gym", 0.05], [106.5, "trainer", 0.5]]  # fmt: skip
+    undisturbed = [[97.5, "trainer", 0.3], [101.0, "trainer", 0.25], [104.0, "trainer", 0.25],
+                   [102.0, "gym", 0.1]]  # fmt: skip
+    found = cpu_around_deletions([100.0], elastic, undisturbed, window_s=6.0)
+    assert found["per_deletion"] == [
+        {
+            "after": {
+                "trainer": {"elastic": 0.1, "undisturbed": 0.5},
+                "gym": {"elastic": 0.5, "undisturbed": 0.1},
+            },
+            "before": {
+                "trainer": {"elastic": 0.3, "undisturbed": 0.3},
+                "gym": {"elastic": 0.1, "undisturbed": 0.0},
+            },
+        }
+    ]
+    assert found["trainer_cpu_lost_after_s"] == 0.4
+    assert found["gym_cpu_extra_after_s"] == 0.4
+    assert found["trainer_cpu_lost_before_s"] == 0.0
+    assert found["gym_cpu_extra_before_s"] == 0.1
+
+
+def test_pod_cpu_rows_keep_the_trainer_and_gym_pods_by_their_names() -> None:
+    names = {
+        "u-trainer": trainer_pod_name("bench", 1),
+        "u-gym": gym_pod_name("bench", 1, 0),
+        "u-replacement": gym_pod_name("bench", 1, 0),  # a replacement keeps the old name
+    }
+    rows = [
+        (10.0, "u-trainer", 0.12345),
+        (10.0, "u-gym", 0.05),
+        (10.25, "u-replacement", 0.2),
+        (10.25, THIS_PROCESS, 0.3),  # the bench's own process and the machine: not pods
+        (10.25, MACHINE, 0.9),
+    ]
+    assert pod_cpu_rows(rows, names) == [
+        [10.0, "trainer", 0.1235],
+        [10.0, "gym", 0.05],
+        [10.25, "gym", 0.2],
+    ]
+
+
+def test_trace_times_read_what_the_trainer_traced_and_skip_a_torn_line(tmp_path: Path) -> None:
+    writer = TraceWriter(tmp_path / LOGS_DIR / TRACE_FILE)  # as an arm's trainer writes it
+    writer.emit("attempt_sealed", group_id="g", generation_index=0)
+    writer.emit("group_reserved", group_id="h")  # not counted
+    writer.emit("group_dropped", group_id="g", reason="zero reward variance")
+    writer.emit("attempt_sealed", group_id="g", generation_index=1)
+    writer.close()
+    written = list(read_events(tmp_path / LOGS_DIR / TRACE_FILE))
+    with (tmp_path / LOGS_DIR / TRACE_FILE).open("a") as trace:
+        trace.write('{"t": 5.0, "event": "attempt_se')  # a write cut by the arm's end
+    times = trace_times(tmp_path)
+    assert times == {
+        "attempt_sealed": [written[0]["t"], written[3]["t"]],
+        "group_dropped": [written[2]["t"]],
+    }
+    assert trace_times(tmp_path / "no-such-arm") == {"attempt_sealed": [], "group_dropped": []}
+
+
+def test_rollouts_around_deletions_tell_fewer_rollouts_from_more_dropped_groups() -> None:
+    elastic = {"attempt_sealed": [95.0, 96.0, 101.0, 102.0], "group_dropped": [101.5, 103.0]}
+    undisturbed = {"attempt_sealed": [95.5, 96.5, 97.0, 100.5, 101.0, 102.0, 104.0],
+                   "group_dropped": [99.0]}  # fmt: skip
+    found = rollouts_around_deletions([100.0], elastic, undisturbed, window_s=6.0)
+    assert found["per_deletion"] == [
+        {
+            "after": {
+                "attempt_sealed": {"elastic": 2, "undisturbed": 4},
+                "group_dropped": {"elastic": 2, "undisturbed": 0},
+            },
+            "before": {
+                "attempt_sealed": {"elastic": 2, "undisturbed": 3},
+                "group_dropped": {"elastic": 0, "undisturbed": 1},
+            },
+        }
+    ]
+    assert found["rollouts_lost_after"] == 2 and found["rollouts_lost_before"] == 1
+    assert found["groups_dropped_extra_after"] == 2
+    assert found["groups_dropped_extra_before"] == -1
