@@ -86,16 +86,24 @@ def _edit_manifest(snapshot: Path, **changes: object) -> None:
     path.write_text(json.dumps(manifest))
 
 
+def _in_pack(snapshot: Path, name: str) -> tuple[Path, int, int]:
+    """Where file ``name`` of a packed snapshot lies: the pack, its offset and size."""
+    manifest = json.loads((snapshot / "MANIFEST.json").read_text())
+    record = manifest["files"][name]
+    return snapshot / manifest["pack"], record["offset"], record["bytes"]
+
+
 def _truncate_sidecar(snapshot: Path, run_dir: Path) -> None:
-    sidecar = snapshot / "rollout" / "rollout_recovery.json"
-    sidecar.write_bytes(sidecar.read_bytes()[: sidecar.stat().st_size // 2])
+    pack, offset, size = _in_pack(snapshot, "rollout/rollout_recovery.json")
+    data = pack.read_bytes()
+    pack.write_bytes(data[: offset + size // 2] + data[offset + size :])
 
 
 def _flip_a_byte(snapshot: Path, run_dir: Path) -> None:
-    journal = snapshot / "training_journal.json"
-    data = bytearray(journal.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    journal.write_bytes(bytes(data))
+    pack, offset, size = _in_pack(snapshot, "training_journal.json")
+    data = bytearray(pack.read_bytes())
+    data[offset + size // 2] ^= 0x01
+    pack.write_bytes(bytes(data))
 
 
 def _unknown_schema(snapshot: Path, run_dir: Path) -> None:

@@ -256,11 +256,12 @@ async def two_snapshots(h, cfg):
     return ManifestStore(open_storage(cfg.resolved_storage_uri()), cfg.name)
 
 
-def republish(store: ManifestStore, cfg, source_id: int, **replace: bytes):
-    """Publish a copy of snapshot ``source_id`` with some files replaced (valid checksums)."""
+def republish(store: ManifestStore, cfg, source_id: int, *, pack: bool = True, **replace: bytes):
+    """Publish a copy of snapshot ``source_id`` with some files replaced (valid checksums);
+    ``pack`` False: in the layout before packed files (one object per name, schema 2)."""
     manifest = store.load_manifest(source_id)
     entry = snapshot_dir(source_id)
-    files = {name: store.storage.read_bytes(f"{entry}/{name}") for name in manifest.files}
+    files = {name: snapshot_file(store.storage, entry, name) for name in manifest.files}
     files.update(replace)
     return store.publish(
         config=cfg,
@@ -270,6 +271,7 @@ def republish(store: ManifestStore, cfg, source_id: int, **replace: bytes):
         mutation_version=manifest.mutation_version,
         cut_time=manifest.cut_time,
         segments=manifest.segments,  # the data-plane segments it shares (already stored)
+        pack=pack,
     )
 
 
@@ -302,12 +304,37 @@ def snapshot_ledger_chunks(storage, raw: bytes) -> dict[str, bytes]:
     return {key: storage.read_bytes(key) for key in chain_keys(raw)}
 
 
+def snapshot_file(storage, entry: str, name: str) -> bytes:
+    """File ``name`` of the committed snapshot at ``entry``, checked, in either layout (its
+    own object, or its slice of the pack)."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
+        ManifestStore,
+        parse_snapshot_id,
+    )
+
+    snapshot_id = parse_snapshot_id(entry)
+    assert snapshot_id is not None, f"{entry} is not a snapshot's folder"
+    return ManifestStore(storage, "").read_committed_file(snapshot_id, name)
+
+
+def tamper_snapshot_file(storage, entry: str, name: str, data: bytes) -> None:
+    """Replace file ``name`` of the committed snapshot at ``entry`` behind its manifest's
+    back: its own object, or its slice of the pack (what follows it shifts)."""
+    manifest = json.loads(storage.read_bytes(f"{entry}/MANIFEST.json"))
+    if not manifest.get("pack"):
+        storage.write_bytes(f"{entry}/{name}", data)
+        return
+    key, record = f"{entry}/{manifest['pack']}", manifest["files"][name]
+    pack, start = storage.read_bytes(key), record["offset"]
+    storage.write_bytes(key, pack[:start] + data + pack[start + record["bytes"] :])
+
+
 def whole_ledger(storage, entry: str) -> dict[str, Any]:
     """A snapshot's ledger sidecar as one whole document (schema 5: what a test edits and
     republishes as the entry's ``LEDGER_FILE``)."""
     from rolloutrun_runtime.contract.layout import LEDGER_FILE, LEDGER_SCHEMA_VERSION
     from rolloutrun_runtime.experience.rollout_recovery.sidecar import sidecar_document
 
-    raw = storage.read_bytes(f"{entry}/{LEDGER_FILE}")
+    raw = snapshot_file(storage, entry, LEDGER_FILE)
     document = sidecar_document(raw, snapshot_ledger_chunks(storage, raw))
     return {**document, "schema_version": LEDGER_SCHEMA_VERSION}

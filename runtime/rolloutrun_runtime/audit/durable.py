@@ -150,8 +150,26 @@ def _seed_from_manifests(storage: Any) -> int | None:
     return None
 
 
-def _newest_snapshot_after(storage: Any, step: int) -> tuple[str, str, int] | None:
-    """The newest intact snapshot whose train step is past ``step``: (entry, state file, step).
+def _snapshot_files(storage: Any, entry: str, manifest: Mapping[str, Any]) -> dict[str, bytes]:
+    """A snapshot's files by name as its manifest lists them: each its own object (manifest
+    schemas 1-2), or its slice of the snapshot's pack (schema 3: ``pack`` and each record's
+    ``offset``). Whether they match the manifest is the caller's check."""
+    records = manifest.get("files", {})
+    pack = manifest.get("pack")
+    if not pack:
+        return {name: storage.read_bytes(f"{entry}/{name}") for name in records}
+    raw = storage.read_bytes(f"{entry}/{pack}")
+    return {
+        name: raw[int(r["offset"]) : int(r["offset"]) + int(r["bytes"])]
+        for name, r in records.items()
+    }
+
+
+def _newest_snapshot_after(
+    storage: Any, step: int
+) -> tuple[str, str, int, dict[str, bytes]] | None:
+    """The newest intact snapshot whose train step is past ``step``: (entry, state file, step,
+    its files by name).
 
     A snapshot counts only with its manifest committed and every file matching the
     manifest's sha256 (what a restore would accept); a damaged one is passed over, logged.
@@ -165,18 +183,48 @@ def _newest_snapshot_after(storage: Any, step: int) -> tuple[str, str, int] | No
         if not isinstance(manifest, dict) or int(manifest.get("train_step", -1)) <= step:
             return None
         try:
-            intact = all(
-                hashlib.sha256(storage.read_bytes(f"{entry}/{name}")).hexdigest() == facts["sha256"]
-                for name, facts in manifest.get("files", {}).items()
-            )
+            files = _snapshot_files(storage, entry, manifest)
         except StorageError as error:  # a missing file: the snapshot is damaged
             logger.warning("audit passes over %s: %s", entry, error)
             continue
+        intact = all(
+            hashlib.sha256(files[name]).hexdigest() == facts["sha256"]
+            for name, facts in manifest.get("files", {}).items()
+        )
         if not intact or CONTROLLER_STATE_FILE not in manifest.get("files", {}):
             logger.warning("audit passes over %s: files do not match its manifest", entry)
             continue
-        return entry, CONTROLLER_STATE_FILE, int(manifest["train_step"])
+        return entry, CONTROLLER_STATE_FILE, int(manifest["train_step"]), files
     return None
+
+
+@dataclass
+class _EntryFiles:
+    """The newest entry's files as the storage calls its readers make: a trainer
+    checkpoint's and an unpacked snapshot's are objects; a snapshot's files read (and
+    checked) already are served from memory, a packed one's included."""
+
+    storage: Any
+    entry: str
+    read: Mapping[str, bytes] | None = None
+
+    def keys(self) -> list[str]:
+        if self.read is None:
+            return list(self.storage.list(self.entry + "/"))
+        return [f"{self.entry}/{name}" for name in sorted(self.read)]
+
+    def read_bytes(self, key: str) -> bytes:
+        if self.read is None:
+            return bytes(self.storage.read_bytes(key))
+        from rolloutrun_runtime.storage import ObjectNotFoundError
+
+        name = key.removeprefix(self.entry + "/")
+        if name not in self.read:
+            raise ObjectNotFoundError(self.storage.uri_for(key), "not one of the snapshot's files")
+        return self.read[name]
+
+    def uri_for(self, key: str) -> str:
+        return str(self.storage.uri_for(key))
 
 
 @dataclass
@@ -216,9 +264,9 @@ def _read_chunks(storage: Any, keys: list[str]) -> dict[str, bytes]:
     return chunks
 
 
-def _newest_entry(storage: Any, uri: str) -> tuple[str, str, int]:
+def _newest_entry(storage: Any, uri: str) -> tuple[str, str, int, dict[str, bytes] | None]:
     """The newest committed trainer checkpoint, or an intact snapshot taken after it:
-    ``(entry, state file, step)``."""
+    ``(entry, state file, step, a snapshot's files by name)``."""
     from rolloutrun_runtime.storage import list_committed
 
     steps = [
@@ -232,7 +280,7 @@ def _newest_entry(storage: Any, uri: str) -> tuple[str, str, int]:
     newer = _newest_snapshot_after(storage, step)
     if newer is not None:
         return newer
-    return step_entry(step), TRAINER_STATE_FILE, step
+    return step_entry(step), TRAINER_STATE_FILE, step, None
 
 
 def _read_entry(uri: str, seed: int | None) -> tuple[Any, _Entry]:
@@ -241,24 +289,25 @@ def _read_entry(uri: str, seed: int | None) -> tuple[Any, _Entry]:
 
     try:
         storage = open_storage(uri)
-        entry, state_file, step = _newest_entry(storage, uri)
-        keys = storage.list(entry + "/")
-        state = _read_json(storage, f"{entry}/{state_file}", required=True)
+        entry, state_file, step, read = _newest_entry(storage, uri)
+        files = _EntryFiles(storage, entry, read)
+        keys = files.keys()
+        state = _read_json(files, f"{entry}/{state_file}", required=True)
         journal_keys = sorted(k for k in keys if k.rsplit("/", 1)[-1] == JOURNAL_FILE)
         if not journal_keys:
             raise AuditError(
                 f"{storage.uri_for(entry)} has no {JOURNAL_FILE}: this runtime does not "
                 "journal trained steps, so trained prompts cannot be audited"
             )
-        journal = _read_json(storage, journal_keys[0], required=True)
+        journal = _read_json(files, journal_keys[0], required=True)
         ledger_raw: bytes | None = None
         ledger_chunks: dict[str, bytes] = {}
         if f"{entry}/{LEDGER_FILE}" in keys:
-            ledger_raw = storage.read_bytes(f"{entry}/{LEDGER_FILE}")
+            ledger_raw = files.read_bytes(f"{entry}/{LEDGER_FILE}")
             ledger_chunks = _ledger_chunks(storage, ledger_raw)
-        runtime_state = _read_json(storage, f"{entry}/{RUNTIME_STATE_FILE}", required=False)
+        runtime_state = _read_json(files, f"{entry}/{RUNTIME_STATE_FILE}", required=False)
         data_plane_metadata = f"{entry}/{DATA_PLANE_PREFIX}{DATA_PLANE_METADATA_FILE}"
-        data_plane = _read_json(storage, data_plane_metadata, required=False)
+        data_plane = _read_json(files, data_plane_metadata, required=False)
         index_chain = (data_plane or {}).get("index_chain", [])
         keys = [str(c.get("key")) for c in index_chain if isinstance(c, dict)]
         ledger_chunks.update(_read_chunks(storage, keys))

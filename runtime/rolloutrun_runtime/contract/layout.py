@@ -12,10 +12,12 @@ list is silently not restored), so each is spelled here once and every reader im
       bootstrap/ANCHOR.json               the anchor before step 1 (config fingerprint)
       rollout_snapshots/
         snapshot_<000042>/                one rollout snapshot
-          rollout/{controller_state,runtime_state,rollout_recovery}.json
-          training_journal.json  environment/episodes.json
-          data_plane/{rows.npz,metadata.json}   (rows.npz: trainer checkpoints; a snapshot's
+          files.pack                      its files (schema 3), the manifest their index:
+            rollout/{controller_state,runtime_state,rollout_recovery}.json
+            training_journal.json  environment/episodes.json
+            data_plane/{rows.npz,metadata.json}   (rows.npz: trainer checkpoints; a snapshot's
                                           metadata.json names its rows' segments instead)
+          (schemas 1-2: those files one per name, in those folders; still read)
           MANIFEST.json                   written last (create-only on GCS): the commit
         data_segments/<sha256>.npz        rows, shared by the snapshots whose manifests list them
         LATEST                            POSIX only: a hint, never trusted over listing
@@ -60,9 +62,15 @@ def step_entry(step: int) -> str:
 
 # ------------------------------------------------------------------ rollout snapshots
 #: Manifest schema 2 adds ``segments``: the data-plane segments the snapshot references.
-MANIFEST_SCHEMA_VERSION = 2
-READABLE_MANIFEST_SCHEMA_VERSIONS = (1, 2)
+#: Schema 3 adds ``pack``: the snapshot's files as one packed file (``PACK_FILE``), each file
+#: record with its ``offset`` in it; schemas 1 and 2 (one file per name) are still read.
+MANIFEST_SCHEMA_VERSION = 3
+#: The last schema of the one-file-per-name layout (what an unpacked publication writes).
+UNPACKED_MANIFEST_SCHEMA_VERSION = 2
+READABLE_MANIFEST_SCHEMA_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "MANIFEST.json"
+#: A schema-3 snapshot's files, concatenated in name order (the manifest is the index).
+PACK_FILE = "files.pack"
 SNAPSHOTS_PREFIX = "rollout_snapshots"
 BOOTSTRAP_KEY = "bootstrap/ANCHOR.json"
 LATEST_KEY = f"{SNAPSHOTS_PREFIX}/LATEST"

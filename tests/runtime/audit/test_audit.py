@@ -302,7 +302,9 @@ def test_no_checkpoint_is_an_error(tmp_path: Path) -> None:
         A.run_audit(tmp_path)
 
 
-def _write_snapshot(run_dir: Path, *, trained_prompts: list[int], damaged: bool) -> None:
+def _write_snapshot(
+    run_dir: Path, *, trained_prompts: list[int], damaged: bool, packed: bool
+) -> None:
     import hashlib
 
     storage = open_storage("file://" + str(run_dir / "checkpoints"))
@@ -334,20 +336,30 @@ def _write_snapshot(run_dir: Path, *, trained_prompts: list[int], damaged: bool)
         },
     }
     if damaged:
-        files[layout.JOURNAL_FILE] += b" "
+        files[layout.JOURNAL_FILE] = files[layout.JOURNAL_FILE][:-1] + b" "
     entry = "rollout_snapshots/snapshot_000001"
-    for name, data in files.items():
-        storage.write_bytes(f"{entry}/{name}", data)
+    if packed:  # manifest schema 3: the files as one pack, the manifest its index
+        offset = 0
+        for name in sorted(files):
+            manifest["files"][name]["offset"] = offset
+            offset += len(files[name])
+        manifest["pack"] = layout.PACK_FILE
+        pack = b"".join(files[name] for name in sorted(files))
+        storage.write_bytes(f"{entry}/{layout.PACK_FILE}", pack)
+    else:
+        for name, data in files.items():
+            storage.write_bytes(f"{entry}/{name}", data)
     storage.write_bytes(f"{entry}/MANIFEST.json", json.dumps(manifest).encode())
 
 
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "one-file-per-name"])
 @pytest.mark.parametrize("damaged", [False, True])
 def test_a_newer_intact_snapshot_is_audited_a_damaged_one_passed_over(
-    tmp_path: Path, config_file: Path, damaged: bool
+    tmp_path: Path, config_file: Path, damaged: bool, packed: bool
 ) -> None:
     run_dir = tmp_path / "run"
     write_run(run_dir, trained_prompts=perm(0)[:4], position=4)
-    _write_snapshot(run_dir, trained_prompts=perm(0)[4:], damaged=damaged)
+    _write_snapshot(run_dir, trained_prompts=perm(0)[4:], damaged=damaged, packed=packed)
     report = A.run_audit(run_dir, config_file=config_file)
     if damaged:
         assert (report.source.endswith("step_1"), report.step, report.ok) == (True, 1, True)

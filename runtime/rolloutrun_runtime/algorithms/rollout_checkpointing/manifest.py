@@ -33,7 +33,6 @@ import json
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +50,19 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest_format import 
     PublicationFencedError,
     SelectionReport,
     SnapshotManifest,
-    check_file_record,
     differing_keys,
-    file_record,
     parse_json_object,
     parse_snapshot_id,
     resume_config_differences,
     rollout_config_view,
     sha256_of,
+)
+from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshot_files import (
+    READ_THREADS,
+    publication_layout,
+    read_listed,
+    read_segment,
+    read_snapshot_file,
 )
 from rolloutrun_runtime.contract.config_fingerprint import fingerprint_of
 from rolloutrun_runtime.contract.layout import (
@@ -66,8 +70,12 @@ from rolloutrun_runtime.contract.layout import (
     DATA_SEGMENTS_PREFIX,
     LATEST_KEY,
     MANIFEST_NAME,
+    MANIFEST_SCHEMA_VERSION,
     SNAPSHOTS_PREFIX,
     snapshot_dir,
+)
+from rolloutrun_runtime.contract.layout import (
+    UNPACKED_MANIFEST_SCHEMA_VERSION as UNPACKED_SCHEMA_VERSION,
 )
 from rolloutrun_runtime.contract.pod import DEFAULT_LEASE_DURATION_S
 from rolloutrun_runtime.contract.run_config import RunConfig
@@ -86,8 +94,6 @@ from rolloutrun_runtime.storage import (
 
 log = logging.getLogger(__name__)
 
-#: Storage reads in flight when a whole entry is read (each a round trip on ``gs://``).
-READ_THREADS = 8
 #: Segment collection runs after a store's first publication and every this many after: what
 #: it may delete is older than the orphan grace (>= 10 min) anyway, so a few snapshots later
 #: costs only storage, while each pass lists the snapshots and dates every segment.
@@ -225,13 +231,14 @@ class ManifestStore:
         keep_latest: int | None = None,
         segments: Mapping[str, Mapping[str, Any]] | None = None,
         segment_files: Mapping[str, bytes] | None = None,
+        pack: bool = True,
     ) -> Candidate:
         """Publish one snapshot: files first, the manifest last; then LATEST and retention.
-
+        ``pack``: the files as one packed file (schema 3, :mod:`.snapshot_files`); False
+        (or a file given as a path): one object per name, schema 2 (the older layout).
         ``segments`` are the data-plane segments the snapshot references (key -> sha256 and
-        bytes), ``segment_files`` those of them not yet in storage: written (durable, in
-        parallel where the storage can) with the snapshot's files, in one write, once no
-        manifest of this id is found.
+        bytes), ``segment_files`` those of them not yet in storage: written (durable) with
+        the snapshot's files, in one write, once no manifest of this id is found.
 
         ``fence`` (the trainer's lease check) runs at the commit point: after every file is
         written, immediately before the create-only manifest, so a trainer whose lease was
@@ -242,7 +249,7 @@ class ManifestStore:
         known_ids, known_committed = self._listed_ids()  # once: the next id and retention
         snapshot_id = (known_ids[-1] + 1) if known_ids else 1
         entry = snapshot_dir(snapshot_id)
-        checksums = {name: file_record(content) for name, content in files.items()}
+        written, checksums, pack_name = publication_layout(files, pack)
         view, fingerprint = self._config_view(config)
         manifest = SnapshotManifest(
             run_name=self.run_name,
@@ -258,6 +265,8 @@ class ManifestStore:
             incarnation=incarnation,
             extra=dict(extra or {}),
             segments={key: dict(record) for key, record in sorted((segments or {}).items())},
+            pack=pack_name,
+            schema_version=MANIFEST_SCHEMA_VERSION if pack_name else UNPACKED_SCHEMA_VERSION,
         )
 
         def before_commit() -> None:
@@ -270,7 +279,7 @@ class ManifestStore:
             publish_entry(  # the new segments with the files: one write, durable
                 self.storage,
                 entry,
-                files,
+                written,
                 marker_name=MANIFEST_NAME,
                 marker_payload=manifest.to_bytes(),
                 before_commit=before_commit,
@@ -332,32 +341,20 @@ class ManifestStore:
         return SnapshotManifest.from_bytes(raw, uri)
 
     def read_file(self, candidate: Candidate, name: str) -> bytes:
-        """A snapshot file's bytes, verified against the manifest's checksum."""
-        if name in candidate.verified:
-            return candidate.verified[name]
-        expected = candidate.manifest.files.get(name)
-        key = join_key(candidate.entry, name)
-        if expected is None:
-            raise ManifestError(f"{self.storage.uri_for(key)}: not listed in the manifest")
-        data = self.storage.read_bytes(key)
-        check_file_record(self.storage.uri_for(key), data, expected)
-        return data
+        """A snapshot file's bytes, checked against the manifest (:mod:`.snapshot_files`)."""
+        return read_snapshot_file(self.storage, candidate, name)
+
+    def read_committed_file(self, snapshot_id: int, name: str) -> bytes:
+        """File ``name`` of committed snapshot ``snapshot_id``, checked, in either layout
+        (tools and tests; a restore reads through :meth:`verify`)."""
+        entry = snapshot_dir(snapshot_id)
+        uri = self.storage.uri_for(join_key(entry, MANIFEST_NAME))
+        candidate = Candidate(self.load_manifest(snapshot_id), entry, uri)
+        return self.read_file(candidate, name)
 
     def read_segment(self, candidate: Candidate, key: str) -> bytes:
-        """A data-plane segment's bytes, verified against the manifest's checksum."""
-        if key in candidate.verified:
-            return candidate.verified[key]
-        expected = candidate.manifest.segments.get(key)
-        if expected is None or not key.startswith(DATA_SEGMENTS_PREFIX + "/"):
-            raise ManifestError(
-                f"{candidate.manifest_uri}: segment {key} is not one of its data segments"
-            )
-        try:
-            data = self.storage.read_bytes(key)
-        except ObjectNotFoundError as error:
-            raise ManifestError(f"{candidate.manifest_uri}: segment {key} is missing") from error
-        check_file_record(self.storage.uri_for(key), data, expected)
-        return data
+        """A data-plane segment's bytes, checked against the manifest (:mod:`.snapshot_files`)."""
+        return read_segment(self.storage, candidate, key)
 
     def verify(
         self,
@@ -392,27 +389,8 @@ class ManifestStore:
             raise ManifestError(f"{uri}: its anchor {manifest.anchor.name} is not durable")
         candidate = Candidate(manifest=manifest, entry=entry, manifest_uri=uri)
         if check_files:
-            candidate.verified.update(self._read_listed(candidate))
+            candidate.verified.update(read_listed(self.storage, candidate))
         return candidate
-
-    def _read_listed(self, candidate: Candidate) -> dict[str, bytes]:
-        """Every file and data segment the manifest lists, read and checked concurrently (on
-        ``gs://`` each is a round trip before the first redispatch). Results are taken in
-        the listed order, so a failure is the one a sequential read would have met first."""
-        names = sorted(candidate.manifest.files)
-        keys = sorted(candidate.manifest.segments)
-        with ThreadPoolExecutor(READ_THREADS) as pool:
-            files = [pool.submit(self._read_listed_file, candidate, name) for name in names]
-            segments = [pool.submit(self.read_segment, candidate, key) for key in keys]
-        read = {name: future.result() for name, future in zip(names, files, strict=True)}
-        read.update({key: future.result() for key, future in zip(keys, segments, strict=True)})
-        return read
-
-    def _read_listed_file(self, candidate: Candidate, name: str) -> bytes:
-        try:
-            return self.read_file(candidate, name)
-        except ObjectNotFoundError as error:
-            raise ManifestError(f"{candidate.manifest_uri}: file {name} is missing") from error
 
     def select(
         self,
@@ -576,6 +554,7 @@ __all__ = [
     # re-exported: the manifest's format (manifest_format), so readers import one module
     "BOOTSTRAP_ANCHOR",
     "OPERATIONAL_KEYS",
+    "READ_THREADS",
     "Anchor",
     "Candidate",
     "FingerprintMismatchError",

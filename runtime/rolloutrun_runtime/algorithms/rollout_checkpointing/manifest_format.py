@@ -15,6 +15,15 @@ Parsing fails closed: a manifest of an unknown schema, with an unknown or missin
 field of the wrong JSON type is refused, naming the field. The manifest records the sha256
 of every file, so a snapshot corrupted after publication is detected and skipped. The file
 names and schema version are spelled in :mod:`rolloutrun_runtime.contract.layout`.
+
+**Packed files (schema 3).** A snapshot's files are written as one file (``pack``): their
+bytes concatenated in name order, each file's record adding its ``offset``. Why: on file://
+each file is a temporary file, a write, an fsync and a rename, and each folder it needs a
+mkdir and an fsync, and retention undoes all of it; one file per snapshot makes that one
+write and one fsync, in one folder (the writer child's CPU per snapshot step was ~8 ms for
+~16 fsyncs, ~10 renames, 5 unlinks and 4 mkdirs). The manifest is the pack's only index:
+nothing in the pack is parsed, a file is its slice, checked against its sha256 like an
+unpacked file. Schemas 1 and 2 (one object per name) are still read.
 """
 
 from __future__ import annotations
@@ -201,6 +210,9 @@ class SnapshotManifest:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     segments: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     """Data-plane segments (keys under the storage root) -> {"sha256", "bytes"} (schema 2)."""
+    pack: str = ""
+    """The packed file holding every file, each record's ``offset`` into it (schema 3);
+    empty: one object per name (schemas 1-2)."""
     schema_version: int = MANIFEST_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
@@ -209,6 +221,8 @@ class SnapshotManifest:
         # manifest, config view included; ``python -m json.tool`` shows it indented).
         data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         data["anchor"] = self.anchor.to_json()
+        if not self.pack:
+            del data["pack"]  # the one-file-per-name layout: a schema-2 manifest, as it was
         return json.dumps(data, sort_keys=True).encode()
 
     @classmethod
@@ -260,6 +274,7 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "incarnation": int,
     "extra": dict,
     "segments": dict,
+    "pack": str,
     "schema_version": int,
 }
 
@@ -284,7 +299,40 @@ def _wrong_field_types(data: Mapping[str, Any]) -> list[str]:
                 and not isinstance(record.get("bytes"), bool)
             ):
                 wrong.append(f"field {field}[{file_name!r}] is not {{sha256: str, bytes: int}}")
+    pack = data.get("pack")
+    if isinstance(pack, str) and pack:
+        if "/" in pack or pack != pack.strip() or pack in (".", ".."):
+            wrong.append(f"field pack {pack!r} is not one plain file name")
+        records = data.get("files")
+        for file_name, record in records.items() if isinstance(records, dict) else ():
+            offset = record.get("offset") if isinstance(record, dict) else None
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                wrong.append(f"field files[{file_name!r}] has no offset into the pack")
     return wrong
+
+
+# --------------------------------------------------------------------------- packed files
+def pack_files(files: Mapping[str, bytes]) -> tuple[list[bytes], dict[str, dict[str, Any]]]:
+    """A schema-3 snapshot's files as the pack's parts in order (name order; joined, they are
+    the pack) and each file's manifest record: its sha256, size and offset in the pack."""
+    parts: list[bytes] = []
+    records: dict[str, dict[str, Any]] = {}
+    offset = 0
+    for name in sorted(files):
+        data = bytes(files[name])
+        records[name] = {**file_record(data), "offset": offset}
+        parts.append(data)
+        offset += len(data)
+    return parts, records
+
+
+def unpack_file(uri: str, pack: bytes, name: str, record: Mapping[str, Any]) -> bytes:
+    """File ``name``'s slice of ``pack`` (read from ``uri``), checked against its record
+    (a slice past the pack's end, as a truncated pack leaves, fails its checksum)."""
+    offset = int(record["offset"])
+    data = pack[offset : offset + int(record["bytes"])]
+    check_file_record(f"{uri}#{name}", data, record)
+    return data
 
 
 def parse_json_object(raw: bytes, source: str, what: str = "") -> dict[str, Any]:

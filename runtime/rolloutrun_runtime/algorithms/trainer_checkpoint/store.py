@@ -66,7 +66,6 @@ from rolloutrun_runtime.storage import (
     StorageError,
     delete_entry,
     join_key,
-    list_committed,
     publish_entry,
 )
 
@@ -152,12 +151,16 @@ class TrainerCheckpointer:
         self.fence = fence
 
     def committed_steps(self) -> list[int]:
-        steps = []
-        for entry in list_committed(self.storage, ""):
-            match = STEP_ENTRY.match(entry.rsplit("/", 1)[-1])
-            if match and "/" not in entry:
-                steps.append(int(match.group(1)))
-        return sorted(steps)
+        """The committed ``step_<N>`` entries: one read of the storage's top folders and
+        their markers (``list_entries``), not a listing of every object below them (the
+        snapshotter asks this at every snapshot: ~0.57 ms of CPU on file:// for 180 objects
+        against ~0.08 ms, and the listing grew with the run's segments and logs)."""
+        entries = self.storage.list_entries("", COMMIT_MARKER)
+        return sorted(
+            int(match.group(1))
+            for folder, committed in entries.items()
+            if committed and (match := STEP_ENTRY.match(folder))
+        )
 
     def latest_step(self) -> int | None:
         steps = self.committed_steps()

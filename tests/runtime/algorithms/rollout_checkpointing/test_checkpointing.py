@@ -57,7 +57,9 @@ from tests.support.rollout_checkpoints import (
     run_to_end,
     run_until_stopped,
     snapshot_after_commits,
+    snapshot_file,
     snapshot_ledger_chunks,
+    tamper_snapshot_file,
     tiny_config,
     two_snapshots,
     weights_digest,
@@ -315,7 +317,7 @@ async def test_restore_refusals_and_fallbacks(tmp_path, caplog) -> None:
         )
         store = await two_snapshots(h, cfg)
         newest = store.committed_ids()[-1]
-        ledger = store.storage.read_bytes(f"{snapshot_dir(newest)}/{LEDGER_FILE}")
+        ledger = snapshot_file(store.storage, snapshot_dir(newest), LEDGER_FILE)
 
         async def refused_for_an_older_entry(match: str, refused_uri: str) -> None:
             """The newest entry is refused (its reason logged); the next older one restores."""
@@ -336,7 +338,7 @@ async def test_restore_refusals_and_fallbacks(tmp_path, caplog) -> None:
         document["schema_version"] = 99
         bad = json.dumps(document).encode()
         controller_state = json.loads(
-            store.storage.read_bytes(f"{snapshot_dir(newest)}/{CONTROLLER_STATE_FILE}")
+            snapshot_file(store.storage, snapshot_dir(newest), CONTROLLER_STATE_FILE)
         )
         controller_state.pop("rollout_recovery", None)
         republished = republish(
@@ -359,7 +361,7 @@ async def test_restore_refusals_and_fallbacks(tmp_path, caplog) -> None:
         store.storage.write_bytes("step_2/COMMITTED", marker)
 
         # a file changed after publication: passed over (logged), the trainer checkpoint wins
-        store.storage.write_bytes(f"{snapshot_dir(newest)}/{LEDGER_FILE}", ledger + b" ")
+        tamper_snapshot_file(store.storage, snapshot_dir(newest), LEDGER_FILE, ledger + b" ")
         caplog.clear()
         choice = (await h.controller(cfg)).rollout_restorer.plan()
         assert any("checksum mismatch" in why for _, why in choice.skipped)
@@ -387,10 +389,10 @@ async def test_schema_4_sidecar_fixture_still_restores(tmp_path) -> None:
         store = await two_snapshots(h, cfg)
         newest = store.committed_ids()[-1]
         entry = snapshot_dir(newest)
-        controller_state = json.loads(store.storage.read_bytes(f"{entry}/{CONTROLLER_STATE_FILE}"))
+        controller_state = json.loads(snapshot_file(store.storage, entry, CONTROLLER_STATE_FILE))
         controller_state.pop("rollout_recovery", None)  # a schema-4 era record had no facts
         runtime = RolloutRuntimeState.from_json(
-            json.loads(store.storage.read_bytes(f"{entry}/rollout/runtime_state.json"))
+            json.loads(snapshot_file(store.storage, entry, "rollout/runtime_state.json"))
         )
         republish(
             store,
@@ -596,7 +598,7 @@ async def _out_on(controller, instances: list[str]) -> list[RolloutAttempt]:
 def _published_ledger(cfg) -> RecoveryLedger:
     store = ManifestStore(open_storage(cfg.resolved_storage_uri()), cfg.name)
     entry = snapshot_dir(store.committed_ids()[-1])
-    raw = store.storage.read_bytes(f"{entry}/{LEDGER_FILE}")
+    raw = snapshot_file(store.storage, entry, LEDGER_FILE)
     return read_recovery_sidecar(raw, chunks=snapshot_ledger_chunks(store.storage, raw)).ledger
 
 
@@ -741,7 +743,7 @@ async def _stop_after_a_snapshot_with_episodes(h, cfg) -> None:
             if outcome is not SnapshotOutcome.PUBLISHED:
                 continue
             entry = snapshot_dir(store.committed_ids()[-1])
-            data = store.storage.read_bytes(f"{entry}/environment/episodes.json")
+            data = snapshot_file(store.storage, entry, "environment/episodes.json")
             exported.append(sum(len(r) for r in json.loads(data)["records"].values()))
             if exported[-1] > 0:
                 break

@@ -26,6 +26,7 @@ from rolloutrun_runtime.contract.layout import (
     DATA_PLANE_PREFIX,
     DATA_SEGMENTS_PREFIX,
     MANIFEST_NAME,
+    MANIFEST_SCHEMA_VERSION,
     snapshot_dir,
 )
 from rolloutrun_runtime.data_plane import DataPlane
@@ -218,7 +219,7 @@ def test_a_missing_or_altered_segment_refuses_the_snapshot(tmp_path: Path) -> No
     with pytest.raises(ManifestError, match="is missing"):
         store.verify(1, config=cfg, anchor_is_durable=lambda a: True)
     manifest = json.loads(store.storage.read_bytes(f"{snapshot_dir(1)}/{MANIFEST_NAME}"))
-    assert manifest["schema_version"] == 2 and key in manifest["segments"]
+    assert manifest["schema_version"] == MANIFEST_SCHEMA_VERSION and key in manifest["segments"]
     assert list(manifest["segments"]) == list(write.manifest_segments())
 
 

@@ -36,6 +36,7 @@ from rolloutrun_runtime.contract.layout import (
     CONTROLLER_STATE_FILE,
     LEDGER_FILE,
     MANIFEST_NAME,
+    PACK_FILE,
     snapshot_dir,
 )
 from rolloutrun_runtime.contract.run_config import UNRESTORABLE_EXIT_CODE, RunConfig
@@ -44,6 +45,8 @@ from tests.support.rollout_checkpoints import (
     harness,
     republish,
     republish_checkpoint,
+    run_to_end,
+    snapshot_file,
     tiny_config,
     two_snapshots,
     whole_ledger,
@@ -212,6 +215,27 @@ async def test_a_manifest_with_a_wrong_field_type_falls_back(tmp_path) -> None:
         assert "field train_step is str, expected int" in choice.skipped[0][1]
 
 
+async def test_a_snapshot_of_the_one_file_per_name_layout_still_restores(tmp_path) -> None:
+    """A snapshot an older runtime wrote (manifest schema 2, each file its own object, no
+    pack) is chosen, restored and trained on to the end."""
+    async with harness() as h:
+        cfg = await h.start_gyms(_cfg(tmp_path))
+        store = await two_snapshots(h, cfg)
+        newest = store.committed_ids()[-1]
+        assert store.load_manifest(newest).pack == PACK_FILE
+        old = republish(store, cfg, newest, pack=False)
+        manifest = json.loads(store.storage.read_bytes(f"{old.entry}/{MANIFEST_NAME}"))
+        assert manifest["schema_version"] == 2 and "pack" not in manifest
+        stored = {k.removeprefix(old.entry + "/") for k in store.storage.list(old.entry)}
+        assert stored == {MANIFEST_NAME, *manifest["files"]} and PACK_FILE not in stored
+
+        controller = await h.controller(cfg)
+        restored = await controller.restore()
+        assert restored is not None and restored.snapshot_id == old.manifest.snapshot_id
+        await run_to_end(controller)
+        assert controller.trainer_version == cfg.grpo.max_steps
+
+
 async def test_nothing_is_installed_before_the_decision(tmp_path) -> None:
     """The only candidates are a snapshot whose ledger cannot restart (a finalization of
     unknown outcome) and a checkpoint of another config: both refused, and the weights,
@@ -224,7 +248,7 @@ async def test_nothing_is_installed_before_the_decision(tmp_path) -> None:
         ledger = whole_ledger(store.storage, entry)
         assert ledger["groups"], "the snapshot after step 1 holds unfinished groups"
         ledger["groups"][0]["status"] = "finalization_unknown"
-        controller_state = json.loads(store.storage.read_bytes(f"{entry}/{CONTROLLER_STATE_FILE}"))
+        controller_state = json.loads(snapshot_file(store.storage, entry, CONTROLLER_STATE_FILE))
         controller_state.pop("rollout_recovery", None)
         stuck = republish(
             store,

@@ -21,6 +21,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import (
 from rolloutrun_runtime.contract.layout import LATEST_KEY, snapshot_dir
 from rolloutrun_runtime.contract.run_config import RunConfig, parse_run_config
 from rolloutrun_runtime.storage import join_key
+from tests.support.rollout_checkpoints import tamper_snapshot_file
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def always(_anchor):
     return True
 
 
-def publish(store: ManifestStore, config: RunConfig, step: int = 0, **files):
+def publish(store: ManifestStore, config: RunConfig, step: int = 0, pack: bool = True, **files):
     return store.publish(
         config=config,
         anchor=BOOTSTRAP_ANCHOR if step == 0 else Anchor("step", step, step),
@@ -40,23 +41,36 @@ def publish(store: ManifestStore, config: RunConfig, step: int = 0, **files):
         train_step=step,
         mutation_version=step,
         cut_time=1.0,
+        pack=pack,
     )
 
 
-def test_publish_then_select_round_trips(storage, config):
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "one-file-per-name"])
+def test_publish_then_select_round_trips(storage, config, pack):
+    """Both layouts: the packed one (schema 3) and the one before it (schema 2), still read."""
     store = ManifestStore(storage, "alpha")
-    published = publish(store, config, 0, **{"ledger.json": '{"a": 1}', "state.json": "[]"})
+    files = {"ledger.json": '{"a": 1}', "state.json": "[]", "rollout/x.json": "{}"}
+    published = publish(store, config, 0, pack=pack, **files)
     report = store.select(config=config, anchor_is_durable=always)
     assert report.chosen is not None and report.skipped == []
     assert report.chosen.manifest == published.manifest
     assert store.read_file(report.chosen, "ledger.json") == b'{"a": 1}'
+    assert store.read_committed_file(1, "rollout/x.json") == b"{}"
     latest = json.loads(storage.read_bytes(LATEST_KEY))
     assert latest["manifest_uri"] == published.manifest_uri
+    stored = sorted(k.removeprefix(published.entry + "/") for k in storage.list(published.entry))
+    manifest = json.loads(storage.read_bytes(join_key(published.entry, "MANIFEST.json")))
+    if pack:
+        assert stored == ["MANIFEST.json", "files.pack"] and manifest["schema_version"] == 3
+    else:  # exactly the layout and manifest of schema 2, as an older runtime wrote them
+        assert stored == ["MANIFEST.json", "ledger.json", "rollout/x.json", "state.json"]
+        assert manifest["schema_version"] == 2 and "pack" not in manifest
 
 
-def test_a_restore_reads_each_verified_file_once(storage, config, monkeypatch):
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "one-file-per-name"])
+def test_a_restore_reads_each_verified_file_once(storage, config, monkeypatch, pack):
     store = ManifestStore(storage, "alpha")
-    publish(store, config, 0, **{"ledger.json": '{"a": 1}', "state.json": "[]"})
+    publish(store, config, 0, pack=pack, **{"ledger.json": '{"a": 1}', "state.json": "[]"})
     reads: list[str] = []
     read_bytes = storage.read_bytes
 
@@ -69,7 +83,10 @@ def test_a_restore_reads_each_verified_file_once(storage, config, monkeypatch):
     assert chosen is not None
     files = {name: store.read_file(chosen, name) for name in chosen.manifest.files}
     assert files == {"ledger.json": b'{"a": 1}', "state.json": b"[]"}
-    assert sorted(r for r in reads if r in files) == ["ledger.json", "state.json"]
+    if pack:  # one read of the pack for both files
+        assert [r for r in reads if r in files or r == "files.pack"] == ["files.pack"]
+    else:
+        assert sorted(r for r in reads if r in files) == ["ledger.json", "state.json"]
 
 
 def test_newest_first_and_ids_increase(storage, config):
@@ -79,14 +96,42 @@ def test_newest_first_and_ids_increase(storage, config):
     assert store.select(config=config, anchor_is_durable=always).chosen.manifest.snapshot_id == 3
 
 
-def test_corrupt_file_falls_back_to_the_previous_snapshot(storage, config):
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "one-file-per-name"])
+def test_corrupt_file_falls_back_to_the_previous_snapshot(storage, config, pack):
     store = ManifestStore(storage, "alpha")
-    publish(store, config, 0)
-    newest = publish(store, config, 5)
-    storage.write_bytes(join_key(newest.entry, "ledger.json"), b'{"tampered": true}')
+    publish(store, config, 0, pack=pack)
+    newest = publish(store, config, 5, pack=pack, **{"a.json": "[1]", "ledger.json": "{}"})
+    tamper_snapshot_file(storage, newest.entry, "ledger.json", b"[]")
     report = store.select(config=config, anchor_is_durable=always)
     assert report.chosen.manifest.snapshot_id == 1
-    assert "checksum mismatch" in report.skipped[0][1]
+    assert "checksum mismatch" in report.skipped[0][1] and "ledger.json" in report.skipped[0][1]
+
+
+def test_a_truncated_or_missing_pack_falls_back_to_the_previous_snapshot(storage, config):
+    store = ManifestStore(storage, "alpha")
+    publish(store, config, 0)
+    truncated = publish(store, config, 5, **{"a.json": "[1]", "ledger.json": "{}"})
+    key = join_key(truncated.entry, "files.pack")
+    storage.write_bytes(key, storage.read_bytes(key)[:-1])
+    missing = publish(store, config, 6)
+    storage.delete(join_key(missing.entry, "files.pack"))
+    report = store.select(config=config, anchor_is_durable=always)
+    assert report.chosen.manifest.snapshot_id == 1
+    assert "files.pack is missing" in report.skipped[0][1]
+    assert "checksum mismatch" in report.skipped[1][1] and "ledger.json" in report.skipped[1][1]
+
+
+def test_a_packed_manifest_without_offsets_is_refused(storage, config):
+    store = ManifestStore(storage, "alpha")
+    publish(store, config, 0)
+    bad = publish(store, config, 5)
+    key = join_key(bad.entry, "MANIFEST.json")
+    manifest = json.loads(storage.read_bytes(key))
+    del manifest["files"]["ledger.json"]["offset"]
+    storage.write_bytes(key, json.dumps(manifest).encode())
+    report = store.select(config=config, anchor_is_durable=always)
+    assert report.chosen.manifest.snapshot_id == 1
+    assert "has no offset into the pack" in report.skipped[0][1]
 
 
 def test_uncommitted_snapshot_is_never_read(storage, config):

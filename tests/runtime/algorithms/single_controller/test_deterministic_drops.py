@@ -29,6 +29,7 @@ from tests.support.rollout_checkpoints import (
     harness,
     republish,
     run_to_end,
+    snapshot_file,
     tiny_config,
     weights_digest,
 )
@@ -151,7 +152,7 @@ async def test_resume_from_a_snapshot_without_reserves_completes(tmp_path, caplo
         store = ManifestStore(open_storage(cfg.resolved_storage_uri()), cfg.name)
         newest = store.committed_ids()[-1]
         entry = snapshot_dir(newest)
-        runtime = json.loads(store.storage.read_bytes(f"{entry}/{RUNTIME_STATE_FILE}"))
+        runtime = json.loads(snapshot_file(store.storage, entry, RUNTIME_STATE_FILE))
         assert runtime["step_reserves"], "the snapshot holds no reserve to strip"
         del runtime["step_reserves"], runtime["leftovers"]
         runtime["schema"] = 2
