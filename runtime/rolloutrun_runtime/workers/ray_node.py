@@ -48,10 +48,11 @@ from rolloutrun_runtime.workers.ray_cluster import (
     RayClusterError,
     node_env,
     parse_address,
-    ray_command,
     wait_for_port,
 )
 
+#: Runs Ray's ``ray start`` CLI with the worker node's dashboard agent replaced.
+BOOT_MODULE = "rolloutrun_runtime.workers.ray_boot"
 #: ``ray start`` tries before the pod gives up, and the pause between two.
 START_ATTEMPTS = 5
 RETRY_PAUSE_S = 2.0
@@ -70,8 +71,11 @@ NODE_STOP_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 def worker_argv(
     address: str, node_ip: str, slots: int, num_cpus: int | None, num_gpus: int | None = None
 ) -> list[str]:
+    """The worker node's ``ray start``, run through :mod:`.ray_boot` (Ray's dashboard agent
+    replaced by a placeholder: the refill pod's start-up CPU, issue 14)."""
     parsed = parse_address(address)
-    return ray_command(*ray_worker_node_argv(parsed.gcs, node_ip, slots, num_cpus, num_gpus))
+    args = ray_worker_node_argv(parsed.gcs, node_ip, slots, num_cpus, num_gpus)
+    return [sys.executable, "-m", BOOT_MODULE, *args]
 
 
 def main(argv: list[str] | None = None) -> int:
