@@ -1,41 +1,51 @@
-"""``ray start`` for a generation-worker pod, with a placeholder for Ray's dashboard agent.
+"""A generation-worker pod's Ray node, started as ``ray start --address=... --block`` would,
+with less of its CPU: no Ray CLI, and a placeholder for Ray's dashboard agent.
 
 Why: a worker pod deleted every 15 s is replaced by a refill pod whose start runs on the
-cores the trainer and the serving workers use (issue 14). Of its ~5.3 CPU-s, Ray's
-dashboard agent took ~1.2 (``bench.worker_start_cpu``): it imports every module under
-``ray/dashboard/modules`` (walked even in its minimal mode) to serve the dashboard, Ray's
-metrics and the job, log and profiling APIs of the node, none of which a worker node of
-ours is asked for (the trainer's head runs no dashboard, its driver reads no Ray metrics
-nor worker logs). Ray 2.60 has no switch to leave the agent out: the raylet refuses an
-empty agent command ("Dashboard agent command must be non empty"), starts the agent
-itself, and waits for the ports the agent persists in the session directory.
+cores the trainer and the serving workers use (issue 14). Of its ~5.3 CPU-s
+(``bench.worker_start_cpu``):
 
-So the raylet's dashboard-agent command is replaced by :mod:`.ray_agent_stub` (stdlib
-only, no ``import ray``): it persists the three ports as a minimal Ray agent with no HTTP
-server would (``-1``: not served) and lives as long as the raylet. Everything else
-(the raylet, the runtime-env agent, the workers) is Ray's own, as ``ray start`` builds it.
+- Ray's dashboard agent took ~1.2: it imports every module under ``ray/dashboard/modules``
+  (walked even in its minimal mode) to serve the dashboard, Ray's metrics and the job, log
+  and profiling APIs of the node, none of which a worker node of ours is asked for (the
+  trainer's head runs no dashboard, its driver reads no Ray metrics nor worker logs). Ray
+  2.60 has no switch to leave it out: the raylet refuses an empty agent command ("Dashboard
+  agent command must be non empty"), starts the agent itself, and waits for the ports the
+  agent persists in the session directory. So the raylet's dashboard-agent command is
+  replaced by :mod:`.ray_agent_stub` (stdlib only, no ``import ray``): it persists the
+  three ports as a minimal agent with no HTTP server would (``-1``: not served) and lives
+  as long as the raylet.
+- ``ray start`` took ~0.9, about half of it importing Ray's CLI (its job, state and
+  autoscaler commands). :func:`start_node` does what that CLI does for a node that is not
+  the head (``RayParams``, ``Node``, Ray's own SIGTERM handling), in this process.
 
-The replacement is one wrapper around ``ray._private.services.start_ray_process`` in this
-``ray start`` process only (the module runs Ray's own CLI after installing it), checked
-against Ray :data:`RAY_VERSION_CHECKED`. Each assumption is verified when the node starts
-and a failed one ends ``ray start`` with :class:`RayBootError` naming it (the pod's entry
-point reports it and the pod fails), never a silent full agent: the raylet's command
-carries exactly one ``--dashboard_agent_command=`` naming Ray's ``dashboard/agent.py``,
-and Ray's port file names are the stub's (:func:`check_port_files`).
+Everything else (the raylet, the runtime-env agent, the workers) is Ray's own. What this
+relies on of Ray's internals is here only, checked against Ray :data:`RAY_VERSION_CHECKED`;
+each assumption is verified when the node starts and a failed one ends the start with
+:class:`RayBootError` naming it (the pod's entry point reports it, tries again and then
+fails), never a silent full agent: the raylet's command carries exactly one
+``--dashboard_agent_command=`` naming Ray's ``dashboard/agent.py``, Ray's port names and
+port file names are the placeholder's (:func:`install`), and the node's start takes the
+arguments Ray 2.60's did (:func:`start_node`).
 
     python -m rolloutrun_runtime.workers.ray_boot start --address=HOST:PORT ... --block
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 from rolloutrun_runtime.workers import ray_agent_stub
+from rolloutrun_runtime.workers.ray_cluster import STARTED_LINE
 
 #: The Ray release whose ``services.start_raylet`` and dashboard agent this was read against.
 RAY_VERSION_CHECKED = "2.60.0"
@@ -117,12 +127,82 @@ def install() -> None:
     services.start_ray_process = start_ray_process
 
 
-def main(argv: list[str]) -> int:
-    install()
-    from ray.scripts.scripts import main as ray_cli
+def parse_start(argv: list[str]) -> argparse.Namespace:
+    """The worker node's ``ray start`` arguments
+    (:func:`~rolloutrun_runtime.contract.pod.ray_worker_node_argv`); any other is refused
+    by name (this is not Ray's CLI, only the start of a worker node)."""
+    parser = argparse.ArgumentParser(prog="python -m rolloutrun_runtime.workers.ray_boot")
+    parser.add_argument("command", choices=["start"])
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--node-ip-address", required=True)
+    parser.add_argument("--resources", type=json.loads, default={})
+    parser.add_argument("--num-cpus", type=int, default=None)
+    parser.add_argument("--num-gpus", type=int, default=None)
+    parser.add_argument("--disable-usage-stats", action="store_true")
+    parser.add_argument("--block", action="store_true", required=True)
+    parser.add_argument("--include-log-monitor", choices=["true", "false"], default="true")
+    return parser.parse_args(argv)
 
-    sys.argv = ["ray", *argv]
-    return ray_cli()
+
+def start_node(args: argparse.Namespace) -> Any:
+    """What Ray 2.60's ``ray start --address=... --block`` does for a node that is not the
+    head (``ray/scripts/scripts.py``), in this process: without importing Ray's CLI (its
+    job, state and autoscaler commands: ~0.5 CPU-s of imports per refill pod)."""
+    try:
+        import ray._private.node as ray_node
+        import ray._private.parameter as parameter
+        import ray._private.services as services
+        from ray._private.authentication.authentication_token_setup import (
+            ensure_token_if_auth_enabled,
+        )
+
+        params = parameter.RayParams(
+            node_ip_address=args.node_ip_address,
+            node_name=args.node_ip_address,
+            num_cpus=args.num_cpus,
+            num_gpus=args.num_gpus,
+            resources=args.resources,
+            include_log_monitor=args.include_log_monitor == "true",
+        )
+        params.gcs_address = services.canonicalize_bootstrap_address(args.address, None)
+        ensure_token_if_auth_enabled(None, create_token_if_missing=False)
+        make_node: Callable[..., Any] = ray_node.Node
+    except (ImportError, AttributeError, TypeError) as error:
+        raise RayBootError(
+            f"this Ray's node start differs from Ray {RAY_VERSION_CHECKED}'s: {error!r}"
+        ) from error
+    # Ray's own SIGTERM handling (shutdown_at_exit): its drain, then its processes stopped
+    return make_node(params, head=False, shutdown_at_exit=True, spawn_reaper=True)
+
+
+def unexpected_exits(dead: list[tuple[str, Any]]) -> list[str]:
+    """The node's processes that ended other than as stopped (Ray's CLI takes 0 and
+    SIGTERM's codes as stopped)."""
+    stopped = (0, signal.SIGTERM, -signal.SIGTERM, 128 + signal.SIGTERM)
+    return [
+        f"{kind} ({process.returncode})"
+        for kind, process in dead
+        if process.returncode not in stopped
+    ]
+
+
+def block(node: Any) -> int:
+    """Until one of the node's processes ends unexpectedly (as ``ray start --block``); a
+    stop (SIGTERM) ends this process in Ray's handler."""
+    while True:
+        time.sleep(1.0)
+        if ended := unexpected_exits(node.dead_processes()):
+            print(f"ray_boot: Ray processes ended: {', '.join(ended)}", flush=True)
+            node.kill_all_processes(check_alive=False, allow_graceful=False)
+            return 1
+
+
+def main(argv: list[str]) -> int:
+    args = parse_start(argv)
+    install()
+    node = start_node(args)
+    print(STARTED_LINE.decode(), flush=True)
+    return block(node)
 
 
 if __name__ == "__main__":

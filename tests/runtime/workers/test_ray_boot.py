@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from rolloutrun_runtime.contract.pod import RAY_GENERATION_RESOURCE
 from rolloutrun_runtime.workers import ray_agent_stub, ray_boot
 from rolloutrun_runtime.workers.ray_node import BOOT_MODULE, worker_argv
 
@@ -137,3 +138,32 @@ def test_the_worker_pods_node_starts_through_the_boot_module() -> None:
     argv = worker_argv("10.0.0.1:6379", "10.0.0.2", 1, None)
     assert argv[:3] == [sys.executable, "-m", BOOT_MODULE]
     assert argv[3] == "start" and "--block" in argv
+    assert ray_boot.parse_start(argv[3:]).address == "10.0.0.1:6379"
+
+
+def test_the_worker_nodes_arguments_are_read_and_any_other_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = worker_argv("10.0.0.1:6379", "10.0.0.2", 2, 1, 0)[3:]  # after "python -m ray_boot"
+    args = ray_boot.parse_start(argv)
+    assert (args.address, args.node_ip_address, args.num_cpus, args.num_gpus) == (
+        "10.0.0.1:6379",
+        "10.0.0.2",
+        1,
+        0,
+    )
+    assert args.resources == {RAY_GENERATION_RESOURCE: 2}
+    assert args.include_log_monitor == "false" and args.block
+    with pytest.raises(SystemExit):
+        ray_boot.parse_start([*argv, "--head"])  # not Ray's CLI: a flag it does not know
+    assert "unrecognized arguments: --head" in capsys.readouterr().err
+
+
+def test_only_a_process_that_ended_other_than_stopped_ends_the_node() -> None:
+    class Ended:
+        def __init__(self, code: int) -> None:
+            self.returncode = code
+
+    stopped = [("raylet", Ended(0)), ("reaper", Ended(-15)), ("agent", Ended(143))]
+    assert ray_boot.unexpected_exits(stopped) == []
+    assert ray_boot.unexpected_exits([*stopped, ("raylet", Ended(-9))]) == ["raylet (-9)"]
