@@ -97,9 +97,10 @@ def check_port_files(filename: Callable[[str, str], str], names: tuple[str, ...]
             )
 
 
-def install() -> None:
+def install() -> list[list[str]]:
     """Wrap Ray's ``services.start_ray_process`` so that the raylet it starts gets the stub
-    agent; the port names and their files are checked first."""
+    agent; the port names and their files are checked first. Returns the raylet commands
+    rewritten so far (one once the node started: :func:`main` checks it)."""
     import ray._private.ray_constants as ray_constants
     import ray._private.services as services
     import ray._raylet
@@ -118,13 +119,16 @@ def install() -> None:
         )
     check_port_files(raylet.get_port_filename, names)
     original = services.start_ray_process
+    rewritten: list[list[str]] = []
 
     def start_ray_process(command: list[str], process_type: str, *args: Any, **kw: Any) -> Any:
         if process_type == ray_constants.PROCESS_TYPE_RAYLET:
             command = raylet_argv(command)
+            rewritten.append(command)
         return original(command, process_type, *args, **kw)
 
     services.start_ray_process = start_ray_process
+    return rewritten
 
 
 def parse_start(argv: list[str]) -> argparse.Namespace:
@@ -199,8 +203,18 @@ def block(node: Any) -> int:
 
 def main(argv: list[str]) -> int:
     args = parse_start(argv)
-    install()
+    import ray
+
+    if ray.__version__ != RAY_VERSION_CHECKED:  # the checks below decide; this says why
+        print(f"ray_boot: Ray {ray.__version__}, checked on {RAY_VERSION_CHECKED}", flush=True)
+    rewritten = install()
     node = start_node(args)
+    if len(rewritten) != 1:  # a raylet started some other way would run Ray's full agent
+        node.kill_all_processes(check_alive=False, allow_graceful=False)
+        raise RayBootError(
+            f"{len(rewritten)} raylets were started through services.start_ray_process "
+            f"(one in Ray {RAY_VERSION_CHECKED}): its dashboard agent was not replaced"
+        )
     print(STARTED_LINE.decode(), flush=True)
     return block(node)
 

@@ -78,13 +78,14 @@ def test_installed_on_this_ray_only_the_raylets_command_is_rewritten(
         started.append((command, process_type))
 
     monkeypatch.setattr(services, "start_ray_process", start_ray_process)
-    ray_boot.install()  # checks this Ray's port names and files: raises if they changed
+    rewritten = ray_boot.install()  # checks this Ray's port names and files first
     agent = ray_boot.AGENT_FLAG + _ray_agent_command("/s")
     services.start_ray_process(["raylet", agent], "raylet", fate_share=False)
     services.start_ray_process(["gcs_server", agent], "gcs_server", fate_share=False)
     (raylet, _), (gcs, _) = started
     assert ray_agent_stub.__file__ in raylet[1] and "agent.py" not in raylet[1]
     assert gcs == ["gcs_server", agent]  # any other process as Ray built it
+    assert rewritten == [raylet]  # what the node's start checks: one raylet, rewritten
 
 
 def test_the_placeholder_persists_the_ports_for_ray_and_ends_with_its_raylet(
