@@ -46,8 +46,10 @@ LABELS = (
     ("idle_worker", "ray::IDLE"),
     ("worker", "default_worker.py"),
     ("dashboard_agent", "dashboard/agent.py"),
+    ("dashboard_agent", "ray_agent_stub.py"),  # its placeholder (workers/ray_boot.py)
     ("runtime_env_agent", "runtime_env/agent/main.py"),
     ("ray_start", "ray.scripts.scripts"),
+    ("ray_start", "rolloutrun_runtime.workers.ray_boot"),  # Ray's CLI, run through ours
     ("ray_node", "rolloutrun_runtime.workers.ray_node"),
 )
 

@@ -4,7 +4,9 @@ Why a small entry point rather than ``ray start`` in the pod spec: the worker po
 as soon as the trainer pod has an address, before the trainer has started its head, and
 ``ray start --address`` gives up when the GCS is slow to take it; this waits (bounded) for
 the GCS to answer, then runs ``ray start ... --block`` (arguments spelled once in
-:func:`rolloutrun_runtime.contract.pod.ray_worker_node_argv`), again when it failed to
+:func:`rolloutrun_runtime.contract.pod.ray_worker_node_argv`; run by :mod:`.ray_boot`,
+which starts the node as Ray's CLI would but without it and with a placeholder for Ray's
+dashboard agent: ~1.5 CPU-s less per refill pod), again when it failed to
 start, at most :data:`START_ATTEMPTS` times, then ends with a message naming the failure.
 Whether a node started is read from what ``ray start`` prints (:data:`STARTED_LINE`), not
 from how long it ran: on a loaded machine a start that misses Ray's fixed 30 s bound for
@@ -45,18 +47,19 @@ from rolloutrun_runtime.contract.pod import (
 )
 from rolloutrun_runtime.workers.ray_cluster import (
     NODE_START_TIMEOUT_S,
+    STARTED_LINE,
     RayClusterError,
     node_env,
     parse_address,
-    ray_command,
     wait_for_port,
 )
 
+#: Starts the worker node as ``ray start`` would, in one process, with Ray's dashboard agent
+#: replaced by a placeholder (:mod:`.ray_boot`).
+BOOT_MODULE = "rolloutrun_runtime.workers.ray_boot"
 #: ``ray start`` tries before the pod gives up, and the pause between two.
 START_ATTEMPTS = 5
 RETRY_PAUSE_S = 2.0
-#: What ``ray start`` prints once its node has registered with the GCS (Ray 2.x's CLI).
-STARTED_LINE = b"Ray runtime started."
 #: Seconds a stopped node gets to end before this process ends without it.
 STOP_GRACE_S = 2
 #: A worker node's ``ray start`` on SIGTERM: no drain (Ray's default waits up to 30 s for
@@ -70,8 +73,11 @@ NODE_STOP_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 def worker_argv(
     address: str, node_ip: str, slots: int, num_cpus: int | None, num_gpus: int | None = None
 ) -> list[str]:
+    """The worker node's ``ray start`` arguments, run by :mod:`.ray_boot` (the refill pod's
+    start-up CPU, issue 14)."""
     parsed = parse_address(address)
-    return ray_command(*ray_worker_node_argv(parsed.gcs, node_ip, slots, num_cpus, num_gpus))
+    args = ray_worker_node_argv(parsed.gcs, node_ip, slots, num_cpus, num_gpus)
+    return [sys.executable, "-m", BOOT_MODULE, *args]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,6 +55,9 @@ def test_a_deleted_worker_pods_actor_is_reported_dead_by_its_nodes_sigterm(
     commands = result["node_processes"]
     assert any("raylet" in command for command in commands)
     assert not any("log_monitor" in command for command in commands)  # nobody reads it
+    # Ray's dashboard agent replaced by its placeholder (workers/ray_boot.py)
+    assert any("ray_agent_stub.py" in command for command in commands)
+    assert not any("dashboard/agent.py" in command for command in commands)
     # before: "The actor died unexpectedly before finishing this task." and nothing on the
     # node: the GCS's health checks found the SIGKILLed raylet silent
     assert "the actor's node was terminated expectedly: received SIGTERM" in result["error"]
