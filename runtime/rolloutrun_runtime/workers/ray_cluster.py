@@ -169,6 +169,23 @@ def node_env(
     return env
 
 
+def registered_node_ip(host: str) -> str:
+    """The address a node of ours started with ``--node-ip-address=host`` registers under.
+
+    Why: with clusters enabled (:func:`node_env` sets :data:`RAY_CLUSTER_ENV`), ``ray start``
+    replaces a loopback address by this machine's outward one (Ray's
+    ``resolve_ip_for_localhost``), and the driver's ``ray.init`` must ask for that same
+    node. A driver whose process has clusters disabled (tests set it, as Ray asks) would
+    keep the loopback address and never find its node: on a machine with a default route the
+    trainer's head on 127.0.0.1 registered as the machine's address, and ``ray.init`` failed
+    until its start bound. Checked against Ray 2.60 (``ray._private.services``)."""
+    from ray._private import services
+
+    if not services.is_localhost(host):
+        return host
+    return str(services.node_ip_address_from_perspective())
+
+
 def wait_for_port(host: str, port: int, timeout_s: float, alive: Any = None) -> None:
     """Until ``host:port`` accepts a connection (``alive()`` false: the process died)."""
     deadline = time.monotonic() + timeout_s
@@ -418,7 +435,11 @@ class RayConnection:
                 raise RayNodeEndedError(f"the Ray node at {self.host} ended ({why})")
             try:
                 with _environ(RAY_GCS_TRIES_ENV, "1"):
-                    ray.init(address=gcs, _node_ip_address=self.host, log_to_driver=False)
+                    ray.init(
+                        address=gcs,
+                        _node_ip_address=registered_node_ip(self.host),
+                        log_to_driver=False,
+                    )
                 return
             except (ConnectionError, RuntimeError, ValueError) as error:
                 ray.shutdown()
