@@ -428,6 +428,7 @@ class RayConnection:
         trainer past any bound; the node is looked at before each try."""
         import ray
 
+        node_ip = registered_node_ip(self.host)  # one answer for every try
         deadline = time.monotonic() + NODE_START_TIMEOUT_S
         while True:
             if self.node is None or not self.node.alive():
@@ -435,11 +436,7 @@ class RayConnection:
                 raise RayNodeEndedError(f"the Ray node at {self.host} ended ({why})")
             try:
                 with _environ(RAY_GCS_TRIES_ENV, "1"):
-                    ray.init(
-                        address=gcs,
-                        _node_ip_address=registered_node_ip(self.host),
-                        log_to_driver=False,
-                    )
+                    ray.init(address=gcs, _node_ip_address=node_ip, log_to_driver=False)
                 return
             except (ConnectionError, RuntimeError, ValueError) as error:
                 ray.shutdown()
