@@ -28,7 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from rolloutrun_runtime.policy.hf_files import TOKENIZER_FILES, HFModelError, local_model_dir
+from rolloutrun_runtime.policy.hf_files import (
+    SPECIAL_TOKENS_MAP_FILE,
+    TOKENIZER_FILES,
+    HFModelError,
+    local_model_dir,
+)
 
 __all__ = ["HFCausalLM", "HFModelError", "build_hf_model", "export_hf", "offline_transformers"]
 
@@ -181,11 +186,13 @@ def _hf_name(name: str) -> str:
 
 
 def export_hf(model: HFCausalLM, source_uri: str, out: Path) -> list[Path]:
-    """Write ``model`` in the Hugging Face layout (config, safetensors, tokenizer) to ``out``."""
-    source = local_model_dir(source_uri)
+    """Write ``model`` in the Hugging Face layout (config, safetensors, tokenizer) to ``out``.
+    Only the source's tokenizer files are copied (its weights are never read: a ``gs://``
+    model is not downloaded again at the end of a run)."""
+    source = local_model_dir(source_uri, weights=False)
     out.mkdir(parents=True, exist_ok=True)
     model.lm.save_pretrained(out, safe_serialization=True)
-    for name in (*TOKENIZER_FILES, "special_tokens_map.json"):
+    for name in (*TOKENIZER_FILES, SPECIAL_TOKENS_MAP_FILE):
         if (source / name).is_file():
             (out / name).write_bytes((source / name).read_bytes())
     return sorted(p for p in out.iterdir() if p.is_file())

@@ -31,6 +31,7 @@ __all__ = [
     "GENERATION_CONFIG_FILE",
     "MODEL_CACHE_ENV",
     "PROMPT_FILES",
+    "SPECIAL_TOKENS_MAP_FILE",
     "TOKENIZER_CONFIG_FILE",
     "TOKENIZER_FILE",
     "TOKENIZER_FILES",
@@ -46,6 +47,10 @@ TOKENIZER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE)
 #: What the Gym reads (a ``gs://`` model copies only these): the tokenizer, and the
 #: configs naming the stop tokens (optional).
 PROMPT_FILES = (*TOKENIZER_FILES, GENERATION_CONFIG_FILE, CONFIG_FILE)
+#: Copied beside exported weights when the source has it (older tokenizers' special tokens).
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+#: What a model built around given weights reads (an engine), or exports beside its own.
+MODEL_FILES_BUT_WEIGHTS = (*PROMPT_FILES, SPECIAL_TOKENS_MAP_FILE)
 #: Where ``gs://`` model directories are copied (one sub-directory per URI).
 MODEL_CACHE_ENV = "ROLLOUTRUN_MODEL_CACHE"
 _COMPLETE = ".complete"
@@ -91,6 +96,13 @@ def _ensure(directory: Path) -> Path:
     return directory
 
 
+def _files_needed(tokenizer_only: bool, weights: bool) -> list[str] | None:
+    """Which files of a ``gs://`` model a reader copies (None: all of them)."""
+    if tokenizer_only:
+        return list(PROMPT_FILES)
+    return None if weights else list(MODEL_FILES_BUT_WEIGHTS)
+
+
 def local_model_dir(uri: str, *, tokenizer_only: bool = False, weights: bool = True) -> Path:
     """The local directory of ``policy.model`` (a path, ``file://`` or ``gs://``).
 
@@ -98,8 +110,7 @@ def local_model_dir(uri: str, *, tokenizer_only: bool = False, weights: bool = T
     given: the generation engine) need only the tokenizer and the configs, so a ``gs://``
     model copies only those, never the weights."""
     if uri.startswith("gs://"):
-        small = tokenizer_only or not weights
-        directory = _copy_from_storage(uri, list(PROMPT_FILES) if small else None)
+        directory = _copy_from_storage(uri, _files_needed(tokenizer_only, weights))
     elif uri.startswith("file://"):
         directory = Path(uri[len("file://") :])
     elif "://" in uri:
