@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -37,6 +38,7 @@ from rolloutrun_runtime.trainer_observe import Observation
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import ResumeChoice
     from rolloutrun_runtime.algorithms.single_controller import RunHooks, SingleController
     from rolloutrun_runtime.contract.pod import MemberEndpoint
     from rolloutrun_runtime.contract.run_config import RunConfig
@@ -187,7 +189,8 @@ async def run_trainer(
     metrics_token: str | None = None,
     gym_members: Callable[[bool], Mapping[int, MemberEndpoint]] | None = None,
 ) -> TrainerResult:
-    """Build the policy, workers and controller; resume if a checkpoint exists; run.
+    """Plan the resume (the newest restorable entry, if any), build the policy on its
+    anchor's weights, the workers and the controller; restore what was planned; run.
 
     ``hooks.fence`` refuses a commit (a trainer checkpoint, a manifest) by raising;
     ``on_anchor``, ``on_published`` and ``on_step`` get each committed ``step_<N>``, published
@@ -204,7 +207,7 @@ async def run_trainer(
     from rolloutrun_runtime.policy.family import policy_tokenizer
     from rolloutrun_runtime.storage import open_storage
     from rolloutrun_runtime.trainer_inputs import with_prompt_set
-    from rolloutrun_runtime.workers import build_workers
+    from rolloutrun_runtime.workers import build_workers  # noqa: F401  (imported before the mark)
 
     STARTUP.mark("runtime_imported")
     _imports_done()
@@ -213,7 +216,6 @@ async def run_trainer(
     torch.manual_seed(cfg.seed)
     log_dir = _made(Path(cfg.log_dir))
 
-    model, optimizer = _model_and_optimizer(cfg)
     storage = open_storage(cfg.resolved_storage_uri())
     trace = TraceWriter(log_dir / TRACE_FILE if cfg.checkpointing.trace else None)
     observation = Observation(cfg, storage, log_dir, trace.run_id, metrics_token)
@@ -222,16 +224,19 @@ async def run_trainer(
         storage, cfg.checkpointing.keep_latest, fence=hooks.fence, on_anchor=hooks.on_anchor
     )
     gym_token = _run_token(gym_token)
-    host, port = generation_address()
-    workers = build_workers(cfg, model.state_dict(), 0, host=host, port=port, token=gym_token)
-    await workers.start()
-    STARTUP.mark("workers_started")
-    cfg = await _settle_recovery_level(cfg, trace)  # turn needs the control plane
-    environment = await _environment_checkpoint(cfg, gym_token, gym_members)
-    STARTUP.mark("gyms_answered")
-    resumed_from = None
-    manifests = _snapshot_manifests(cfg, checkpointer.storage)
-    try:
+    async with contextlib.AsyncExitStack() as stack:  # unwound in reverse
+        manifests = _snapshot_manifests(cfg, checkpointer.storage)
+        stack.callback(manifests.close)
+        stack.push_async_callback(observation.stop)  # after the trace closed: its last lines
+        stack.callback(trace.close)  # reach the storage
+        cfg = await _settle_recovery_level(cfg, trace)  # turn needs the control plane
+        environment = await _environment_checkpoint(cfg, gym_token, gym_members)
+        stack.push_async_callback(environment.close)
+        STARTUP.mark("gyms_answered")
+        choice = await asyncio.to_thread(_planned_restore, cfg, manifests, checkpointer, trace)
+        model, optimizer = _model_and_optimizer(cfg, choice)
+        workers = await _started_workers(cfg, model, choice, gym_token)
+        stack.push_async_callback(workers.stop)
         await observation.start()
         controller = SingleController(
             cfg,
@@ -249,13 +254,7 @@ async def run_trainer(
             prompt_payload=prompts.payload if prompts is not None else None,
             gym_members=gym_members,
         )
-        resumed_from = await _resume_and_run(controller, cfg, trace, storage, preemption)
-    finally:
-        await workers.stop()
-        await environment.close()
-        trace.close()
-        await observation.stop()  # after the trace closed: its last lines reach the storage
-        manifests.close()
+        resumed_from = await _resume_and_run(controller, choice, cfg, trace, storage, preemption)
     return _finished(controller, log_dir, resumed_from)
 
 
@@ -270,12 +269,54 @@ def _snapshot_manifests(cfg: RunConfig, storage: Any) -> Any:
     return ManifestStore(with_writer_process(storage), cfg.name, lease_duration_s=lease_s)
 
 
-def _model_and_optimizer(cfg: RunConfig) -> tuple[Any, Any]:
-    """The policy model (built-in or ``policy.model``) and its Adam (no ``torch._dynamo``)."""
+def _planned_restore(cfg: RunConfig, manifests: Any, checkpointer: Any, trace: Any) -> ResumeChoice:
+    """What this incarnation resumes from, read and checked, before the model and the
+    generation workers are built: so they are built on the anchor's weights, and a Hugging
+    Face model's own weight files are never read on a resume (they would be replaced at
+    once). Raises ``UnrestorableError`` when every committed entry is refused."""
+    from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import RolloutRestorer
+
+    restorer = RolloutRestorer(cfg, manifests=manifests, checkpointer=checkpointer, trace=trace)
+    choice = restorer.plan()
+    STARTUP.mark("restore_read")
+    return choice
+
+
+def _anchor_weights(choice: ResumeChoice) -> Mapping[str, Any] | None:
+    """The model weights a planned restore starts from (None: a fresh run, or an anchor that
+    is the run's initial weights)."""
+    restored = choice.restored
+    return restored.trainer.model_state if restored and restored.trainer else None
+
+
+def _served_version(choice: ResumeChoice) -> int:
+    """The weight version the generation workers start on: the anchor's step when they
+    start on its weights, else 0 (one version number always names one set of weights)."""
+    restored = choice.restored
+    return restored.anchor_step if restored and _anchor_weights(choice) is not None else 0
+
+
+async def _started_workers(
+    cfg: RunConfig, model: Any, choice: ResumeChoice, token: str | None
+) -> Any:
+    """The generation workers, started on the model's weights under the version they are."""
+    from rolloutrun_runtime.workers import build_workers
+
+    host, port = generation_address()
+    version = _served_version(choice)
+    workers = build_workers(cfg, model.state_dict(), version, host=host, port=port, token=token)
+    await workers.start()
+    STARTUP.mark("workers_started")
+    return workers
+
+
+def _model_and_optimizer(cfg: RunConfig, choice: ResumeChoice) -> tuple[Any, Any]:
+    """The policy model (built-in or ``policy.model``) and its Adam (no ``torch._dynamo``);
+    on a resume the model is built around the anchor's weights (``_anchor_weights``)."""
     from rolloutrun_runtime.algorithms.optimizer import build_optimizer
     from rolloutrun_runtime.policy.family import build_policy_model
 
-    model = build_policy_model(cfg.policy, cfg.seed)
+    model = build_policy_model(cfg.policy, cfg.seed, weights=_anchor_weights(choice))
     STARTUP.mark("model_built")
     optimizer = build_optimizer(model.parameters(), cfg.grpo.learning_rate)
     STARTUP.mark("optimizer_built")
@@ -284,6 +325,7 @@ def _model_and_optimizer(cfg: RunConfig) -> tuple[Any, Any]:
 
 async def _resume_and_run(
     controller: SingleController,
+    choice: ResumeChoice,
     cfg: RunConfig,
     trace: Any,
     storage: Any,
@@ -291,7 +333,7 @@ async def _resume_and_run(
 ) -> str | None:
     """Restore (a snapshot, a trainer checkpoint or nothing), train to ``maxSteps`` under the
     preemption snapshot, export an HF model's final weights; returns where it resumed from."""
-    resumed_from = await _restore(controller, trace)
+    resumed_from = await _restore(controller, choice, trace)
     STARTUP.mark("run_started")
     _freeze_startup_objects()
     STARTUP.mark("gc_frozen")
@@ -352,9 +394,9 @@ def _freeze_startup_objects() -> None:
     gc.freeze()
 
 
-async def _restore(controller: SingleController, trace: Any) -> str | None:
-    """Resume the controller from the newest restorable entry; returns its path, if any."""
-    restored = await controller.restore()
+async def _restore(controller: SingleController, choice: ResumeChoice, trace: Any) -> str | None:
+    """Resume the controller from the planned entry; returns its path, if any."""
+    restored = await controller.restore(choice)
     resumed_from = restored.source.path if restored is not None else None
     if resumed_from:
         logger.info("resumed from %s", resumed_from)

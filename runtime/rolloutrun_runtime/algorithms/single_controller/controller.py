@@ -40,6 +40,7 @@ from rolloutrun_runtime.algorithms.replay_buffer import ReplayBuffer
 from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest import ManifestStore
 from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
     RestoredRolloutState,
+    ResumeChoice,
     RolloutRestorer,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import RolloutSnapshotter
@@ -264,9 +265,10 @@ class SingleController:
         """Publish a deferred trainer checkpoint (at a step boundary, or at the end)."""
         await self.checkpoints.finalize_deferred()
 
-    async def restore(self) -> RestoredRolloutState | None:
-        """Resume from the best source (see ``Resume.restore``); None for a fresh run."""
-        restored = await self.resumption.restore()
+    async def restore(self, planned: ResumeChoice | None = None) -> RestoredRolloutState | None:
+        """Resume from the best source, or from ``planned`` when the caller already chose it
+        (see ``Resume.restore``); None for a fresh run."""
+        restored = await self.resumption.restore(planned)
         if restored is not None:
             self.rollout_snapshots.resumed_from(restored.segment_seed)
         return restored

@@ -26,6 +26,7 @@ from typing import Any
 from rolloutrun_runtime.algorithms.gym_client import carries_record
 from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
     RestoredRolloutState,
+    ResumeChoice,
     RolloutRestorer,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import TraceWriter
@@ -69,17 +70,20 @@ class Resume:
         self._environment_restore = contextlib.AsyncExitStack()
         self._restored_from: RestoredRolloutState | None = None
 
-    async def restore(self) -> RestoredRolloutState | None:
+    async def restore(self, planned: ResumeChoice | None = None) -> RestoredRolloutState | None:
         """Resume from the best source (see ``RolloutRestorer``); None for a fresh run.
 
         Runs before ``run``: the restorer reads, verifies and decides the newest restorable
         entry first (a refused one is skipped, nothing of it installed; every one refused
         raises ``UnrestorableError``), then this installs it, retrains the steps a snapshot
         carries past its anchor, syncs the generation workers, and (turn level) hands copied
-        episodes back to the Gym.
+        episodes back to the Gym. ``planned``: that decision, already made by the caller
+        (the trainer plans before it builds the model, to build it on the anchor's weights).
         """
-        choice = await asyncio.to_thread(self.restorer.plan)
-        STARTUP.mark("restore_read")
+        choice = planned
+        if choice is None:
+            choice = await asyncio.to_thread(self.restorer.plan)
+            STARTUP.mark("restore_read")
         restored = choice.restored
         if restored is None:
             return None
