@@ -19,7 +19,9 @@ What runs where, so that every crash rule holds as before:
   ``modified_times`` (a ``stat`` per segment when collecting); the trainer alone makes the
   commit point, after the fence: the create-only ``link`` of the manifest's hidden file to
   its name (``LocalStorage.commit_staged``), which the child then makes durable (``settle``:
-  the hidden name removed, the folder fsynced) before the call returns; the trainer reads
+  the hidden name removed, the folder fsynced) before the call returns; a snapshot's LATEST
+  and retention's deletes ride on that same call, run after the settle
+  (:mod:`.after_commit`: one round trip where there were three); the trainer reads
   everything else;
 * a child that dies (killed, crashed) answers nothing: the call raises
   :class:`WriterProcessError` (a ``StorageError``), so the snapshot being written is not
