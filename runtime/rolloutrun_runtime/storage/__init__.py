@@ -9,6 +9,7 @@ The gs:// backend imports ``google.cloud.storage`` only when opened, so file:// 
 operator image never need the Google libraries. See ``docs/storage.md``.
 """
 
+from .after_commit import AfterCommit
 from .base import (
     CheckpointStorage,
     close_storage,
@@ -39,6 +40,7 @@ from .publish import (
 from .retry import RetryPolicy
 
 __all__ = [
+    "AfterCommit",
     "BucketNotFoundError",
     "CheckpointStorage",
     "InvalidKeyError",

@@ -32,6 +32,7 @@ from .errors import (
 from .keys import TMP_PREFIX, check_create_only_size, normalize_prefix, validate_key
 
 if TYPE_CHECKING:
+    from .after_commit import AfterCommit
     from .writer_process import WriterProcess
 
 log = logging.getLogger(__name__)
@@ -191,17 +192,22 @@ class LocalStorage:
         check_create_only_size(self.uri_for(key), len(data))
         return StagedCreate(key, os.path.basename(_tmp_path(self._path_str(key))), data)
 
-    def commit_staged(self, staged: StagedCreate) -> None:
+    def commit_staged(self, staged: StagedCreate, after: AfterCommit | None = None) -> None:
         """Link the staged bytes to their key (``ObjectExistsError`` if it exists), then make
         the new name durable (the temporary name removed, the folder fsynced) before
-        returning: by the writer process where there is one."""
+        returning: by the writer process where there is one. ``after``: run once that is
+        done, in the same call of the writer process (:mod:`.after_commit`)."""
         path, uri = self._path_str(staged.key), f"{self.base_uri}/{staged.key}"
         with _translated(uri):
             _link_exclusive(self._staged_path(staged), path, uri)
         if self._writer is not None:
-            self._writer.settle(staged.key, staged.tmp)
+            self._writer.settle(staged.key, staged.tmp, after)
             return
         self.settle(staged.key, staged.tmp)
+        if after is not None:
+            after.run(
+                lambda key, data: self.write_bytes(key, data, durable=False), self.delete_entry
+            )
 
     def settle(self, key: str, tmp: str) -> None:
         """After :meth:`commit_staged`'s link: the temporary name removed, the folder

@@ -33,6 +33,7 @@ from typing import Any
 
 from rolloutrun_runtime.contract.layout import COMMIT_MARKER
 
+from .after_commit import AfterCommit
 from .base import CheckpointStorage
 from .errors import InvalidKeyError, ObjectExistsError, StorageError
 from .keys import join_key, key_problem, normalize_prefix, validate_key
@@ -61,6 +62,7 @@ def publish_entry(
     marker_payload: bytes = b"",
     before_commit: Callable[[], None] | None = None,
     shared: Mapping[str, bytes] | None = None,
+    after_commit: AfterCommit | None = None,
 ) -> str:
     """Write ``files`` under ``entry_prefix/``, then commit with the marker; return its URI.
 
@@ -68,6 +70,9 @@ def publish_entry(
     ``shared`` maps full keys outside the entry (content-addressed data it references and
     other entries may share) to bytes: written, durable, in the same call as the entry's
     files (one request, not two, where the storage batches its writes).
+    ``after_commit``: hints and entries' deletes run right after the commit, on file:// in
+    the commit's own call of the writer process (:mod:`.after_commit`; its outcome is filled
+    in; nothing of it runs if the commit fails).
     Raises :class:`ObjectExistsError` if the entry is already committed (nothing is written)
     or if a concurrent publisher committed it first. ``before_commit`` runs once every file
     is durable, immediately before the marker: whatever it raises propagates and nothing is
@@ -106,13 +111,20 @@ def publish_entry(
         except BaseException:
             storage.drop_staged(staged)
             raise
-        storage.commit_staged(staged)
+        storage.commit_staged(staged, after_commit)
     else:
         storage.write_many(written)
         storage.upload_files({k: v for k, v in sorted(keys.items()) if isinstance(v, Path)})
         if before_commit is not None:
             before_commit()
         storage.write_bytes_if_absent(marker, marker_payload)
+        if after_commit is not None:
+            after_commit.run(
+                lambda key, data: storage.write_bytes(key, data, durable=False),
+                lambda marked: delete_entry(
+                    storage, marked.rsplit("/", 1)[0], marker_name=marked.rsplit("/", 1)[1]
+                ),
+            )
     uri = storage.uri_for(marker)
     log.info("published %d files and committed %s", len(keys), uri)
     return uri

@@ -19,7 +19,9 @@ What runs where, so that every crash rule holds as before:
   ``modified_times`` (a ``stat`` per segment when collecting); the trainer alone makes the
   commit point, after the fence: the create-only ``link`` of the manifest's hidden file to
   its name (``LocalStorage.commit_staged``), which the child then makes durable (``settle``:
-  the hidden name removed, the folder fsynced) before the call returns; the trainer reads
+  the hidden name removed, the folder fsynced) before the call returns; a snapshot's LATEST
+  and retention's deletes ride on that same call, run after the settle
+  (:mod:`.after_commit`: one round trip where there were three); the trainer reads
   everything else;
 * a child that dies (killed, crashed) answers nothing: the call raises
   :class:`WriterProcessError` (a ``StorageError``), so the snapshot being written is not
@@ -53,6 +55,7 @@ from typing import IO, Any
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.parent_death import die_with_parent
 
+from .after_commit import AfterCommit
 from .errors import (
     InvalidKeyError,
     ObjectExistsError,
@@ -136,8 +139,12 @@ class WriterProcess:
             blobs.append(bytes(stage.data))
         self._call("write_many", {"keys": keys, "stage": staged}, blobs)
 
-    def settle(self, key: str, tmp: str) -> None:
-        self._call("settle", {"key": key, "tmp": tmp}, [])
+    def settle(self, key: str, tmp: str, after: AfterCommit | None = None) -> None:
+        """The commit's settle; then ``after`` in the same call (its outcome filled in)."""
+        args, blobs = after.wire() if after is not None else (None, [])
+        outcome = self._call("settle", {"key": key, "tmp": tmp, "after": args}, blobs)
+        if after is not None:
+            after.take(outcome)
 
     def write_bytes(self, key: str, data: bytes, *, durable: bool) -> None:
         self._call("write_bytes", {"key": key, "durable": durable}, [bytes(data)])
@@ -262,7 +269,13 @@ def _apply(storage: Any, op: str, args: Mapping[str, Any], blobs: list[bytes]) -
         return None
     if op == "settle":
         crash_point("helper_before_settle")
-        return storage.settle(args["key"], args["tmp"])
+        storage.settle(args["key"], args["tmp"])
+        if args.get("after") is None:
+            return None
+        after = AfterCommit.from_wire(args["after"], blobs)
+        hint = lambda key, data: storage.write_bytes(key, data, durable=False)  # noqa: E731
+        after.run(hint, storage.delete_entry)
+        return after.outcome()
     if op == "write_bytes":
         return storage.write_bytes(args["key"], blobs[0], durable=args["durable"])
     if op == "delete":

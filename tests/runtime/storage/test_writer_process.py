@@ -18,6 +18,7 @@ import pytest
 
 from rolloutrun_runtime.crash import ENV_VAR
 from rolloutrun_runtime.storage import (
+    AfterCommit,
     InvalidKeyError,
     ObjectExistsError,
     StorageError,
@@ -355,3 +356,54 @@ def test_a_writer_process_is_only_for_file_storage(tmp_path: Path) -> None:
     writer = WriterProcess(tmp_path)
     writer.close()  # never started: nothing to end
     assert writer.pid is None
+
+
+def test_after_commit_runs_in_the_commits_own_call(
+    offloaded: LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publication's hint (LATEST) and its entries' deletes (retention) travel with the
+    commit's settle: one call of the child, not one each; a delete that fails is recorded,
+    the others and the commit stand."""
+    publish_entry(offloaded, "snaps/1", FILES, marker_name="M")
+    calls = counted_calls(monkeypatch)
+    after = AfterCommit(hints={"LATEST": b"2"}, delete_markers=["../M", "snaps/1/M"])
+    publish_entry(offloaded, "snaps/2", FILES, marker_name="M", after_commit=after)
+    assert calls == ["write_many", "settle"]
+    assert list_committed(offloaded, "snaps", "M") == ["snaps/2"]
+    assert offloaded.list("snaps/1") == [] and offloaded.read_bytes("LATEST") == b"2"
+    assert after.deleted == {"snaps/1/M": len(FILES)}
+    assert list(after.failed) == ["../M"] and "../M" in after.failed["../M"]
+
+
+def test_after_commit_matches_the_in_process_storage(tmp_path: Path) -> None:
+    """The child runs an ``AfterCommit`` as the in-process storage does: same files left,
+    same outcome."""
+    outcomes = []
+    for storage in (
+        open_storage(str(tmp_path / "here")),
+        with_writer_process(open_storage(str(tmp_path / "child"))),
+    ):
+        publish_entry(storage, "snaps/1", FILES, marker_name="M")
+        after = AfterCommit(hints={"L": b"x"}, delete_markers=["snaps/1/M", "snaps/7/M", "/M"])
+        publish_entry(storage, "snaps/2", FILES, marker_name="M", after_commit=after)
+        outcomes.append((sorted(storage.list("")), after.deleted, sorted(after.failed)))
+        close_storage(storage)
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][1] == {"snaps/1/M": len(FILES), "snaps/7/M": 0}  # none there: 0
+    assert outcomes[0][2] == ["/M"]
+
+
+def test_nothing_after_a_commit_runs_when_its_settle_fails(
+    offloaded: LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child killed before it settles the linked marker answers nothing: the publication
+    raises, and neither the hint nor the delete that came with it ran."""
+    publish_entry(offloaded, "snaps/1", FILES, marker_name="M")
+    after = AfterCommit(hints={"LATEST": b"2"}, delete_markers=["snaps/1/M"])
+    monkeypatch.setenv(ENV_VAR, "helper_before_settle:1")
+    offloaded.close()  # the next call starts a child that reads the crash site
+    with pytest.raises(WriterProcessError, match="died"):
+        publish_entry(offloaded, "snaps/2", FILES, marker_name="M", after_commit=after)
+    monkeypatch.delenv(ENV_VAR)
+    assert list_committed(offloaded, "snaps", "M") == ["snaps/1", "snaps/2"]
+    assert not offloaded.exists("LATEST") and after.deleted == {} == after.failed

@@ -81,6 +81,7 @@ from rolloutrun_runtime.contract.pod import DEFAULT_LEASE_DURATION_S
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.crash import crash_point
 from rolloutrun_runtime.storage import (
+    AfterCommit,
     CheckpointStorage,
     ObjectExistsError,
     ObjectNotFoundError,
@@ -119,6 +120,14 @@ def retention_plan(
     known = set(committed)
     leftovers = [s for s in snapshot_ids if s not in known and newest is not None and s < newest]
     return doomed, leftovers
+
+
+def latest_pointer(entry: str, manifest_uri: str) -> bytes:
+    """LATEST's bytes: a hint for people and tools; readers verify and never trust it alone,
+    so it is written without the fsyncs of a durable write (a power loss may leave an older
+    one; the manifests are the truth)."""
+    pointer = {"entry": entry, "manifest_uri": manifest_uri, "written_at": time.time()}
+    return json.dumps(pointer, sort_keys=True).encode()
 
 
 class ManifestStore:
@@ -275,6 +284,14 @@ class ManifestStore:
             if fence is not None:
                 fence()
 
+        manifest_uri = self.storage.uri_for(join_key(entry, MANIFEST_NAME))
+        # LATEST and retention's deletes of committed snapshots go with the commit (on
+        # file://, in its one call of the writer process); run only once it is durable.
+        after = AfterCommit(hints={LATEST_KEY: latest_pointer(entry, manifest_uri)})
+        if keep_latest is not None:
+            known_committed = [*known_committed, snapshot_id]
+            doomed, _ = retention_plan(known_committed, known_committed, snapshot_id, keep_latest)
+            after.delete_markers = [join_key(snapshot_dir(s), MANIFEST_NAME) for s in doomed]
         try:
             publish_entry(  # the new segments with the files: one write, durable
                 self.storage,
@@ -284,28 +301,45 @@ class ManifestStore:
                 marker_payload=manifest.to_bytes(),
                 before_commit=before_commit,
                 shared=segment_files,
+                after_commit=after,
             )
         except ObjectExistsError as error:
             raise PublicationFencedError(
                 f"{self.storage.uri_for(entry)}: another publisher committed this snapshot "
                 "first; this trainer is stale and must stop"
             ) from error
-        manifest_uri = self.storage.uri_for(join_key(entry, MANIFEST_NAME))
         self._segments_of[snapshot_id] = frozenset(manifest.segments)
-        self._write_latest(entry, manifest_uri)
         if keep_latest is not None:
-            self._retain(keep_latest, snapshot_id, known_ids, known_committed)
+            self._retain(
+                keep_latest, snapshot_id, [*known_ids, snapshot_id], known_committed, after
+            )
+        for key, why in sorted(after.failed.items()):
+            log.warning("after publishing snapshot %d, %s failed: %s", snapshot_id, key, why)
         return Candidate(manifest=manifest, entry=entry, manifest_uri=manifest_uri)
 
     def _retain(
-        self, keep_latest: int, published_id: int, known_ids: list[int], committed: list[int]
+        self,
+        keep_latest: int,
+        published_id: int,
+        known_ids: list[int],
+        committed: list[int],
+        after: AfterCommit,
     ) -> None:
-        """Retention right after publishing ``published_id``, then the unlisted segments."""
+        """Retention right after publishing ``published_id``: the committed snapshots the
+        commit's ``after`` deleted are recorded, the uncommitted leftovers handled here
+        (a failed delete waits for the next pass); then the unlisted segments."""
+        markers = {join_key(snapshot_dir(s), MANIFEST_NAME): s for s in committed}
+        tried = {markers[m] for m in after.delete_markers}
+        for sid in sorted(tried):
+            if join_key(snapshot_dir(sid), MANIFEST_NAME) in after.deleted:
+                log.info("retention deleted snapshot %d", sid)
+                self._segments_of.pop(sid, None)
+                self._leftover_dates.pop(sid, None)
         self.apply_retention(
             keep_latest,
             is_valid=lambda sid: sid == published_id or self._manifest_parses(sid),
-            snapshot_ids=[*known_ids, published_id],
-            committed_ids=[*committed, published_id],
+            snapshot_ids=[s for s in known_ids if s not in tried],
+            committed_ids=[s for s in committed if s not in tried],
         )
         if self._retained % COLLECT_EVERY == 0:
             self.collect_segments()
@@ -318,17 +352,6 @@ class ManifestStore:
             view = rollout_config_view(config)
             cached = self._view_cache = (config, view, fingerprint_of(view))
         return cached[1], cached[2]
-
-    def _write_latest(self, entry: str, manifest_uri: str) -> None:
-        """LATEST is a hint for people and tools; readers verify and never trust it alone, so
-        it is written without the fsyncs of a durable write (a power loss may leave an older
-        one; the manifests are the truth)."""
-        pointer = {"entry": entry, "manifest_uri": manifest_uri, "written_at": time.time()}
-        try:
-            data = json.dumps(pointer, sort_keys=True).encode()
-            self.storage.write_bytes(LATEST_KEY, data, durable=False)
-        except StorageError as error:
-            log.warning("could not update %s: %s", self.storage.uri_for(LATEST_KEY), error)
 
     # ---------------------------------------------------------------- reading
     def load_manifest(self, snapshot_id: int) -> SnapshotManifest:

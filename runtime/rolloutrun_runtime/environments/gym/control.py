@@ -213,9 +213,7 @@ class GymCheckpointControl:
             self.resting.driven(episode.episode_id)
         if self.copying:
             self.copies[episode.episode_id] = episode.to_record()
-            if task is not None and task in self._awaiting:
-                self._awaiting.discard(task)
-                self._changed.set()
+            self._copied(task)
 
     def _stop_if_retired(self, episode: Episode) -> None:
         episode_id = episode.episode_id
@@ -242,8 +240,13 @@ class GymCheckpointControl:
             return fail(409, str(error))
         finally:
             self.resting.run_ended(self._runs.pop(task))
-            if task in self._awaiting:
-                self._awaiting.discard(task)
+            self._copied(task)
+
+    def _copied(self, task: asyncio.Task[Any] | None) -> None:
+        """``task``'s ``/run`` left its copy or ended: a prepare wakes once all did, not at each."""
+        if task in self._awaiting:
+            self._awaiting.discard(task)
+            if not self._awaiting:
                 self._changed.set()
 
     def _copy_idle_episodes(self) -> None:

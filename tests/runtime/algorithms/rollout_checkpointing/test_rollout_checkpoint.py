@@ -377,3 +377,71 @@ def test_a_leftover_written_again_since_it_was_dated_is_spared(tmp_path, config)
     assert store.apply_retention(3) == []  # the old date is past the grace: listed again
     assert store.snapshot_ids() == [1, 2]
     assert store.apply_retention(3, now=time.time() + store.orphan_grace_s + 1) == [1]
+
+
+def publish_kept(store: ManifestStore, config: RunConfig, step: int):
+    """A publication with retention (``keep_latest`` 2), as the snapshotter publishes."""
+    return store.publish(
+        config=config,
+        anchor=BOOTSTRAP_ANCHOR if step == 0 else Anchor("step", step, step),
+        files={"ledger.json": b"{}"},
+        train_step=step,
+        mutation_version=step,
+        cut_time=1.0,
+        keep_latest=2,
+    )
+
+
+def test_latest_and_retention_go_with_the_commit_in_one_writer_call(tmp_path, config, monkeypatch):
+    """On file:// with a writer process, a publication is two calls of the child (the files,
+    then the commit's settle with LATEST and retention's deletes), not one per piece, and
+    what is left is what separate calls left: the newest two, LATEST on the newest."""
+    from rolloutrun_runtime.storage import close_storage, open_storage, with_writer_process
+    from rolloutrun_runtime.storage.writer_process import WriterProcess
+
+    storage = with_writer_process(open_storage(f"file://{tmp_path}/storage"))
+    store = ManifestStore(storage, "alpha")
+    monkeypatch.setattr(store, "collect_segments", lambda: [])
+    calls: list[str] = []
+    call = WriterProcess._call
+    monkeypatch.setattr(
+        WriterProcess, "_call", lambda self, op, *a: (calls.append(op), call(self, op, *a))[1]
+    )
+    try:
+        for step in range(4):
+            calls.clear()
+            published = publish_kept(store, config, step)
+            assert calls == ["write_many", "settle"]
+        assert store.committed_ids() == [3, 4]
+        assert json.loads(storage.read_bytes(LATEST_KEY))["manifest_uri"] == published.manifest_uri
+        assert storage.list(snapshot_dir(1)) == [] == storage.list(snapshot_dir(2))
+    finally:
+        close_storage(storage)
+
+
+def test_a_retention_delete_that_fails_is_retried_at_the_next_publication(
+    tmp_path, config, monkeypatch, caplog
+):
+    """A delete that fails after the commit is logged, the publication stands, and the next
+    publication's retention deletes that snapshot."""
+    from rolloutrun_runtime.storage import StorageError, open_storage
+    from rolloutrun_runtime.storage.local import LocalStorage
+
+    storage = open_storage(f"file://{tmp_path}/storage")
+    store = ManifestStore(storage, "alpha")
+    for step in range(2):
+        publish_kept(store, config, step)
+    delete = LocalStorage.delete_entry
+    failing = {"times": 1}
+
+    def flaky(self, marker):
+        if failing["times"]:
+            failing["times"] -= 1
+            raise StorageError(self.uri_for(marker), "injected")
+        return delete(self, marker)
+
+    monkeypatch.setattr(LocalStorage, "delete_entry", flaky)
+    publish_kept(store, config, 2)
+    assert store.committed_ids() == [1, 2, 3] and "injected" in caplog.text
+    publish_kept(store, config, 3)
+    assert store.committed_ids() == [3, 4]

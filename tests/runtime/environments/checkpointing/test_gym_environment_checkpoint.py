@@ -206,6 +206,24 @@ async def test_prepare_copies_at_boundaries_without_holding_episodes(rig: Rig) -
     assert max(rig.audit_revisions().values()) == 1
 
 
+async def test_a_prepare_wakes_once_when_the_last_run_left_its_copy(rig: Rig) -> None:
+    """The prepare waiting for three runs is woken when the last one copied, not at each
+    (one wake-up of its loop per snapshot, not one per run in flight)."""
+    await rig.start_gym()
+    client = rig.client()
+    runs = [rig.run("gym-0", f"r{i}", prompt_id=LONG[i]) for i in range(3)]
+    await rig.wait_live("gym-0", 3)
+    _, control, _ = rig.gyms["gym-0"]
+    wakes: list[int] = []
+    event_set = control._changed.set
+    control._changed.set = lambda: (wakes.append(len(control._awaiting)), event_set())[1]  # type: ignore[method-assign]
+    await client.prepare("ck1", deadline())
+    assert control.phase is ControlPhase.PREPARED and len(control.copies) == 3
+    assert wakes == [0]
+    await client.resume("ck1")
+    assert [status for status, _ in [await run for run in runs]] == [200, 200, 200]
+
+
 async def test_a_new_run_is_admitted_and_copied_while_prepared(rig: Rig) -> None:
     await rig.start_gym()
     client = rig.client()
