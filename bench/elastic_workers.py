@@ -59,7 +59,7 @@ from .elastic import (
 )
 from .elastic_report import TRAINER_STEP
 from .operator_recovery import wait
-from .pod_cpu import PodCpuSampler, cpu_after_deletions
+from .pod_cpu import PodCpuSampler, cpu_after_deletions, processes_after_deletions
 
 #: Generation workers of the worker arms: Ray actors, one per worker pod (the trainer is the
 #: Ray head; ``spec.workers.replicas``).
@@ -329,7 +329,9 @@ def _worker_replacements(
     (:func:`_outcome`, the trainer's log, waited for up to :data:`SETTLE_S` after it,
     past the window's end: the window's rate is measured already), the pods' stages, and
     with a ``sampler`` the CPU each kind of pod spent in the ``span`` s after each deletion
-    (:func:`bench.pod_cpu.cpu_after_deletions`) and the steps the trainer logged then."""
+    (:func:`bench.pod_cpu.cpu_after_deletions`, and per process of the trainer and refill
+    pods: :func:`bench.pod_cpu.processes_after_deletions`) and the steps the trainer
+    logged then."""
     samples: list[dict[str, Any]] = []
     deadline = max((at for at, _ in deletions), default=0.0) + SETTLE_S
     while True:
@@ -384,12 +386,10 @@ def _cpu_report(
         return {}
     start = sampler.rows[0][0]
     refills = [w.new_uid for w in watches] if watches else [None] * len(deletions)
-    cpu = cpu_after_deletions(
-        sampler.rows,
-        sampler.names,
-        [(at, victim, uid) for (at, victim), uid in zip(deletions, refills, strict=True)],
-        span,
-        start,
+    hit = [(at, victim, uid) for (at, victim), uid in zip(deletions, refills, strict=True)]
+    cpu = cpu_after_deletions(sampler.rows, sampler.names, hit, span, start)
+    cpu["by_process"] = processes_after_deletions(
+        sampler.process_rows, sampler.names, hit, span, start
     )
     steps = [t for t, line in trainer_lines(run) if TRAINER_STEP in line]
     first = min((at for at, _ in deletions), default=sampler.rows[-1][0])

@@ -13,6 +13,12 @@ polls, one process) is read too; the machine's busy CPU is from ``/proc/stat``. 
 that ends between two samples loses its last interval; one that lived less than a period
 is not seen. Without CPU cgroups (``cpu-control: off``) only this process and the machine
 are read.
+
+Per process too (:func:`process_label`, by command line): the trainer pod holds Ray's head
+(GCS, raylet, Ray's agents, the log monitor) beside the trainer, and a refill pod its node,
+agents and actor; :func:`processes_after_deletions` splits those pods' CPU per process in
+each deletion's interval against the same span before, to tell the head's reaction to a
+node's death and a new node's registration from the trainer's own work.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .worker_start_cpu import label
+
 #: Seconds between two samples.
 SAMPLE_S = 0.25
 #: The local cluster's pod cgroups (cgroup v1 ``cpu``: in a node's cgroup or its QoS tier's).
@@ -34,6 +42,41 @@ POD_CGROUPS = (
 #: Names of the CPU's consumers that are not pods.
 THIS_PROCESS, MACHINE = "bench_process", "machine_busy"
 _HZ = os.sysconf("SC_CLK_TCK")
+#: Processes of Ray's head (the trainer pod), by what their command line holds; the rest
+#: by :func:`bench.worker_start_cpu.label` (a node's agents, workers and actors).
+HEAD_LABELS = (
+    ("gcs_server", "gcs_server"),
+    ("log_monitor", "log_monitor.py"),
+    ("autoscaler_monitor", "autoscaler/_private/monitor.py"),
+    ("dashboard", "dashboard/dashboard.py"),
+    ("ray_client_server", "ray.util.client.server"),
+    ("lease_keeper", "rolloutrun_runtime.lease_keeper"),
+    ("trainer", "rolloutrun trainer"),
+    ("trainer", "rolloutrun_runtime.cli trainer"),
+)
+#: Pods whose processes are split: the trainer's (Ray's head) and the refill's.
+SPLIT_ROLES = ("-trainer", "-worker-")
+
+
+def process_label(cmdline: str) -> str:
+    """A pod process's kind by its command line: a Ray node's by
+    :func:`bench.worker_start_cpu.label`, then Ray's head processes and the trainer pod's
+    own (:data:`HEAD_LABELS`)."""
+    kind = label(cmdline)
+    if kind != "other":
+        return kind
+    for name, marker in HEAD_LABELS:
+        if marker in cmdline:
+            return name
+    return "other"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _cpu_s(stat_path: str) -> float | None:
@@ -54,13 +97,16 @@ def _machine_busy_s() -> float:
 
 class PodCpuSampler(threading.Thread):
     """Every :data:`SAMPLE_S`: per pod uid (``pods()``: uid -> name), the CPU its processes
-    spent since the last sample; rows ``(time, uid or THIS_PROCESS or MACHINE, cpu_s)``."""
+    spent since the last sample; rows ``(time, uid or THIS_PROCESS or MACHINE, cpu_s)``;
+    for the pods of :data:`SPLIT_ROLES` also ``process_rows`` ``(time, uid, label, cpu_s)``
+    (:func:`process_label`)."""
 
     def __init__(self, pods: Callable[[], dict[str, str]]) -> None:
         super().__init__(daemon=True, name="pod-cpu")
         self.pods = pods
         self.names: dict[str, str] = {}
         self.rows: list[tuple[float, str, float]] = []
+        self.process_rows: list[tuple[float, str, str, float]] = []
         self.stopped = threading.Event()
         self._last: dict[object, float] = {}
         self._paths: dict[str, str] = {}
@@ -93,6 +139,19 @@ class PodCpuSampler(threading.Thread):
             self._gone.add(uid)
             return []
 
+    def _sample_pod(self, now: float, uid: str, primed: bool) -> None:
+        split = any(role in self.names.get(uid, "") for role in SPLIT_ROLES)
+        per: dict[str, float] = {}
+        for pid in self._pod_pids(uid):
+            spent = self._delta(pid, _cpu_s(f"/proc/{pid}/stat"), primed)
+            if spent:
+                kind = process_label(_cmdline(pid)) if split else ""
+                per[kind] = per.get(kind, 0.0) + spent
+        if per:
+            self.rows.append((now, uid, sum(per.values())))
+        if split:
+            self.process_rows.extend((now, uid, kind, spent) for kind, spent in per.items())
+
     def run(self) -> None:
         primed, polls = False, 0
         while not self.stopped.is_set():
@@ -104,12 +163,7 @@ class PodCpuSampler(threading.Thread):
             polls += 1
             now = time.time()
             for uid in [uid for uid in self.names if uid not in self._gone]:
-                spent = sum(
-                    self._delta(pid, _cpu_s(f"/proc/{pid}/stat"), primed)
-                    for pid in self._pod_pids(uid)
-                )
-                if spent:
-                    self.rows.append((now, uid, spent))
+                self._sample_pod(now, uid, primed)
             tasks = os.listdir("/proc/self/task")
             mine = sum(
                 self._delta(("task", t), _cpu_s(f"/proc/self/task/{t}/stat"), primed) for t in tasks
@@ -166,4 +220,39 @@ def cpu_after_deletions(
         "span_s": span,
         "before_per_span": before,
         "after_each": [kinds(at, at + span, victim, refill) for at, victim, refill in deletions],
+    }
+
+
+def processes_after_deletions(
+    rows: Iterable[tuple[float, str, str, float]],
+    names: dict[str, str],
+    deletions: list[tuple[float, str, str | None]],
+    span: float,
+    start: float,
+) -> dict[str, Any]:
+    """Per deletion ``(at, victim pod, refill uid)``: the trainer pod's CPU-seconds per
+    process label in ``[at, at + span)``, and the refill pod's; the trainer's per ``span``
+    before the first deletion (from ``start``; without a deletion, over every row)."""
+    rows = list(rows)
+
+    trainer: set[str | None] = {uid for uid, name in names.items() if "-trainer" in name}
+
+    def of(lo: float, hi: float, uids: set[str | None]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for t, uid, kind, spent in rows:
+            if lo <= t < hi and uid in uids:
+                out[kind] = out.get(kind, 0.0) + spent
+        return {kind: round(value, 2) for kind, value in sorted(out.items())}
+
+    last = max((t for t, _, _, _ in rows), default=start)
+    first = min((at for at, _, _ in deletions), default=last)
+    before: dict[str, float] = {}
+    if first - start >= 1.0:
+        whole = of(start, first, trainer)
+        before = {k: round(v * span / (first - start), 2) for k, v in whole.items()}
+    return {
+        "span_s": span,
+        "trainer_before_per_span": before,
+        "trainer_after_each": [of(at, at + span, trainer) for at, _, _ in deletions],
+        "refill_after_each": [of(at, at + span, {refill}) for at, _, refill in deletions],
     }

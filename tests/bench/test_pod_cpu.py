@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import time
 
-from bench.pod_cpu import MACHINE, THIS_PROCESS, PodCpuSampler, cpu_after_deletions, pod_kind
+from bench.pod_cpu import (
+    MACHINE,
+    THIS_PROCESS,
+    PodCpuSampler,
+    cpu_after_deletions,
+    pod_kind,
+    process_label,
+    processes_after_deletions,
+)
 
 NAMES = {
     "t1": "bench-i1-trainer",
@@ -60,3 +68,38 @@ def test_the_sampler_reads_this_process_and_the_machine() -> None:
     mine = sum(spent for _, key, spent in sampler.rows if key == THIS_PROCESS)
     busy = sum(spent for _, key, spent in sampler.rows if key == MACHINE)
     assert mine >= 0.3 and busy >= mine * 0.5
+
+
+def test_a_head_process_is_told_by_its_command_line() -> None:
+    site = "/venv/lib/python3.11/site-packages/ray"
+    assert process_label(f"{site}/core/src/ray/gcs/gcs_server --gcs_server_port=6379") == (
+        "gcs_server"
+    )
+    assert process_label(f"{site}/core/src/ray/raylet/raylet --node_ip_address=1") == "raylet"
+    assert process_label(f"python {site}/_private/log_monitor.py --gcs-address=x") == (
+        "log_monitor"
+    )
+    assert process_label(f"python -u {site}/dashboard/agent.py --node-ip-address=x") == (
+        "dashboard_agent"
+    )
+    assert process_label("ray::GenerationActor.start") == "actor"
+    assert process_label("/venv/bin/python /venv/bin/rolloutrun trainer --config x") == "trainer"
+    assert process_label("python -m rolloutrun_runtime.lease_keeper --parent 7") == ("lease_keeper")
+    assert process_label("python -m ray.util.client.server --address=x") == "ray_client_server"
+    assert process_label("sleep 5") == "other"
+
+
+def test_the_trainer_pods_processes_are_split_per_deletion_and_the_refill_apart() -> None:
+    rows = [
+        (100.0, "t1", "gcs_server", 1.0),  # before the deletion at 110: 10 s of lead
+        (105.0, "t1", "trainer", 4.0),
+        (110.5, "t1", "raylet", 0.5),  # after it
+        (111.0, "t1", "trainer", 2.0),
+        (111.0, "w0b", "actor", 1.5),  # the refill's
+        (111.0, "w1", "actor", 0.7),  # another worker's: neither
+        (126.0, "t1", "trainer", 9.0),  # past the 15 s span
+    ]
+    out = processes_after_deletions(rows, NAMES, [(110.0, "bench-i1-worker-0", "w0b")], 15.0, 100.0)
+    assert out["trainer_before_per_span"] == {"gcs_server": 1.5, "trainer": 6.0}
+    assert out["trainer_after_each"] == [{"raylet": 0.5, "trainer": 2.0}]
+    assert out["refill_after_each"] == [{"actor": 1.5}]

@@ -125,13 +125,20 @@ def ray_command(*args: str) -> list[str]:
 
 def head_argv(node_ip: str, port: int = RAY_GCS_PORT) -> list[str]:
     """``ray start --head`` on ``node_ip`` with the GCS on ``port``, offering no generation
-    slots (the head is the trainer's node)."""
+    slots (the head is the trainer's node). No CPUs: no task or actor of ours runs on the
+    trainer's node (the generation actors ask for the worker nodes' generation slot), and a
+    head with CPUs prestarts one idle Ray worker per CPU (each an ``import ray`` at the
+    trainer's start, then ~0.1 CPU-s per 15 s of polling, on the trainer's cores: measured
+    with ``bench.pod_cpu``). No log monitor: the driver takes no worker logs
+    (``log_to_driver=False``), as on the worker nodes."""
     return ray_command(
         "start",
         "--head",
         f"--node-ip-address={node_ip}",
         f"--port={port}",
+        "--num-cpus=0",
         "--include-dashboard=false",
+        "--include-log-monitor=false",
         "--disable-usage-stats",
         "--block",
     )

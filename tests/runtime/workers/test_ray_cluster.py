@@ -47,6 +47,8 @@ def test_the_head_binds_the_pod_address_with_the_fixed_gcs_port() -> None:
     assert "--head" in argv and "--block" in argv
     assert "--node-ip-address=10.1.2.3" in argv and f"--port={RAY_GCS_PORT}" in argv
     assert not any(RAY_GENERATION_RESOURCE in a for a in argv)  # no actor on the head
+    # no idle workers prestarted on the trainer's node, no log monitor tailing for nobody
+    assert "--num-cpus=0" in argv and "--include-log-monitor=false" in argv
     joined = member_argv("head:6379", "10.1.2.4")
     assert "--address=head:6379" in joined and "--num-cpus=0" in joined
 
