@@ -17,9 +17,12 @@ the operator to restart it from a snapshot.
 
 Elastic members: a replica lost under a live trainer is skipped while it is unreachable (its
 attempts are redispatched to the survivors by the rollout pump) and re-admitted once its
-``/healthz`` answers again; when the operator replaces the pod (a new address and member
-generation, :meth:`GymClient.readdress`), calls still in flight to the old generation end
-as unreachable at once rather than at ``rolloutTimeoutSeconds``.
+``/healthz`` answers again; a warm standby replica (``gym.standby``), probed like the
+others but picked for no new episode while the active replicas are up, takes a lost one's
+share at once, for as long as it is down (:func:`pick_replica`); when the operator replaces
+the pod (a new address and member generation, :meth:`GymClient.readdress`), calls still in
+flight to the old generation end as unreachable at once rather than at
+``rolloutTimeoutSeconds``.
 
 Every call carries the run's bearer token, and before a replica's first ``/run`` naming a
 generation address the client announces that address (``POST /policy``): a Gym calls no
@@ -126,12 +129,23 @@ class GymReplica:
     """Whether ``instance_id`` is what the replica answered (until it has: a placeholder)."""
 
 
-def pick_replica(replicas: list[GymReplica], turn: int, down: Callable[[str], bool]) -> int:
-    """The index of the replica for round-robin turn ``turn``: among those not down (lost,
-    not re-admitted yet), else among all (every replica down: the calls find out, and the
-    outage budget ends the run)."""
+def pick_replica(
+    replicas: list[GymReplica], turn: int, down: Callable[[str], bool], active: int | None = None
+) -> int:
+    """The index of the replica for round-robin turn ``turn``.
+
+    The first ``active`` replicas (default: all) take the new episodes, those that are up
+    (not lost, or re-admitted). The ones after them are warm standbys: as many of those that
+    are up, in index order, as active replicas are down stand in for them, so a lost
+    replica's share moves to a standby at once and back when it is re-admitted. Every
+    replica down: all are chosen from (the calls find out, and the outage budget ends the
+    run)."""
+    count = len(replicas) if active is None else min(active, len(replicas))
     up = [i for i, replica in enumerate(replicas) if not down(replica.url)]
-    choices = up or list(range(len(replicas)))
+    active_up = [i for i in up if i < count]
+    standbys_up = [i for i in up if i >= count]
+    choices = active_up + standbys_up[: count - len(active_up)]
+    choices = choices or list(range(len(replicas)))
     return choices[turn % len(choices)]
 
 
@@ -255,15 +269,19 @@ class GymClient:
         unreachable_budget_s: float = 120.0,
         token: str | None = None,
         prompt_payload: Callable[[int], Mapping[str, Any]] | None = None,
+        active: int | None = None,
     ) -> None:
         """``token``: the run's bearer token (default: ``ENV_GYM_TOKEN``; required);
         ``prompt_payload``: a prompt id's row of the run's prompt set (``task.dataset``),
-        carried by every ``/run``."""
+        carried by every ``/run``; ``active``: how many of ``endpoints``, the first, take
+        new episodes (``gym.replicas``; the rest are standbys, :func:`pick_replica`;
+        default: all)."""
         self.token = data_plane_token(token, "the trainer's Gym client")
         self.prompt_payload = prompt_payload
         if not endpoints:
             raise GymUnavailableError("no Gym endpoints: set gym.endpoints or start Gym replicas")
         self.replicas = [GymReplica(url.rstrip("/"), f"gym-{i}") for i, url in enumerate(endpoints)]
+        self.active = active
         self.timeout_s = timeout_s
         self.max_seq_len = max_seq_len
         self.overhead = overhead
@@ -355,7 +373,8 @@ class GymClient:
             self._session = None
 
     def pick(self, owner: str | None) -> GymReplica:
-        """The replica that owns ``owner``'s turn state, else the next one in turn."""
+        """The replica that owns ``owner``'s turn state (a standby too), else the next one
+        in turn among the active replicas that are up and the standbys standing in."""
         if owner is not None:
             for replica in self.replicas:
                 if replica.identified and replica.instance_id == owner:
@@ -367,7 +386,8 @@ class GymClient:
             raise GymUnavailableError(
                 f"no Gym replica with instance id {owner!r} (it owns a resumed episode)"
             )
-        replica = self.replicas[pick_replica(self.replicas, self._next, self.outages.down)]
+        turn = pick_replica(self.replicas, self._next, self.outages.down, self.active)
+        replica = self.replicas[turn]
         self._next += 1
         return replica
 
