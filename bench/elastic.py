@@ -392,10 +392,9 @@ def paired(
     gym_standby: int = 0,
 ) -> dict[str, Any]:
     """The undisturbed and the elastic arm of ``seed`` (and, with ``before``, the elastic
-    arm on that runtime, without standby Gyms: its trainer predates them) at the same time,
-    each in its own process (its own local cluster):
-    all train until ready, then their windows start together, so they see the same machine
-    load at the same run age; each elastic arm's ratio is over the one undisturbed arm."""
+    arm on that runtime, no standby Gym: its trainer predates them) at once, each in its own
+    process and local cluster: all train until ready, then their windows start together (the
+    same load at the same run age); each elastic arm's ratio is over the undisturbed arm."""
     sync = work / f"sync-{seed}"
     sync.mkdir()
     names = ["undisturbed", "elastic", *(["elastic_before"] if before is not None else [])]
@@ -474,7 +473,7 @@ def paired_arm(args: argparse.Namespace) -> None:
     print(json.dumps({**result, "pod_cpu": pod_cpu_rows(sampler.rows, sampler.names)}))
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--window", type=float, default=90.0, help="seconds trained per arm")
     parser.add_argument("--every", type=float, default=15.0, help="seconds between deletions")
@@ -518,7 +517,11 @@ def main() -> None:
         default=0,
         help="--role gym: spec.gym.standby of every arm (not --before's: its trainer predates it)",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
     if args.arm is not None:
         args.arm_seed = int(args.arm_seed)
         paired_arm(args)

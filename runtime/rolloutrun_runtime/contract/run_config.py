@@ -355,8 +355,8 @@ class GymSettings(_Model):
 
 class GymConfig(GymSettings):
     """The Gym environment servers as the pods receive them: the settings plus the
-    replicas (``spec.gym.replicas`` in a RolloutRun) and their endpoints (rendered by the
-    operator once pods have addresses)."""
+    replicas and standbys (``spec.gym`` in a RolloutRun) and their endpoints (rendered by
+    the operator once pods have addresses)."""
 
     replicas: int = Field(2, ge=1, le=1024, description="Gym server replicas.")
     standby: int = Field(
@@ -364,25 +364,22 @@ class GymConfig(GymSettings):
         ge=0,
         le=64,
         description=(
-            "Warm standby Gym replicas after the active ones: endpoints[replicas:] (the "
-            "operator sets it from spec.gym.standby). The trainer hands them no new episode "
-            "while every active replica is up; one takes a lost active replica's share until "
-            "its replacement answers again."
+            "Warm standby Gym replicas, endpoints[replicas:]: no new episode while the active "
+            "ones are up, a lost one's share until it is re-admitted (spec.gym.standby)."
         ),
     )
     endpoints: list[EndpointUrl] = Field(
         default_factory=list,
         max_length=1088,
         description=(
-            "Base URLs of the Gym replicas, the active ones then the standbys (rendered by "
-            "the operator once pods have addresses); empty in local mode, where the "
-            "launcher starts them."
+            "Base URLs of the Gym replicas, active then standby (rendered by the operator "
+            "once pods have addresses); empty in local mode, where the launcher starts them."
         ),
     )
 
     @property
     def servers(self) -> int:
-        """Gym servers of the run: the active replicas and the standbys."""
+        """Gym servers: the active replicas and the standbys."""
         return self.replicas + self.standby
 
 
@@ -575,9 +572,7 @@ def load_run_config(path: str | Path) -> RunConfig:
     """Load a RunConfig from a YAML file: a RolloutRun (its ``spec.run``) or a bare RunConfig.
 
     A RolloutRun's ``metadata.name`` becomes the run name unless ``spec.run.name`` is set,
-    and its ``spec.gym.replicas`` and ``spec.gym.standby`` the Gym replicas (as the operator
-    renders them).
-    """
+    and its ``spec.gym`` replicas and standby the Gym's (as the operator renders them)."""
     import yaml
 
     path = Path(path)
