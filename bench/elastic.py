@@ -84,14 +84,13 @@ from .elastic_report import (
     _gym_start,
     _marker_times,
     _stats,
+    arm_standby_work,
     cpu_around_deletions,
     deletion_report,
-    dispatch_times,
     interleaved_rates,
     over_seeds,
     pod_cpu_rows,
     rollouts_around_deletions,
-    standby_work,
     steps_around_deletions,
     trace_times,
     trainer_step_times,
@@ -254,6 +253,7 @@ def _window(
         "deletions_skipped (not serving when due)": skipped,
         "incarnations": int(status.get("incarnation") or 0),
         "deleted_at": [round(at, 3) for at, _ in deletions],
+        "window_end": round(start + elapsed, 3),
     }
     if spec.delete and spec.elastic:
         result.update((replacements or _replacements)(run, status, deletions, watches))
@@ -437,9 +437,9 @@ def paired(
             at, *(trace_times(work / f"{arm}-{seed}") for arm in (name, names[0]))
         )
     for name in names if gym_standby else []:  # when the standbys took work (their trace)
-        ids = {f"bench-gym-{2 + i}" for i in range(gym_standby)}
-        at = arms[name]["deleted_at"]
-        arms[name]["standby_work"] = standby_work(dispatch_times(work / f"{name}-{seed}"), ids, at)
+        arms[name]["standby_work"] = arm_standby_work(
+            work / f"{name}-{seed}", gym_standby, arms[name]
+        )
     base = arms["undisturbed"]["steps_per_min"] or 1.0
     ratios = {f"{name}_vs_undisturbed": round(arms[name]["steps_per_min"] / base, 3)
               for name in names[1:]}  # fmt: skip

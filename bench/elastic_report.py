@@ -322,13 +322,17 @@ def dispatch_times(work_dir: Path) -> list[tuple[float, str]]:
 
 
 def standby_work(
-    dispatches: list[tuple[float, str]], standbys: set[str], deleted_at: list[float]
+    dispatches: list[tuple[float, str]],
+    standbys: set[str],
+    deleted_at: list[float],
+    until: float = float("inf"),
 ) -> dict[str, Any]:
     """When the standby Gyms (``spec.gym.standby``, their instance ids) were handed work
-    (pure): their dispatches before the first deletion (0 when only a loss moves work to
-    them) and in all, and per deletion the seconds to the first dispatch to one after it
-    (None: none before the next deletion or the trace's end)."""
-    times = sorted(t for t, gym in dispatches if gym in standbys)
+    until ``until`` (the window's end: the arm's teardown stops every Gym) (pure): their
+    dispatches before the first deletion (0 when only a loss moves work to them) and in
+    all, and per deletion the seconds to the first one after it (None: none before the
+    next deletion or ``until``)."""
+    times = sorted(t for t, gym in dispatches if gym in standbys and t < until)
     losses = sorted(deleted_at)
     first_loss = losses[0] if losses else float("inf")
     first_after = [
@@ -340,6 +344,13 @@ def standby_work(
         "before_first_loss": sum(1 for t in times if t < first_loss),
         "loss_to_first_standby_dispatch_s": first_after,
     }
+
+
+def arm_standby_work(work_dir: Path, standby: int, arm: dict[str, Any]) -> dict[str, Any]:
+    """:func:`standby_work` of an arm of the ``bench`` run with ``standby`` standby Gyms
+    (indices 2..), over its window (``_window``'s ``deleted_at`` and ``window_end``)."""
+    ids = {f"bench-gym-{2 + i}" for i in range(standby)}
+    return standby_work(dispatch_times(work_dir), ids, arm["deleted_at"], arm["window_end"])
 
 
 def _around(

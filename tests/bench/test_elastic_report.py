@@ -307,6 +307,10 @@ def test_standby_work_says_when_the_standby_was_handed_work_after_each_loss() ->
     assert early["before_first_loss"] == 1
     assert early["loss_to_first_standby_dispatch_s"] == [None]
     assert standby_work(dispatches, {"gym-2"}, [])["before_first_loss"] == 3
+    # the arm's teardown (after its window) stops every Gym: not counted
+    ended = standby_work([*dispatches, (50.0, "gym-2")], {"gym-2"}, [10.0, 25.0], until=30.0)
+    assert ended["dispatches_to_standby"] == 3
+    assert ended["loss_to_first_standby_dispatch_s"] == [0.5, 1.0]
 
 
 def test_every_arm_gets_the_gym_standby_asked_for() -> None:

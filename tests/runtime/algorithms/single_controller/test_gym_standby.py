@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rolloutrun_runtime.algorithms.gym_client import GymReplica, pick_replica
+from rolloutrun_runtime.algorithms.gym_replicas import GymReplica, pick_replica
 from rolloutrun_runtime.algorithms.rollout_checkpointing.trace import read_events
 from rolloutrun_runtime.contract.layout import TRACE_FILE
 from rolloutrun_runtime.contract.run_config import RunConfig
