@@ -66,7 +66,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,6 +84,7 @@ from .elastic_report import (
     _gym_start,
     _marker_times,
     _stats,
+    arm_standby_work,
     cpu_around_deletions,
     deletion_report,
     interleaved_rates,
@@ -98,6 +98,9 @@ from .elastic_report import (
 from .elastic_report import _spread as _spread  # bench.elastic_workers takes it from here
 from .operator_recovery import LONG_RUN, wait
 from .pod_cpu import PodCpuSampler
+from .runtime_copies import pods_pythonpath as _pods_pythonpath
+from .runtime_copies import runtime_at as runtime_at
+from .runtime_copies import runtime_here as runtime_here
 
 #: ``--level turn``: the run as a multi-turn task with turn-level snapshots (side effects per
 #: turn; a lost Gym's episodes resume from their records), as the turn-level e2e runs it.
@@ -108,9 +111,12 @@ TURN_LEVEL: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _document(elastic: bool, seed: int = 0, level: str = "sibling") -> dict[str, Any]:
+def _document(
+    elastic: bool, seed: int = 0, level: str = "sibling", gym_standby: int = 0
+) -> dict[str, Any]:
     document = copy.deepcopy(LONG_RUN)
     document["spec"]["recovery"]["elasticMembers"] = elastic
+    document["spec"]["gym"]["standby"] = gym_standby  # gym-2.. (never deleted: k % 2)
     run = document["spec"]["run"]
     run["seed"] += seed
     if level == "turn":
@@ -169,14 +175,7 @@ class Arm:
     delete: bool
     seed: int = 0
     runtime: Path | None = None
-
-
-def _pods_pythonpath(runtime: Path | None) -> dict[str, str]:
-    """The environment the kubelet hands the pods (it reads ``PYTHONPATH`` at each start)."""
-    if runtime is None:
-        return {}
-    inherited = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": os.pathsep.join([str(runtime), *([inherited] if inherited else [])])}
+    gym_standby: int = 0
 
 
 def arm(
@@ -186,7 +185,8 @@ def arm(
     saved = os.environ.get("PYTHONPATH")
     os.environ.update(_pods_pythonpath(spec.runtime))
     try:
-        with EmbeddedRun(_document(spec.elastic, spec.seed, level), work / spec.name) as run:
+        document = _document(spec.elastic, spec.seed, level, spec.gym_standby)
+        with EmbeddedRun(document, work / spec.name) as run:
             wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
             return _window(run, spec, window, every)
     finally:
@@ -253,6 +253,7 @@ def _window(
         "deletions_skipped (not serving when due)": skipped,
         "incarnations": int(status.get("incarnation") or 0),
         "deleted_at": [round(at, 3) for at, _ in deletions],
+        "window_end": round(start + elapsed, 3),
     }
     if spec.delete and spec.elastic:
         result.update((replacements or _replacements)(run, status, deletions, watches))
@@ -294,48 +295,21 @@ def _replacements(
     }
 
 
-def runtime_at(ref: str, into: Path) -> Path:
-    """A copy of ``runtime/`` at git ``ref``, or of the checkout at directory ``ref`` (its
-    working tree: ``/tmp/base25``), byte-compiled, as the installed tree is."""
-    if Path(ref).is_dir():
-        return runtime_here(into, Path(ref))
-    archive = subprocess.run(
-        ["git", "archive", ref, "runtime"], check=True, capture_output=True
-    ).stdout
-    into.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(into / "runtime")], check=True)
-    return into / "runtime"
-
-
-def runtime_here(into: Path, tree: Path | None = None) -> Path:
-    """A copy of this checkout's (or ``tree``'s) ``runtime/`` (its working tree),
-    byte-compiled as :func:`runtime_at`'s is, so both sides of a comparison start alike."""
-    root = tree if tree is not None else Path(__file__).resolve().parents[1]
-    if not (root / "runtime" / "rolloutrun_runtime").is_dir():
-        raise SystemExit(f"{root} is not a rolloutrun checkout (no runtime/rolloutrun_runtime)")
-    shutil.copytree(
-        root / "runtime", into / "runtime", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(into / "runtime")], check=True)
-    return into / "runtime"
-
-
 def _seed(seed: int, work: Path, args: argparse.Namespace, before: Path | None) -> dict[str, Any]:
-    window, every, level = args.window, args.every, args.level
+    window, every, level, standby = args.window, args.every, args.level, args.gym_standby
     arms = {
-        "undisturbed": arm(Arm(f"undisturbed-{seed}", True, False, seed), work, window=window,
-                           every=every, level=level),
-        "elastic": arm(Arm(f"elastic-{seed}", True, True, seed), work, window=window,
-                       every=every, level=level),
+        "undisturbed": arm(Arm(f"undisturbed-{seed}", True, False, seed, None, standby), work,
+                           window=window, every=every, level=level),
+        "elastic": arm(Arm(f"elastic-{seed}", True, True, seed, None, standby), work,
+                       window=window, every=every, level=level),
     }  # fmt: skip
     if before is not None:
         spec = Arm(f"elastic-before-{seed}", True, True, seed, before)
         arms["elastic_before"] = arm(spec, work, window=window, every=every, level=level)
     if seed == 0 and not args.quick:
         arms["ending"] = arm(
-            Arm(f"ending-{seed}", False, True, seed), work, window=window, every=every,
-            level=level,
+            Arm(f"ending-{seed}", False, True, seed, None, standby), work, window=window,
+            every=every, level=level,
         )  # fmt: skip
     base = arms["undisturbed"]["steps_per_min"] or 1.0
     result: dict[str, Any] = {"seed": seed, **arms}
@@ -346,14 +320,15 @@ def _seed(seed: int, work: Path, args: argparse.Namespace, before: Path | None) 
 
 
 def interleaved(
-    seed: int, work: Path, *, every: float, pairs: int, level: str = "sibling"
+    seed: int, work: Path, *, every: float, pairs: int, level: str = "sibling", gym_standby: int = 0
 ) -> dict[str, Any]:
     """One elastic run, its window alternating undisturbed (U) and disturbed (D) segments
     of ``2 * every`` seconds in ABBA order: the seed's rates of both and their ratio, the
     per-pair ratios, and the disturbed segments' replacements (as the ``elastic`` arm's)."""
     segment = 2 * every
     order = [("U", "D") if i % 2 == 0 else ("D", "U") for i in range(pairs)]
-    with EmbeddedRun(_document(True, seed, level), work / f"interleaved-{seed}") as run:
+    document = _document(True, seed, level, gym_standby)
+    with EmbeddedRun(document, work / f"interleaved-{seed}") as run:
         wait(lambda: _highest_step(run) >= 2, f"interleaved-{seed}: training", bound=600)
         deletions: list[tuple[float, str]] = []
         watches: list[ReplacementWatch] = []
@@ -414,11 +389,12 @@ def paired(
     every: float,
     before: Path | None = None,
     level: str = "sibling",
+    gym_standby: int = 0,
 ) -> dict[str, Any]:
     """The undisturbed and the elastic arm of ``seed`` (and, with ``before``, the elastic
-    arm on that runtime) at the same time, each in its own process (its own local cluster):
-    all train until ready, then their windows start together, so they see the same machine
-    load at the same run age; each elastic arm's ratio is over the one undisturbed arm."""
+    arm on that runtime, no standby Gym: its trainer predates them) at once, each in its own
+    process and local cluster: all train until ready, then their windows start together (the
+    same load at the same run age); each elastic arm's ratio is over the undisturbed arm."""
     sync = work / f"sync-{seed}"
     sync.mkdir()
     names = ["undisturbed", "elastic", *(["elastic_before"] if before is not None else [])]
@@ -427,6 +403,7 @@ def paired(
             [sys.executable, "-m", "bench.elastic", "--arm", name, "--arm-seed", str(seed),
              "--window", str(window), "--every", str(every), "--work", str(work),
              "--sync", str(sync), "--level", level,
+             "--gym-standby", str(0 if name == "elastic_before" else gym_standby),
              *(["--arm-runtime", str(before)] if name == "elastic_before" else [])],
             stdout=subprocess.PIPE,
             text=True,
@@ -459,6 +436,10 @@ def paired(
         arms[name]["rollouts_around_deletions"] = rollouts_around_deletions(
             at, *(trace_times(work / f"{arm}-{seed}") for arm in (name, names[0]))
         )
+    for name in names if gym_standby else []:  # when the standbys took work (their trace)
+        arms[name]["standby_work"] = arm_standby_work(
+            work / f"{name}-{seed}", gym_standby, arms[name]
+        )
     base = arms["undisturbed"]["steps_per_min"] or 1.0
     ratios = {f"{name}_vs_undisturbed": round(arms[name]["steps_per_min"] / base, 3)
               for name in names[1:]}  # fmt: skip
@@ -480,7 +461,7 @@ def paired_arm(args: argparse.Namespace) -> None:
     spec = Arm(f"{args.arm}-{args.arm_seed}", True, delete, args.arm_seed, runtime)
     sync = Path(args.sync)
     os.environ.update(_pods_pythonpath(spec.runtime))  # this process's pods only
-    document = _document(True, spec.seed, args.level)
+    document = _document(True, spec.seed, args.level, args.gym_standby)
     with EmbeddedRun(document, Path(args.work) / spec.name) as run:
         wait(lambda: _highest_step(run) >= 2, f"{spec.name}: training", bound=600)
         sampler = PodCpuSampler(lambda: {str(p.metadata.uid): n for n, p in run.pods().items()})
@@ -492,7 +473,7 @@ def paired_arm(args: argparse.Namespace) -> None:
     print(json.dumps({**result, "pod_cpu": pod_cpu_rows(sampler.rows, sampler.names)}))
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--window", type=float, default=90.0, help="seconds trained per arm")
     parser.add_argument("--every", type=float, default=15.0, help="seconds between deletions")
@@ -530,7 +511,17 @@ def main() -> None:
     parser.add_argument(
         "--standby", type=int, default=1, help="--role worker: a standby arm with N standby pods"
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--gym-standby",
+        type=int,
+        default=0,
+        help="--role gym: spec.gym.standby of every arm (not --before's: its trainer predates it)",
+    )
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
     if args.arm is not None:
         args.arm_seed = int(args.arm_seed)
         paired_arm(args)
@@ -558,12 +549,20 @@ def main() -> None:
                     every=args.every,
                     before=before,
                     level=args.level,
+                    gym_standby=args.gym_standby,
                 )
                 for seed in range(args.seeds)
             ]
         elif args.interleaved:
             per_seed = [
-                interleaved(seed, work, every=args.every, pairs=args.pairs, level=args.level)
+                interleaved(
+                    seed,
+                    work,
+                    every=args.every,
+                    pairs=args.pairs,
+                    level=args.level,
+                    gym_standby=args.gym_standby,
+                )
                 for seed in range(args.seeds)
             ]
         else:
@@ -575,6 +574,12 @@ def main() -> None:
                 "window_s": args.window,
                 "before": args.before,
                 "level": args.level,
+                "gym_standby": args.gym_standby,
+                **(
+                    {"gym_standby_note": "the elastic_before arm runs without standby Gyms"}
+                    if args.gym_standby and before is not None
+                    else {}
+                ),
                 "stages": dict(STAGES),
                 "seeds": per_seed,
                 "over_seeds": over_seeds(per_seed),

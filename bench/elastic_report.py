@@ -307,6 +307,52 @@ def rollouts_around_deletions(
     }
 
 
+def dispatch_times(work_dir: Path) -> list[tuple[float, str]]:
+    """Each attempt's dispatch in an arm's rollout trace: (epoch time, Gym instance id)."""
+    path = work_dir / LOGS_DIR / TRACE_FILE
+    found: list[tuple[float, str]] = []
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        try:
+            event = json.loads(line)
+            if event["event"] == "attempt_dispatched":
+                found.append((float(event["t"]), str(event["gym_instance_id"])))
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line
+    return found
+
+
+def standby_work(
+    dispatches: list[tuple[float, str]],
+    standbys: set[str],
+    deleted_at: list[float],
+    until: float = float("inf"),
+) -> dict[str, Any]:
+    """When the standby Gyms (``spec.gym.standby``, their instance ids) were handed work
+    until ``until`` (the window's end: the arm's teardown stops every Gym) (pure): their
+    dispatches before the first deletion (0 when only a loss moves work to them) and in
+    all, and per deletion the seconds to the first one after it (None: none before the
+    next deletion or ``until``)."""
+    times = sorted(t for t, gym in dispatches if gym in standbys and t < until)
+    losses = sorted(deleted_at)
+    first_loss = losses[0] if losses else float("inf")
+    first_after = [
+        next((round(t - at, 3) for t in times if at <= t < end), None)
+        for at, end in zip(losses, [*losses[1:], float("inf")], strict=False)
+    ]
+    return {
+        "dispatches_to_standby": len(times),
+        "before_first_loss": sum(1 for t in times if t < first_loss),
+        "loss_to_first_standby_dispatch_s": first_after,
+    }
+
+
+def arm_standby_work(work_dir: Path, standby: int, arm: dict[str, Any]) -> dict[str, Any]:
+    """:func:`standby_work` of an arm of the ``bench`` run with ``standby`` standby Gyms
+    (indices 2..), over its window (``_window``'s ``deleted_at`` and ``window_end``)."""
+    ids = {f"bench-gym-{2 + i}" for i in range(standby)}
+    return standby_work(dispatch_times(work_dir), ids, arm["deleted_at"], arm["window_end"])
+
+
 def _around(
     deleted_at: list[float], window_s: float, tally: Callable[[float, float], dict[str, Any]]
 ) -> list[dict[str, Any]]:

@@ -217,6 +217,7 @@ def render_run_config(
     if "name" not in run.spec.run.model_fields_set:
         data["name"] = run_name(run)
     data.setdefault("gym", {})["replicas"] = run.spec.gym.replicas
+    data["gym"]["standby"] = run.spec.gym.standby
     data["gym"]["endpoints"] = list(endpoints or [])
     if run.spec.workers.replicas:  # the generation actors go to the worker pods' nodes
         data.setdefault("workers", {})["workerNodes"] = run.spec.workers.replicas
@@ -247,6 +248,8 @@ def config_data(
         data = config.to_yaml_dict()
         if not config.workers.standby_workers:  # a runtime older than the field refuses it
             data.get("workers", {}).pop("standbyWorkers", None)
+        if not config.gym.standby:  # likewise
+            data.get("gym", {}).pop("standby", None)
         return yaml.safe_dump(data, sort_keys=True)
 
     data = {naming.GYM_CONFIG_KEY: dump(render_run_config(run, None, resume_from))}

@@ -86,7 +86,7 @@ def workload_manifest(run: RolloutRun, queue: str) -> dict[str, Any]:
             },
             {
                 "name": GYM_POD_SET,
-                "count": run.spec.gym.replicas,
+                "count": run.spec.gym.pods,
                 "template": _pod_template(builders.gym_pod(run, 0, 0)),
             },
         ],

@@ -131,7 +131,7 @@ def find_loss(
             return loss
     if elastic and launched:
         return None
-    for index in range(p.run.spec.gym.replicas):
+    for index in range(p.run.spec.gym.pods):
         pod = gyms.get(index)
         if pod is None:
             if launched:

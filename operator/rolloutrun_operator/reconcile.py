@@ -168,7 +168,7 @@ def _kueue_gate(p: Pass) -> kueue.Gate | None:
             finished = (done.reason or str(kind), done.message or str(kind))
     n = p.status.incarnation
     members = p.observed.members(n)
-    ready = len(members) == p.run.spec.gym.replicas + 1 and all(
+    ready = len(members) == p.run.spec.gym.pods + 1 and all(
         pod.phase == "Running" for pod in members
     )
     pods_left = bool(p.observed.pods)
@@ -279,7 +279,7 @@ def _restore_static_children(p: Pass, gyms: dict[int | None, PodView]) -> None:
     ConfigMap as the launch rendered it (only when gone: a running trainer read it already)."""
     _ensure_static_children(p)
     if p.observed.config is None:
-        _put_config(p, _gym_endpoints(p, [gyms.get(i) for i in range(p.run.spec.gym.replicas)]))
+        _put_config(p, _gym_endpoints(p, [gyms.get(i) for i in range(p.run.spec.gym.pods)]))
 
 
 def _gym_endpoints(p: Pass, up: list[PodView | None]) -> list[str] | None:
@@ -335,7 +335,7 @@ def _run_incarnation(p: Pass) -> None:
     trainer = next((pod for pod in members if pod.role == naming.Role.TRAINER), None)
     gyms = {pod.gym_index: pod for pod in members if pod.role == naming.Role.GYM}
     launched = p.status.incarnation_start_time is not None or trainer is not None
-    replicas = p.run.spec.gym.replicas
+    replicas = p.run.spec.gym.pods
 
     if trainer is not None and trainer.phase == "Succeeded" and trainer.disruption is None:
         _succeed(p, members)
@@ -402,7 +402,7 @@ def _keep_running(
     """A launched incarnation with nothing lost: its static children restored, the stable
     period's reset of ``consecutiveLosses``, and Ready as its members stand."""
     n = p.status.incarnation
-    replicas = p.run.spec.gym.replicas
+    replicas = p.run.spec.gym.pods
     _restore_static_children(p, gyms)
     if p.status.incarnation_start_time is None:
         p.status.incarnation_start_time = format_time(p.now)
@@ -432,7 +432,7 @@ def _replace_gyms(p: Pass, gyms: dict[int | None, PodView]) -> Loss | None:
     trainer their addresses on its Lease; the loss that ends the incarnation when one
     failed too often."""
     n = p.status.incarnation
-    replicas = p.run.spec.gym.replicas
+    replicas = p.run.spec.gym.pods
 
     def build(index: int, generation: int) -> builders.Manifest:
         gym = builders.gym_pod(p.run, n, index, generation)

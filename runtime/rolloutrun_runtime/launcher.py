@@ -1,10 +1,11 @@
 """``rolloutrun train FILE --log-dir DIR``: a whole run on one machine, no Kubernetes.
 
 Why a launcher: the cluster runs the trainer and each Gym replica in its own pod; locally
-the same processes are started here instead: ``gym.replicas`` Gym servers as child
-processes (each in its own process group, so a Ctrl-C or a crash of the trainer never leaves
-one behind), then the trainer in this process with ``gym.endpoints`` filled in. One progress
-line per train step goes to the terminal; every step is also in ``DIR/metrics.jsonl``.
+the same processes are started here instead: ``gym.replicas`` Gym servers (and
+``gym.standby`` more) as child processes (each in its own process group, so a Ctrl-C or a
+crash of the trainer never leaves one behind), then the trainer in this process with
+``gym.endpoints`` filled in. One progress line per train step goes to the terminal; every
+step is also in ``DIR/metrics.jsonl``.
 
 A RolloutRun whose ``spec.gym.command`` names the user's own environment server
 (docs/environment-contract.md) gets that command as its replicas instead, with the
@@ -245,7 +246,7 @@ def main(args: argparse.Namespace) -> int:
     gym_token = secrets.token_hex(16)
     user_command = user_server_command(config_file)
     try:
-        for index in range(cfg.gym.replicas):
+        for index in range(cfg.gym.servers):  # the active replicas, then the standbys
             if user_command is not None:  # the user's own environment server
                 gyms.append(start_user_gym(user_command, log_dir, index, gym_token))
             else:

@@ -14,16 +14,18 @@ from typing import Any
 
 import pytest
 
-from bench.elastic import over_seeds, runtime_at
+from bench.elastic import _document, over_seeds, runtime_at
 from bench.elastic_report import (
     STAGES,
     ReplacementWatch,
     _breakdown_stats,
     cpu_around_deletions,
     deletion_report,
+    dispatch_times,
     gym_start_figures,
     pod_cpu_rows,
     rollouts_around_deletions,
+    standby_work,
     steps_around_deletions,
     trace_times,
 )
@@ -274,3 +276,43 @@ def test_rollouts_around_deletions_tell_fewer_rollouts_from_more_dropped_groups(
     assert found["rollouts_lost_after"] == 2 and found["rollouts_lost_before"] == 1
     assert found["groups_dropped_extra_after"] == 2
     assert found["groups_dropped_extra_before"] == -1
+
+
+def test_dispatch_times_read_each_attempts_gym_from_the_trace(tmp_path: Path) -> None:
+    writer = TraceWriter(tmp_path / LOGS_DIR / TRACE_FILE)  # as an arm's trainer writes it
+    writer.emit("attempt_dispatched", group_id="g", gym_instance_id="bench-gym-0")
+    writer.emit("attempt_sealed", group_id="g", generation_index=0)  # not a dispatch
+    writer.emit("attempt_dispatched", group_id="g", gym_instance_id="bench-gym-2")
+    writer.close()
+    written = list(read_events(tmp_path / LOGS_DIR / TRACE_FILE))
+    with (tmp_path / LOGS_DIR / TRACE_FILE).open("a") as trace:
+        trace.write('{"t": 5.0, "event": "attempt_dis')  # a write cut by the arm's end
+    assert dispatch_times(tmp_path) == [
+        (written[0]["t"], "bench-gym-0"),
+        (written[2]["t"], "bench-gym-2"),
+    ]
+    assert dispatch_times(tmp_path / "no-such-arm") == []
+
+
+def test_standby_work_says_when_the_standby_was_handed_work_after_each_loss() -> None:
+    dispatches = [(1.0, "gym-0"), (2.0, "gym-1"), (10.5, "gym-2"), (11.0, "gym-2"),
+                  (26.0, "gym-2"), (3.0, "gym-1")]  # fmt: skip
+    work = standby_work(dispatches, {"gym-2"}, [10.0, 25.0, 40.0])
+    assert work == {
+        "dispatches_to_standby": 3,
+        "before_first_loss": 0,
+        "loss_to_first_standby_dispatch_s": [0.5, 1.0, None],
+    }
+    early = standby_work([(5.0, "gym-2")], {"gym-2"}, [10.0])  # work before any loss
+    assert early["before_first_loss"] == 1
+    assert early["loss_to_first_standby_dispatch_s"] == [None]
+    assert standby_work(dispatches, {"gym-2"}, [])["before_first_loss"] == 3
+    # the arm's teardown (after its window) stops every Gym: not counted
+    ended = standby_work([*dispatches, (50.0, "gym-2")], {"gym-2"}, [10.0, 25.0], until=30.0)
+    assert ended["dispatches_to_standby"] == 3
+    assert ended["loss_to_first_standby_dispatch_s"] == [0.5, 1.0]
+
+
+def test_every_arm_gets_the_gym_standby_asked_for() -> None:
+    assert _document(True, 0, "turn", gym_standby=1)["spec"]["gym"]["standby"] == 1
+    assert _document(False, 1)["spec"]["gym"]["standby"] == 0

@@ -137,9 +137,27 @@ class GymPodSettings(PodSettings, UserServerSettings):
     model_config = ConfigDict(json_schema_extra=cel_rules(RESERVED_ENV_RULE, ARGS_NEED_COMMAND))
 
     replicas: int = Field(2, ge=1, le=1024, description="Gym server replicas.")
+    standby: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description=(
+            "Warm standby Gym pods beyond replicas (indices replicas and up): started and "
+            "health-probed like the others, but handed no new episode while every active "
+            "replica is up; when one is lost (recovery.elasticMembers), a standby takes its "
+            "share at once, until its replacement answers again. Costs one idle Gym pod "
+            "each. 0 (the default): the survivors carry a lost Gym's share until its "
+            "replacement starts (docs/recovery.md)."
+        ),
+    )
     port: int = Field(
         DEFAULT_GYM_PORT, ge=1024, le=65_535, description="Port the Gym servers listen on."
     )
+
+    @property
+    def pods(self) -> int:
+        """Gym pods the operator keeps: the active replicas and the standbys."""
+        return self.replicas + self.standby
 
 
 class TrainerPodSettings(PodSettings):

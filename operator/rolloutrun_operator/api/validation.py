@@ -176,7 +176,7 @@ def name_problems(run: RolloutRun) -> list[str]:
     if isinstance(name, str):
         problems += [
             f"metadata.name: {line}"
-            for line in name_rules.run_name_problems(name, run.spec.gym.replicas)
+            for line in name_rules.run_name_problems(name, run.spec.gym.pods)
         ]
     storage = run.spec.storage
     if storage.volume_claim_name is not None and not storage.uri.startswith("gs://"):

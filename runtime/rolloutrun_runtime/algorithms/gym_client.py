@@ -17,9 +17,12 @@ the operator to restart it from a snapshot.
 
 Elastic members: a replica lost under a live trainer is skipped while it is unreachable (its
 attempts are redispatched to the survivors by the rollout pump) and re-admitted once its
-``/healthz`` answers again; when the operator replaces the pod (a new address and member
-generation, :meth:`GymClient.readdress`), calls still in flight to the old generation end
-as unreachable at once rather than at ``rolloutTimeoutSeconds``.
+``/healthz`` answers again; a warm standby replica (``gym.standby``), probed like the
+others but picked for no new episode while the active replicas are up, takes a lost one's
+share at once, for as long as it is down (:func:`pick_replica`); when the operator replaces
+the pod (a new address and member generation, :meth:`GymClient.readdress`), calls still in
+flight to the old generation end as unreachable at once rather than at
+``rolloutTimeoutSeconds``.
 
 Every call carries the run's bearer token, and before a replica's first ``/run`` naming a
 generation address the client announces that address (``POST /policy``): a Gym calls no
@@ -67,6 +70,10 @@ from rolloutrun_runtime.algorithms.gym_outages import is_resume_refused as is_re
 from rolloutrun_runtime.algorithms.gym_outages import (
     is_unreachable_status as is_unreachable_status,
 )
+from rolloutrun_runtime.algorithms.gym_replicas import GymReplica as GymReplica
+from rolloutrun_runtime.algorithms.gym_replicas import capabilities as _capabilities
+from rolloutrun_runtime.algorithms.gym_replicas import health_problem as health_problem
+from rolloutrun_runtime.algorithms.gym_replicas import pick_replica as pick_replica
 from rolloutrun_runtime.contract.pod import MemberEndpoint
 from rolloutrun_runtime.contract.wire import (
     GYM_POLICY_ROUTE,
@@ -102,54 +109,6 @@ READMIT_ROUNDS = 8
 #: loss, issue 14). A replacement's address is read while its Gym still starts (it listens
 #: 1.5-2.6 s after its pod runs), so reading it up to 0.5 s later does not delay re-admission.
 MEMBERS_READ_PERIOD_S = 0.5
-
-
-def _capabilities(health: Any) -> frozenset[str]:
-    """The capabilities a ``/healthz`` answer names (none when it names none)."""
-    named = health.get("capabilities") if isinstance(health, dict) else None
-    return frozenset(str(c) for c in named) if isinstance(named, list) else frozenset()
-
-
-@dataclasses.dataclass
-class GymReplica:
-    """One Gym server: its base URL and the instance id the ledger records."""
-
-    url: str
-    instance_id: str
-    generation: int = 0
-    """Its member generation (the operator's replacement count of this index)."""
-    replaced: asyncio.Event | None = None
-    """Set when this generation was replaced: its calls in flight end as unreachable."""
-    capabilities: frozenset[str] = frozenset()
-    """What its ``/healthz`` named (:data:`MEMBER_RESUME_CAPABILITY`: it takes a record)."""
-    identified: bool = False
-    """Whether ``instance_id`` is what the replica answered (until it has: a placeholder)."""
-
-
-def pick_replica(replicas: list[GymReplica], turn: int, down: Callable[[str], bool]) -> int:
-    """The index of the replica for round-robin turn ``turn``: among those not down (lost,
-    not re-admitted yet), else among all (every replica down: the calls find out, and the
-    outage budget ends the run)."""
-    up = [i for i, replica in enumerate(replicas) if not down(replica.url)]
-    choices = up or list(range(len(replicas)))
-    return choices[turn % len(choices)]
-
-
-def health_problem(
-    status: int, body: Any, named: str, replica: GymReplica, replicas: list[GymReplica]
-) -> str | None:
-    """Why a ``/healthz`` answer does not re-admit ``replica`` (None: it does). A replica
-    not identified yet takes the id it names, unless another replica already holds it."""
-    if status != 200 or not isinstance(body, dict):
-        return f"{HEALTHZ_ROUTE} answered {status}"
-    if replica.identified and named and named != replica.instance_id:
-        return f"answers as {named!r}, not {replica.instance_id!r}"
-    if not replica.identified and any(
-        other is not replica and other.identified and other.instance_id == named
-        for other in replicas
-    ):
-        return f"answers as {named!r}, the id of another replica"
-    return None
 
 
 def rollout_seed(seed: int, prompt: PromptRef, generation_index: int) -> int:
@@ -255,15 +214,19 @@ class GymClient:
         unreachable_budget_s: float = 120.0,
         token: str | None = None,
         prompt_payload: Callable[[int], Mapping[str, Any]] | None = None,
+        active: int | None = None,
     ) -> None:
         """``token``: the run's bearer token (default: ``ENV_GYM_TOKEN``; required);
         ``prompt_payload``: a prompt id's row of the run's prompt set (``task.dataset``),
-        carried by every ``/run``."""
+        carried by every ``/run``; ``active``: how many of ``endpoints``, the first, take
+        new episodes (``gym.replicas``; the rest are standbys, :func:`pick_replica`;
+        default: all)."""
         self.token = data_plane_token(token, "the trainer's Gym client")
         self.prompt_payload = prompt_payload
         if not endpoints:
             raise GymUnavailableError("no Gym endpoints: set gym.endpoints or start Gym replicas")
         self.replicas = [GymReplica(url.rstrip("/"), f"gym-{i}") for i, url in enumerate(endpoints)]
+        self.active = active
         self.timeout_s = timeout_s
         self.max_seq_len = max_seq_len
         self.overhead = overhead
@@ -355,7 +318,8 @@ class GymClient:
             self._session = None
 
     def pick(self, owner: str | None) -> GymReplica:
-        """The replica that owns ``owner``'s turn state, else the next one in turn."""
+        """The replica that owns ``owner``'s turn state (a standby too), else the next one
+        in turn among the active replicas that are up and the standbys standing in."""
         if owner is not None:
             for replica in self.replicas:
                 if replica.identified and replica.instance_id == owner:
@@ -367,7 +331,8 @@ class GymClient:
             raise GymUnavailableError(
                 f"no Gym replica with instance id {owner!r} (it owns a resumed episode)"
             )
-        replica = self.replicas[pick_replica(self.replicas, self._next, self.outages.down)]
+        turn = pick_replica(self.replicas, self._next, self.outages.down, self.active)
+        replica = self.replicas[turn]
         self._next += 1
         return replica
 

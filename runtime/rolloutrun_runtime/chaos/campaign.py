@@ -348,7 +348,7 @@ def run_chaos(
     gyms: list[Any] = []
     try:
         token = campaign.env[ENV_GYM_TOKEN]
-        _start_gyms(gyms, config_file, log_dir, cfg.gym.replicas, token)
+        _start_gyms(gyms, config_file, log_dir, cfg.gym.servers, token)
         run_config = write_chaos_config(config_file, log_dir, [g.url for g in gyms])
         _run_incarnations(campaign, run_config)
     finally:

@@ -355,18 +355,32 @@ class GymSettings(_Model):
 
 class GymConfig(GymSettings):
     """The Gym environment servers as the pods receive them: the settings plus the
-    replicas (``spec.gym.replicas`` in a RolloutRun) and their endpoints (rendered by the
-    operator once pods have addresses)."""
+    replicas and standbys (``spec.gym`` in a RolloutRun) and their endpoints (rendered by
+    the operator once pods have addresses)."""
 
     replicas: int = Field(2, ge=1, le=1024, description="Gym server replicas.")
-    endpoints: list[EndpointUrl] = Field(
-        default_factory=list,
-        max_length=1024,
+    standby: int = Field(
+        0,
+        ge=0,
+        le=64,
         description=(
-            "Base URLs of the Gym replicas (rendered by the operator once pods have "
-            "addresses); empty in local mode, where the launcher starts them."
+            "Warm standby Gym replicas, endpoints[replicas:]: no new episode while the active "
+            "ones are up, a lost one's share until it is re-admitted (spec.gym.standby)."
         ),
     )
+    endpoints: list[EndpointUrl] = Field(
+        default_factory=list,
+        max_length=1088,
+        description=(
+            "Base URLs of the Gym replicas, active then standby (rendered by the operator "
+            "once pods have addresses); empty in local mode, where the launcher starts them."
+        ),
+    )
+
+    @property
+    def servers(self) -> int:
+        """Gym servers: the active replicas and the standbys."""
+        return self.replicas + self.standby
 
 
 class WorkersConfig(_Model):
@@ -469,6 +483,7 @@ OPERATOR_OWNED_FIELDS: dict[str, str] = {
     "checkpointing.storageUri": "spec.storage.uri",
     "checkpointing.resumeHint": "the latest published snapshot manifest",
     "gym.replicas": "spec.gym.replicas",
+    "gym.standby": "spec.gym.standby",
     "gym.endpoints": "the Gym pods' addresses",
     "workers.workerNodes": "spec.workers.replicas",
     "workers.standbyWorkers": "spec.workers.standby",
@@ -489,10 +504,10 @@ class RunConfig(RunSettings):
 
     @model_validator(mode="after")
     def _endpoints_match_replicas(self) -> RunConfig:
-        if self.gym.endpoints and len(self.gym.endpoints) != self.gym.replicas:
+        if self.gym.endpoints and len(self.gym.endpoints) != self.gym.servers:
             raise ValueError(
-                f"gym.endpoints lists {len(self.gym.endpoints)} URLs but gym.replicas is "
-                f"{self.gym.replicas}"
+                f"gym.endpoints lists {len(self.gym.endpoints)} URLs but gym.replicas plus "
+                f"gym.standby is {self.gym.servers}"
             )
         return self
 
@@ -557,8 +572,7 @@ def load_run_config(path: str | Path) -> RunConfig:
     """Load a RunConfig from a YAML file: a RolloutRun (its ``spec.run``) or a bare RunConfig.
 
     A RolloutRun's ``metadata.name`` becomes the run name unless ``spec.run.name`` is set,
-    and its ``spec.gym.replicas`` the Gym replicas (as the operator renders them).
-    """
+    and its ``spec.gym`` replicas and standby the Gym's (as the operator renders them)."""
     import yaml
 
     path = Path(path)
@@ -578,8 +592,9 @@ def load_run_config(path: str | Path) -> RunConfig:
         name = (document.get("metadata") or {}).get("name")
         if name and "name" not in run:
             run["name"] = name
-        replicas = (spec.get("gym") or {}).get("replicas")
-        if replicas is not None and isinstance(run.get("gym", {}), dict):
-            run["gym"] = {**run.get("gym", {}), "replicas": replicas}
+        for field in ("replicas", "standby"):
+            count = (spec.get("gym") or {}).get(field)
+            if count is not None and isinstance(run.get("gym", {}), dict):
+                run["gym"] = {**run.get("gym", {}), field: count}
         return parse_run_config(run, source=f"{path}: spec.run")
     return parse_run_config(document, source=str(path))

@@ -115,6 +115,8 @@ class SingleController:
             unreachable_budget_s=cfg.rollout.gym_unreachable_seconds,
             token=gym_token,
             prompt_payload=prompt_payload,
+            # without standbys every endpoint given is active (as before the field)
+            active=cfg.gym.replicas if cfg.gym.standby else None,
         )
         if environment is not None:  # a restored or snapshotted episode's owner moves too
             self.gym.on_replaced = lambda r: environment.readdress(r.instance_id, r.url)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 from aiohttp import web
@@ -49,6 +50,8 @@ class _Gyms:
         self.urls: list[str] = []
         self.members: dict[int, MemberEndpoint] = {}
         self.runs_by_generation: dict[tuple[int, int], int] = {}
+        #: When each ``/run`` answered: (monotonic time, index, generation).
+        self.runs_at: list[tuple[float, int, int]] = []
 
     async def _serve(self, index: int, generation: int) -> str:
         from rolloutrun_runtime.environments.gym import GymServer
@@ -59,6 +62,7 @@ class _Gyms:
             if request.path == "/run":
                 key = (index, generation)
                 self.runs_by_generation[key] = self.runs_by_generation.get(key, 0) + 1
+                self.runs_at.append((time.monotonic(), index, generation))
 
         server.app.on_response_prepare.append(count)
         runner, url = await serve_app(server.app, port=0)
@@ -66,12 +70,13 @@ class _Gyms:
         return str(url)
 
     async def start(self) -> None:
-        self.urls = [await self._serve(i, 0) for i in range(self.cfg.gym.replicas)]
+        self.urls = [await self._serve(i, 0) for i in range(self.cfg.gym.servers)]
 
-    async def replace(self, index: int) -> None:
-        """The pod of ``index`` is lost; its replacement serves at a new port."""
+    async def replace(self, index: int, outage_s: float = 0.3) -> None:
+        """The pod of ``index`` is lost; its replacement serves at a new port ``outage_s``
+        later (the operator's loss -> new pod Ready, in miniature)."""
         await self.runners.pop(index).cleanup()
-        await asyncio.sleep(0.3)  # the operator's loss -> new pod Ready, in miniature
+        await asyncio.sleep(outage_s)
         url = await self._serve(index, 1)
         self.members[index] = MemberEndpoint(index, url, 1)
 
