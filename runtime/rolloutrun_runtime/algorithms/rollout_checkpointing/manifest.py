@@ -57,6 +57,11 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest_format import 
     rollout_config_view,
     sha256_of,
 )
+from rolloutrun_runtime.algorithms.rollout_checkpointing.retention import (
+    after_commit_of,
+    log_after_commit_failures,
+    retention_plan,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshot_files import (
     READ_THREADS,
     publication_layout,
@@ -68,7 +73,6 @@ from rolloutrun_runtime.contract.config_fingerprint import fingerprint_of
 from rolloutrun_runtime.contract.layout import (
     BOOTSTRAP_KEY,
     DATA_SEGMENTS_PREFIX,
-    LATEST_KEY,
     MANIFEST_NAME,
     MANIFEST_SCHEMA_VERSION,
     SNAPSHOTS_PREFIX,
@@ -106,28 +110,6 @@ def _orphan_grace_of(config: RunConfig, lease_duration_s: float) -> float:
     return orphan_grace_s(
         settings.snapshot_interval_seconds, settings.preemption_grace_seconds, lease_duration_s
     )
-
-
-def retention_plan(
-    snapshot_ids: list[int], committed: list[int], newest_valid: int | None, keep_latest: int
-) -> tuple[list[int], list[int]]:
-    """Which committed snapshots retention deletes (beyond the newest ``keep_latest``, never
-    ``newest_valid``), and which uncommitted folders may be leftovers (those numbered below
-    the newest committed one; deleted only once old enough)."""
-    keep = set(committed[-keep_latest:]) | ({newest_valid} if newest_valid is not None else set())
-    doomed = [sid for sid in committed if sid not in keep]
-    newest = committed[-1] if committed else None
-    known = set(committed)
-    leftovers = [s for s in snapshot_ids if s not in known and newest is not None and s < newest]
-    return doomed, leftovers
-
-
-def latest_pointer(entry: str, manifest_uri: str) -> bytes:
-    """LATEST's bytes: a hint for people and tools; readers verify and never trust it alone,
-    so it is written without the fsyncs of a durable write (a power loss may leave an older
-    one; the manifests are the truth)."""
-    pointer = {"entry": entry, "manifest_uri": manifest_uri, "written_at": time.time()}
-    return json.dumps(pointer, sort_keys=True).encode()
 
 
 class ManifestStore:
@@ -285,15 +267,31 @@ class ManifestStore:
                 fence()
 
         manifest_uri = self.storage.uri_for(join_key(entry, MANIFEST_NAME))
-        # LATEST and retention's deletes of committed snapshots go with the commit (on
-        # file://, in its one call of the writer process); run only once it is durable.
-        after = AfterCommit(hints={LATEST_KEY: latest_pointer(entry, manifest_uri)})
         if keep_latest is not None:
             known_committed = [*known_committed, snapshot_id]
-            doomed, _ = retention_plan(known_committed, known_committed, snapshot_id, keep_latest)
-            after.delete_markers = [join_key(snapshot_dir(s), MANIFEST_NAME) for s in doomed]
+        after = after_commit_of(entry, manifest_uri, snapshot_id, keep_latest, known_committed)
+        self._commit(entry, written, manifest, before_commit, segment_files, after)
+        self._segments_of[snapshot_id] = frozenset(manifest.segments)
+        if keep_latest is not None:
+            self._retain(
+                keep_latest, snapshot_id, [*known_ids, snapshot_id], known_committed, after
+            )
+        log_after_commit_failures(after, snapshot_id)
+        return Candidate(manifest=manifest, entry=entry, manifest_uri=manifest_uri)
+
+    def _commit(
+        self,
+        entry: str,
+        written: Mapping[str, bytes | Path],
+        manifest: SnapshotManifest,
+        before_commit: Callable[[], None],
+        segment_files: Mapping[str, bytes] | None,
+        after: AfterCommit,
+    ) -> None:
+        """The files and new segments (one durable write), then the create-only manifest;
+        a lost race is :class:`PublicationFencedError`."""
         try:
-            publish_entry(  # the new segments with the files: one write, durable
+            publish_entry(
                 self.storage,
                 entry,
                 written,
@@ -308,14 +306,6 @@ class ManifestStore:
                 f"{self.storage.uri_for(entry)}: another publisher committed this snapshot "
                 "first; this trainer is stale and must stop"
             ) from error
-        self._segments_of[snapshot_id] = frozenset(manifest.segments)
-        if keep_latest is not None:
-            self._retain(
-                keep_latest, snapshot_id, [*known_ids, snapshot_id], known_committed, after
-            )
-        for key, why in sorted(after.failed.items()):
-            log.warning("after publishing snapshot %d, %s failed: %s", snapshot_id, key, why)
-        return Candidate(manifest=manifest, entry=entry, manifest_uri=manifest_uri)
 
     def _retain(
         self,
