@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .worker_start_cpu import label
+from .worker_start_cpu import cmdline_of, label
 
 #: Seconds between two samples.
 SAMPLE_S = 0.25
@@ -69,14 +69,6 @@ def process_label(cmdline: str) -> str:
         if marker in cmdline:
             return name
     return "other"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _cpu_s(stat_path: str) -> float | None:
@@ -145,7 +137,7 @@ class PodCpuSampler(threading.Thread):
         for pid in self._pod_pids(uid):
             spent = self._delta(pid, _cpu_s(f"/proc/{pid}/stat"), primed)
             if spent:
-                kind = process_label(_cmdline(pid)) if split else ""
+                kind = process_label(cmdline_of(pid)) if split else ""
                 per[kind] = per.get(kind, 0.0) + spent
         if per:
             self.rows.append((now, uid, sum(per.values())))

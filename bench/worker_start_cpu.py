@@ -107,7 +107,8 @@ def _stat(pid: int) -> tuple[int, int, float] | None:
     return int(fields[1]), int(fields[3]), (int(fields[11]) + int(fields[12])) / _HZ
 
 
-def _cmdline(pid: int) -> str:
+def cmdline_of(pid: int) -> str:
+    """A process's command line, its arguments joined by spaces ('' once it is gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             return handle.read().replace(b"\0", b" ").decode(errors="replace")
@@ -141,7 +142,7 @@ class NodeSampler:
                 self.cpu[pid] = stats[pid][2]
                 # relabelled while it lives: a child read before its exec shows its
                 # parent's command; a worker that became the actor stays the actor
-                name = label(_cmdline(pid))
+                name = label(cmdline_of(pid))
                 if self.labels.get(pid) != "actor" and (name != "other" or pid not in self.labels):
                     self.labels[pid] = name
 

@@ -346,15 +346,7 @@ def test_segment_collection_runs_every_few_publications(storage, config, monkeyp
         store, "collect_segments", lambda: passes.append(len(store.committed_ids()))
     )
     for step in range(2 * COLLECT_EVERY + 1):
-        store.publish(
-            config=config,
-            anchor=BOOTSTRAP_ANCHOR if step == 0 else Anchor("step", step, step),
-            files={"ledger.json": b"{}"},
-            train_step=step,
-            mutation_version=step,
-            cut_time=1.0,
-            keep_latest=2,
-        )
+        publish_kept(store, config, step)
     assert len(passes) == 3
 
 
