@@ -74,7 +74,9 @@ def test_kueue_admits_evicts_with_a_forced_snapshot_and_readmits(start_run):
         json.loads(line) for line in (run.log_dir / "snapshots.jsonl").read_text().splitlines()
     ]
     forced = [s for s in snapshots if s.get("reason") == "preemption"]
-    assert [s["rollout/checkpoint_outcome"] for s in forced] == ["published"], snapshots
+    # One, or two when the step the notice found begun committed after the first's cut.
+    outcomes = [s["rollout/checkpoint_outcome"] for s in forced]
+    assert outcomes in (["published"], ["published"] * 2), snapshots
     evicted_at = int(run.status()["trainStep"])
 
     # Readmitted: the next incarnation resumes from that snapshot and finishes.

@@ -182,7 +182,9 @@ def test_sigterm_publishes_a_forced_snapshot_that_the_next_incarnation_resumes(s
         json.loads(line) for line in (run.log_dir / "snapshots.jsonl").read_text().splitlines()
     ]
     forced = [s for s in snapshots if s.get("reason") == "preemption"]
-    assert [s["rollout/checkpoint_outcome"] for s in forced] == ["published"], snapshots
+    # One, or two when the step the notice found begun committed after the first's cut.
+    outcomes = [s["rollout/checkpoint_outcome"] for s in forced]
+    assert outcomes in (["published"], ["published"] * 2), snapshots
     second = run_starts(run)[1]
     assert second["snapshot_id"] is not None
 

@@ -44,6 +44,9 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.restore import (
     RolloutRestorer,
 )
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import RolloutSnapshotter
+from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions import (
+    SnapshotOutcome,
+)
 from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     CapturedRolloutState,
     ResumeSource,
@@ -69,6 +72,9 @@ from rolloutrun_runtime.metrics import STARTUP, OverheadClock
 from rolloutrun_runtime.workers import PolicyWorkers
 
 logger = logging.getLogger(__name__)
+
+#: A preemption's forced snapshot that met an optimizer commit tries again this much later.
+COMMIT_WINDOW_RETRY_S = 0.05
 
 
 class SingleController:
@@ -240,19 +246,38 @@ class SingleController:
         return self.history
 
     async def preemption_snapshot(self, grace_s: float) -> str:
-        """SIGTERM: force a snapshot that publishes within ``grace_s``; returns its outcome."""
-        deadline = time.time() + grace_s
-        self.trace.emit("preemption_notice", deadline=deadline)
+        """SIGTERM: hold training (``TrainingHold``), force a snapshot that publishes within
+        ``grace_s``, and one more when the step the notice found in progress committed since
+        (it may have landed after the first one's cut); returns the last outcome."""
+        deadline = time.monotonic() + grace_s
+        self.trace.emit("preemption_notice", deadline=time.time() + grace_s)
+        self.state.training.hold()
+        version_at_notice = self.state.trainer_version
         if self.manifests is None:
             return "no_storage"
-        try:
-            outcome = await asyncio.wait_for(
-                self.rollout_snapshots.attempt(force=True, reason="preemption"), grace_s
-            )
-        except TimeoutError:
-            logger.error("preemption snapshot did not publish within %.1fs", grace_s)
+        outcome = await self._forced_snapshot(deadline)
+        if outcome is None:
             return "timed_out"
+        settled = await self.state.training.parked((deadline - time.monotonic()) / 2)
+        if settled and self.state.trainer_version != version_at_notice:
+            outcome = await self._forced_snapshot(deadline) or outcome
         return outcome.value
+
+    async def _forced_snapshot(self, deadline: float) -> SnapshotOutcome | None:
+        """A forced snapshot before ``deadline`` (monotonic); one that met an optimizer
+        commit is tried again; None when the time ran out."""
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                outcome = await asyncio.wait_for(
+                    self.rollout_snapshots.attempt(force=True, reason="preemption"), left
+                )
+            except TimeoutError:
+                break
+            if outcome is not SnapshotOutcome.SKIPPED_COMMIT_WINDOW:
+                return outcome
+            await asyncio.sleep(COMMIT_WINDOW_RETRY_S)
+        logger.error("preemption snapshot did not publish within the grace period")
+        return None
 
     # ================================================================== checkpoints, restore
     def capture_trainer_state(self, cut: LiveCut) -> tuple[TrainerCapture, CapturedRolloutState]:

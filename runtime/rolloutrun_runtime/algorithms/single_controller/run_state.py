@@ -54,6 +54,46 @@ class StepCounters:
     given_up: list[str] = field(default_factory=list)
 
 
+class TrainingHold:
+    """A preemption notice holds the train pump before its next step.
+
+    Why: the notice's forced snapshot cuts the run where it stands, and the run task is
+    cancelled once it publishes. A step begun after that cut would be trained, thrown away
+    and trained again by the next incarnation (and its metrics row written twice), while it
+    takes the cores the snapshot needs within the grace period. The step the notice finds in
+    progress commits; the pump then parks here until the run is cancelled.
+    """
+
+    def __init__(self) -> None:
+        self._allowed = asyncio.Event()
+        self._allowed.set()
+        self._parked = asyncio.Event()
+
+    def hold(self) -> None:
+        self._allowed.clear()
+
+    async def before_step(self) -> None:
+        """Return at once, or (held) park until cancelled."""
+        if not self._allowed.is_set():
+            self._parked.set()
+            await self._allowed.wait()
+
+    def pump_ended(self) -> None:
+        """The train pump returned (``maxSteps``) or failed: no step will follow."""
+        self._parked.set()
+
+    async def parked(self, timeout_s: float) -> bool:
+        """Whether the held pump trains no more within ``timeout_s``."""
+        if timeout_s <= 0:
+            return self._parked.is_set()
+        waiter = asyncio.ensure_future(self._parked.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=timeout_s)
+        finally:
+            waiter.cancel()
+        return self._parked.is_set()
+
+
 class RunState:
     """Every live part of a run, built once; restore fills it in place."""
 
@@ -95,6 +135,7 @@ class RunState:
         #: What the environment refused of the restore (set by Resume; in every step record).
         self.environment_restore = EnvironmentRestoreMetrics()
         self._progress_changed = asyncio.Event()
+        self.training = TrainingHold()
         self.tasks: set[asyncio.Task[None]] = set()
         self._fatal: BaseException | None = None
 

@@ -98,11 +98,18 @@ class TrainPump:
         self.pad_id = pad_id
 
     async def run(self) -> None:
+        try:
+            await self._train_to_max_steps()
+        finally:
+            self.state.training.pump_ended()
+
+    async def _train_to_max_steps(self) -> None:
         state = self.state
         last = time.perf_counter()
         self.overhead.take()
         env_mark, tokens_mark = self.gym.env_seconds, state.generated_tokens
         while state.trainer_version < self.cfg.grpo.max_steps:
+            await state.training.before_step()  # a preemption notice parks it here
             step = state.trainer_version + 1
             selected = await self._select_groups(step)
             compute_started = time.perf_counter()

@@ -477,11 +477,13 @@ async def test_preemption_notice_publishes_a_snapshot_then_stops_the_run(tmp_pat
         lines = (Path(cfg.log_dir) / SNAPSHOTS_LOG).read_text().splitlines()
         records = [json.loads(line) for line in lines]
         preemption = [r for r in records if r["reason"] == "preemption"]
-        assert [r["rollout/checkpoint_outcome"] for r in preemption] == ["published"]
+        # A second one when the step the notice found begun committed after the first's cut.
+        outcomes = [r["rollout/checkpoint_outcome"] for r in preemption]
+        assert outcomes in (["published"], ["published"] * 2)
         resumed = await h.controller(cfg)
         choice = resumed.rollout_restorer.plan()
         assert choice.kind is ResumeKind.SNAPSHOT and choice.candidate is not None
-        assert choice.candidate.manifest_uri == preemption[0]["manifest_uri"]
+        assert choice.candidate.manifest_uri == preemption[-1]["manifest_uri"]
         assert choice.candidate.manifest.train_step >= 2
 
 
@@ -850,8 +852,10 @@ async def test_a_preemption_snapshot_with_a_gym_failing_publishes_and_the_run_re
             await asyncio.wait_for(run, 120)
         lines = (Path(cfg.log_dir) / SNAPSHOTS_LOG).read_text().splitlines()
         preemption = [json.loads(line) for line in lines if '"preemption"' in line]
-        assert [r["rollout/checkpoint_outcome"] for r in preemption] == ["published_partial_env"]
-        assert "checkpoint control is disabled" in preemption[0]["env_unavailable"]["gym-1"]
+        outcomes = [r["rollout/checkpoint_outcome"] for r in preemption]  # one or two, as above
+        assert outcomes in (["published_partial_env"], ["published_partial_env"] * 2)
+        for record in preemption:
+            assert "checkpoint control is disabled" in record["env_unavailable"]["gym-1"]
 
         controls["gym-1"].token = GYM_TOKEN  # the replacement replica answers again
         resumed = await h.controller(cfg)

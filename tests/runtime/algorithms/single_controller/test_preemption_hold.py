@@ -1,0 +1,95 @@
+"""A preemption notice holds training: nothing is trained after the forced snapshot's cut.
+
+The real trainer (in process, real Gym servers on loopback) gets the notice after step 2;
+its forced snapshot is made slow (a second before it starts, as a large state on a busy
+machine would take), time in which an unheld train pump trains on. Every step trained
+before the run stops must be in the last published snapshot, so the next incarnation trains
+each step once: the stored metrics have one row per step. Before the hold, the steps
+trained meanwhile were thrown away, trained again, and logged twice (``[1, 2, 3, 4, 3, 4]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import RolloutSnapshotter
+from rolloutrun_runtime.algorithms.single_controller.hooks import NoHooks
+from rolloutrun_runtime.contract.layout import TRACE_FILE
+from rolloutrun_runtime.run_logs import read_stored_metrics
+from rolloutrun_runtime.storage import open_storage
+from rolloutrun_runtime.trainer import run_trainer
+from tests.support.run_configs import tiny_config
+
+RUN_LIMIT_S = 150
+STEPS = 6
+NOTICE_AFTER = 2
+SLOW_SNAPSHOT_S = 1.0
+
+
+class _NoticeAt(NoHooks):
+    """Sets the preemption notice when step ``step`` is trained; keeps what was published."""
+
+    def __init__(self, notice: asyncio.Event, step: int) -> None:
+        self.notice, self.step = notice, step
+        self.published: list[dict[str, Any]] = []
+
+    def on_step(self, record: dict[str, Any]) -> None:
+        if record["step"] == self.step:
+            self.notice.set()
+
+    def on_published(self, published: dict[str, Any]) -> None:
+        self.published.append(published)
+
+
+def _config(tmp_path: Path, log_dir: str) -> Any:
+    cfg = tiny_config(
+        tmp_path,
+        grpo={"maxSteps": STEPS},
+        checkpointing={
+            "storageUri": f"file://{tmp_path / 'storage'}",
+            "snapshotIntervalSeconds": 0,
+        },
+    )
+    return cfg.model_copy(update={"log_dir": str(tmp_path / log_dir)})
+
+
+def _trained_steps(log_dir: str) -> list[int]:
+    lines = (Path(log_dir) / TRACE_FILE).read_text().splitlines()
+    return [e["step"] for e in map(json.loads, lines) if e["event"] == "step_completed"]
+
+
+@pytest.fixture
+def slow_preemption_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    attempt = RolloutSnapshotter.attempt
+
+    async def slow(self: RolloutSnapshotter, *, force: bool = False, reason: str = "") -> Any:
+        if reason == "preemption":
+            await asyncio.sleep(SLOW_SNAPSHOT_S)
+        return await attempt(self, force=force, reason=reason)
+
+    monkeypatch.setattr(RolloutSnapshotter, "attempt", slow)
+
+
+@pytest.mark.usefixtures("slow_preemption_snapshot")
+async def test_nothing_is_trained_after_a_preemption_snapshot(tmp_path, gym_endpoints):
+    first = await gym_endpoints(_config(tmp_path, "pod-0"))
+    notice = asyncio.Event()
+    hooks = _NoticeAt(notice, NOTICE_AFTER)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(run_trainer(first, hooks=hooks, preemption=notice), RUN_LIMIT_S)
+
+    trained = _trained_steps(first.log_dir)
+    # Held before the next step: at most the one the watcher's wake-up found begun.
+    assert trained in (list(range(1, NOTICE_AFTER + 1)), list(range(1, NOTICE_AFTER + 2)))
+    assert hooks.published and hooks.published[-1]["train_step"] == trained[-1]
+
+    second = await gym_endpoints(_config(tmp_path, "pod-1"))
+    result = await asyncio.wait_for(run_trainer(second), RUN_LIMIT_S)
+    assert result.resumed_from is not None
+    rows = read_stored_metrics(open_storage(f"file://{tmp_path / 'storage'}"))
+    assert [row["step"] for row in rows] == list(range(1, STEPS + 1))  # each step once
