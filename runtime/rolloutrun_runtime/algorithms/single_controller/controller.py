@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import torch
@@ -255,29 +255,16 @@ class SingleController:
         version_at_notice = self.state.trainer_version
         if self.manifests is None:
             return "no_storage"
-        outcome = await self._forced_snapshot(deadline)
+        outcome = await forced_snapshot(self._preemption_attempt, deadline)
         if outcome is None:
             return "timed_out"
         settled = await self.state.training.parked((deadline - time.monotonic()) / 2)
         if settled and self.state.trainer_version != version_at_notice:
-            outcome = await self._forced_snapshot(deadline) or outcome
+            outcome = await forced_snapshot(self._preemption_attempt, deadline) or outcome
         return outcome.value
 
-    async def _forced_snapshot(self, deadline: float) -> SnapshotOutcome | None:
-        """A forced snapshot before ``deadline`` (monotonic); one that met an optimizer
-        commit is tried again; None when the time ran out."""
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                outcome = await asyncio.wait_for(
-                    self.rollout_snapshots.attempt(force=True, reason="preemption"), left
-                )
-            except TimeoutError:
-                break
-            if outcome is not SnapshotOutcome.SKIPPED_COMMIT_WINDOW:
-                return outcome
-            await asyncio.sleep(COMMIT_WINDOW_RETRY_S)
-        logger.error("preemption snapshot did not publish within the grace period")
-        return None
+    def _preemption_attempt(self) -> Awaitable[SnapshotOutcome]:
+        return self.rollout_snapshots.attempt(force=True, reason="preemption")
 
     # ================================================================== checkpoints, restore
     def capture_trainer_state(self, cut: LiveCut) -> tuple[TrainerCapture, CapturedRolloutState]:
@@ -382,3 +369,20 @@ class SingleController:
     @property
     def max_observed_age(self) -> int:
         return self.state.max_observed_age
+
+
+async def forced_snapshot(
+    attempt: Callable[[], Awaitable[SnapshotOutcome]], deadline: float
+) -> SnapshotOutcome | None:
+    """A forced snapshot's outcome before ``deadline`` (``time.monotonic``); one that met an
+    optimizer commit is tried again, any other outcome is final; None when time ran out."""
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            outcome = await asyncio.wait_for(attempt(), left)
+        except TimeoutError:
+            break
+        if outcome is not SnapshotOutcome.SKIPPED_COMMIT_WINDOW:
+            return outcome
+        await asyncio.sleep(COMMIT_WINDOW_RETRY_S)
+    logger.error("preemption snapshot did not publish within the grace period")
+    return None

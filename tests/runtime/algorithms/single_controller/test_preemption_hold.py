@@ -6,18 +6,25 @@ machine would take), time in which an unheld train pump trains on. Every step tr
 before the run stops must be in the last published snapshot, so the next incarnation trains
 each step once: the stored metrics have one row per step. Before the hold, the steps
 trained meanwhile were thrown away, trained again, and logged twice (``[1, 2, 3, 4, 3, 4]``).
+And ``forced_snapshot`` alone: an attempt that met an optimizer commit is tried again (it
+used to end the run with no snapshot), any other outcome is final, the grace bounds it all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import RolloutSnapshotter
+from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions import (
+    SnapshotOutcome,
+)
+from rolloutrun_runtime.algorithms.single_controller.controller import forced_snapshot
 from rolloutrun_runtime.algorithms.single_controller.hooks import NoHooks
 from rolloutrun_runtime.contract.layout import TRACE_FILE
 from rolloutrun_runtime.run_logs import read_stored_metrics
@@ -93,3 +100,40 @@ async def test_nothing_is_trained_after_a_preemption_snapshot(tmp_path, gym_endp
     assert result.resumed_from is not None
     rows = read_stored_metrics(open_storage(f"file://{tmp_path / 'storage'}"))
     assert [row["step"] for row in rows] == list(range(1, STEPS + 1))  # each step once
+
+
+def _attempts(*outcomes: SnapshotOutcome | None) -> tuple[Any, list[int]]:
+    """An attempt answering ``outcomes`` in turn (None: never answers); and its call count."""
+    calls: list[int] = []
+
+    async def attempt() -> SnapshotOutcome:
+        calls.append(1)
+        outcome = outcomes[len(calls) - 1]
+        if outcome is None:
+            await asyncio.sleep(3600)
+        assert outcome is not None
+        return outcome
+
+    return attempt, calls
+
+
+async def test_a_forced_snapshot_that_met_an_optimizer_commit_is_tried_again():
+    attempt, calls = _attempts(
+        SnapshotOutcome.SKIPPED_COMMIT_WINDOW,
+        SnapshotOutcome.SKIPPED_COMMIT_WINDOW,
+        SnapshotOutcome.PUBLISHED,
+    )
+    assert await forced_snapshot(attempt, time.monotonic() + 5) is SnapshotOutcome.PUBLISHED
+    assert len(calls) == 3
+
+
+async def test_any_other_outcome_is_final_and_time_running_out_is_none():
+    attempt, calls = _attempts(SnapshotOutcome.FAILED, SnapshotOutcome.PUBLISHED)
+    assert await forced_snapshot(attempt, time.monotonic() + 5) is SnapshotOutcome.FAILED
+    assert len(calls) == 1
+    attempt, calls = _attempts(SnapshotOutcome.SKIPPED_COMMIT_WINDOW, None)
+    assert await forced_snapshot(attempt, time.monotonic() + 0.3) is None
+    assert len(calls) == 2
+    attempt, calls = _attempts(SnapshotOutcome.PUBLISHED)
+    assert await forced_snapshot(attempt, time.monotonic() - 1) is None
+    assert calls == []
