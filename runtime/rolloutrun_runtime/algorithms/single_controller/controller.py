@@ -247,8 +247,9 @@ class SingleController:
 
     async def preemption_snapshot(self, grace_s: float) -> str:
         """SIGTERM: hold training (``TrainingHold``), force a snapshot that publishes within
-        ``grace_s``, and one more when the step the notice found in progress committed since
-        (it may have landed after the first one's cut); returns the last outcome."""
+        ``grace_s``, and one more when the step the notice found computing committed since
+        (it may have landed after the first one's cut; waited for at most half the grace
+        left); returns the last outcome."""
         deadline = time.monotonic() + grace_s
         self.trace.emit("preemption_notice", deadline=time.time() + grace_s)
         self.state.training.hold()
@@ -258,7 +259,7 @@ class SingleController:
         outcome = await forced_snapshot(self._preemption_attempt, deadline)
         if outcome is None:
             return "timed_out"
-        settled = await self.state.training.parked((deadline - time.monotonic()) / 2)
+        settled = await self.state.training.idle((deadline - time.monotonic()) / 2)
         if settled and self.state.trainer_version != version_at_notice:
             outcome = await forced_snapshot(self._preemption_attempt, deadline) or outcome
         return outcome.value

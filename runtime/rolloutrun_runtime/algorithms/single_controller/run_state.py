@@ -55,43 +55,48 @@ class StepCounters:
 
 
 class TrainingHold:
-    """A preemption notice holds the train pump before its next step.
+    """A preemption notice holds the train pump before it computes another step.
 
     Why: the notice's forced snapshot cuts the run where it stands, and the run task is
-    cancelled once it publishes. A step begun after that cut would be trained, thrown away
-    and trained again by the next incarnation (and its metrics row written twice), while it
-    takes the cores the snapshot needs within the grace period. The step the notice finds in
-    progress commits; the pump then parks here until the run is cancelled.
+    cancelled once it publishes. A step computed after that cut would be thrown away and
+    trained again by the next incarnation (its metrics row written twice), while it takes
+    the cores the snapshot needs within the grace period. The pump parks after its
+    selection (a snapshot's cut keeps a step's claimed groups, as at any moment between a
+    selection and its commit); a step already computing commits, and :meth:`idle` says
+    when it has, so the controller can snapshot once more. A pump waiting for rollouts is
+    idle: the notice never waits on generation.
     """
 
     def __init__(self) -> None:
         self._allowed = asyncio.Event()
         self._allowed.set()
-        self._parked = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def hold(self) -> None:
         self._allowed.clear()
 
-    async def before_step(self) -> None:
-        """Return at once, or (held) park until cancelled."""
+    async def before_compute(self) -> None:
+        """Return at once (the step is under way from here), or (held) park until cancelled."""
         if not self._allowed.is_set():
-            self._parked.set()
             await self._allowed.wait()
+        self._idle.clear()
 
-    def pump_ended(self) -> None:
-        """The train pump returned (``maxSteps``) or failed: no step will follow."""
-        self._parked.set()
+    def step_done(self) -> None:
+        """The step computed since :meth:`before_compute` is committed and recorded; or the
+        pump ended (``maxSteps``, an error)."""
+        self._idle.set()
 
-    async def parked(self, timeout_s: float) -> bool:
-        """Whether the held pump trains no more within ``timeout_s``."""
-        if timeout_s <= 0:
-            return self._parked.is_set()
-        waiter = asyncio.ensure_future(self._parked.wait())
+    async def idle(self, timeout_s: float) -> bool:
+        """Whether no step is computing, waiting up to ``timeout_s`` for one to finish."""
+        if self._idle.is_set() or timeout_s <= 0:
+            return self._idle.is_set()
+        waiter = asyncio.ensure_future(self._idle.wait())
         try:
             await asyncio.wait({waiter}, timeout=timeout_s)
         finally:
             waiter.cancel()
-        return self._parked.is_set()
+        return self._idle.is_set()
 
 
 class RunState:

@@ -101,7 +101,7 @@ class TrainPump:
         try:
             await self._train_to_max_steps()
         finally:
-            self.state.training.pump_ended()
+            self.state.training.step_done()  # nothing computes any more
 
     async def _train_to_max_steps(self) -> None:
         state = self.state
@@ -109,9 +109,9 @@ class TrainPump:
         self.overhead.take()
         env_mark, tokens_mark = self.gym.env_seconds, state.generated_tokens
         while state.trainer_version < self.cfg.grpo.max_steps:
-            await state.training.before_step()  # a preemption notice parks it here
             step = state.trainer_version + 1
             selected = await self._select_groups(step)
+            await state.training.before_compute()  # a preemption notice parks it here
             compute_started = time.perf_counter()
             stats = await asyncio.to_thread(self._compute_gradients, selected)
             loss_compute_s = time.perf_counter() - compute_started
@@ -149,6 +149,7 @@ class TrainPump:
             self.snapshots.train_step_completed(
                 state.trainer_version, self.cfg.checkpointing.snapshot_every_steps
             )
+            state.training.step_done()
 
     async def _select_groups(self, step: int) -> Selected:
         state = self.state

@@ -6,7 +6,9 @@ machine would take), time in which an unheld train pump trains on. Every step tr
 before the run stops must be in the last published snapshot, so the next incarnation trains
 each step once: the stored metrics have one row per step. Before the hold, the steps
 trained meanwhile were thrown away, trained again, and logged twice (``[1, 2, 3, 4, 3, 4]``).
-And ``forced_snapshot`` alone: an attempt that met an optimizer commit is tried again (it
+``TrainingHold`` alone: the notice waits on a step computing, never on a pump waiting for
+rollouts (that wait once kept a preempted trainer alive for half its grace period). And
+``forced_snapshot`` alone: an attempt that met an optimizer commit is tried again (it
 used to end the run with no snapshot), any other outcome is final, the grace bounds it all.
 """
 
@@ -26,6 +28,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions imp
 )
 from rolloutrun_runtime.algorithms.single_controller.controller import forced_snapshot
 from rolloutrun_runtime.algorithms.single_controller.hooks import NoHooks
+from rolloutrun_runtime.algorithms.single_controller.run_state import TrainingHold
 from rolloutrun_runtime.contract.layout import TRACE_FILE
 from rolloutrun_runtime.run_logs import read_stored_metrics
 from rolloutrun_runtime.storage import open_storage
@@ -137,3 +140,17 @@ async def test_any_other_outcome_is_final_and_time_running_out_is_none():
     attempt, calls = _attempts(SnapshotOutcome.PUBLISHED)
     assert await forced_snapshot(attempt, time.monotonic() - 1) is None
     assert calls == []
+
+
+async def test_the_hold_waits_only_on_a_step_computing_never_on_generation():
+    hold = TrainingHold()
+    assert await hold.idle(0)  # a pump selecting (waiting for rollouts) is idle
+    await hold.before_compute()  # not held: the step is under way
+    assert not await hold.idle(0.05)
+    hold.hold()
+    hold.step_done()
+    assert await hold.idle(5)
+    parked = asyncio.ensure_future(hold.before_compute())
+    await asyncio.sleep(0.05)
+    assert not parked.done() and await hold.idle(0)  # parked: computes nothing
+    parked.cancel()
