@@ -121,9 +121,7 @@ def publish_entry(
         if after_commit is not None:
             after_commit.run(
                 lambda key, data: storage.write_bytes(key, data, durable=False),
-                lambda marked: delete_entry(
-                    storage, marked.rsplit("/", 1)[0], marker_name=marked.rsplit("/", 1)[1]
-                ),
+                lambda marker: delete_entry(storage, *marker.rsplit("/", 1)),  # entry, name
             )
     uri = storage.uri_for(marker)
     log.info("published %d files and committed %s", len(keys), uri)
