@@ -146,13 +146,14 @@ class Pass:
         meta = manifest["metadata"]
         self.actions.append(Action(Verb.CREATE, manifest["kind"], meta["name"], manifest))
 
-    def delete_pods(self, pods: list[PodView]) -> bool:
-        """Delete pods (force the stuck ones); True when some still exist."""
+    def delete_pods(self, pods: list[PodView], grace_seconds: int | None = None) -> bool:
+        """Delete pods (force the stuck ones); True when some still exist. ``grace_seconds``:
+        the grace period asked for (None: each pod's own); a pod on a lost node gets 0."""
         for pod in pods:
             node = self.observed.nodes.get(pod.node_name or "")
             node_lost = node is not None and not node.ready
             if pod.deletion_time is None:
-                grace = 0 if node_lost else None
+                grace = 0 if node_lost else grace_seconds
                 self.actions.append(
                     Action(Verb.DELETE, "Pod", pod.name, grace_seconds=grace, uid=pod.uid)
                 )

@@ -18,8 +18,9 @@ The life of a run, as the conditions tell it:
   gets SIGTERM (its own grace period) and publishes its forced snapshot while the Gyms still
   alive keep their episodes; those Gym pods are deleted in the pass that sees the trainer
   exited (its pod event wakes the run); a trainer lost by its Lease (hung) cannot snapshot,
-  so then every pod goes at once. A pod still terminating ``STUCK_TERMINATING_SECONDS``
-  after its grace period is force-deleted and named in an Event and in ``Progressing``.
+  so then every pod goes at once, the trainer's with a grace period of 1 s. A pod still
+  terminating ``STUCK_TERMINATING_SECONDS`` after its grace period is force-deleted and
+  named in an Event and in ``Progressing``.
 - a preemption starts the next incarnation as soon as the old pods are gone; a failure waits
   an exponential backoff (over failures in a row, reset after ``stablePeriodSeconds`` of
   stable running). The next incarnation number is taken then, never to be reused whatever
@@ -73,6 +74,13 @@ IDLE_REQUEUE_SECONDS = 1200.0
 #: Losses that say the trainer cannot snapshot (hung, partitioned from the API, stuck at
 #: startup): its Gym pods are not kept for it.
 TRAINER_UNRESPONSIVE = frozenset({"LeaseExpired", "LeaseNotAcquired"})
+#: The grace period (seconds) such a trainer's pod is deleted with. It can publish nothing
+#: more: its Lease fences every commit, and by the trainer's own clock it expired no later
+#: than by ours, so its own grace period (the spec's, up to minutes; SIGTERM does not even
+#: reach a hung process) only held the next incarnation, which starts once the old pods are
+#: gone. 1, not 0: the kubelet still confirms the kill before the pod is gone (0 removes
+#: the API object at once, which is for a node that is lost).
+UNRESPONSIVE_TRAINER_GRACE_SECONDS = 1
 
 
 @dataclass
@@ -494,7 +502,9 @@ def _end_incarnation(p: Pass, members: list[PodView], loss: Loss) -> None:
     policy = p.run.spec.recovery
     status = p.status
     if loss.reason in TRAINER_UNRESPONSIVE:
-        p.delete_pods(members)
+        trainers = [pod for pod in members if pod.role == naming.Role.TRAINER]
+        p.delete_pods(trainers, grace_seconds=UNRESPONSIVE_TRAINER_GRACE_SECONDS)
+        p.delete_pods([pod for pod in members if pod not in trainers])
     else:
         _stop(p, members)
     started = parse_time(status.incarnation_start_time)

@@ -229,14 +229,16 @@ async def run_trainer(
         stack.callback(manifests.close)
         stack.push_async_callback(observation.stop)  # after the trace closed: its last lines
         stack.callback(trace.close)  # reach the storage
-        cfg = await _settle_recovery_level(cfg, trace)  # turn needs the control plane
-        environment = await _environment_checkpoint(cfg, gym_token, gym_members)
-        stack.push_async_callback(environment.close)
-        STARTUP.mark("gyms_answered")
+        # the Gyms are waited for while the restore is planned, the model built and the
+        # workers started: none of those depends on their answers (_answered_gyms)
+        gyms = asyncio.create_task(_answered_gyms(cfg, trace, gym_token, gym_members))
+        stack.push_async_callback(_close_gyms, gyms)
         choice = await asyncio.to_thread(_planned_restore, cfg, manifests, checkpointer, trace)
-        model, optimizer = _model_and_optimizer(cfg, choice)
+        model, optimizer = await asyncio.to_thread(_model_and_optimizer, cfg, choice)
         workers = await _started_workers(cfg, model, choice, gym_token)
         stack.push_async_callback(workers.stop)
+        cfg, environment = await gyms
+        STARTUP.mark("gyms_answered")
         await observation.start()
         controller = SingleController(
             cfg,
@@ -256,6 +258,37 @@ async def run_trainer(
         )
         resumed_from = await _resume_and_run(controller, choice, cfg, trace, storage, preemption)
     return _finished(controller, log_dir, resumed_from)
+
+
+async def _answered_gyms(
+    cfg: RunConfig,
+    trace: Any,
+    gym_token: str | None,
+    gym_members: Callable[[bool], Mapping[int, MemberEndpoint]] | None,
+) -> tuple[RunConfig, Any]:
+    """The run's settled recovery level and its environment checkpoint, once the Gyms
+    answer.
+
+    Why a task beside the rest of start-up: where the Gyms start with the trainer (a new
+    run, a node lost with all its pods) waiting for them took the trainer's start from
+    restore planning, model building and the workers' start (a Ray cluster's, seconds), which
+    none of them needs: the restore's plan reads only what the level cannot change (it lowers
+    turn to sibling, never to none: the ledger is read either way), and the model and the
+    workers depend on neither."""
+    cfg = await _settle_recovery_level(cfg, trace)  # turn needs the control plane
+    return cfg, await _environment_checkpoint(cfg, gym_token, gym_members)
+
+
+async def _close_gyms(answered: asyncio.Task[tuple[RunConfig, Any]]) -> None:
+    """The environment checkpoint :func:`_answered_gyms` built closed, or its wait ended
+    (start-up failed before the Gyms answered)."""
+    if not answered.done():
+        answered.cancel()
+        await asyncio.wait({answered})
+    if answered.cancelled() or answered.exception() is not None:
+        return
+    _cfg, environment = answered.result()
+    await environment.close()
 
 
 def _snapshot_manifests(cfg: RunConfig, storage: Any) -> Any:

@@ -81,9 +81,9 @@ def test_a_silent_lease_expires_after_its_duration_of_operator_time(skew: float)
     assert failure is not None and failure.reason == "LeaseExpired"
     assert "unchanged since the operator saw it at 2026-01-01T12:00:30Z" in failure.message
     assert result.status.restarts == 1  # a hung trainer is a failure
-    # it publishes no snapshot: nothing to keep its Gyms for
-    deleted = {a.name for a in result.actions if a.verb is Verb.DELETE}
-    assert deleted == {"demo-i1-trainer", "demo-i1-gym-0", "demo-i1-gym-1"}
+    # it publishes no snapshot: nothing to keep its Gyms for, nor to wait its grace period
+    graces = {a.name: a.grace_seconds for a in result.actions if a.verb is Verb.DELETE}
+    assert graces == {"demo-i1-trainer": 1, "demo-i1-gym-0": None, "demo-i1-gym-1": None}
     # the pass that saw the last renewal looked again exactly at the expiry
     seen = dict(passes)[30.0]
     assert seen.requeue_after == pytest.approx(DURATION + LEASE_EXPIRY_MARGIN_SECONDS)
