@@ -11,28 +11,12 @@ once it ends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 
 from rolloutrun_runtime.environments.checkpointing.nemo_gym import GymSnapshot
 from rolloutrun_runtime.environments.gym.control import ControlPhase
 from rolloutrun_runtime.environments.gym.episode import Episode, EpisodeId, Phase
-from tests.runtime.environments.checkpointing.test_gym_environment_checkpoint import (
-    LONG,
-    Rig,
-    deadline,
-)
+from tests.support.gym_checkpoint_rig import LONG, Rig, deadline
 from tests.support.scripted_gym import bare_episode
-
-
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    rig = Rig(tmp_path)
-    await rig.start_policy()
-    yield rig
-    await rig.close()
 
 
 async def test_a_restored_unclaimed_episode_is_copied_without_a_scan_of_everybare_episode(
