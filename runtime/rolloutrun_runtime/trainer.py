@@ -206,7 +206,11 @@ async def run_trainer(
     from rolloutrun_runtime.metrics import MetricsWriter
     from rolloutrun_runtime.policy.family import policy_tokenizer
     from rolloutrun_runtime.storage import open_storage
-    from rolloutrun_runtime.trainer_inputs import with_prompt_set
+    from rolloutrun_runtime.trainer_inputs import (
+        answered_gyms,
+        close_answered_gyms,
+        with_prompt_set,
+    )
     from rolloutrun_runtime.workers import build_workers  # noqa: F401  (imported before the mark)
 
     STARTUP.mark("runtime_imported")
@@ -230,9 +234,9 @@ async def run_trainer(
         stack.push_async_callback(observation.stop)  # after the trace closed: its last lines
         stack.callback(trace.close)  # reach the storage
         # the Gyms are waited for while the restore is planned, the model built and the
-        # workers started: none of those depends on their answers (_answered_gyms)
-        gyms = asyncio.create_task(_answered_gyms(cfg, trace, gym_token, gym_members))
-        stack.push_async_callback(_close_gyms, gyms)
+        # workers started: none of those depends on their answers (answered_gyms)
+        gyms = asyncio.create_task(answered_gyms(cfg, trace, gym_token, gym_members))
+        stack.push_async_callback(close_answered_gyms, gyms)
         choice = await asyncio.to_thread(_planned_restore, cfg, manifests, checkpointer, trace)
         model, optimizer = await asyncio.to_thread(_model_and_optimizer, cfg, choice)
         workers = await _started_workers(cfg, model, choice, gym_token)
@@ -258,37 +262,6 @@ async def run_trainer(
         )
         resumed_from = await _resume_and_run(controller, choice, cfg, trace, storage, preemption)
     return _finished(controller, log_dir, resumed_from)
-
-
-async def _answered_gyms(
-    cfg: RunConfig,
-    trace: Any,
-    gym_token: str | None,
-    gym_members: Callable[[bool], Mapping[int, MemberEndpoint]] | None,
-) -> tuple[RunConfig, Any]:
-    """The run's settled recovery level and its environment checkpoint, once the Gyms
-    answer.
-
-    Why a task beside the rest of start-up: where the Gyms start with the trainer (a new
-    run, a node lost with all its pods) waiting for them took the trainer's start from
-    restore planning, model building and the workers' start (a Ray cluster's, seconds), which
-    none of them needs: the restore's plan reads only what the level cannot change (it lowers
-    turn to sibling, never to none: the ledger is read either way), and the model and the
-    workers depend on neither."""
-    cfg = await _settle_recovery_level(cfg, trace)  # turn needs the control plane
-    return cfg, await _environment_checkpoint(cfg, gym_token, gym_members)
-
-
-async def _close_gyms(answered: asyncio.Task[tuple[RunConfig, Any]]) -> None:
-    """The environment checkpoint :func:`_answered_gyms` built closed, or its wait ended
-    (start-up failed before the Gyms answered)."""
-    if not answered.done():
-        answered.cancel()
-        await asyncio.wait({answered})
-    if answered.cancelled() or answered.exception() is not None:
-        return
-    _cfg, environment = answered.result()
-    await environment.close()
 
 
 def _snapshot_manifests(cfg: RunConfig, storage: Any) -> Any:
@@ -380,18 +353,6 @@ async def _resume_and_run(
     if cfg.policy.model is not None and controller.trainer_version >= cfg.grpo.max_steps:
         await asyncio.to_thread(_export_final_model, cfg, controller.model, storage)
     return resumed_from
-
-
-async def _settle_recovery_level(cfg: RunConfig, trace: Any) -> RunConfig:
-    """The run's recovery level once the Gyms answer: turn level needs their checkpoint
-    control plane; without it the run recovers at sibling level and says so in the trace."""
-    from rolloutrun_runtime.trainer_inputs import with_recovery_level
-
-    cfg, level_note = await with_recovery_level(cfg)
-    if level_note is not None:
-        level = cfg.checkpointing.target_level.value
-        trace.emit("recovery_level_lowered", requested="turn", level=level, reason=level_note)
-    return cfg
 
 
 def _made(directory: Path) -> Path:
@@ -559,42 +520,6 @@ def _run_token(gym_token: str | None) -> str | None:
     from rolloutrun_runtime.contract.pod import ENV_GYM_TOKEN
 
     return gym_token if gym_token is not None else os.environ.get(ENV_GYM_TOKEN)
-
-
-async def _environment_checkpoint(
-    cfg: RunConfig,
-    gym_token: str | None,
-    gym_members: Callable[[bool], Mapping[int, MemberEndpoint]] | None = None,
-) -> Any:
-    """The environment's checkpoint participant, keyed by each Gym replica's instance id.
-
-    A restored episode must go back to the replica that owns it, and the ledger records the
-    id each replica reports (``gym-<i>`` from the launcher, ``<run>-gym-<k>`` in pods), so
-    the ids come from the replicas' ``/healthz``, never from their order; a replica that
-    does not answer is keyed as :func:`~rolloutrun_runtime.trainer_inputs.gym_instance_ids`
-    decides (in a pod its id is derived; elsewhere it is waited for). ``gym_token``: the
-    run's token, as :func:`run_trainer` resolved it.
-    """
-    from rolloutrun_runtime.contract.pod import ENV_INCARNATION, ENV_RUN_NAME, gym_instance_id
-    from rolloutrun_runtime.contract.run_config import TargetLevel
-    from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint
-    from rolloutrun_runtime.trainer_inputs import gym_instance_ids
-
-    endpoints = {f"gym-{i}": url for i, url in enumerate(cfg.gym.endpoints)}
-    if cfg.checkpointing.target_level is TargetLevel.TURN:
-        run = os.environ.get(ENV_RUN_NAME)  # set in pods: the operator's RolloutRun name
-        endpoints = await gym_instance_ids(
-            list(cfg.gym.endpoints),
-            pod_ids=(lambda index: gym_instance_id(run, index)) if run else None,
-            budget_s=cfg.rollout.gym_unreachable_seconds,
-            members=gym_members,
-        )
-    return build_environment_checkpoint(
-        cfg,
-        endpoints,
-        gym_token,
-        incarnation=int(os.environ.get(ENV_INCARNATION, "0") or 0),
-    )
 
 
 class _preemption_snapshots:

@@ -19,12 +19,17 @@ right before the environment checkpoint is built):
 - The Gym replicas' instance ids (turn level), which key the environment checkpoint: a
   replica that does not answer at start is down, not the end of the trainer
   (:func:`gym_instance_ids` says how its id is found).
+
+The level and the environment checkpoint are waited for in a task of their own
+(:func:`answered_gyms`) while the trainer plans its restore, builds its model and starts its
+generation workers, none of which needs them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -226,3 +231,78 @@ async def with_recovery_level(cfg: RunConfig) -> tuple[RunConfig, str | None]:
     cfg = cfg.model_copy(deep=True)
     cfg.checkpointing.target_level = level
     return cfg, note
+
+
+async def answered_gyms(
+    cfg: RunConfig,
+    trace: Any,
+    gym_token: str | None,
+    gym_members: Callable[[bool], Mapping[int, MemberEndpoint]] | None,
+) -> tuple[RunConfig, Any]:
+    """The run's settled recovery level and its environment checkpoint, once the Gyms
+    answer.
+
+    Why a task beside the rest of start-up: where the Gyms start with the trainer (a new
+    run, a node lost with all its pods) waiting for them took the trainer's start from
+    restore planning, model building and the workers' start (a Ray cluster's, seconds), which
+    none of them needs: the restore's plan reads only what the level cannot change (it lowers
+    turn to sibling, never to none: the ledger is read either way), and the model and the
+    workers depend on neither."""
+    cfg = await _settled_recovery_level(cfg, trace)  # turn needs the control plane
+    return cfg, await _environment_checkpoint(cfg, gym_token, gym_members)
+
+
+async def close_answered_gyms(answered: asyncio.Task[tuple[RunConfig, Any]]) -> None:
+    """The environment checkpoint :func:`answered_gyms` built closed, or its wait ended
+    (start-up failed before the Gyms answered)."""
+    if not answered.done():
+        answered.cancel()
+        await asyncio.wait({answered})
+    if answered.cancelled() or answered.exception() is not None:
+        return
+    _cfg, environment = answered.result()
+    await environment.close()
+
+
+async def _settled_recovery_level(cfg: RunConfig, trace: Any) -> RunConfig:
+    """The run's recovery level once the Gyms answer: turn level needs their checkpoint
+    control plane; without it the run recovers at sibling level and says so in the trace."""
+    cfg, level_note = await with_recovery_level(cfg)
+    if level_note is not None:
+        level = cfg.checkpointing.target_level.value
+        trace.emit("recovery_level_lowered", requested="turn", level=level, reason=level_note)
+    return cfg
+
+
+async def _environment_checkpoint(
+    cfg: RunConfig,
+    gym_token: str | None,
+    gym_members: Callable[[bool], Mapping[int, MemberEndpoint]] | None = None,
+) -> Any:
+    """The environment's checkpoint participant, keyed by each Gym replica's instance id.
+
+    A restored episode must go back to the replica that owns it, and the ledger records the
+    id each replica reports (``gym-<i>`` from the launcher, ``<run>-gym-<k>`` in pods), so
+    the ids come from the replicas' ``/healthz``, never from their order; a replica that
+    does not answer is keyed as :func:`gym_instance_ids`
+    decides (in a pod its id is derived; elsewhere it is waited for). ``gym_token``: the
+    run's token, as :func:`~rolloutrun_runtime.trainer.run_trainer` resolved it.
+    """
+    from rolloutrun_runtime.contract.pod import ENV_INCARNATION, ENV_RUN_NAME, gym_instance_id
+    from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint
+
+    endpoints = {f"gym-{i}": url for i, url in enumerate(cfg.gym.endpoints)}
+    if cfg.checkpointing.target_level is TargetLevel.TURN:
+        run = os.environ.get(ENV_RUN_NAME)  # set in pods: the operator's RolloutRun name
+        endpoints = await gym_instance_ids(
+            list(cfg.gym.endpoints),
+            pod_ids=(lambda index: gym_instance_id(run, index)) if run else None,
+            budget_s=cfg.rollout.gym_unreachable_seconds,
+            members=gym_members,
+        )
+    return build_environment_checkpoint(
+        cfg,
+        endpoints,
+        gym_token,
+        incarnation=int(os.environ.get(ENV_INCARNATION, "0") or 0),
+    )
