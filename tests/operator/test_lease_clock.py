@@ -20,7 +20,18 @@ from rolloutrun_operator.api.v1alpha1 import LeaseObservation
 from rolloutrun_operator.losses import LEASE_EXPIRY_MARGIN_SECONDS, observe_lease
 from rolloutrun_operator.plan import Verb
 from rolloutrun_operator.reconcile import Result, reconcile
-from tests.support.rolloutruns import T0, lease, make_run, members, observed, running_status
+from tests.support.rolloutruns import (
+    NOW,
+    T0,
+    condition,
+    gym,
+    lease,
+    make_run,
+    members,
+    observed,
+    running_status,
+    trainer,
+)
 
 DURATION = 15  # leaseDurationSeconds of tests.support.rolloutruns
 SKEWS = [-3600.0, -60.0, 60.0, 3600.0]
@@ -127,3 +138,13 @@ def test_a_lease_of_another_incarnation_clears_the_observation() -> None:
         at(60),
     )
     assert result.status.lease is None and result.status.last_failure is None
+
+
+def test_a_trainer_that_never_took_its_lease_is_deleted_with_a_short_grace():
+    """It can publish nothing (it holds no Lease to commit under): its own grace period would
+    only hold the next incarnation's start. Its Gyms keep theirs (an expired Lease: above)."""
+    pods = (trainer(1, started=NOW - dt.timedelta(seconds=900)), gym(1, 0), gym(1, 1))
+    result = reconcile(make_run(running_status()), observed(pods, lease=lease(0, NOW)), NOW)
+    assert condition(result, "Restarting")[:2] == ("True", "LeaseNotAcquired")
+    graces = {a.name: a.grace_seconds for a in result.actions if a.verb is Verb.DELETE}
+    assert graces == {"demo-i1-trainer": 1, "demo-i1-gym-0": None, "demo-i1-gym-1": None}

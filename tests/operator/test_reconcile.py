@@ -239,17 +239,6 @@ def test_any_lost_member_ends_the_incarnation_without_elastic_members(
     assert result.requeue_after == (5 if failure else 0)
 
 
-def test_a_trainer_that_never_took_its_lease_is_deleted_with_a_short_grace():
-    """It can publish nothing (it holds no Lease to commit under): its own grace period would
-    only hold the next incarnation's start. Its Gyms keep theirs. (A Lease that expired:
-    ``test_lease_clock``.)"""
-    pods = (trainer(1, started=NOW - dt.timedelta(seconds=900)), gym(1, 0), gym(1, 1))
-    result = reconcile(make_run(running_status()), observed(pods, lease=lease(0, NOW)), NOW)
-    assert cond(result, "Restarting") == ("True", "LeaseNotAcquired")
-    graces = {a.name: a.grace_seconds for a in result.actions if a.verb is Verb.DELETE}
-    assert graces == {"demo-i1-trainer": 1, "demo-i1-gym-0": None, "demo-i1-gym-1": None}
-
-
 def test_pods_on_a_lost_node_are_force_deleted():
     nodes = {"node-a": NodeView("node-a", False, NOW - dt.timedelta(seconds=100))}
     result = reconcile(make_run(running_status()), observed(members(1), nodes=nodes), NOW)
