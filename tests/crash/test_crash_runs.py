@@ -197,7 +197,7 @@ def test_killed_before_the_first_checkpoint_resumes_at_version_0_bit_identical(
         tmp_path / "slow-first-step.yaml",
         SINGLE_TURN,
         task={"turnDelayMs": 2500},
-        grpo={"maxSteps": 3},
+        grpo={"maxSteps": 2},
     )
     site = FIRST_CHECKPOINT_SITES[0]
     result = _campaign(config, tmp_path / "run", kills=1, site=site, compare=True, seed=1)
