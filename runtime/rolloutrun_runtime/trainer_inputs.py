@@ -239,8 +239,9 @@ async def answered_gyms(
     gym_token: str | None,
     gym_members: Callable[[bool], Mapping[int, MemberEndpoint]] | None,
 ) -> tuple[RunConfig, Any]:
-    """The run's settled recovery level and its environment checkpoint, once the Gyms
-    answer.
+    """The run's settled recovery level (turn level needs the Gyms' checkpoint control
+    plane; without it the run recovers at sibling level and says so in the trace) and its
+    environment checkpoint, once the Gyms answer.
 
     Why a task beside the rest of start-up: where the Gyms start with the trainer (a new
     run, a node lost with all its pods) waiting for them took the trainer's start from
@@ -248,7 +249,10 @@ async def answered_gyms(
     none of them needs: the restore's plan reads only what the level cannot change (it lowers
     turn to sibling, never to none: the ledger is read either way), and the model and the
     workers depend on neither."""
-    cfg = await _settled_recovery_level(cfg, trace)  # turn needs the control plane
+    cfg, level_note = await with_recovery_level(cfg)  # turn needs the control plane
+    if level_note is not None:
+        level = cfg.checkpointing.target_level.value
+        trace.emit("recovery_level_lowered", requested="turn", level=level, reason=level_note)
     return cfg, await _environment_checkpoint(cfg, gym_token, gym_members)
 
 
@@ -264,16 +268,6 @@ async def close_answered_gyms(answered: asyncio.Task[tuple[RunConfig, Any]]) -> 
     await environment.close()
 
 
-async def _settled_recovery_level(cfg: RunConfig, trace: Any) -> RunConfig:
-    """The run's recovery level once the Gyms answer: turn level needs their checkpoint
-    control plane; without it the run recovers at sibling level and says so in the trace."""
-    cfg, level_note = await with_recovery_level(cfg)
-    if level_note is not None:
-        level = cfg.checkpointing.target_level.value
-        trace.emit("recovery_level_lowered", requested="turn", level=level, reason=level_note)
-    return cfg
-
-
 async def _environment_checkpoint(
     cfg: RunConfig,
     gym_token: str | None,
@@ -284,9 +278,9 @@ async def _environment_checkpoint(
     A restored episode must go back to the replica that owns it, and the ledger records the
     id each replica reports (``gym-<i>`` from the launcher, ``<run>-gym-<k>`` in pods), so
     the ids come from the replicas' ``/healthz``, never from their order; a replica that
-    does not answer is keyed as :func:`gym_instance_ids`
-    decides (in a pod its id is derived; elsewhere it is waited for). ``gym_token``: the
-    run's token, as :func:`~rolloutrun_runtime.trainer.run_trainer` resolved it.
+    does not answer is keyed as :func:`gym_instance_ids` decides (in a pod its id is
+    derived; elsewhere it is waited for). ``gym_token``: the run's token, as
+    :func:`~rolloutrun_runtime.trainer.run_trainer` resolved it.
     """
     from rolloutrun_runtime.contract.pod import ENV_INCARNATION, ENV_RUN_NAME, gym_instance_id
     from rolloutrun_runtime.environments.checkpointing import build_environment_checkpoint

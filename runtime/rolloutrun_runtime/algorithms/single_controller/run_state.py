@@ -18,6 +18,7 @@ the save lock (trainer checkpoints and snapshots) in ``parts``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
@@ -89,13 +90,8 @@ class TrainingHold:
 
     async def idle(self, timeout_s: float) -> bool:
         """Whether no step is computing, waiting up to ``timeout_s`` for one to finish."""
-        if self._idle.is_set() or timeout_s <= 0:
-            return self._idle.is_set()
-        waiter = asyncio.ensure_future(self._idle.wait())
-        try:
-            await asyncio.wait({waiter}, timeout=timeout_s)
-        finally:
-            waiter.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), max(timeout_s, 0.0))
         return self._idle.is_set()
 
 
