@@ -2,7 +2,7 @@
 
 Pod JSON is written in the shape the API server returns (kubelet waiting states, the
 scheduler's ``PodScheduled`` condition); the reconcile is driven as a table, like
-test_reconcile.py.
+test_reconcile_lifecycle.py.
 """
 
 from __future__ import annotations

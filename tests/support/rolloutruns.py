@@ -137,3 +137,13 @@ def condition(result: Any, kind: str) -> tuple[str, str, str]:
     found = [c for c in result.status.conditions if c.type == kind]
     assert len(found) == 1, kind
     return found[0].status.value, found[0].reason, found[0].message
+
+
+def cond(result: Any, kind: str) -> tuple[str, str]:
+    """The condition ``kind`` of a reconcile result as the tables compare it: (status, reason)."""
+    return condition(result, kind)[:2]
+
+
+def verbs(result: Any) -> list[str]:
+    """A reconcile result's actions as sorted text, e.g. ``"create Pod/demo-i1-gym-0"``."""
+    return sorted(str(action) for action in result.actions)
