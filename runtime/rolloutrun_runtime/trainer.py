@@ -193,11 +193,10 @@ async def run_trainer(
     anchor's weights, the workers and the controller; restore what was planned; run.
 
     ``hooks.fence`` refuses a commit (a trainer checkpoint, a manifest) by raising;
-    ``on_anchor``, ``on_published`` and ``on_step`` get each committed ``step_<N>``, published
-    snapshot manifest and step record. ``gym_token`` and ``metrics_token``: the run's tokens
-    the entry point took from its environment (``take_gym_token``; None reads them there).
-    ``gym_members``: where replaced Gym replicas serve now (the pod's Lease,
-    :meth:`PodLease.gym_members`), asked afresh while one is down."""
+    ``on_anchor``, ``on_published``, ``on_step`` get each committed ``step_<N>``, published
+    manifest and step record. ``gym_token``, ``metrics_token``: the run's tokens the entry
+    point took from its environment (None reads them there). ``gym_members``: where replaced
+    Gym replicas serve now (:meth:`PodLease.gym_members`), asked afresh while one is down."""
     import torch
 
     STARTUP.mark("torch_imported")
@@ -233,8 +232,7 @@ async def run_trainer(
         stack.callback(manifests.close)
         stack.push_async_callback(observation.stop)  # after the trace closed: its last lines
         stack.callback(trace.close)  # reach the storage
-        # the Gyms are waited for while the restore is planned, the model built and the
-        # workers started: none of those depends on their answers (answered_gyms)
+        # the Gyms answer meanwhile: the plan, model and workers need none of it (answered_gyms)
         gyms = asyncio.create_task(answered_gyms(cfg, trace, gym_token, gym_members))
         stack.push_async_callback(close_answered_gyms, gyms)
         choice = await asyncio.to_thread(_planned_restore, cfg, manifests, checkpointer, trace)
