@@ -188,11 +188,13 @@ def name_problems(run: RolloutRun) -> list[str]:
 
 
 def load_rolloutruns(path: Path) -> list[RolloutRun]:
-    """Every RolloutRun document in a YAML file, validated."""
+    """Every RolloutRun document in a YAML file, validated; a file with none is invalid."""
     try:
         documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
     except yaml.YAMLError as error:
         raise RolloutRunInvalid(str(path), [f"(root): not valid YAML: {error}"]) from error
+    if not documents:  # as `kubectl apply` refuses it: "no objects passed to apply"
+        raise RolloutRunInvalid(str(path), ["(root): no document in the file"])
     return [
         parse_rolloutrun(doc, f"{path}[{index}]" if len(documents) > 1 else str(path))
         for index, doc in enumerate(documents)

@@ -108,3 +108,18 @@ def test_validate_command_reports_and_exits_nonzero(tmp_path):
     assert result.returncode == 1
     assert "tiny-grpo' is valid" in result.stdout
     assert "spec.gym.replicas" in result.stdout
+
+
+@pytest.mark.parametrize("text", ["", "---\n---\n", "# only a comment\n"])
+def test_a_file_without_a_document_is_invalid_not_silently_valid(tmp_path, text):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(text)
+    with pytest.raises(RolloutRunInvalid, match=r"\(root\): no document in the file"):
+        load_rolloutruns(empty)
+    result = subprocess.run(
+        [sys.executable, "-m", "rolloutrun_runtime.cli", "validate", str(empty)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert f"{empty}: invalid RolloutRun" in result.stdout
