@@ -156,6 +156,14 @@ def preempt_roles(text: str) -> frozenset[str]:
     return roles
 
 
+def roles_without_pods(document: dict[str, Any], roles: frozenset[str]) -> list[str]:
+    """The ``--preempt-roles`` this run has no pods of: worker pods exist only with
+    ``spec.workers.replicas`` above 0 (a trainer and at least one Gym always do), so asking
+    to preempt them would silently delete nothing."""
+    replicas = ((document.get("spec") or {}).get("workers") or {}).get("replicas") or 0
+    return sorted(role for role in roles if role == Role.WORKER.value and not replicas)
+
+
 def default_work_dir(name: str) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return Path(".rolloutrun") / f"{name}-{stamp}"
@@ -188,6 +196,14 @@ def main(args: argparse.Namespace) -> int:
     if problem:  # before a cluster starts: the pods would only fail on it
         print(f"rolloutrun run: {problem}", file=sys.stderr)
         return 2
+    absent = roles_without_pods(document, args.preempt_roles or frozenset())
+    if absent and args.preempt_every:
+        name = (document.get("metadata") or {}).get("name")
+        said = f"{name} has no {', '.join(absent)} pods (spec.workers.replicas is 0)"
+        if set(absent) == set(args.preempt_roles):  # nothing could ever be deleted
+            print(f"rolloutrun run: --preempt-roles: {said}: nothing to preempt", file=sys.stderr)
+            return 2
+        print(f"rolloutrun run: --preempt-roles: {said}; none will be deleted", file=sys.stderr)
     if args.max_steps is not None:
         run_spec = document.setdefault("spec", {}).setdefault("run", {})
         run_spec.setdefault("grpo", {})["maxSteps"] = args.max_steps

@@ -88,10 +88,15 @@ def prune(value: Any, schema: dict[str, Any], path: str = "") -> tuple[Any, list
 
 
 def apply_defaults(value: Any, schema: dict[str, Any]) -> Any:
-    """Fill ``default`` values of absent properties, recursively (structural defaulting)."""
+    """Fill ``default`` values of absent properties, recursively (structural defaulting).
+
+    A ``null`` where the schema is not ``nullable`` counts as absent, as on the real server:
+    it takes the default, or is pruned without one (what a template leaves as ``key:``)."""
     if isinstance(value, dict):
         properties = schema.get("properties") or {}
         for key, sub in properties.items():
+            if key in value and value[key] is None and not sub.get("nullable"):
+                del value[key]
             if key not in value and "default" in sub:
                 value[key] = copy.deepcopy(sub["default"])
             if key in value and value[key] is not None:
@@ -99,7 +104,11 @@ def apply_defaults(value: Any, schema: dict[str, Any]) -> Any:
         additional = schema.get("additionalProperties")
         if isinstance(additional, dict):
             for key in list(value):
-                if key not in properties:
+                if key in properties:
+                    continue
+                if value[key] is None and not additional.get("nullable"):
+                    del value[key]
+                else:
                     value[key] = apply_defaults(value[key], additional)
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         return [apply_defaults(item, schema["items"]) for item in value]

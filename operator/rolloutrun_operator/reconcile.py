@@ -158,7 +158,8 @@ def _decide(p: Pass) -> None:
     resuming = is_true(conditions, C.SUSPENDED)
     p.say(suspended=Desired(False, "Resumed" if resuming else "NotSuspended"))
     if resuming or p.status.incarnation == 0:
-        _start_next(p, after="Admitted" if gate is not None else "Resumed")
+        after = "Admitted" if gate is not None else "Resumed" if resuming else "Created"
+        _start_next(p, after=after)  # why it starts: the IncarnationStarting Event says it
         return
     if is_true(conditions, C.RESTARTING):
         _wait_for_backoff(p)

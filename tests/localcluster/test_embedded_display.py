@@ -5,13 +5,22 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rolloutrun_localcluster.embedded import last_step
-from rolloutrun_localcluster.run_command import Display, _summary_line, preempt_roles
+from rolloutrun_localcluster.run_command import (
+    Display,
+    _summary_line,
+    preempt_roles,
+    roles_without_pods,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Run:
@@ -102,3 +111,23 @@ def test_preempt_roles_are_member_roles() -> None:
     for bad in ("", "gym,nope"):
         with pytest.raises(argparse.ArgumentTypeError, match="choose from trainer,gym,worker"):
             preempt_roles(bad)
+
+
+def test_preempting_a_role_the_run_has_no_pods_of_is_said_not_silently_skipped(
+    tmp_path: Path,
+) -> None:
+    no_workers: dict[str, Any] = {"spec": {"gym": {"replicas": 2}}}
+    workers: dict[str, Any] = {"spec": {"workers": {"replicas": 2}}}
+    every = frozenset({"trainer", "gym", "worker"})
+    assert roles_without_pods(no_workers, every) == ["worker"]
+    assert roles_without_pods(workers, every) == []
+    assert roles_without_pods(no_workers, frozenset({"gym"})) == []
+    command = [sys.executable, "-m", "rolloutrun_runtime.cli", "run"]
+    example = str(ROOT / "examples" / "tiny-grpo.yaml")
+    only = [example, "--preempt-every", "5", "--preempt-roles", "worker"]
+    result = subprocess.run(
+        [*command, *only, "--work-dir", str(tmp_path / "run")], capture_output=True, text=True
+    )
+    assert result.returncode == 2  # refused before any cluster starts
+    assert "tiny-grpo has no worker pods (spec.workers.replicas is 0)" in result.stderr
+    assert not (tmp_path / "run").exists()

@@ -399,3 +399,12 @@ def test_updates_finish_a_deletion_only_without_finalizers_and_grace() -> None:
     assert not should_delete_during_update(meta(**deleting, finalizers=["f"]))
     assert not should_delete_during_update(meta(**deleting, deletionGracePeriodSeconds=30))
     assert not should_delete_during_update(meta())
+
+
+def test_a_null_where_the_schema_is_not_nullable_is_absent_defaulted_or_pruned() -> None:
+    spec = {"n": 1, "mode": None, "name": None, "maybe": None, "labels": {"a": None}}
+    defaulted = schema.apply_defaults({"spec": spec}, SCHEMA)
+    assert defaulted["spec"] == {"n": 1, "mode": "fast", "maybe": None, "labels": {}}
+    assert schema.validate(defaulted, SCHEMA) == []
+    required = schema.apply_defaults({"spec": {"n": None}}, SCHEMA)
+    assert [m for _, _, m in schema.validate(required, SCHEMA)] == ["spec.n: Required value"]

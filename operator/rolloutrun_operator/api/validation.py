@@ -64,12 +64,36 @@ def strict_json_schema(node: Any) -> Any:
 
 
 @functools.cache
+def _crd_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = crdgen.build_crd()["spec"]["versions"][0]["schema"]
+    return schema["openAPIV3Schema"]
+
+
+@functools.cache
 def _validator() -> Any:
     import jsonschema
 
-    crd = crdgen.build_crd()
-    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    return jsonschema.Draft7Validator(strict_json_schema(copy.deepcopy(schema)))
+    return jsonschema.Draft7Validator(strict_json_schema(copy.deepcopy(_crd_schema())))
+
+
+def without_non_nullable_nulls(value: Any, schema: dict[str, Any]) -> Any:
+    """``value`` less its ``null`` fields the schema does not mark ``nullable``: the API
+    server prunes them before defaulting (so ``key:`` left empty by a template means the
+    default), and so must an offline check that claims to refuse what it refuses."""
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [without_non_nullable_nulls(item, schema["items"]) for item in value]
+    if not isinstance(value, dict):
+        return value
+    properties = schema.get("properties") or {}
+    additional = schema.get("additionalProperties")
+    kept = {}
+    for key, item in value.items():
+        sub = properties.get(key, additional if isinstance(additional, dict) else None)
+        if sub is None:
+            kept[key] = item  # unknown: the schema check names it
+        elif item is not None or sub.get("nullable"):
+            kept[key] = without_non_nullable_nulls(item, sub)
+    return kept
 
 
 def schema_problems(document: dict[str, Any]) -> list[str]:
@@ -91,6 +115,7 @@ def parse_rolloutrun(document: Any, source: str = "RolloutRun") -> RolloutRun:
         header.append(f"apiVersion: expected {expected!r}, got {document.get('apiVersion')!r}")
     if document.get("kind") != KIND:
         header.append(f"kind: expected {KIND!r}, got {document.get('kind')!r}")
+    document = without_non_nullable_nulls(document, _crd_schema())
     problems = header + operator_owned_problems(document) + schema_problems(document)
     if problems:
         raise RolloutRunInvalid(source, problems)
@@ -188,11 +213,13 @@ def name_problems(run: RolloutRun) -> list[str]:
 
 
 def load_rolloutruns(path: Path) -> list[RolloutRun]:
-    """Every RolloutRun document in a YAML file, validated."""
+    """Every RolloutRun document in a YAML file, validated; a file with none is invalid."""
     try:
         documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
     except yaml.YAMLError as error:
         raise RolloutRunInvalid(str(path), [f"(root): not valid YAML: {error}"]) from error
+    if not documents:  # as `kubectl apply` refuses it: "no objects passed to apply"
+        raise RolloutRunInvalid(str(path), ["(root): no document in the file"])
     return [
         parse_rolloutrun(doc, f"{path}[{index}]" if len(documents) > 1 else str(path))
         for index, doc in enumerate(documents)

@@ -108,3 +108,27 @@ def test_validate_command_reports_and_exits_nonzero(tmp_path):
     assert result.returncode == 1
     assert "tiny-grpo' is valid" in result.stdout
     assert "spec.gym.replicas" in result.stdout
+
+
+@pytest.mark.parametrize("text", ["", "---\n---\n", "# only a comment\n"])
+def test_a_file_without_a_document_is_invalid_not_silently_valid(tmp_path, text):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(text)
+    with pytest.raises(RolloutRunInvalid, match=r"\(root\): no document in the file"):
+        load_rolloutruns(empty)
+    result = subprocess.run(
+        [sys.executable, "-m", "rolloutrun_runtime.cli", "validate", str(empty)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert f"{empty}: invalid RolloutRun" in result.stdout
+
+
+def test_a_null_the_schema_does_not_allow_is_absent_as_the_api_server_prunes_it():
+    nulls = _set(_set(_example(), "spec.recovery.maxRestarts", None), "spec.trainer", None)
+    absent = _example()
+    del absent["spec"]["recovery"]["maxRestarts"]
+    assert parse_rolloutrun(nulls).spec == parse_rolloutrun(absent).spec
+    with pytest.raises(RolloutRunInvalid, match=r"\(root\): 'spec' is a required property"):
+        parse_rolloutrun({**_example(), "spec": None})
