@@ -327,84 +327,110 @@ def _startup_side_by_side(kills: int, seed: int, baseline: str, rounds: int) -> 
     return out
 
 
+#: The command line in ``--help``'s order: each option's flag and ``add_argument`` keywords.
+_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
+        "--quick",
+        dict(
+            action="store_true",
+            help=f"small enough for every change to the checkpointing path: pause at 100 and "
+            f"1,000 groups, thrown-away work on a {QUICK_STEPS}-step run (savePeriod "
+            f"{QUICK_SAVE_PERIOD}) with {QUICK_KILLS} kills at seed 1; no throughput unless "
+            f"--parts names it",
+        ),
+    ),
+    ("--kills", dict(type=int, default=None, help="kills per seed (default 6)")),
+    (
+        "--seeds",
+        dict(
+            type=int,
+            nargs="+",
+            default=None,
+            help=f"kill seeds (default {' '.join(map(str, SEEDS))}; --quick: 1)",
+        ),
+    ),
+    ("--seed", dict(type=int, default=None, help="one kill seed (as --seeds S)")),
+    ("--out", dict(default=None, help="also write the JSON here")),
+    ("--keep", dict(default=None, metavar="DIR", help="keep the runs' log dirs under DIR")),
+    (
+        "--parts",
+        dict(
+            default=None,
+            help="comma-separated parts to run (default pause,throughput,thrown_away; "
+            "--quick: pause,thrown_away)",
+        ),
+    ),
+    (
+        "--pause-baseline",
+        dict(
+            default=None,
+            help="a checkout (e.g. `git archive main`) whose runtime's pause runs side by side",
+        ),
+    ),
+    ("--pause-one", dict(type=int, default=None, help=argparse.SUPPRESS)),
+    (
+        "--pause-churn",
+        dict(
+            type=int,
+            default=0,
+            help="pause part: groups trained and as many finalized before each snapshot",
+        ),
+    ),
+    (
+        "--pause-repeats-10k",
+        dict(
+            type=int,
+            default=None,
+            help="pause part: snapshots at 10,000 groups (default 5; p99 of 5 is their max)",
+        ),
+    ),
+    ("--startup-one", dict(action="store_true", help=argparse.SUPPRESS)),
+    (
+        "--startup-baseline",
+        dict(
+            default=None,
+            help="a checkout whose trainer start-up (launch -> first redispatch) runs side by side",
+        ),
+    ),
+    ("--repeats", dict(type=int, default=5, help=argparse.SUPPRESS)),
+    (
+        "--target-level",
+        dict(
+            default="turn",
+            choices=["turn", "sibling", "prompt_group"],
+            help="checkpointing.targetLevel of the throughput and kill runs",
+        ),
+    ),
+    (
+        "--write-baseline",
+        dict(
+            default=None,
+            help="a checkout whose snapshot write + publish and pause run side by side "
+            "(--parts write)",
+        ),
+    ),
+    ("--write-one", dict(type=int, default=None, help=argparse.SUPPRESS)),
+    ("--no-pre-cut-yield", dict(action="store_true", help=argparse.SUPPRESS)),
+    (
+        "--throughput-baseline",
+        dict(default=None, help="a checkout whose throughput runs alternate with this tree's"),
+    ),
+    (
+        "--throughput-repetitions",
+        dict(
+            type=int,
+            default=None,
+            help="runs per tree of the throughput part, in complementary pairs (default 2, "
+            "--quick: of 2 cycles, not 8)",
+        ),
+    ),
+)
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"small enough for every change to the checkpointing path: pause at 100 and 1,000 "
-        f"groups, thrown-away work on a {QUICK_STEPS}-step run (savePeriod {QUICK_SAVE_PERIOD}) "
-        f"with {QUICK_KILLS} kills at seed 1; no throughput unless --parts names it",
-    )
-    parser.add_argument("--kills", type=int, default=None, help="kills per seed (default 6)")
-    parser.add_argument(
-        "--seeds",
-        type=int,
-        nargs="+",
-        default=None,
-        help=f"kill seeds (default {' '.join(map(str, SEEDS))}; --quick: 1)",
-    )
-    parser.add_argument("--seed", type=int, default=None, help="one kill seed (as --seeds S)")
-    parser.add_argument("--out", default=None, help="also write the JSON here")
-    parser.add_argument(
-        "--keep", default=None, metavar="DIR", help="keep the runs' log dirs under DIR"
-    )
-    parser.add_argument(
-        "--parts",
-        default=None,
-        help="comma-separated parts to run (default pause,throughput,thrown_away; "
-        "--quick: pause,thrown_away)",
-    )
-    parser.add_argument(
-        "--pause-baseline",
-        default=None,
-        help="a checkout (e.g. `git archive main`) whose runtime's pause runs side by side",
-    )
-    parser.add_argument("--pause-one", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--pause-churn",
-        type=int,
-        default=0,
-        help="pause part: groups trained and as many finalized before each snapshot",
-    )
-    parser.add_argument(
-        "--pause-repeats-10k",
-        type=int,
-        default=None,
-        help="pause part: snapshots at 10,000 groups (default 5; p99 of 5 is their max)",
-    )
-    parser.add_argument("--startup-one", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--startup-baseline",
-        default=None,
-        help="a checkout whose trainer start-up (launch -> first redispatch) runs side by side",
-    )
-    parser.add_argument("--repeats", type=int, default=5, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--target-level",
-        default="turn",
-        choices=["turn", "sibling", "prompt_group"],
-        help="checkpointing.targetLevel of the throughput and kill runs",
-    )
-    parser.add_argument(
-        "--write-baseline",
-        default=None,
-        help="a checkout whose snapshot write + publish and pause run side by side (--parts write)",
-    )
-    parser.add_argument("--write-one", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--no-pre-cut-yield", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--throughput-baseline",
-        default=None,
-        help="a checkout whose throughput runs alternate with this tree's",
-    )
-    parser.add_argument(
-        "--throughput-repetitions",
-        type=int,
-        default=None,
-        help="runs per tree of the throughput part, in complementary pairs (default 2, "
-        "--quick: of 2 cycles, not 8)",
-    )
+    for flag, options in _OPTIONS:
+        parser.add_argument(flag, **options)
     args = parser.parse_args(argv)
     if args.seed is not None and args.seeds is not None:
         parser.error("--seed and --seeds are exclusive")
