@@ -77,6 +77,10 @@ from typing import Any
 
 import yaml
 
+# Run as a file (``python bench/rollout_checkpoint.py``) only bench/ itself is on the path,
+# not the repository root its ``bench.*`` imports need (as a module, it already is).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 # The pause and write parts, and the run config every part shares; GROUP_SIZE, _churn,
 # _filled_controller, _row and TINY stay importable from here (tests and other benches do).
 from bench.snapshot_pause import GROUP_SIZE as GROUP_SIZE
