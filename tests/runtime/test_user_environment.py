@@ -134,6 +134,12 @@ def test_the_trainer_runs_against_the_example_through_the_contract(
     assert result.trained_prompt_ids and max(result.trained_prompt_ids) < 64
     rewards = [step["reward_mean"] for step in result.history if "reward_mean" in step]
     assert len(rewards) == 2 and all(0.0 <= reward <= 1.0 for reward in rewards)
+    # The next incarnation, still asking for turn level, resumes what this one recorded at
+    # the level it settled on (it plans its restore before its Gyms answer).
+    more = cfg.model_copy(update={"grpo": cfg.grpo.model_copy(update={"max_steps": 3})})
+    resumed = asyncio.run(asyncio.wait_for(run_trainer(more), 240))
+    assert resumed.resumed_from is not None and resumed.steps == 3
+    assert resumed.recovery_level == "sibling"
 
 
 def test_rolloutrun_train_runs_the_users_server_from_spec_gym_command(tmp_path: Path) -> None:

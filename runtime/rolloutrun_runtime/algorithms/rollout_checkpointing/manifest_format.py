@@ -110,10 +110,15 @@ def differing_keys(
     the saved view lacks is no difference when its current value is its default: see
     :func:`resume_config_differences` for why that, and only that, is forgiven.
     """
-    keys = sorted(set(saved) | set(current))
+    return [_described(key, saved, current) for key in _differing(saved, current, defaults)]
+
+
+def _differing(
+    saved: Mapping[str, Any], current: Mapping[str, Any], defaults: Mapping[str, Any] | None
+) -> list[str]:
     return [
-        f"{key} (was {saved.get(key, '<unset>')!r}, now {current.get(key, '<unset>')!r})"
-        for key in keys
+        key
+        for key in sorted(set(saved) | set(current))
         if saved.get(key, ...) != current.get(key, ...)
         and not (
             defaults is not None
@@ -122,6 +127,10 @@ def differing_keys(
             and current.get(key, ...) == defaults[key]
         )
     ]
+
+
+def _described(key: str, saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+    return f"{key} (was {saved.get(key, '<unset>')!r}, now {current.get(key, '<unset>')!r})"
 
 
 @functools.cache
@@ -144,7 +153,8 @@ def resume_config_differences(
 
     The fingerprint (a hash of the whole view) is the fast path: equal fingerprints, equal
     views. When they differ, the recorded *view* decides, by one rule: every key both views
-    hold must be equal, and a key only the current view holds must be at its default.
+    hold must be equal (turn and sibling level count as one: :func:`one_durable_level`), and
+    a key only the current view holds must be at its default.
 
     Why this rule. A release that adds a config field with a default adds a key to the view,
     so a run started on the old release has a different fingerprint after an operator
@@ -162,7 +172,35 @@ def resume_config_differences(
             f"the recorded config view does not match its fingerprint "
             f"{str(saved_fingerprint)[:12]}… (altered, or written by another fingerprint rule)"
         ]
-    return differing_keys(saved_view, rollout_config_view(config), default_config_view())
+    current = rollout_config_view(config)
+    keys = _differing(
+        one_durable_level(saved_view),
+        one_durable_level(current),
+        one_durable_level(default_config_view()),
+    )
+    return [_described(key, saved_view, current) for key in keys]  # the values as recorded
+
+
+#: Where the recovery level sits in a config view, and the levels whose durable state has
+#: one shape (:func:`one_durable_level`).
+LEVEL_KEY = "checkpointing.targetLevel"
+LEVELS_OF_ONE_SHAPE = frozenset({"turn", "sibling"})
+
+
+def one_durable_level(view: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``view`` with turn level read as sibling level, for the resume comparison only.
+
+    Why: the two write the same state (the ledger at sibling granularity; turn adds the
+    environment's episode records, in their own file) and a restore takes either at either
+    level (a sibling-level one leaves the records unused; a turn-level one without them
+    restarts those episodes from turn 0, as for a record a Gym refuses). And the level a run
+    records is the one it *settled* on: a run asking for turn level whose Gyms have no
+    checkpoint control plane runs, and records, sibling level, while its next incarnation
+    plans its restore before its Gyms answer, still asking for turn level. Prompt-group and
+    none stay apart: their ledgers differ."""
+    if view.get(LEVEL_KEY) in LEVELS_OF_ONE_SHAPE:
+        return {**view, LEVEL_KEY: "sibling"}
+    return view
 
 
 # --------------------------------------------------------------------------- the manifest

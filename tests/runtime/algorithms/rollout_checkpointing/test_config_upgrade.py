@@ -142,3 +142,27 @@ def test_a_view_that_does_not_hash_to_its_fingerprint_is_not_trusted():
         "the recorded config view does not match its fingerprint ffffffffffff… (altered, or "
         "written by another fingerprint rule)"
     ]
+
+
+def at_level(level: str) -> RunConfig:
+    task = {"name": "reach_target"}  # a multi-turn task: turn level needs one
+    return parse_run_config(
+        {"name": "alpha", "task": task, "checkpointing": {"targetLevel": level}}
+    )
+
+
+@pytest.mark.parametrize(("saved", "now"), [("sibling", "turn"), ("turn", "sibling")])
+def test_turn_and_sibling_level_are_one_durable_level(saved, now):
+    """A run asking for turn level records the level it settled on (sibling without a Gym
+    control plane); its next incarnation plans before its Gyms answer, still at turn."""
+    view = rollout_config_view(at_level(saved))
+    assert resume_config_differences(view, at_level(now), fingerprint_of(view)) == []
+
+
+@pytest.mark.parametrize(
+    ("saved", "now"), [("prompt_group", "sibling"), ("turn", "prompt_group"), ("none", "turn")]
+)
+def test_a_level_with_another_ledger_is_still_refused(saved, now):
+    view = rollout_config_view(at_level(saved))
+    differing = resume_config_differences(view, at_level(now), fingerprint_of(view))
+    assert differing == [f"checkpointing.targetLevel (was {saved!r}, now {now!r})"]
