@@ -228,6 +228,7 @@ async def run_trainer(
     )
     gym_token = _run_token(gym_token)
     async with contextlib.AsyncExitStack() as stack:  # unwound in reverse
+        notice = stack.enter_context(_preemption_notice(preemption))  # also stops the start
         manifests = _snapshot_manifests(cfg, checkpointer.storage)
         stack.callback(manifests.close)
         stack.push_async_callback(observation.stop)  # after the trace closed: its last lines
@@ -237,8 +238,7 @@ async def run_trainer(
         stack.push_async_callback(close_answered_gyms, gyms)
         choice = await asyncio.to_thread(_planned_restore, cfg, manifests, checkpointer, trace)
         model, optimizer = await asyncio.to_thread(_model_and_optimizer, cfg, choice)
-        workers = await _started_workers(cfg, model, choice, gym_token)
-        stack.push_async_callback(workers.stop)
+        workers = await _started_workers(cfg, model, choice, gym_token, stack)
         cfg, environment = await gyms
         STARTUP.mark("gyms_answered")
         await observation.start()
@@ -258,7 +258,7 @@ async def run_trainer(
             prompt_payload=prompts.payload if prompts is not None else None,
             gym_members=gym_members,
         )
-        resumed_from = await _resume_and_run(controller, choice, cfg, trace, storage, preemption)
+        resumed_from = await _resume_and_run(controller, choice, cfg, trace, storage, notice)
     return _finished(controller, log_dir, resumed_from)
 
 
@@ -301,14 +301,20 @@ def _served_version(choice: ResumeChoice) -> int:
 
 
 async def _started_workers(
-    cfg: RunConfig, model: Any, choice: ResumeChoice, token: str | None
+    cfg: RunConfig,
+    model: Any,
+    choice: ResumeChoice,
+    token: str | None,
+    stack: contextlib.AsyncExitStack,
 ) -> Any:
-    """The generation workers, started on the model's weights under the version they are."""
+    """The generation workers, started on the model's weights under the version they are;
+    stopped by ``stack``, also when their start is cancelled (a stop during the start)."""
     from rolloutrun_runtime.workers import build_workers
 
     host, port = generation_address()
     version = _served_version(choice)
     workers = build_workers(cfg, model.state_dict(), version, host=host, port=port, token=token)
+    stack.push_async_callback(workers.stop)
     await workers.start()
     STARTUP.mark("workers_started")
     return workers
@@ -333,7 +339,7 @@ async def _resume_and_run(
     cfg: RunConfig,
     trace: Any,
     storage: Any,
-    preemption: asyncio.Event | None,
+    notice: _preemption_notice,
 ) -> str | None:
     """Restore (a snapshot, a trainer checkpoint or nothing), train to ``maxSteps`` under the
     preemption snapshot, export an HF model's final weights; returns where it resumed from."""
@@ -345,9 +351,12 @@ async def _resume_and_run(
         # After the restore (its CPU not taken from the start-up), before any snapshot: a
         # preemption's snapshot in its grace period never waits for the child to start.
         controller.manifests.start_writer()
-    with _preemption_snapshots(controller, preemption):
+    notice.training(controller)  # a notice from here snapshots first
+    try:
         if controller.trainer_version < cfg.grpo.max_steps:
             await controller.run()
+    finally:
+        notice.close()  # trained (or failed): the export below is not stopped by a notice
     if cfg.policy.model is not None and controller.trainer_version >= cfg.grpo.max_steps:
         await asyncio.to_thread(_export_final_model, cfg, controller.model, storage)
     return resumed_from
@@ -520,31 +529,46 @@ def _run_token(gym_token: str | None) -> str | None:
     return gym_token if gym_token is not None else os.environ.get(ENV_GYM_TOKEN)
 
 
-class _preemption_snapshots:
-    """While the run goes on, a preemption notice forces a snapshot, then stops the run.
+class _preemption_notice:
+    """A preemption notice (SIGTERM) stops the run; the caller exits 143.
 
-    The snapshot must publish within ``preemptionGraceSeconds``; the run task is cancelled
-    either way, and the caller exits 143.
+    Once the run trains, after a forced snapshot that must publish within
+    ``preemptionGraceSeconds`` (:meth:`training`). Before (start-up, restore), at once:
+    nothing was generated since the state it restores, and a start can wait on what the stop
+    takes away (worker pods stopped with the trainer never join its Ray cluster; a Gym being
+    deleted never answers), which held the pod for its whole grace period. The run task is
+    cancelled either way.
     """
 
-    def __init__(self, controller: Any, notice: asyncio.Event | None) -> None:
-        self.controller = controller
+    def __init__(self, notice: asyncio.Event | None) -> None:
         self.notice = notice
+        self.controller: Any = None
         self.watcher: asyncio.Task[None] | None = None
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> _preemption_notice:
         if self.notice is not None:
             self.watcher = asyncio.ensure_future(self._watch(asyncio.current_task()))
+        return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
         if self.watcher is not None:
             self.watcher.cancel()
+
+    def training(self, controller: Any) -> None:
+        """From now on a notice forces ``controller``'s snapshot before the run stops."""
+        self.controller = controller
 
     async def _watch(self, run: asyncio.Task[Any] | None) -> None:
         assert self.notice is not None
         await self.notice.wait()
-        grace = self.controller.cfg.checkpointing.preemption_grace_seconds
-        outcome = await self.controller.preemption_snapshot(grace)
-        logger.warning("preemption notice: snapshot %s; stopping", outcome)
+        if self.controller is None:
+            logger.warning("preemption notice during start-up: stopping (nothing to snapshot)")
+        else:
+            grace = self.controller.cfg.checkpointing.preemption_grace_seconds
+            outcome = await self.controller.preemption_snapshot(grace)
+            logger.warning("preemption notice: snapshot %s; stopping", outcome)
         if run is not None:
             run.cancel()

@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -359,6 +360,18 @@ class RayConnection:
         self.node: RayNode | None = None
         self.owns_driver = False
         self.kind = "local"
+        #: Set by :meth:`abandon` (another thread): :meth:`open` gives up at its next try.
+        self._abandoned = threading.Event()
+
+    def abandon(self) -> None:
+        """Make an :meth:`open` running in another thread give up before its next try (of
+        a node start or a driver connection): a stop during the start (the pod's SIGTERM
+        ended our node too) must not wait while it starts the node again."""
+        self._abandoned.set()
+
+    def _check_abandoned(self) -> None:
+        if self._abandoned.is_set():
+            raise RayClusterError(f"the Ray {self.kind} node's start was abandoned (a stop)")
 
     def open(self) -> None:
         import ray
@@ -415,6 +428,7 @@ class RayConnection:
         """Our node started (:func:`wait_until_started`), then the driver on it; a node that
         ends first is started again, :data:`NODE_START_ATTEMPTS` starts in all."""
         for attempt in range(1, NODE_START_ATTEMPTS + 1):
+            self._check_abandoned()
             try:
                 self._start_node(argv, gcs_host, gcs_port)
                 self._init_driver(f"{gcs_host}:{gcs_port}")
@@ -438,6 +452,7 @@ class RayConnection:
         node_ip = registered_node_ip(self.host)  # one answer for every try
         deadline = time.monotonic() + NODE_START_TIMEOUT_S
         while True:
+            self._check_abandoned()
             if self.node is None or not self.node.alive():
                 why = "never started" if self.node is None else self.node.ended_why()
                 raise RayNodeEndedError(f"the Ray node at {self.host} ended ({why})")

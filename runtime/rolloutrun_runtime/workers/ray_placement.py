@@ -8,6 +8,7 @@ replacements, standbys); these few decisions are tested on their own.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -62,14 +63,17 @@ def generation_gpus(nodes: Iterable[Mapping[str, Any]], expected: int) -> float 
     return total * expected / len(offering) if len(offering) > expected else total
 
 
-def joined_generation_gpus(expected: int, timeout_s: float) -> float:
-    """:func:`generation_gpus` once ``expected`` worker nodes have joined (blocking)."""
+async def joined_generation_gpus(expected: int, timeout_s: float) -> float:
+    """:func:`generation_gpus` once ``expected`` worker nodes have joined. A coroutine that
+    sleeps between reads, not a thread: a stop during the wait (the worker pods are stopped
+    with the trainer and never join) cancels it at once, where a waiting thread held the
+    trainer's exit until its timeout."""
     deadline = time.monotonic() + timeout_s
-    while (gpus := generation_gpus(ray.nodes(), expected)) is None:
+    while (gpus := generation_gpus(await asyncio.to_thread(ray.nodes), expected)) is None:
         if time.monotonic() > deadline:
             raise WorkerError(
                 f"fewer than {expected} Ray worker node(s) offering {RAY_GENERATION_RESOURCE} "
                 f"joined within {timeout_s:.0f} s (workers.workerNodes)"
             )
-        time.sleep(NODE_POLL_S)
+        await asyncio.sleep(NODE_POLL_S)
     return gpus

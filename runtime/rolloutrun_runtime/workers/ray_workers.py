@@ -222,7 +222,7 @@ class RayWorkers:
         # Ray actors do not inherit the driver's environment: hand them the run's token.
         token = data_plane_token(self.token, "the generation workers")
         self._ray = RayConnection(self.cfg, self.host, self.cfg.log_dir, token)
-        await asyncio.to_thread(self._ray.open)
+        await self._opened(self._ray)
         resources = actor_resources(self.cfg)
         # On other nodes (worker pods, a joined cluster) the servers listen on their node's
         # address; beside the trainer, where the trainer pod is reachable ($POD_IP).
@@ -281,11 +281,26 @@ class RayWorkers:
             self.placements,
         )
 
+    @staticmethod
+    async def _opened(connection: RayConnection) -> None:
+        """``connection`` opened in a thread; a stop meanwhile (the task cancelled) makes the
+        thread give up at its next try and waits for it, so :meth:`stop` then closes what it
+        left and the process does not wait on the thread as it exits."""
+        opening = asyncio.ensure_future(asyncio.to_thread(connection.open))
+        try:
+            await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            connection.abandon()
+            await asyncio.wait({opening})
+            if not opening.cancelled():
+                opening.exception()  # retrieved: the stop, not this, is what ends the start
+            raise
+
     async def _cluster_gpus(self) -> float:
         """The GPUs the actors share: with worker nodes, theirs once they joined."""
         expected = self.cfg.workers.worker_nodes
         if expected:
-            return await asyncio.to_thread(joined_generation_gpus, expected, NODE_JOIN_TIMEOUT_S)
+            return await joined_generation_gpus(expected, NODE_JOIN_TIMEOUT_S)
         return float(ray.cluster_resources().get("GPU", 0))
 
     def _live_endpoints(self) -> None:

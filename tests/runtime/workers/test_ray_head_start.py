@@ -81,6 +81,29 @@ finally:
     connection.close()
 """
 
+#: The same connection, abandoned (a stop during the trainer's start) from another thread
+#: once its first start has begun (the wrapper counted it).
+ABANDONED = r"""
+import json, os, sys, threading, time
+from rolloutrun_runtime.contract.run_config import RunConfig
+from rolloutrun_runtime.workers.ray_cluster import RayClusterError, RayConnection
+port, prefix = int(sys.argv[1]), tuple(sys.argv[2:])
+cfg = RunConfig.model_validate({"workers": {"workerNodes": 1}})
+connection = RayConnection(cfg, "127.0.0.1", head_port=port, node_prefix=prefix)
+def abandon():
+    while not os.path.exists(prefix[2]):
+        time.sleep(0.01)
+    connection.abandon()
+threading.Thread(target=abandon, daemon=True).start()
+try:
+    connection.open()
+    print(json.dumps({"kind": connection.kind}))
+except RayClusterError as error:
+    print(json.dumps({"error": type(error).__name__, "message": str(error)}))
+finally:
+    connection.close()
+"""
+
 
 def _free_port() -> int:
     with socket.socket() as probe:
@@ -88,14 +111,16 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _trainer(tmp_path: Path, fail: int, mode: str) -> tuple[dict[str, Any], int]:
+def _trainer(
+    tmp_path: Path, fail: int, mode: str, script: str = TRAINER
+) -> tuple[dict[str, Any], int]:
     """Run the trainer's connection against a head wrapped as above: (its result, starts)."""
     wrapper, count = tmp_path / "wrapper.py", tmp_path / "starts"
     wrapper.write_text(WRAPPER)
     prefix = [sys.executable, str(wrapper), str(count), str(fail), mode]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     done = subprocess.run(
-        [sys.executable, "-c", TRAINER, str(_free_port()), *prefix],
+        [sys.executable, "-c", script, str(_free_port()), *prefix],
         env=env,
         capture_output=True,
         text=True,
@@ -115,6 +140,15 @@ def test_a_head_that_always_ends_after_its_port_opened_is_a_named_error_not_a_ha
     message = result["message"]
     assert "the trainer's Ray head node on 127.0.0.1 ended before the driver connected" in message
     assert f"{NODE_START_ATTEMPTS} starts in a row" in message and "exit status 1" in message
+
+
+def test_an_abandoned_start_gives_up_instead_of_starting_its_head_again(tmp_path: Path) -> None:
+    """A stop during the trainer's start: its head (SIGTERM'd with the pod) ended, and the
+    start, in its own thread, used to start it again while the process waited to exit."""
+    result, starts = _trainer(tmp_path, fail=NODE_START_ATTEMPTS, mode="stand-in", script=ABANDONED)
+    assert starts == 1  # before: NODE_START_ATTEMPTS (then a RayNodeEndedError)
+    assert result["error"] == "RayClusterError", result
+    assert "the Ray head node's start was abandoned" in result["message"]
 
 
 @pytest.mark.chaos  # a real Ray head started twice: about a minute on a shared machine
