@@ -37,6 +37,7 @@ from rolloutrun_operator.api.crdgen import build_crd
 from rolloutrun_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 from rolloutrun_operator.handlers import Options
 from rolloutrun_operator.kube import permission_rules
+from rolloutrun_operator.naming import Role
 from rolloutrun_operator.runner import OperatorConfig, OperatorThread
 from rolloutrun_runtime.contract.layout import GYM_AUDIT_PREFIX
 
@@ -196,6 +197,31 @@ class TrainingClock:
         return self.training
 
 
+def serving_uids(
+    pods: dict[str, Any], incarnation: str, roles: Collection[str] | None = None
+) -> dict[str, str]:
+    """Name -> uid of ``pods`` that serve ``incarnation`` (of ``roles``): running, not
+    terminating, while its trainer is such a pod (see :meth:`EmbeddedRun.serving_members`)."""
+    serving = {
+        name: pod
+        for name, pod in pods.items()
+        if _label(pod, naming.LABEL_INCARNATION) == incarnation
+        and pod.metadata.deletion_timestamp is None
+        and pod.status.phase == "Running"
+    }
+    if not any(_label(pod, naming.LABEL_ROLE) == Role.TRAINER.value for pod in serving.values()):
+        return {}
+    return {
+        name: str(pod.metadata.uid)
+        for name, pod in serving.items()
+        if roles is None or _label(pod, naming.LABEL_ROLE) in roles
+    }
+
+
+def _label(pod: Any, key: str) -> str | None:
+    return (pod.metadata.labels or {}).get(key)
+
+
 class EmbeddedRun:
     """A local cluster, the operator and one RolloutRun; a context manager.
 
@@ -341,20 +367,15 @@ class EmbeddedRun:
         return {pod.metadata.name: pod for pod in items}
 
     def serving_members(self, roles: Collection[str] | None = None) -> list[str]:
-        """Running, ready, not terminating pods of the current incarnation (of ``roles``)."""
+        """Running, not terminating pods of the current incarnation (of ``roles``), while
+        its trainer is one: an incarnation whose trainer is gone is ending, and a deletion
+        of its other pods would preempt nothing (yet count against ``--max-preemptions``)."""
         return sorted(self.serving_member_uids(roles))
 
     def serving_member_uids(self, roles: Collection[str] | None = None) -> dict[str, str]:
         """Name -> uid of :meth:`serving_members` (a replaced member keeps its name)."""
         incarnation = str(self.status().get("incarnation") or "")
-        return {
-            name: str(pod.metadata.uid)
-            for name, pod in self.pods().items()
-            if (pod.metadata.labels or {}).get(naming.LABEL_INCARNATION) == incarnation
-            and (roles is None or (pod.metadata.labels or {}).get(naming.LABEL_ROLE) in roles)
-            and pod.metadata.deletion_timestamp is None
-            and pod.status.phase == "Running"
-        }
+        return serving_uids(self.pods(), incarnation, roles)
 
     def lease(self) -> Any:
         """The trainer's Lease (None before the operator created it)."""
