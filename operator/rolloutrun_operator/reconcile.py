@@ -494,7 +494,11 @@ def _wait_for_previous(p: Pass, stale: list[PodView]) -> None:
 def _succeed(p: Pass, members: list[PodView]) -> None:
     p.delete_pods([pod for pod in members if pod.role in (naming.Role.GYM, naming.Role.WORKER)])
     p.status.next_start_time = None
-    message = f"trained {p.run.spec.run.grpo.max_steps} steps"
+    max_steps = p.run.spec.run.grpo.max_steps
+    # Its exit 0 says so, also where it trained none itself (it resumed at maxSteps, after a
+    # deletion at its last step or a run applied again over its storage): no Lease step.
+    p.status.train_step = max(p.status.train_step, max_steps)
+    message = f"trained {max_steps} steps"
     p.say(succeeded=Desired(True, "MaxStepsReached", message), **_stopped("Succeeded"))
     p.events.append(Event("Normal", "Succeeded", message))
 

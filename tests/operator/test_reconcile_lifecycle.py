@@ -161,6 +161,17 @@ def test_trainer_exit_zero_succeeds_and_removes_the_gym_pods():
     assert again.actions == [] and cond(again, "Succeeded")[0] == "True"
 
 
+def test_a_trainer_that_resumed_at_max_steps_leaves_the_status_at_max_steps():
+    """Its exit 0 is the proof; it trained no step of its own, so its Lease says none (a
+    run applied again over the storage of one that finished showed trainStep 0)."""
+    fresh = running_status()
+    fresh.pop("trainStep", None)
+    pods = (trainer(1, phase="Succeeded", exit_code=0),)
+    result = reconcile(make_run(fresh), observed(pods), NOW)
+    assert cond(result, "Succeeded") == ("True", "MaxStepsReached")
+    assert result.status.train_step == make_run(fresh).spec.run.grpo.max_steps
+
+
 def test_suspend_stops_the_pods_then_reports_suspended_and_resume_starts_anew():
     run = make_run(running_status(), suspend=True)
     stopping = reconcile(run, observed(members(1)), NOW)
