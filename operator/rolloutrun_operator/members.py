@@ -37,6 +37,15 @@ def member_state(p: Pass, role: str, index: int) -> MemberState | None:
     return next((m for m in p.status.members if (m.role, m.index) == (role, index)), None)
 
 
+def seen_member(p: Pass, role: str, index: int) -> None:
+    """Record member ``(role, index)`` once its first pod is seen, if it has no state yet:
+    a pod that then vanishes unseen (deleted with grace 0, its node lost and its pods
+    removed) is a loss to replace and count, not a member never created."""
+    if member_state(p, role, index) is None:
+        p.status.members.append(MemberState(role=role, index=index, generation=0))
+        p.status.members.sort(key=lambda m: (m.role, m.index))
+
+
 def _lost(p: Pass, role: str, index: int, loss: Loss) -> MemberState:
     """Record ``loss`` of member ``(role, index)``: the next generation is wanted now."""
     state = member_state(p, role, index)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from rolloutrun_operator import builders, naming
 from rolloutrun_operator.api.v1alpha1 import RolloutRun
 from rolloutrun_operator.losses import pod_loss
-from rolloutrun_operator.members import member_state, replace_members
+from rolloutrun_operator.members import member_state, replace_members, seen_member
 from rolloutrun_operator.observe import PodView
 from rolloutrun_operator.plan import Loss, Pass
 from rolloutrun_runtime.contract.pod import (
@@ -141,11 +141,15 @@ def keep_workers(p: Pass, members: list[PodView], trainer: PodView | None) -> Lo
     first = [
         i for i in range(replicas) if i not in workers and member_state(p, Role.WORKER, i) is None
     ]
-    for index in first:  # never created (or gone unseen): generation 0, not a replacement
+    for index in first:  # never created (never seen): generation 0, not a replacement
         p.create(worker_pod(p.run, n, index, 0, trainer_ip))
     if not p.run.spec.recovery.elastic_members:  # any lost member ends the incarnation
         lost = (pod_loss(p, pod) for pod in workers.values() if pod is not None)
         return next((loss for loss in lost if loss is not None), None)
+
+    for index in workers:  # created after the trainer: one may vanish before a pass sees it go
+        if index is not None and index < replicas:
+            seen_member(p, Role.WORKER, index)
 
     def build(index: int, generation: int) -> Manifest:
         return worker_pod(p.run, n, index, generation, trainer_ip)

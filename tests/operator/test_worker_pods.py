@@ -117,12 +117,37 @@ def members_with(*workers: PodView) -> tuple[PodView, ...]:
     return (trainer(1), gym(1, 0), gym(1, 1), *workers)
 
 
+def replaced_members(result) -> list[tuple[str, int, int]]:
+    """The members past their first pod (the others are only recorded as seen)."""
+    return [(m.role, m.index, m.generation) for m in result.status.members if m.generation]
+
+
+def test_a_worker_pod_that_vanished_unseen_is_replaced_and_counted():
+    """Deleted with grace 0 (or its node lost and its pods removed), a worker pod is gone
+    before any pass sees it going: it is a loss all the same, replaced under the next
+    generation and counted, not taken for a pod never created (before: generation 0 again,
+    and no replacement counted, so ``memberReplacements`` missed every node loss)."""
+    seen = reconcile(
+        run_with_workers(running_status()), observed(members_with(worker(1, 0), worker(1, 1))), NOW
+    )
+    assert [(m.role, m.index, m.generation) for m in seen.status.members] == [
+        ("worker", 0, 0),
+        ("worker", 1, 0),
+    ]
+    vanished = reconcile(again(seen), observed(members_with(worker(1, 1))), NOW)
+    assert creates(vanished) == [("demo-i1-worker-0", "1")]
+    later = NOW + dt.timedelta(seconds=3)
+    new = worker(1, 0, generation=1, ready=True)
+    done = reconcile(again(vanished), observed(members_with(new, worker(1, 1))), later)
+    [record] = done.status.member_replacements
+    assert (record.role, record.count, record.last_seconds) == ("worker", 1, 3.0)
+
+
 def test_a_lost_worker_is_replaced_under_its_index_and_counted():
     going = members_with(worker(1, 0, deletion_time=NOW), worker(1, 1))
     lost = reconcile(run_with_workers(running_status()), observed(going), NOW)
     assert lost.status.incarnation == 1 and lost.status.restarts == 0
-    [member] = lost.status.members
-    assert (member.role, member.index, member.generation) == ("worker", 0, 1)
+    assert replaced_members(lost) == [("worker", 0, 1)]
     gone = reconcile(again(lost), observed(members_with(worker(1, 1))), NOW)
     assert creates(gone) == [("demo-i1-worker-0", "1")]
     later = NOW + dt.timedelta(seconds=4)
@@ -138,7 +163,7 @@ def test_a_failed_worker_pod_is_replaced_not_the_run():
     pods = members_with(worker(1, 0), failed)
     result = reconcile(run_with_workers(running_status()), observed(pods), NOW)
     assert result.status.incarnation == 1
-    assert [(m.role, m.index, m.generation) for m in result.status.members] == [("worker", 1, 1)]
+    assert replaced_members(result) == [("worker", 1, 1)]
 
 
 def test_a_lost_trainer_ends_the_incarnation_with_its_workers():
@@ -187,7 +212,7 @@ def test_standby_worker_pods_are_kept_beside_the_workers_and_counted_alike():
     assert builders.render_run_config(run_with_workers()).workers.standby_workers == 0
     pods = members_with(worker(1, 0), worker(1, 1), worker(1, 2, deletion_time=NOW))
     lost = reconcile(run_with_workers(running_status(), standby=1), observed(pods), NOW)
-    assert [(m.role, m.index, m.generation) for m in lost.status.members] == [("worker", 2, 1)]
+    assert replaced_members(lost) == [("worker", 2, 1)]
     assert lost.status.incarnation == 1
 
 
