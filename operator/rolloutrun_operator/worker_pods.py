@@ -147,9 +147,9 @@ def keep_workers(p: Pass, members: list[PodView], trainer: PodView | None) -> Lo
         lost = (pod_loss(p, pod) for pod in workers.values() if pod is not None)
         return next((loss for loss in lost if loss is not None), None)
 
-    for index in workers:  # created after the trainer: one may vanish before a pass sees it go
-        if index is not None and index < replicas:
-            seen_member(p, Role.WORKER, index)
+    for seen in workers:  # created after the trainer: one may vanish before a pass sees it go
+        if seen is not None and seen < replicas:
+            seen_member(p, Role.WORKER, seen)
 
     def build(index: int, generation: int) -> Manifest:
         return worker_pod(p.run, n, index, generation, trainer_ip)
