@@ -20,28 +20,15 @@ from rolloutrun_runtime.metrics import STARTUP
 from rolloutrun_runtime.trainer import run_trainer
 from tests.support.data_plane import TOKEN
 from tests.support.elastic_gyms import ElasticGyms
-from tests.support.run_configs import tiny_config
+from tests.support.trainer_start import marked_since, two_gym_turn_config
 
 #: Far longer than the stop takes, far shorter than the Gym wait the old code sat out.
 STOP_LIMIT_S = 20
 UNREACHABLE_S = 120
 
 
-async def _marked_since(phase: str, since: float) -> None:
-    while STARTUP.phases().get(phase, [0.0])[0] < since:
-        await asyncio.sleep(0.02)
-
-
 async def test_a_notice_while_a_gym_does_not_answer_stops_the_start(tmp_path):
-    cfg = tiny_config(
-        tmp_path,
-        seed=5,
-        task={"name": "reach_target", "datasetSize": 32, "maxTurns": 3, "maxNewTokens": 3},
-        grpo={"maxSteps": 2},
-        rollout={"gymUnreachableSeconds": UNREACHABLE_S},
-        gym={"replicas": 2},
-        checkpointing={"targetLevel": "turn", "snapshotIntervalSeconds": 0},
-    )
+    cfg = two_gym_turn_config(tmp_path, 2, UNREACHABLE_S)
     gyms = ElasticGyms(cfg, TOKEN)
     await gyms.start()
     config = gyms.config()
@@ -50,7 +37,7 @@ async def test_a_notice_while_a_gym_does_not_answer_stops_the_start(tmp_path):
     started_at = time.time()
     run = asyncio.ensure_future(run_trainer(config, gym_members=gyms.endpoints, preemption=notice))
     try:
-        await _marked_since("workers_started", started_at)  # now waiting for Gym 1 only
+        await marked_since("workers_started", started_at)  # now waiting for Gym 1 only
         notice.set()
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(run), STOP_LIMIT_S)

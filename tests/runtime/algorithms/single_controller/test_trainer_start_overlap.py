@@ -19,30 +19,15 @@ from rolloutrun_runtime.metrics import STARTUP
 from rolloutrun_runtime.trainer import run_trainer
 from tests.support.data_plane import TOKEN
 from tests.support.elastic_gyms import ElasticGyms
-from tests.support.run_configs import tiny_config
+from tests.support.trainer_start import marked_since, two_gym_turn_config
 
 #: Generous bound on a whole tiny run: a deadlock fails the test instead of hanging it.
 RUN_LIMIT_S = 120
 MAX_STEPS = 2
 
 
-async def _marked_since(phase: str, since: float) -> None:
-    """Until ``phase`` is marked after ``since`` (the clock is the process's: an earlier run
-    in this process marked it too)."""
-    while STARTUP.phases().get(phase, [0.0])[0] < since:
-        await asyncio.sleep(0.02)
-
-
 async def test_the_workers_start_while_a_gym_does_not_answer_yet(tmp_path):
-    cfg = tiny_config(
-        tmp_path,
-        seed=5,
-        task={"name": "reach_target", "datasetSize": 32, "maxTurns": 3, "maxNewTokens": 3},
-        grpo={"maxSteps": MAX_STEPS},
-        rollout={"gymUnreachableSeconds": 30},
-        gym={"replicas": 2},
-        checkpointing={"targetLevel": "turn", "snapshotIntervalSeconds": 0},
-    )
+    cfg = two_gym_turn_config(tmp_path, MAX_STEPS, unreachable_s=30)
     gyms = ElasticGyms(cfg, TOKEN)
     await gyms.start()
     config = gyms.config()
@@ -50,7 +35,7 @@ async def test_the_workers_start_while_a_gym_does_not_answer_yet(tmp_path):
     started_at = time.time()
 
     async def gym_1_up_once_the_workers_started() -> None:
-        await _marked_since("workers_started", started_at)
+        await marked_since("workers_started", started_at)
         await gyms.come_back(1)
 
     gym_1 = asyncio.create_task(gym_1_up_once_the_workers_started())
