@@ -39,6 +39,7 @@ from rolloutrun_operator.handlers import Options
 from rolloutrun_operator.kube import permission_rules
 from rolloutrun_operator.naming import Role
 from rolloutrun_operator.runner import OperatorConfig, OperatorThread
+from rolloutrun_runtime.contract.kube_yaml import load_yaml
 from rolloutrun_runtime.contract.layout import GYM_AUDIT_PREFIX
 
 from . import storage_provisioner
@@ -69,7 +70,7 @@ def load_document(path: str | Path) -> dict[str, Any]:
     """A RolloutRun YAML as a mapping; errors name the file and the problem."""
     path = Path(path)
     try:
-        document = yaml.safe_load(path.read_text())
+        document = load_yaml(path.read_text())
     except FileNotFoundError as error:
         raise EmbeddedRunError(f"{path}: no such file") from error
     except yaml.YAMLError as error:

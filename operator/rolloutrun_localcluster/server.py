@@ -273,9 +273,9 @@ class ApiServer:
             return None
         content_type = request.headers.get("Content-Type", "application/json").split(";")[0].strip()
         if content_type in ("application/yaml", "application/apply-patch+yaml"):
-            import yaml
+            from rolloutrun_runtime.contract.kube_yaml import load_yaml
 
-            return yaml.safe_load(raw)
+            return load_yaml(raw)
         if content_type == protobuf.MEDIA_TYPE:
             return protobuf.request_body(raw)
         return json.loads(raw)

@@ -118,9 +118,9 @@ def start_gym(
 
 def user_server_command(config_file: Path) -> list[str] | None:
     """``spec.gym.command`` + ``args`` of a RolloutRun file; None: the built-in Gym."""
-    import yaml
+    from rolloutrun_runtime.contract.kube_yaml import load_yaml
 
-    document = yaml.safe_load(config_file.read_text())
+    document = load_yaml(config_file.read_text())
     if not isinstance(document, dict) or document.get("kind") != "RolloutRun":
         return None
     gym = (document.get("spec") or {}).get("gym") or {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 from rolloutrun_operator import builders, name_rules, pod_templates
 from rolloutrun_operator.api import crdgen
 from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, STORAGE_NEEDS_CLAIM, VERSION, RolloutRun
+from rolloutrun_runtime.contract.kube_yaml import load_yaml_all
 from rolloutrun_runtime.contract.run_config import OPERATOR_OWNED_FIELDS
 
 
@@ -101,8 +103,18 @@ def schema_problems(document: dict[str, Any]) -> list[str]:
     problems = []
     for error in sorted(_validator().iter_errors(document), key=lambda e: list(e.path)):
         path = ".".join(str(part) for part in error.absolute_path) or "(root)"
-        problems.append(f"{path}: {error.message}")
+        problems.append(f"{path}: {json_spelled(error.message, error.instance)}")
     return problems
+
+
+def json_spelled(message: str, instance: Any) -> str:
+    """``message`` with the value it starts with as the file spells it (``true``, ``null``,
+    ``"1e3"``), not as Python does (``True``, ``None``, ``'1e3'``)."""
+    if isinstance(instance, str | int | float | bool) or instance is None:
+        shown = repr(instance)
+        if message.startswith(shown):
+            return json.dumps(instance) + message[len(shown) :]
+    return message
 
 
 def parse_rolloutrun(document: Any, source: str = "RolloutRun") -> RolloutRun:
@@ -215,7 +227,7 @@ def name_problems(run: RolloutRun) -> list[str]:
 def load_rolloutruns(path: Path) -> list[RolloutRun]:
     """Every RolloutRun document in a YAML file, validated; a file with none is invalid."""
     try:
-        documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+        documents = [doc for doc in load_yaml_all(path.read_text()) if doc is not None]
     except yaml.YAMLError as error:
         raise RolloutRunInvalid(str(path), [f"(root): not valid YAML: {error}"]) from error
     if not documents:  # as `kubectl apply` refuses it: "no objects passed to apply"

@@ -575,9 +575,11 @@ def load_run_config(path: str | Path) -> RunConfig:
     and its ``spec.gym`` replicas and standby the Gym's (as the operator renders them)."""
     import yaml
 
+    from rolloutrun_runtime.contract.kube_yaml import load_yaml
+
     path = Path(path)
     try:
-        document = yaml.safe_load(path.read_text())
+        document = load_yaml(path.read_text())
     except FileNotFoundError as error:
         raise ConfigError(f"{path}: no such file") from error
     except yaml.YAMLError as error:

@@ -132,3 +132,34 @@ def test_a_null_the_schema_does_not_allow_is_absent_as_the_api_server_prunes_it(
     assert parse_rolloutrun(nulls).spec == parse_rolloutrun(absent).spec
     with pytest.raises(RolloutRunInvalid, match=r"\(root\): 'spec' is a required property"):
         parse_rolloutrun({**_example(), "spec": None})
+
+
+def test_numbers_read_as_kubectl_sends_them(tmp_path):
+    """``maxSteps: 1e3`` is 1000 on a real cluster (Go's YAML, then JSON): valid offline too,
+    and the trainer's config reads it alike; a fraction is still no integer."""
+    text = (ROOT / "examples" / "tiny-grpo.yaml").read_text()
+    assert "maxSteps: 30\n" in text
+    for spelled, steps in [("1e3", 1000), ("1.0e3", 1000), ("30.0", 30)]:
+        path = tmp_path / f"steps-{spelled}.yaml"
+        path.write_text(text.replace("maxSteps: 30\n", f"maxSteps: {spelled}\n"))
+        (run,) = load_rolloutruns(path)
+        assert run.spec.run.grpo.max_steps == steps
+        assert load_run_config(path).grpo.max_steps == steps
+    fraction = tmp_path / "fraction.yaml"
+    fraction.write_text(text.replace("maxSteps: 30\n", "maxSteps: 3.05e1\n"))
+    with pytest.raises(RolloutRunInvalid, match=r"maxSteps: 30.5 is not of type 'integer'"):
+        load_rolloutruns(fraction)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "spelled"),
+    [
+        ("spec.run.grpo.maxSteps", True, "true"),
+        ("spec.run.grpo.maxSteps", "30", '"30"'),
+        ("spec.gym.command", ["python", None], "null"),  # a list item is not pruned
+    ],
+)
+def test_a_wrong_value_is_named_as_the_file_spells_it(field, value, spelled):
+    with pytest.raises(RolloutRunInvalid) as caught:
+        parse_rolloutrun(_set(_example(), field, value), "example")
+    assert f": {spelled} is not of type" in str(caught.value), str(caught.value)
