@@ -103,13 +103,21 @@ def schema_problems(document: dict[str, Any]) -> list[str]:
     problems = []
     for error in sorted(_validator().iter_errors(document), key=lambda e: list(e.path)):
         path = ".".join(str(part) for part in error.absolute_path) or "(root)"
-        problems.append(f"{path}: {json_spelled(error.message, error.instance)}")
+        message = schema_message(
+            error.validator, error.validator_value, error.instance, error.message
+        )
+        problems.append(f"{path}: {message}")
     return problems
 
 
-def json_spelled(message: str, instance: Any) -> str:
-    """``message`` with the value it starts with as the file spells it (``true``, ``null``,
+def schema_message(validator: Any, expected: Any, instance: Any, message: str) -> str:
+    """A schema error's message with values as the file spells them (``true``, ``null``,
     ``"1e3"``), not as Python does (``True``, ``None``, ``'1e3'``)."""
+    if validator == "type":
+        kinds = expected if isinstance(expected, list) else [expected]
+        return f"{json.dumps(instance)} is not of type {' or '.join(kinds)}"
+    if validator == "enum":
+        return f"{json.dumps(instance)} is not one of {', '.join(json.dumps(v) for v in expected)}"
     if isinstance(instance, str | int | float | bool) or instance is None:
         shown = repr(instance)
         if message.startswith(shown):

@@ -147,7 +147,7 @@ def test_numbers_read_as_kubectl_sends_them(tmp_path):
         assert load_run_config(path).grpo.max_steps == steps
     fraction = tmp_path / "fraction.yaml"
     fraction.write_text(text.replace("maxSteps: 30\n", "maxSteps: 3.05e1\n"))
-    with pytest.raises(RolloutRunInvalid, match=r"maxSteps: 30.5 is not of type 'integer'"):
+    with pytest.raises(RolloutRunInvalid, match=r"maxSteps: 30.5 is not of type integer"):
         load_rolloutruns(fraction)
 
 
@@ -163,3 +163,13 @@ def test_a_wrong_value_is_named_as_the_file_spells_it(field, value, spelled):
     with pytest.raises(RolloutRunInvalid) as caught:
         parse_rolloutrun(_set(_example(), field, value), "example")
     assert f": {spelled} is not of type" in str(caught.value), str(caught.value)
+
+
+def test_an_unsupported_value_is_named_with_the_supported_ones_as_the_file_spells_them():
+    document = _set(_example(), "spec.run.checkpointing.targetLevel", "everything")
+    with pytest.raises(RolloutRunInvalid) as caught:
+        parse_rolloutrun(document, "example")
+    assert (
+        'spec.run.checkpointing.targetLevel: "everything" is not one of "none", "prompt_group"'
+        in str(caught.value)
+    ), str(caught.value)
