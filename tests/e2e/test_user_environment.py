@@ -12,6 +12,7 @@ servers and says it recovers at sibling level.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -27,7 +28,12 @@ MAX_STEPS = 6
 
 
 @pytest.mark.chaos  # minutes on two cores: `make chaos` (the default suite stays under 15 min)
-def test_the_example_environment_runs_under_the_operator(start_run, tmp_path):
+def test_the_example_environment_runs_under_the_operator(start_run, tmp_path, monkeypatch):
+    # As the example's header runs it (`PYTHONPATH=$PWD rolloutrun run ...`): its Gym pods
+    # import `examples.envs.times_table.server` from the repository root, whatever the
+    # environment pytest was started in (`make chaos` sets no PYTHONPATH).
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), path) if p))
     document = yaml.safe_load((EXAMPLE / "times-table.yaml").read_text())
     run_spec = document["spec"]["run"]
     run_spec["grpo"]["maxSteps"] = MAX_STEPS
