@@ -41,6 +41,10 @@ even ``--pairs`` balances a linear drift; the run's own drift is not linear (as 
 learns, more groups have one reward for all siblings and are dropped, so a step needs more
 rollouts: a step takes ~2x longer at step 150 than at step 20).
 
+With ``--role worker`` (:mod:`.elastic_workers`), ``--interleaved`` is the same per seed
+with worker pods, a D segment timed on until its refill pods are ready
+(:mod:`.elastic_workers_interleaved`).
+
 ``--paired`` (the rate's measurement, preferred): per seed the undisturbed and the elastic
 arm run AT THE SAME TIME, each in its own process and local cluster, their windows started
 together once both train: the same machine load at the same moments and the same run age.

@@ -502,7 +502,17 @@ def worker_main(args: argparse.Namespace) -> None:
         here = runtime_here(work / "here")  # this tree, compiled: the pods' PYTHONPATH first
         inherited = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join([str(here), *([inherited] if inherited else [])])
-        per_seed = [_worker_seed(seed, work, args, before) for seed in range(args.seeds)]
+        if args.interleaved:  # one run per seed, U and D segments (the rate's measurement)
+            from .elastic_workers_interleaved import interleaved_worker_seed
+
+            per_seed = [
+                interleaved_worker_seed(
+                    seed, work, every=args.every, pairs=args.pairs, standby=args.standby
+                )
+                for seed in range(args.seeds)
+            ]
+        else:
+            per_seed = [_worker_seed(seed, work, args, before) for seed in range(args.seeds)]
     print(
         json.dumps(
             {
@@ -521,7 +531,11 @@ def worker_main(args: argparse.Namespace) -> None:
                     "after": [round(x, 2) for x in os.getloadavg()],
                 },
                 "minutes": round((time.time() - started) / 60, 1),
-                "note": "arms run back to back in one process on a possibly shared machine",
+                "note": (
+                    "one run per seed, undisturbed and disturbed segments in ABBA order"
+                    if args.interleaved
+                    else "arms run back to back in one process on a possibly shared machine"
+                ),
             },
             indent=1,
         )
