@@ -37,13 +37,9 @@ pairs in ABBA order (U D, D U, U D, ...), so both arms share the run, its warm-u
 machine's load at the same minutes; the seed's ratio is the disturbed segments' rate over
 the undisturbed ones', and the per-pair ratios give its spread. Separate runs back to back
 (the default) swung +-0.14 between two arms of the same runtime on a shared machine. An
-even ``--pairs`` balances a linear drift; the run's own drift is not linear (as the policy
-learns, more groups have one reward for all siblings and are dropped, so a step needs more
-rollouts: a step takes ~2x longer at step 150 than at step 20).
-
-With ``--role worker`` (:mod:`.elastic_workers`), ``--interleaved`` is the same per seed
-with worker pods, a D segment timed on until its refill pods are ready
-(:mod:`.elastic_workers_interleaved`).
+even ``--pairs`` balances a linear drift; the run's own is not linear (as the policy learns,
+more groups with one reward for all siblings are dropped: a step takes ~2x longer at step
+150 than at step 20). ``--role worker``: worker pods (:mod:`.elastic_workers_interleaved`).
 
 ``--paired`` (the rate's measurement, preferred): per seed the undisturbed and the elastic
 arm run AT THE SAME TIME, each in its own process and local cluster, their windows started

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+#: What a file that is not YAML raises (PyYAML's error, so callers need not import it).
+YAMLError = yaml.YAMLError
 #: Go's YAML (the ``kubectl`` side) resolves a plain scalar matching this as a float.
 #: (PyYAML's own rule already takes ``1.0``, ``1.`` and ``.5``; what it lacks is the exponent
 #: without a dot or without a sign.)

@@ -573,16 +573,14 @@ def load_run_config(path: str | Path) -> RunConfig:
 
     A RolloutRun's ``metadata.name`` becomes the run name unless ``spec.run.name`` is set,
     and its ``spec.gym`` replicas and standby the Gym's (as the operator renders them)."""
-    import yaml
-
-    from rolloutrun_runtime.contract.kube_yaml import load_yaml
+    from rolloutrun_runtime.contract.kube_yaml import YAMLError, load_yaml
 
     path = Path(path)
     try:
         document = load_yaml(path.read_text())
     except FileNotFoundError as error:
         raise ConfigError(f"{path}: no such file") from error
-    except yaml.YAMLError as error:
+    except YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from error
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
