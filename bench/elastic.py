@@ -86,6 +86,7 @@ from .elastic_report import (
     _stats,
     arm_standby_work,
     cpu_around_deletions,
+    delete_watched,
     deletion_report,
     interleaved_rates,
     over_seeds,
@@ -224,19 +225,16 @@ def _window(
         if spec.delete and time.time() >= next_delete:
             n = int(run.status().get("incarnation") or 0)
             victim = victim_of(run, n, k)
-            serving = run.serving_member_uids()
-            if victim in serving:
+            if spec.elastic and delete_watched(run, victim, deletions, watches):
+                k += 1
+            elif not spec.elastic and victim in run.serving_member_uids():
                 at = time.time()
                 run.delete_pod(victim)
                 deletions.append((at, victim))
-                if spec.elastic:
-                    watches.append(ReplacementWatch(run, victim, serving[victim], at))
-                    watches[-1].start()
                 k += 1
-                if not spec.elastic:  # time the restart inline (the next deletion waits)
-                    resumed = _first_step_after(run, at, n + 1)
-                    if resumed is not None:
-                        recoveries.append(resumed - at)
+                resumed = _first_step_after(run, at, n + 1)  # timed inline: the next one waits
+                if resumed is not None:
+                    recoveries.append(resumed - at)
             else:
                 skipped.append(victim)
             next_delete = max(next_delete + every, time.time() + 1)
@@ -366,15 +364,8 @@ def _segment(
     while time.time() < start + seconds:
         if time.time() >= next_delete:
             n = int(run.status().get("incarnation") or 0)
-            serving = run.serving_member_uids()
             for _ in range(2):
-                victim = f"bench-i{n}-gym-{next(victims) % 2}"
-                if victim in serving:
-                    at = time.time()
-                    run.delete_pod(victim)
-                    deletions.append((at, victim))
-                    watches.append(ReplacementWatch(run, victim, serving[victim], at))
-                    watches[-1].start()
+                if delete_watched(run, f"bench-i{n}-gym-{next(victims) % 2}", deletions, watches):
                     break
             next_delete += every
         time.sleep(0.05)

@@ -104,6 +104,22 @@ class ReplacementWatch(threading.Thread):
                 time.sleep(0.05)
 
 
+def delete_watched(
+    run: EmbeddedRun, pod: str, deletions: list[tuple[float, str]], watches: list[ReplacementWatch]
+) -> bool:
+    """Delete ``pod`` if its member serves: recorded in ``deletions``, its replacement
+    followed by a started :class:`ReplacementWatch` in ``watches``; False: not serving."""
+    serving = run.serving_member_uids()
+    if pod not in serving:
+        return False
+    at = time.time()
+    run.delete_pod(pod)
+    deletions.append((at, pod))
+    watches.append(ReplacementWatch(run, pod, serving[pod], at))
+    watches[-1].start()
+    return True
+
+
 def _log_stamps(paths: list[Path], marker: str) -> list[float]:
     times = []
     for log in paths:

@@ -30,7 +30,7 @@ from typing import Any
 from rolloutrun_localcluster.embedded import EmbeddedRun
 
 from .elastic import ReplacementWatch, _highest_step
-from .elastic_report import interleaved_rates
+from .elastic_report import delete_watched, interleaved_rates
 from .elastic_workers import (
     SETTLE_S,
     Victims,
@@ -103,16 +103,8 @@ def _disturb(
     for due in (start, start + every):
         time.sleep(max(0.0, due - time.time()))
         n = int(run.status().get("incarnation") or 0)
-        victim = victims(run, n, k)
-        serving = run.serving_member_uids()
-        if victim in serving:
-            at = time.time()
-            run.delete_pod(victim)
-            deletions.append((at, victim))
-            watches.append(ReplacementWatch(run, victim, serving[victim], at))
-            watches[-1].start()
-        else:  # due but not serving (still being replaced): reported as its pick says
-            victims.picks.pop()
+        if not delete_watched(run, victims(run, n, k), deletions, watches):
+            victims.picks.pop()  # due but not serving (still being replaced): not deleted
         k += 1
     time.sleep(max(0.0, start + 2 * every - time.time()))
     wait(lambda: _pool_ready(run, standby, True, []), "the refills", SETTLE_S)
