@@ -84,6 +84,7 @@ from .elastic_report import (
     _gym_start,
     _marker_times,
     _stats,
+    abba_pairs,
     arm_standby_work,
     cpu_around_deletions,
     delete_watched,
@@ -324,7 +325,7 @@ def interleaved(
     of ``2 * every`` seconds in ABBA order: the seed's rates of both and their ratio, the
     per-pair ratios, and the disturbed segments' replacements (as the ``elastic`` arm's)."""
     segment = 2 * every
-    order = [("U", "D") if i % 2 == 0 else ("D", "U") for i in range(pairs)]
+    order = abba_pairs(pairs)
     document = _document(True, seed, level, gym_standby)
     with EmbeddedRun(document, work / f"interleaved-{seed}") as run:
         wait(lambda: _highest_step(run) >= 2, f"interleaved-{seed}: training", bound=600)

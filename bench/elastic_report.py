@@ -495,6 +495,12 @@ def _spread(values: list[float]) -> dict[str, Any]:
     }
 
 
+def abba_pairs(pairs: int) -> list[tuple[str, str]]:
+    """``pairs`` U/D segment pairs in ABBA order (U D, D U, U D, ...): a linear drift of the
+    machine or the run favours neither side."""
+    return [("U", "D") if i % 2 == 0 else ("D", "U") for i in range(pairs)]
+
+
 def interleaved_rates(segments: list[tuple[str, int, float]]) -> dict[str, Any]:
     """Steps per minute of the U and D segments, their ratio (D over U, all segments
     pooled), and the ratio of each U/D pair (segments 2i and 2i+1)."""

@@ -30,7 +30,7 @@ from typing import Any
 from rolloutrun_localcluster.embedded import EmbeddedRun
 
 from .elastic import ReplacementWatch, _highest_step
-from .elastic_report import delete_watched, interleaved_rates
+from .elastic_report import abba_pairs, delete_watched, interleaved_rates
 from .elastic_workers import (
     SETTLE_S,
     Victims,
@@ -54,9 +54,8 @@ def interleaved_worker_seed(
     document = _worker_document(True, seed, standby)
     with EmbeddedRun(document, work / f"workers-interleaved-{seed}") as run:
         wait(lambda: _highest_step(run) >= 2, f"interleaved-{seed}: training", bound=600)
-        order = [("U", "D") if i % 2 == 0 else ("D", "U") for i in range(pairs)]
         k = seed
-        for pair in order:
+        for pair in abba_pairs(pairs):
             for kind in pair:
                 wait(lambda: _pool_ready(run, standby, True, []), f"seed {seed}: pool", 600)
                 start, first = time.time(), _highest_step(run)

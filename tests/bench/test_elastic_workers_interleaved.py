@@ -31,3 +31,9 @@ def test_its_seeds_get_the_worker_verdict_on_the_worst_seed() -> None:
         "rate >= 0.90 of undisturbed": False,
         "loss -> replacement doing work <= 5 s (max)": True,
     }
+
+
+def test_segments_come_in_abba_order() -> None:
+    from bench.elastic_report import abba_pairs
+
+    assert abba_pairs(3) == [("U", "D"), ("D", "U"), ("U", "D")]

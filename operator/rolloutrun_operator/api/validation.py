@@ -19,13 +19,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from rolloutrun_operator import builders, name_rules, pod_templates
 from rolloutrun_operator.api import crdgen
 from rolloutrun_operator.api.v1alpha1 import GROUP, KIND, STORAGE_NEEDS_CLAIM, VERSION, RolloutRun
-from rolloutrun_runtime.contract.kube_yaml import load_yaml_all
+from rolloutrun_runtime.contract.kube_yaml import YAMLError, load_yaml_all
 from rolloutrun_runtime.contract.run_config import OPERATOR_OWNED_FIELDS
 
 
@@ -236,7 +235,7 @@ def load_rolloutruns(path: Path) -> list[RolloutRun]:
     """Every RolloutRun document in a YAML file, validated; a file with none is invalid."""
     try:
         documents = [doc for doc in load_yaml_all(path.read_text()) if doc is not None]
-    except yaml.YAMLError as error:
+    except YAMLError as error:
         raise RolloutRunInvalid(str(path), [f"(root): not valid YAML: {error}"]) from error
     if not documents:  # as `kubectl apply` refuses it: "no objects passed to apply"
         raise RolloutRunInvalid(str(path), ["(root): no document in the file"])
