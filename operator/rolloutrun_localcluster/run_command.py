@@ -249,8 +249,32 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+#: The audit's counts that break an invariant, as the summary line names them.
+AUDIT_BREACHES = (
+    ("lost", "prompts lost"),
+    ("duplicated", "prompts trained twice"),
+    ("side_effects_duplicated", "side effects applied twice"),
+    ("gym_attempt_violations", "Gym attempt violations"),
+    ("orphaned_staging_rows", "orphaned staging rows"),
+)
+
+
+def audit_words(summary: dict[str, Any]) -> str:
+    """The audit as the summary line says it: ``holds``; ``could not run (why)`` when the
+    durable state could not be audited (a run that failed before its first trainer
+    checkpoint has none); or ``FAILS (...)`` naming each broken invariant's count."""
+    audit = summary.get("audit") or {}
+    if summary["audit_holds"]:
+        return "holds"
+    if "error" in audit:
+        return f"could not run ({audit['error']})"
+    breaches = [f"{words} {audit[key]}" for key, words in AUDIT_BREACHES if audit.get(key)]
+    broken = [name for name, part in audit.items() if isinstance(part, dict) and not part.get("ok")]
+    return f"FAILS ({', '.join(breaches or broken) or 'see the audit in ' + SUMMARY_FILE})"
+
+
 def _summary_line(summary: dict[str, Any]) -> str:
-    audit = "holds" if summary["audit_holds"] else f"FAILS ({summary['audit'].get('error', '')})"
+    audit = audit_words(summary)
     replaced = ", ".join(
         f"{role} {record['count']}" for role, record in summary["member_replacements"].items()
     )

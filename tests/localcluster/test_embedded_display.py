@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 
-from rolloutrun_localcluster.embedded import last_step
+from rolloutrun_localcluster.embedded import audit_holds, last_step, run_json_command
 from rolloutrun_localcluster.run_command import (
     Display,
     _summary_line,
+    audit_words,
     preempt_roles,
     roles_without_pods,
 )
+from tests.support.audit_runs import SEED, SIZE, perm, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,6 +104,28 @@ def test_the_summary_line_rounds_the_thrown_away_time_and_says_when_it_is_unknow
     assert "300 steps, 6 incarnations" in _summary_line(summary)
     summary["thrown_away_s"] = None  # a run without a trace
     assert "thrown away unknown, audit holds" in _summary_line(summary)
+
+
+def test_the_summary_line_names_what_the_audit_found_or_why_it_could_not_run(
+    tmp_path: Path,
+) -> None:
+    """The real ``rolloutrun audit --json`` as ``rolloutrun run`` calls it: a state that
+    cannot be audited (a run that failed before its first trainer checkpoint) is not called
+    a failed audit, and a failed one names the invariant it broke."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"seed: {SEED}\ntask: {{datasetSize: {SIZE}}}\ngrpo: {{maxSteps: 1}}\n")
+
+    def words(run_dir: Path) -> str:
+        audit = run_json_command(["audit", str(run_dir), "--config", str(config), "--json"])
+        return audit_words({"audit": audit, "audit_holds": audit_holds(audit)})
+
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+    said = words(tmp_path / "empty")
+    assert said.startswith("could not run (") and "no committed trainer checkpoint" in said
+    write_run(tmp_path / "whole", trained_prompts=perm(0)[:4], position=4)
+    assert words(tmp_path / "whole") == "holds"
+    write_run(tmp_path / "lost", trained_prompts=perm(0)[:3], position=4)
+    assert words(tmp_path / "lost") == "FAILS (prompts lost 1)"
 
 
 def test_preempt_roles_are_member_roles() -> None:
