@@ -421,7 +421,9 @@ def _keep_running(
         p.status.consecutive_losses = 0
     others = sum(1 for pod in members if pod.role != naming.Role.WORKER)  # worker_pods.py
     all_running = all(pod.phase == "Running" for pod in members) and others == replicas + 1
-    step = f"step {p.status.train_step} of {p.run.spec.run.grpo.max_steps}"
+    # Not the step reached: that is ``status.trainStep``, which the Lease mirror moves
+    # between passes (:mod:`.watching`), and a message naming it went stale until the next.
+    goal = f"training toward step {p.run.spec.run.grpo.max_steps}"
     pending = replacing(p)
     if pending:
         names = ", ".join(f"{m.role} {m.index} (generation {m.generation})" for m in pending)
@@ -432,7 +434,7 @@ def _keep_running(
         members_now = [trainer, *(gyms.get(i) for i in range(replicas))]
         reason, why = _held_back(p, members_now) or ("StartingTrainer", f"incarnation {n}")
         p.say(ready=Desired(False, reason, why))
-    p.say(progressing=Desired(True, "Training", step), restarting=Desired(False, "Running"))
+    p.say(progressing=Desired(True, "Training", goal), restarting=Desired(False, "Running"))
     p.look_again(IDLE_REQUEUE_SECONDS)  # the Lease's expiry: losses.lease_loss
 
 

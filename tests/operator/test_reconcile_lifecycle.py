@@ -29,6 +29,7 @@ from tests.support.rolloutruns import (
     RUN,
     STATIC,
     cond,
+    condition,
     gym,
     lease,
     make_run,
@@ -113,6 +114,19 @@ def test_a_running_incarnation_is_ready_and_needs_nothing():
     assert cond(result, "Progressing") == ("True", "Training")
     assert result.events == []
     assert result.requeue_after is not None
+
+
+def test_progressing_names_the_goal_not_the_step_the_lease_mirror_moves_between_passes():
+    """``status.trainStep`` is mirrored from the Lease between passes; a Progressing
+    message naming the step reached read ``step 40 of 200`` at step 165 on the local cluster."""
+    said = [
+        condition(
+            reconcile(make_run(running_status(trainStep=step)), observed(members(1)), NOW),
+            "Progressing",
+        )
+        for step in (40, 165)
+    ]
+    assert said[0] == said[1] == ("True", "Training", "training toward step 30")
 
 
 def test_a_static_child_gone_while_running_is_recreated_and_the_run_keeps_running():
