@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutrun_localcluster.embedded import EmbeddedRun, member_replacements
+from rolloutrun_runtime import workers
 
 from .elastic import (
     Arm,
@@ -73,9 +74,9 @@ WORKER_LEASE_S = 15
 WORKER_LOST = "lost ("
 WORKER_READMITTED = "re-admitted at version"
 WORKER_PLACED = "Ray generation workers at "
-STANDBY_STARTED = "standby generation worker started at"
-STANDBY_ADMITTED = ": standby at "
-STANDBY_LOST = "standby generation worker lost"
+STANDBY_STARTED = workers.STANDBY_STARTED_LOG
+STANDBY_ADMITTED = workers.STANDBY_ADMITTED_LOG
+STANDBY_LOST = workers.STANDBY_LOST_LOG
 URL = re.compile(r"http://[^'\s,\]()]+")
 #: Seconds after a deletion the bench waits (past the window) for what became of it.
 SETTLE_S = 60.0
@@ -292,7 +293,7 @@ def _outcome(
     if lost is None:
         return {"not_readmitted": f"the trainer reported no loss of worker {index} "
                                   f"within {waited:.0f} s"}  # fmt: skip
-    promoted = first(f"generation worker {index}: standby at", lost)
+    promoted = first(f"generation worker {index}{STANDBY_ADMITTED}", lost)
     readmitted = first(f"generation worker {index} re-admitted", lost)
     out = {"detected_after_s": lost, "doing_work_after_s": readmitted}
     if readmitted is None:

@@ -15,6 +15,7 @@ import pytest
 
 from rolloutrun_localcluster.embedded import EmbeddedRun, member_replacements
 from rolloutrun_localcluster.testing import eventually
+from rolloutrun_runtime.workers import STANDBY_ADMITTED_LOG, STANDBY_LOST_LOG, STANDBY_STARTED_LOG
 from tests.e2e.conftest import RUN_BOUND_S, tiny, wait_for_snapshot
 
 #: Still training after the deletions: each waits for the last replacement (about 30 s:
@@ -61,9 +62,25 @@ def _worker_run(turn_level: bool, standby: int = 0) -> dict[str, Any]:
     return document
 
 
-def _delete_workers_repeatedly(run: EmbeddedRun, deletions: int, pods: int = 2) -> list[str]:
+def standby_pool(log: str) -> int:
+    """How many started standbys the trainer's log says wait in the pool: the size the last
+    start reported, less the admissions and losses after it (a loss of one still starting
+    is counted too: never more than the pool holds)."""
+    pool = 0
+    for line in log.splitlines():
+        if STANDBY_STARTED_LOG in line:
+            pool = int(line.rsplit("(", 1)[1].split()[0])
+        elif STANDBY_ADMITTED_LOG in line or STANDBY_LOST_LOG in line:
+            pool = max(0, pool - 1)
+    return pool
+
+
+def _delete_workers_repeatedly(
+    run: EmbeddedRun, deletions: int, pods: int = 2, standby: int = 0
+) -> list[str]:
     """Delete a worker pod (alternating the index) each time the last replacement is
-    counted, the pod is Ready and the trainer trained a step more; the names deleted."""
+    counted, the pod is Ready, the trainer trained a step more and (``standby``) the
+    standby pool is full again; the names deleted."""
     deleted = []
     for k in range(deletions):
         step = int(run.status().get("trainStep") or 0)
@@ -74,6 +91,11 @@ def _delete_workers_repeatedly(run: EmbeddedRun, deletions: int, pods: int = 2) 
         )
         name = f"{run.name}-i1-worker-{k % pods}"
         eventually(lambda n=name: _ready(run, n), timeout=RUN_BOUND_S, what=f"{name} Ready")
+        eventually(
+            lambda: standby_pool(_trainer_log(run)) >= standby,
+            timeout=RUN_BOUND_S,
+            what=f"{standby} started standby(s) in the pool",
+        )
         run.delete_pod(name)
         deleted.append(name)
         eventually(lambda k=k: _replaced(run) > k, timeout=RUN_BOUND_S, what=f"replacement {k + 1}")
@@ -123,10 +145,12 @@ def test_standby_worker_pods_take_lost_workers_places_and_are_refilled(start_run
     deleted once in turn. Each lost serving worker's place is taken by the standby at once
     (the trainer's log says so), the operator refills the pool, one incarnation, the audit
     clean, and the operator counts exactly one replacement per deleted pod (a refill pod
-    whose ``ray start`` missed Ray's 30 s bound tries again rather than being replaced)."""
+    whose ``ray start`` missed Ray's 30 s bound tries again rather than being replaced).
+    Each deletion waits for a started standby: deleted faster than a refill starts, every
+    loss took the replacement path and none the standby's (seen once)."""
     run = start_run(_worker_run(False, standby=1))
     wait_for_snapshot(run)
-    deleted = _delete_workers_repeatedly(run, DELETIONS, pods=3)
+    deleted = _delete_workers_repeatedly(run, DELETIONS, pods=3, standby=1)
     result, preempted = run.follow(timeout=RUN_BOUND_S * 6, interval=0.2)
     summary = run.summary(result, preempted)
     assert summary["result"] == "Succeeded", summary
@@ -134,4 +158,4 @@ def test_standby_worker_pods_take_lost_workers_places_and_are_refilled(start_run
     replaced = summary["member_replacements"]
     assert replaced["worker"]["count"] == DELETIONS == len(deleted), replaced
     assert summary["audit"].get("ok") is True, summary["audit"]
-    assert ": standby at " in _trainer_log(run)  # at least one deletion hit a serving pod
+    assert STANDBY_ADMITTED_LOG in _trainer_log(run)  # at least one deletion hit a serving pod

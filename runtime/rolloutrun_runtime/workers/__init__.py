@@ -40,6 +40,15 @@ class PolicyWorkers(Protocol):
         ...
 
 
+#: How the trainer's log says what became of the standby pool (read by the worker bench and
+#: the e2e tests to follow the pool from outside): a standby started (its address and the
+#: pool's size follow), one admitted in a lost worker's place (``generation worker <i>``
+#: before, its address after), one lost.
+STANDBY_STARTED_LOG = "standby generation worker started at"
+STANDBY_ADMITTED_LOG = ": standby at "
+STANDBY_LOST_LOG = "standby generation worker lost"
+
+
 class WorkerError(RuntimeError):
     """A worker backend failed to start, refit or stop."""
 
@@ -71,4 +80,11 @@ def build_workers(
     raise WorkerError(f"unknown worker backend {cfg.workers.backend!r}")
 
 
-__all__ = ["PolicyWorkers", "WorkerError", "build_workers"]
+__all__ = [
+    "STANDBY_ADMITTED_LOG",
+    "STANDBY_LOST_LOG",
+    "STANDBY_STARTED_LOG",
+    "PolicyWorkers",
+    "WorkerError",
+    "build_workers",
+]

@@ -14,7 +14,8 @@ CPU on the cores the trainer uses (issue 14):
   worker process for an empty one is started directly), and no actor of ours on a worker
   pod has one. Its placeholder binds the port Ray's agent would, persists it, and answers
   every request with HTTP 501 and a body that says why, so a ``runtime_env`` that reached a
-  worker pod fails its actor by name instead of hanging.
+  worker pod fails its actor by name instead of hanging. It answers nothing but that
+  refusal, to anyone, so it has no token to check.
 
 Each then lives until the raylet that started it ends.
 

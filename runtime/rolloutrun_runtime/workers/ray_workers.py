@@ -65,7 +65,12 @@ import torch
 from rolloutrun_runtime.aio import EventFirst, unless_set
 from rolloutrun_runtime.contract.run_config import RunConfig
 from rolloutrun_runtime.policy.http import data_plane_token
-from rolloutrun_runtime.workers import WorkerError
+from rolloutrun_runtime.workers import (
+    STANDBY_ADMITTED_LOG,
+    STANDBY_LOST_LOG,
+    STANDBY_STARTED_LOG,
+    WorkerError,
+)
 from rolloutrun_runtime.workers.ray_cluster import RayConnection, actor_resources
 from rolloutrun_runtime.workers.ray_placement import (
     NODE_POLL_S,
@@ -451,7 +456,9 @@ class RayWorkers:
         started.set_result(placement)
         self.pending[index] = (actor, started)
         self.promotions += 1
-        logger.info("generation worker %d: standby at %s admitted", index, placement["url"])
+        logger.info(
+            "generation worker %d" + STANDBY_ADMITTED_LOG + "%s admitted", index, placement["url"]
+        )
         self._admit_started()
         if refill:
             self._new_standby()
@@ -481,7 +488,7 @@ class RayWorkers:
             self.standbys.append((actor, task.result()))
             self._watch_standby(actor)
             logger.info(
-                "standby generation worker started at %s (%d in the pool)",
+                STANDBY_STARTED_LOG + " %s (%d in the pool)",
                 task.result()["url"],
                 len(self.standbys),
             )
@@ -505,7 +512,7 @@ class RayWorkers:
                 f"{limit}); last: {error}"
             )
             return
-        logger.warning("standby generation worker lost (%s): starting another", error)
+        logger.warning(STANDBY_LOST_LOG + " (%s): starting another", error)
         self._new_standby()
 
     def _watch_standby(self, actor: Any) -> None:
