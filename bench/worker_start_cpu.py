@@ -46,7 +46,6 @@ LABELS = (
     ("idle_worker", "ray::IDLE"),
     ("worker", "default_worker.py"),
     ("dashboard_agent", "dashboard/agent.py"),
-    ("runtime_env_agent", "--stub=runtime-env"),  # its placeholder (workers/ray_boot.py)
     ("dashboard_agent", "ray_agent_stub.py"),  # its placeholder (workers/ray_boot.py)
     ("runtime_env_agent", "runtime_env/agent/main.py"),
     ("ray_start", "ray.scripts.scripts"),

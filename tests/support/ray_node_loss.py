@@ -95,7 +95,7 @@ async def _lose_actor(tmp: Path) -> dict[str, Any]:
 
         actor = Member.options(resources={RAY_GENERATION_RESOURCE: 1}).remote()  # type: ignore[attr-defined]
         where = await actor.where.remote()
-        running = session_commands(node.pid)
+        running = _session_commands(node.pid)
         watch = asyncio.ensure_future(_awaited(actor.watch.remote()))
         await asyncio.sleep(0.5)
         deleted = time.monotonic()
@@ -122,7 +122,7 @@ async def _lose_actor(tmp: Path) -> dict[str, Any]:
             process.wait()
 
 
-def session_commands(session: int) -> list[str]:
+def _session_commands(session: int) -> list[str]:
     """The command lines of the processes of the worker pod's session."""
     import psutil
 

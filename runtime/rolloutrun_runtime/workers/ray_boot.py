@@ -1,5 +1,5 @@
 """A generation-worker pod's Ray node, started as ``ray start --address=... --block`` would,
-with less of its CPU: no Ray CLI, and placeholders for Ray's dashboard and runtime-env agents.
+with less of its CPU: no Ray CLI, and a placeholder for Ray's dashboard agent.
 
 Why: a worker pod deleted every 15 s is replaced by a refill pod whose start runs on the
 cores the trainer and the serving workers use (issue 14). Of its ~5.3 CPU-s
@@ -15,23 +15,18 @@ cores the trainer and the serving workers use (issue 14). Of its ~5.3 CPU-s
   replaced by :mod:`.ray_agent_stub` (stdlib only, no ``import ray``): it persists the
   three ports as a minimal agent with no HTTP server would (``-1``: not served) and lives
   as long as the raylet.
-- Ray's runtime-env agent took ~0.4-0.7 (``import ray``, aiohttp, its plugins): the raylet
-  asks it only to set up a non-empty ``runtime_env``, which no actor of ours on a worker
-  pod has. Its command is replaced the same way; that placeholder serves the agent's port
-  and refuses by name whatever asks it (see :mod:`.ray_agent_stub`).
 - ``ray start`` took ~0.9, about half of it importing Ray's CLI (its job, state and
   autoscaler commands). :func:`start_node` does what that CLI does for a node that is not
   the head (``RayParams``, ``Node``, Ray's own SIGTERM handling), in this process.
 
-Everything else (the raylet, the workers) is Ray's own. What this relies on of Ray's
-internals is here only, checked against Ray :data:`RAY_VERSION_CHECKED`; each assumption is
-verified when the node starts and a failed one ends the start with :class:`RayBootError`
-naming it (the pod's entry point reports it, tries again and then fails), never a silent
-full agent: the raylet's command carries exactly one ``--dashboard_agent_command=`` naming
-Ray's ``dashboard/agent.py`` and one ``--runtime_env_agent_command=`` naming its
-``_private/runtime_env/agent/main.py``, Ray's port names and port file names are the
-placeholder's (:func:`install`), and the node's start takes the arguments Ray 2.60's did
-(:func:`start_node`).
+Everything else (the raylet, the runtime-env agent, the workers) is Ray's own. What this
+relies on of Ray's internals is here only, checked against Ray :data:`RAY_VERSION_CHECKED`;
+each assumption is verified when the node starts and a failed one ends the start with
+:class:`RayBootError` naming it (the pod's entry point reports it, tries again and then
+fails), never a silent full agent: the raylet's command carries exactly one
+``--dashboard_agent_command=`` naming Ray's ``dashboard/agent.py``, Ray's port names and
+port file names are the placeholder's (:func:`install`), and the node's start takes the
+arguments Ray 2.60's did (:func:`start_node`).
 
     python -m rolloutrun_runtime.workers.ray_boot start --address=HOST:PORT ... --block
 """
@@ -58,51 +53,35 @@ RAY_VERSION_CHECKED = "2.60.0"
 AGENT_FLAG = "--dashboard_agent_command="
 #: How Ray's dashboard agent is named in that command (its script under the ``ray`` package).
 RAY_AGENT_SCRIPT = os.path.join("dashboard", "agent.py")
-#: The same for Ray's runtime-env agent.
-RUNTIME_ENV_AGENT_FLAG = "--runtime_env_agent_command="
-RAY_RUNTIME_ENV_AGENT_SCRIPT = os.path.join("_private", "runtime_env", "agent", "main.py")
-#: Each replaced agent: the raylet's argument, Ray's script in it, the placeholder's role.
-AGENTS = (
-    (AGENT_FLAG, RAY_AGENT_SCRIPT, ray_agent_stub.DASHBOARD),
-    (RUNTIME_ENV_AGENT_FLAG, RAY_RUNTIME_ENV_AGENT_SCRIPT, ray_agent_stub.RUNTIME_ENV),
-)
 
 
 class RayBootError(RuntimeError):
     """This Ray is not the one the agent replacement was checked against."""
 
 
-def stub_agent_command(
-    command: str,
-    script: str = RAY_AGENT_SCRIPT,
-    role: str = ray_agent_stub.DASHBOARD,
-    python: str = sys.executable,
-) -> str:
-    """Ray's agent command line ``command`` (its script ``script``) with its interpreter and
-    script replaced by :mod:`.ray_agent_stub` in ``role`` (Ray's arguments kept: the
-    placeholder reads those it needs)."""
+def stub_agent_command(command: str, python: str = sys.executable) -> str:
+    """Ray's dashboard-agent command line ``command`` with its interpreter and script
+    replaced by :mod:`.ray_agent_stub` (Ray's arguments kept: the stub reads two)."""
     words = shlex.split(command)
-    scripts = [i for i, word in enumerate(words) if word.endswith(script)]
+    scripts = [i for i, word in enumerate(words) if word.endswith(RAY_AGENT_SCRIPT)]
     if len(scripts) != 1:
         raise RayBootError(
-            f"Ray's {role} agent command names {script} {len(scripts)} times "
+            f"Ray's dashboard agent command names {RAY_AGENT_SCRIPT} {len(scripts)} times "
             f"(expected once, as in Ray {RAY_VERSION_CHECKED}): {command!r}"
         )
-    stub = [python, ray_agent_stub.__file__, f"--stub={role}"]
-    return subprocess.list2cmdline([*stub, *words[scripts[0] + 1 :]])
+    return subprocess.list2cmdline([python, ray_agent_stub.__file__, *words[scripts[0] + 1 :]])
 
 
 def raylet_argv(argv: list[str]) -> list[str]:
-    """The raylet's ``argv`` with both agents' commands replaced (see module)."""
+    """The raylet's ``argv`` with its dashboard agent command replaced (see module)."""
+    found = [i for i, arg in enumerate(argv) if arg.startswith(AGENT_FLAG)]
+    if len(found) != 1:
+        raise RayBootError(
+            f"the raylet's command has {len(found)} {AGENT_FLAG!r} arguments (expected "
+            f"one, as in Ray {RAY_VERSION_CHECKED})"
+        )
     out = list(argv)
-    for flag, script, role in AGENTS:
-        found = [i for i, arg in enumerate(argv) if arg.startswith(flag)]
-        if len(found) != 1:
-            raise RayBootError(
-                f"the raylet's command has {len(found)} {flag!r} arguments (expected "
-                f"one, as in Ray {RAY_VERSION_CHECKED})"
-            )
-        out[found[0]] = flag + stub_agent_command(argv[found[0]][len(flag) :], script, role)
+    out[found[0]] = AGENT_FLAG + stub_agent_command(argv[found[0]][len(AGENT_FLAG) :])
     return out
 
 
@@ -120,7 +99,7 @@ def check_port_files(filename: Callable[[str, str], str], names: tuple[str, ...]
 
 def install() -> list[list[str]]:
     """Wrap Ray's ``services.start_ray_process`` so that the raylet it starts gets the stub
-    agents; the port names and their files are checked first. Returns the raylet commands
+    agent; the port names and their files are checked first. Returns the raylet commands
     rewritten so far (one once the node started: :func:`main` checks it)."""
     import ray._private.ray_constants as ray_constants
     import ray._private.services as services
@@ -138,13 +117,7 @@ def install() -> list[list[str]]:
             f"Ray's dashboard agent persists the ports {names}, the stub "
             f"{ray_agent_stub.PORT_NAMES} (checked on Ray {RAY_VERSION_CHECKED})"
         )
-    if raylet.RUNTIME_ENV_AGENT_PORT_NAME != ray_agent_stub.RUNTIME_ENV_PORT_NAME:
-        raise RayBootError(
-            f"Ray's runtime-env agent persists the port {raylet.RUNTIME_ENV_AGENT_PORT_NAME!r}, "
-            f"the stub {ray_agent_stub.RUNTIME_ENV_PORT_NAME!r} (checked on Ray "
-            f"{RAY_VERSION_CHECKED})"
-        )
-    check_port_files(raylet.get_port_filename, (*names, ray_agent_stub.RUNTIME_ENV_PORT_NAME))
+    check_port_files(raylet.get_port_filename, names)
     original = services.start_ray_process
     rewritten: list[list[str]] = []
 
@@ -240,7 +213,7 @@ def main(argv: list[str]) -> int:
         node.kill_all_processes(check_alive=False, allow_graceful=False)
         raise RayBootError(
             f"{len(rewritten)} raylets were started through services.start_ray_process "
-            f"(one in Ray {RAY_VERSION_CHECKED}): its agents were not replaced"
+            f"(one in Ray {RAY_VERSION_CHECKED}): its dashboard agent was not replaced"
         )
     print(STARTED_LINE.decode(), flush=True)
     return block(node)
