@@ -421,9 +421,7 @@ def _keep_running(
         p.status.consecutive_losses = 0
     others = sum(1 for pod in members if pod.role != naming.Role.WORKER)  # worker_pods.py
     all_running = all(pod.phase == "Running" for pod in members) and others == replicas + 1
-    # Not the step reached: that is ``status.trainStep``, which the Lease mirror moves
-    # between passes (:mod:`.watching`), and a message naming it went stale until the next.
-    goal = f"training toward step {p.run.spec.run.grpo.max_steps}"
+    goal = f"training toward step {p.run.spec.run.grpo.max_steps}"  # reached: trainStep, mirrored
     pending = replacing(p)
     if pending:
         names = ", ".join(f"{m.role} {m.index} (generation {m.generation})" for m in pending)
