@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutrun_localcluster.embedded import EmbeddedRun, member_replacements
-from rolloutrun_runtime import workers
+from rolloutrun_runtime.workers import STANDBY_ADMITTED_LOG, STANDBY_LOST_LOG, STANDBY_STARTED_LOG
 
 from .elastic import (
     Arm,
@@ -74,9 +74,6 @@ WORKER_LEASE_S = 15
 WORKER_LOST = "lost ("
 WORKER_READMITTED = "re-admitted at version"
 WORKER_PLACED = "Ray generation workers at "
-STANDBY_STARTED = workers.STANDBY_STARTED_LOG
-STANDBY_ADMITTED = workers.STANDBY_ADMITTED_LOG
-STANDBY_LOST = workers.STANDBY_LOST_LOG
 URL = re.compile(r"http://[^'\s,\]()]+")
 #: Seconds after a deletion the bench waits (past the window) for what became of it.
 SETTLE_S = 60.0
@@ -157,13 +154,13 @@ def serving_urls(lines: list[str]) -> dict[int, str]:
 
 
 def standby_urls(lines: list[str]) -> set[str]:
-    """Addresses of the started standbys not yet admitted (:data:`STANDBY_STARTED` lines
-    less :data:`STANDBY_ADMITTED` ones; a runtime that does not log them: none)."""
+    """Addresses of the started standbys not yet admitted (:data:`STANDBY_STARTED_LOG` lines
+    less :data:`STANDBY_ADMITTED_LOG` ones; a runtime that does not log them: none)."""
     pool: set[str] = set()
     for line in lines:
-        if STANDBY_STARTED in line or STANDBY_ADMITTED in line:
+        if STANDBY_STARTED_LOG in line or STANDBY_ADMITTED_LOG in line:
             found = URL.findall(line)
-            if found and STANDBY_STARTED in line:
+            if found and STANDBY_STARTED_LOG in line:
                 pool.add(found[0])
             elif found:
                 pool.discard(found[0])
@@ -279,8 +276,8 @@ def _outcome(
         return next((t for t, line in after if t >= since and marker in line), None)
 
     if pick["kind"] != "active":
-        lost = first(STANDBY_LOST, at - 0.5)
-        ready = first(STANDBY_STARTED, lost) if lost is not None else None
+        lost = first(STANDBY_LOST_LOG, at - 0.5)
+        ready = first(STANDBY_STARTED_LOG, lost) if lost is not None else None
         out: dict[str, Any] = {"detected_after_s": lost, "refill_ready_after_s": ready}
         if ready is None:
             out["not_refilled"] = (
@@ -293,7 +290,7 @@ def _outcome(
     if lost is None:
         return {"not_readmitted": f"the trainer reported no loss of worker {index} "
                                   f"within {waited:.0f} s"}  # fmt: skip
-    promoted = first(f"generation worker {index}{STANDBY_ADMITTED}", lost)
+    promoted = first(f"generation worker {index}{STANDBY_ADMITTED_LOG}", lost)
     readmitted = first(f"generation worker {index} re-admitted", lost)
     out = {"detected_after_s": lost, "doing_work_after_s": readmitted}
     if readmitted is None:
