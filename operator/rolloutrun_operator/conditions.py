@@ -52,6 +52,30 @@ class Desired:
             raise ValueError(f"a condition's reason must not be empty (message {self.message!r})")
 
 
+def stopped(reason: str, message: str = "") -> dict[str, Desired]:
+    """What a run that is not training says of Ready, Progressing and Restarting (keyword
+    arguments of ``Pass.say``)."""
+    return {
+        "ready": Desired(False, reason, message),
+        "progressing": Desired(False, reason, message),
+        "restarting": Desired(False, reason),
+    }
+
+
+def ended(end: ConditionType, reason: str, message: str) -> dict[str, Desired]:
+    """A run ended for good: ``end`` (Succeeded or Failed) True with ``reason``, the other
+    False naming how it ended (a succeeded run's Failed must not still say Running), and the
+    run stopped."""
+    if end not in TERMINAL:
+        raise ValueError(f"{end} is not how a run ends (one of {', '.join(TERMINAL)})")
+    other = ConditionType.FAILED if end is ConditionType.SUCCEEDED else ConditionType.SUCCEEDED
+    return {
+        end.name.lower(): Desired(True, reason, message),
+        other.name.lower(): Desired(False, str(end)),
+        **stopped(str(end)),
+    }
+
+
 def is_true(conditions: Sequence[Condition], kind: ConditionType) -> bool:
     return any(c.type == kind and c.status is ConditionStatus.TRUE for c in conditions)
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from rolloutrun_operator import builders, kueue, naming, network_policies
 from rolloutrun_operator.api.v1alpha1 import FailureRecord, RolloutRun, RolloutRunStatus
 from rolloutrun_operator.conditions import ConditionType as C
-from rolloutrun_operator.conditions import Desired, find, is_true, merge
+from rolloutrun_operator.conditions import Desired, ended, find, is_true, merge, stopped
 from rolloutrun_operator.losses import find_loss, serving
 from rolloutrun_operator.members import endpoints_action, replace_members, replacing
 from rolloutrun_operator.observe import Observed, PodView, format_time, parse_time
@@ -131,14 +131,6 @@ def _mirror_lease(p: Pass) -> None:
         p.status.last_reward = lease.reward
 
 
-def _stopped(reason: str, message: str = "") -> dict[str, Desired]:
-    return {
-        "ready": Desired(False, reason, message),
-        "progressing": Desired(False, reason, message),
-        "restarting": Desired(False, reason),
-    }
-
-
 def _decide(p: Pass) -> None:
     conditions = p.status.conditions
     gate = _kueue_gate(p)
@@ -205,7 +197,7 @@ def _suspend(p: Pass, reason: str = "Suspended", why: str = "spec.suspend is tru
     p.status.incarnation_start_time = None
     p.status.next_start_time = None
     message = "" if reason == "Suspended" else why
-    p.say(suspended=Desired(True, state, why), **_stopped(reason, message))
+    p.say(suspended=Desired(True, state, why), **stopped(reason, message))
 
 
 def _wait_for_backoff(p: Pass) -> None:
@@ -371,7 +363,7 @@ def _run_incarnation(p: Pass) -> None:
             problems.append(account)
         if problems:
             reason, message = problems[0]
-            p.say(**_stopped(reason, message))
+            p.say(**stopped(reason, message))
             p.look_again(IDLE_REQUEUE_SECONDS)
             return
         if _conflicting(p, [i for i in range(replicas) if i not in gyms]):
@@ -480,7 +472,7 @@ def _conflicting(p: Pass, missing_gyms: list[int]) -> bool:
     before = find(p.status.conditions, C.READY)
     if before is None or before.reason != CHILD_CONFLICT or before.message != message:
         p.events.append(Event("Warning", CHILD_CONFLICT, message[:1024]))
-    p.say(**_stopped(CHILD_CONFLICT, message))
+    p.say(**stopped(CHILD_CONFLICT, message))
     p.look_again(IDLE_REQUEUE_SECONDS)
     return True
 
@@ -499,7 +491,7 @@ def _succeed(p: Pass, members: list[PodView]) -> None:
     # deletion at its last step or a run applied again over its storage): no Lease step.
     p.status.train_step = max(p.status.train_step, max_steps)
     message = f"trained {max_steps} steps"
-    p.say(succeeded=Desired(True, "MaxStepsReached", message), **_stopped("Succeeded"))
+    p.say(**ended(C.SUCCEEDED, "MaxStepsReached", message))
     p.events.append(Event("Normal", "Succeeded", message))
 
 
@@ -522,7 +514,7 @@ def _end_incarnation(p: Pass, members: list[PodView], loss: Loss) -> None:
     )
     status.incarnation_start_time = None
     if loss.kind is LossKind.UNRECOVERABLE:
-        p.say(failed=Desired(True, loss.reason, loss.message), **_stopped("Failed"))
+        p.say(**ended(C.FAILED, loss.reason, loss.message))
         p.events.append(Event("Warning", loss.reason, loss.message[:1024]))
         return
     if loss.kind is LossKind.FAILURE and status.restarts >= policy.max_restarts:
@@ -530,7 +522,7 @@ def _end_incarnation(p: Pass, members: list[PodView], loss: Loss) -> None:
             f"{status.restarts} restarts after failures (maxRestarts {policy.max_restarts}); "
             f"last: {loss.reason}: {loss.message}"
         )
-        p.say(failed=Desired(True, "RestartLimitExceeded", message), **_stopped("Failed"))
+        p.say(**ended(C.FAILED, "RestartLimitExceeded", message))
         p.events.append(Event("Warning", "RestartLimitExceeded", message))
         return
     if loss.kind is LossKind.FAILURE:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from rolloutrun_operator import naming
+from rolloutrun_operator.conditions import ConditionType, ended
 from rolloutrun_operator.name_rules import max_run_name
 from rolloutrun_operator.plan import Verb
 from rolloutrun_operator.reconcile import reconcile
@@ -169,10 +170,13 @@ def test_trainer_exit_zero_succeeds_and_removes_the_gym_pods():
     result = reconcile(make_run(running_status()), observed(pods), NOW)
     assert cond(result, "Succeeded") == ("True", "MaxStepsReached")
     assert cond(result, "Progressing") == ("False", "Succeeded")
+    # the other end says how the run ended, not "Running" (as it did before)
+    assert cond(result, "Failed") == ("False", "Succeeded")
     assert verbs(result) == ["delete Pod/demo-i1-gym-0", "delete Pod/demo-i1-gym-1"]
     assert result.events[-1].reason == "Succeeded"
     again = reconcile(make_run(result.status.model_dump(by_alias=True)), observed(pods[:1]), NOW)
     assert again.actions == [] and cond(again, "Succeeded")[0] == "True"
+    assert cond(again, "Failed") == ("False", "Succeeded")
 
 
 def test_a_trainer_that_resumed_at_max_steps_leaves_the_status_at_max_steps():
@@ -313,3 +317,9 @@ def test_unsuspending_while_pods_still_stop_waits_for_them_under_a_new_number():
     assert cond(resumed, "Ready") == ("False", "StoppingPrevious")
     later = reconcile(make_run(resumed.status.model_dump(by_alias=True)), observed(), NOW)
     assert later.status.incarnation == 2 and "create Pod/demo-i2-gym-0" in verbs(later)
+
+
+def test_only_succeeded_or_failed_can_end_a_run():
+    assert ended(ConditionType.FAILED, "Unrestorable", "m")["succeeded"].reason == "Failed"
+    with pytest.raises(ValueError, match="Ready is not how a run ends"):
+        ended(ConditionType.READY, "Running", "")

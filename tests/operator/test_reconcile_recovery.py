@@ -160,6 +160,7 @@ def test_failures_past_max_restarts_fail_the_run_but_preemptions_never_do():
     )
     assert cond(result, "Progressing") == ("False", "Failed")
     assert cond(result, "Restarting") == ("False", "Failed")
+    assert cond(result, "Succeeded") == ("False", "Failed")
     assert result.status.restarts == 2
     assert {a.name for a in result.actions} == {p.name for p in failed}
     assert result.events[-1].reason == "RestartLimitExceeded"
@@ -412,6 +413,7 @@ def test_an_unrestorable_trainer_fails_the_run_instead_of_restarting(pod, reason
     assert "exit code 78" in message and message.endswith(": refused: config changed: nHeads")
     assert cond(result, "Restarting") == ("False", "Failed")
     assert cond(result, "Progressing") == ("False", "Failed")
+    assert cond(result, "Succeeded") == ("False", "Failed")
     assert (result.status.restarts, result.status.next_start_time) == (0, None)
     again = reconcile(make_run(result.status.model_dump(by_alias=True)), observed(others), NOW)
     assert again.status.incarnation == 1 and cond(again, "Failed")[0] == "True"
