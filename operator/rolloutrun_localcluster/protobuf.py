@@ -25,8 +25,16 @@ from typing import Any
 
 from . import errors
 from .errors import ApiError
-from .protobuf_schemas import ANY_VERSION, KEEP_ZERO, MESSAGES, ROOTS, STRING_LISTS
+from .protobuf_schemas import ANY_VERSION, STRING_LISTS
+from .protobuf_schemas import KEEP_ZERO as CORE_KEEP_ZERO
+from .protobuf_schemas import MESSAGES as CORE_MESSAGES
+from .protobuf_schemas import ROOTS as CORE_ROOTS
+from .protobuf_schemas_apps import APPS_KEEP_ZERO, APPS_MESSAGES, APPS_ROOTS
 from .store import rfc3339
+
+MESSAGES = {**CORE_MESSAGES, **APPS_MESSAGES}
+ROOTS = {**CORE_ROOTS, **APPS_ROOTS}
+KEEP_ZERO = CORE_KEEP_ZERO | APPS_KEEP_ZERO
 
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 MAGIC = b"k8s\x00"

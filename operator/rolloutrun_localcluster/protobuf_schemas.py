@@ -4,7 +4,8 @@ kubectl (and every client-go program) sends built-in types as
 ``application/vnd.kubernetes.protobuf``; the emulator stores JSON. These are the facts of that
 wire format the decoder in ``protobuf.py`` needs, transcribed from the ``generated.proto``
 files of k8s.io/api (core, rbac, authentication, authorization, scheduling, policy,
-coordination, networking v1) and k8s.io/apimachinery (meta v1): per message, its fields as
+coordination, networking v1; apps v1 in ``protobuf_schemas_apps``) and
+k8s.io/apimachinery (meta v1): per message, its fields as
 ``<number> <JSON name> <type>``, comma-separated. Types: ``s`` string, ``i`` integer
 (int32/int64), ``b`` bool, ``y`` bytes (base64 in JSON), ``d`` double, a message name,
 ``[T]`` repeated, ``{s:T}`` a map. The names are the JSON names; the one proto name that

@@ -235,7 +235,11 @@ SUBRESOURCE_GROUP_VERSIONS: dict[str, dict[str, str]] = {
     "eviction": {"group": "policy", "version": "v1"},
 }
 # The built-in kinds of the ``all`` category (``kubectl get all``) that the emulator serves.
-BUILTIN_CATEGORIES: dict[str, tuple[str, ...]] = {"pods": ("all",), "services": ("all",)}
+BUILTIN_CATEGORIES: dict[str, tuple[str, ...]] = {
+    "pods": ("all",),
+    "services": ("all",),
+    "deployments.apps": ("all",),
+}
 
 
 def resource_list(registry: Registry, group: str, version: str) -> dict[str, Any] | None:

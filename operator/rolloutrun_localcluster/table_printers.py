@@ -280,6 +280,22 @@ def _quota(limits: bool) -> Callable[[Obj], str]:
     return cell
 
 
+def _deployment_ready(deployment: Obj) -> str:
+    """``ready/desired``; a Deployment this cluster stores but runs (no controller here) stays
+    ``0/N``, as one whose pods never start does on a real cluster."""
+    desired = _spec(deployment).get("replicas", 1)
+    return f"{_status(deployment).get('readyReplicas', 0)}/{desired}"
+
+
+def _containers(key: str) -> Callable[[Obj], str]:
+    def cell(workload: Obj) -> str:
+        template = _spec(workload).get("template") or {}
+        containers = (template.get("spec") or {}).get("containers") or []
+        return ",".join(str(c.get(key, "")) for c in containers)
+
+    return cell
+
+
 def _binding_role(binding: Obj) -> str:
     ref = binding.get("roleRef") or {}
     return f"{ref.get('kind', '')}/{ref.get('name', '')}"
@@ -402,6 +418,16 @@ BUILTIN_COLUMNS: dict[str, tuple[Column, ...]] = {
         Column("First Seen", event_first_seen, priority=1),
         Column("Count", _event_count, priority=1),
         Column("Name", name, priority=1, format="name"),
+    ),
+    "deployments.apps": (
+        NAME,
+        Column("Ready", _deployment_ready),
+        Column("Up-to-date", _get("status", "updatedReplicas", default=0), "integer"),
+        Column("Available", _get("status", "availableReplicas", default=0), "integer"),
+        AGE,
+        Column("Containers", _containers("name"), priority=1),
+        Column("Images", _containers("image"), priority=1),
+        Column("Selector", lambda d: format_selector(_spec(d).get("selector")), priority=1),
     ),
     "resourcequotas": (NAME, AGE, Column("Request", _quota(False)), Column("Limit", _quota(True))),
     "leases.coordination.k8s.io": (NAME, Column("Holder", _get("spec", "holderIdentity")), AGE),

@@ -280,8 +280,15 @@ def test_kubectl_get_all_and_drain(kubectl: Kubectl, namespace: str) -> None:
     kubectl("run", "evictee", f"--labels={namespace}=evict", *sleep)
     kubectl("run", "deletee", f"--labels={namespace}=delete", *sleep)
     kubectl("create", "service", "clusterip", "web", "--tcp=80")
+    kubectl("create", "deployment", "web", "--image=x")  # stored; no controller runs it
     listed = kubectl("get", "all", "-o", "name").split()
-    assert listed == ["pod/deletee", "pod/evictee", "service/web"]
+    assert listed == ["pod/deletee", "pod/evictee", "service/web", "deployment.apps/web"]
+    [deployment] = table(kubectl("get", "deployments", "-o", "wide"))
+    assert (deployment["READY"], deployment["UP-TO-DATE"], deployment["IMAGES"]) == (
+        "0/1",
+        "0",
+        "x",
+    )
     drain = ("drain", "local", "--force", "--grace-period=1", "--timeout=60s")
     try:
         assert "pod/evictee evicted" in kubectl(*drain, f"--pod-selector={namespace}=evict")

@@ -65,6 +65,29 @@ def test_pointer_fields_keep_their_zero_and_others_drop_it() -> None:
     assert obj["metadata"] == {"name": "sa"}
 
 
+def test_a_deployment_decodes_its_pod_template_and_keeps_zero_replicas() -> None:
+    """``kubectl create deployment web --image=x --replicas=0`` (apps/v1 messages, the core
+    PodSpec inside); ``replicas`` is a pointer: 0 asks for no pod, it is not left out."""
+    container = field(1, "x") + field(2, "x")  # name, image
+    template = field(1, meta("", labels=field(11, field(1, "app") + field(2, "web"))))
+    template += field(2, field(2, container))  # PodSpec.containers
+    strategy = field(1, "RollingUpdate") + field(2, field(1, field(1, 1) + field(3, "25%")))
+    selector = field(1, field(1, "app") + field(2, "web"))
+    spec = field(1, 0) + field(2, selector) + field(3, template) + field(4, strategy)
+    spec += field(5, 0) + field(7, 0)  # minReadySeconds, paused: not pointers, left out
+    raw = field(1, meta("web")) + field(2, spec) + field(3, b"")
+    obj = protobuf.decode_object(envelope("apps/v1", "Deployment", raw))
+    assert obj["spec"] == {
+        "replicas": 0,
+        "selector": {"matchLabels": {"app": "web"}},
+        "template": {
+            "metadata": {"labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "x", "image": "x"}]},
+        },
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}},
+    }
+
+
 def test_int_or_string_times_quantities_and_negative_numbers() -> None:
     port = field(3, 80) + field(4, field(1, 1) + field(3, "http")) + field(5, 0)
     spec = field(1, port) + field(12, -1)  # healthCheckNodePort, a negative int32
@@ -95,9 +118,9 @@ def test_packed_repeated_and_fixed_width_fields_decode() -> None:
 
 def test_an_unknown_kind_is_a_415_naming_it() -> None:
     with pytest.raises(ApiError) as caught:
-        protobuf.request_body(envelope("apps/v1", "Deployment", field(1, meta("d"))))
+        protobuf.request_body(envelope("batch/v1", "Job", field(1, meta("j"))))
     assert caught.value.code == 415
-    assert '"apps/v1, Kind=Deployment"' in caught.value.message
+    assert '"batch/v1, Kind=Job"' in caught.value.message
     assert "application/json" in caught.value.message
 
 

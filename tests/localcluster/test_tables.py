@@ -144,3 +144,23 @@ def test_a_custom_resource_prints_its_columns_by_jsonpath_and_age_only_when_it_h
     plain = ResourceType("x.dev", "v1", "plains", "Plain", True, custom=True)
     [row] = as_table(plain, [run], {})["rows"]
     assert row["cells"][0] == "r" and re.fullmatch(r"\d\dy", row["cells"][1])
+
+
+def test_deployments_print_ready_up_to_date_available_and_wide_their_containers() -> None:
+    deployment = {
+        "metadata": {"name": "op", "namespace": "ns"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "op"}},
+            "template": {"spec": {"containers": [{"name": "operator", "image": "r/op:1"}]}},
+        },
+        "status": {"readyReplicas": 1, "updatedReplicas": 2},
+    }
+    table = as_table(builtin("deployments"), [deployment], {})
+    names = [(c["name"], c["priority"]) for c in table["columnDefinitions"]]
+    assert [n for n, p in names if p == 0] == ["Name", "Ready", "Up-to-date", "Available", "Age"]
+    cells = table["rows"][0]["cells"]
+    assert cells[:4] == ["op", "1/2", 2, 0]
+    assert cells[5:] == ["operator", "r/op:1", "app=op"]
+    stored = {"metadata": {"name": "op"}, "spec": {}}  # stored, never run: no status
+    assert as_table(builtin("deployments"), [stored], {})["rows"][0]["cells"][1:4] == ["0/1", 0, 0]
