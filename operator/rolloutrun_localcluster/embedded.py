@@ -82,6 +82,17 @@ def load_document(path: str | Path) -> dict[str, Any]:
     return document
 
 
+def api_message(error: Any) -> str:
+    """An ``ApiException``'s Status message (its reason and code without one)."""
+    try:
+        status = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        status = None
+    if isinstance(status, dict) and status.get("message"):
+        return str(status["message"])
+    return f"{error.status} {error.reason}"
+
+
 def localize(document: dict[str, Any], work_dir: Path, namespace: str) -> dict[str, Any]:
     """The run as the local cluster runs it: storage and logs on a claim in ``work_dir``.
 
@@ -284,13 +295,25 @@ class EmbeddedRun:
                 OperatorConfig(options=options, namespaces=[self.namespace])
             ).start()
             self.started_at = time.monotonic()
-            self.runs.create_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, self.document
-            )
+            self._create_run()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _create_run(self) -> None:
+        """The RolloutRun itself; a refusal is an :class:`EmbeddedRunError` with the API
+        server's own message (what ``kubectl apply`` would print), not a client traceback."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.runs.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, self.document
+            )
+        except ApiException as error:
+            raise EmbeddedRunError(
+                f"the API server refused the run: {api_message(error)}"
+            ) from None
 
     def _claim_storage(self) -> None:
         """The run's storage claim, bound to a volume on ``storage/`` (``logs`` linked)."""

@@ -19,7 +19,14 @@ from typing import Any
 
 from rolloutrun_operator.naming import Role
 
-from .embedded import SUMMARY_FILE, EmbeddedRun, EmbeddedRunError, condition_of, load_document
+from .embedded import (
+    SUMMARY_FILE,
+    EmbeddedRun,
+    EmbeddedRunError,
+    condition_of,
+    load_document,
+    localize,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +186,20 @@ def model_problem(document: dict[str, Any]) -> str | None:
     return local_model_problem(model) if isinstance(model, str) and model else None
 
 
+def document_problem(document: dict[str, Any], work_dir: Path, source: str) -> str | None:
+    """What ``rolloutrun validate`` finds in the run as this command applies it (its storage
+    and log dir on the run's own claim), or None: the same checks the cluster's API server
+    and the operator make, offline, so a bad field is named at once instead of after a
+    cluster start."""
+    from rolloutrun_operator.api.validation import RolloutRunInvalid, parse_rolloutrun
+
+    try:
+        parse_rolloutrun(localize(document, work_dir, "default"), source)
+    except RolloutRunInvalid as error:
+        return str(error)
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -209,6 +230,10 @@ def main(args: argparse.Namespace) -> int:
         run_spec.setdefault("grpo", {})["maxSteps"] = args.max_steps
     name = document["metadata"]["name"]
     work_dir = Path(args.work_dir) if args.work_dir else default_work_dir(name)
+    invalid = document_problem(document, work_dir, args.file)
+    if invalid:  # what the API server would refuse, said before a cluster starts
+        print(f"rolloutrun run: {invalid}", file=sys.stderr)
+        return 2
     print(f"rolloutrun run: {name} in {work_dir} (local cluster, operator, pods)", flush=True)
     rng = random.Random(args.seed)
     signal.signal(signal.SIGTERM, _interrupt)  # stop the cluster and its pods, as Ctrl-C does

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rolloutrun_localcluster.embedded import audit_holds, last_step, run_json_command
+from rolloutrun_localcluster.embedded import api_message, audit_holds, last_step, run_json_command
 from rolloutrun_localcluster.run_command import (
     Display,
     _summary_line,
@@ -155,3 +155,33 @@ def test_preempting_a_role_the_run_has_no_pods_of_is_said_not_silently_skipped(
     assert result.returncode == 2  # refused before any cluster starts
     assert "tiny-grpo has no worker pods (spec.workers.replicas is 0)" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_the_api_server_would_refuse_is_named_before_a_cluster_starts(
+    tmp_path: Path,
+) -> None:
+    """It printed the Kubernetes client's traceback (HTTP headers and body) after starting a
+    cluster; now the offline check of ``rolloutrun validate`` on the run as applied."""
+    bad = tmp_path / "bad.yaml"
+    example = (ROOT / "examples" / "tiny-grpo.yaml").read_text()
+    bad.write_text(example.replace("maxSteps: 30", "maxSteps: -3"))
+    assert "maxSteps: -3" in bad.read_text()
+    command = [sys.executable, "-m", "rolloutrun_runtime.cli", "run", str(bad)]
+    result = subprocess.run(
+        [*command, "--work-dir", str(tmp_path / "run")], capture_output=True, text=True
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"rolloutrun run: {bad}: invalid RolloutRun",
+        "  spec.run.grpo.maxSteps: -3 is less than the minimum of 1",
+    ]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_refusal_by_the_api_server_is_its_status_message() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    refused = ApiException(status=422, reason="Unprocessable Entity")
+    refused.body = json.dumps({"kind": "Status", "message": 'RolloutRun "x" is invalid: spec'})
+    assert api_message(refused) == 'RolloutRun "x" is invalid: spec'
+    assert api_message(ApiException(status=409, reason="Conflict")) == "409 Conflict"
