@@ -198,6 +198,7 @@ def _suspend(p: Pass, reason: str = "Suspended", why: str = "spec.suspend is tru
     p.status.next_start_time = None
     message = "" if reason == "Suspended" else why
     p.say(suspended=Desired(True, state, why), **stopped(reason, message))
+    p.say(succeeded=Desired(False, reason), failed=Desired(False, reason))  # not "Running"
 
 
 def _wait_for_backoff(p: Pass) -> None:

@@ -208,6 +208,7 @@ def test_suspend_stops_the_pods_then_reports_suspended_and_resume_starts_anew():
     )
     assert stopped.actions == [] and cond(stopped, "Suspended") == ("True", "Suspended")
     assert cond(stopped, "Ready")[0] == "False" and cond(stopped, "Progressing")[0] == "False"
+    assert cond(stopped, "Succeeded") == cond(stopped, "Failed") == ("False", "Suspended")
     assert [e.reason for e in stopped.events] == ["Suspended"]
     resumed = reconcile(make_run(stopped.status.model_dump(by_alias=True)), observed(), NOW)
     assert resumed.status.incarnation == 2 and resumed.status.restarts == 0
