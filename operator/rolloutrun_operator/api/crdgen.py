@@ -110,6 +110,14 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
+def _run_name_from_metadata(name: dict[str, Any]) -> None:
+    """``spec.run.name`` without the runtime's default (``run``): the API server would write
+    that default into every run, and the operator names a run whose ``spec.run.name`` is
+    unset after its ``metadata.name`` (its manifests, traces and storage owner)."""
+    name.pop("default", None)
+    name["description"] = f"{name['description']} Default: the RolloutRun's metadata.name."
+
+
 def _conditions_as_map(status: dict[str, Any]) -> None:
     conditions = status["properties"]["conditions"]
     conditions["x-kubernetes-list-type"] = "map"
@@ -120,6 +128,7 @@ def build_crd() -> dict[str, Any]:
     """The full CustomResourceDefinition for RolloutRun as a mapping."""
     spec_schema = model_schema(api.RolloutRunSpec)
     spec_schema["description"] = api.RolloutRunSpec.__doc__
+    _run_name_from_metadata(spec_schema["properties"]["run"]["properties"]["name"])
     status_schema = model_schema(api.RolloutRunStatus)
     status_schema["description"] = api.RolloutRunStatus.__doc__
     _conditions_as_map(status_schema)

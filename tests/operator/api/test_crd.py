@@ -107,3 +107,23 @@ def test_crd_names_and_columns():
     columns = [column["name"] for column in version["additionalPrinterColumns"]]
     assert columns[:5] == ["Step", "Reward", "Restarts", "Snapshot-Age", "Ready"]
     assert "Steps/min" in columns
+
+
+def test_a_run_is_named_after_its_metadata_once_the_api_server_defaulted_it():
+    """The CRD defaulted ``spec.run.name`` to the runtime's ``run``, so the API server wrote
+    it into every RolloutRun and the operator's "metadata.name unless set" never applied:
+    every run's manifests and storage anchor said ``run``, and one run resumed another's
+    storage unrefused. Defaulted as the local cluster's API server does (structural
+    defaulting from this CRD), the run keeps its own name; a name the user sets stays."""
+    from rolloutrun_localcluster.schema import apply_defaults
+    from rolloutrun_operator.api.v1alpha1 import RolloutRun
+    from rolloutrun_operator.builders import render_run_config
+
+    schema = crdgen.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    document = yaml.safe_load((ROOT / "examples" / "tiny-grpo.yaml").read_text())
+    document["metadata"]["namespace"] = "default"
+    stored = apply_defaults(document, schema)
+    assert "name" not in stored["spec"]["run"]
+    assert render_run_config(RolloutRun.model_validate(stored)).name == "tiny-grpo"
+    stored["spec"]["run"]["name"] = "chosen"
+    assert render_run_config(RolloutRun.model_validate(stored)).name == "chosen"

@@ -51,6 +51,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.manifest_format import 
     SelectionReport,
     SnapshotManifest,
     differing_keys,
+    owner_problem,
     parse_json_object,
     parse_snapshot_id,
     resume_config_differences,
@@ -165,17 +166,25 @@ class ManifestStore:
         except ObjectExistsError:
             pass
         existing = self._read_json(BOOTSTRAP_KEY)
-        if existing.get("run_name") != self.run_name:
-            raise ManifestError(
-                f"{self.storage.uri_for(BOOTSTRAP_KEY)}: storage belongs to run "
-                f"{existing.get('run_name')!r}, not {self.run_name!r}"
-            )
+        other = owner_problem(existing.get("run_name"), self.run_name)
+        if other:
+            raise ManifestError(f"{self.storage.uri_for(BOOTSTRAP_KEY)}: {other}")
         if existing.get("fingerprint") != record["fingerprint"]:
             differing = resume_config_differences(
                 existing.get("config_view", {}), config, existing.get("fingerprint")
             )
             if differing:
                 raise FingerprintMismatchError(self.storage.uri_for(BOOTSTRAP_KEY), differing)
+
+    def owner_problem(self) -> tuple[str, str] | None:
+        """``(uri, why)`` when the storage's bootstrap anchor names another run, whose
+        checkpoints are not this run's to resume; None when it names this run or is absent."""
+        try:
+            existing = self._read_json(BOOTSTRAP_KEY)
+        except ObjectNotFoundError:
+            return None
+        other = owner_problem(existing.get("run_name"), self.run_name)
+        return (self.storage.uri_for(BOOTSTRAP_KEY), other) if other else None
 
     def _read_json(self, key: str) -> dict[str, Any]:
         return parse_json_object(self.storage.read_bytes(key), self.storage.uri_for(key))

@@ -77,6 +77,16 @@ class ManifestError(RuntimeError):
     """A snapshot manifest cannot be used; the message says which and why."""
 
 
+def owner_problem(owner: Any, run_name: str) -> str | None:
+    """Why storage whose bootstrap anchor names run ``owner`` is not ``run_name``'s."""
+    if owner == run_name:
+        return None
+    return (
+        f"storage belongs to run {owner!r}, not {run_name!r} (give this run its own "
+        f"storage.uri, or name it {owner!r} to resume that run)"
+    )
+
+
 class FingerprintMismatchError(ManifestError):
     """The run's rollout-relevant config differs from the one the snapshots were taken with."""
 

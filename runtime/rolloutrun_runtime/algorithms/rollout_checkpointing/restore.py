@@ -307,6 +307,9 @@ class RolloutRestorer:
         Raises :class:`UnrestorableError` when entries exist and every one is refused.
         """
         crash_point("during_restore")
+        owner = self._manifests.owner_problem() if self._manifests is not None else None
+        if owner is not None:  # another run's checkpoints, even at or past this maxSteps
+            raise UnrestorableError([owner])
         checkpointing = self._config.checkpointing
         found, refused = self.entries()
         ordered = newest_first(found)

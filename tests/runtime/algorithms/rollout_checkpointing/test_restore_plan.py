@@ -307,3 +307,33 @@ def test_no_restorable_entry_exits_unrestorable(tmp_path, capsys) -> None:
     assert code == UNRESTORABLE_EXIT_CODE
     err = capsys.readouterr().err
     assert candidate.manifest_uri in err and "field train_step is str" in err
+
+
+def test_another_runs_storage_is_refused_even_past_this_runs_max_steps(tmp_path, capsys) -> None:
+    """A run given the storage of another (a copied manifest's ``storage.uri``) resumed from
+    its newest checkpoint, and one past its own ``maxSteps`` exited 0 at once, calling that
+    run's weights its own. The storage's bootstrap anchor names its run: exit 78, named."""
+    from rolloutrun_runtime import trainer
+
+    cfg = tiny_config(tmp_path, gym={"replicas": 1, "endpoints": ["http://127.0.0.1:9"]})
+    assert cfg.name != "other-run"
+    store = ManifestStore(open_storage(cfg.resolved_storage_uri()), "other-run")
+    store.ensure_bootstrap_anchor(cfg)
+    store.publish(
+        config=cfg,
+        anchor=BOOTSTRAP_ANCHOR,
+        files={CONTROLLER_STATE_FILE: b"{}"},
+        train_step=cfg.grpo.max_steps + 5,
+        mutation_version=1,
+        cut_time=0.0,
+    )
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(yaml.safe_dump(cfg.to_yaml_dict()))
+
+    code = trainer.main(argparse.Namespace(config=str(config_file), log_dir=None))
+    assert code == UNRESTORABLE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert f"storage belongs to run 'other-run', not {cfg.name!r}" in err
+    assert "give this run its own storage.uri, or name it 'other-run'" in err
+    # its own name resumes as before: the anchor is this run's
+    assert ManifestStore(store.storage, "other-run").owner_problem() is None
