@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rolloutrun_runtime import chaos
+from rolloutrun_runtime.chaos.cli import lost_words
 from rolloutrun_runtime.crash import CRASH_SITES
 
 RUNTIME = Path(__file__).resolve().parents[3] / "runtime" / "rolloutrun_runtime"
@@ -150,3 +151,14 @@ def test_the_trace_counts_attempts_in_flight_at_a_stop_and_the_cut_age() -> None
     (stop,) = analyze(events).stops
     assert stop.in_flight_at_stop == 1
     assert stop.since_cut_s == pytest.approx(0.25)
+
+
+def test_the_summary_line_names_all_the_work_a_kill_lost_not_only_the_cut_s_share() -> None:
+    """``rolloutrun chaos examples/tiny-multiturn.yaml --kills 4 --seed 13`` printed
+    ``thrown away [0.0, 0.0, 0.0, 0.0] s``: its incarnations resumed from nothing or from a
+    trainer checkpoint, which lose everything after the cut (121.7 s in the first kill)."""
+    data = {"rollout_work_lost_s": [121.70065, 13.604925, 0.0], "thrown_away_s": [0.0, 0.0, 0.0]}
+    assert lost_words(data) == (
+        "rollout work lost per kill [121.7, 13.6, 0.0] s "
+        "(thrown away at the restored cut [0.0, 0.0, 0.0] s)"
+    )
