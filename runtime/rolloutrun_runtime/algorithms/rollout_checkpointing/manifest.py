@@ -129,6 +129,9 @@ class ManifestStore:
         self.run_name = run_name
         self.lease_duration_s = lease_duration_s
         self._view_cache: tuple[RunConfig, dict[str, Any], str] | None = None
+        #: The bootstrap anchor's record once read or written (create-only: it never
+        #: changes), so the restore's owner check and the run's anchor check read it once.
+        self._bootstrap: dict[str, Any] | None = None
         #: Per committed snapshot id, the segments its manifest lists (manifests are
         #: create-only: read once).
         self._segments_of: dict[int, frozenset[str]] = {}
@@ -158,14 +161,16 @@ class ManifestStore:
             "anchor": BOOTSTRAP_ANCHOR.to_json(),
             "created_at": time.time(),
         }
-        try:
-            self.storage.write_bytes_if_absent(
-                BOOTSTRAP_KEY, json.dumps(record, sort_keys=True, indent=1).encode()
-            )
-            return
-        except ObjectExistsError:
-            pass
-        existing = self._read_json(BOOTSTRAP_KEY)
+        existing = self._bootstrap
+        if existing is None:
+            try:
+                self.storage.write_bytes_if_absent(
+                    BOOTSTRAP_KEY, json.dumps(record, sort_keys=True, indent=1).encode()
+                )
+                self._bootstrap = record
+                return
+            except ObjectExistsError:
+                existing = self._bootstrap = self._read_json(BOOTSTRAP_KEY)
         other = owner_problem(existing.get("run_name"), self.run_name)
         if other:
             raise ManifestError(f"{self.storage.uri_for(BOOTSTRAP_KEY)}: {other}")
@@ -179,11 +184,12 @@ class ManifestStore:
     def owner_problem(self) -> tuple[str, str] | None:
         """``(uri, why)`` when the storage's bootstrap anchor names another run, whose
         checkpoints are not this run's to resume; None when it names this run or is absent."""
-        try:
-            existing = self._read_json(BOOTSTRAP_KEY)
-        except ObjectNotFoundError:
-            return None
-        other = owner_problem(existing.get("run_name"), self.run_name)
+        if self._bootstrap is None:
+            try:
+                self._bootstrap = self._read_json(BOOTSTRAP_KEY)
+            except ObjectNotFoundError:
+                return None
+        other = owner_problem(self._bootstrap.get("run_name"), self.run_name)
         return (self.storage.uri_for(BOOTSTRAP_KEY), other) if other else None
 
     def _read_json(self, key: str) -> dict[str, Any]:
