@@ -76,6 +76,28 @@ def ended(end: ConditionType, reason: str, message: str) -> dict[str, Desired]:
     }
 
 
+def change_after_end(
+    conditions: Sequence[Condition], seen: int | None, generation: int | None
+) -> str | None:
+    """What to tell a user whose spec change (``generation``, the last pass saw ``seen``)
+    reached a run that has ended, or None. An ended run starts nothing again (as a finished
+    Job), so a raised ``maxSteps`` or a fixed storage would otherwise be ignored in silence;
+    the way on is a new RolloutRun of the same name and storage, which resumes from them."""
+    if seen is None or generation is None or generation == seen:
+        return None
+    end = next(
+        (c for c in conditions if c.type in TERMINAL and c.status is ConditionStatus.TRUE), None
+    )
+    if end is None:
+        return None
+    return (
+        f"the run has ended ({end.type}: {end.reason}), so this change of its spec (generation "
+        f"{generation}) is not applied: an ended run starts no incarnation again. To train on "
+        "from its storage, delete this RolloutRun and apply it again with the same name and "
+        "storage: it resumes from the newest checkpoint there"
+    )
+
+
 def is_true(conditions: Sequence[Condition], kind: ConditionType) -> bool:
     return any(c.type == kind and c.status is ConditionStatus.TRUE for c in conditions)
 

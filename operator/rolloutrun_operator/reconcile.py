@@ -40,7 +40,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from rolloutrun_operator import builders, kueue, naming, network_policies
+from rolloutrun_operator import builders, conditions, kueue, naming, network_policies
 from rolloutrun_operator.api.v1alpha1 import FailureRecord, RolloutRun, RolloutRunStatus
 from rolloutrun_operator.conditions import ConditionType as C
 from rolloutrun_operator.conditions import Desired, ended, find, is_true, merge, stopped
@@ -102,6 +102,10 @@ def reconcile(run: RolloutRun, observed: Observed, now: dt.datetime) -> Result:
     status = (run.status or RolloutRunStatus()).model_copy(deep=True)
     p = Pass(run, observed, now, status)
     generation = run.metadata.get("generation")
+    if late := conditions.change_after_end(
+        status.conditions, status.observed_generation, generation
+    ):
+        p.events.append(Event("Warning", "SpecChangeIgnored", late))
     _mirror_lease(p)
     _decide(p)
     progressing = p.desired.get(C.PROGRESSING)

@@ -179,6 +179,44 @@ def test_trainer_exit_zero_succeeds_and_removes_the_gym_pods():
     assert cond(again, "Failed") == ("False", "Succeeded")
 
 
+def _at_generation(status: dict, generation: int):
+    run = make_run(status)
+    run.metadata["generation"] = generation
+    return run
+
+
+@pytest.mark.parametrize("exit_code", [0, 1])
+def test_a_spec_change_after_the_end_is_not_applied_and_says_how_to_go_on(exit_code):
+    """A finished run starts nothing again (maxSteps raised on a Succeeded run did nothing and
+    said nothing): one Warning per change names the end and the way on; no pod is made."""
+    pods = (trainer(1, phase="Succeeded" if exit_code == 0 else "Failed", exit_code=exit_code),)
+    status = running_status(restarts=2) if exit_code else running_status()
+    ended_now = reconcile(make_run(status), observed(pods), NOW)
+    end = "Succeeded" if exit_code == 0 else "Failed"
+    assert cond(ended_now, end)[0] == "True"
+    assert "SpecChangeIgnored" not in [e.reason for e in ended_now.events]
+    done = ended_now.status.model_dump(by_alias=True)
+    changed = reconcile(_at_generation(done, 2), observed(pods), NOW)
+    warning = [e for e in changed.events if e.reason == "SpecChangeIgnored"]
+    assert [e.type for e in warning] == ["Warning"]
+    assert f"the run has ended ({end}: " in warning[0].message
+    assert "generation 2" in warning[0].message and "same name and storage" in warning[0].message
+    assert not [a for a in verbs(changed) if a.startswith("create")]
+    assert cond(changed, end)[0] == "True"
+    # said once per change, not on every pass
+    again = reconcile(
+        _at_generation(changed.status.model_dump(by_alias=True), 2), observed(pods), NOW
+    )
+    assert "SpecChangeIgnored" not in [e.reason for e in again.events]
+
+
+def test_a_spec_change_while_running_is_no_warning():
+    result = reconcile(
+        _at_generation(running_status(observedGeneration=1), 2), observed(members(1)), NOW
+    )
+    assert "SpecChangeIgnored" not in [e.reason for e in result.events]
+
+
 def test_a_trainer_that_resumed_at_max_steps_leaves_the_status_at_max_steps():
     """Its exit 0 is the proof; it trained no step of its own, so its Lease says none (a
     run applied again over the storage of one that finished showed trainStep 0)."""
