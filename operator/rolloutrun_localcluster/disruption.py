@@ -16,7 +16,9 @@ Pending, Succeeded, Failed or terminating pod, or of a pod no budget covers, del
 unready pod, when the budget is met (or its ``unhealthyPodEvictionPolicy`` is
 ``AlwaysAllow``); otherwise it takes one allowed disruption (recorded in ``disruptedPods``)
 or is refused: 429 ``TooManyRequests`` "Cannot evict pod as it would violate the pod's
-disruption budget." with a ``DisruptionBudget`` cause, which ``kubectl drain`` retries.
+disruption budget." with a ``DisruptionBudget`` cause, which ``kubectl drain`` retries. An
+eviction that goes ahead first writes ``DisruptionTarget=True`` (``EvictionByEvictionAPI``)
+on the pod, then deletes it.
 Pure functions here; controllers.py and server.py call them with what the store holds.
 """
 
@@ -39,6 +41,8 @@ DELETION_TIMEOUT = timedelta(minutes=2)
 MAX_DISRUPTED_PODS = 2000
 STORAGE_KEY = "poddisruptionbudgets.policy"
 CONDITION = "DisruptionAllowed"
+#: The pod condition an eviction (and every other disruption Kubernetes makes) writes.
+DISRUPTION_TARGET = "DisruptionTarget"
 REFUSED = "Cannot evict pod as it would violate the pod's disruption budget."
 #: The owners whose ``spec.replicas`` say how many pods a budget expects.
 SCALED_KINDS = frozenset({"Deployment", "ReplicaSet", "StatefulSet", "ReplicationController"})
@@ -235,6 +239,47 @@ def _forbidden(name: str, why: str) -> errors.ApiError:
         f'poddisruptionbudgets.policy "{name}" is forbidden: {why}',
         {"name": name, "group": "policy", "kind": "poddisruptionbudgets"},
     )
+
+
+def evicting_status(pod: Obj, now: datetime) -> Obj:
+    """The pod's status as an eviction writes it before the delete: ``DisruptionTarget=True``
+    (``EvictionByEvictionAPI``), so whoever sees the pod go knows an eviction took it (a
+    drain, an autoscaler), not a plain delete; its transition time kept if it said so already."""
+    status = dict(pod.get("status") or {})
+    old = list(status.get("conditions") or [])
+    previous = next((c for c in old if c.get("type") == DISRUPTION_TARGET), None)
+    moment = rfc3339(now)
+    if previous is not None and previous.get("status") == "True":
+        moment = previous.get("lastTransitionTime", moment)
+    target = {
+        "type": DISRUPTION_TARGET,
+        "status": "True",
+        "lastTransitionTime": moment,
+        "reason": "EvictionByEvictionAPI",
+        "message": "Eviction API: evicting",
+    }
+    status["conditions"] = [*(c for c in old if c.get("type") != DISRUPTION_TARGET), target]
+    return status
+
+
+def preconditions_hold(pod: Obj, options: Obj) -> bool:
+    """Whether the delete options' preconditions (uid, resourceVersion) name this pod as it
+    is: only then does the eviction write its condition (else the delete refuses: 409)."""
+    wanted = options.get("preconditions") or {}
+    meta = pod["metadata"]
+    return all(
+        not wanted.get(key) or wanted[key] == meta.get(key) for key in ("uid", "resourceVersion")
+    )
+
+
+def after_own_write(options: Obj, pod: Obj) -> Obj:
+    """Delete options whose resourceVersion precondition follows the eviction's own status
+    write (as the API server moves it on), so that write does not refuse the delete."""
+    wanted = options.get("preconditions") or {}
+    if not wanted.get("resourceVersion"):
+        return options
+    fresh = pod["metadata"]["resourceVersion"]
+    return {**options, "preconditions": {**wanted, "resourceVersion": fresh}}
 
 
 def evict(pod: Obj, budgets: Iterable[Obj], now: datetime) -> EvictionVerdict:

@@ -294,7 +294,9 @@ def conditions(
     now: str,
     ready_reason: str = "",
 ) -> list[Obj]:
-    """Pod conditions, keeping each ``lastTransitionTime`` until its status changes."""
+    """Pod conditions, keeping each ``lastTransitionTime`` until its status changes; the
+    conditions the kubelet does not own (``DisruptionTarget`` from an eviction, a readiness
+    gate's) are kept as they are, as the kubelet keeps them."""
     previous = {c.get("type"): c for c in old}
     wanted = [
         ("PodScheduled", scheduled, ""),
@@ -318,4 +320,5 @@ def conditions(
         if reason:
             condition["reason"] = reason
         result.append(condition)
-    return result
+    owned = {kind for kind, _, _ in wanted}
+    return result + [c for c in old if c.get("type") not in owned]

@@ -449,6 +449,16 @@ class ApiServer:
                 subresource="status",
                 precondition_rv=meta["resourceVersion"],
             )
+        if not dry_run and disruption.preconditions_hold(pod, options):
+            stored = self.store.update(
+                target.rtype,
+                namespace,
+                target.name,
+                {**pod, "status": disruption.evicting_status(pod, datetime.now(UTC))},
+                subresource="status",
+                precondition_rv=pod["metadata"]["resourceVersion"],
+            )
+            options = disruption.after_own_write(options, stored)
         self.store.delete(target.rtype, namespace, target.name, options, dry_run=dry_run)
         return _json(
             {

@@ -147,6 +147,83 @@ def test_eviction_takes_an_allowed_disruption_or_is_refused_with_429() -> None:
         disruption.evict(pod("p1"), two, NOW)
 
 
+def test_an_eviction_marks_the_pod_a_disruption_target_first() -> None:
+    """As the API server's eviction does: DisruptionTarget=True (EvictionByEvictionAPI) on
+    the pod before the delete, so an operator can tell a drain from a plain delete."""
+    status = disruption.evicting_status(pod("p"), NOW)
+    target = status["conditions"][-1]
+    assert target == {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "lastTransitionTime": rfc3339(NOW),
+        "reason": "EvictionByEvictionAPI",
+        "message": "Eviction API: evicting",
+    }
+    assert status["conditions"][0] == {"type": "Ready", "status": "True"}  # the rest kept
+    again = disruption.evicting_status({**pod("p"), "status": status}, NOW + timedelta(hours=1))
+    assert again["conditions"] == status["conditions"]  # once True, its transition time stays
+    meta = {"uid": "u1", "resourceVersion": "7"}
+    current = pod("p", **meta)
+    assert disruption.preconditions_hold(current, {})
+    assert disruption.preconditions_hold(current, {"preconditions": meta})
+    assert not disruption.preconditions_hold(current, {"preconditions": {"uid": "u2"}})
+    assert not disruption.preconditions_hold(current, {"preconditions": {"resourceVersion": "6"}})
+    moved = disruption.after_own_write({"preconditions": meta}, pod("p", resourceVersion="8"))
+    assert moved == {"preconditions": {"uid": "u1", "resourceVersion": "8"}}
+    assert disruption.after_own_write({"gracePeriodSeconds": 1}, current) == {
+        "gracePeriodSeconds": 1
+    }
+
+
+def test_an_evicted_pod_says_so_while_it_terminates(client: Any, namespace: str) -> None:
+    core: Any = k8s.CoreV1Api(client)
+    hold = "example.com/hold"  # keeps the deleted pod readable
+    container = {"name": "c", "image": "x", "command": ["sleep", "60"]}
+    body = {
+        "metadata": {"name": "evicted", "finalizers": [hold]},
+        "spec": {"containers": [container], "terminationGracePeriodSeconds": 1},
+    }
+    created = core.create_namespaced_pod(namespace, body)
+
+    def running() -> bool:
+        return core.read_namespaced_pod("evicted", namespace).status.phase == "Running"
+
+    eventually(running, what="the pod running")
+    stale = {"preconditions": {"resourceVersion": "1"}}
+    eviction = {"metadata": {"name": "evicted", "namespace": namespace}}
+    with pytest.raises(k8s.ApiException) as conflict:
+        core.create_namespaced_pod_eviction(
+            "evicted", namespace, {**eviction, "deleteOptions": stale}
+        )
+    assert conflict.value.status == 409
+    unchanged = core.read_namespaced_pod("evicted", namespace)
+    assert not [c for c in unchanged.status.conditions or [] if c.type == "DisruptionTarget"]
+    rv = {
+        "preconditions": {
+            "uid": created.metadata.uid,
+            "resourceVersion": unchanged.metadata.resource_version,
+        }
+    }
+    core.create_namespaced_pod_eviction("evicted", namespace, {**eviction, "deleteOptions": rv})
+    try:
+        going = core.read_namespaced_pod("evicted", namespace)
+        assert going.metadata.deletion_timestamp is not None
+        (target,) = [c for c in going.status.conditions if c.type == "DisruptionTarget"]
+        assert (target.status, target.reason) == ("True", "EvictionByEvictionAPI")
+
+        def stopped() -> Any:
+            pod = core.read_namespaced_pod("evicted", namespace)
+            (state,) = pod.status.container_statuses
+            return pod if state.state.terminated is not None else None
+
+        # the kubelet's own status writes as it stops the pod keep the condition
+        ended = eventually(stopped, what="the evicted pod's container stopped by its kubelet")
+        kinds = [c.type for c in ended.status.conditions]
+        assert "DisruptionTarget" in kinds and "Ready" in kinds
+    finally:
+        core.patch_namespaced_pod("evicted", namespace, {"metadata": {"finalizers": None}})
+
+
 def test_a_budget_is_served_validated_and_computed(client: Any, namespace: str) -> None:
     policy: Any = k8s.PolicyV1Api(client)
     core: Any = k8s.CoreV1Api(client)
