@@ -39,6 +39,7 @@ from rolloutrun_runtime.contract.run_config import PolicyConfig
 from rolloutrun_runtime.policy.family import PolicyModel, build_policy_model
 from rolloutrun_runtime.policy.http import GenerationRequest, GenerationResult
 from rolloutrun_runtime.policy.model import resolve_device
+from rolloutrun_runtime.policy.token_capture import TokenCapture
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +47,6 @@ logger = logging.getLogger(__name__)
 KEEP_VERSIONS = 4
 #: Most calls computing at once; further calls wait for a free row.
 MAX_RUNNING_CALLS = 256
-#: Most rollouts whose token capture is held before the oldest is released (callers release
-#: a rollout's capture with DELETE once read; this bounds memory when they do not).
-MAX_CAPTURED_ROLLOUTS = 16_384
 
 
 class GenerationError(Exception):
@@ -133,43 +131,6 @@ class _Group:
         self.calls.pop()
 
 
-class TokenCapture:
-    """Per rollout, the exact tokens, logprobs and versions of each finished model call."""
-
-    def __init__(self, max_rollouts: int = MAX_CAPTURED_ROLLOUTS) -> None:
-        self.max_rollouts = max_rollouts
-        self._rollouts: OrderedDict[str, dict[int, dict[str, object]]] = OrderedDict()
-
-    def record(self, request: GenerationRequest, result: GenerationResult) -> None:
-        if request.rollout_id is None:
-            return
-        calls = self._rollouts.setdefault(request.rollout_id, {})
-        self._rollouts.move_to_end(request.rollout_id)
-        index = request.call_index if request.call_index is not None else len(calls)
-        calls[index] = {
-            "call_index": index,
-            "prompt_token_ids": list(request.prompt_token_ids),
-            "token_ids": list(result.token_ids),
-            "logprobs": list(result.logprobs),
-            "weight_versions": list(result.weight_versions),
-        }
-        while len(self._rollouts) > self.max_rollouts:
-            dropped, _ = self._rollouts.popitem(last=False)
-            logger.warning("token capture full: released the oldest rollout %s", dropped)
-
-    def get(self, rollout_id: str) -> list[dict[str, object]] | None:
-        calls = self._rollouts.get(rollout_id)
-        if calls is None:
-            return None
-        return [calls[index] for index in sorted(calls)]
-
-    def release(self, rollout_id: str) -> bool:
-        return self._rollouts.pop(rollout_id, None) is not None
-
-    def __len__(self) -> int:
-        return len(self._rollouts)
-
-
 def sample_rows(
     logits: torch.Tensor, temperatures: list[float], uniforms: list[float]
 ) -> tuple[list[int], list[float]]:
@@ -235,6 +196,8 @@ class GenerationEngine:
         self._groups: dict[int, _Group] = {}
         self._pending: list[_Call] = []
         self._wake = asyncio.Event()
+        #: Set while the step loop sleeps for want of calls (see ``until_idle``).
+        self._idle = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
@@ -398,6 +361,24 @@ class GenerationEngine:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="generation")
         return self._executor
 
+    @property
+    def idle(self) -> bool:
+        """The step loop sleeps: no decode step runs or is about to (it wakes on a call)."""
+        return self._idle.is_set() or self._loop_task is None or self._loop_task.done()
+
+    async def until_idle(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) for a moment between calls, when the step loop sleeps;
+        True if the engine is idle on return. Every decode step of a threaded engine is a
+        turn of the caller's event loop, and its tensor work needs the interpreter lock for
+        Python's share of each op: work the caller does meanwhile (a snapshot's cut and
+        write) delays every running call, and is free between them."""
+        if self.idle:
+            return True
+        with contextlib.suppress(TimeoutError):  # asyncio.timeout: a cancel is never lost
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()  # awaited in this task: it goes on when the step loop parks
+        return self.idle
+
     def _ensure_loop(self) -> None:
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(
@@ -466,7 +447,9 @@ class GenerationEngine:
                 self._wake.clear()
                 if self._pending:
                     continue
+                self._idle.set()
                 await self._wake.wait()
+                self._idle.clear()
                 continue
             # Draw the uniforms here, in call order, so sampling is reproducible per call.
             plans = [(version, group, list(group.calls)) for version, group in work]
@@ -576,6 +559,7 @@ class GenerationEngine:
         """Fail every waiting and running call and stop the loop and its thread."""
         self._closed = True
         self._wake.set()
+        self._idle.set()
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

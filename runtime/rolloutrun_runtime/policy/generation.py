@@ -48,7 +48,6 @@ from rolloutrun_runtime.policy.engine import (
     GenerationError,
     InvalidRequestError,
     RefitError,
-    TokenCapture,
     UnknownVersionError,
 )
 from rolloutrun_runtime.policy.http import (
@@ -59,6 +58,7 @@ from rolloutrun_runtime.policy.http import (
     json_error,
     serve_app,
 )
+from rolloutrun_runtime.policy.token_capture import TokenCapture
 
 __all__ = [
     "ENGINE_KEY",

@@ -40,6 +40,18 @@ class PolicyWorkers(Protocol):
         ...
 
 
+@runtime_checkable
+class SharesTrainerLoop(Protocol):
+    """Workers whose engines decode on the trainer's own event loop and interpreter (the
+    in-process backend): ``until_idle`` waits (at most ``timeout_s``) for a moment when no
+    call is decoding, so the trainer's own bursts of work (a snapshot's cut and write) do not
+    hold back a decode step. Workers in other processes (Ray) share neither."""
+
+    async def until_idle(self, timeout_s: float) -> bool:
+        """True if every engine is idle on return."""
+        ...
+
+
 #: How the trainer's log says what became of the standby pool (read by the worker bench and
 #: the e2e tests to follow the pool from outside): a standby started (its address and the
 #: pool's size follow), one admitted in a lost worker's place (``generation worker <i>``

@@ -8,6 +8,7 @@ running its pumps while the model decodes.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from aiohttp import web
@@ -84,6 +85,15 @@ class InProcessWorkers:
             raise WorkerError("refit before the workers were started")
         for engine in self.engines:
             await engine.refit(state_dict, version)
+
+    async def until_idle(self, timeout_s: float) -> bool:
+        """Wait until every engine is between calls, at most ``timeout_s`` in all
+        (:class:`~rolloutrun_runtime.workers.SharesTrainerLoop`)."""
+        deadline = time.monotonic() + timeout_s
+        for engine in self.engines:
+            if not await engine.until_idle(max(deadline - time.monotonic(), 0.0)):
+                return False
+        return all(engine.idle for engine in self.engines)
 
     async def stop(self) -> None:
         runners, self._runners = self._runners, []

@@ -317,3 +317,21 @@ async def test_queueing_cancellation_and_versions_held_while_in_use() -> None:
         await engine.stop()
     with pytest.raises(EngineClosedError):
         await engine.generate(GenerationRequest(prompt_token_ids=(1,), max_tokens=1))
+
+
+async def test_an_engine_is_idle_between_calls_and_its_wait_for_that_is_bounded() -> None:
+    """What a snapshot waits for before its cut (rollout_checkpointing/test_generation_idle)."""
+    state, _ = constant_policy(0)
+    engine = GenerationEngine(CFG, V, TOKENIZER.eos_id, state, 0, seed=0)
+    try:
+        assert engine.idle and await engine.until_idle(0.0)  # never started: idle
+        call = GenerationRequest(prompt_token_ids=(1, 4), max_tokens=100)
+        running = asyncio.ensure_future(engine.generate(call))
+        while engine.tokens_generated < 2:
+            await asyncio.sleep(0)
+        assert not engine.idle
+        assert await engine.until_idle(0.001) is False  # bounded: a busy engine stays busy
+        assert await engine.until_idle(30.0) is True  # the call ends: so does the wait
+        assert running.done() and len(running.result().token_ids) == 100
+    finally:
+        await engine.stop()

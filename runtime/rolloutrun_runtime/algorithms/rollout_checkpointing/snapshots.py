@@ -37,7 +37,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from rolloutrun_runtime.algorithms.rollout_checkpointing.capture_views import (
@@ -74,7 +74,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots_decisions imp
     abandoned_episodes,
     dispatched_episodes,
     involuntary_switches,
-    lost_episodes,
+    keep_export,
     mark_restart_from_turn_zero,
     published_line,
     require_replay_from,
@@ -101,16 +101,16 @@ from rolloutrun_runtime.environments.checkpointing import (
     EnvironmentSnapshot,
     NoEnvironmentCheckpoint,
 )
-from rolloutrun_runtime.environments.checkpointing.interfaces import (
-    ExportMismatchError,
-    check_export,
-)
+from rolloutrun_runtime.environments.checkpointing.interfaces import ExportMismatchError
 from rolloutrun_runtime.storage import StorageError
 
 logger = logging.getLogger(__name__)
 
 #: Seconds an environment phase may take in a periodic snapshot.
 ENV_PHASE_TIMEOUT_S = 20.0
+#: Longest wait before the cut for the in-process engines to be between calls (a busy one
+#: never is: the snapshot then goes on; the wait only moves the cut a little later).
+GENERATION_IDLE_WAIT_S = 0.1
 #: The loop sleeps this long before the cut: an idle loop thread wakes with a fresh CPU slice,
 #: so a short cut is rarely preempted inside (~10 ms each when oversubscribed).
 PRE_CUT_YIELD_S = 0.0005
@@ -137,7 +137,10 @@ class RolloutSnapshotter:
         on_published: Callable[[dict[str, Any]], None] | None = None,
         on_record: Callable[[dict[str, Any]], None] | None = None,
         incarnation: int = 0,
+        generation_idle: Callable[[float], Awaitable[bool]] | None = None,
     ) -> None:
+        """``generation_idle``: waits for the trainer's in-process engines to be between
+        calls (:class:`~rolloutrun_runtime.workers.SharesTrainerLoop`), or None."""
         self._parts = parts
         self._manifests = manifests
         self._anchor_is_durable = anchor_is_durable
@@ -147,6 +150,7 @@ class RolloutSnapshotter:
         self._on_published = on_published
         self._on_record = on_record
         self._incarnation = incarnation
+        self._generation_idle = generation_idle
         self._last_mutation_version: int | None = None
         self._fenced: BaseException | None = None
         self._last_train_step: int | None = None
@@ -335,6 +339,9 @@ class RolloutSnapshotter:
         if phase.discarded is not None:
             return SnapshotOutcome.DISCARDED_ENV, {"error": phase.discarded}
         timings.env_phase_s = time.monotonic() - env_started
+        if self._generation_idle is not None and not force:
+            await self._generation_idle(GENERATION_IDLE_WAIT_S)  # see SnapshotTimings
+            timings.idle_wait_s = time.monotonic() - env_started - timings.env_phase_s
         serialize_started = time.monotonic()
         await self._serialize_changed_groups()
         # No automatic GC from here until the files are written and the capture is gone:
@@ -427,7 +434,8 @@ class RolloutSnapshotter:
                     raise SnapshotError("a trainer checkpoint was published during the attempt")
                 captured = self.capture(cut, CaptureKind.ROLLOUT_SNAPSHOT)
                 if phase.snapshot is not None:
-                    self._check_export(captured, phase, detail)
+                    dispatched = dispatched_episodes(parts.ledger)
+                    keep_export(captured, phase, dispatched, detail)
                 timings.cut_held_s = time.monotonic() - held_started
                 timings.cut_held_cpu_s = time.thread_time() - held_cpu
         finally:
@@ -440,26 +448,6 @@ class RolloutSnapshotter:
             if self._environment.holds_rollout_state:
                 await self._resume_environment(phase.checkpoint_id)
         return captured
-
-    def _check_export(
-        self, captured: CapturedRolloutState, phase: EnvironmentPhase, detail: dict[str, Any]
-    ) -> None:
-        """Under the cut: keep the export's records that the cut still expects.
-
-        Episodes ran on after their copies: one that finished (its result is in this capture)
-        or was given up since needs no record; one dispatched without a copy restarts from
-        turn 0 on restore. Anything else that differs discards the attempt
-        (``ExportMismatchError``).
-        """
-        assert phase.snapshot is not None
-        dispatched = dispatched_episodes(self._parts.ledger)
-        check = check_export(phase.snapshot, phase.requested, dispatched)
-        captured.environment_snapshot = check.kept
-        detail["env_records"] = len(check.kept.episodes())
-        detail["env_records_dropped"] = check.finished_since_copy
-        if phase.unavailable and captured.ledger_capture is not None:
-            # Marked in the saved document after the cut (encode_captured_ledger).
-            captured.restart_from_turn_zero = lost_episodes(check.without_record, phase.unavailable)
 
     async def _publish_captured(
         self,

@@ -26,6 +26,7 @@ from rolloutrun_runtime.algorithms.rollout_checkpointing.state import (
     TrainingProgress,
 )
 from rolloutrun_runtime.environments.checkpointing import EnvironmentEpisode, EnvironmentSnapshot
+from rolloutrun_runtime.environments.checkpointing.interfaces import check_export
 from rolloutrun_runtime.experience.rollout_recovery import (
     AttemptStatus,
     LedgerSidecar,
@@ -64,6 +65,9 @@ class SnapshotTimings:
     """How long the rollout pump could not mutate: the barrier wait plus the cut held."""
     cut_held_cpu_s: float = 0.0
     """The event loop thread's CPU time in the cut (what the cut costs on an idle machine)."""
+    idle_wait_s: float = 0.0
+    """Waiting, before the cut, for a moment when no in-process generation call decodes (the
+    cut and the write then hold back no decode step of the trainer's own engine)."""
     serialize_ahead_s: float = 0.0
     """Serializing the changed ledger groups before the cut, in slices between the loop's
     other work (the pumps run meanwhile)."""
@@ -244,6 +248,29 @@ class EnvironmentPhase:
     unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
     """Instances that failed the phase (their episodes restart from turn 0)."""
     discarded: str | None = None
+
+
+def keep_export(
+    captured: CapturedRolloutState,
+    phase: EnvironmentPhase,
+    dispatched: list[EnvironmentEpisode],
+    detail: dict[str, Any],
+) -> None:
+    """Under the cut: keep the export's records that the cut still expects (``dispatched``).
+
+    Episodes ran on after their copies: one that finished (its result is in this capture)
+    or was given up since needs no record; one dispatched without a copy restarts from
+    turn 0 on restore. Anything else that differs discards the attempt
+    (``ExportMismatchError``).
+    """
+    assert phase.snapshot is not None
+    check = check_export(phase.snapshot, phase.requested, dispatched)
+    captured.environment_snapshot = check.kept
+    detail["env_records"] = len(check.kept.episodes())
+    detail["env_records_dropped"] = check.finished_since_copy
+    if phase.unavailable and captured.ledger_capture is not None:
+        # Marked in the saved document after the cut (encode_captured_ledger).
+        captured.restart_from_turn_zero = lost_episodes(check.without_record, phase.unavailable)
 
 
 def published_line(

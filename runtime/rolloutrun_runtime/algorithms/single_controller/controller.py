@@ -69,7 +69,7 @@ from rolloutrun_runtime.data_plane import DataPlane, DataPlaneBarrier
 from rolloutrun_runtime.environments.checkpointing import EnvironmentCheckpoint, EnvironmentEpisode
 from rolloutrun_runtime.experience.rollout_recovery import LiveCut, RecoveryLedger
 from rolloutrun_runtime.metrics import STARTUP, OverheadClock
-from rolloutrun_runtime.workers import PolicyWorkers
+from rolloutrun_runtime.workers import PolicyWorkers, SharesTrainerLoop
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +139,7 @@ class SingleController:
             on_record=self.hooks.on_snapshot,
             # The manifest names its writer's incarnation, as a checkpoint's marker does.
             incarnation=checkpointer.writer.incarnation if checkpointer is not None else 0,
+            generation_idle=workers.until_idle if isinstance(workers, SharesTrainerLoop) else None,
         )
         self.rollout_restorer = RolloutRestorer(
             cfg,

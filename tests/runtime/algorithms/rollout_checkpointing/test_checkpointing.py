@@ -105,6 +105,7 @@ async def test_cadence_is_independent_of_save_period(tmp_path) -> None:
             "cut_held_cpu_s",
             "serialize_ahead_s",
             "cut_preempted",
+            "idle_wait_s",
         }
     assert [p["train_step"] for p in h.published] == [2, 4]
 
