@@ -9,11 +9,13 @@ the same work costs the rollouts nothing.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 import torch
 
+from rolloutrun_runtime.algorithms.rollout_checkpointing.snapshots import RolloutSnapshotter
 from rolloutrun_runtime.workers import SharesTrainerLoop
 from rolloutrun_runtime.workers.inprocess import InProcessWorkers
 from tests.support.rollout_checkpoints import (
@@ -37,6 +39,17 @@ async def test_periodic_snapshots_wait_for_the_engines_forced_ones_do_not(
         return idle
 
     monkeypatch.setattr(InProcessWorkers, "until_idle", recorded)
+    cancelled: list[str] = []  # attempts the run's end cancelled: they record nothing
+    attempt = RolloutSnapshotter.attempt
+
+    async def counted(self: RolloutSnapshotter, **kwargs: Any) -> Any:
+        try:
+            return await attempt(self, **kwargs)
+        except asyncio.CancelledError:
+            cancelled.append(kwargs.get("reason", "periodic"))
+            raise
+
+    monkeypatch.setattr(RolloutSnapshotter, "attempt", counted)
     checkpointing = {"snapshotEverySteps": 1, "deterministic": deterministic}
     async with harness() as h:
         cfg = await h.start_gyms(tiny_config(tmp_path, checkpointing=checkpointing))
@@ -53,8 +66,10 @@ async def test_periodic_snapshots_wait_for_the_engines_forced_ones_do_not(
     seen = [(r["reason"], r["rollout/checkpoint_outcome"]) for r in attempts]
     assert published and forced["rollout/checkpoint_outcome"] == "published", seen
     # a wait for every periodic attempt that reached the cut (every published one; one
-    # skipped before it, or discarded in the environment phase, had none), none when forced
-    assert len(published) <= len(waits) <= len(periodic), (waits, seen)
+    # skipped before it, or discarded in the environment phase, had none), none when forced;
+    # and one for each attempt the run's end cancelled after its wait (it records nothing)
+    assert "test" not in cancelled
+    assert len(published) <= len(waits) <= len(periodic) + len(cancelled), (waits, seen)
     assert forced["timing/rollout_checkpoint"]["idle_wait_s"] == 0.0
     assert any(idle for _, idle, _ in waits)  # the engines do rest between calls
     for timeout_s, idle, none_decoding in waits:
