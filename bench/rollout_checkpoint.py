@@ -121,13 +121,17 @@ def _config(path: Path, max_steps: int | None = None, **checkpointing: Any) -> P
     return path
 
 
-def _throughput(root: Path, runs: int, baseline: str | None, quick: bool) -> dict[str, Any]:
+def _throughput(
+    root: Path, runs: int, baseline: str | None, quick: bool, baseline_runs: int | None = None
+) -> dict[str, Any]:
     """Snapshot after every step vs none: on/off blocks inside each run, the trees' runs
-    alternating; the paired ratio's 95 % interval against the goal (bench.throughput_blocks)."""
+    interleaved; the paired ratio's 95 % interval against the goal (bench.throughput_blocks)."""
     from bench.throughput_blocks import CYCLES, measure
 
     cycles = 2 if quick else CYCLES
-    return measure(TINY, root, baseline=baseline, runs=runs, cycles=cycles)
+    return measure(
+        TINY, root, baseline=baseline, runs=runs, baseline_runs=baseline_runs, cycles=cycles
+    )
 
 
 def _resume_times(log_dir: Path, launched_at: list[float]) -> dict[str, Any]:
@@ -428,6 +432,15 @@ _OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
             "--quick: of 2 cycles, not 8)",
         ),
     ),
+    (
+        "--throughput-baseline-repetitions",
+        dict(
+            type=int,
+            default=None,
+            help="runs of the --throughput-baseline checkout (default: as many as this "
+            "tree's); its pairs of runs are spread evenly among this tree's",
+        ),
+    ),
 )
 
 
@@ -496,7 +509,13 @@ def main(argv: list[str] | None = None) -> int:
         root.mkdir(parents=True, exist_ok=True)
         if "throughput" in parts:
             runs = args.throughput_repetitions or 2
-            report["throughput"] = _throughput(root, runs, args.throughput_baseline, args.quick)
+            report["throughput"] = _throughput(
+                root,
+                runs,
+                args.throughput_baseline,
+                args.quick,
+                args.throughput_baseline_repetitions,
+            )
         if "startup" in parts and args.startup_baseline:
             report["startup"] = _startup_side_by_side(
                 min(args.kills, 3), args.seeds[0], args.startup_baseline, 1 if args.quick else 2

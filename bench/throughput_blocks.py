@@ -37,6 +37,7 @@ per-step snapshot on and off in short blocks, so both sides share all of that:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -265,32 +266,54 @@ def _one_subprocess(
     return dict(run_in_tree(tree, "bench.throughput_blocks", argv, 1800))
 
 
+def schedule(pairs_per_tree: dict[str, int]) -> list[tuple[str, int]]:
+    """The order of the runs: ``(tree, pair of runs)`` per complementary pair, each tree's
+    pairs spread evenly over the whole measurement (a tree with fewer pairs, such as a
+    baseline whose verdict needs fewer samples, still meets every stretch of the machine's
+    load), trees that fall due together in the order given, alternated from one such
+    meeting to the next."""
+    due: list[tuple[float, int, str, int]] = []
+    for rank, (tree, count) in enumerate(pairs_per_tree.items()):
+        due.extend(((index + 0.5) / count, rank, tree, index) for index in range(count))
+    due.sort()
+    out: list[tuple[str, int]] = []
+    flip = False
+    for _, group in itertools.groupby(due, key=lambda d: d[0]):
+        members = [(tree, index) for _, _, tree, index in group]
+        out.extend(reversed(members) if flip and len(members) > 1 else members)
+        flip ^= len(members) > 1
+    return out
+
+
 def measure(
     base: dict[str, Any],
     root: Path,
     *,
     baseline: str | None = None,
     runs: int = 2,
+    baseline_runs: int | None = None,
     cycles: int = CYCLES,
     warmup: int = WARMUP,
     block: int = BLOCK,
 ) -> dict[str, Any]:
-    """``runs`` runs per tree (rounded up to complementary pairs) for this tree and, with
-    ``baseline``, that checkout, the trees' runs alternating; per tree the samples of every
-    pair of complementary runs pooled."""
+    """``runs`` runs (rounded up to complementary pairs) of this tree and, with
+    ``baseline``, ``baseline_runs`` (default ``runs``) of that checkout, the trees' pairs
+    of runs interleaved by :func:`schedule`; per tree the samples of every pair of
+    complementary runs pooled."""
     here = Path(__file__).resolve().parent.parent
     trees = {"this_tree": here}
+    pairs_per_tree = {"this_tree": (runs + 1) // 2}
     if baseline:
         trees = {"baseline": Path(baseline).resolve(), **trees}
+        pairs_per_tree = {"baseline": ((baseline_runs or runs) + 1) // 2, **pairs_per_tree}
     steps = total_steps(warmup, block, cycles)
     config = write_config(base, root / "tput-blocks.yaml", steps)
     got: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
     load = [round(os.getloadavg()[0], 2)]
-    for run in range(runs + runs % 2):
-        order = list(trees) if run // 2 % 2 == 0 else list(reversed(trees))
-        for tree in order:
-            log_dir = root / f"tput-blocks-{tree}-{run}"
-            one = _one_subprocess(trees[tree], config, log_dir, warmup, block, run % 2)
+    for tree, index in schedule(pairs_per_tree):
+        for phase in (0, 1):
+            log_dir = root / f"tput-blocks-{tree}-{2 * index + phase}"
+            one = _one_subprocess(trees[tree], config, log_dir, warmup, block, phase)
             got[tree].append(one)
             load.append(round(os.getloadavg()[0], 2))
     out: dict[str, Any] = {
@@ -298,7 +321,7 @@ def measure(
         "steps_per_run": steps,
         "warmup_steps": warmup,
         "block_steps": block,
-        "runs_per_tree": runs,
+        "runs_per_tree": {tree: 2 * count for tree, count in pairs_per_tree.items()},
         "load_1m": load,
         "cpus": os.cpu_count(),
     }

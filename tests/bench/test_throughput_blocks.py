@@ -19,6 +19,24 @@ def test_the_schedule_is_warm_up_then_abba_blocks() -> None:
     assert tb.total_steps(6, 4, 8) == 6 + 128
 
 
+def test_equal_trees_alternate_abba_by_pair_of_runs() -> None:
+    got = tb.schedule({"baseline": 3, "this_tree": 3})
+    assert got == [
+        ("baseline", 0), ("this_tree", 0),
+        ("this_tree", 1), ("baseline", 1),
+        ("baseline", 2), ("this_tree", 2),
+    ]  # fmt: skip
+
+
+def test_a_tree_with_fewer_pairs_is_spread_over_the_whole_measurement() -> None:
+    got = tb.schedule({"baseline": 2, "this_tree": 8})
+    assert sorted(got) == [("baseline", i) for i in range(2)] + [("this_tree", i) for i in range(8)]
+    where = [i for i, (tree, _) in enumerate(got) if tree == "baseline"]
+    assert where[0] in (1, 2, 3) and where[1] in (6, 7, 8)  # one in each half, not both first
+    assert [i for tree, i in got if tree == "this_tree"] == list(range(8))
+    assert tb.schedule({"this_tree": 2}) == [("this_tree", 0), ("this_tree", 1)]
+
+
 def _samples(step_s: dict[str, float], cpu_ms: dict[str, float], warmup: int, block: int, n):
     """Cumulative per-step samples: each step takes its side's time and CPU (the guard step
     of every block twice as long, which the blocks must leave out)."""
