@@ -42,6 +42,8 @@ import json
 import math
 import os
 import statistics
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +196,12 @@ def complementary(
     return out
 
 
+def by_pair_of_runs(results: list[dict[str, Any]]) -> list[list[dict[str, float]]]:
+    """Runs in complementary pairs (phase 0, then 1) as each pair's samples."""
+    phases = zip(results[::2], results[1::2], strict=True)
+    return [complementary(a["pairs"], b["pairs"]) for a, b in phases]
+
+
 def summarize(all_pairs: list[dict[str, float]]) -> dict[str, Any]:
     ratio = interval([p["ratio"] for p in all_pairs])
     cpu = [p["snapshot_cpu_ms"] for p in all_pairs]
@@ -310,12 +318,25 @@ def measure(
     config = write_config(base, root / "tput-blocks.yaml", steps)
     got: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
     load = [round(os.getloadavg()[0], 2)]
-    for tree, index in schedule(pairs_per_tree):
+    order = schedule(pairs_per_tree)
+    for done, (tree, index) in enumerate(order, 1):
+        started = time.monotonic()
         for phase in (0, 1):
             log_dir = root / f"tput-blocks-{tree}-{2 * index + phase}"
             one = _one_subprocess(trees[tree], config, log_dir, warmup, block, phase)
             got[tree].append(one)
             load.append(round(os.getloadavg()[0], 2))
+        samples = by_pair_of_runs(got[tree])
+        so_far = interval([p["ratio"] for pair_of_runs in samples for p in pair_of_runs])
+        last = interval([p["ratio"] for p in samples[-1]])["mean"]
+        print(
+            f"throughput pair of runs {done}/{len(order)} ({tree} #{index}, "
+            f"{time.monotonic() - started:.0f} s): ratio {last}; "
+            f"{tree} so far {so_far['mean']} [{so_far['low']}, {so_far['high']}] "
+            f"over {so_far['n']} block pairs; load {load[-1]}",
+            file=sys.stderr,
+            flush=True,
+        )
     out: dict[str, Any] = {
         "method": "on/off blocks inside each run (bench.throughput_blocks)",
         "steps_per_run": steps,
@@ -326,8 +347,7 @@ def measure(
         "cpus": os.cpu_count(),
     }
     for tree, results in got.items():
-        phases = zip(results[::2], results[1::2], strict=True)
-        samples = [complementary(a["pairs"], b["pairs"]) for a, b in phases]
+        samples = by_pair_of_runs(results)
         out[tree] = {
             "tree": str(trees[tree]),
             **summarize([s for pair_of_runs in samples for s in pair_of_runs]),
