@@ -1,8 +1,8 @@
 """The control-plane loops the API server alone does not do: garbage collection, namespace
-termination, CRD registration, Services' Endpoints, PodDisruptionBudgets' status and each
-namespace's default ServiceAccount. They react to store events (debounced) and apply the
-pure plans of :mod:`.gc` and :mod:`.disruption` through the same store calls a client would
-make.
+termination, CRD registration, Services' Endpoints, PodDisruptionBudgets' status, each
+namespace's default ServiceAccount and its ``kube-root-ca.crt`` ConfigMap. They react to
+store events (debounced) and apply the pure plans of :mod:`.gc` and :mod:`.disruption`
+through the same store calls a client would make.
 """
 
 from __future__ import annotations
@@ -22,14 +22,54 @@ from .store import Event, Store
 logger = logging.getLogger(__name__)
 
 _GC_RELEVANT = ("DELETED",)
+#: The ConfigMap a real cluster's root-ca-cert-publisher keeps in every namespace: the CA
+#: that verifies the API server from inside a pod (projected service-account volumes and
+#: charts mount it by this name).
+ROOT_CA_CONFIG_MAP = "kube-root-ca.crt"
+_ROOT_CA_DESCRIPTION = (
+    "Contains a CA bundle that can be used to verify the kube-apiserver when using internal "
+    "endpoints such as the internal service IP or kubernetes.default.svc. No other usage is "
+    "guaranteed across distributions of Kubernetes clusters."
+)
+
+
+def root_ca_config_map(ca_pem: bytes) -> dict[str, Any]:
+    """What the publisher keeps in each namespace: the CA under ``ca.crt``."""
+    return {
+        "metadata": {
+            "name": ROOT_CA_CONFIG_MAP,
+            "annotations": {"kubernetes.io/description": _ROOT_CA_DESCRIPTION},
+        },
+        "data": {"ca.crt": ca_pem.decode()},
+    }
+
+
+def root_ca_repair(current: dict[str, Any] | None, wanted: dict[str, Any]) -> dict[str, Any] | None:
+    """The body that puts ``current`` (None: missing) back to ``wanted`` -- its data and the
+    description, the rest (labels, other annotations) kept -- or None when it holds them."""
+    if current is None:
+        return wanted
+    annotations = current["metadata"].get("annotations") or {}
+    wanted_annotations = wanted["metadata"]["annotations"]
+    if current.get("data") == wanted["data"] and wanted_annotations.items() <= annotations.items():
+        return None
+    metadata = {**current["metadata"], "annotations": {**annotations, **wanted_annotations}}
+    return {**current, "metadata": metadata, "data": wanted["data"]}
 
 
 class Controllers:
     """Runs on the cluster's loop; ``start`` it once, ``stop`` it on shutdown."""
 
-    def __init__(self, store: Store, registry: Registry, debounce: float = 0.02) -> None:
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        debounce: float = 0.02,
+        ca_pem: bytes | None = None,
+    ) -> None:
         self.store = store
         self.registry = registry
+        self._root_ca = root_ca_config_map(ca_pem) if ca_pem is not None else None
         failure = "local cluster controller pass failed"
         self._gc = PassLoop(
             self.collect_garbage,
@@ -74,6 +114,9 @@ class Controllers:
             self._on_crd(event)
         if event.type == "ADDED" and event.storage_key == "namespaces":
             self._default_service_account(meta["name"])
+            self._publish_root_ca(meta["name"])
+        if event.storage_key == "configmaps" and meta["name"] == ROOT_CA_CONFIG_MAP:
+            self._publish_root_ca(meta.get("namespace", ""))  # deleted or edited: put back
         old_references = (event.old or {}).get("metadata", {}).get("ownerReferences")
         references_changed = meta.get("ownerReferences") != old_references
         owners = [*(meta.get("ownerReferences") or []), *(old_references or [])]
@@ -111,7 +154,30 @@ class Controllers:
             with contextlib.suppress(errors.ApiError):
                 self.store.create(rtype, namespace, {"metadata": {"name": "default"}})
 
+    def _publish_root_ca(self, namespace: str) -> None:
+        """Keep ``kube-root-ca.crt`` in ``namespace`` as the publisher does: made, and put
+        back when deleted or edited, except in a namespace being deleted."""
+        if self._root_ca is None:
+            return
+        space = self.store.find(self._type("", "namespaces"), "", namespace)
+        if space is None or space["metadata"].get("deletionTimestamp"):
+            return
+        rtype = self._type("", "configmaps")
+        current = self.store.find(rtype, namespace, ROOT_CA_CONFIG_MAP)
+        if current is not None and current["metadata"].get("deletionTimestamp"):
+            return  # its finalizers hold it; the DELETED event brings it back
+        body = root_ca_repair(current, self._root_ca)
+        if body is None:
+            return
+        with contextlib.suppress(errors.ApiError):  # a concurrent writer: its event comes next
+            if current is None:
+                self.store.create(rtype, namespace, body)
+            else:
+                self.store.update(rtype, namespace, ROOT_CA_CONFIG_MAP, body)
+
     def start(self) -> None:
+        for space in list(self.store.objects("namespaces")):
+            self._publish_root_ca(space["metadata"]["name"])
         self._gc.start()
         self._endpoints.start()
         self._budgets.start()

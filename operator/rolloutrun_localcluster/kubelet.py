@@ -320,11 +320,33 @@ class Kubelet:
                 )
                 await worker.terminate(grace)
             await self.node_up()
+            if worker is None:
+                self._fail_unstarted(meta["uid"])
             options = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
             with contextlib.suppress(errors.ApiError):
                 self.store.delete(self._type("pods"), meta["namespace"], meta["name"], options)
         finally:
             self._terminations.pop(meta["uid"], None)
+
+    def _fail_unstarted(self, uid: str) -> None:
+        """A pod deleted before it started and held by a finalizer: terminal (Failed), not
+        Pending forever (one without finalizers is simply gone, as the kubelet spares the
+        write then)."""
+        pod = self.store.by_uid(uid)
+        if pod is None or not pod["metadata"].get("finalizers"):
+            return
+        status = podspec.deleted_before_start(pod.get("status") or {}, now_iso())
+        if status is None:
+            return
+        meta = pod["metadata"]
+        with contextlib.suppress(errors.ApiError):
+            self.store.update(
+                self._type("pods"),
+                meta["namespace"],
+                meta["name"],
+                {**pod, "status": status},
+                subresource="status",
+            )
 
     def _forget(self, worker: PodWorker) -> None:
         self.workers.pop(worker.uid, None)

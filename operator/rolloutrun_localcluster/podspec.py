@@ -322,3 +322,27 @@ def conditions(
         result.append(condition)
     owned = {kind for kind, _, _ in wanted}
     return result + [c for c in old if c.get("type") not in owned]
+
+
+def deleted_before_start(status: Obj, now: str) -> Obj | None:
+    """The status a kubelet writes for a pod of its node deleted before any container
+    started (Kubernetes >= 1.27): phase ``Failed``, not ready, the rest kept -- so a pod a
+    finalizer holds reads terminal, not ``Pending`` forever. None if already terminal."""
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    initialized = any(
+        c.get("type") == "Initialized" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return {
+        **status,
+        "phase": "Failed",
+        "conditions": conditions(
+            status.get("conditions") or [],
+            scheduled=True,  # the kubelet of its node
+            initialized=initialized,
+            ready=False,
+            now=now,
+            ready_reason="PodCompleted",
+        ),
+    }

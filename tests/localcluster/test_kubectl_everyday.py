@@ -305,15 +305,18 @@ def test_a_table_watch_sends_one_row_tables_with_the_columns_once(
     """``kubectl get -w`` watches with the Table Accept header: each event is a one-row Table
     and only the first carries the column definitions, as the real server sends them."""
     core: Any = k8s.CoreV1Api(client)
-    core.create_namespaced_config_map(namespace, {"metadata": {"name": "a"}, "data": {"k": "v"}})
+    mine = {"test": "table-watch"}  # not the namespace's kube-root-ca.crt
+    body = {"metadata": {"name": "a", "labels": mine}, "data": {"k": "v"}}
+    core.create_namespaced_config_map(namespace, body)
     since = core.list_namespaced_config_map(namespace).metadata.resource_version
-    core.create_namespaced_config_map(namespace, {"metadata": {"name": "b"}})
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "b", "labels": mine}})
     http = urllib3.PoolManager(ca_certs=str(cluster.ca_path))
     headers = {
         "Authorization": f"Bearer {cluster.token}",
         "Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
     }
     base = f"{cluster.api_url}/api/v1/namespaces/{namespace}/configmaps?watch=true"
+    base += "&labelSelector=test%3Dtable-watch"
     for query, names in (("", ["a", "b"]), (f"&resourceVersion={since}", ["b"])):
         url = f"{base}&timeoutSeconds=1&includeObject=Object{query}"
         events = [

@@ -351,6 +351,33 @@ def test_node_loss_freeze_then_restore(cluster: LocalCluster, client: Any, names
     )
 
 
+def test_a_pod_deleted_before_it_started_ends_failed_while_a_finalizer_holds_it(
+    cluster: LocalCluster, client: Any, namespace: str
+) -> None:
+    """As a kubelet >= 1.27 does: terminal before its deletion, not Pending forever."""
+    core: Any = k8s.CoreV1Api(client)
+    body = _pod("never-started", ["sleep", "300"], grace=1)
+    body["metadata"]["finalizers"] = ["example.com/hold"]
+    body["spec"]["nodeName"] = "local"
+    cluster.lose_node("freeze")  # the kubelet sees the pod first when it is already deleted
+    try:
+        core.create_namespaced_pod(namespace, body)
+        core.delete_namespaced_pod("never-started", namespace)
+    finally:
+        cluster.restore_node()
+    try:
+        failed = eventually(
+            lambda: _phase(core, namespace, "never-started", "Failed"), what="Failed, not Pending"
+        )
+        conditions = {c.type: (c.status, c.reason) for c in failed.status.conditions}
+        assert conditions["Ready"] == ("False", "PodCompleted")
+        assert failed.metadata.deletion_timestamp is not None
+        assert not failed.status.container_statuses  # nothing ever ran
+    finally:
+        core.patch_namespaced_pod("never-started", namespace, {"metadata": {"finalizers": None}})
+    eventually(lambda: _gone(core, namespace, "never-started"), what="gone once released")
+
+
 def test_node_loss_kill_reports_the_deaths_on_restore(
     cluster: LocalCluster, client: Any, namespace: str
 ) -> None:

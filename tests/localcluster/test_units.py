@@ -408,3 +408,25 @@ def test_a_null_where_the_schema_is_not_nullable_is_absent_defaulted_or_pruned()
     assert schema.validate(defaulted, SCHEMA) == []
     required = schema.apply_defaults({"spec": {"n": None}}, SCHEMA)
     assert [m for _, _, m in schema.validate(required, SCHEMA)] == ["spec.n: Required value"]
+
+
+def test_a_pod_deleted_before_it_started_turns_failed_and_keeps_foreign_conditions() -> None:
+    from rolloutrun_localcluster import podspec
+
+    now = "2026-01-01T00:00:00Z"
+    pending = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "t0"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+        ],
+    }
+    failed = podspec.deleted_before_start(pending, now)
+    assert failed is not None and failed["phase"] == "Failed"
+    by_type = {c["type"]: c for c in failed["conditions"]}
+    assert by_type["PodScheduled"]["lastTransitionTime"] == "t0"  # unchanged: kept
+    assert (by_type["Ready"]["status"], by_type["Ready"]["reason"]) == ("False", "PodCompleted")
+    assert by_type["Initialized"]["status"] == "False"
+    assert by_type["DisruptionTarget"]["reason"] == "EvictionByEvictionAPI"
+    assert podspec.deleted_before_start({"phase": "Succeeded"}, now) is None
+    assert podspec.deleted_before_start(failed, now) is None
