@@ -336,17 +336,8 @@ class Kubelet:
         if pod is None or not pod["metadata"].get("finalizers"):
             return
         status = podspec.deleted_before_start(pod.get("status") or {}, now_iso())
-        if status is None:
-            return
-        meta = pod["metadata"]
-        with contextlib.suppress(errors.ApiError):
-            self.store.update(
-                self._type("pods"),
-                meta["namespace"],
-                meta["name"],
-                {**pod, "status": status},
-                subresource="status",
-            )
+        if status is not None:
+            self._write_status(pod, status)
 
     def _forget(self, worker: PodWorker) -> None:
         self.workers.pop(worker.uid, None)
@@ -362,7 +353,11 @@ class Kubelet:
         pod = self.store.by_uid(worker.uid)
         if pod is None:
             return
-        status = worker.status(pod.get("status") or {})
+        self._write_status(pod, worker.status(pod.get("status") or {}))
+
+    def _write_status(self, pod: Obj, status: Obj) -> None:
+        """Write ``status`` through the pod's status subresource; an API error (the pod
+        removed meanwhile) drops the write."""
         meta = pod["metadata"]
         with contextlib.suppress(errors.ApiError):
             self.store.update(
