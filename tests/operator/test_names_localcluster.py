@@ -17,6 +17,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from rolloutrun_localcluster import cel
+from rolloutrun_localcluster.controllers import ROOT_CA_CONFIG_MAP
 from rolloutrun_localcluster.testing import eventually
 from tests.support.operator_cluster import (
     GROUP,
@@ -44,7 +45,8 @@ class Namespace(RunNamespace):
         return self.ready_condition(run).get("reason", "")
 
     def children(self) -> list[str]:
-        """Every object a run could own in the namespace (the default account aside)."""
+        """Every object a run could own in the namespace (what every namespace has aside:
+        the default account and the cluster's ``kube-root-ca.crt``)."""
         ns = self.name
         found = [
             *(f"Pod/{o.metadata.name}" for o in self.core.list_namespaced_pod(ns).items),
@@ -53,6 +55,7 @@ class Namespace(RunNamespace):
             *(
                 f"ConfigMap/{o.metadata.name}"
                 for o in self.core.list_namespaced_config_map(ns).items
+                if o.metadata.name != ROOT_CA_CONFIG_MAP
             ),
             *(
                 f"ServiceAccount/{o.metadata.name}"
