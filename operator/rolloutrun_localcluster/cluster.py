@@ -136,7 +136,7 @@ class LocalCluster:
             logger.warning("killed %d pod processes left by an earlier run", leftovers)
         certificates = tls.ensure(self.directory)
         ca_pem = certificates.ca.read_bytes()
-        self.controllers = Controllers(self.store, self.registry, ca_pem=ca_pem)
+        self.controllers = Controllers(self.store, self.registry, ca_pem)
         self.scheduler = Scheduler(self.store, self.registry)
         self.provisioner = Provisioner(self.store, self.registry, self.directory)
         self.network = await asyncio.to_thread(

@@ -61,15 +61,11 @@ class Controllers:
     """Runs on the cluster's loop; ``start`` it once, ``stop`` it on shutdown."""
 
     def __init__(
-        self,
-        store: Store,
-        registry: Registry,
-        debounce: float = 0.02,
-        ca_pem: bytes | None = None,
+        self, store: Store, registry: Registry, ca_pem: bytes, debounce: float = 0.02
     ) -> None:
         self.store = store
         self.registry = registry
-        self._root_ca = root_ca_config_map(ca_pem) if ca_pem is not None else None
+        self._root_ca = root_ca_config_map(ca_pem)
         failure = "local cluster controller pass failed"
         self._gc = PassLoop(
             self.collect_garbage,
@@ -157,8 +153,6 @@ class Controllers:
     def _publish_root_ca(self, namespace: str) -> None:
         """Keep ``kube-root-ca.crt`` in ``namespace`` as the publisher does: made, and put
         back when deleted or edited, except in a namespace being deleted."""
-        if self._root_ca is None:
-            return
         space = self.store.find(self._type("", "namespaces"), "", namespace)
         if space is None or space["metadata"].get("deletionTimestamp"):
             return
@@ -176,8 +170,6 @@ class Controllers:
                 self.store.update(rtype, namespace, ROOT_CA_CONFIG_MAP, body)
 
     def start(self) -> None:
-        for space in list(self.store.objects("namespaces")):
-            self._publish_root_ca(space["metadata"]["name"])
         self._gc.start()
         self._endpoints.start()
         self._budgets.start()
