@@ -24,7 +24,7 @@ from aiohttp import web
 
 from rolloutrun_operator.gc_pacing import pace_gc
 
-from . import access, images, kubeconfig, mountns, netns, partition, podspec, tls
+from . import access, images, kubeconfig, mountns, netns, partition, podgc, podspec, tls
 from .controllers import Controllers
 from .kubelet import IpPool, Kubelet
 from .logs import PodLogs
@@ -64,6 +64,7 @@ class LocalCluster:
         isolation: str | None = None,
         network: str | None = None,
         pace_gc: bool = False,
+        pod_gc: tuple[float, float] = podgc.POD_GC,
     ) -> None:
         self.directory = Path(directory).resolve()
         self.host = host
@@ -75,6 +76,7 @@ class LocalCluster:
         self._bookmark_interval = bookmark_interval
         self._backoff = restart_backoff
         self._image_backoff = image_backoff
+        self._pod_gc = pod_gc
         # Which images cannot be pulled (images.py); tests refuse and allow while it runs.
         self.images = images.Images.from_env(unpullable_images)
         self.pod_network = pod_network
@@ -136,7 +138,7 @@ class LocalCluster:
             logger.warning("killed %d pod processes left by an earlier run", leftovers)
         certificates = tls.ensure(self.directory)
         ca_pem = certificates.ca.read_bytes()
-        self.controllers = Controllers(self.store, self.registry, ca_pem)
+        self.controllers = Controllers(self.store, self.registry, ca_pem, pod_gc=self._pod_gc)
         self.scheduler = Scheduler(self.store, self.registry)
         self.provisioner = Provisioner(self.store, self.registry, self.directory)
         self.network = await asyncio.to_thread(

@@ -1,8 +1,9 @@
 """The control-plane loops the API server alone does not do: garbage collection, namespace
 termination, CRD registration, Services' Endpoints, PodDisruptionBudgets' status, each
-namespace's default ServiceAccount and its ``kube-root-ca.crt`` ConfigMap. They react to
-store events (debounced) and apply the pure plans of :mod:`.gc` and :mod:`.disruption`
-through the same store calls a client would make.
+namespace's default ServiceAccount and its ``kube-root-ca.crt`` ConfigMap, and PodGC's end
+of pods no kubelet will end. They react to store events (debounced; PodGC on its timer) and
+apply the pure plans of :mod:`.gc`, :mod:`.disruption` and :mod:`.podgc` through the same
+store calls a client would make.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
-from . import disruption, errors, gc
+from . import disruption, errors, gc, podgc
 from .passes import PassLoop
 from .resources import Registry, ResourceType
 from .store import Event, Store
@@ -61,11 +63,21 @@ class Controllers:
     """Runs on the cluster's loop; ``start`` it once, ``stop`` it on shutdown."""
 
     def __init__(
-        self, store: Store, registry: Registry, ca_pem: bytes, debounce: float = 0.02
+        self,
+        store: Store,
+        registry: Registry,
+        ca_pem: bytes,
+        debounce: float = 0.02,
+        pod_gc: tuple[float, float] = podgc.POD_GC,
     ) -> None:
+        """``pod_gc``: PodGC's period and node quarantine in seconds (tests shorten them)."""
         self.store = store
         self.registry = registry
         self._root_ca = root_ca_config_map(ca_pem)
+        self._pod_gc = pod_gc
+        self._pod_gc_task: asyncio.Task[None] | None = None
+        #: Nodes pods are bound to that do not exist, since when (monotonic): the quarantine.
+        self._missing_since: dict[str, float] = {}
         failure = "local cluster controller pass failed"
         self._gc = PassLoop(
             self.collect_garbage,
@@ -173,15 +185,70 @@ class Controllers:
         self._gc.start()
         self._endpoints.start()
         self._budgets.start()
+        self._pod_gc_task = asyncio.create_task(self._pod_gc_loop(), name="localcluster-podgc")
 
     async def stop(self) -> None:
         if self._budget_timer is not None:
             self._budget_timer.cancel()
+        if self._pod_gc_task is not None:
+            self._pod_gc_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pod_gc_task
         loops = (self._gc, self._endpoints, self._budgets)
         for loop in loops:
             loop.cancel()
         for loop in loops:
             await loop.stop()
+
+    # ------------------------------------------------------------ PodGC
+    async def _pod_gc_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._pod_gc[0])
+            try:
+                self.collect_pods()
+            except Exception:
+                logger.exception("local cluster PodGC pass failed")
+
+    def collect_pods(self) -> int:
+        """One PodGC pass (:mod:`.podgc`); the number of pods collected."""
+        pods = list(self.store.objects("pods"))
+        nodes = {node["metadata"]["name"] for node in self.store.objects("nodes")}
+        now = time.monotonic()
+        self._missing_since = podgc.missing_nodes(pods, nodes, self._missing_since, now)
+        collected = 0
+        for action in podgc.plan(pods, self._missing_since, now, self._pod_gc[1]):
+            try:
+                collected += self._collect_pod(action)
+            except errors.ApiError as error:
+                if error.code not in (404, 409):
+                    logger.warning(
+                        "PodGC of %s/%s failed: %s", action.namespace, action.name, error
+                    )
+        return collected
+
+    def _collect_pod(self, action: podgc.Collect) -> int:
+        """Mark the pod ``Failed`` (unless terminal) and force-delete it; 0 if it was
+        collected already (a finalizer holds it) or is another pod of that name now."""
+        rtype = self._type("", "pods")
+        pod = self.store.find(rtype, action.namespace, action.name)
+        if pod is None or pod["metadata"]["uid"] != action.uid:
+            return 0
+        status = podgc.failed_status(dict(pod.get("status") or {}), action.orphaned, _now())
+        if status is None and pod["metadata"].get("deletionTimestamp"):
+            return 0
+        logger.info("PodGC is force deleting pod %s/%s", action.namespace, action.name)
+        if status is not None:
+            self.store.update(
+                rtype,
+                action.namespace,
+                action.name,
+                {**pod, "status": status},
+                subresource="status",
+                precondition_rv=pod["metadata"]["resourceVersion"],
+            )
+        options = {"gracePeriodSeconds": 0, "preconditions": {"uid": action.uid}}
+        self.store.delete(rtype, action.namespace, action.name, options)
+        return 1
 
     # ------------------------------------------------------------ garbage collection
     def _all_objects(self) -> list[tuple[str, dict[str, Any]]]:
@@ -336,7 +403,7 @@ class Controllers:
             return
         rtype = self._type("policy", "poddisruptionbudgets")
         pods = list(self.store.objects("pods"))
-        now = datetime.now(UTC)
+        now = _now()
         expiries: list[float] = []
         for budget in budgets:
             meta = budget["metadata"]
@@ -366,3 +433,7 @@ class Controllers:
         if expiries:  # an eviction whose pod was never deleted stops counting then
             loop = asyncio.get_running_loop()
             self._budget_timer = loop.call_later(min(expiries) + 1, self._budgets.mark_due)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

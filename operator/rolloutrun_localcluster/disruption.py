@@ -244,8 +244,15 @@ def _forbidden(name: str, why: str) -> errors.ApiError:
 def evicting_status(pod: Obj, now: datetime) -> Obj:
     """The pod's status as an eviction writes it before the delete: ``DisruptionTarget=True``
     (``EvictionByEvictionAPI``), so whoever sees the pod go knows an eviction took it (a
-    drain, an autoscaler), not a plain delete; its transition time kept if it said so already."""
-    status = dict(pod.get("status") or {})
+    drain, an autoscaler), not a plain delete."""
+    return disruption_target(
+        dict(pod.get("status") or {}), "EvictionByEvictionAPI", "Eviction API: evicting", now
+    )
+
+
+def disruption_target(status: Obj, reason: str, message: str, now: datetime) -> Obj:
+    """``status`` with ``DisruptionTarget=True`` for ``reason`` (what a controller writes on a
+    pod it is about to delete), the condition's transition time kept if it said so already."""
     old = list(status.get("conditions") or [])
     previous = next((c for c in old if c.get("type") == DISRUPTION_TARGET), None)
     moment = rfc3339(now)
@@ -255,11 +262,13 @@ def evicting_status(pod: Obj, now: datetime) -> Obj:
         "type": DISRUPTION_TARGET,
         "status": "True",
         "lastTransitionTime": moment,
-        "reason": "EvictionByEvictionAPI",
-        "message": "Eviction API: evicting",
+        "reason": reason,
+        "message": message,
     }
-    status["conditions"] = [*(c for c in old if c.get("type") != DISRUPTION_TARGET), target]
-    return status
+    return {
+        **status,
+        "conditions": [*(c for c in old if c.get("type") != DISRUPTION_TARGET), target],
+    }
 
 
 def preconditions_hold(pod: Obj, options: Obj) -> bool:

@@ -30,6 +30,7 @@ from tests.e2e.conftest import (
     tiny,
     wait_for_snapshot,
 )
+from tests.support.kubectl import kubectl
 
 MAX_STEPS = TINY["spec"]["run"]["grpo"]["maxSteps"]
 
@@ -203,6 +204,34 @@ def test_node_loss_moves_the_run_to_another_node(start_run):
     summary = finish(run)
     assert_recovered_cleanly(run, summary, from_snapshot=False)  # killed: no forced snapshot
     assert run.cluster.node_of("default", "tiny-i2-trainer") != node
+
+
+def test_a_deleted_node_s_run_is_collected_by_podgc_and_moves(start_run):
+    """``kubectl delete node`` (a cloud removing a preempted VM): the pods bound there read
+    ``Running`` until PodGC collects them (``DeletionByPodGC``, then gone): a preemption, not a
+    failure, and the next incarnation runs on the node that is left."""
+    options = {"pod_gc": (0.2, 1.0)}  # the real 20 s period and 40 s quarantine, shortened
+    document = tiny()
+    document["spec"]["run"]["grpo"]["maxSteps"] = 400  # still training when PodGC comes
+    run = start_run(document, nodes=2, cluster_options=options)
+    wait_for_snapshot(run)
+    assert run.cluster is not None
+    node = run.cluster.node_of("default", "tiny-i1-trainer")
+    assert node is not None
+    kubectl(run.cluster, "delete", "node", node)
+    eventually(
+        lambda: run.status().get("incarnation") == 2, timeout=120, what="incarnation 2 started"
+    )
+    status = run.status()
+    # PodGC writes its reason, then deletes: the operator may see either (as on a real cluster)
+    assert status["lastFailure"]["reason"] in ("DeletionByPodGC", "PodDeleted"), status
+    assert (status["preemptions"], status["restarts"]) == (1, 0)
+    eventually(
+        lambda: run.cluster.node_of("default", "tiny-i2-trainer"), what="trainer 2 scheduled"
+    )
+    assert run.cluster.node_of("default", "tiny-i2-trainer") != node
+    resumed_at = int(status.get("trainStep") or 0)
+    wait_for_snapshot(run, at_least_step=resumed_at + 1)  # incarnation 2 trains on
 
 
 def _logged_at(log: str, marker: str) -> str:
