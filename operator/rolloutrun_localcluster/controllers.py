@@ -1,8 +1,9 @@
 """The control-plane loops the API server alone does not do: garbage collection, namespace
 termination, CRD registration, Services' Endpoints, PodDisruptionBudgets' status, each
-namespace's default ServiceAccount and its ``kube-root-ca.crt`` ConfigMap, and PodGC's end
-of pods no kubelet will end. They react to store events (debounced; PodGC on its timer) and
-apply the pure plans of :mod:`.gc`, :mod:`.disruption` and :mod:`.podgc` through the same
+namespace's default ServiceAccount and its ``kube-root-ca.crt`` ConfigMap, taint-based
+eviction from a node that stopped answering, and PodGC's end of pods no kubelet will end.
+They react to store events (debounced; PodGC on its timer) and apply the pure plans of
+:mod:`.gc`, :mod:`.disruption`, :mod:`.taint_eviction` and :mod:`.podgc` through the same
 store calls a client would make.
 """
 
@@ -13,10 +14,11 @@ import contextlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from . import disruption, errors, gc, podgc
+from . import disruption, errors, gc, podgc, taint_eviction
 from .passes import PassLoop
 from .resources import Registry, ResourceType
 from .store import Event, Store
@@ -78,29 +80,17 @@ class Controllers:
         self._pod_gc_task: asyncio.Task[None] | None = None
         #: Nodes pods are bound to that do not exist, since when (monotonic): the quarantine.
         self._missing_since: dict[str, float] = {}
-        failure = "local cluster controller pass failed"
-        self._gc = PassLoop(
-            self.collect_garbage,
-            name="localcluster-gc",
-            failure=failure,
-            logger=logger,
-            debounce=debounce,
-        )
-        self._endpoints = PassLoop(
-            self.sync_endpoints,
-            name="localcluster-endpoints",
-            failure=failure,
-            logger=logger,
-            debounce=debounce,
-        )
-        self._budgets = PassLoop(
-            self.sync_budgets,
-            name="localcluster-disruption",
-            failure=failure,
-            logger=logger,
-            debounce=debounce,
-        )
+
+        def loop(work: Callable[[], object], name: str) -> PassLoop:
+            failure = "local cluster controller pass failed"
+            return PassLoop(work, name=name, failure=failure, logger=logger, debounce=debounce)
+
+        self._gc = loop(self.collect_garbage, "localcluster-gc")
+        self._endpoints = loop(self.sync_endpoints, "localcluster-endpoints")
+        self._budgets = loop(self.sync_budgets, "localcluster-disruption")
         self._budget_timer: asyncio.TimerHandle | None = None
+        self._evictions = loop(self.evict_tainted, "localcluster-taint-eviction")
+        self._eviction_timer: asyncio.TimerHandle | None = None
         # The Services whose Endpoints the next pass recomputes (None: every one). A pass
         # over every Service times every pod made a thousand runs' pod events quadratic.
         self._stale_endpoints: set[tuple[str, str]] | None = None
@@ -135,6 +125,8 @@ class Controllers:
             self._endpoints_due(event)
         if event.storage_key in ("pods", disruption.STORAGE_KEY):
             self._budgets.mark_due()
+        if event.storage_key in ("pods", "nodes"):
+            self._evictions.mark_due()
 
     def _owners_live(self, references: list[dict[str, Any]]) -> bool:
         """Whether every owner an object names (or named) exists and is not being deleted:
@@ -185,20 +177,83 @@ class Controllers:
         self._gc.start()
         self._endpoints.start()
         self._budgets.start()
+        self._evictions.start()
         self._pod_gc_task = asyncio.create_task(self._pod_gc_loop(), name="localcluster-podgc")
 
     async def stop(self) -> None:
-        if self._budget_timer is not None:
-            self._budget_timer.cancel()
+        for timer in (self._budget_timer, self._eviction_timer):
+            if timer is not None:
+                timer.cancel()
         if self._pod_gc_task is not None:
             self._pod_gc_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pod_gc_task
-        loops = (self._gc, self._endpoints, self._budgets)
+        loops = (self._gc, self._endpoints, self._budgets, self._evictions)
         for loop in loops:
             loop.cancel()
         for loop in loops:
             await loop.stop()
+
+    # ------------------------------------------------------------ taint-based eviction
+    def evict_tainted(self) -> int:
+        """The taint eviction controller's pass (:mod:`.taint_eviction`): delete the pods
+        whose node's ``NoExecute`` taints they no longer tolerate; the number deleted. A pass
+        is due again when the next toleration runs out."""
+        if self._eviction_timer is not None:
+            self._eviction_timer.cancel()
+            self._eviction_timer = None
+        tainted = {
+            node["metadata"]["name"]: taints
+            for node in self.store.objects("nodes")
+            if (taints := taint_eviction.no_execute_taints(node))
+        }
+        if not tainted:
+            return 0
+        now = _now()
+        evicted, later = 0, []
+        for pod in list(self.store.objects("pods")):
+            spec, meta = pod.get("spec") or {}, pod["metadata"]
+            on_node = tainted.get(spec.get("nodeName") or "")
+            if not on_node or meta.get("deletionTimestamp"):
+                continue
+            due = taint_eviction.eviction_due(spec.get("tolerations") or [], on_node, now)
+            if due is None:
+                continue
+            if due > now:
+                later.append(due)
+                continue
+            try:
+                self._evict(pod)
+                evicted += 1
+            except errors.ApiError as error:
+                logger.debug("eviction of %s/%s: %s", meta.get("namespace"), meta["name"], error)
+                self._evictions.mark_due()
+        if later:
+            wait = (min(later) - now).total_seconds()
+            loop = asyncio.get_running_loop()
+            self._eviction_timer = loop.call_later(wait, self._evictions.mark_due)
+        return evicted
+
+    def _evict(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        namespace, name = meta.get("namespace", ""), meta["name"]
+        rtype = self._type("", "pods")
+        status = disruption.disruption_target(
+            dict(pod.get("status") or {}),
+            taint_eviction.EVICTION_REASON,
+            taint_eviction.EVICTION_MESSAGE,
+            _now(),
+        )
+        logger.info("taint eviction: deleting pod %s/%s", namespace, name)
+        self.store.update(
+            rtype,
+            namespace,
+            name,
+            {**pod, "status": status},
+            subresource="status",
+            precondition_rv=meta["resourceVersion"],
+        )
+        self.store.delete(rtype, namespace, name, {"preconditions": {"uid": meta["uid"]}})
 
     # ------------------------------------------------------------ PodGC
     async def _pod_gc_loop(self) -> None:

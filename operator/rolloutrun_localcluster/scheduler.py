@@ -18,6 +18,7 @@ from .passes import PassLoop
 from .resources import Registry
 from .storage_provisioner import claim_problem, scheduler_message
 from .store import Event, Store, now_iso
+from .taint_eviction import toleration_matches
 
 logger = logging.getLogger(__name__)
 
@@ -25,17 +26,7 @@ Obj = dict[str, Any]
 
 
 def tolerates(tolerations: Iterable[Obj], taint: Obj) -> bool:
-    for toleration in tolerations:
-        if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
-            continue
-        if toleration.get("operator", "Equal") == "Exists":
-            if not toleration.get("key") or toleration["key"] == taint.get("key"):
-                return True
-        elif toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get(
-            "value", ""
-        ):
-            return True
-    return False
+    return any(toleration_matches(toleration, taint) for toleration in tolerations)
 
 
 def node_fits(pod: Obj, node: Obj) -> str | None:

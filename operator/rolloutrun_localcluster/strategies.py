@@ -13,7 +13,7 @@ import base64
 import binascii
 from typing import TYPE_CHECKING, Any
 
-from . import cel, errors, schema, validation
+from . import cel, errors, schema, taint_eviction, validation
 from .resources import ResourceType
 
 if TYPE_CHECKING:
@@ -72,6 +72,10 @@ class PodStrategy(Strategy):
         spec.setdefault("schedulerName", "default-scheduler")
         spec.setdefault("serviceAccountName", spec.get("serviceAccount") or "default")
         spec.setdefault("serviceAccount", spec["serviceAccountName"])
+        tolerations = spec.get("tolerations") or []
+        if isinstance(tolerations, list) and all(isinstance(t, dict) for t in tolerations):
+            # the DefaultTolerationSeconds admission plugin (see .taint_eviction)
+            spec["tolerations"] = taint_eviction.with_default_tolerations(tolerations)
         spec.setdefault("securityContext", {})
         spec.setdefault("enableServiceLinks", True)
         for container in spec.get("initContainers", []) + spec.get("containers", []):
