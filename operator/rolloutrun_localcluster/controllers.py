@@ -236,24 +236,33 @@ class Controllers:
 
     def _evict(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
-        namespace, name = meta.get("namespace", ""), meta["name"]
-        rtype = self._type("", "pods")
         status = disruption.disruption_target(
             dict(pod.get("status") or {}),
             taint_eviction.EVICTION_REASON,
             taint_eviction.EVICTION_MESSAGE,
             _now(),
         )
-        logger.info("taint eviction: deleting pod %s/%s", namespace, name)
-        self.store.update(
-            rtype,
-            namespace,
-            name,
-            {**pod, "status": status},
-            subresource="status",
-            precondition_rv=meta["resourceVersion"],
-        )
-        self.store.delete(rtype, namespace, name, {"preconditions": {"uid": meta["uid"]}})
+        logger.info("taint eviction: deleting pod %s/%s", meta.get("namespace"), meta["name"])
+        self._write_status_and_delete(pod, status, {"preconditions": {"uid": meta["uid"]}})
+
+    def _write_status_and_delete(
+        self, pod: dict[str, Any], status: dict[str, Any] | None, options: dict[str, Any]
+    ) -> None:
+        """What taint eviction and PodGC do to a pod: ``status`` (None: none) written at the
+        version read, so whoever sees the pod go reads why, then the delete (``options``)."""
+        meta = pod["metadata"]
+        namespace, name = meta.get("namespace", ""), meta["name"]
+        rtype = self._type("", "pods")
+        if status is not None:
+            self.store.update(
+                rtype,
+                namespace,
+                name,
+                {**pod, "status": status},
+                subresource="status",
+                precondition_rv=meta["resourceVersion"],
+            )
+        self.store.delete(rtype, namespace, name, options)
 
     # ------------------------------------------------------------ PodGC
     async def _pod_gc_loop(self) -> None:
@@ -292,17 +301,8 @@ class Controllers:
         if status is None and pod["metadata"].get("deletionTimestamp"):
             return 0
         logger.info("PodGC is force deleting pod %s/%s", action.namespace, action.name)
-        if status is not None:
-            self.store.update(
-                rtype,
-                action.namespace,
-                action.name,
-                {**pod, "status": status},
-                subresource="status",
-                precondition_rv=pod["metadata"]["resourceVersion"],
-            )
         options = {"gracePeriodSeconds": 0, "preconditions": {"uid": action.uid}}
-        self.store.delete(rtype, action.namespace, action.name, options)
+        self._write_status_and_delete(pod, status, options)
         return 1
 
     # ------------------------------------------------------------ garbage collection

@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from .disruption import disruption_target
+from .podspec import TERMINAL_PHASES
 
 Obj = dict[str, Any]
 
@@ -32,7 +33,6 @@ Obj = dict[str, Any]
 POD_GC = (20.0, 40.0)
 ORPHANED_REASON = "DeletionByPodGC"
 ORPHANED_MESSAGE = "PodGC: node no longer exists"
-_TERMINAL = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def plan(
 def failed_status(status: Obj, orphaned: bool, now: datetime) -> Obj | None:
     """The status PodGC writes before its delete (None: none, the pod is already terminal):
     ``Failed``, with ``DisruptionTarget`` for a pod whose node is gone."""
-    if status.get("phase") in _TERMINAL:
+    if status.get("phase") in TERMINAL_PHASES:
         return None
     failed = {**status, "phase": "Failed"}
     if orphaned:

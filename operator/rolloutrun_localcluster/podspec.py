@@ -324,11 +324,15 @@ def conditions(
     return result + [c for c in old if c.get("type") not in owned]
 
 
+#: The phases a pod never leaves.
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
 def deleted_before_start(status: Obj, now: str) -> Obj | None:
     """The status a kubelet writes for a pod of its node deleted before any container
     started (Kubernetes >= 1.27): phase ``Failed``, not ready, the rest kept -- so a pod a
     finalizer holds reads terminal, not ``Pending`` forever. None if already terminal."""
-    if status.get("phase") in ("Succeeded", "Failed"):
+    if status.get("phase") in TERMINAL_PHASES:
         return None
     initialized = any(
         c.get("type") == "Initialized" and c.get("status") == "True"

@@ -23,7 +23,7 @@ Pure functions here; :mod:`.strategies` admits, :mod:`.controllers` evicts.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 Obj = dict[str, Any]
@@ -94,13 +94,10 @@ def eviction_due(tolerations: Iterable[Obj], taints: list[Obj], now: datetime) -
         return None
     if min(seconds) <= 0:
         return now
-    added = [_time(t.get("timeAdded")) for t in taints]
+    # imported here: .store imports .strategies, which imports this module, before .store's
+    # time helpers exist
+    from .table_printers import parse_time
+
+    added = [parse_time(t.get("timeAdded")) for t in taints]
     since = min((moment for moment in added if moment is not None), default=now)
     return since + timedelta(seconds=min(seconds))
-
-
-def _time(timestamp: str | None) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(timestamp).replace("Z", "+00:00")).astimezone(UTC)
-    except ValueError:
-        return None

@@ -18,6 +18,7 @@ from rolloutrun_localcluster.mountns import LOOPBACK, NAMESPACES, namespaces_per
 from rolloutrun_localcluster.testing import api_client, eventually, local_cluster
 from tests.support.kube_objects import grant_pod_listing
 from tests.support.kube_objects import pod_gone as _gone
+from tests.support.kube_objects import pod_in_phase as _phase
 
 PY = sys.executable
 MODES = [NAMESPACES, LOOPBACK] if namespaces_permitted() else [LOOPBACK]
@@ -53,11 +54,6 @@ def _pod(
             ],
         },
     }
-
-
-def _phase(core: Any, namespace: str, name: str, *phases: str) -> Any:
-    pod = core.read_namespaced_pod(name, namespace)
-    return pod if pod.status.phase in phases else None
 
 
 def _alive(pid: int) -> bool:

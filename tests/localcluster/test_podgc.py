@@ -17,7 +17,7 @@ from rolloutrun_localcluster.cluster import LocalCluster
 from rolloutrun_localcluster.kubelet import free_pod_network
 from rolloutrun_localcluster.processes import pod_tag, tagged_pids
 from rolloutrun_localcluster.testing import api_client, eventually
-from tests.support.kube_objects import pod_gone
+from tests.support.kube_objects import pod_gone, pod_in_phase
 from tests.support.kubectl import kubectl
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
@@ -92,9 +92,7 @@ def test_a_deleted_node_s_pods_and_a_pod_deleted_unscheduled_end_failed(tmp_path
         core.create_namespaced_pod("default", _held("never-scheduled", None))
         for name in ("held", "free"):
             eventually(
-                lambda name=name: (
-                    core.read_namespaced_pod(name, "default").status.phase == "Running"
-                ),
+                lambda name=name: pod_in_phase(core, "default", name, "Running"),
                 what=f"{name} running",
             )
         tag = pod_tag(core.read_namespaced_pod("free", "default").metadata.uid)
@@ -104,10 +102,13 @@ def test_a_deleted_node_s_pods_and_a_pod_deleted_unscheduled_end_failed(tmp_path
         core.delete_namespaced_pod("never-scheduled", "default")
 
         unscheduled = eventually(
-            lambda: _phase(core, "never-scheduled", "Failed"), what="unscheduled pod failed"
+            lambda: pod_in_phase(core, "default", "never-scheduled", "Failed"),
+            what="unscheduled pod failed",
         )
         assert not any(c.type == "DisruptionTarget" for c in unscheduled.status.conditions or [])
-        held = eventually(lambda: _phase(core, "held", "Failed"), what="orphaned pod failed")
+        held = eventually(
+            lambda: pod_in_phase(core, "default", "held", "Failed"), what="orphaned pod failed"
+        )
         assert time.monotonic() - deleted_at >= quarantine
         target = next(c for c in held.status.conditions if c.type == "DisruptionTarget")
         assert (target.status, target.reason) == ("True", "DeletionByPodGC")
@@ -121,8 +122,3 @@ def test_a_deleted_node_s_pods_and_a_pod_deleted_unscheduled_end_failed(tmp_path
         for name in ("held", "never-scheduled"):
             _release(core, name)
             eventually(lambda name=name: pod_gone(core, "default", name), what=f"{name} gone")
-
-
-def _phase(core: Any, name: str, phase: str) -> Any:
-    pod = core.read_namespaced_pod(name, "default")
-    return pod if pod.status.phase == phase else None

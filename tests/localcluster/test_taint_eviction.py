@@ -22,7 +22,7 @@ from rolloutrun_localcluster.taint_eviction import (
     with_default_tolerations,
 )
 from rolloutrun_localcluster.testing import api_client, eventually
-from tests.support.kube_objects import pod_gone
+from tests.support.kube_objects import pod_gone, pod_in_phase
 from tests.support.kubectl import kubectl
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
@@ -91,9 +91,7 @@ def test_a_lost_nodes_pods_go_when_their_toleration_runs_out(tmp_path: Path) -> 
         assert json.loads(shown) == [_default(NOT_READY_TAINT), _default(UNREACHABLE_TAINT)]
         for name in ("defaults", "brief", "forever"):
             eventually(
-                lambda name=name: (
-                    core.read_namespaced_pod(name, "default").status.phase == "Running"
-                ),
+                lambda name=name: pod_in_phase(core, "default", name, "Running"),
                 what=f"{name} running",
             )
         cluster.lose_node("freeze")

@@ -23,6 +23,12 @@ def pod_gone(core: Any, namespace: str, name: str) -> bool:
     return gone(lambda: core.read_namespaced_pod(name, namespace))
 
 
+def pod_in_phase(core: Any, namespace: str, name: str, *phases: str) -> Any:
+    """The pod if its phase is one of ``phases``, else None (a check for ``eventually``)."""
+    pod = core.read_namespaced_pod(name, namespace)
+    return pod if pod.status.phase in phases else None
+
+
 def grant_pod_listing(core: Any, namespace: str) -> None:
     """Let the namespace's ``default`` ServiceAccount list pods (a pod that lists pods with
     its account's token needs it, as on a real cluster): Role and RoleBinding ``lister``."""
