@@ -26,7 +26,9 @@ per-step snapshot on and off in short blocks, so both sides share all of that:
   measured once on and once off, and the step's own cost cancels.
 - **the result**: the geometric mean over those samples with a 95 % Student-t interval, and
   the goal stated against it: **met** only if the lower bound reaches it, **missed** if the
-  upper bound falls short, **inconclusive** (None) otherwise.
+  upper bound falls short, **inconclusive** (None) otherwise. ``between_pairs_of_runs`` says
+  whether that pooling is sound (:func:`between_pairs_of_runs`): whole runs that differ by more
+  than their blocks predict would make the pooled interval too narrow.
 - **gating**: the bench wraps the runtime's "snapshot after this step?" decision and its
   "a trainer checkpoint was published" wake-up in the trainer's process (both trees have
   them), so the same code measures another checkout side by side (``baseline``).
@@ -228,6 +230,37 @@ def summarize(all_pairs: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
+#: Between-run spread this many times what the runs' own block spread predicts: the runs
+#: differ (placement, a neighbour's load), and the pooled interval would be too narrow.
+RUNS_DIFFER_AT = 1.5
+
+
+def between_pairs_of_runs(samples: list[list[dict[str, float]]]) -> dict[str, Any] | None:
+    """Whether pooling every pair of runs' block pairs is sound: the spread of the
+    per-pair-of-runs mean log ratios against the spread their own block pairs predict.
+
+    Why: the pooled interval treats every block pair as independent. If whole runs differ
+    (a run whose threads landed badly costs more for all its snapshots), block pairs of one
+    run are alike and the pooled interval is too narrow; the interval over the pairs' means
+    (``over_pairs``, few samples, wide) is then the one to believe. None below two pairs."""
+    if len(samples) < 2 or any(len(pair) < 2 for pair in samples):
+        return None
+    logs = [[math.log(p["ratio"]) for p in pair] for pair in samples]
+    means = [statistics.fmean(pair) for pair in logs]
+    within = statistics.fmean(statistics.variance(pair) / len(pair) for pair in logs)
+    observed = statistics.stdev(means)
+    expected = math.sqrt(within)
+    ratio = observed / expected if expected > 0 else math.inf
+    return {
+        "pairs_of_runs": len(samples),
+        "sd_of_pair_means": round(observed, 5),
+        "sd_expected_from_blocks": round(expected, 5),
+        "spread_ratio": round(ratio, 2),
+        "runs_differ": ratio >= RUNS_DIFFER_AT,
+        "over_pairs": interval([math.exp(m) for m in means]),
+    }
+
+
 def install_gate(warmup: int, block: int, phase: int = 0) -> None:
     """In this (the trainer's) process: snapshots after step k only when step k+1 is ``on``."""
     from rolloutrun_runtime.algorithms.rollout_checkpointing import snapshots
@@ -351,6 +384,7 @@ def measure(
         out[tree] = {
             "tree": str(trees[tree]),
             **summarize([s for pair_of_runs in samples for s in pair_of_runs]),
+            "between_pairs_of_runs": between_pairs_of_runs(samples),
             "per_pair_of_runs": [summarize(s) for s in samples],
             "per_run": [
                 {"phase": i % 2, "published": r["published"], **summarize(r["pairs"])}

@@ -149,3 +149,32 @@ def test_the_snapshot_cpu_is_split_by_where_it_ran() -> None:
     assert got[0]["cpu_ms:gym"] == pytest.approx(10.0)  # a quarter of the 40 ms trainer's
     by_place = tb.summarize(got)["snapshot_cpu_ms_by_place"]
     assert by_place == {"MainThread": 6.0, "asyncio": 0.0, "gym": 10.0, "writer child": 12.0}
+
+
+def _pairs_of_runs(run_means: list[float], noise: float = 0.016, n: int = 16):
+    """Pairs of runs whose block pairs' log ratios are each run's mean, then +-``noise``."""
+    return [
+        [{"ratio": math.exp(mean + (noise if k % 2 else -noise))} for k in range(n)]
+        for mean in run_means
+    ]
+
+
+def test_runs_that_agree_as_their_blocks_predict_make_pooling_sound() -> None:
+    got = tb.between_pairs_of_runs(_pairs_of_runs([0.0, 0.004, -0.004, 0.002]))
+    assert got is not None and got["pairs_of_runs"] == 4
+    assert got["sd_expected_from_blocks"] == pytest.approx(0.016 * math.sqrt(16 / 15 / 16), 1e-3)
+    assert got["spread_ratio"] < 1 and got["runs_differ"] is False
+
+
+def test_runs_that_differ_beyond_their_blocks_are_flagged_with_the_interval_over_runs() -> None:
+    samples = _pairs_of_runs([0.0, 0.02, -0.02, 0.01])
+    got = tb.between_pairs_of_runs(samples)
+    assert got is not None and got["spread_ratio"] > 3 and got["runs_differ"] is True
+    pooled = tb.interval([p["ratio"] for pair in samples for p in pair])
+    over = got["over_pairs"]
+    assert over["n"] == 4 and over["mean"] == pytest.approx(pooled["mean"], abs=1e-4)
+    assert over["high"] - over["low"] > 3 * (pooled["high"] - pooled["low"])
+
+
+def test_one_pair_of_runs_says_nothing_about_the_spread_between_runs() -> None:
+    assert tb.between_pairs_of_runs(_pairs_of_runs([0.0])) is None
