@@ -250,13 +250,15 @@ def between_pairs_of_runs(samples: list[list[dict[str, float]]]) -> dict[str, An
     within = statistics.fmean(statistics.variance(pair) / len(pair) for pair in logs)
     observed = statistics.stdev(means)
     expected = math.sqrt(within)
-    ratio = observed / expected if expected > 0 else math.inf
+    # Rounded before the flag, so the flag agrees with the figure printed beside it; None
+    # (JSON has no infinity) when the blocks predict no spread at all.
+    ratio = round(observed / expected, 2) if expected > 0 else None
     return {
         "pairs_of_runs": len(samples),
         "sd_of_pair_means": round(observed, 5),
         "sd_expected_from_blocks": round(expected, 5),
-        "spread_ratio": round(ratio, 2),
-        "runs_differ": ratio >= RUNS_DIFFER_AT,
+        "spread_ratio": ratio,
+        "runs_differ": observed > 0 if ratio is None else ratio >= RUNS_DIFFER_AT,
         "over_pairs": interval([math.exp(m) for m in means]),
     }
 

@@ -178,3 +178,8 @@ def test_runs_that_differ_beyond_their_blocks_are_flagged_with_the_interval_over
 
 def test_one_pair_of_runs_says_nothing_about_the_spread_between_runs() -> None:
     assert tb.between_pairs_of_runs(_pairs_of_runs([0.0])) is None
+
+
+def test_blocks_without_spread_flag_runs_that_differ_at_all() -> None:
+    got = tb.between_pairs_of_runs(_pairs_of_runs([0.0, 0.01], noise=0.0))
+    assert got is not None and got["spread_ratio"] is None and got["runs_differ"] is True
