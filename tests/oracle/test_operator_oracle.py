@@ -26,7 +26,8 @@ def test_tiny_grpo_through_the_operator_ends_bit_identical_with_a_clean_audit(
     tmp_path: Path,
 ) -> None:
     # Three deletions 2 s of training apart, in a run of ~9 s of training: 45 steps at 3 s
-    # apart trained through before the third once the steps got faster (2 of 3 in CI).
+    # apart trained through before the third once the steps got faster (once in CI, 1 of 3
+    # runs here).
     oracle = run_oracle(
         "tiny-grpo",
         tmp_path,
