@@ -28,6 +28,7 @@ import contextlib
 import copy
 import logging
 import random
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -196,8 +197,10 @@ class GenerationEngine:
         self._groups: dict[int, _Group] = {}
         self._pending: list[_Call] = []
         self._wake = asyncio.Event()
-        #: Set while the step loop sleeps for want of calls (see ``until_idle``).
+        #: Set while the step loop sleeps for want of calls (see ``until_idle``), and since
+        #: when (monotonic seconds) it last began to.
         self._idle = asyncio.Event()
+        self._idle_since = float("-inf")
         self._loop_task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
@@ -366,18 +369,35 @@ class GenerationEngine:
         """The step loop sleeps: no decode step runs or is about to (it wakes on a call)."""
         return self._idle.is_set() or self._loop_task is None or self._loop_task.done()
 
-    async def until_idle(self, timeout_s: float) -> bool:
-        """Wait (at most ``timeout_s``) for a moment between calls, when the step loop sleeps;
-        True if the engine is idle on return. Every decode step of a threaded engine is a
-        turn of the caller's event loop, and its tensor work needs the interpreter lock for
-        Python's share of each op: work the caller does meanwhile (a snapshot's cut and
-        write) delays every running call, and is free between them."""
-        if self.idle:
-            return True
+    def rested_s(self) -> float | None:
+        """Seconds the step loop has slept for want of calls (infinite if it never ran or
+        has stopped); None while it decodes."""
+        if self._loop_task is None or self._loop_task.done():
+            return float("inf")
+        if not self._idle.is_set():
+            return None
+        return time.monotonic() - self._idle_since
+
+    async def until_idle(self, timeout_s: float, quiet_s: float = 0.0) -> bool:
+        """Wait (at most ``timeout_s``) for a moment between calls when the step loop has
+        slept for ``quiet_s``; True if it has on return. Every decode step of a threaded
+        engine is a turn of the caller's event loop, and its tensor work needs the
+        interpreter lock for Python's share of each op: work the caller does meanwhile (a
+        snapshot's commit, cut and write) delays every running call, and is free between
+        them. ``quiet_s`` tells a pause inside a burst of calls (the next one is on its way)
+        from the end of the burst."""
         with contextlib.suppress(TimeoutError):  # asyncio.timeout: a cancel is never lost
             async with asyncio.timeout(timeout_s):
-                await self._idle.wait()  # awaited in this task: it goes on when the step loop parks
-        return self.idle
+                while True:
+                    rested = self.rested_s()
+                    if rested is not None and rested >= quiet_s:
+                        return True
+                    if rested is None:
+                        await self._idle.wait()  # in this task: it goes on when the loop parks
+                    else:
+                        await asyncio.sleep(quiet_s - rested)
+        rested = self.rested_s()
+        return rested is not None and rested >= quiet_s
 
     def _ensure_loop(self) -> None:
         if self._loop_task is None or self._loop_task.done():
@@ -447,6 +467,7 @@ class GenerationEngine:
                 self._wake.clear()
                 if self._pending:
                     continue
+                self._idle_since = time.monotonic()
                 self._idle.set()
                 await self._wake.wait()
                 self._idle.clear()

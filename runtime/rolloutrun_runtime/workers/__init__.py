@@ -44,10 +44,11 @@ class PolicyWorkers(Protocol):
 class SharesTrainerLoop(Protocol):
     """Workers whose engines decode on the trainer's own event loop and interpreter (the
     in-process backend): ``until_idle`` waits (at most ``timeout_s``) for a moment when no
-    call is decoding, so the trainer's own bursts of work (a snapshot's cut and write) do not
-    hold back a decode step. Workers in other processes (Ray) share neither."""
+    call has decoded for ``quiet_s``, so the trainer's own bursts of work (a snapshot's
+    commit, cut and write) do not hold back a decode step. Workers in other processes (Ray)
+    share neither."""
 
-    async def until_idle(self, timeout_s: float) -> bool:
+    async def until_idle(self, timeout_s: float, quiet_s: float = 0.0) -> bool:
         """True if every engine is idle on return."""
         ...
 

@@ -86,12 +86,12 @@ class InProcessWorkers:
         for engine in self.engines:
             await engine.refit(state_dict, version)
 
-    async def until_idle(self, timeout_s: float) -> bool:
-        """Wait until every engine is between calls, at most ``timeout_s`` in all
-        (:class:`~rolloutrun_runtime.workers.SharesTrainerLoop`)."""
+    async def until_idle(self, timeout_s: float, quiet_s: float = 0.0) -> bool:
+        """Wait until every engine is between calls and has been for ``quiet_s``, at most
+        ``timeout_s`` in all (:class:`~rolloutrun_runtime.workers.SharesTrainerLoop`)."""
         deadline = time.monotonic() + timeout_s
         for engine in self.engines:
-            if not await engine.until_idle(max(deadline - time.monotonic(), 0.0)):
+            if not await engine.until_idle(max(deadline - time.monotonic(), 0.0), quiet_s):
                 return False
         return all(engine.idle for engine in self.engines)
 

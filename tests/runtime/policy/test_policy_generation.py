@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -335,3 +336,29 @@ async def test_an_engine_is_idle_between_calls_and_its_wait_for_that_is_bounded(
         assert running.done() and len(running.result().token_ids) == 100
     finally:
         await engine.stop()
+
+
+async def test_an_engine_s_quiet_wait_tells_a_pause_between_calls_from_the_end_of_a_burst() -> None:
+    """A snapshot waits for the engine to have rested for a while, not for its first pause:
+    inside a burst of calls the next one is already on its way."""
+    state, _ = constant_policy(0)
+    engine = GenerationEngine(CFG, V, TOKENIZER.eos_id, state, 0, seed=0)
+    call = GenerationRequest(prompt_token_ids=(1, 4), max_tokens=2)
+    try:
+        assert engine.rested_s() == float("inf")  # never started: quiet for ever
+        await engine.generate(call)
+        rested = engine.rested_s()
+        assert engine.idle and rested is not None and rested < 1.0  # just parked
+        assert await engine.until_idle(0.01, quiet_s=1.0) is False  # bounded, not quiet yet
+        assert await engine.until_idle(5.0, quiet_s=0.05) is True
+        assert (engine.rested_s() or 0.0) >= 0.05
+        # a call during the wait starts the quiet over: the wait ends 0.2 s after it
+        waiter = asyncio.ensure_future(engine.until_idle(5.0, quiet_s=0.2))
+        await asyncio.sleep(0.1)
+        await engine.generate(call)
+        after_call = time.monotonic()
+        assert await waiter is True
+        assert time.monotonic() - after_call >= 0.19
+    finally:
+        await engine.stop()
+    assert engine.rested_s() == float("inf")  # stopped

@@ -34,6 +34,7 @@ timings (``timing/rollout_checkpoint``), through ``on_record`` (the trainer appe
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -108,9 +109,13 @@ logger = logging.getLogger(__name__)
 
 #: Seconds an environment phase may take in a periodic snapshot.
 ENV_PHASE_TIMEOUT_S = 20.0
-#: Longest wait before the cut for the in-process engines to be between calls (a busy one
+#: Longest wait before the commit for the in-process engines to be between calls (a busy one
 #: never is: the snapshot then goes on; the wait only moves the cut a little later).
 GENERATION_IDLE_WAIT_S = 0.1
+#: How long the engines must have been between calls: a pause inside a burst of calls (the
+#: episodes that left their copies call the model together; the next call is on its way
+#: over HTTP) is shorter, the pause after the burst (the episodes run their tools) longer.
+GENERATION_QUIET_S = 0.005
 #: The loop sleeps this long before the cut: an idle loop thread wakes with a fresh CPU slice,
 #: so a short cut is rarely preempted inside (~10 ms each when oversubscribed).
 PRE_CUT_YIELD_S = 0.0005
@@ -137,10 +142,11 @@ class RolloutSnapshotter:
         on_published: Callable[[dict[str, Any]], None] | None = None,
         on_record: Callable[[dict[str, Any]], None] | None = None,
         incarnation: int = 0,
-        generation_idle: Callable[[float], Awaitable[bool]] | None = None,
+        generation_idle: Callable[[float, float], Awaitable[bool]] | None = None,
     ) -> None:
-        """``generation_idle``: waits for the trainer's in-process engines to be between
-        calls (:class:`~rolloutrun_runtime.workers.SharesTrainerLoop`), or None."""
+        """``generation_idle``: waits (at most a timeout) for the trainer's in-process
+        engines to have been between calls for a while
+        (:class:`~rolloutrun_runtime.workers.SharesTrainerLoop`), or None."""
         self._parts = parts
         self._manifests = manifests
         self._anchor_is_durable = anchor_is_durable
@@ -335,13 +341,11 @@ class RolloutSnapshotter:
         require_replay_from(parts.runtime_state.replay_after, anchor)
         # 3. the environment phase: copies of the running episodes at turn boundaries
         env_started = time.monotonic()
-        phase = await self._environment_phase(f"snap-{uuid.uuid4().hex[:12]}")
+        settle = None if force else functools.partial(self._engines_at_rest, timings)
+        phase = await self._environment_phase(f"snap-{uuid.uuid4().hex[:12]}", settle)
         if phase.discarded is not None:
             return SnapshotOutcome.DISCARDED_ENV, {"error": phase.discarded}
-        timings.env_phase_s = time.monotonic() - env_started
-        if self._generation_idle is not None and not force:
-            await self._generation_idle(GENERATION_IDLE_WAIT_S)  # see SnapshotTimings
-            timings.idle_wait_s = time.monotonic() - env_started - timings.env_phase_s
+        timings.env_phase_s = time.monotonic() - env_started - timings.idle_wait_s
         serialize_started = time.monotonic()
         await self._serialize_changed_groups()
         # No automatic GC from here until the files are written and the capture is gone:
@@ -379,12 +383,34 @@ class RolloutSnapshotter:
                 return
             await asyncio.sleep(0)
 
-    async def _environment_phase(self, checkpoint_id: str) -> EnvironmentPhase:
+    async def _engines_at_rest(self, timings: SnapshotTimings) -> None:
+        """Wait (at most ``GENERATION_IDLE_WAIT_S``) until the in-process engines have been
+        between calls for ``GENERATION_QUIET_S``: from here to the end of the write, the
+        snapshot's work then holds back no decode step (``SnapshotTimings.idle_wait_s``)."""
+        if self._generation_idle is None:
+            return
+        started = time.monotonic()
+        await self._generation_idle(GENERATION_IDLE_WAIT_S, GENERATION_QUIET_S)
+        timings.idle_wait_s = time.monotonic() - started
+
+    async def _environment_phase(
+        self, checkpoint_id: str, settle: Callable[[], Awaitable[None]] | None = None
+    ) -> EnvironmentPhase:
         """Step 3: retire the attempts the ledger gave up, park the running episodes and
-        export their copies; a failed phase discards the attempt (the environment resumes)."""
+        export their copies; a failed phase discards the attempt (the environment resumes).
+
+        ``settle`` runs between the prepare and the commit (or alone, when the environment
+        holds no rollout state): a periodic snapshot waits there for the engines to rest.
+        The prepare answers as the last running episode leaves its copy at a turn boundary,
+        which is when the episodes call the model: a commit answered then (the Gym encodes
+        every copy, the trainer decodes and checks them) lands in that burst of calls. The
+        window stays open meanwhile, so an episode that passes another boundary leaves a
+        newer copy; what is requested is still what was out when the prepare answered."""
         phase = EnvironmentPhase(checkpoint_id)
         environment, ledger = self._environment, self._parts.ledger
         if not environment.holds_rollout_state:
+            if settle is not None:
+                await settle()
             return phase
         deadline = time.time() + ENV_PHASE_TIMEOUT_S
         given_up = abandoned_episodes(ledger)
@@ -396,6 +422,8 @@ class RolloutSnapshotter:
             self._retired.update(e for e in retire if e.instance_id not in failed)
             # Everything out now; one dispatched later has no copy and restarts from turn 0.
             phase.requested = dispatched_episodes(ledger)
+            if settle is not None:
+                await settle()
             crash_point("during_gym_commit")
             phase.snapshot = await environment.commit(
                 checkpoint_id, deadline, phase.requested, failed

@@ -66,8 +66,9 @@ class SnapshotTimings:
     cut_held_cpu_s: float = 0.0
     """The event loop thread's CPU time in the cut (what the cut costs on an idle machine)."""
     idle_wait_s: float = 0.0
-    """Waiting, before the cut, for a moment when no in-process generation call decodes (the
-    cut and the write then hold back no decode step of the trainer's own engine)."""
+    """Waiting, between the environment's prepare and its commit, until no in-process
+    generation call has decoded for a while (the commit, the cut and the write then hold back
+    no decode step of the trainer's own engine); not part of ``env_phase_s``."""
     serialize_ahead_s: float = 0.0
     """Serializing the changed ledger groups before the cut, in slices between the loop's
     other work (the pumps run meanwhile)."""
