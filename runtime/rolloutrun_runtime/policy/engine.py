@@ -367,7 +367,7 @@ class GenerationEngine:
     @property
     def idle(self) -> bool:
         """The step loop sleeps: no decode step runs or is about to (it wakes on a call)."""
-        return self._idle.is_set() or self._loop_task is None or self._loop_task.done()
+        return self.rested_s() is not None
 
     def rested_s(self) -> float | None:
         """Seconds the step loop has slept for want of calls (infinite if it never ran or
