@@ -429,7 +429,8 @@ _OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
             type=int,
             default=None,
             help="runs per tree of the throughput part, in complementary pairs (default 2, "
-            "--quick: of 2 cycles, not 8)",
+            "--quick: of 2 cycles, not 8; too few to certify a goal this close: the JSON's "
+            "runs_to_certify says how many would, at the ratio and spread seen)",
         ),
     ),
     (

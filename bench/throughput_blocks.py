@@ -26,7 +26,11 @@ per-step snapshot on and off in short blocks, so both sides share all of that:
   measured once on and once off, and the step's own cost cancels.
 - **the result**: the geometric mean over those samples with a 95 % Student-t interval, and
   the goal stated against it: **met** only if the lower bound reaches it, **missed** if the
-  upper bound falls short, **inconclusive** (None) otherwise. ``between_pairs_of_runs`` says
+  upper bound falls short, **inconclusive** (None) otherwise. With it, how many block pairs
+  (and runs) a reading would need to certify the goal at the ratio and spread seen
+  (:func:`pairs_to_certify`): at a cost of ~0.25 % and this config's spread, 60-160 block
+  pairs, 8-22 runs (up to ~30 min on 2 cores); the default 2 runs (16 block pairs) are
+  inconclusive by construction. ``between_pairs_of_runs`` says
   whether that pooling is sound (:func:`between_pairs_of_runs`): whole runs that differ by more
   than their blocks predict would make the pooled interval too narrow.
 - **gating**: the bench wraps the runtime's "snapshot after this step?" decision and its
@@ -102,6 +106,21 @@ def interval(ratios: list[float]) -> dict[str, float]:
         "high": round(math.exp(mean + half), 4),
         "n": len(logs),
     }
+
+
+def pairs_to_certify(ratios: list[float], goal: float = GOAL_RATIO) -> int | None:
+    """Block pairs a reading needs for its interval's low end to reach ``goal``, if the
+    ratios went on as these did (their mean and spread, the normal's 1.96 for the t
+    quantile); None when their mean does not exceed ``goal`` (no number of pairs would).
+
+    Why: the interval narrows as one over the square root of the pairs, and the effect to
+    tell from the goal is a few tenths of a percent; a short reading is inconclusive by
+    construction, and this says how long a run would decide it."""
+    logs = [math.log(r) for r in ratios]
+    margin = statistics.fmean(logs) - math.log(goal)
+    if len(logs) < 2 or margin <= 0:
+        return None
+    return max(2, math.ceil((1.96 * statistics.stdev(logs) / margin) ** 2))
 
 
 def verdict(ci: dict[str, float], goal: float = GOAL_RATIO) -> bool | None:
@@ -227,6 +246,7 @@ def summarize(all_pairs: list[dict[str, float]]) -> dict[str, Any]:
         "goal": f"ratio >= {GOAL_RATIO}: met if the 95 % interval's low end reaches it, missed "
         "if its high end falls short, null (inconclusive) otherwise",
         "met": verdict(ratio),
+        "block_pairs_to_certify": pairs_to_certify([p["ratio"] for p in all_pairs]),
     }
 
 
@@ -383,9 +403,14 @@ def measure(
     }
     for tree, results in got.items():
         samples = by_pair_of_runs(results)
+        pooled = summarize([s for pair_of_runs in samples for s in pair_of_runs])
+        # what --throughput-repetitions would have to be for that many block pairs
+        needed, per_pair_of_runs = pooled["block_pairs_to_certify"], len(samples[0])
+        runs_needed = None if needed is None else 2 * math.ceil(needed / per_pair_of_runs)
         out[tree] = {
             "tree": str(trees[tree]),
-            **summarize([s for pair_of_runs in samples for s in pair_of_runs]),
+            **pooled,
+            "runs_to_certify": runs_needed,
             "between_pairs_of_runs": between_pairs_of_runs(samples),
             "per_pair_of_runs": [summarize(s) for s in samples],
             "per_run": [

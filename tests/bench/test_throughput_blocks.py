@@ -79,6 +79,21 @@ def test_the_interval_is_over_the_pairs_log_ratios() -> None:
         tb.interval([1.0])
 
 
+def test_the_pairs_to_certify_are_where_the_low_end_would_reach_the_goal() -> None:
+    ratios = [0.9975 * math.exp(d) for d in (-0.016, 0.016) * 200]  # mean 0.9975, sd ~0.016
+    needed = tb.pairs_to_certify(ratios)
+    assert needed is not None and 100 < needed < 200
+    # that many pairs alike put the interval's low end at the goal, half as many below it
+    assert tb.interval(ratios[: needed + needed % 2])["low"] >= 0.995 - 1e-4
+    assert tb.interval(ratios[: needed // 2])["low"] < 0.995
+    # a larger margin or a smaller spread needs fewer pairs
+    assert tb.pairs_to_certify([r * 1.002 for r in ratios]) < needed
+    assert tb.pairs_to_certify([0.9975 * math.exp(d / 2) for d in (-0.016, 0.016) * 200]) < needed
+    # a mean at or below the goal is never certified, however long the reading
+    assert tb.pairs_to_certify([0.99, 0.995, 1.0]) is None
+    assert tb.pairs_to_certify([0.9975]) is None
+
+
 def test_the_goal_is_met_only_when_the_whole_interval_clears_it() -> None:
     assert tb.verdict({"low": 0.996, "mean": 1.0, "high": 1.004}) is True
     assert tb.verdict({"low": 0.99, "mean": 1.0, "high": 1.01}) is None
