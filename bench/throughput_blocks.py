@@ -95,16 +95,22 @@ def t975(df: int) -> float:
     return _T975[max(k for k in _T975 if k <= df)] if df <= 120 else 1.96
 
 
+def _log_mean_sd(ratios: list[float]) -> tuple[float, float]:
+    """The mean and standard deviation of the ratios' logs (at least two ratios)."""
+    logs = [math.log(r) for r in ratios]
+    return statistics.fmean(logs), statistics.stdev(logs)
+
+
 def interval(ratios: list[float]) -> dict[str, float]:
     """Geometric mean of ``ratios`` with its 95 % t interval (over the logs)."""
-    logs = [math.log(r) for r in ratios]
-    mean = statistics.fmean(logs)
-    half = t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    t = t975(len(ratios) - 1)  # fewer than two pairs: no interval
+    mean, sd = _log_mean_sd(ratios)
+    half = t * sd / math.sqrt(len(ratios))
     return {
         "mean": round(math.exp(mean), 4),
         "low": round(math.exp(mean - half), 4),
         "high": round(math.exp(mean + half), 4),
-        "n": len(logs),
+        "n": len(ratios),
     }
 
 
@@ -116,11 +122,11 @@ def pairs_to_certify(ratios: list[float], goal: float = GOAL_RATIO) -> int | Non
     Why: the interval narrows as one over the square root of the pairs, and the effect to
     tell from the goal is a few tenths of a percent; a short reading is inconclusive by
     construction, and this says how long a run would decide it."""
-    logs = [math.log(r) for r in ratios]
-    margin = statistics.fmean(logs) - math.log(goal)
-    if len(logs) < 2 or margin <= 0:
+    if len(ratios) < 2:
         return None
-    return max(2, math.ceil((1.96 * statistics.stdev(logs) / margin) ** 2))
+    mean, sd = _log_mean_sd(ratios)
+    margin = mean - math.log(goal)
+    return None if margin <= 0 else max(2, math.ceil((1.96 * sd / margin) ** 2))
 
 
 def verdict(ci: dict[str, float], goal: float = GOAL_RATIO) -> bool | None:
